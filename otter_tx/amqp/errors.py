@@ -1,0 +1,104 @@
+"""
+AMQP errors raised by the broker core and turned into channel.close or
+connection.close by the protocol.
+
+Channel-level (soft) codes 311-313 and 403-406 close only the channel;
+every other code closes the connection (AMQP 0-9-1 spec section 1.2,
+RabbitMQ ``rabbit_channel.erl``).  Reply texts follow RabbitMQ:
+``"<CONSTANT_NAME> - <text>"``.
+"""
+
+from otter_tx.amqp import spec
+
+
+class AMQPError(Exception):
+    """
+    A protocol error to report to the peer.
+
+    :ivar code: the AMQP reply code (int).
+    :ivar text: the full reply text, ``"NOT_FOUND - no queue 'q' in vhost '/'"``.
+    :ivar method: the method class that caused it, or ``None``.
+    """
+
+    def __init__(self, code, text, method=None):
+        Exception.__init__(self, code, text)
+        self.code = code
+        self.text = "%s - %s" % (spec.REPLY_NAMES.get(code, "ERROR"), text)
+        self.method = method
+
+    @property
+    def channelLevel(self):
+        """
+        True when RabbitMQ closes only the channel for this code.
+        """
+        return self.code in spec.CHANNEL_LEVEL_CODES
+
+    def __str__(self):
+        return "%d %s" % (self.code, self.text)
+
+
+def notFound(text):
+    """404 NOT_FOUND (channel)."""
+    return AMQPError(spec.NOT_FOUND, text)
+
+
+def accessRefused(text):
+    """403 ACCESS_REFUSED (channel, or connection during the handshake)."""
+    return AMQPError(spec.ACCESS_REFUSED, text)
+
+
+def resourceLocked(text):
+    """405 RESOURCE_LOCKED (channel)."""
+    return AMQPError(spec.RESOURCE_LOCKED, text)
+
+
+def preconditionFailed(text):
+    """406 PRECONDITION_FAILED (channel)."""
+    return AMQPError(spec.PRECONDITION_FAILED, text)
+
+
+def notAllowed(text):
+    """530 NOT_ALLOWED (connection)."""
+    return AMQPError(spec.NOT_ALLOWED, text)
+
+
+def notImplemented(text):
+    """540 NOT_IMPLEMENTED (connection)."""
+    return AMQPError(spec.NOT_IMPLEMENTED, text)
+
+
+def commandInvalid(text):
+    """503 COMMAND_INVALID (connection)."""
+    return AMQPError(spec.COMMAND_INVALID, text)
+
+
+def channelError(text):
+    """504 CHANNEL_ERROR (connection)."""
+    return AMQPError(spec.CHANNEL_ERROR, text)
+
+
+def unexpectedFrame(text):
+    """505 UNEXPECTED_FRAME (connection)."""
+    return AMQPError(spec.UNEXPECTED_FRAME, text)
+
+
+def frameError(text):
+    """501 FRAME_ERROR (connection)."""
+    return AMQPError(spec.FRAME_ERROR, text)
+
+
+def syntaxError(text):
+    """502 SYNTAX_ERROR (connection)."""
+    return AMQPError(spec.SYNTAX_ERROR, text)
+
+
+def internalError(text):
+    """541 INTERNAL_ERROR (connection)."""
+    return AMQPError(spec.INTERNAL_ERROR, text)
+
+
+def rs(kind, name, vhost):
+    """
+    RabbitMQ's resource rendering: ``queue 'q' in vhost '/'``.
+    """
+    return "%s '%s' in vhost '%s'" % (kind, name, vhost)

@@ -1,0 +1,192 @@
+"""
+Validation and equivalence of queue and exchange declare arguments, with
+RabbitMQ 3.10's exact reply texts (``rabbit_amqqueue:declare_args/0``,
+``rabbit_misc:assert_args_equivalence/4``; see
+docs/compatibility.md and ../shared/reference sections 1.1, 2.1, 3.1, 4.1,
+4.3, 6.4, 6.6).
+
+Every error is a channel-level 406 PRECONDITION_FAILED
+(:func:`otter_tx.amqp.errors.preconditionFailed`).
+"""
+
+from otter_tx.amqp.codec import TaggedInt, fieldTypeName
+from otter_tx.amqp.errors import preconditionFailed, rs
+from otter_tx.broker.message import MAX_EXPIRY_MS
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+#: arguments of other queue types that a classic queue refuses
+_OTHER_TYPE_ARGS = frozenset(
+    [
+        "x-delivery-limit",
+        "x-dead-letter-strategy",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-quorum-initial-group-size",
+        "x-quorum-target-group-size",
+        "x-initial-cluster-size",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-stream-filter-size-bytes",
+    ]
+)
+
+#: arguments compared on redeclare (rabbit_classic_queue capabilities, 3.10)
+EQUIVALENCE_ARGS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+)
+
+
+def isInteger(v):
+    """True for AMQP integer field values (not bool)."""
+    t = type(v)
+    return t is int or t is TaggedInt
+
+
+def _invalid(key, qname, vhost, term):
+    return preconditionFailed(
+        "invalid arg '%s' for %s: %s" % (key, rs("queue", qname, vhost), term)
+    )
+
+
+def _expectInt(key, v, qname, vhost):
+    if not isInteger(v):
+        raise _invalid(key, qname, vhost, '"expected integer, got %s"' % (fieldTypeName(v),))
+    return int(v)
+
+
+def validateQueueArguments(args, qname, vhost):
+    """
+    Check a new queue's ``x-`` arguments; raise 406 with RabbitMQ's text
+    for the first invalid one.  Unknown ``x-`` arguments are accepted.
+    """
+    for key, v in args.items():
+        if key in ("x-message-ttl",):
+            n = _expectInt(key, v, qname, vhost)
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+            if n > MAX_EXPIRY_MS:
+                raise _invalid(key, qname, vhost, "{value_too_large,%d}" % n)
+        elif key == "x-expires":
+            n = _expectInt(key, v, qname, vhost)
+            if n == 0:
+                raise _invalid(key, qname, vhost, "{value_zero,0}")
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+            if n > MAX_EXPIRY_MS:
+                raise _invalid(key, qname, vhost, "{value_too_large,%d}" % n)
+        elif key in ("x-max-length", "x-max-length-bytes"):
+            n = _expectInt(key, v, qname, vhost)
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+        elif key == "x-max-priority":
+            n = _expectInt(key, v, qname, vhost)
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+            if n > 255:
+                raise _invalid(key, qname, vhost, "{max_value_exceeded,%d}" % n)
+        elif key == "x-overflow":
+            if not isinstance(v, str):
+                raise _invalid(key, qname, vhost, "{unacceptable_type,%s}" % fieldTypeName(v))
+            if v not in OVERFLOW_MODES:
+                raise _invalid(key, qname, vhost, "invalid_overflow")
+        elif key == "x-dead-letter-exchange":
+            if not isinstance(v, str):
+                raise preconditionFailed(
+                    "invalid type '%s' for arg '%s' in %s"
+                    % (fieldTypeName(v), key, rs("queue", qname, vhost))
+                )
+        elif key == "x-dead-letter-routing-key":
+            if not isinstance(v, str):
+                raise preconditionFailed(
+                    "invalid type '%s' for arg '%s' in %s"
+                    % (fieldTypeName(v), key, rs("queue", qname, vhost))
+                )
+            if "x-dead-letter-exchange" not in args:
+                raise _invalid(key, qname, vhost, "routing_key_but_no_dlx_defined")
+        elif key == "x-single-active-consumer":
+            if type(v) is not bool:
+                raise _invalid(key, qname, vhost, "{unacceptable_type,%s}" % fieldTypeName(v))
+        elif key == "x-queue-type":
+            if v != "classic":
+                raise _invalid(key, qname, vhost, "\"unsupported queue type '%s'\"" % (v,))
+        elif key == "x-queue-mode":
+            if v not in ("default", "lazy"):
+                raise _invalid(key, qname, vhost, "\"unsupported queue mode '%s'\"" % (v,))
+        elif key in _OTHER_TYPE_ARGS:
+            raise preconditionFailed(
+                "invalid arg '%s' for %s of queue type rabbit_classic_queue"
+                % (key, rs("queue", qname, vhost))
+            )
+
+
+def _render(v):
+    if type(v) is bool:
+        return "true" if v else "false"
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return str(v)
+
+
+def _equivalent(a, b):
+    if isInteger(a) and isInteger(b):
+        return int(a) == int(b)
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def assertFlagEquivalence(kind, name, vhost, flag, received, current):
+    """
+    406 ``inequivalent arg 'durable' for queue 'Q' in vhost '/': received
+    'true' but current is 'false'`` when a redeclare's flag differs.
+    """
+    if bool(received) != bool(current):
+        raise preconditionFailed(
+            "inequivalent arg '%s' for %s: received '%s' but current is '%s'"
+            % (flag, rs(kind, name, vhost), _render(bool(received)), _render(bool(current)))
+        )
+
+
+def assertArgsEquivalence(kind, name, vhost, received, current, keys):
+    """
+    Compare the known arguments ``keys`` of a redeclare with the current
+    ones; raise 406 with RabbitMQ's wording (rabbit_misc:assert_args_equivalence).
+    ``x-queue-type`` absent is the same as ``classic``.
+    """
+    for key in keys:
+        r = received.get(key)
+        c = current.get(key)
+        if key == "x-queue-type":
+            r = r if r is not None else "classic"
+            c = c if c is not None else "classic"
+        if r is None and c is None:
+            continue
+        if r is not None and c is not None and _equivalent(r, c):
+            continue
+        where = rs(kind, name, vhost)
+        if r is None:
+            text = "received none but current is the value '%s' of type '%s'" % (
+                _render(c),
+                fieldTypeName(c),
+            )
+        elif c is None:
+            text = "received the value '%s' of type '%s' but current is none" % (
+                _render(r),
+                fieldTypeName(r),
+            )
+        else:
+            text = "received '%s' but current is '%s'" % (_render(r), _render(c))
+        raise preconditionFailed("inequivalent arg '%s' for %s: %s" % (key, where, text))

@@ -1,0 +1,171 @@
+"""
+The broker: vhosts, users, the memory alarm, and the hook through which
+durable changes reach a store.
+
+:class:`Broker` takes an injected ``IReactorTime``; it never imports the
+global reactor.
+"""
+
+from twisted.logger import Logger
+
+from otter_tx.broker.policy import Policy
+from otter_tx.broker.vhost import VHost
+
+log = Logger()
+
+
+class User:
+    """
+    A broker user: ``name``, ``password`` (str), ``tags`` (list of str),
+    ``loopbackOnly`` (like RabbitMQ's ``loopback_users``: guest by default).
+    """
+
+    def __init__(self, name, password, tags=(), loopbackOnly=False):
+        self.name = name
+        self.password = password
+        self.tags = list(tags)
+        self.loopbackOnly = loopbackOnly
+
+
+class Broker:
+    """
+    The whole broker state.
+
+    :param clock: ``IReactorTime`` for every timer (TTL, expiry, heartbeats).
+    :param memoryHighWatermark: bytes of queued message bodies above which
+        publishing connections are blocked (``connection.blocked``); None
+        for no limit.
+    """
+
+    def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
+                 defaultPass="guest", loopbackUsers=("guest",)):
+        self.clock = clock
+        self.vhosts = {}
+        self.users = {}
+        self.permissions = {}  # (user, vhost) -> (configure, write, read)
+        self.memoryHighWatermark = memoryHighWatermark
+        self.connections = set()
+        self._msgId = 0
+        self._alarm = False
+        self._alarmTimer = None
+        self.listeners = []  # callables(kind, vhost, obj, deleted)
+        self.addVHost("/")
+        self.addUser(defaultUser, defaultPass, tags=["administrator"],
+                     loopbackOnly=defaultUser in loopbackUsers)
+        self.setPermissions(defaultUser, "/")
+
+    # --- vhosts / users ----------------------------------------------------
+
+    def addVHost(self, name):
+        """Create vhost ``name`` (no error if it exists); return it."""
+        vh = self.vhosts.get(name)
+        if vh is None:
+            vh = self.vhosts[name] = VHost(self, name)
+            self.entityChanged("vhost", vh, vh)
+        return vh
+
+    def deleteVHost(self, name):
+        """Delete vhost ``name`` and everything in it."""
+        vh = self.vhosts.pop(name, None)
+        if vh is not None:
+            for q in list(vh.queues.values()):
+                vh.deleteQueue(q)
+            for conn in list(self.connections):
+                if conn.vhost is vh:
+                    conn.forceClose(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
+            self.entityChanged("vhost", vh, vh, deleted=True)
+
+    def addUser(self, name, password, tags=(), loopbackOnly=False):
+        """Create or replace a user; return it."""
+        u = self.users[name] = User(name, password, tags, loopbackOnly)
+        self.entityChanged("user", None, u)
+        return u
+
+    def setPermissions(self, user, vhost, configure=".*", write=".*", read=".*"):
+        """Grant ``user`` access to ``vhost`` (regex permissions are stored, not enforced per resource)."""
+        self.permissions[(user, vhost)] = (configure, write, read)
+        self.entityChanged("permission", None, (user, vhost))
+
+    def authenticate(self, username, password):
+        """The :class:`User` or None."""
+        u = self.users.get(username)
+        if u is not None and u.password == password:
+            return u
+        return None
+
+    def canAccess(self, user, vhost):
+        """True when ``user`` has permissions on ``vhost``."""
+        return (user.name, vhost) in self.permissions
+
+    def setPolicy(self, vhost, name, pattern, definition, priority=0, applyTo="all"):
+        """
+        Python API for policies: create or replace policy ``name`` in
+        ``vhost``.  Raises :class:`~otter_tx.broker.policy.PolicyError`.
+        """
+        vh = self.vhosts[vhost]
+        p = Policy(name, pattern, definition, priority, applyTo, vhost)
+        vh.setPolicy(p)
+        return p
+
+    def clearPolicy(self, vhost, name):
+        """Remove policy ``name`` from ``vhost``."""
+        self.vhosts[vhost].clearPolicy(name)
+
+    # --- messages ------------------------------------------------------------
+
+    def nextMessageId(self, message):
+        """Assign a broker-wide id to ``message``."""
+        self._msgId += 1
+        message.msgId = self._msgId
+
+    def queuedBytes(self):
+        """Body bytes held in all queues (ready messages)."""
+        return sum(q.readyBytes for vh in self.vhosts.values() for q in vh.queues.values())
+
+    # --- memory alarm -----------------------------------------------------
+
+    @property
+    def alarmed(self):
+        """True while the memory high-watermark is exceeded."""
+        return self._alarm
+
+    def checkMemory(self):
+        """
+        Compare queued bytes with the high-watermark; raise or clear the
+        alarm and tell every connection (connection.blocked / unblocked).
+        """
+        if self.memoryHighWatermark is None:
+            return
+        over = self.queuedBytes() > self.memoryHighWatermark
+        if over != self._alarm:
+            self._alarm = over
+            log.info("memory alarm {state}", state="set" if over else "cleared")
+            for conn in list(self.connections):
+                conn.alarmChanged(over)
+
+    def startAlarmChecks(self, interval=0.25):
+        """Check the memory watermark every ``interval`` seconds on the clock."""
+        from twisted.internet.task import LoopingCall
+
+        if self.memoryHighWatermark is None or self._alarmTimer is not None:
+            return
+        self._alarmTimer = LoopingCall(self.checkMemory)
+        self._alarmTimer.clock = self.clock
+        self._alarmTimer.start(interval, now=False)
+
+    def stop(self):
+        """Stop timers."""
+        if self._alarmTimer is not None and self._alarmTimer.running:
+            self._alarmTimer.stop()
+        self._alarmTimer = None
+
+    # --- durability hook ---------------------------------------------------
+
+    def entityChanged(self, kind, vhost, obj, deleted=False):
+        """
+        Tell listeners (the store) that an entity changed.  ``kind`` is
+        ``vhost``, ``user``, ``permission``, ``policy``, ``exchange``,
+        ``queue`` or ``binding``.
+        """
+        for listener in self.listeners:
+            listener(kind, vhost, obj, deleted)

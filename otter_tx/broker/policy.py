@@ -1,0 +1,144 @@
+"""
+Policies: named, pattern-matched settings for queues (RabbitMQ
+https://www.rabbitmq.com/docs/parameters#policies).
+
+Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
+``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
+``max-length-bytes``, ``overflow``.  The highest-priority policy whose
+``pattern`` (a regular expression) matches the queue name applies.  Queue
+arguments beat the policy for the dead-letter keys and ``overflow``;
+numeric keys take the lower of argument and policy (RabbitMQ
+``rabbit_amqqueue_process:process_args_policy``, ``res_arg`` / ``res_min``).
+"""
+
+import re
+
+from otter_tx.broker.arguments import OVERFLOW_MODES, isInteger
+from otter_tx.broker.queue import QueueSettings
+
+POLICY_KEYS = {
+    "message-ttl",
+    "expires",
+    "dead-letter-exchange",
+    "dead-letter-routing-key",
+    "max-length",
+    "max-length-bytes",
+    "overflow",
+}
+
+
+class PolicyError(ValueError):
+    """
+    An invalid policy; the message is RabbitMQ's validation text.
+    """
+
+
+class Policy:
+    """
+    :param name: str.  :param pattern: regex (str) matched against names.
+    :param definition: dict of policy keys.  :param priority: int.
+    :param applyTo: ``queues``, ``exchanges`` or ``all``.
+    :raises PolicyError: for unknown keys or invalid values.
+    """
+
+    def __init__(self, name, pattern, definition, priority=0, applyTo="all", vhost="/"):
+        self.name = name
+        self.pattern = pattern
+        self.definition = dict(definition)
+        self.priority = priority
+        self.applyTo = applyTo
+        self.vhost = vhost
+        try:
+            self.regex = re.compile(pattern)
+        except re.error as e:
+            raise PolicyError("invalid pattern %r: %s" % (pattern, e))
+        if applyTo not in ("queues", "exchanges", "all", "classic_queues"):
+            raise PolicyError("%r is not a valid apply-to value" % (applyTo,))
+        validateDefinition(self.definition)
+
+    def asDict(self):
+        """The RabbitMQ HTTP API shape of this policy."""
+        return {
+            "vhost": self.vhost,
+            "name": self.name,
+            "pattern": self.pattern,
+            "apply-to": self.applyTo,
+            "definition": self.definition,
+            "priority": self.priority,
+        }
+
+
+def validateDefinition(d):
+    """
+    Check policy definition keys and values with RabbitMQ's texts
+    (rabbit_policies:validate_policy0).
+    """
+    if not d:
+        raise PolicyError("no policy provided")
+    for k, v in d.items():
+        if k not in POLICY_KEYS:
+            raise PolicyError("[{<<\"%s\">>,%r}] are not recognised policy settings" % (k, v))
+        if k == "message-ttl" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid message TTL" % (v,))
+        if k == "expires" and not (isInteger(v) and v >= 1):
+            raise PolicyError("%s is not a valid queue expiry" % (v,))
+        if k in ("max-length", "max-length-bytes") and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
+        if k in ("dead-letter-exchange", "dead-letter-routing-key") and not isinstance(v, str):
+            raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
+        if k == "overflow" and v not in OVERFLOW_MODES:
+            raise PolicyError('"%s" is not a valid overflow value' % (v,))
+
+
+def matchPolicy(policies, name, kind):
+    """
+    The highest-priority policy in ``policies`` matching ``name`` for
+    ``kind`` (``queues`` or ``exchanges``), or None.  Names starting with
+    ``amq.`` are matched too, as in RabbitMQ.
+    """
+    best = None
+    for p in policies:
+        if p.applyTo not in ("all", kind) and not (kind == "queues" and p.applyTo == "classic_queues"):
+            continue
+        if p.regex.search(name) is None:
+            continue
+        if best is None or p.priority > best.priority:
+            best = p
+    return best
+
+
+def _min(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def effectiveSettings(arguments, policy):
+    """
+    Combine queue ``arguments`` and ``policy`` (or None) into QueueSettings.
+    """
+    s = QueueSettings()
+    d = policy.definition if policy is not None else {}
+
+    def argInt(key):
+        v = arguments.get(key)
+        return int(v) if isInteger(v) else None
+
+    s.messageTtl = _min(argInt("x-message-ttl"), d.get("message-ttl"))
+    s.expires = _min(argInt("x-expires"), d.get("expires"))
+    s.maxLength = _min(argInt("x-max-length"), d.get("max-length"))
+    s.maxLengthBytes = _min(argInt("x-max-length-bytes"), d.get("max-length-bytes"))
+    dlx = arguments.get("x-dead-letter-exchange")
+    if isinstance(dlx, str):
+        s.dlx = dlx
+        dlrk = arguments.get("x-dead-letter-routing-key")
+        s.dlrk = dlrk if isinstance(dlrk, str) else d.get("dead-letter-routing-key")
+    else:
+        s.dlx = d.get("dead-letter-exchange")
+        dlrk = arguments.get("x-dead-letter-routing-key")
+        s.dlrk = dlrk if isinstance(dlrk, str) else d.get("dead-letter-routing-key")
+    ov = arguments.get("x-overflow")
+    s.overflow = ov if isinstance(ov, str) else d.get("overflow", "drop-head")
+    return s

@@ -1,0 +1,505 @@
+"""
+A virtual host: its exchanges, queues, bindings and policies, routing, and
+dead-lettering.
+
+Operations raise :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's
+reply codes and texts (../shared/reference/rabbitmq-semantics.md section 6;
+https://www.rabbitmq.com/docs/dlx for dead-lettering).  Nothing here does
+I/O; time comes from the injected clock.
+"""
+
+import base64
+import os
+
+from twisted.logger import Logger
+
+from otter_tx.amqp.codec import TaggedInt, Timestamp
+from otter_tx.amqp.errors import (
+    accessRefused,
+    notFound,
+    preconditionFailed,
+    resourceLocked,
+    rs,
+    notAllowed,
+)
+from otter_tx.amqp import spec
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker import arguments as A
+from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
+from otter_tx.broker.message import Message
+from otter_tx.broker.policy import effectiveSettings, matchPolicy
+from otter_tx.broker.queue import Queue
+
+log = Logger()
+
+PREDECLARED = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+def _lockedText(qname, vhost):
+    return (
+        "cannot obtain exclusive access to locked %s. It could be originally declared on "
+        "another connection or the exclusive property value does not match that of the "
+        "original declaration." % (rs("queue", qname, vhost),)
+    )
+
+
+def serverNamedQueue():
+    """
+    ``amq.gen-`` + 22 base64url characters, as RabbitMQ names queues.
+    """
+    return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+
+
+class VHost:
+    """
+    One vhost.
+
+    :ivar name: str.  :ivar clock: IReactorTime.
+    :ivar exchanges: name -> :class:`Exchange`.
+    :ivar queues: name -> :class:`Queue`.
+    :ivar policies: name -> :class:`~otter_tx.broker.policy.Policy`.
+    """
+
+    def __init__(self, broker, name):
+        self.broker = broker
+        self.name = name
+        self.clock = broker.clock
+        self.exchanges = {}
+        self.queues = {}
+        self.policies = {}
+        self._missingDlxLogged = set()
+        self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
+        self.deadLetterDropped = 0
+        self._declareDefaults()
+
+    def _declareDefaults(self):
+        self.exchanges[""] = Exchange(self, "", "direct", True, False, False, {})
+        for name, type in PREDECLARED:
+            self.exchanges[name] = Exchange(self, name, type, True, False, False, {})
+
+    # --- exchanges ----------------------------------------------------------
+
+    def getExchange(self, name):
+        """
+        The exchange ``name`` or 404 ``no exchange 'X' in vhost '/'``.
+        """
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise notFound("no %s" % (rs("exchange", name, self.name),))
+        return ex
+
+    def declareExchange(self, name, type, passive=False, durable=False, autoDelete=False,
+                        internal=False, arguments=None):
+        """
+        exchange.declare.  Errors: 404 (passive, missing), 403 (``amq.``
+        prefix, default exchange), 406 (inequivalent), 503 COMMAND_INVALID
+        (unknown type, connection-level as in RabbitMQ).
+        """
+        arguments = arguments or {}
+        if passive:
+            return self.getExchange(name)
+        if name == "":
+            raise accessRefused("operation not permitted on the default exchange")
+        ex = self.exchanges.get(name)
+        if ex is not None:
+            if ex.type != type:
+                raise preconditionFailed(
+                    "inequivalent arg 'type' for %s: received '%s' but current is '%s'"
+                    % (rs("exchange", name, self.name), type, ex.type)
+                )
+            A.assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
+            A.assertFlagEquivalence(
+                "exchange", name, self.name, "auto_delete", autoDelete, ex.autoDelete
+            )
+            A.assertFlagEquivalence("exchange", name, self.name, "internal", internal, ex.internal)
+            A.assertArgsEquivalence(
+                "exchange", name, self.name, arguments, ex.arguments, ("alternate-exchange",)
+            )
+            return ex
+        if name.startswith("amq."):
+            raise accessRefused(
+                "exchange name '%s' contains reserved prefix 'amq.*'" % (name,)
+            )
+        if type not in EXCHANGE_TYPES:
+            from otter_tx.amqp.errors import commandInvalid
+
+            raise commandInvalid("unknown exchange type '%s'" % (type,))
+        ex = Exchange(self, name, type, durable, autoDelete, internal, arguments)
+        self.exchanges[name] = ex
+        self.broker.entityChanged("exchange", self, ex)
+        return ex
+
+    def deleteExchange(self, name, ifUnused=False):
+        """
+        exchange.delete; a missing exchange is not an error.  403 for the
+        default exchange, 406 ``exchange 'X' in vhost '/' in use`` with
+        if-unused.
+        """
+        if name == "":
+            raise accessRefused("operation not permitted on the default exchange")
+        ex = self.exchanges.get(name)
+        if ex is None:
+            return
+        if name.startswith("amq."):
+            raise accessRefused("operation not permitted on %s" % (rs("exchange", name, self.name),))
+        if ifUnused and ex.hasBindings():
+            raise preconditionFailed("%s in use" % (rs("exchange", name, self.name),))
+        self._removeExchange(ex)
+
+    def _removeExchange(self, ex):
+        ex.deleted = True
+        del self.exchanges[ex.name]
+        for dest, key, args in list(ex.routing.bindings()):
+            self._unbind(ex, dest, key, args)
+        # bindings where ex is the destination
+        for other in list(self.exchanges.values()):
+            if other.routing.removeDestination(ex):
+                self._maybeAutoDeleteExchange(other)
+        self.broker.entityChanged("exchange", self, ex, deleted=True)
+
+    def _maybeAutoDeleteExchange(self, ex):
+        if ex.autoDelete and not ex.hasBindings() and not ex.deleted and ex.name in self.exchanges:
+            self._removeExchange(ex)
+
+    # --- queues ---------------------------------------------------------------
+
+    def getQueue(self, name, connection=None):
+        """
+        The queue ``name`` or 404 ``no queue 'Q' in vhost '/'``; 405 when it
+        is exclusive to another connection.
+        """
+        q = self.queues.get(name)
+        if q is None:
+            raise notFound("no %s" % (rs("queue", name, self.name),))
+        if q.owner is not None and q.owner is not connection:
+            raise resourceLocked(_lockedText(name, self.name))
+        return q
+
+    def declareQueue(self, name, connection, passive=False, durable=False, exclusive=False,
+                     autoDelete=False, arguments=None):
+        """
+        queue.declare; returns the :class:`Queue`.  ``name == ""`` gets a
+        server-generated ``amq.gen-`` name.  Errors: 404 (passive), 405
+        (exclusive elsewhere), 403 (``amq.`` prefix), 406 (invalid or
+        inequivalent arguments).  Renews the x-expires lease.
+        """
+        arguments = arguments or {}
+        if passive:
+            q = self.getQueue(name, connection)
+            q.touch()
+            return q
+        if name == "":
+            name = serverNamedQueue()
+        q = self.queues.get(name)
+        if q is not None:
+            if q.owner is not None and (q.owner is not connection or not exclusive):
+                raise resourceLocked(_lockedText(name, self.name))
+            if q.owner is None and exclusive:
+                raise resourceLocked(_lockedText(name, self.name))
+            A.assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
+            A.assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
+            A.assertArgsEquivalence(
+                "queue", name, self.name, arguments, q.arguments, A.EQUIVALENCE_ARGS
+            )
+            q.touch()
+            return q
+        if name.startswith("amq.") and not name.startswith("amq.gen-"):
+            raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
+        A.validateQueueArguments(arguments, name, self.name)
+        q = Queue(
+            self,
+            name,
+            durable and not exclusive,
+            autoDelete,
+            connection if exclusive else None,
+            arguments,
+        )
+        self.queues[name] = q
+        self._applyPolicy(q)
+        if connection is not None and exclusive:
+            connection.exclusiveQueues.add(q)
+        self.broker.entityChanged("queue", self, q)
+        return q
+
+    def deleteQueue(self, q, ifUnused=False, ifEmpty=False, reason="deleted"):
+        """
+        Delete queue ``q`` (a Queue); returns its ready message count.  406
+        ``queue 'Q' in vhost '/' in use`` / ``... not empty``.  Its consumers
+        get basic.cancel (consumer cancel notification); nothing is
+        dead-lettered.
+        """
+        if q.deleted:
+            return 0
+        if ifUnused and q.consumers:
+            raise preconditionFailed("%s in use" % (rs("queue", q.name, self.name),))
+        if ifEmpty and q.readyCount:
+            raise preconditionFailed("%s not empty" % (rs("queue", q.name, self.name),))
+        if self.queues.get(q.name) is q:
+            del self.queues[q.name]
+        if q.owner is not None:
+            q.owner.exclusiveQueues.discard(q)
+        for (ex, key, _), args in list(q.bindings.items()):
+            self._unbind(ex, q, key, args)
+        n = q.shutdown()
+        self.broker.entityChanged("queue", self, q, deleted=True)
+        return n
+
+    # --- bindings ---------------------------------------------------------------
+
+    def bind(self, source, destination, routingKey, arguments):
+        """
+        Bind ``destination`` (Queue or Exchange) to exchange ``source``.
+        403 for the default exchange.
+        """
+        if source.name == "" or (isinstance(destination, Exchange) and destination.name == ""):
+            raise accessRefused(
+                "operation not permitted on the default exchange"
+            )
+        if source.routing.add(destination, routingKey, arguments):
+            if isinstance(destination, Queue):
+                destination.bindings[(source, routingKey, _frozenArgs(arguments))] = arguments
+            else:
+                destination.inboundCount += 1
+            self.broker.entityChanged("binding", self, (source, destination, routingKey, arguments))
+
+    def unbind(self, source, destination, routingKey, arguments):
+        """
+        Remove a binding; a missing binding is not an error.
+        """
+        if source.name == "":
+            raise accessRefused("operation not permitted on the default exchange")
+        self._unbind(source, destination, routingKey, arguments)
+
+    def _unbind(self, source, destination, routingKey, arguments):
+        args = arguments
+        if source.routing.remove(destination, routingKey, args):
+            if isinstance(destination, Queue):
+                destination.bindings.pop((source, routingKey, _frozenArgs(args)), None)
+            else:
+                destination.inboundCount -= 1
+            self.broker.entityChanged(
+                "binding", self, (source, destination, routingKey, args), deleted=True
+            )
+            self._maybeAutoDeleteExchange(source)
+
+    # --- routing ----------------------------------------------------------------
+
+    def route(self, exchange, message, keys):
+        """
+        The set of queues ``message`` reaches from ``exchange`` with routing
+        ``keys``, following exchange-to-exchange bindings and alternate
+        exchanges (each exchange visited once).
+        """
+        if exchange.name == "":
+            queues = self.queues
+            if len(keys) == 1:
+                q = queues.get(keys[0])
+                return (q,) if q is not None else ()
+            return {queues[k] for k in keys if k in queues}
+        found = set()
+        exchange.routing.route(message, keys, found)
+        if not found and exchange.alternate is None:
+            return found
+        queues = set()
+        visited = {exchange}
+        pending = [(exchange, found)]
+        while pending:
+            ex, dests = pending.pop()
+            ex.publishIn += 1
+            routedHere = False
+            for d in dests:
+                if type(d) is Queue:
+                    queues.add(d)
+                    routedHere = True
+                elif d not in visited:
+                    visited.add(d)
+                    sub = set()
+                    d.routing.route(message, keys, sub)
+                    pending.append((d, sub))
+                    routedHere = True
+            if not routedHere and ex.alternate is not None:
+                ae = self.exchanges.get(ex.alternate)
+                if ae is not None and ae not in visited:
+                    visited.add(ae)
+                    sub = set()
+                    ae.routing.route(message, keys, sub)
+                    pending.append((ae, sub))
+        return queues
+
+    def publish(self, exchange, message):
+        """
+        Route and enqueue ``message``.  Returns ``(routed, rejected)``: how
+        many queues it reached and whether any refused it (overflow
+        ``reject-publish``).
+        """
+        queues = self.route(exchange, message, message.routingKeys())
+        if not queues:
+            return 0, False
+        self.broker.nextMessageId(message)
+        rejected = False
+        for q in queues:
+            if not q.enqueue(message):
+                rejected = True
+        return len(queues), rejected
+
+    # --- dead-lettering ------------------------------------------------------
+
+    def deadLetter(self, queue, messages, reason):
+        """
+        Dead-letter ``messages`` (list of Message) that left ``queue`` for
+        ``reason`` (``expired``, ``rejected`` or ``maxlen``): republish a copy
+        with x-death headers to the queue's dead-letter exchange.  A missing
+        DLX drops them (logged once per queue and exchange); a fully
+        automatic cycle is dropped (RabbitMQ dlx.html, rabbit_dead_letter).
+        """
+        s = queue.settings
+        if s.dlx is None:
+            return
+        ex = self.exchanges.get(s.dlx)
+        if ex is None:
+            key = (queue.name, s.dlx)
+            if key not in self._missingDlxLogged:
+                self._missingDlxLogged.add(key)
+                log.warn(
+                    "Dead-letter exchange {dlx!r} of queue {queue!r} in vhost {vhost!r} does not "
+                    "exist; dead-lettered messages are dropped",
+                    dlx=s.dlx,
+                    queue=queue.name,
+                    vhost=self.name,
+                )
+            self.deadLetterDropped += len(messages)
+            return
+        self.deadLettered[reason] = self.deadLettered.get(reason, 0) + len(messages)
+        for m in messages:
+            copy, deaths = self._deadLetterCopy(m, queue, reason, s.dlrk)
+            keys = [s.dlrk] if s.dlrk is not None else m.routingKeys()
+            copy.extraKeys = None if s.dlrk is not None else m.extraKeys
+            targets = self.route(ex, copy, keys)
+            if not targets:
+                continue
+            self.broker.nextMessageId(copy)
+            for q in list(targets):
+                if reason != "rejected" and _isCycle(q.name, deaths):
+                    log.warn(
+                        "Message dropped. Dead-letter queues cycle detected: {queue!r}",
+                        queue=q.name,
+                    )
+                    continue
+                q.enqueue(copy)
+
+    def _deadLetterCopy(self, m, queue, reason, dlrk):
+        props = dict(m.props)
+        headers = dict(props.get("headers") or {})
+        expiration = props.pop("expiration", None)
+        routingKeys = [m.routingKey]
+        cc = headers.get("CC")
+        if isinstance(cc, list):
+            routingKeys.extend(k for k in cc if isinstance(k, str))
+            if dlrk is not None:
+                del headers["CC"]
+        deaths = headers.get("x-death")
+        deaths = list(deaths) if isinstance(deaths, list) else []
+        found = None
+        for i, d in enumerate(deaths):
+            if isinstance(d, dict) and d.get("queue") == queue.name and d.get("reason") == reason:
+                found = i
+                break
+        if found is not None:
+            d = dict(deaths.pop(found))
+            d["count"] = TaggedInt(int(d.get("count", 0)) + 1, "l")
+            deaths.insert(0, d)
+        else:
+            d = {
+                "count": TaggedInt(1, "l"),
+                "reason": reason,
+                "queue": queue.name,
+                "time": Timestamp(int(self.clock.seconds())),
+                "exchange": m.exchange,
+                "routing-keys": routingKeys,
+            }
+            if expiration is not None:
+                d["original-expiration"] = expiration
+            deaths.insert(0, d)
+        if "x-first-death-reason" not in headers:
+            headers["x-first-death-reason"] = reason
+            headers["x-first-death-queue"] = queue.name
+            headers["x-first-death-exchange"] = m.exchange
+        headers["x-last-death-reason"] = reason
+        headers["x-last-death-queue"] = queue.name
+        headers["x-last-death-exchange"] = m.exchange
+        headers["x-death"] = deaths
+        props["headers"] = headers
+        copy = Message(
+            queue.settings.dlx,
+            dlrk if dlrk is not None else m.routingKey,
+            encodeProperties(props),
+            m.body,
+            props,
+        )
+        return copy, deaths
+
+    # --- policies -------------------------------------------------------------
+
+    def setPolicy(self, policy):
+        """
+        Add or replace a :class:`~otter_tx.broker.policy.Policy` and apply it
+        to existing queues at once.
+        """
+        self.policies[policy.name] = policy
+        self._reapplyPolicies()
+        self.broker.entityChanged("policy", self, policy)
+
+    def clearPolicy(self, name):
+        """
+        Remove a policy (no error if missing) and re-apply.
+        """
+        p = self.policies.pop(name, None)
+        if p is not None:
+            self._reapplyPolicies()
+            self.broker.entityChanged("policy", self, p, deleted=True)
+
+    def _reapplyPolicies(self):
+        for q in list(self.queues.values()):
+            self._applyPolicy(q)
+
+    def _applyPolicy(self, q):
+        policy = matchPolicy(self.policies.values(), q.name, "queues")
+        q.applySettings(effectiveSettings(q.arguments, policy), policy)
+
+    # --- connection cleanup -----------------------------------------------------
+
+    def connectionClosed(self, connection):
+        """
+        Delete the exclusive queues of a closed connection.
+        """
+        for q in list(connection.exclusiveQueues):
+            if q.vhost is self:
+                self.deleteQueue(q, reason="exclusive_owner_down")
+
+
+def _frozenArgs(arguments):
+    if not arguments:
+        return ()
+    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
+
+
+def _isCycle(qname, deaths):
+    """
+    RabbitMQ's ``is_cycle/2``: walking x-death newest first up to the first
+    entry for ``qname``, a cycle is fully automatic when no entry on the way
+    (including the match) has reason ``rejected``.
+    """
+    for d in deaths:
+        if not isinstance(d, dict):
+            return False
+        if d.get("reason") == "rejected":
+            return False
+        if d.get("queue") == qname:
+            return True
+    return False

@@ -1,0 +1,740 @@
+"""
+One AMQP channel: the channel, exchange, queue, basic, tx and confirm
+classes (AMQP 0-9-1 spec chapter 1 and RabbitMQ's extensions), content
+assembly, consumers, prefetch, acknowledgements and publisher confirms.
+
+Errors are raised as :class:`~otter_tx.amqp.errors.AMQPError`; the
+connection turns channel-level codes (403, 404, 405, 406) into
+channel.close and the rest into connection.close, as RabbitMQ does.
+"""
+
+import base64
+import os
+import struct
+from collections import OrderedDict
+
+from otter_tx.amqp import codec, spec
+from otter_tx.amqp.codec import FrameSyntaxError
+from otter_tx.amqp.errors import (
+    AMQPError,
+    accessRefused,
+    notFound,
+    notImplemented,
+    preconditionFailed,
+    rs,
+)
+from otter_tx.broker.arguments import isInteger
+from otter_tx.broker.exchange import Exchange
+from otter_tx.broker.message import Message
+
+_unpack_HH = struct.Struct("!HH").unpack_from
+_unpack_HHQ = struct.Struct("!HHQ").unpack_from
+_unpack_Q = struct.Struct("!Q").unpack_from
+_pack_Q = struct.Struct("!Q").pack
+_pack_B = struct.Struct("!B").pack
+
+_DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
+_GET_OK_PREFIX = b"\x00\x3c\x00\x47"
+
+
+def _shortstr(s):
+    b = s.encode("utf-8", "surrogateescape")
+    return _pack_B(len(b)) + b
+
+
+class Consumer:
+    """
+    A basic.consume subscription.
+
+    :ivar tag: consumer tag (str).  :ivar queue: the Queue.
+    :ivar noAck: bool.  :ivar exclusive: bool.  :ivar priority: x-priority (int).
+    :ivar prefetch: per-consumer prefetch count (0 = unlimited).
+    :ivar unacked: deliveries not yet acknowledged (int).
+    """
+
+    __slots__ = ("channel", "tag", "tagBytes", "queue", "noAck", "exclusive", "priority",
+                 "prefetch", "unacked", "arguments")
+
+    def __init__(self, channel, tag, queue, noAck, exclusive, priority, prefetch, arguments):
+        self.channel = channel
+        self.tag = tag
+        self.tagBytes = _shortstr(tag)
+        self.queue = queue
+        self.noAck = noAck
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+
+    def canTake(self):
+        """
+        True when a delivery may be sent now: the connection's socket is not
+        backed up and neither the consumer's nor the channel's (global)
+        prefetch is exhausted.
+        """
+        ch = self.channel
+        if ch.connection.paused or ch.closing:
+            return False
+        if self.noAck:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        g = ch.globalPrefetch
+        if g and ch.unackedCount >= g:
+            return False
+        return True
+
+    def deliver(self, queue, entry):
+        """Send basic.deliver for ``entry`` (called by the queue)."""
+        self.channel.deliver(self, queue, entry)
+
+    def cancelledByBroker(self, queue):
+        """The queue was deleted: consumer cancel notification."""
+        self.channel.consumerCancelledByBroker(self)
+
+
+class Channel:
+    """
+    Channel state and method handlers.
+
+    :ivar number: the channel number.  :ivar connection: the protocol.
+    """
+
+    def __init__(self, connection, number):
+        self.connection = connection
+        self.number = number
+        self.broker = connection.broker
+        self.vhost = connection.vhost
+        self.closing = False
+        self.consumers = {}
+        self.unacked = OrderedDict()  # delivery tag -> (queue, entry, consumer)
+        self.unackedCount = 0
+        self.deliveryTag = 0
+        self.prefetchCount = 0
+        self.globalPrefetch = 0
+        self.confirmMode = False
+        self.publishSeq = 0
+        self._confirms = []
+        self.txMode = False
+        self._txPublishes = []
+        self._txAcks = []
+        self.lastQueue = None
+        self._pending = None  # (exchange, routingKey, mandatory)
+        self._header = None
+        self._bodyParts = None
+        self._bodySize = 0
+        self._bodyRemaining = 0
+        self._handlers = {
+            spec.ChannelClose: self._channelClose,
+            spec.ChannelCloseOk: self._channelCloseOk,
+            spec.ChannelFlow: self._channelFlow,
+            spec.ChannelFlowOk: self._ignore,
+            spec.ChannelOpen: self._channelOpen,
+            spec.ExchangeDeclare: self._exchangeDeclare,
+            spec.ExchangeDelete: self._exchangeDelete,
+            spec.ExchangeBind: self._exchangeBind,
+            spec.ExchangeUnbind: self._exchangeUnbind,
+            spec.QueueDeclare: self._queueDeclare,
+            spec.QueueBind: self._queueBind,
+            spec.QueueUnbind: self._queueUnbind,
+            spec.QueuePurge: self._queuePurge,
+            spec.QueueDelete: self._queueDelete,
+            spec.BasicQos: self._basicQos,
+            spec.BasicConsume: self._basicConsume,
+            spec.BasicCancel: self._basicCancel,
+            spec.BasicGet: self._basicGet,
+            spec.BasicReject: self._basicReject,
+            spec.BasicNack: self._basicNack,
+            spec.BasicRecover: self._basicRecover,
+            spec.BasicRecoverAsync: self._basicRecoverAsync,
+            spec.TxSelect: self._txSelect,
+            spec.TxCommit: self._txCommit,
+            spec.TxRollback: self._txRollback,
+            spec.ConfirmSelect: self._confirmSelect,
+        }
+
+    # --- frames -------------------------------------------------------------
+
+    def methodFrame(self, payload):
+        """Handle a method frame payload for this channel."""
+        classId, methodId = _unpack_HH(payload, 0)
+        if self.closing:
+            if classId == 20 and methodId in (40, 41):
+                if methodId == 41:
+                    self._finishClose()
+                else:
+                    self.connection.sendMethod(self.number, spec.ChannelCloseOk())
+                    self._finishClose()
+            return
+        if self._pending is not None:
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+            )
+        if classId == 60:
+            if methodId == 40:
+                return self._basicPublish(payload)
+            if methodId == 80:
+                tag = _unpack_Q(payload, 4)[0]
+                return self._basicAck(tag, bool(payload[12] & 1) if len(payload) > 12 else False)
+        cls = spec.METHODS.get((classId, methodId))
+        if cls is None:
+            raise AMQPError(
+                spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId)
+            )
+        handler = self._handlers.get(cls)
+        if handler is None:
+            raise AMQPError(spec.COMMAND_INVALID, "%s not allowed on a channel" % (cls.NAME,), cls)
+        m = cls.decode(payload, 4)
+        try:
+            handler(m)
+        except AMQPError as e:
+            if e.method is None:
+                e.method = cls
+            raise
+
+    def headerFrame(self, payload):
+        """Handle a content-header frame."""
+        if self.closing:
+            return
+        if self._pending is None or self._header is not None:
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME,
+                "expected method frame, got non method frame instead",
+            )
+        if len(payload) < 14:
+            raise FrameSyntaxError("short content header")
+        classId, _, size = _unpack_HHQ(payload, 0)
+        if classId != 60:
+            raise AMQPError(spec.FRAME_ERROR, "content header for class %d" % classId)
+        self._header = payload[12:]
+        self._bodySize = size
+        if size == 0:
+            self._completePublish(b"")
+        else:
+            self._bodyParts = []
+            self._bodyRemaining = size
+
+    def bodyFrame(self, payload):
+        """Handle a content-body frame."""
+        if self.closing:
+            return
+        if self._header is None:
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME,
+                "expected method frame, got non method frame instead",
+            )
+        self._bodyRemaining -= len(payload)
+        if self._bodyRemaining < 0:
+            raise AMQPError(spec.FRAME_ERROR, "content body larger than the size in its header")
+        if self._bodyRemaining == 0 and not self._bodyParts:
+            self._completePublish(payload)
+            return
+        self._bodyParts.append(payload)
+        if self._bodyRemaining == 0:
+            body = b"".join(self._bodyParts)
+            self._bodyParts = None
+            self._completePublish(body)
+
+    # --- channel class --------------------------------------------------------
+
+    def _ignore(self, m):
+        pass
+
+    def _channelOpen(self, m):
+        raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen")
+
+    def _channelClose(self, m):
+        self.cleanup()
+        self.connection.sendMethod(self.number, spec.ChannelCloseOk())
+        self.connection.channelClosed(self.number)
+
+    def _channelCloseOk(self, m):
+        pass
+
+    def _channelFlow(self, m):
+        if not m.active:
+            raise notImplemented("active=false")
+        self.connection.sendMethod(self.number, spec.ChannelFlowOk(True))
+
+    def closeWithError(self, error):
+        """
+        Close this channel for a channel-level ``error`` (AMQPError): send
+        channel.close and ignore everything until close-ok.
+        """
+        if self.closing:
+            return
+        m = error.method
+        self.cleanup()
+        self.closing = True
+        self.connection.sendMethod(
+            self.number,
+            spec.ChannelClose(
+                error.code,
+                error.text[:255],
+                m.CLASS_ID if m is not None else 0,
+                m.METHOD_ID if m is not None else 0,
+            ),
+        )
+
+    def _finishClose(self):
+        self.connection.channelClosed(self.number)
+
+    def cleanup(self):
+        """
+        Release everything this channel holds: cancel consumers and requeue
+        unacknowledged messages (RabbitMQ requeues on channel close).
+        """
+        self.closing = True
+        self._pending = self._header = self._bodyParts = None
+        consumers, self.consumers = self.consumers, {}
+        unacked, self.unacked = self.unacked, OrderedDict()
+        self.unackedCount = 0
+        byQueue = {}
+        for queue, entry, consumer, _ in unacked.values():
+            byQueue.setdefault(queue, []).append(entry)
+        for txAck in self._txAcks:
+            for queue, entry, consumer, _ in txAck[1]:
+                byQueue.setdefault(queue, []).append(entry)
+        self._txAcks = []
+        self._txPublishes = []
+        for queue, entries in byQueue.items():
+            queue.requeue(entries, dispatch=False)
+        for c in consumers.values():
+            c.queue.removeConsumer(c)
+        for queue in byQueue:
+            queue.dispatch()
+
+    # --- exchange class -------------------------------------------------------
+
+    def _reply(self, m, reply):
+        if not getattr(m, "nowait", False):
+            self.connection.sendMethod(self.number, reply)
+
+    def _exchangeDeclare(self, m):
+        if not m.passive and m.type not in ("direct", "fanout", "topic", "headers") and m.exchange:
+            raise AMQPError(spec.COMMAND_INVALID, "unknown exchange type '%s'" % (m.type,))
+        self.vhost.declareExchange(
+            m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments or {}
+        )
+        self._reply(m, spec.ExchangeDeclareOk())
+
+    def _exchangeDelete(self, m):
+        self.vhost.deleteExchange(m.exchange, m.if_unused)
+        self._reply(m, spec.ExchangeDeleteOk())
+
+    def _exchangeBind(self, m):
+        dest = self.vhost.getExchange(m.destination)
+        src = self.vhost.getExchange(m.source)
+        self.vhost.bind(src, dest, m.routing_key, m.arguments or {})
+        self._reply(m, spec.ExchangeBindOk())
+
+    def _exchangeUnbind(self, m):
+        dest = self.vhost.exchanges.get(m.destination)
+        src = self.vhost.exchanges.get(m.source)
+        if dest is not None and src is not None:
+            self.vhost.unbind(src, dest, m.routing_key, m.arguments or {})
+        self._reply(m, spec.ExchangeUnbindOk())
+
+    # --- queue class ------------------------------------------------------------
+
+    def _queueName(self, name):
+        if name == "":
+            if self.lastQueue is None:
+                raise notFound("no previously declared queue")
+            return self.lastQueue
+        return name
+
+    def _queueDeclare(self, m):
+        q = self.vhost.declareQueue(
+            m.queue,
+            self.connection,
+            m.passive,
+            m.durable,
+            m.exclusive,
+            m.auto_delete,
+            m.arguments or {},
+        )
+        self.lastQueue = q.name
+        self._reply(m, spec.QueueDeclareOk(q.name, q.messageCount, q.consumerCount))
+
+    def _queueBind(self, m):
+        qname = self._queueName(m.queue)
+        q = self.vhost.getQueue(qname, self.connection)
+        ex = self.vhost.getExchange(m.exchange)
+        self.vhost.bind(ex, q, m.routing_key if m.routing_key or m.queue else qname, m.arguments or {})
+        self._reply(m, spec.QueueBindOk())
+
+    def _queueUnbind(self, m):
+        qname = self._queueName(m.queue)
+        q = self.vhost.queues.get(qname)
+        ex = self.vhost.exchanges.get(m.exchange)
+        if q is not None:
+            self.vhost.getQueue(qname, self.connection)
+        if q is not None and ex is not None:
+            self.vhost.unbind(ex, q, m.routing_key, m.arguments or {})
+        self.connection.sendMethod(self.number, spec.QueueUnbindOk())
+
+    def _queuePurge(self, m):
+        q = self.vhost.getQueue(self._queueName(m.queue), self.connection)
+        n = q.purge()
+        self._reply(m, spec.QueuePurgeOk(n))
+
+    def _queueDelete(self, m):
+        name = self._queueName(m.queue)
+        q = self.vhost.queues.get(name)
+        n = 0
+        if q is not None:
+            self.vhost.getQueue(name, self.connection)
+            n = self.vhost.deleteQueue(q, m.if_unused, m.if_empty)
+        self._reply(m, spec.QueueDeleteOk(n))
+
+    # --- basic class: consumers ---------------------------------------------------
+
+    def _basicQos(self, m):
+        if m.prefetch_size != 0:
+            raise notImplemented("prefetch_size!=0 (%d)" % (m.prefetch_size,))
+        if m.global_:
+            self.globalPrefetch = m.prefetch_count
+        else:
+            self.prefetchCount = m.prefetch_count
+        self.connection.sendMethod(self.number, spec.BasicQosOk())
+        if m.global_:
+            self.resumeDelivery()
+
+    def _basicConsume(self, m):
+        qname = self._queueName(m.queue)
+        q = self.vhost.getQueue(qname, self.connection)
+        tag = m.consumer_tag
+        if not tag:
+            tag = "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+        elif tag in self.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % (tag,))
+        args = m.arguments or {}
+        priority = args.get("x-priority", 0)
+        if not isInteger(priority):
+            raise preconditionFailed(
+                "invalid arg 'x-priority' for %s: \"expected integer, got %s\""
+                % (rs("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
+            )
+        if q.exclusiveConsumer is not None or (m.exclusive and (q.consumers or q.singleActive)):
+            raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
+        c = Consumer(self, tag, q, m.no_ack, m.exclusive, int(priority), self.prefetchCount, args)
+        self.consumers[tag] = c
+        if m.exclusive:
+            q.exclusiveConsumer = c
+        if not m.nowait:
+            self.connection.sendMethod(self.number, spec.BasicConsumeOk(tag))
+        q.addConsumer(c)
+
+    def _basicCancel(self, m):
+        c = self.consumers.pop(m.consumer_tag, None)
+        if c is not None:
+            c.queue.removeConsumer(c)
+        self._reply(m, spec.BasicCancelOk(m.consumer_tag))
+
+    def consumerCancelledByBroker(self, consumer):
+        """
+        The consumer's queue was deleted: send basic.cancel when the client
+        advertised ``consumer_cancel_notify``
+        (https://www.rabbitmq.com/docs/consumer-cancel).
+        """
+        if self.consumers.get(consumer.tag) is consumer:
+            del self.consumers[consumer.tag]
+            if not self.closing and self.connection.capabilities.get("consumer_cancel_notify"):
+                self.connection.sendMethod(self.number, spec.BasicCancel(consumer.tag, True))
+
+    def resumeDelivery(self):
+        """Consumers may have room again: let their queues dispatch."""
+        for q in {c.queue for c in self.consumers.values()}:
+            q.dispatch()
+
+    def deliver(self, consumer, queue, entry):
+        """Send basic.deliver to ``consumer`` (called by the queue)."""
+        self.deliveryTag += 1
+        tag = self.deliveryTag
+        message = entry.message
+        if not consumer.noAck:
+            self.unacked[tag] = (queue, entry, consumer, tag)
+            self.unackedCount += 1
+            consumer.unacked += 1
+        payload = b"".join(
+            (
+                _DELIVER_PREFIX,
+                consumer.tagBytes,
+                _pack_Q(tag),
+                b"\x01" if entry.redelivered else b"\x00",
+                _shortstr(message.exchange),
+                _shortstr(message.routingKey),
+            )
+        )
+        self.connection.sendContent(self.number, payload, message)
+
+    def _basicGet(self, m):
+        q = self.vhost.getQueue(self._queueName(m.queue), self.connection)
+        entry = q.basicGet(m.no_ack)
+        if entry is None:
+            self.connection.sendMethod(self.number, spec.BasicGetEmpty(""))
+            return
+        self.deliveryTag += 1
+        tag = self.deliveryTag
+        if not m.no_ack:
+            self.unacked[tag] = (q, entry, None, tag)
+            self.unackedCount += 1
+        message = entry.message
+        payload = b"".join(
+            (
+                _GET_OK_PREFIX,
+                _pack_Q(tag),
+                b"\x01" if entry.redelivered else b"\x00",
+                _shortstr(message.exchange),
+                _shortstr(message.routingKey),
+                struct.pack("!I", q.messageCount),
+            )
+        )
+        self.connection.sendContent(self.number, payload, message)
+
+    # --- basic class: acknowledgements -------------------------------------------
+
+    def _takeUnacked(self, tag, multiple):
+        """
+        Remove and return the unacked records for ``tag`` (and below with
+        ``multiple``; tag 0 with multiple means all).  406 ``unknown
+        delivery tag N`` otherwise.
+        """
+        unacked = self.unacked
+        if multiple:
+            if tag != 0 and tag not in unacked:
+                raise preconditionFailed("unknown delivery tag %d" % (tag,))
+            taken = []
+            while unacked:
+                first = next(iter(unacked))
+                if tag and first > tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+        else:
+            rec = unacked.pop(tag, None)
+            if rec is None:
+                raise preconditionFailed("unknown delivery tag %d" % (tag,))
+            taken = [rec]
+        self.unackedCount -= len(taken)
+        for _, _, consumer, _ in taken:
+            if consumer is not None:
+                consumer.unacked -= 1
+        return taken
+
+    def _basicAck(self, tag, multiple):
+        try:
+            taken = self._takeUnacked(tag, multiple)
+        except AMQPError as e:
+            e.method = spec.BasicAck
+            raise
+        if self.txMode:
+            self._txAcks.append(("ack", taken, False))
+            return
+        self._settle(taken)
+
+    def _settle(self, taken):
+        queues = set()
+        for queue, entry, consumer, _ in taken:
+            queue.settle(entry)
+            queues.add(queue)
+        self._afterSettle(queues)
+
+    def _afterSettle(self, queues):
+        if self.globalPrefetch:
+            self.resumeDelivery()
+            return
+        for q in queues:
+            q.dispatch()
+
+    def _basicReject(self, m):
+        taken = self._takeUnacked(m.delivery_tag, False)
+        self._rejectTaken(taken, m.requeue)
+
+    def _basicNack(self, m):
+        taken = self._takeUnacked(m.delivery_tag, m.multiple)
+        self._rejectTaken(taken, m.requeue)
+
+    def _rejectTaken(self, taken, requeue):
+        if self.txMode:
+            self._txAcks.append(("reject", taken, requeue))
+            return
+        self._doReject(taken, requeue)
+
+    def _doReject(self, taken, requeue):
+        byQueue = {}
+        for queue, entry, consumer, _ in taken:
+            byQueue.setdefault(queue, []).append(entry)
+        for queue, entries in byQueue.items():
+            if requeue:
+                queue.requeue(entries)
+            else:
+                queue.discard(entries)
+        self._afterSettle(byQueue)
+
+    def _basicRecover(self, m):
+        self._recover(m)
+        self.connection.sendMethod(self.number, spec.BasicRecoverOk())
+
+    def _basicRecoverAsync(self, m):
+        self._recover(m)
+
+    def _recover(self, m):
+        if not m.requeue:
+            raise notImplemented("requeue=false")
+        taken = self._takeUnacked(0, True) if self.unacked else []
+        self._doReject(taken, True)
+
+    # --- basic class: publish -----------------------------------------------------
+
+    def _basicPublish(self, payload):
+        try:
+            m = spec.BasicPublish.decode(payload, 4)
+        except FrameSyntaxError:
+            raise
+        if m.immediate:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
+        ex = self.vhost.exchanges.get(m.exchange)
+        if ex is None:
+            raise AMQPError(
+                spec.NOT_FOUND, "no %s" % (rs("exchange", m.exchange, self.vhost.name),),
+                spec.BasicPublish,
+            )
+        if ex.internal:
+            raise AMQPError(
+                spec.ACCESS_REFUSED,
+                "cannot publish to internal %s" % (rs("exchange", m.exchange, self.vhost.name),),
+                spec.BasicPublish,
+            )
+        self._pending = (ex, m.routing_key, m.mandatory)
+        self._header = None
+        if self.connection.blocked:
+            self.connection.publishedWhileBlocked()
+
+    def _completePublish(self, body):
+        ex, routingKey, mandatory = self._pending
+        propsRaw = self._header
+        self._pending = self._header = None
+        try:
+            message = Message(ex.name, routingKey, propsRaw, body)
+        except AMQPError as e:
+            e.method = spec.BasicPublish
+            raise
+        props = message.props
+        if props:
+            uid = props.get("user_id")
+            if uid is not None and uid != self.connection.user.name:
+                raise AMQPError(
+                    spec.PRECONDITION_FAILED,
+                    "user_id property set to '%s' but authenticated user was '%s'"
+                    % (uid, self.connection.user.name),
+                    spec.BasicPublish,
+                )
+            headers = props.get("headers")
+            if headers and ("CC" in headers or "BCC" in headers):
+                self._senderSelected(message, headers)
+        if self.confirmMode:
+            self.publishSeq += 1
+            seq = self.publishSeq
+        else:
+            seq = 0
+        if self.txMode:
+            self._txPublishes.append((ex, message, mandatory))
+            return
+        self._route(ex, message, mandatory, seq)
+
+    def _senderSelected(self, message, headers):
+        extra = []
+        for key in ("CC", "BCC"):
+            v = headers.get(key)
+            if isinstance(v, list):
+                extra.extend(k for k in v if isinstance(k, str))
+        message.extraKeys = extra or None
+        if "BCC" in headers:
+            props = dict(message.props)
+            h = dict(headers)
+            del h["BCC"]
+            props["headers"] = h
+            message.props = props
+            message.propsRaw = codec.encodeProperties(props)
+
+    def _route(self, ex, message, mandatory, seq):
+        routed, rejected = self.vhost.publish(ex, message)
+        if not routed and mandatory:
+            payload = spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", ex.name, message.routingKey).encode()
+            self.connection.sendContent(self.number, payload, message)
+        if seq:
+            self._confirms.append((seq, not rejected))
+            self.connection.noteConfirms(self)
+
+    def flushConfirms(self):
+        """
+        Send the pending publisher confirms: runs of acks collapse into one
+        ``basic.ack multiple=true`` (every earlier publish is already
+        settled, since confirms here are issued in order).
+        """
+        confirms, self._confirms = self._confirms, []
+        if self.closing or not confirms:
+            return
+        send = self.connection.sendMethod
+        runEnd = None
+        for seq, ok in confirms:
+            if ok:
+                runEnd = seq
+            else:
+                if runEnd is not None:
+                    send(self.number, spec.BasicAck(runEnd, True))
+                    runEnd = None
+                send(self.number, spec.BasicNack(seq, False, False))
+        if runEnd is not None:
+            send(self.number, spec.BasicAck(runEnd, len(confirms) > 1))
+
+    # --- tx / confirm ---------------------------------------------------------------
+
+    def _txSelect(self, m):
+        if self.confirmMode:
+            raise preconditionFailed("cannot switch from confirm to tx mode")
+        self.txMode = True
+        self.connection.sendMethod(self.number, spec.TxSelectOk())
+
+    def _txCommit(self, m):
+        if not self.txMode:
+            raise preconditionFailed("channel is not transactional")
+        publishes, self._txPublishes = self._txPublishes, []
+        acks, self._txAcks = self._txAcks, []
+        for ex, message, mandatory in publishes:
+            if ex.deleted:
+                continue
+            self._route(ex, message, mandatory, 0)
+        for kind, taken, requeue in acks:
+            if kind == "ack":
+                self._settle(taken)
+            else:
+                self._doReject(taken, requeue)
+        self.connection.sendMethod(self.number, spec.TxCommitOk())
+
+    def _txRollback(self, m):
+        if not self.txMode:
+            raise preconditionFailed("channel is not transactional")
+        self._txPublishes = []
+        acks, self._txAcks = self._txAcks, []
+        if acks:
+            # the acknowledgements are undone: the deliveries are unacked again
+            merged = list(self.unacked.values())
+            for _, taken, _ in acks:
+                for rec in taken:
+                    merged.append(rec)
+                    if rec[2] is not None:
+                        rec[2].unacked += 1
+            merged.sort(key=lambda rec: rec[3])
+            self.unacked = OrderedDict((rec[3], rec) for rec in merged)
+            self.unackedCount = len(self.unacked)
+        self.connection.sendMethod(self.number, spec.TxRollbackOk())
+
+    def _confirmSelect(self, m):
+        if self.txMode:
+            raise preconditionFailed("cannot switch from tx to confirm mode")
+        self.confirmMode = True
+        self._reply(m, spec.ConfirmSelectOk())

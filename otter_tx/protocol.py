@@ -1,0 +1,679 @@
+"""
+The AMQP 0-9-1 server connection: a Twisted ``Protocol`` that frames bytes,
+runs the connection handshake (start / start-ok / tune / tune-ok / open),
+heartbeats, the handshake timeout and flow control, and hands channel
+frames to :class:`otter_tx.channel.Channel`.
+
+Framing follows AMQP 0-9-1 section 4.2.3: ``type:octet channel:short
+size:long payload frame-end(0xCE)``; the frame size is checked against the
+negotiated ``frame_max`` as soon as the 7-byte header arrives.  Errors follow
+RabbitMQ ``rabbit_reader.erl``: frame errors are connection-level 501, a
+method on an unopened channel 504, content frames out of place 505.
+
+Why the connection engine lives in the protocol here (STYLE.md prefers a
+sans-IO engine): the hot path (publish in, deliver out) is one tight loop
+over the receive buffer, and keeping it in one object saves a layer of
+per-frame calls; every timer still runs on the injected clock and the unit
+tests drive it with ``StringTransport`` and ``task.Clock``.
+"""
+
+import struct
+
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from otter_tx import __version__
+from otter_tx.amqp import spec
+from otter_tx.amqp.codec import FrameSyntaxError, decodeTable, encodeTable
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.channel import Channel
+
+log = Logger()
+
+_frameHeader = struct.Struct("!BHI")
+_unpack_frameHeader = _frameHeader.unpack_from
+_pack_frameHeader = _frameHeader.pack
+_unpack_HH = struct.Struct("!HH").unpack_from
+_unpack_HHQ = struct.Struct("!HHQ").unpack_from
+
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+#: capabilities we really implement (RabbitMQ names, rabbit_reader:server_capabilities/1)
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+_LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
+
+# connection states
+_AWAIT_HEADER = 0
+_AWAIT_START_OK = 1
+_AWAIT_TUNE_OK = 2
+_AWAIT_OPEN = 3
+_OPEN = 4
+_CLOSING = 5
+_CLOSED = 6
+
+
+def frame(frameType, channel, payload):
+    """
+    One wire frame (bytes).
+    """
+    return _pack_frameHeader(frameType, channel, len(payload)) + payload + b"\xce"
+
+
+def methodFrame(channel, method):
+    """
+    A method frame for ``method`` (a :class:`otter_tx.amqp.spec.Method`).
+    """
+    return frame(spec.FRAME_METHOD, channel, method.encode())
+
+
+@implementer(IPushProducer)
+class AMQPServerProtocol(Protocol):
+    """
+    One client connection.
+
+    :ivar vhost: the opened :class:`~otter_tx.broker.vhost.VHost` or None.
+    :ivar user: the authenticated :class:`~otter_tx.broker.broker.User`.
+    :ivar frameMax: negotiated frame_max in bytes.
+    :ivar exclusiveQueues: queues this connection owns (deleted on close).
+    :ivar paused: True while the transport asked us to stop producing
+        (consumers on this connection take no more messages).
+    """
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.broker = factory.broker
+        self.clock = factory.clock
+        self._buf = b""
+        self._state = _AWAIT_HEADER
+        self.channels = {}
+        self.vhost = None
+        self.user = None
+        self.frameMax = factory.frameMax
+        self.channelMax = factory.channelMax
+        self.heartbeat = 0
+        self.exclusiveQueues = set()
+        self.clientProperties = {}
+        self.capabilities = {}
+        self.paused = False
+        self.blocked = False
+        self._readPaused = False
+        self._heartbeatTimer = None
+        self._handshakeTimer = None
+        self._lastRecv = 0.0
+        self._sent = False
+        self._out = None
+        self._closeTimer = None
+        self.connectedAt = 0.0
+        self.peer = None
+        self.name = ""
+        self.framesIn = 0
+        self.bytesIn = 0
+        self.bytesOut = 0
+
+    # --- transport events ---------------------------------------------------
+
+    def connectionMade(self):
+        self.transport.registerProducer(self, True)
+        self.connectedAt = self.clock.seconds()
+        peer = self.transport.getPeer()
+        self.peer = peer
+        host = getattr(peer, "host", "?")
+        port = getattr(peer, "port", 0)
+        self.name = "%s:%s" % (host, port)
+        self._lastRecv = self.clock.seconds()
+        if self.factory.handshakeTimeout:
+            self._handshakeTimer = self.clock.callLater(
+                self.factory.handshakeTimeout, self._handshakeTimedOut
+            )
+        self.broker.connections.add(self)
+
+    def connectionLost(self, reason=None):
+        self._state = _CLOSED
+        self._cancelTimers()
+        self.broker.connections.discard(self)
+        channels, self.channels = self.channels, {}
+        for ch in channels.values():
+            ch.cleanup()
+        if self.vhost is not None:
+            self.vhost.connectionClosed(self)
+        self.exclusiveQueues.clear()
+
+    def _cancelTimers(self):
+        for name in ("_heartbeatTimer", "_handshakeTimer", "_closeTimer"):
+            t = getattr(self, name)
+            if t is not None:
+                if hasattr(t, "running"):
+                    if t.running:
+                        t.stop()
+                elif t.active():
+                    t.cancel()
+                setattr(self, name, None)
+
+    def _handshakeTimedOut(self):
+        self._handshakeTimer = None
+        if self._state < _OPEN:
+            log.info("closing {peer}: handshake timeout", peer=self.name)
+            self.transport.abortConnection()
+
+    # --- IPushProducer (the transport's write buffer is full / drained) -----
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+        for ch in list(self.channels.values()):
+            ch.resumeDelivery()
+
+    def stopProducing(self):
+        self.paused = True
+
+    # --- output ---------------------------------------------------------------
+
+    def send(self, data):
+        """
+        Write bytes; batched while a received chunk is being processed.
+        """
+        self._sent = True
+        out = self._out
+        if out is not None:
+            out.append(data)
+        else:
+            self.bytesOut += len(data)
+            self.transport.write(data)
+
+    def sendMethod(self, channel, method):
+        """Send one method frame."""
+        self.send(methodFrame(channel, method))
+
+    def sendContent(self, channel, methodPayload, message):
+        """
+        Send a content-bearing method (payload already encoded) with the
+        message's content header (publisher's property bytes forwarded) and
+        body frames split by frame_max.
+        """
+        header = message.contentHeader()
+        body = message.body
+        parts = [
+            _pack_frameHeader(1, channel, len(methodPayload)),
+            methodPayload,
+            b"\xce",
+            _pack_frameHeader(2, channel, len(header)),
+            header,
+            b"\xce",
+        ]
+        size = message.size
+        if size:
+            chunk = self.frameMax - 8
+            if size <= chunk:
+                parts.append(_pack_frameHeader(3, channel, size))
+                parts.append(body)
+                parts.append(b"\xce")
+            else:
+                for i in range(0, size, chunk):
+                    piece = body[i : i + chunk]
+                    parts.append(_pack_frameHeader(3, channel, len(piece)))
+                    parts.append(piece)
+                    parts.append(b"\xce")
+        self.send(b"".join(parts))
+
+    def _flush(self):
+        out = self._out
+        self._out = None
+        for ch in self._confirming:
+            ch.flushConfirms()
+        self._confirming.clear()
+        if out:
+            data = b"".join(out)
+            self.bytesOut += len(data)
+            self.transport.write(data)
+
+    _confirming = None
+
+    # --- input ------------------------------------------------------------------
+
+    def dataReceived(self, data):
+        if self._state == _CLOSED:
+            return
+        self._lastRecv = self.clock.seconds()
+        self.bytesIn += len(data)
+        if self._buf:
+            data = self._buf + data
+            self._buf = b""
+        if self._state == _AWAIT_HEADER:
+            if len(data) < 8:
+                if not spec.PROTOCOL_HEADER.startswith(data[:8]) and not data.startswith(b"AMQP"[: len(data)]):
+                    self._badHeader()
+                    return
+                self._buf = data
+                return
+            header = data[:8]
+            if header not in (
+                spec.PROTOCOL_HEADER,
+                spec.PROTOCOL_HEADER_0_9,
+                spec.PROTOCOL_HEADER_0_9_ALT,
+            ):
+                self._badHeader()
+                return
+            data = data[8:]
+            self._sendStart()
+        self._out = []
+        if self._confirming is None:
+            self._confirming = set()
+        try:
+            self._processFrames(data)
+        finally:
+            if self._state != _CLOSED:
+                self._flush()
+            else:
+                self._out = None
+
+    def _badHeader(self):
+        # AMQP 0-9-1 section 4.2.2: answer with our header and close
+        self.transport.write(spec.PROTOCOL_HEADER)
+        self._state = _CLOSED
+        self.transport.loseConnection()
+
+    def _processFrames(self, data):
+        off = 0
+        n = len(data)
+        maxPayload = self.frameMax - 8
+        channels = self.channels
+        while n - off >= 7:
+            ftype, chno, size = _unpack_frameHeader(data, off)
+            if size > maxPayload:
+                self._connectionError(
+                    spec.FRAME_ERROR,
+                    "FRAME_ERROR - type %d, all octets = <<>>: {frame_too_large,%d,%d}"
+                    % (ftype, size, maxPayload),
+                )
+                return
+            end = off + 7 + size
+            if end >= n:
+                break
+            if data[end] != 0xCE:
+                self._connectionError(
+                    spec.FRAME_ERROR,
+                    "FRAME_ERROR - type %d, first 16 octets = %r: frame_end_marker_missing"
+                    % (ftype, bytes(data[off + 7 : off + 23])),
+                )
+                return
+            payload = data[off + 7 : end]
+            off = end + 1
+            self.framesIn += 1
+            if self._state == _CLOSING:
+                # only connection.close / close-ok matter now
+                if ftype == 1 and chno == 0:
+                    self._connectionMethod(payload)
+                if self._state == _CLOSED:
+                    return
+                continue
+            try:
+                if chno == 0:
+                    if ftype == 1:
+                        self._connectionMethod(payload)
+                    elif ftype == 8:
+                        pass
+                    elif ftype in (2, 3):
+                        raise AMQPError(
+                            spec.UNEXPECTED_FRAME,
+                            "expected method frame, got non method frame instead",
+                        )
+                    else:
+                        raise AMQPError(spec.FRAME_ERROR, "unknown frame type %d" % ftype)
+                else:
+                    if self._state != _OPEN:
+                        raise AMQPError(
+                            spec.CHANNEL_ERROR, "channel %d used before connection.open" % chno
+                        )
+                    ch = channels.get(chno)
+                    if ftype == 1:
+                        if ch is None:
+                            self._openChannel(chno, payload)
+                        else:
+                            ch.methodFrame(payload)
+                    elif ftype == 3:
+                        if ch is None:
+                            raise AMQPError(
+                                spec.CHANNEL_ERROR, "expected 'channel.open'"
+                            )
+                        ch.bodyFrame(payload)
+                    elif ftype == 2:
+                        if ch is None:
+                            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
+                        ch.headerFrame(payload)
+                    elif ftype == 8:
+                        raise AMQPError(
+                            spec.UNEXPECTED_FRAME, "heartbeat frame on non-zero channel %d" % chno
+                        )
+                    else:
+                        raise AMQPError(spec.FRAME_ERROR, "unknown frame type %d" % ftype)
+            except AMQPError as e:
+                if e.channelLevel and chno != 0 and chno in channels:
+                    channels[chno].closeWithError(e)
+                else:
+                    self._connectionError(e.code, e.text, e.method)
+                    return
+            except FrameSyntaxError as e:
+                self._connectionError(
+                    spec.SYNTAX_ERROR, "SYNTAX_ERROR - %s" % (e,)
+                )
+                return
+            if self._state == _CLOSED:
+                return
+            if self._readPaused:
+                # blocked by the memory alarm: stop after this publish
+                self._buf = data[off:]
+                return
+        if off < n:
+            self._buf = data[off:]
+
+    # --- connection class -------------------------------------------------------
+
+    def _sendStart(self):
+        props = {
+            "capabilities": dict(SERVER_CAPABILITIES),
+            "cluster_name": self.factory.clusterName,
+            "copyright": "Copyright (c) otter_tx contributors",
+            "information": "Licensed under the MIT license. See https://github.com/otter-tx",
+            "platform": "Python/Twisted",
+            "product": self.factory.product,
+            "version": __version__,
+        }
+        self.transport.write(
+            methodFrame(
+                0,
+                spec.ConnectionStart(
+                    0, 9, props, b"PLAIN AMQPLAIN", b"en_US"
+                ),
+            )
+        )
+        self._state = _AWAIT_START_OK
+
+    def _connectionMethod(self, payload):
+        classId, methodId = _unpack_HH(payload, 0)
+        cls = spec.METHODS.get((classId, methodId))
+        if cls is None:
+            raise AMQPError(
+                spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId)
+            )
+        m = cls.decode(payload, 4)
+        state = self._state
+        if cls is spec.ConnectionClose:
+            self.sendMethod(0, spec.ConnectionCloseOk())
+            self._closeNow()
+            return
+        if cls is spec.ConnectionCloseOk:
+            if state == _CLOSING:
+                self._closeNow()
+            return
+        if state == _CLOSING:
+            return
+        if state == _AWAIT_START_OK and cls is spec.ConnectionStartOk:
+            self._startOk(m)
+        elif state == _AWAIT_TUNE_OK and cls is spec.ConnectionTuneOk:
+            self._tuneOk(m)
+        elif state == _AWAIT_OPEN and cls is spec.ConnectionOpen:
+            self._open(m)
+        elif state == _OPEN and cls is spec.ConnectionUpdateSecret:
+            self.sendMethod(0, spec.ConnectionUpdateSecretOk())
+        elif state == _OPEN and cls in (spec.ConnectionBlocked, spec.ConnectionUnblocked):
+            pass
+        else:
+            raise AMQPError(
+                spec.COMMAND_INVALID if state == _OPEN else spec.CHANNEL_ERROR,
+                "unexpected method %s in connection state" % (cls.NAME,),
+                cls,
+            )
+
+    def _startOk(self, m):
+        self.clientProperties = m.client_properties or {}
+        caps = self.clientProperties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        mechanism = m.mechanism
+        username = password = None
+        resp = m.response
+        if mechanism == "PLAIN":
+            parts = resp.split(b"\x00")
+            if len(parts) == 3:
+                username = parts[1].decode("utf-8", "replace")
+                password = parts[2].decode("utf-8", "replace")
+        elif mechanism == "AMQPLAIN":
+            try:
+                t = decodeTable(resp, 0, len(resp))
+            except FrameSyntaxError:
+                t = {}
+            username = t.get("LOGIN")
+            password = t.get("PASSWORD")
+            if isinstance(username, bytes):
+                username = username.decode("utf-8", "replace")
+            if isinstance(password, bytes):
+                password = password.decode("utf-8", "replace")
+        else:
+            self._connectionError(
+                spec.ACCESS_REFUSED,
+                "ACCESS_REFUSED - unsupported authentication mechanism '%s'" % (mechanism,),
+            )
+            return
+        user = None
+        if username is not None:
+            user = self.broker.authenticate(username, password)
+            if user is not None and user.loopbackOnly and not self._isLoopback():
+                log.warn(
+                    "user {user!r} can only connect via localhost", user=username
+                )
+                user = None
+        if user is None:
+            self._connectionError(
+                spec.ACCESS_REFUSED,
+                "ACCESS_REFUSED - Login was refused using authentication mechanism %s. "
+                "For details see the broker logfile." % (mechanism,),
+            )
+            return
+        self.user = user
+        self.sendMethod(
+            0,
+            spec.ConnectionTune(self.factory.channelMax, self.factory.frameMax, self.factory.heartbeat),
+        )
+        self._state = _AWAIT_TUNE_OK
+
+    def _isLoopback(self):
+        host = getattr(self.peer, "host", "")
+        return host.startswith(_LOOPBACK_PREFIXES) or host in ("localhost", "")
+
+    def _tuneOk(self, m):
+        fmax = m.frame_max or self.factory.frameMax
+        if fmax < spec.FRAME_MIN_SIZE:
+            raise AMQPError(
+                spec.NOT_ALLOWED,
+                "frame_max=%d < %d min size" % (fmax, spec.FRAME_MIN_SIZE),
+            )
+        if fmax > self.factory.frameMax:
+            raise AMQPError(
+                spec.NOT_ALLOWED,
+                "frame_max=%d > %d max size" % (fmax, self.factory.frameMax),
+            )
+        self.frameMax = fmax
+        cmax = m.channel_max or self.factory.channelMax or 65535
+        if self.factory.channelMax and cmax > self.factory.channelMax:
+            raise AMQPError(
+                spec.NOT_ALLOWED,
+                "channel_max=%d > %d max size" % (cmax, self.factory.channelMax),
+            )
+        self.channelMax = cmax
+        self.heartbeat = m.heartbeat
+        self._state = _AWAIT_OPEN
+        if self.heartbeat:
+            from twisted.internet.task import LoopingCall
+
+            self._heartbeatTimer = LoopingCall(self._heartbeatTick)
+            self._heartbeatTimer.clock = self.clock
+            self._heartbeatTimer.start(self.heartbeat, now=False)
+
+    def _heartbeatTick(self):
+        now = self.clock.seconds()
+        if now - self._lastRecv > 2 * self.heartbeat:
+            log.info("closing {peer}: missed heartbeats from client, timeout: {t}s",
+                     peer=self.name, t=self.heartbeat)
+            self._heartbeatTimer.stop()
+            self._heartbeatTimer = None
+            self._state = _CLOSED
+            self.transport.abortConnection()
+            return
+        if not self._sent:
+            self.transport.write(HEARTBEAT_FRAME)
+        self._sent = False
+
+    def _open(self, m):
+        vhostName = m.virtual_host or "/"
+        vhost = self.broker.vhosts.get(vhostName)
+        if vhost is None:
+            raise AMQPError(spec.NOT_ALLOWED, "vhost %s not found" % (vhostName,))
+        if not self.broker.canAccess(self.user, vhostName):
+            raise AMQPError(
+                spec.NOT_ALLOWED,
+                "access to vhost '%s' refused for user '%s'" % (vhostName, self.user.name),
+            )
+        self.vhost = vhost
+        if self._handshakeTimer is not None and self._handshakeTimer.active():
+            self._handshakeTimer.cancel()
+        self._handshakeTimer = None
+        self.sendMethod(0, spec.ConnectionOpenOk(""))
+        self._state = _OPEN
+        if self.broker.alarmed:
+            self.alarmChanged(True)
+
+    def _openChannel(self, chno, payload):
+        classId, methodId = _unpack_HH(payload, 0)
+        if (classId, methodId) != (20, 10):
+            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
+        if chno > self.channelMax:
+            raise AMQPError(
+                spec.NOT_ALLOWED,
+                "number of channels opened (%d) has reached the negotiated channel_max (%d)"
+                % (len(self.channels), self.channelMax),
+            )
+        ch = Channel(self, chno)
+        self.channels[chno] = ch
+        self.sendMethod(chno, spec.ChannelOpenOk(b""))
+
+    def channelClosed(self, chno):
+        """Forget channel ``chno`` (after close / close-ok)."""
+        self.channels.pop(chno, None)
+
+    def noteConfirms(self, channel):
+        """``channel`` has publisher confirms to send when this chunk is done."""
+        if self._out is not None:
+            self._confirming.add(channel)
+        else:
+            channel.flushConfirms()
+
+    # --- closing ----------------------------------------------------------------
+
+    def _connectionError(self, code, text, method=None):
+        """
+        Send connection.close with ``code`` / ``text`` and wait (briefly)
+        for close-ok; frames other than close/close-ok are then ignored.
+        """
+        if self._state in (_CLOSING, _CLOSED):
+            return
+        log.info("closing connection {peer}: {code} {text}", peer=self.name, code=code, text=text)
+        classId = method.CLASS_ID if method is not None else 0
+        methodId = method.METHOD_ID if method is not None else 0
+        self.sendMethod(0, spec.ConnectionClose(code, text[:255], classId, methodId))
+        self._state = _CLOSING
+        for ch in list(self.channels.values()):
+            ch.cleanup()
+        self.channels.clear()
+        self._closeTimer = self.clock.callLater(3.0, self._closeNow)
+
+    def forceClose(self, code, text):
+        """Close from the broker side (e.g. vhost deleted, management)."""
+        self._connectionError(code, text)
+        if self._out is None:
+            pass
+
+    def _closeNow(self):
+        if self._state == _CLOSED:
+            return
+        self._state = _CLOSED
+        if self._out:
+            data = b"".join(self._out)
+            self._out = None
+            self.transport.write(data)
+        self.transport.loseConnection()
+
+    # --- memory alarm -------------------------------------------------------------
+
+    def alarmChanged(self, alarmed):
+        """
+        The broker's memory alarm changed: tell a client that supports
+        ``connection.blocked`` and stop reading (after its next publish)
+        while blocked (https://www.rabbitmq.com/docs/connection-blocked).
+        """
+        if self._state != _OPEN:
+            return
+        if alarmed and not self.blocked:
+            self.blocked = True
+            if self.capabilities.get("connection.blocked"):
+                self.sendMethod(0, spec.ConnectionBlocked("low on memory"))
+        elif not alarmed and self.blocked:
+            self.blocked = False
+            if self.capabilities.get("connection.blocked"):
+                self.sendMethod(0, spec.ConnectionUnblocked())
+            if self._readPaused:
+                self._readPaused = False
+                self.transport.resumeProducing()
+                if self._buf:
+                    buf, self._buf = self._buf, b""
+                    self.dataReceived(buf)
+
+    def publishedWhileBlocked(self):
+        """A publish arrived while blocked: stop reading the socket."""
+        if not self._readPaused:
+            self._readPaused = True
+            self.transport.pauseProducing()
+
+
+class AMQPServerFactory(Factory):
+    """
+    Builds :class:`AMQPServerProtocol` for a :class:`~otter_tx.broker.broker.Broker`.
+
+    :param broker: the Broker.  :param clock: IReactorTime for timers.
+    :param heartbeat: proposed heartbeat in seconds (0 disables).
+    :param frameMax: maximum frame size in bytes (RabbitMQ default 131072).
+    :param channelMax: maximum channel number (RabbitMQ default 2047).
+    :param handshakeTimeout: seconds a client may take to open (10 like RabbitMQ).
+    """
+
+    protocol = AMQPServerProtocol
+
+    def __init__(self, broker, clock, heartbeat=60, frameMax=131072, channelMax=2047,
+                 handshakeTimeout=10.0, product="otter_tx", clusterName="otter_tx@localhost"):
+        self.broker = broker
+        self.clock = clock
+        self.heartbeat = heartbeat
+        self.frameMax = frameMax
+        self.channelMax = channelMax
+        self.handshakeTimeout = handshakeTimeout
+        self.product = product
+        self.clusterName = clusterName
+
+    def buildProtocol(self, addr):
+        p = self.protocol(self)
+        return p
+
+
+__all__ = ["AMQPServerFactory", "AMQPServerProtocol", "encodeTable"]

@@ -1,0 +1,117 @@
+"""
+otter_tx as a Twisted service: add :class:`OtterService` to any service tree.
+
+Example (see docs/embedding.md)::
+
+    from twisted.application.service import Application
+    from otter_tx.service import OtterService
+    application = Application("my app")
+    OtterService(amqp=["tcp:5672"], management=["tcp:15672"]).setServiceParent(application)
+"""
+
+import os
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import MultiService
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from otter_tx.broker.broker import Broker
+from otter_tx.protocol import AMQPServerFactory
+
+log = Logger()
+
+
+def defaultHighWatermark(fraction=0.4):
+    """
+    RabbitMQ's default memory high-watermark: 40% of physical memory, in
+    bytes (applied here to queued message bodies).
+    """
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class OtterService(MultiService):
+    """
+    The broker with its AMQP listeners (and the management app when
+    ``management`` endpoints are given).
+
+    :param amqp: list of endpoint strings (``["tcp:5672"]``).
+    :param management: list of endpoint strings for the HTTP management app.
+    :param reactor: the reactor (default: the global one, imported lazily).
+    :param dataDir: directory for durable state (str).
+    :param heartbeat: seconds.  :param frameMax: bytes.  :param channelMax: int.
+    :param handshakeTimeout: seconds.
+    :param memoryHighWatermark: bytes of queued bodies before publishers are
+        blocked (None: 40% of RAM).
+    :param policies: list of dicts ``{"vhost", "name", "pattern",
+        "definition", "priority", "apply-to"}`` to install at start.
+    """
+
+    def __init__(self, amqp=("tcp:5672",), management=(), reactor=None, dataDir=None,
+                 heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
+                 memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
+                 loopbackUsers=("guest",), policies=()):
+        MultiService.__init__(self)
+        if reactor is None:
+            from twisted.internet import reactor
+        self.reactor = reactor
+        self.dataDir = dataDir
+        if memoryHighWatermark is None:
+            memoryHighWatermark = defaultHighWatermark()
+        self.broker = Broker(
+            reactor,
+            memoryHighWatermark=memoryHighWatermark,
+            defaultUser=defaultUser,
+            defaultPass=defaultPass,
+            loopbackUsers=loopbackUsers,
+        )
+        for p in policies:
+            self.broker.setPolicy(
+                p.get("vhost", "/"), p["name"], p["pattern"], p["definition"],
+                p.get("priority", 0), p.get("apply-to", "all"),
+            )
+        self.factory = AMQPServerFactory(
+            self.broker,
+            reactor,
+            heartbeat=heartbeat,
+            frameMax=frameMax,
+            channelMax=channelMax,
+            handshakeTimeout=handshakeTimeout,
+        )
+        self.amqpServices = []
+        for desc in amqp:
+            svc = StreamServerEndpointService(serverFromString(reactor, desc), self.factory)
+            svc.setServiceParent(self)
+            self.amqpServices.append(svc)
+        self.managementServices = []
+        if management:
+            from twisted.web.server import Site
+
+            from otter_tx.web.management import ManagementApp
+
+            self.management = ManagementApp(self.broker, reactor)
+            site = Site(self.management.app.resource())
+            site.noisy = False
+            for desc in management:
+                svc = StreamServerEndpointService(serverFromString(reactor, desc), site)
+                svc.setServiceParent(self)
+                self.managementServices.append(svc)
+
+    def startService(self):
+        self.broker.startAlarmChecks()
+        MultiService.startService(self)
+
+    def stopService(self):
+        self.broker.stop()
+        for conn in list(self.broker.connections):
+            conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+        return MultiService.stopService(self)
+
+    def listeningPorts(self, services):
+        """Deferred list of IListeningPort for ``services`` (after start)."""
+        from twisted.internet.defer import gatherResults
+
+        return gatherResults([s._waitingForPort for s in services])
