@@ -1,7 +1,4 @@
-"""setuptools shim; metadata lives in setup.cfg.  twisted/plugins ships the twistd plugin."""
-from setuptools import setup
+"""setuptools shim: metadata is in setup.cfg; this adds the twistd plugin module."""
+from setuptools import find_packages, setup
 
-setup(packages=None, py_modules=[], package_data={"twisted": ["plugins/ottermq_plugin.py"]}) if False else setup(
-    data_files=[],
-    packages=__import__("setuptools").find_packages(include=["otter_tx*"]) + ["twisted.plugins"],
-)
+setup(packages=find_packages(include=["otter_tx", "otter_tx.*"]) + ["twisted.plugins"])

@@ -537,7 +537,7 @@ class AMQPServerProtocol(Protocol):
         self._sent = False
 
     def _open(self, m):
-        vhostName = m.virtual_host or "/"
+        vhostName = m.virtual_host
         vhost = self.broker.vhosts.get(vhostName)
         if vhost is None:
             raise AMQPError(spec.NOT_ALLOWED, "vhost %s not found" % (vhostName,))

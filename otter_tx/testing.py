@@ -49,3 +49,128 @@ def startBroker(reactor, management=False, dataDir=None, **options):
         mports = yield svc.listeningPorts(svc.managementServices)
         mport = mports[0].getHost().port
     returnValue(BrokerFixture(svc, ports[0].getHost().port, mport))
+
+
+class FakeClient:
+    """
+    Drive one :class:`~otter_tx.protocol.AMQPServerProtocol` in memory
+    (``StringTransport`` + ``task.Clock``) for deterministic unit tests.
+
+    ``send(channel, method)`` / ``publish(...)`` feed frames in;
+    ``received()`` decodes everything the server wrote since the last call
+    into ``(channel, method, message)`` tuples (``message`` is a
+    ``(propsDict, body)`` pair for content-bearing methods, else None).
+    """
+
+    def __init__(self, factory, handshake=True, peerHost="127.0.0.1", vhost="/",
+                 user="guest", password="guest", capabilities=None):
+        from twisted.internet.address import IPv4Address
+        from twisted.internet.testing import StringTransport
+
+        from otter_tx.amqp import spec
+
+        self.spec = spec
+        self.factory = factory
+        self.transport = StringTransport(
+            peerAddress=IPv4Address("TCP", peerHost, 40000),
+        )
+        self.protocol = factory.buildProtocol(None)
+        self.protocol.makeConnection(self.transport)
+        self._pending = b""
+        if handshake:
+            self.handshake(vhost, user, password, capabilities)
+
+    def handshake(self, vhost="/", user="guest", password="guest", capabilities=None):
+        spec = self.spec
+        caps = capabilities if capabilities is not None else {
+            "consumer_cancel_notify": True,
+            "connection.blocked": True,
+            "publisher_confirms": True,
+        }
+        self.feed(spec.PROTOCOL_HEADER)
+        self.send(0, spec.ConnectionStartOk({"capabilities": caps}, "PLAIN",
+                                           b"\0" + user.encode() + b"\0" + password.encode(), "en_US"))
+        self.send(0, spec.ConnectionTuneOk(2047, 131072, 0))
+        self.send(0, spec.ConnectionOpen(vhost, "", False))
+        return self.received()
+
+    def feed(self, data):
+        """Hand raw bytes to the protocol."""
+        self.protocol.dataReceived(data)
+
+    def send(self, channel, method):
+        """Send one method frame."""
+        from otter_tx.protocol import methodFrame
+
+        self.feed(methodFrame(channel, method))
+
+    def publish(self, channel, exchange, routingKey, body=b"", props=None, mandatory=False,
+                frameMax=131072):
+        """Send basic.publish with a content header and body frames."""
+        import struct
+
+        from otter_tx.amqp.codec import encodeProperties
+        from otter_tx.protocol import frame, methodFrame
+
+        spec = self.spec
+        data = [methodFrame(channel, spec.BasicPublish(0, exchange, routingKey, mandatory, False))]
+        header = struct.pack("!HHQ", 60, 0, len(body)) + encodeProperties(props or {})
+        data.append(frame(2, channel, header))
+        chunk = frameMax - 8
+        for i in range(0, len(body), chunk):
+            data.append(frame(3, channel, body[i : i + chunk]))
+        self.feed(b"".join(data))
+
+    def openChannel(self, channel=1):
+        """channel.open; returns what came back."""
+        self.send(channel, self.spec.ChannelOpen(""))
+        return self.received()
+
+    def received(self):
+        """Decode and return the frames written since the last call."""
+        import struct
+
+        from otter_tx.amqp.codec import decodeProperties
+
+        spec = self.spec
+        data = self._pending + self.transport.value()
+        self.transport.clear()
+        out = []
+        off = 0
+        current = None
+        if data.startswith(b"AMQP"):
+            out.append((None, "header", data[:8]))
+            off = 8
+        while len(data) - off >= 8:
+            ftype, ch, size = struct.unpack_from("!BHI", data, off)
+            if len(data) - off < size + 8:
+                break
+            payload = data[off + 7 : off + 7 + size]
+            off += size + 8
+            if ftype == 1:
+                cid, mid = struct.unpack_from("!HH", payload, 0)
+                m = spec.METHODS[(cid, mid)].decode(payload, 4)
+                if m.CONTENT:
+                    current = [ch, m, None, b"", 0]
+                else:
+                    out.append((ch, m, None))
+            elif ftype == 2:
+                size_ = struct.unpack_from("!Q", payload, 4)[0]
+                current[2] = decodeProperties(payload, 12)
+                current[4] = size_
+                if size_ == 0:
+                    out.append((current[0], current[1], (current[2], b"")))
+                    current = None
+            elif ftype == 3:
+                current[3] += payload
+                if len(current[3]) >= current[4]:
+                    out.append((current[0], current[1], (current[2], current[3])))
+                    current = None
+            elif ftype == 8:
+                out.append((ch, "heartbeat", None))
+        self._pending = data[off:]
+        return out
+
+    def methods(self):
+        """Just the method objects received since the last call."""
+        return [m for _, m, _ in self.received()]

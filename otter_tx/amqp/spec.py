@@ -92,6 +92,8 @@ class Method:
                 v = args[i]
             else:
                 v = kw.pop(name, self.DEFAULTS[i])
+                if v is None and self.TYPES[i] == "T":
+                    v = {}
             object.__setattr__(self, name, v)
         if kw:
             raise TypeError("unknown fields for %s: %s" % (self.NAME, ", ".join(kw)))

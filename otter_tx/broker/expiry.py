@@ -101,7 +101,7 @@ class ExpiryIndex:
 
     def _schedule(self, deadline):
         now = nowMs(self._clock)
-        delay = max(0.0, (deadline - now) / 1000.0)
+        delay = max(0.0, (deadline - now - _EPSILON_MS / 2) / 1000.0)
         if self._timer is not None and self._timer.active():
             self._timer.reset(delay)
         else:
