@@ -171,6 +171,7 @@ class Channel:
             raise AMQPError(
                 spec.UNEXPECTED_FRAME,
                 "expected content header for class 60, got non content header frame instead",
+                spec.BasicPublish,
             )
         if classId == 60:
             if methodId == 40:

@@ -27,7 +27,7 @@ from zope.interface import implementer
 from otter_tx import __version__
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable, encodeTable
-from otter_tx.amqp.errors import AMQPError
+from otter_tx.amqp.errors import AMQPError, erlBinary
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -62,6 +62,12 @@ _AWAIT_OPEN = 3
 _OPEN = 4
 _CLOSING = 5
 _CLOSED = 6
+_STATE_NAMES = {
+    _AWAIT_START_OK: "starting",
+    _AWAIT_TUNE_OK: "tuning",
+    _AWAIT_OPEN: "opening",
+    _OPEN: "running",
+}
 
 
 def frame(frameType, channel, payload):
@@ -306,8 +312,8 @@ class AMQPServerProtocol(Protocol):
             if data[end] != 0xCE:
                 self._connectionError(
                     spec.FRAME_ERROR,
-                    "FRAME_ERROR - type %d, first 16 octets = %r: frame_end_marker_missing"
-                    % (ftype, bytes(data[off + 7 : off + 23])),
+                    "FRAME_ERROR - type %d, all octets = %s: {invalid_frame_end_marker,%d}"
+                    % (ftype, erlBinary(data[off + 7 : end]), data[end]),
                 )
                 return
             payload = data[off + 7 : end]
@@ -332,7 +338,10 @@ class AMQPServerProtocol(Protocol):
                             "expected method frame, got non method frame instead",
                         )
                     else:
-                        raise AMQPError(spec.FRAME_ERROR, "unknown frame type %d" % ftype)
+                        raise AMQPError(
+                            spec.FRAME_ERROR,
+                            "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+                        )
                 else:
                     if self._state != _OPEN:
                         raise AMQPError(
@@ -356,10 +365,13 @@ class AMQPServerProtocol(Protocol):
                         ch.headerFrame(payload)
                     elif ftype == 8:
                         raise AMQPError(
-                            spec.UNEXPECTED_FRAME, "heartbeat frame on non-zero channel %d" % chno
+                            spec.UNEXPECTED_FRAME, "type 8, all octets = %s" % (erlBinary(payload),)
                         )
                     else:
-                        raise AMQPError(spec.FRAME_ERROR, "unknown frame type %d" % ftype)
+                        raise AMQPError(
+                            spec.FRAME_ERROR,
+                            "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+                        )
             except AMQPError as e:
                 if e.channelLevel and chno != 0 and chno in channels:
                     channels[chno].closeWithError(e)
@@ -367,8 +379,13 @@ class AMQPServerProtocol(Protocol):
                     self._connectionError(e.code, e.text, e.method)
                     return
             except FrameSyntaxError as e:
+                method = None
+                args = b""
+                if ftype == 1 and len(payload) >= 4:
+                    method = spec.METHODS.get(_unpack_HH(payload, 0))
+                    args = payload[4:]
                 self._connectionError(
-                    spec.SYNTAX_ERROR, "SYNTAX_ERROR - %s" % (e,)
+                    spec.FRAME_ERROR, "FRAME_ERROR - cannot decode %s" % (erlBinary(args),), method
                 )
                 return
             if self._state == _CLOSED:
@@ -433,8 +450,8 @@ class AMQPServerProtocol(Protocol):
             pass
         else:
             raise AMQPError(
-                spec.COMMAND_INVALID if state == _OPEN else spec.CHANNEL_ERROR,
-                "unexpected method %s in connection state" % (cls.NAME,),
+                spec.CHANNEL_ERROR,
+                "unexpected method in connection state %s" % (_STATE_NAMES.get(state, "running"),),
                 cls,
             )
 
@@ -558,7 +575,9 @@ class AMQPServerProtocol(Protocol):
     def _openChannel(self, chno, payload):
         classId, methodId = _unpack_HH(payload, 0)
         if (classId, methodId) != (20, 10):
-            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
+            raise AMQPError(
+                spec.CHANNEL_ERROR, "expected 'channel.open'", spec.METHODS.get((classId, methodId))
+            )
         if chno > self.channelMax:
             raise AMQPError(
                 spec.NOT_ALLOWED,

@@ -102,3 +102,14 @@ def rs(kind, name, vhost):
     RabbitMQ's resource rendering: ``queue 'q' in vhost '/'``.
     """
     return "%s '%s' in vhost '%s'" % (kind, name, vhost)
+
+
+def erlBinary(data):
+    """
+    Render bytes as Erlang's ``~p`` prints a binary: ``<<"abc">>`` when
+    printable, else ``<<0,20,0,10>>`` (RabbitMQ puts these in frame errors).
+    """
+    data = bytes(data)
+    if data and all(32 <= b < 127 for b in data):
+        return '<<"%s">>' % data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+    return "<<%s>>" % ",".join(str(b) for b in data)

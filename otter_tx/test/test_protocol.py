@@ -1,0 +1,326 @@
+"""
+Deterministic tests for otter_tx.protocol and otter_tx.channel driven with
+StringTransport and task.Clock (otter_tx.testing.FakeClient).
+"""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.amqp import spec
+from otter_tx.broker.broker import Broker
+from otter_tx.protocol import AMQPServerFactory
+from otter_tx.testing import FakeClient
+
+
+class ProtocolTestCase(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None)
+        self.factory = AMQPServerFactory(self.broker, self.clock, heartbeat=0, handshakeTimeout=10)
+
+    def client(self, **kw):
+        c = FakeClient(self.factory, **kw)
+        return c
+
+    def ready(self):
+        c = self.client()
+        c.openChannel(1)
+        return c
+
+
+class HandshakeTests(ProtocolTestCase):
+    """Connection negotiation."""
+
+    def test_startAdvertisesCapabilities(self):
+        """connection.start is 0-9 with PLAIN AMQPLAIN and RabbitMQ capability names."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        [(ch, m, _)] = c.received()
+        self.assertIsInstance(m, spec.ConnectionStart)
+        self.assertEqual((m.version_major, m.version_minor), (0, 9))
+        self.assertEqual(m.mechanisms, b"PLAIN AMQPLAIN")
+        caps = m.server_properties["capabilities"]
+        for name in ("publisher_confirms", "basic.nack", "consumer_cancel_notify",
+                     "connection.blocked", "per_consumer_qos", "exchange_exchange_bindings"):
+            self.assertIs(caps[name], True)
+        self.assertEqual(m.server_properties["product"], "otter_tx")
+
+    def test_openOk(self):
+        """A full handshake ends with connection.open-ok."""
+        c = self.client(handshake=False)
+        out = [m for _, m, _ in c.handshake()]
+        self.assertIsInstance(out[-1], spec.ConnectionOpenOk)
+
+    def test_badHeader(self):
+        """Another protocol header gets the 0-9-1 header and the socket closed."""
+        c = self.client(handshake=False)
+        c.feed(b"HTTP/1.1")
+        self.assertEqual(c.transport.value(), spec.PROTOCOL_HEADER)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_oldHeaderAccepted(self):
+        """The 0-9 protocol header is accepted like RabbitMQ does."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER_0_9)
+        self.assertIsInstance(c.received()[0][1], spec.ConnectionStart)
+
+    def test_badPassword(self):
+        """A wrong password closes the connection with 403 ACCESS_REFUSED."""
+        c = self.client(handshake=False)
+        out = c.handshake(password="nope")
+        close = [m for _, m, _ in out if isinstance(m, spec.ConnectionClose)][0]
+        self.assertEqual(close.reply_code, 403)
+        self.assertIn("Login was refused using authentication mechanism PLAIN", close.reply_text)
+
+    def test_guestOnlyFromLoopback(self):
+        """guest may not log in from a non-loopback address."""
+        c = self.client(handshake=False, peerHost="10.1.2.3")
+        close = [m for _, m, _ in c.handshake() if isinstance(m, spec.ConnectionClose)][0]
+        self.assertEqual(close.reply_code, 403)
+
+    def test_unknownVhost(self):
+        """Opening an unknown vhost gives 530 NOT_ALLOWED."""
+        c = self.client(handshake=False)
+        close = [m for _, m, _ in c.handshake(vhost="nope") if isinstance(m, spec.ConnectionClose)][0]
+        self.assertEqual((close.reply_code, close.reply_text), (530, "NOT_ALLOWED - vhost nope not found"))
+
+    def test_handshakeTimeout(self):
+        """A client that says nothing is dropped after the handshake timeout."""
+        c = self.client(handshake=False)
+        self.clock.advance(9.9)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_heartbeatTimeout(self):
+        """A silent peer is closed after two missed heartbeat intervals; heartbeats are sent meanwhile."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
+        c.send(0, spec.ConnectionTuneOk(2047, 131072, 1))
+        c.send(0, spec.ConnectionOpen("/", "", False))
+        c.received()
+        self.clock.advance(2)
+        self.assertIn((0, "heartbeat", None), c.received())
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(1)
+        self.assertTrue(c.transport.disconnecting)
+
+
+class ChannelTests(ProtocolTestCase):
+    """Channel-level behaviour and error classes."""
+
+    def test_channelErrorKeepsConnection(self):
+        """A 404 closes only the channel."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "missing", True))
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, m.reply_code), (1, 404))
+        self.assertEqual(m.reply_text, "NOT_FOUND - no queue 'missing' in vhost '/'")
+        self.assertEqual((m.class_id, m.method_id), (50, 10))
+        c.send(1, spec.ChannelCloseOk())
+        c.openChannel(1)
+        c.send(1, spec.QueueDeclare(0, "q"))
+        self.assertIsInstance(c.methods()[0], spec.QueueDeclareOk)
+
+    def test_framesIgnoredWhileClosing(self):
+        """After channel.close is sent, other frames on that channel are ignored until close-ok."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "missing", True))
+        c.received()
+        c.send(1, spec.QueueDeclare(0, "q"))
+        self.assertEqual(c.received(), [])
+
+    def test_immediateIsConnectionError(self):
+        """basic.publish immediate=true is a 540 connection error."""
+        c = self.ready()
+        c.send(1, spec.BasicPublish(0, "", "q", False, True))
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, m.reply_code, m.reply_text), (0, 540, "NOT_IMPLEMENTED - immediate=true"))
+
+    def test_unknownDeliveryTag(self):
+        """Acking an unknown delivery tag gives 406 unknown delivery tag."""
+        c = self.ready()
+        c.send(1, spec.BasicAck(99, False))
+        [(ch, m, _)] = c.received()
+        self.assertEqual((m.reply_code, m.reply_text), (406, "PRECONDITION_FAILED - unknown delivery tag 99"))
+
+    def test_prefetchSizeNotImplemented(self):
+        """basic.qos with prefetch_size gives connection 540."""
+        c = self.ready()
+        c.send(1, spec.BasicQos(10, 0, False))
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, m.reply_code, m.reply_text), (0, 540, "NOT_IMPLEMENTED - prefetch_size!=0 (10)"))
+
+
+class MessagingTests(ProtocolTestCase):
+    """Publish, consume, get, ack, confirms and transactions end to end in memory."""
+
+    def declare(self, c, name="q", **args):
+        c.send(1, spec.QueueDeclare(0, name, arguments=args))
+        return c.methods()
+
+    def test_consumeConsumeOkBeforeDeliveries(self):
+        """consume-ok precedes the first deliveries of already-queued messages."""
+        c = self.ready()
+        self.declare(c)
+        c.publish(1, "", "q", b"one")
+        c.send(1, spec.BasicConsume(0, "q", "t"))
+        out = c.received()
+        self.assertIsInstance(out[0][1], spec.BasicConsumeOk)
+        self.assertIsInstance(out[1][1], spec.BasicDeliver)
+        self.assertEqual(out[1][2][1], b"one")
+
+    def test_prefetchLimitsDeliveries(self):
+        """Per-consumer prefetch bounds unacked deliveries; acks release more."""
+        c = self.ready()
+        self.declare(c)
+        for i in range(5):
+            c.publish(1, "", "q", b"%d" % i)
+        c.send(1, spec.BasicQos(0, 2, False))
+        c.send(1, spec.BasicConsume(0, "q", "t"))
+        delivers = [m for _, m, _ in c.received() if isinstance(m, spec.BasicDeliver)]
+        self.assertEqual(len(delivers), 2)
+        c.send(1, spec.BasicAck(2, True))
+        delivers = [m for _, m, _ in c.received() if isinstance(m, spec.BasicDeliver)]
+        self.assertEqual([d.delivery_tag for d in delivers], [3, 4])
+
+    def test_largeBodySplitByFrameMax(self):
+        """A body larger than frame_max arrives in several frames and is reassembled."""
+        c = self.ready()
+        self.declare(c)
+        body = bytes(range(256)) * 2000
+        c.publish(1, "", "q", body, frameMax=4096)
+        c.send(1, spec.BasicGet(0, "q", True))
+        [(_, m, (props, got))] = c.received()
+        self.assertIsInstance(m, spec.BasicGetOk)
+        self.assertEqual(got, body)
+
+    def test_contentHeaderForwardedUntouched(self):
+        """Delivered content-header property bytes are the publisher's own."""
+        c = self.ready()
+        self.declare(c)
+        props = {"content_type": "x/y", "headers": {"k": [1, 2]}, "priority": 1}
+        c.publish(1, "", "q", b"b", props=props)
+        c.send(1, spec.BasicGet(0, "q", True))
+        [(_, m, (got, _))] = c.received()
+        self.assertEqual(got, props)
+
+    def test_confirmsCoalesced(self):
+        """Confirms for publishes in one read are one basic.ack multiple=true."""
+        c = self.ready()
+        self.declare(c)
+        c.send(1, spec.ConfirmSelect(False))
+        c.received()
+        import struct
+        from otter_tx.protocol import frame, methodFrame
+        data = b""
+        for i in range(3):
+            data += methodFrame(1, spec.BasicPublish(0, "", "q", False, False))
+            data += frame(2, 1, struct.pack("!HHQH", 60, 0, 1, 0))
+            data += frame(3, 1, b"x")
+        c.feed(data)
+        [(_, ack, _)] = c.received()
+        self.assertEqual((ack.delivery_tag, ack.multiple), (3, True))
+
+    def test_rejectPublishNack(self):
+        """reject-publish overflow produces basic.nack for that publish."""
+        c = self.ready()
+        self.declare(c, **{"x-max-length": 1, "x-overflow": "reject-publish"})
+        c.send(1, spec.ConfirmSelect(False))
+        c.received()
+        c.publish(1, "", "q", b"1")
+        c.publish(1, "", "q", b"2")
+        out = c.methods()
+        self.assertEqual(
+            [(type(m), m.delivery_tag) for m in out],
+            [(spec.BasicAck, 1), (spec.BasicNack, 2)],
+        )
+
+    def test_mandatoryReturn(self):
+        """An unroutable mandatory publish comes back as basic.return 312 NO_ROUTE."""
+        c = self.ready()
+        c.publish(1, "", "nowhere", b"b", mandatory=True)
+        [(_, m, (_, body))] = c.received()
+        self.assertEqual((m.reply_code, m.reply_text, body), (312, "NO_ROUTE", b"b"))
+
+    def test_txRollbackDiscardsPublishes(self):
+        """Publishes in a rolled-back transaction are never enqueued; committed ones are."""
+        c = self.ready()
+        self.declare(c)
+        c.send(1, spec.TxSelect())
+        c.publish(1, "", "q", b"gone")
+        c.send(1, spec.TxRollback())
+        c.publish(1, "", "q", b"kept")
+        c.send(1, spec.TxCommit())
+        c.received()
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].messageCount, 1)
+
+    def test_txRollbackRestoresAcks(self):
+        """Acks in a rolled-back transaction are undone: the delivery can be acked again."""
+        c = self.ready()
+        self.declare(c)
+        c.publish(1, "", "q", b"m")
+        c.send(1, spec.BasicGet(0, "q", False))
+        c.send(1, spec.TxSelect())
+        c.send(1, spec.BasicAck(1, False))
+        c.send(1, spec.TxRollback())
+        c.send(1, spec.BasicAck(1, False))
+        c.send(1, spec.TxCommit())
+        out = c.methods()
+        self.assertIsInstance(out[-1], spec.TxCommitOk)
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].unackedCount, 0)
+
+    def test_channelCloseRequeues(self):
+        """Closing a channel requeues its unacked messages with redelivered set."""
+        c = self.ready()
+        self.declare(c)
+        c.publish(1, "", "q", b"m")
+        c.send(1, spec.BasicGet(0, "q", False))
+        c.send(1, spec.ChannelClose(200, "", 0, 0))
+        c.received()
+        c.openChannel(2)
+        c.send(2, spec.BasicGet(0, "q", True))
+        [(_, m, _)] = c.received()
+        self.assertTrue(m.redelivered)
+
+    def test_queueDeleteCancelsConsumers(self):
+        """Deleting a queue sends basic.cancel to its consumers."""
+        c = self.ready()
+        self.declare(c)
+        c.send(1, spec.BasicConsume(0, "q", "t"))
+        c.received()
+        other = self.ready()
+        other.send(1, spec.QueueDelete(0, "q"))
+        [(_, m, _)] = c.received()
+        self.assertEqual((type(m), m.consumer_tag), (spec.BasicCancel, "t"))
+
+    def test_slowConsumerBackpressure(self):
+        """While the transport is paused, no more messages are pushed to the consumer."""
+        c = self.ready()
+        self.declare(c)
+        c.send(1, spec.BasicConsume(0, "q", "t", no_ack=True))
+        c.received()
+        c.protocol.pauseProducing()
+        for i in range(3):
+            c.publish(1, "", "q", b"x")
+        self.assertEqual([m for m in c.methods() if isinstance(m, spec.BasicDeliver)], [])
+        c.protocol.resumeProducing()
+        self.assertEqual(len([m for m in c.methods() if isinstance(m, spec.BasicDeliver)]), 3)
+
+    def test_memoryAlarmBlocks(self):
+        """Crossing the high-watermark sends connection.blocked and stops reading after the next publish."""
+        self.broker.memoryHighWatermark = 10
+        c = self.ready()
+        self.declare(c)
+        c.publish(1, "", "q", b"x" * 20)
+        self.broker.checkMemory()
+        [(_, m, _)] = c.received()
+        self.assertIsInstance(m, spec.ConnectionBlocked)
+        self.assertEqual(m.reason, "low on memory")
+        c.publish(1, "", "q", b"y")
+        self.assertEqual(c.transport.producerState, "paused")
+        self.broker.vhosts["/"].queues["q"].purge()
+        self.broker.checkMemory()
+        self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
+        self.assertEqual(c.transport.producerState, "producing")
