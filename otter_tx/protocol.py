@@ -236,11 +236,12 @@ class AMQPServerProtocol(Protocol):
         self.send(b"".join(parts))
 
     def _flush(self):
+        if self._confirming:
+            for ch in self._confirming:
+                ch.flushConfirms()
+            self._confirming.clear()
         out = self._out
         self._out = None
-        for ch in self._confirming:
-            ch.flushConfirms()
-        self._confirming.clear()
         if out:
             data = b"".join(out)
             self.bytesOut += len(data)

@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from otter_tx.amqp.codec import TaggedInt, Timestamp
 from otter_tx.amqp.errors import (
     accessRefused,
+    erlBinary,
     notFound,
     preconditionFailed,
     resourceLocked,
@@ -129,7 +130,7 @@ class VHost:
         if type not in EXCHANGE_TYPES:
             from otter_tx.amqp.errors import commandInvalid
 
-            raise commandInvalid("unknown exchange type '%s'" % (type,))
+            raise commandInvalid("invalid exchange type '%s'" % (type,))
         ex = Exchange(self, name, type, durable, autoDelete, internal, arguments)
         self.exchanges[name] = ex
         self.broker.entityChanged("exchange", self, ex)
@@ -147,7 +148,9 @@ class VHost:
         if ex is None:
             return
         if name.startswith("amq."):
-            raise accessRefused("operation not permitted on %s" % (rs("exchange", name, self.name),))
+            raise accessRefused(
+                "deletion of system %s not allowed" % (rs("exchange", name, self.name),)
+            )
         if ifUnused and ex.hasBindings():
             raise preconditionFailed("%s in use" % (rs("exchange", name, self.name),))
         self._removeExchange(ex)
@@ -196,6 +199,8 @@ class VHost:
             return q
         if name == "":
             name = serverNamedQueue()
+        elif name.startswith("amq."):
+            raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
         q = self.queues.get(name)
         if q is not None:
             if q.owner is not None and (q.owner is not connection or not exclusive):
@@ -209,8 +214,6 @@ class VHost:
             )
             q.touch()
             return q
-        if name.startswith("amq.") and not name.startswith("amq.gen-"):
-            raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
         A.validateQueueArguments(arguments, name, self.name)
         q = Queue(
             self,
@@ -261,6 +264,13 @@ class VHost:
             raise accessRefused(
                 "operation not permitted on the default exchange"
             )
+        if source.type == "headers":
+            xmatch = (arguments or {}).get("x-match", "all")
+            if xmatch not in ("all", "any", "all-with-x", "any-with-x"):
+                raise preconditionFailed(
+                    "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x"
+                    % (erlBinary(xmatch.encode() if isinstance(xmatch, str) else str(xmatch).encode()),)
+                )
         if source.routing.add(destination, routingKey, arguments):
             if isinstance(destination, Queue):
                 destination.bindings[(source, routingKey, _frozenArgs(arguments))] = arguments
