@@ -13,6 +13,8 @@ import os
 import struct
 from collections import OrderedDict
 
+from twisted.logger import Logger
+
 from otter_tx.amqp import codec, spec
 from otter_tx.amqp.codec import FrameSyntaxError
 from otter_tx.amqp.errors import (
@@ -26,6 +28,8 @@ from otter_tx.amqp.errors import (
 from otter_tx.broker.arguments import isInteger
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
+
+log = Logger()
 
 _unpack_HH = struct.Struct("!HH").unpack_from
 _unpack_HHQ = struct.Struct("!HHQ").unpack_from
@@ -267,6 +271,10 @@ class Channel:
         if self.closing:
             return
         m = error.method
+        log.info(
+            "closing channel {ch} of {peer}: {code} {text}",
+            ch=self.number, peer=self.connection.name, code=error.code, text=error.text,
+        )
         self.cleanup()
         self.closing = True
         self.connection.sendMethod(
@@ -591,25 +599,32 @@ class Channel:
     # --- basic class: publish -----------------------------------------------------
 
     def _basicPublish(self, payload):
+        # hot path: decode basic.publish by hand (reserved short, exchange
+        # shortstr, routing-key shortstr, bits mandatory/immediate)
         try:
-            m = spec.BasicPublish.decode(payload, 4)
-        except FrameSyntaxError:
-            raise
-        if m.immediate:
+            n = payload[6]
+            exchange = payload[7 : 7 + n].decode("utf-8", "surrogateescape")
+            off = 7 + n
+            k = payload[off]
+            routingKey = payload[off + 1 : off + 1 + k].decode("utf-8", "surrogateescape")
+            bits = payload[off + 1 + k]
+        except IndexError:
+            raise FrameSyntaxError("truncated basic.publish")
+        if bits & 2:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
-        ex = self.vhost.exchanges.get(m.exchange)
+        ex = self.vhost.exchanges.get(exchange)
         if ex is None:
             raise AMQPError(
-                spec.NOT_FOUND, "no %s" % (rs("exchange", m.exchange, self.vhost.name),),
+                spec.NOT_FOUND, "no %s" % (rs("exchange", exchange, self.vhost.name),),
                 spec.BasicPublish,
             )
         if ex.internal:
             raise AMQPError(
                 spec.ACCESS_REFUSED,
-                "cannot publish to internal %s" % (rs("exchange", m.exchange, self.vhost.name),),
+                "cannot publish to internal %s" % (rs("exchange", exchange, self.vhost.name),),
                 spec.BasicPublish,
             )
-        self._pending = (ex, m.routing_key, m.mandatory)
+        self._pending = (ex, routingKey, bool(bits & 1))
         self._header = None
         if self.connection.blocked:
             self.connection.publishedWhileBlocked()

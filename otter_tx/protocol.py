@@ -38,6 +38,9 @@ _pack_frameHeader = _frameHeader.pack
 _unpack_HH = struct.Struct("!HH").unpack_from
 _unpack_HHQ = struct.Struct("!HHQ").unpack_from
 
+#: frames handled per read before yielding to the reactor (publisher fairness)
+FRAMES_PER_SLICE = 300
+
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 #: capabilities we really implement (RabbitMQ names, rabbit_reader:server_capabilities/1)
@@ -131,6 +134,14 @@ class AMQPServerProtocol(Protocol):
     # --- transport events ---------------------------------------------------
 
     def connectionMade(self):
+        # RabbitMQ sets TCP_NODELAY (tcp_listen_options nodelay=true); without
+        # it Nagle plus delayed ACKs stall small deliveries by ~40 ms
+        setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
+        if setNoDelay is not None:
+            try:
+                setNoDelay(True)
+            except OSError:
+                pass
         self.transport.registerProducer(self, True)
         self.connectedAt = self.clock.seconds()
         peer = self.transport.getPeer()
@@ -298,6 +309,7 @@ class AMQPServerProtocol(Protocol):
         n = len(data)
         maxPayload = self.frameMax - 8
         channels = self.channels
+        budget = FRAMES_PER_SLICE
         while n - off >= 7:
             ftype, chno, size = _unpack_frameHeader(data, off)
             if size > maxPayload:
@@ -395,8 +407,30 @@ class AMQPServerProtocol(Protocol):
                 # blocked by the memory alarm: stop after this publish
                 self._buf = data[off:]
                 return
+            budget -= 1
+            if not budget and off < n:
+                # fairness: let the reactor serve other connections (consumers
+                # acking, say) before the rest of this publisher's bytes
+                self._buf = data[off:]
+                self._sliced = True
+                self.transport.pauseProducing()
+                self.clock.callLater(0, self._continueSlice)
+                return
         if off < n:
             self._buf = data[off:]
+
+    _sliced = False
+
+    def _continueSlice(self):
+        self._sliced = False
+        if self._state == _CLOSED:
+            return
+        if not self._readPaused:
+            self.transport.resumeProducing()
+        buf, self._buf = self._buf, b""
+        if buf:
+            self.bytesIn -= len(buf)
+            self.dataReceived(buf)
 
     # --- connection class -------------------------------------------------------
 
@@ -655,6 +689,8 @@ class AMQPServerProtocol(Protocol):
                 self.sendMethod(0, spec.ConnectionUnblocked())
             if self._readPaused:
                 self._readPaused = False
+                if self._sliced:
+                    return
                 self.transport.resumeProducing()
                 if self._buf:
                     buf, self._buf = self._buf, b""
