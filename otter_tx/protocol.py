@@ -127,7 +127,6 @@ class AMQPServerProtocol(Protocol):
         self.connectedAt = 0.0
         self.peer = None
         self.name = ""
-        self.framesIn = 0
         self.bytesIn = 0
         self.bytesOut = 0
 
@@ -312,7 +311,9 @@ class AMQPServerProtocol(Protocol):
         budget = FRAMES_PER_SLICE
         while n - off >= 7:
             ftype, chno, size = _unpack_frameHeader(data, off)
-            if size > maxPayload:
+            # RabbitMQ lets a payload of up to frame_max through but reports
+            # frame_max - 8 as the limit in its error text
+            if size > maxPayload + 8:
                 self._connectionError(
                     spec.FRAME_ERROR,
                     "FRAME_ERROR - type %d, all octets = <<>>: {frame_too_large,%d,%d}"
@@ -331,7 +332,6 @@ class AMQPServerProtocol(Protocol):
                 return
             payload = data[off + 7 : end]
             off = end + 1
-            self.framesIn += 1
             if self._state == _CLOSING:
                 # only connection.close / close-ok matter now
                 if ftype == 1 and chno == 0:
@@ -340,51 +340,19 @@ class AMQPServerProtocol(Protocol):
                     return
                 continue
             try:
-                if chno == 0:
-                    if ftype == 1:
-                        self._connectionMethod(payload)
-                    elif ftype == 8:
-                        pass
-                    elif ftype in (2, 3):
-                        raise AMQPError(
-                            spec.UNEXPECTED_FRAME,
-                            "expected method frame, got non method frame instead",
-                        )
-                    else:
-                        raise AMQPError(
-                            spec.FRAME_ERROR,
-                            "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
-                        )
-                else:
-                    if self._state != _OPEN:
-                        raise AMQPError(
-                            spec.CHANNEL_ERROR, "channel %d used before connection.open" % chno
-                        )
-                    ch = channels.get(chno)
-                    if ftype == 1:
-                        if ch is None:
-                            self._openChannel(chno, payload)
-                        else:
-                            ch.methodFrame(payload)
-                    elif ftype == 3:
-                        if ch is None:
-                            raise AMQPError(
-                                spec.CHANNEL_ERROR, "expected 'channel.open'"
-                            )
+                ch = channels.get(chno) if chno else None
+                if ch is not None and self._state == _OPEN:
+                    # the hot path: frames on an open channel
+                    if ftype == 3:
                         ch.bodyFrame(payload)
+                    elif ftype == 1:
+                        ch.methodFrame(payload)
                     elif ftype == 2:
-                        if ch is None:
-                            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
                         ch.headerFrame(payload)
-                    elif ftype == 8:
-                        raise AMQPError(
-                            spec.UNEXPECTED_FRAME, "type 8, all octets = %s" % (erlBinary(payload),)
-                        )
                     else:
-                        raise AMQPError(
-                            spec.FRAME_ERROR,
-                            "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
-                        )
+                        self._otherFrame(ftype, chno, payload)
+                else:
+                    self._otherFrame(ftype, chno, payload)
             except AMQPError as e:
                 if e.channelLevel and chno != 0 and chno in channels:
                     channels[chno].closeWithError(e)
@@ -420,6 +388,39 @@ class AMQPServerProtocol(Protocol):
             self._buf = data[off:]
 
     _sliced = False
+
+    def _otherFrame(self, ftype, chno, payload):
+        if chno == 0:
+            if ftype == 1:
+                self._connectionMethod(payload)
+            elif ftype == 8:
+                pass
+            elif ftype in (2, 3):
+                raise AMQPError(
+                    spec.UNEXPECTED_FRAME,
+                    "expected method frame, got non method frame instead",
+                )
+            else:
+                raise AMQPError(
+                    spec.FRAME_ERROR,
+                    "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+                )
+            return
+        if self._state != _OPEN:
+            raise AMQPError(spec.CHANNEL_ERROR, "channel %d used before connection.open" % chno)
+        if ftype == 1:
+            self._openChannel(chno, payload)
+        elif ftype in (2, 3):
+            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
+        elif ftype == 8:
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME, "type 8, all octets = %s" % (erlBinary(payload),)
+            )
+        else:
+            raise AMQPError(
+                spec.FRAME_ERROR,
+                "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+            )
 
     def _continueSlice(self):
         self._sliced = False

@@ -130,7 +130,7 @@ class VHost:
         if type not in EXCHANGE_TYPES:
             from otter_tx.amqp.errors import commandInvalid
 
-            raise commandInvalid("invalid exchange type '%s'" % (type,))
+            raise commandInvalid("unknown exchange type '%s'" % (type,))
         ex = Exchange(self, name, type, durable, autoDelete, internal, arguments)
         self.exchanges[name] = ex
         self.broker.entityChanged("exchange", self, ex)
