@@ -122,6 +122,7 @@ class AMQPServerProtocol(Protocol):
         self._handshakeTimer = None
         self._lastRecv = 0.0
         self._sent = False
+        self._lastSend = 0.0
         self._out = None
         self._closeTimer = None
         self.connectedAt = 0.0
@@ -573,7 +574,8 @@ class AMQPServerProtocol(Protocol):
 
             self._heartbeatTimer = LoopingCall(self._heartbeatTick)
             self._heartbeatTimer.clock = self.clock
-            self._heartbeatTimer.start(self.heartbeat, now=False)
+            # like RabbitMQ: check (and send) every half interval
+            self._heartbeatTimer.start(self.heartbeat / 2.0, now=False)
 
     def _heartbeatTick(self):
         now = self.clock.seconds()
@@ -585,8 +587,9 @@ class AMQPServerProtocol(Protocol):
             self._state = _CLOSED
             self.transport.abortConnection()
             return
-        if not self._sent:
+        if not self._sent or now - self._lastSend >= self.heartbeat:
             self.transport.write(HEARTBEAT_FRAME)
+            self._lastSend = now
         self._sent = False
 
     def _open(self, m):
@@ -614,7 +617,8 @@ class AMQPServerProtocol(Protocol):
             raise AMQPError(
                 spec.CHANNEL_ERROR, "expected 'channel.open'", spec.METHODS.get((classId, methodId))
             )
-        if chno > self.channelMax:
+        # RabbitMQ limits how many channels are open, not the channel number
+        if len(self.channels) >= self.channelMax:
             raise AMQPError(
                 spec.NOT_ALLOWED,
                 "number of channels opened (%d) has reached the negotiated channel_max (%d)"

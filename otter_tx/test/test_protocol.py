@@ -100,11 +100,11 @@ class HandshakeTests(ProtocolTestCase):
         c.send(0, spec.ConnectionTuneOk(2047, 131072, 1))
         c.send(0, spec.ConnectionOpen("/", "", False))
         c.received()
-        self.clock.advance(1)
-        self.clock.advance(1)
+        for _ in range(4):
+            self.clock.advance(0.5)
         self.assertIn((0, "heartbeat", None), c.received())
         self.assertFalse(c.transport.disconnecting)
-        self.clock.advance(1)
+        self.clock.advance(0.5)
         self.assertTrue(c.transport.disconnecting)
 
 
