@@ -16,7 +16,7 @@ from twisted.logger import globalLogBeginner, textFileLogObserver
 from otter_tx.service import OtterService
 
 
-def build(endpoint="tcp:5673:interface=127.0.0.1", reactor=reactor, dataDir=dataDir):
+def build(endpoint="tcp:5673:interface=127.0.0.1", reactor=reactor, dataDir="./embedded-data"):
     """
     Your application's service tree: the broker plus one service of your own.
     Returns ``(root, otter)``.
