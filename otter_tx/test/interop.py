@@ -44,6 +44,21 @@ def onlyOtter(reason):
     return deco
 
 
+def inProcessOnly(reason):
+    """
+    Decorator for tests that need a broker setting a test cannot change on
+    an external broker (for example a tiny memory high-watermark).  Not a
+    behaviour difference: ``reason`` says what cannot be set.
+    """
+
+    def deco(f):
+        if EXTERNAL:
+            f.skip = "needs the in-process broker: " + reason
+        return f
+
+    return deco
+
+
 class InteropTestCase(TestCase):
     """
     Base class: ``self.url`` (AMQP URL), ``self.host``, ``self.port`` and

@@ -1,0 +1,212 @@
+"""
+:class:`MemoryStore`: the in-memory :class:`~otter_tx.store.interface.IMessageStore`.
+
+It keeps the same contract as the durable store so the broker and the
+contract suite cannot tell them apart, except that nothing reaches disk:
+every change is "durable" as soon as it is made and ``sync()`` fires at
+once.  A closed MemoryStore can be opened again and hands back what it
+held, which is how in-process restart tests simulate a restart without a
+disk.  It never touches a reactor.
+"""
+
+import json
+
+from twisted.internet.defer import succeed
+from zope.interface import implementer
+
+from otter_tx.store.interface import (
+    ENTITY_KINDS,
+    IMessageStore,
+    RecoveredMessage,
+    RecoveredState,
+    StoreClosedError,
+)
+
+
+def _checkKind(kind):
+    if kind not in ENTITY_KINDS:
+        raise ValueError(f"unknown entity kind {kind!r}; expected one of {ENTITY_KINDS}")
+
+
+@implementer(IMessageStore)
+class MemoryStore:
+    """
+    An :class:`IMessageStore` that keeps everything in dicts.
+
+    Records are kept JSON-encoded, exactly as the durable store keeps them,
+    so a record that round-trips differently (tuples become lists, int keys
+    become strings) does so in tests too.
+    """
+
+    path = None
+
+    def __init__(self):
+        self._open = False
+        # {kind: {key: json str}}
+        self._entities = {kind: {} for kind in ENTITY_KINDS}
+        # {msgId: (exchange, routingKey, propsRaw, body)}
+        self._messages = {}
+        # {msgId: number of queues holding it}
+        self._refs = {}
+        # {queueKey: {msgId: [seq, enqueuedAtMs, expiresAtMs, redelivered]}}
+        self._queues = {}
+
+    def _checkOpen(self):
+        if not self._open:
+            raise StoreClosedError("MemoryStore is not open")
+
+    # --- lifecycle -------------------------------------------------------
+
+    def open(self):
+        """
+        Open (or reopen after ``close()``) and return what is held, after
+        the same repairs the durable store does at boot.
+        """
+        if self._open:
+            raise StoreClosedError("MemoryStore is already open")
+        stats = {"droppedOrphanMessages": 0, "droppedDanglingEntries": 0}
+        queueEntities = self._entities["queue"]
+        for queueKey in [q for q in self._queues if q not in queueEntities]:
+            entries = self._queues.pop(queueKey)
+            stats["droppedDanglingEntries"] += len(entries)
+            for msgId in entries:
+                # the message itself goes in the orphan sweep below (counted
+                # there, as the durable store counts it)
+                self._refs[msgId] -= 1
+        for msgId in [m for m in self._messages if self._refs.get(m, 0) == 0]:
+            del self._messages[msgId]
+            self._refs.pop(msgId, None)
+            stats["droppedOrphanMessages"] += 1
+
+        entities = {
+            kind: {key: json.loads(raw) for key, raw in byKey.items()}
+            for kind, byKey in self._entities.items()
+        }
+        messages = {}
+        queued = 0
+        for queueKey, entries in self._queues.items():
+            if not entries:
+                continue
+            recovered = []
+            for msgId, (seq, enqueuedAtMs, expiresAtMs, redelivered) in entries.items():
+                exchange, routingKey, propsRaw, body = self._messages[msgId]
+                recovered.append(
+                    RecoveredMessage(
+                        msgId,
+                        seq,
+                        enqueuedAtMs,
+                        expiresAtMs,
+                        redelivered,
+                        exchange,
+                        routingKey,
+                        propsRaw,
+                        body,
+                    )
+                )
+            recovered.sort(key=lambda m: m.seq)
+            messages[queueKey] = recovered
+            queued += len(recovered)
+        for kind in ENTITY_KINDS:
+            stats[kind] = len(entities[kind])
+        stats["messages"] = len(self._messages)
+        stats["queuedMessages"] = queued
+        stats["bodyBytes"] = sum(len(m[3]) for m in self._messages.values())
+        self._open = True
+        return succeed(RecoveredState(entities, messages, stats, None))
+
+    def close(self):
+        """
+        Close; the data stays in memory for a later ``open()``.
+        """
+        self._open = False
+        return succeed(None)
+
+    def sync(self):
+        """
+        Fire at once: every change is already "durable".
+        """
+        self._checkOpen()
+        return succeed(None)
+
+    # --- entities --------------------------------------------------------
+
+    def putEntity(self, kind, key, record):
+        """
+        Insert or replace an entity (see :meth:`IMessageStore.putEntity`).
+        """
+        self._checkOpen()
+        _checkKind(kind)
+        self._entities[kind][key] = json.dumps(record)
+
+    def deleteEntity(self, kind, key):
+        """
+        Delete an entity; a queue takes its messages with it.
+        """
+        self._checkOpen()
+        _checkKind(kind)
+        self._entities[kind].pop(key, None)
+        if kind == "queue":
+            self._dropQueue(key)
+
+    # --- messages --------------------------------------------------------
+
+    def addMessage(self, msgId, exchange, routingKey, propsRaw, body):
+        """
+        Store a message once (see :meth:`IMessageStore.addMessage`).
+        """
+        self._checkOpen()
+        self._messages[msgId] = (exchange, routingKey, bytes(propsRaw), bytes(body))
+        self._refs.setdefault(msgId, 0)
+
+    def enqueue(self, queueKey, msgId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+        """
+        Put a stored message in a queue (replacing an entry for the same
+        ``(queueKey, msgId)``).
+        """
+        self._checkOpen()
+        if msgId not in self._messages:
+            raise KeyError(f"enqueue of unknown message {msgId!r}")
+        entries = self._queues.setdefault(queueKey, {})
+        if msgId not in entries:
+            self._refs[msgId] = self._refs.get(msgId, 0) + 1
+        entries[msgId] = [seq, enqueuedAtMs, expiresAtMs, bool(redelivered)]
+
+    def dequeue(self, queueKey, msgId):
+        """
+        Remove a message from a queue; delete it when no queue holds it.
+        """
+        self._checkOpen()
+        entries = self._queues.get(queueKey)
+        if entries is None or entries.pop(msgId, None) is None:
+            return
+        if not entries:
+            del self._queues[queueKey]
+        self._unref(msgId)
+
+    def markRedelivered(self, queueKey, msgId):
+        """
+        Set the redelivered flag of one entry.
+        """
+        self._checkOpen()
+        entry = self._queues.get(queueKey, {}).get(msgId)
+        if entry is not None:
+            entry[3] = True
+
+    def purgeQueue(self, queueKey):
+        """
+        Remove every entry of a queue.
+        """
+        self._checkOpen()
+        self._dropQueue(queueKey)
+
+    def _dropQueue(self, queueKey):
+        for msgId in self._queues.pop(queueKey, {}):
+            self._unref(msgId)
+
+    def _unref(self, msgId):
+        refs = self._refs.get(msgId, 0) - 1
+        if refs <= 0:
+            self._refs.pop(msgId, None)
+            self._messages.pop(msgId, None)
+        else:
+            self._refs[msgId] = refs

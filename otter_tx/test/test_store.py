@@ -1,0 +1,786 @@
+"""
+Tests for :mod:`otter_tx.store`: one contract suite
+(:class:`StoreContractMixin`) run against :class:`MemoryStore` (synchronously,
+no reactor) and :class:`SQLiteStore` (real reactor, real files, the writer
+thread), plus SQLite-only tests: reopening, recovery after an unclean stop
+and after SIGKILL of a separate process, corrupt files, the threading rule
+and group commit.
+
+The contract tests are ``async def`` methods; ``__init_subclass__`` turns
+each into a plain test method that the concrete class drives: the memory
+variant with ``successResultOf`` (so a Deferred that does not fire at once
+fails the test), the SQLite variant with ``Deferred.fromCoroutine``.
+"""
+
+import inspect
+import json
+import os
+import sqlite3
+import sys
+import threading
+
+from twisted.internet import defer, protocol, reactor
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface.verify import verifyObject
+
+from otter_tx.store.interface import (
+    ENTITY_KINDS,
+    IMessageStore,
+    RecoveredMessage,
+    StoreClosedError,
+    StoreCorruptError,
+    StoreFailedError,
+)
+from otter_tx.store.memory import MemoryStore
+from otter_tx.store.sqlite import STORE_FILENAME, SQLiteStore, resolvePath
+
+
+def _drivenBy(f):
+    """
+    A plain test method running the coroutine test ``f`` through
+    ``self.drive``.
+    """
+
+    def test(self):
+        return self.drive(f(self))
+
+    test.__name__ = f.__name__
+    test.__qualname__ = f.__qualname__
+    test.__doc__ = f.__doc__
+    return test
+
+
+class StoreContractMixin:
+    """
+    The behaviour every :class:`IMessageStore` shares.  Subclasses provide
+    ``makeStore()`` (a new, unopened store), ``reopen()`` (a coroutine:
+    close ``self.store``, open the same data again as ``self.store`` and
+    return the RecoveredState) and ``drive(coroutine)``.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(StoreContractMixin).items()):
+            if name.startswith("test_") and inspect.iscoroutinefunction(value):
+                setattr(cls, name, _drivenBy(value))
+
+    def setUp(self):
+        self.store = self.makeStore()
+
+    async def openStore(self):
+        """Open ``self.store`` and return its RecoveredState."""
+        return await self.store.open()
+
+    def addQueueMessage(self, queueKey, msgId, seq=None, body=None, **kw):
+        """Add message ``msgId`` and enqueue it in ``queueKey``."""
+        self.store.addMessage(
+            msgId, "ex", "rk.%d" % msgId, b"\x80\x00props", body or b"body-%d" % msgId
+        )
+        self.store.enqueue(
+            queueKey,
+            msgId,
+            msgId if seq is None else seq,
+            kw.get("enqueuedAtMs", 1000.5),
+            kw.get("expiresAtMs"),
+            kw.get("redelivered", False),
+        )
+
+    def ids(self, recovered, queueKey):
+        """The msgIds recovered for ``queueKey``, in order."""
+        return [m.msgId for m in recovered.messages.get(queueKey, [])]
+
+    async def test_providesInterface(self):
+        """The store provides IMessageStore completely."""
+        self.assertTrue(verifyObject(IMessageStore, self.store))
+
+    async def test_freshOpenIsEmpty(self):
+        """A new store recovers an empty dict for every entity kind and no messages."""
+        recovered = await self.openStore()
+        self.assertEqual(recovered.entities, {kind: {} for kind in ENTITY_KINDS})
+        self.assertEqual(recovered.messages, {})
+        self.assertEqual(recovered.stats["messages"], 0)
+        self.assertEqual(recovered.stats["queuedMessages"], 0)
+
+    async def test_entitiesSurviveRestart(self):
+        """Entities of every kind come back after a restart with their records."""
+        await self.openStore()
+        for kind in ENTITY_KINDS:
+            self.store.putEntity(kind, kind + "/1", {"kind": kind, "args": {"x-max-length": 5}})
+        await self.store.sync()
+        recovered = await self.reopen()
+        for kind in ENTITY_KINDS:
+            self.assertEqual(
+                recovered.entities[kind],
+                {kind + "/1": {"kind": kind, "args": {"x-max-length": 5}}},
+            )
+            self.assertEqual(recovered.stats[kind], 1)
+
+    async def test_putEntityUpserts(self):
+        """A second putEntity for the same key replaces the record."""
+        await self.openStore()
+        self.store.putEntity("policy", "/\x00p", {"priority": 1})
+        await self.store.sync()
+        self.store.putEntity("policy", "/\x00p", {"priority": 2})
+        recovered = await self.reopen()
+        self.assertEqual(recovered.entities["policy"], {"/\x00p": {"priority": 2}})
+
+    async def test_recordCopiedAtCall(self):
+        """Mutating a record after putEntity does not change what is stored."""
+        await self.openStore()
+        record = {"durable": True}
+        self.store.putEntity("exchange", "/\x00x", record)
+        record["durable"] = False
+        recovered = await self.reopen()
+        self.assertEqual(recovered.entities["exchange"]["/\x00x"], {"durable": True})
+
+    async def test_badEntityRejectedAtOnce(self):
+        """A record that is not JSON-serialisable raises TypeError and an unknown kind ValueError, at the call."""
+        await self.openStore()
+        self.assertRaises(TypeError, self.store.putEntity, "queue", "q", {"x": object()})
+        self.assertRaises(ValueError, self.store.putEntity, "thing", "q", {})
+        self.assertRaises(ValueError, self.store.deleteEntity, "thing", "q")
+
+    async def test_deleteEntity(self):
+        """deleteEntity removes one entity; deleting an absent one is not an error."""
+        await self.openStore()
+        self.store.putEntity("user", "guest", {"tags": ["administrator"]})
+        self.store.putEntity("user", "bob", {"tags": []})
+        await self.store.sync()
+        self.store.deleteEntity("user", "guest")
+        self.store.deleteEntity("user", "nobody")
+        recovered = await self.reopen()
+        self.assertEqual(recovered.entities["user"], {"bob": {"tags": []}})
+
+    async def test_messageRoundTrip(self):
+        """Every field of a queued message survives a restart unchanged."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        self.store.addMessage(7, "amq.direct", "key", b"\x90\x00\x02\x01", b"\x00payload\xff")
+        self.store.enqueue("q", 7, 42, 1700000000123.5, 1700000060123.5, True)
+        await self.store.sync()
+        recovered = await self.reopen()
+        self.assertEqual(
+            recovered.messages,
+            {
+                "q": [
+                    RecoveredMessage(
+                        7,
+                        42,
+                        1700000000123.5,
+                        1700000060123.5,
+                        True,
+                        "amq.direct",
+                        "key",
+                        b"\x90\x00\x02\x01",
+                        b"\x00payload\xff",
+                    )
+                ]
+            },
+        )
+        self.assertIsInstance(recovered.messages["q"][0].body, bytes)
+
+    async def test_bytesLikeAccepted(self):
+        """memoryview and bytearray bodies and properties are stored as bytes."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        buffer = bytearray(b"hello")
+        self.store.addMessage(1, "", "q", memoryview(b"pp"), buffer)
+        self.store.enqueue("q", 1, 1, 1.0, None, False)
+        buffer[:] = b"HELLO"
+        recovered = await self.reopen()
+        message = recovered.messages["q"][0]
+        self.assertEqual((message.propsRaw, message.body), (b"pp", b"hello"))
+        self.assertIs(type(message.body), bytes)
+
+    async def test_sortedBySeq(self):
+        """Recovered messages of a queue are sorted by seq, not by insertion order or id."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        for msgId, seq in [(1, 30), (2, 10), (3, 20), (4, -5)]:
+            self.addQueueMessage("q", msgId, seq=seq)
+        recovered = await self.reopen()
+        self.assertEqual(self.ids(recovered, "q"), [4, 2, 3, 1])
+
+    async def test_messageInSeveralQueues(self):
+        """A message enqueued in two queues is stored once and recovered in both."""
+        await self.openStore()
+        self.store.putEntity("queue", "a", {})
+        self.store.putEntity("queue", "b", {})
+        self.addQueueMessage("a", 1)
+        self.store.enqueue("b", 1, 5, 2.0, None, False)
+        recovered = await self.reopen()
+        self.assertEqual((self.ids(recovered, "a"), self.ids(recovered, "b")), ([1], [1]))
+        self.assertEqual(recovered.stats["messages"], 1)
+        self.assertEqual(recovered.stats["queuedMessages"], 2)
+        self.assertEqual(recovered.stats["bodyBytes"], len(b"body-1"))
+
+    async def test_dequeueKeepsMessageWhileReferenced(self):
+        """After a dequeue from one of two queues the message stays; after the last it is gone."""
+        await self.openStore()
+        self.store.putEntity("queue", "a", {})
+        self.store.putEntity("queue", "b", {})
+        self.addQueueMessage("a", 1)
+        self.store.enqueue("b", 1, 1, 2.0, None, False)
+        await self.store.sync()
+        self.store.dequeue("a", 1)
+        self.store.dequeue("a", 99)
+        recovered = await self.reopen()
+        self.assertEqual((self.ids(recovered, "a"), self.ids(recovered, "b")), ([], [1]))
+        self.store.dequeue("b", 1)
+        recovered = await self.reopen()
+        self.assertEqual(recovered.messages, {})
+        self.assertEqual(recovered.stats["messages"], 0)
+        self.assertEqual(recovered.stats["droppedOrphanMessages"], 0)
+
+    async def test_markRedelivered(self):
+        """markRedelivered sets the flag of one entry only; an absent entry is ignored."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        self.addQueueMessage("q", 1)
+        self.addQueueMessage("q", 2)
+        await self.store.sync()
+        self.store.markRedelivered("q", 2)
+        self.store.markRedelivered("q", 3)
+        recovered = await self.reopen()
+        self.assertEqual([m.redelivered for m in recovered.messages["q"]], [False, True])
+
+    async def test_markRedeliveredBeforeWrite(self):
+        """markRedelivered right after enqueue, before any sync, still sets the flag."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        self.addQueueMessage("q", 1)
+        self.store.markRedelivered("q", 1)
+        recovered = await self.reopen()
+        self.assertTrue(recovered.messages["q"][0].redelivered)
+
+    async def test_enqueueThenDequeueLeavesNothing(self):
+        """An enqueue and a dequeue of the same entry before a sync leave no message behind."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        self.addQueueMessage("q", 1)
+        self.store.markRedelivered("q", 1)
+        self.store.dequeue("q", 1)
+        self.addQueueMessage("q", 2)
+        recovered = await self.reopen()
+        self.assertEqual(self.ids(recovered, "q"), [2])
+        self.assertEqual(recovered.stats["messages"], 1)
+        self.assertEqual(recovered.stats["droppedOrphanMessages"], 0)
+
+    async def test_reEnqueueReplaces(self):
+        """Enqueueing an entry again (after a dequeue, or over it) keeps one entry with the newest fields."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        self.store.putEntity("queue", "r", {})
+        self.addQueueMessage("q", 1, seq=1)
+        self.store.enqueue("r", 1, 1, 1.0, None, False)
+        await self.store.sync()
+        self.store.dequeue("q", 1)
+        self.store.enqueue("q", 1, 9, 2.0, 3.0, True)
+        self.store.enqueue("r", 1, 4, 5.0, None, False)
+        self.store.dequeue("r", 1)
+        recovered = await self.reopen()
+        [message] = recovered.messages["q"]
+        self.assertEqual(
+            (message.seq, message.enqueuedAtMs, message.expiresAtMs, message.redelivered),
+            (9, 2.0, 3.0, True),
+        )
+        self.assertEqual(self.ids(recovered, "r"), [])
+
+    async def test_purgeQueue(self):
+        """purgeQueue removes every entry of one queue and keeps other queues' copies."""
+        await self.openStore()
+        self.store.putEntity("queue", "a", {})
+        self.store.putEntity("queue", "b", {})
+        self.addQueueMessage("a", 1)
+        self.addQueueMessage("a", 2)
+        self.store.enqueue("b", 2, 2, 1.0, None, False)
+        await self.store.sync()
+        self.addQueueMessage("a", 3)
+        self.store.purgeQueue("a")
+        self.addQueueMessage("a", 4)
+        recovered = await self.reopen()
+        self.assertEqual((self.ids(recovered, "a"), self.ids(recovered, "b")), ([4], [2]))
+        self.assertEqual(recovered.stats["messages"], 2)
+
+    async def test_deleteQueueDropsMessages(self):
+        """Deleting a queue entity drops its entries; a queue declared again starts empty."""
+        await self.openStore()
+        self.store.putEntity("queue", "a", {"v": 1})
+        self.store.putEntity("queue", "b", {})
+        self.addQueueMessage("a", 1)
+        self.addQueueMessage("a", 2)
+        self.store.enqueue("b", 2, 2, 1.0, None, False)
+        await self.store.sync()
+        self.store.deleteEntity("queue", "a")
+        self.store.putEntity("queue", "a", {"v": 2})
+        self.addQueueMessage("a", 3)
+        recovered = await self.reopen()
+        self.assertEqual(recovered.entities["queue"]["a"], {"v": 2})
+        self.assertEqual((self.ids(recovered, "a"), self.ids(recovered, "b")), ([3], [2]))
+        self.assertEqual(recovered.stats["messages"], 2)
+
+    async def test_recoveryDropsDanglingAndOrphans(self):
+        """Recovery drops entries of a queue with no entity and messages no queue holds, and counts them."""
+        await self.openStore()
+        self.addQueueMessage("no-such-queue", 1)
+        self.store.addMessage(2, "", "", b"", b"lonely")
+        recovered = await self.reopen()
+        self.assertEqual(recovered.messages, {})
+        self.assertEqual(recovered.stats["droppedDanglingEntries"], 1)
+        self.assertEqual(recovered.stats["droppedOrphanMessages"], 2)
+        self.assertIn("dropped 2 unreferenced messages", recovered.summary())
+        recovered = await self.reopen()
+        self.assertEqual(recovered.stats["droppedOrphanMessages"], 0)
+
+    async def test_syncFiresInOrder(self):
+        """sync() Deferreds fire in the order they were asked for, each with None."""
+        await self.openStore()
+        self.store.putEntity("queue", "q", {})
+        fired = []
+        ds = []
+        for i in range(5):
+            self.addQueueMessage("q", i)
+            ds.append(self.store.sync().addCallback(lambda r, i=i: fired.append((i, r))))
+        await defer.gatherResults(ds)
+        self.assertEqual(fired, [(i, None) for i in range(5)])
+
+    async def test_closedStoreRefusesCalls(self):
+        """Calls before open() and after close() raise StoreClosedError; close() twice is fine."""
+        self.assertRaises(StoreClosedError, self.store.putEntity, "vhost", "/", {})
+        self.assertRaises(StoreClosedError, self.store.sync)
+        await self.openStore()
+        await self.store.close()
+        await self.store.close()
+        self.assertRaises(StoreClosedError, self.store.addMessage, 1, "", "", b"", b"")
+        self.assertRaises(StoreClosedError, self.store.enqueue, "q", 1, 1, 1.0, None, False)
+        self.assertRaises(StoreClosedError, self.store.dequeue, "q", 1)
+        self.assertRaises(StoreClosedError, self.store.sync)
+
+    async def test_summary(self):
+        """summary() gives the entity and message counts in one line."""
+        await self.openStore()
+        self.store.putEntity("vhost", "/", {})
+        self.store.putEntity("queue", "q", {})
+        self.addQueueMessage("q", 1, body=b"12345")
+        recovered = await self.reopen()
+        line = recovered.summary()
+        self.assertIn("vhost=1", line)
+        self.assertIn("queue=1", line)
+        self.assertIn("1 messages (1 queue entries, 5 body bytes) in 1 queues", line)
+        self.assertNotIn("\n", line)
+
+
+class MemoryStoreTests(StoreContractMixin, SynchronousTestCase):
+    """
+    The contract on :class:`MemoryStore`, synchronously.
+    """
+
+    def makeStore(self):
+        return MemoryStore()
+
+    async def reopen(self):
+        await self.store.close()
+        return await self.store.open()
+
+    def drive(self, coroutine):
+        self.successResultOf(defer.Deferred.fromCoroutine(coroutine))
+
+
+class _SQLiteFixture:
+    """
+    Shared helpers of the SQLite test cases: a data dir per test and
+    stores that are closed (or abandoned) at cleanup.
+    """
+
+    timeout = 30
+
+    def newStore(self, path=None, **kwargs):
+        """A new SQLiteStore on ``path`` (default: this test's data dir)."""
+        store = SQLiteStore(path or self.dataDir, reactor, **kwargs)
+        self.addCleanup(self._cleanupStore, store)
+        return store
+
+    def _cleanupStore(self, store):
+        if store._thread is not None and store._thread.is_alive():
+            if store._state == "closed":
+                return store._ended
+            return store.close().addErrback(lambda f: None)
+        return None
+
+    @property
+    def dataDir(self):
+        if not hasattr(self, "_dataDir"):
+            self._dataDir = self.mktemp()
+        return self._dataDir
+
+
+class SQLiteStoreContractTests(StoreContractMixin, _SQLiteFixture, TestCase):
+    """
+    The contract on :class:`SQLiteStore`, with the real reactor and files.
+    """
+
+    def makeStore(self):
+        return self.newStore()
+
+    async def reopen(self):
+        await self.store.close()
+        self.store = self.newStore()
+        return await self.store.open()
+
+    def drive(self, coroutine):
+        return defer.Deferred.fromCoroutine(coroutine)
+
+
+# a child process for the SIGKILL test: writes until killed and prints
+# "durable N" each time a sync() covering messages up to N has fired
+_CRASH_CHILD = r"""
+import sys
+from twisted.internet import reactor
+from otter_tx.store.sqlite import SQLiteStore
+
+path, start = sys.argv[1], int(sys.argv[2])
+store = SQLiteStore(path, reactor)
+nextId = [start]
+
+def report(_, top):
+    sys.stdout.write("durable %d\n" % top)
+    sys.stdout.flush()
+
+def step():
+    for _ in range(40):
+        n = nextId[0]
+        nextId[0] += 1
+        store.addMessage(n, "ex", "rk%d" % n, b"props%d" % n, b"body-%d-" % n * 20)
+        store.enqueue("q1", n, n, 1000.0 + n, None, False)
+        store.enqueue("q2", n, n, 1000.0 + n, 9000.0 + n, False)
+        if n - 25 >= start:
+            store.dequeue("q2", n - 25)
+    store.sync().addCallback(report, nextId[0] - 1)
+    reactor.callLater(0, step)
+
+def opened(recovered):
+    store.putEntity("queue", "q1", {})
+    store.putEntity("queue", "q2", {})
+    sys.stdout.write("opened\n")
+    sys.stdout.flush()
+    step()
+
+def failed(f):
+    f.printTraceback()
+    reactor.stop()
+
+store.open().addCallbacks(opened, failed)
+reactor.run()
+"""
+
+
+class _KillAfter(protocol.ProcessProtocol):
+    """
+    Reads the child's "durable N" lines and SIGKILLs it after ``lines`` of
+    them; ``ended`` fires with (last durable N, stderr) when it has exited.
+    """
+
+    def __init__(self, lines):
+        self.lines = lines
+        self.buffer = b""
+        self.durable = []
+        self.stderr = b""
+        self.ended = defer.Deferred()
+        self.killed = False
+
+    def outReceived(self, data):
+        self.buffer += data
+        *complete, self.buffer = self.buffer.split(b"\n")
+        for line in complete:
+            if line.startswith(b"durable "):
+                self.durable.append(int(line.split()[1]))
+        if len(self.durable) >= self.lines and not self.killed:
+            self.killed = True
+            self.transport.signalProcess("KILL")
+
+    def errReceived(self, data):
+        self.stderr += data
+
+    def processEnded(self, reason):
+        self.ended.callback((self.durable[-1] if self.durable else None, self.stderr))
+
+
+class SQLiteStoreTests(_SQLiteFixture, TestCase):
+    """
+    Behaviour specific to :class:`SQLiteStore`: files, threads, recovery,
+    corruption, group commit.
+    """
+
+    async def _filled(self, count=3):
+        """A closed store file holding a queue with ``count`` messages; returns its path."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {"durable": True})
+        for i in range(count):
+            store.addMessage(i, "", "q", b"p", b"x" * 3000)
+            store.enqueue("q", i, i, 1.0, None, False)
+        await store.close()
+        return store.path
+
+    def test_resolvePath(self):
+        """A data dir maps to <dir>/otter_tx.sqlite3; a name ending in .sqlite3/.sqlite/.db is the file."""
+        base = os.path.abspath(self.mktemp())
+        self.assertEqual(resolvePath(base), os.path.join(base, STORE_FILENAME))
+        self.assertEqual(resolvePath(base + "/s.db"), base + "/s.db")
+        self.assertEqual(resolvePath(base + "/s.sqlite3"), base + "/s.sqlite3")
+        os.makedirs(base + "/dir.db")
+        self.assertEqual(resolvePath(base + "/dir.db"), base + "/dir.db/" + STORE_FILENAME)
+
+    async def test_reopenAfterClose(self):
+        """close() writes pending changes without a sync and leaves one checkpointed file with WAL mode on."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.addMessage(1, "", "q", b"", b"kept")
+        store.enqueue("q", 1, 1, 1.0, None, False)
+        await store.close()
+        self.assertFalse(store._thread.is_alive())
+        self.assertEqual(os.listdir(self.dataDir), [STORE_FILENAME])
+        conn = sqlite3.connect(store.path)
+        try:
+            self.assertEqual(conn.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+        finally:
+            conn.close()
+        again = self.newStore()
+        recovered = await again.open()
+        self.assertEqual([m.body for m in recovered.messages["q"]], [b"kept"])
+        self.assertEqual(recovered.path, os.path.join(os.path.abspath(self.dataDir), STORE_FILENAME))
+
+    async def test_syncMeansCommitted(self):
+        """When sync() fires, another connection already sees the change, and each commit is counted."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("vhost", "/", {"tracing": False})
+        await store.sync()
+        self.assertGreaterEqual(store.stats["commits"], 1)
+        conn = sqlite3.connect(store.path)
+        try:
+            rows = conn.execute("SELECT kind, key, record FROM entities").fetchall()
+        finally:
+            conn.close()
+        self.assertEqual([(k, key, json.loads(r)) for k, key, r in rows], [("vhost", "/", {"tracing": False})])
+
+    async def test_writesOffReactorThread(self):
+        """Opening, recovery and every write run on the writer thread, never the reactor thread."""
+        reactorThread = threading.get_ident()
+        store = self.newStore()
+        threads = []
+        for name in ("_connect", "_recover", "_write"):
+            original = getattr(store, name)
+
+            def recording(*args, _original=original, _name=name):
+                threads.append((_name, threading.get_ident()))
+                return _original(*args)
+
+            setattr(store, name, recording)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        await store.sync()
+        await store.close()
+        self.assertEqual({name for name, _ in threads}, {"_connect", "_recover", "_write"})
+        self.assertNotIn(reactorThread, {ident for _, ident in threads})
+        self.assertEqual(len({ident for _, ident in threads}), 1)
+
+    async def test_groupCommit(self):
+        """Changes and syncs issued while the writer is busy are committed together in one transaction."""
+        store = self.newStore()
+        await store.open()
+        gate = threading.Event()
+        original = store._write
+
+        def slowWrite(conn, batch):
+            gate.wait(10)
+            return original(conn, batch)
+
+        store._write = slowWrite
+        store.putEntity("queue", "q", {})
+        first = store.sync()
+        ds = []
+        for i in range(200):
+            store.addMessage(i, "", "q", b"", b"m")
+            store.enqueue("q", i, i, 1.0, None, False)
+            ds.append(store.sync())
+        gate.set()
+        await defer.gatherResults([first] + ds)
+        self.assertLessEqual(store.stats["commits"], 3)
+        self.assertEqual(store.stats["syncs"], 201)
+
+    async def test_coalescingCancelsPairs(self):
+        """An enqueue and dequeue of the same entry in one pending batch never reach the file."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        await store.sync()
+        gate = threading.Event()
+        original = store._write
+        written = []
+
+        def recordingWrite(conn, batch):
+            gate.wait(10)
+            written.append((dict(batch.adds), {q: dict(e) for q, e in batch.entries.items()}))
+            return original(conn, batch)
+
+        store._write = recordingWrite
+        store.putEntity("vhost", "/", {})
+        blocker = store.sync()
+        for i in range(10):
+            store.addMessage(i, "", "q", b"", b"m")
+            store.enqueue("q", i, i, 1.0, None, False)
+            store.dequeue("q", i)
+        gate.set()
+        await defer.gatherResults([blocker, store.sync()])
+        self.assertEqual(store.stats["cancelled"], 30)
+        for adds, entries in written:
+            self.assertEqual(adds, {})
+            self.assertEqual(entries, {"q": {}} if entries else {})
+
+    async def test_uncleanStop(self):
+        """A second store opened on the file of one never closed recovers everything synced before, consistently."""
+        first = self.newStore()
+        await first.open()
+        first.putEntity("queue", "q", {})
+        for i in range(100):
+            first.addMessage(i, "", "q", b"", b"synced-%d" % i)
+            first.enqueue("q", i, i, 1.0, None, False)
+        await first.sync()
+        for i in range(100, 200):
+            first.addMessage(i, "", "q", b"", b"late-%d" % i)
+            first.enqueue("q", i, i, 1.0, None, False)
+        second = self.newStore()
+        recovered = await second.open()
+        await first._abandon()
+        ids = self.ids(recovered)
+        self.assertEqual(ids[:100], list(range(100)))
+        self.assertEqual(ids, list(range(len(ids))))
+        for message in recovered.messages["q"]:
+            prefix = b"synced-" if message.msgId < 100 else b"late-"
+            self.assertEqual(message.body, prefix + b"%d" % message.msgId)
+
+    def ids(self, recovered, queueKey="q"):
+        """The msgIds recovered for ``queueKey``, in order."""
+        return [m.msgId for m in recovered.messages.get(queueKey, [])]
+
+    async def test_sigkillRecovery(self):
+        """A store process killed with SIGKILL mid-stream three times loses nothing it reported durable."""
+        path = os.path.abspath(self.mktemp()) + ".sqlite3"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        start = 0
+        durable = []
+        for round_ in range(3):
+            child = _KillAfter(lines=2 + round_)
+            reactor.spawnProcess(
+                child,
+                sys.executable,
+                [sys.executable, "-c", _CRASH_CHILD, path, str(start)],
+                env=env,
+            )
+            top, stderr = await child.ended
+            self.assertIsNotNone(top, stderr.decode("utf-8", "replace"))
+            self.assertTrue(child.killed)
+            durable.append((start, top))
+            store = self.newStore(path)
+            recovered = await store.open()
+            await store.close()
+            q1 = {m.msgId: m for m in recovered.messages.get("q1", [])}
+            q2 = {m.msgId: m for m in recovered.messages.get("q2", [])}
+            for runStart, runTop in durable:
+                for n in range(runStart, runTop + 1):
+                    self.assertIn(n, q1)
+                for n in range(runStart, runTop - 25 + 1):
+                    self.assertNotIn(n, q2)
+            for n, message in q1.items():
+                self.assertEqual(
+                    (message.body, message.propsRaw, message.routingKey, message.enqueuedAtMs),
+                    (b"body-%d-" % n * 20, b"props%d" % n, "rk%d" % n, 1000.0 + n),
+                )
+            for n, message in q2.items():
+                self.assertEqual(message.expiresAtMs, 9000.0 + n)
+                self.assertIn(n, q1)
+            self.assertEqual(recovered.stats["messages"], len(q1))
+            self.assertEqual(sorted(q1), list(range(len(q1))))
+            start = max(q1) + 1
+
+    async def _assertCorrupt(self, path):
+        """Opening ``path`` fails with StoreCorruptError naming it, and leaves the file unchanged."""
+        before = open(path, "rb").read()
+        store = self.newStore(path)
+        try:
+            await store.open()
+        except StoreCorruptError as e:
+            error = e
+        else:
+            self.fail(f"{path} opened although it is damaged")
+        self.assertEqual(error.path, path)
+        self.assertIn(path, str(error))
+        self.assertIn("move the file", str(error))
+        self.assertIn("backup", str(error))
+        self.assertEqual(open(path, "rb").read(), before)
+        self.assertRaises(StoreClosedError, store.sync)
+        await store._ended
+        return error
+
+    async def test_truncatedFile(self):
+        """A store file cut in half is refused with StoreCorruptError, before anything is loaded."""
+        path = await self._filled(300)
+        os.truncate(path, os.path.getsize(path) // 2)
+        error = await self._assertCorrupt(path)
+        self.assertIn("malformed", error.reason)
+
+    async def test_damagedPages(self):
+        """A store file with overwritten pages in the middle fails the integrity check."""
+        path = await self._filled(300)
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            f.write(bytes(range(256)) * 32)
+        await self._assertCorrupt(path)
+
+    async def test_notADatabase(self):
+        """A file that is not SQLite at all is refused with StoreCorruptError."""
+        path = os.path.abspath(self.mktemp()) + ".db"
+        with open(path, "wb") as f:
+            f.write(b"this is not a database\n" * 100)
+        error = await self._assertCorrupt(path)
+        self.assertIn("not a database", error.reason)
+
+    async def test_emptyFile(self):
+        """A zero-length store file is damage (stores are created whole), not a fresh start."""
+        path = await self._filled(1)
+        os.truncate(path, 0)
+        error = await self._assertCorrupt(path)
+        self.assertIn("no 'meta' table", error.reason)
+
+    async def test_newerSchema(self):
+        """A file from a newer schema version is refused and the message says to upgrade."""
+        path = await self._filled(1)
+        conn = sqlite3.connect(path)
+        with conn:
+            conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+        conn.close()
+        error = await self._assertCorrupt(path)
+        self.assertIn("upgrade otter_tx", error.reason)
+
+    async def test_writeFailure(self):
+        """A failed commit fails that sync(), every later sync() and close() with StoreFailedError."""
+        store = self.newStore()
+        await store.open()
+
+        def failingWrite(conn, batch):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        store._write = failingWrite
+        store.putEntity("vhost", "/", {})
+        with self.assertRaises(StoreFailedError) as caught:
+            await store.sync()
+        self.assertIn("disk I/O error", str(caught.exception))
+        self.assertIn(store.path, str(caught.exception))
+        store.putEntity("vhost", "/2", {})
+        with self.assertRaises(StoreFailedError):
+            await store.sync()
+        with self.assertRaises(StoreFailedError):
+            await store.close()
+        self.assertEqual(len(self.flushLoggedErrors(sqlite3.OperationalError)), 1)
