@@ -11,7 +11,7 @@ channel.close and the rest into connection.close, as RabbitMQ does.
 import base64
 import os
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from twisted.logger import Logger
 
@@ -683,17 +683,61 @@ class Channel:
             self.connection.sendContent(self.number, payload, message)
         if seq:
             self._confirms.append((seq, not rejected))
+            if message.stored:
+                self._needSync = True
             self.connection.noteConfirms(self)
+
+    _needSync = False
 
     def flushConfirms(self):
         """
-        Send the pending publisher confirms: runs of acks collapse into one
-        ``basic.ack multiple=true`` (every earlier publish is already
-        settled, since confirms here are issued in order).
+        Send the pending publisher confirms.  When any of them is a
+        persistent message written to a durable queue, the batch waits for
+        the store's ``sync()`` (fsync'd group commit), and later batches wait
+        behind it so confirms stay in order
+        (https://www.rabbitmq.com/docs/confirms#when-publishes-are-confirmed).
         """
         confirms, self._confirms = self._confirms, []
         if self.closing or not confirms:
             return
+        needSync, self._needSync = self._needSync, False
+        outbox = self._confirmOutbox
+        if outbox is None:
+            outbox = self._confirmOutbox = deque()
+        if needSync:
+            slot = [confirms, False]
+            outbox.append(slot)
+
+            def synced(_):
+                slot[1] = True
+                self._drainConfirms()
+
+            def failed(f):
+                log.failure("store sync failed; confirms withheld", f)
+                self.connection.forceClose(
+                    spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
+                )
+
+            self.broker.journal.store.sync().addCallbacks(synced, failed)
+        else:
+            outbox.append([confirms, True])
+            self._drainConfirms()
+
+    _confirmOutbox = None
+
+    def _drainConfirms(self):
+        outbox = self._confirmOutbox
+        while outbox and outbox[0][1]:
+            confirms = outbox.popleft()[0]
+            if self.closing:
+                continue
+            self._sendConfirms(confirms)
+
+    def _sendConfirms(self, confirms):
+        """
+        Runs of acks collapse into one ``basic.ack multiple=true`` (every
+        earlier publish is already settled: confirms go out in order).
+        """
         send = self.connection.sendMethod
         runEnd = None
         for seq, ok in confirms:

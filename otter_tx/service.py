@@ -12,7 +12,8 @@ Example (see docs/embedding.md)::
 import os
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
@@ -53,12 +54,26 @@ class OtterService(MultiService):
     def __init__(self, amqp=("tcp:5672",), management=(), reactor=None, dataDir=None,
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
-                 loopbackUsers=("guest",), policies=()):
+                 loopbackUsers=("guest",), policies=(), store=None):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
         self.dataDir = dataDir
+        if store is None:
+            if dataDir is None:
+                from otter_tx.store.memory import MemoryStore
+
+                store = MemoryStore()
+            else:
+                from otter_tx.store.sqlite import SQLiteStore
+
+                os.makedirs(dataDir, exist_ok=True)
+                store = SQLiteStore(dataDir, reactor)
+        #: the IMessageStore (SQLite under dataDir by default; memory without one)
+        self.store = store
+        self._ready = None  # None until started, then True or a Failure
+        self._readyWaiters = []
         if memoryHighWatermark is None:
             memoryHighWatermark = defaultHighWatermark()
         self.broker = Broker(
@@ -101,17 +116,77 @@ class OtterService(MultiService):
                 self.managementServices.append(svc)
 
     def startService(self):
-        self.broker.startAlarmChecks()
-        MultiService.startService(self)
+        """
+        Open the store, rebuild durable state, then start listening.  A
+        store that cannot be opened (corrupt file) is logged with its path
+        and what to do, and the reactor is stopped: no partial start.
+        """
+        from otter_tx.broker.durability import Journal
+
+        Service.startService(self)
+        d = self.store.open()
+
+        def recovered(state):
+            journal = Journal(self.broker, self.store)
+            firstBoot = journal.recover(state)
+            self.journal = journal
+            self.broker.journal = journal
+            self.broker.listeners.append(journal.entityChanged)
+            if firstBoot:
+                journal.writeAll()
+            self.broker.startAlarmChecks()
+            for svc in self:
+                svc.startService()
+            return self
+
+        def failed(f):
+            log.failure("cannot start: {msg}", f, msg=f.getErrorMessage())
+            self._fireReady(f)
+            if self.reactor.running:
+                self.reactor.stop()
+
+        d.addCallback(recovered)
+        d.addCallbacks(lambda _: self._fireReady(True), failed)
+        return d
+
+    def _fireReady(self, result):
+        self._ready = result
+        waiters, self._readyWaiters = self._readyWaiters, []
+        for w in waiters:
+            if result is True:
+                w.callback(self)
+            else:
+                w.errback(result)
+
+    def whenReady(self):
+        """
+        A Deferred firing with this service once the store is recovered and
+        the listeners are starting (or failing if the store cannot open).
+        """
+        if self._ready is True:
+            return succeed(self)
+        if self._ready is not None:
+            return fail(self._ready)
+        d = Deferred()
+        self._readyWaiters.append(d)
+        return d
 
     def stopService(self):
+        """
+        Stop listening, close client connections, then finish pending store
+        writes (the Deferred fires once everything is fsync'd).
+        """
         self.broker.stop()
         for conn in list(self.broker.connections):
             conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
-        return MultiService.stopService(self)
+        d = MultiService.stopService(self)
+        d.addBoth(lambda _: self.store.close())
+        return d
 
     def listeningPorts(self, services):
         """Deferred list of IListeningPort for ``services`` (after start)."""
         from twisted.internet.defer import gatherResults
 
-        return gatherResults([s._waitingForPort for s in services])
+        return self.whenReady().addCallback(
+            lambda _: gatherResults([s._waitingForPort for s in services])
+        )

@@ -21,10 +21,24 @@ class User:
     """
 
     def __init__(self, name, password, tags=(), loopbackOnly=False):
+        from otter_tx.broker.durability import hashPassword
+
         self.name = name
-        self.password = password
         self.tags = list(tags)
         self.loopbackOnly = loopbackOnly
+        self.salt = self.passwordHash = None
+        if password is not None:
+            self.salt, self.passwordHash = hashPassword(password)
+
+    def checkPassword(self, password):
+        """True if ``password`` (str) matches the stored salted SHA-256."""
+        import hmac
+
+        from otter_tx.broker.durability import hashPassword
+
+        if self.passwordHash is None or password is None:
+            return False
+        return hmac.compare_digest(hashPassword(password, self.salt)[1], self.passwordHash)
 
 
 class Broker:
@@ -49,6 +63,8 @@ class Broker:
         self._alarm = False
         self._alarmTimer = None
         self.listeners = []  # callables(kind, vhost, obj, deleted)
+        #: the durability Journal once the store is open, else None
+        self.journal = None
         self.addVHost("/")
         self.addUser(defaultUser, defaultPass, tags=["administrator"],
                      loopbackOnly=defaultUser in loopbackUsers)
@@ -89,7 +105,7 @@ class Broker:
     def authenticate(self, username, password):
         """The :class:`User` or None."""
         u = self.users.get(username)
-        if u is not None and u.password == password:
+        if u is not None and u.checkPassword(password):
             return u
         return None
 
@@ -117,6 +133,13 @@ class Broker:
         """Assign a broker-wide id to ``message``."""
         self._msgId += 1
         message.msgId = self._msgId
+
+    def reserveMessageIds(self, above):
+        """
+        Make every future message id larger than ``above`` and than any id
+        used before a restart (ids start from the clock in microseconds).
+        """
+        self._msgId = max(self._msgId, above, int(self.clock.seconds() * 1e6))
 
     def queuedBytes(self):
         """Body bytes held in all queues (ready messages)."""
@@ -154,10 +177,16 @@ class Broker:
         self._alarmTimer.start(interval, now=False)
 
     def stop(self):
-        """Stop timers."""
+        """
+        Stop every timer (memory checks, message expiry, queue expiry): the
+        broker is shutting down and its state must not change any more.
+        """
         if self._alarmTimer is not None and self._alarmTimer.running:
             self._alarmTimer.stop()
         self._alarmTimer = None
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                q.stopTimers()
 
     # --- durability hook ---------------------------------------------------
 

@@ -99,7 +99,16 @@ class ExpiryIndex:
             self._timer = None
             self._timerAt = None
 
+    _frozen = False
+
+    def freeze(self):
+        """Cancel the timer and never set one again (broker shutdown)."""
+        self._frozen = True
+        self._cancel()
+
     def _schedule(self, deadline):
+        if self._frozen:
+            return
         now = nowMs(self._clock)
         delay = max(0.0, (deadline - now - _EPSILON_MS / 2) / 1000.0)
         if self._timer is not None and self._timer.active():

@@ -44,6 +44,7 @@ class Message:
         "msgId",
         "size",
         "extraKeys",
+        "stored",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):
@@ -52,6 +53,7 @@ class Message:
         self.body = body
         self.size = len(body)
         self.msgId = 0
+        self.stored = False
         if props is None:
             props = codec.decodeProperties(propsRaw) if propsRaw[:2] != _EMPTY_PROPS else {}
         self.propsRaw = propsRaw

@@ -100,7 +100,10 @@ class Queue:
         self.settings = QueueSettings()
         self.policy = None
         self._expiry = ExpiryIndex(self.clock, self._expired)
+        #: the durability journal for a durable queue (set by the journal), else None
+        self.journal = None
         self._idleTimer = None
+        self._stopped = False
         self._dispatching = False
         # counters (management / metrics)
         self.publishedCount = 0
@@ -130,6 +133,8 @@ class Queue:
         basic.get count as use; publishing does not (RabbitMQ ttl.html
         "Queue TTL").
         """
+        if self._stopped:
+            return
         expires = self.settings.expires
         if self._idleTimer is not None and self._idleTimer.active():
             self._idleTimer.cancel()
@@ -184,9 +189,12 @@ class Queue:
             level = min(message.priority, self.maxPriority)
         entry = QueueEntry(message, self._seq, None if ttl is None else now + ttl, level)
         self.publishedCount += 1
+        journal = self.journal if message.persistent else None
         if not self.readyCount and self.consumers:
             consumer = self._pickConsumer()
             if consumer is not None:
+                if journal is not None and not consumer.noAck:
+                    journal.enqueued(self, entry)
                 self._deliver(consumer, entry)
                 return True
         if ttl is not None and ttl <= 0:
@@ -196,6 +204,8 @@ class Queue:
         self._levels[level].append(entry)
         self.readyCount += 1
         self.readyBytes += message.size
+        if journal is not None:
+            journal.enqueued(self, entry)
         if ttl is not None:
             self._expiry.add(entry, entry.expiresAt)
         if s.maxLength is not None or s.maxLengthBytes is not None:
@@ -215,6 +225,7 @@ class Queue:
             if entry is None:
                 break
             entry.state = GONE
+            self._removed(entry)
             dropped.append(entry.message)
         if dropped:
             self.vhost.deadLetter(self, dropped, "maxlen")
@@ -255,6 +266,7 @@ class Queue:
                     now = nowMs(self.clock)
                 if entry.expiresAt <= now:
                     entry.state = GONE
+                    self._removed(entry)
                     if expired is None:
                         expired = []
                     expired.append(entry.message)
@@ -276,9 +288,12 @@ class Queue:
         self.deliveredCount += 1
         if noAck:
             entry.state = GONE
+            self._removed(entry)
         else:
             entry.state = UNACKED
             self.unackedCount += 1
+            if self.journal is not None and entry.message.persistent:
+                self.journal.delivered(self, entry)
         return entry
 
     def _expired(self, entries):
@@ -289,6 +304,7 @@ class Queue:
                 self.readyCount -= 1
                 self.readyBytes -= entry.message.size
                 self._holes += 1
+                self._removed(entry)
                 messages.append(entry.message)
         if self._holes > 1024 and self._holes > self.readyCount:
             self._compact()
@@ -370,10 +386,35 @@ class Queue:
         self.deliveredCount += 1
         if consumer.noAck:
             entry.state = GONE
+            if entry.message.stored:
+                self._removed(entry)
         else:
             entry.state = UNACKED
             self.unackedCount += 1
+            if self.journal is not None and entry.message.persistent:
+                self.journal.delivered(self, entry)
         consumer.deliver(self, entry)
+
+    def _removed(self, entry):
+        """``entry`` left the queue for good: drop it from the store."""
+        if self.journal is not None and entry.message.persistent:
+            self.journal.removed(self, entry)
+
+    def restore(self, message, seq, expiresAt, redelivered):
+        """
+        Put a message recovered from the store back at position ``seq``
+        (boot only; entries arrive in seq order).  An expiry already past
+        fires on the next clock turn.
+        """
+        level = min(message.priority, self.maxPriority) if self.maxPriority else 0
+        entry = QueueEntry(message, seq, expiresAt, level)
+        entry.redelivered = redelivered
+        self._levels[level].append(entry)
+        self._seq = max(self._seq, seq)
+        self.readyCount += 1
+        self.readyBytes += message.size
+        if expiresAt is not None:
+            self._expiry.add(entry, expiresAt)
 
     def dispatch(self):
         """
@@ -404,6 +445,7 @@ class Queue:
         if entry.state == UNACKED:
             entry.state = GONE
             self.unackedCount -= 1
+            self._removed(entry)
 
     def discard(self, entries, deadLetter=True):
         """
@@ -415,6 +457,7 @@ class Queue:
             if entry.state == UNACKED:
                 entry.state = GONE
                 self.unackedCount -= 1
+                self._removed(entry)
                 messages.append(entry.message)
         if messages and deadLetter and not self.deleted:
             self.vhost.deadLetter(self, messages, "rejected")
@@ -437,6 +480,7 @@ class Queue:
             self.unackedCount -= 1
             if entry.expiresAt is not None and entry.expiresAt <= now:
                 entry.state = GONE
+                self._removed(entry)
                 expired.append(entry.message)
                 continue
             entry.state = READY
@@ -475,8 +519,11 @@ class Queue:
         how many were dropped.
         """
         n = self.readyCount
+        journal = None if self.deleted else self.journal
         for dq in self._levels:
             for entry in dq:
+                if journal is not None and entry.state == READY and entry.message.persistent:
+                    journal.removed(self, entry)
                 entry.state = GONE
             dq.clear()
         self.readyCount = 0
@@ -494,6 +541,14 @@ class Queue:
             for entry in dq:
                 if entry.state == READY:
                     yield entry
+
+    def stopTimers(self):
+        """Cancel the expiry timers (broker shutdown); state is kept."""
+        if self._idleTimer is not None and self._idleTimer.active():
+            self._idleTimer.cancel()
+        self._idleTimer = None
+        self._expiry.freeze()
+        self._stopped = True
 
     def shutdown(self):
         """

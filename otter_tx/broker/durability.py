@@ -1,0 +1,277 @@
+"""
+The journal between the broker and an :class:`~otter_tx.store.interface.IMessageStore`:
+what survives a restart, written as it changes, and rebuilt at boot.
+
+Durable (as in RabbitMQ, https://www.rabbitmq.com/docs/queues#durability):
+vhosts, users, permissions, policies, durable exchanges, durable queues with
+their arguments, bindings whose source and destination are both durable
+(including the predeclared ``amq.*`` exchanges), and persistent messages
+(delivery-mode 2) in durable queues with their properties, redelivered state
+and absolute expiry deadline (a TTL keeps running across a restart).  A
+durable queue's ``x-expires`` lease restarts at boot.  Transient messages
+and non-durable entities are not written.
+
+Keys are joined with NUL (names cannot contain it).  Declare arguments are
+kept as base64 of their AMQP field-table encoding so every type tag survives.
+"""
+
+import base64
+import hashlib
+import json
+import os
+
+from twisted.logger import Logger
+
+from otter_tx.amqp.codec import decodeTable, encodeTable
+from otter_tx.broker.exchange import Exchange
+from otter_tx.broker.message import Message
+from otter_tx.broker.queue import Queue
+
+log = Logger()
+
+SEP = "\x00"
+
+
+def tableToText(table):
+    """A field table as base64 text (lossless for every AMQP type)."""
+    return base64.b64encode(encodeTable(table or {})[4:]).decode("ascii")
+
+
+def textToTable(text):
+    """The inverse of :func:`tableToText`."""
+    raw = base64.b64decode(text)
+    return decodeTable(raw, 0, len(raw))
+
+
+def hashPassword(password, salt=None):
+    """
+    ``(salt, hash)`` as base64 text: SHA-256 over salt + UTF-8 password,
+    like RabbitMQ's ``rabbit_password_hashing_sha256``.
+    """
+    if salt is None:
+        salt = os.urandom(4)
+    else:
+        salt = base64.b64decode(salt)
+    digest = hashlib.sha256(salt + password.encode("utf-8")).digest()
+    return base64.b64encode(salt).decode(), base64.b64encode(digest).decode()
+
+
+class Journal:
+    """
+    Writes broker changes to ``store`` and rebuilds the broker from it.
+
+    :param broker: the :class:`~otter_tx.broker.broker.Broker`.
+    :param store: an opened ``IMessageStore``.
+    """
+
+    def __init__(self, broker, store):
+        self.broker = broker
+        self.store = store
+        self.clock = broker.clock
+
+    # --- keys ------------------------------------------------------------------
+
+    @staticmethod
+    def queueKey(queue):
+        """The store key of ``queue``: ``vhost NUL name``."""
+        return queue.vhost.name + SEP + queue.name
+
+    # --- entity changes --------------------------------------------------------
+
+    def entityChanged(self, kind, vhost, obj, deleted):
+        """Broker listener: persist durable entity changes."""
+        store = self.store
+        if kind == "vhost":
+            key = obj.name
+            if deleted:
+                store.deleteEntity("vhost", key)
+            else:
+                store.putEntity("vhost", key, {})
+        elif kind == "user":
+            if deleted:
+                store.deleteEntity("user", obj.name)
+            else:
+                store.putEntity(
+                    "user",
+                    obj.name,
+                    {"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
+                     "loopbackOnly": obj.loopbackOnly},
+                )
+        elif kind == "permission":
+            user, vh = obj
+            key = user + SEP + vh
+            perms = self.broker.permissions.get(obj)
+            if deleted or perms is None:
+                store.deleteEntity("permission", key)
+            else:
+                store.putEntity("permission", key, {"configure": perms[0], "write": perms[1], "read": perms[2]})
+        elif kind == "policy":
+            key = vhost.name + SEP + obj.name
+            if deleted:
+                store.deleteEntity("policy", key)
+            else:
+                store.putEntity("policy", key, obj.asDict())
+        elif kind == "exchange":
+            if not obj.durable or obj.name == "" or obj.name.startswith("amq."):
+                return
+            key = vhost.name + SEP + obj.name
+            if deleted:
+                store.deleteEntity("exchange", key)
+            else:
+                store.putEntity(
+                    "exchange",
+                    key,
+                    {"type": obj.type, "autoDelete": obj.autoDelete, "internal": obj.internal,
+                     "arguments": tableToText(obj.arguments)},
+                )
+        elif kind == "queue":
+            if not obj.durable:
+                return
+            key = self.queueKey(obj)
+            if deleted:
+                store.deleteEntity("queue", key)
+            else:
+                obj.journal = self
+                store.putEntity(
+                    "queue", key, {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments)}
+                )
+        elif kind == "binding":
+            source, dest, routingKey, arguments = obj
+            if not (source.durable and dest.durable):
+                return
+            destKind = "queue" if isinstance(dest, Queue) else "exchange"
+            args = tableToText(arguments)
+            key = SEP.join((vhost.name, source.name, destKind, dest.name, routingKey, args))
+            if deleted:
+                store.deleteEntity("binding", key)
+            else:
+                store.putEntity(
+                    "binding",
+                    key,
+                    {"source": source.name, "destinationKind": destKind, "destination": dest.name,
+                     "routingKey": routingKey, "arguments": args},
+                )
+
+    # --- message changes (called by durable queues) ----------------------------
+
+    def enqueued(self, queue, entry):
+        """A persistent message entered durable ``queue``."""
+        m = entry.message
+        store = self.store
+        if not m.stored:
+            m.stored = True
+            store.addMessage(m.msgId, m.exchange, m.routingKey, m.propsRaw, m.body)
+        store.enqueue(
+            self.queueKey(queue), m.msgId, entry.seq, self.clock.seconds() * 1000.0,
+            entry.expiresAt, entry.redelivered,
+        )
+
+    def delivered(self, queue, entry):
+        """A persistent message was delivered (redelivered after a restart)."""
+        self.store.markRedelivered(self.queueKey(queue), entry.message.msgId)
+
+    def removed(self, queue, entry):
+        """A persistent message left durable ``queue`` for good."""
+        self.store.dequeue(self.queueKey(queue), entry.message.msgId)
+
+    # --- boot ----------------------------------------------------------------------
+
+    def recover(self, state):
+        """
+        Rebuild the broker from a ``RecoveredState``.  Call before the
+        journal is attached as a listener (nothing is written back).
+        """
+        broker = self.broker
+        ents = state.entities
+        firstBoot = not ents.get("vhost")
+        if not firstBoot:
+            for name in ents.get("vhost", {}):
+                broker.addVHost(name)
+            for name in list(broker.vhosts):
+                if name not in ents["vhost"]:
+                    broker.vhosts.pop(name)
+            users = ents.get("user", {})
+            if users:
+                broker.users.clear()
+                for name, rec in users.items():
+                    u = broker.addUser(name, None, rec.get("tags", ()), rec.get("loopbackOnly", False))
+                    u.salt, u.passwordHash = rec["salt"], rec["hash"]
+            broker.permissions.clear()
+            for key, rec in ents.get("permission", {}).items():
+                user, vh = key.split(SEP, 1)
+                broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
+        for key, rec in ents.get("policy", {}).items():
+            vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
+            if vh is not None and rec["name"] not in vh.policies:
+                broker.setPolicy(vh.name, rec["name"], rec["pattern"], rec["definition"],
+                                 rec.get("priority", 0), rec.get("apply-to", "all"))
+        for key, rec in ents.get("exchange", {}).items():
+            vhName, name = key.split(SEP, 1)
+            vh = broker.vhosts.get(vhName)
+            if vh is None:
+                continue
+            vh.exchanges[name] = Exchange(
+                vh, name, rec["type"], True, rec["autoDelete"], rec["internal"],
+                textToTable(rec["arguments"]),
+            )
+        queues = {}
+        for key, rec in ents.get("queue", {}).items():
+            vhName, name = key.split(SEP, 1)
+            vh = broker.vhosts.get(vhName)
+            if vh is None:
+                continue
+            q = vh.declareQueue(name, None, durable=True, autoDelete=rec["autoDelete"],
+                                arguments=textToTable(rec["arguments"]))
+            q.journal = self
+            queues[key] = q
+        for key, rec in ents.get("binding", {}).items():
+            vh = broker.vhosts.get(key.split(SEP, 1)[0])
+            if vh is None:
+                continue
+            src = vh.exchanges.get(rec["source"])
+            if rec["destinationKind"] == "queue":
+                dest = vh.queues.get(rec["destination"])
+            else:
+                dest = vh.exchanges.get(rec["destination"])
+            if src is not None and dest is not None:
+                vh.bind(src, dest, rec["routingKey"], textToTable(rec["arguments"]))
+        shared = {}
+        maxId = 0
+        count = 0
+        for qkey, recs in state.messages.items():
+            q = queues.get(qkey)
+            if q is None:
+                continue
+            for r in recs:
+                m = shared.get(r.msgId)
+                if m is None:
+                    m = Message(r.exchange, r.routingKey, bytes(r.propsRaw), r.body)
+                    m.msgId = r.msgId
+                    m.stored = True
+                    shared[r.msgId] = m
+                    maxId = max(maxId, r.msgId)
+                q.restore(m, r.seq, r.expiresAtMs, r.redelivered)
+                count += 1
+        broker.reserveMessageIds(maxId)
+        log.info("{summary}", summary=state.summary())
+        return firstBoot
+
+    def writeAll(self):
+        """
+        First boot: write the vhosts, users, permissions and policies the
+        broker was configured with.
+        """
+        b = self.broker
+        for vh in b.vhosts.values():
+            self.entityChanged("vhost", vh, vh, False)
+            for p in vh.policies.values():
+                self.entityChanged("policy", vh, p, False)
+        for u in b.users.values():
+            self.entityChanged("user", None, u, False)
+        for key in b.permissions:
+            self.entityChanged("permission", None, key, False)
+
+
+def dumps(obj):
+    """JSON text (for logs and tests)."""
+    return json.dumps(obj, sort_keys=True)

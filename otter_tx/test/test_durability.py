@@ -1,0 +1,276 @@
+"""
+Restart tests: durable entities and persistent messages survive a restart of
+the in-process broker (SQLite store under a data dir), transient ones do not
+(https://www.rabbitmq.com/docs/queues#durability); and deterministic journal
+tests on a MemoryStore and task.Clock.
+"""
+
+import pika
+from twisted.internet import reactor, threads
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from otter_tx.amqp.codec import TaggedInt, encodeProperties
+from otter_tx.broker.broker import Broker
+from otter_tx.broker.durability import Journal
+from otter_tx.broker.message import Message
+from otter_tx.store.memory import MemoryStore
+from otter_tx.testing import startBroker
+
+
+def params(port):
+    return pika.ConnectionParameters("127.0.0.1", port, socket_timeout=10, connection_attempts=1)
+
+
+class RestartTests(TestCase):
+    """Stop and start the real broker on the same data dir."""
+
+    timeout = 60
+
+    @inlineCallbacks
+    def restart(self, before, after):
+        dataDir = self.mktemp()
+        fixture = yield startBroker(reactor, dataDir=dataDir)
+        try:
+            yield threads.deferToThread(before, fixture.amqpPort)
+        finally:
+            yield fixture.stop()
+        fixture = yield startBroker(reactor, dataDir=dataDir)
+        try:
+            result = yield threads.deferToThread(after, fixture.amqpPort, fixture)
+        finally:
+            yield fixture.stop()
+        return result
+
+    def test_durableEntitiesAndPersistentMessages(self):
+        """Durable exchanges, queues (with arguments), bindings and confirmed persistent messages come back; transient ones do not."""
+
+        def before(port):
+            c = pika.BlockingConnection(params(port))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.exchange_declare("dx", "topic", durable=True)
+            ch.exchange_declare("tx", "fanout", durable=False)
+            ch.queue_declare("dq", durable=True, arguments={"x-max-length": 100, "x-queue-mode": "lazy"})
+            ch.queue_declare("tq", durable=False)
+            ch.queue_bind("dq", "dx", "a.#")
+            ch.queue_bind("dq", "amq.direct", "k")
+            for i in range(5):
+                ch.basic_publish("dx", "a.b", b"p%d" % i,
+                                 pika.BasicProperties(delivery_mode=2, headers={"i": i}, priority=1))
+            ch.basic_publish("dx", "a.b", b"transient", pika.BasicProperties(delivery_mode=1))
+            ch.basic_publish("", "tq", b"gone", pika.BasicProperties(delivery_mode=2))
+            # one delivered, not acked: comes back redelivered
+            method, props, body = ch.basic_get("dq", auto_ack=False)
+            c.close()
+
+        def after(port, fixture):
+            c = pika.BlockingConnection(params(port))
+            ch = c.channel()
+            ch.exchange_declare("dx", "topic", durable=True, passive=True)
+            q = ch.queue_declare("dq", durable=True, passive=True)
+            out = []
+            while True:
+                method, props, body = ch.basic_get("dq", auto_ack=True)
+                if method is None:
+                    break
+                out.append((body, method.redelivered, props.headers, props.delivery_mode))
+            try:
+                ch.queue_declare("tq", passive=True)
+                tq = True
+            except pika.exceptions.ChannelClosedByBroker as e:
+                tq = e.reply_code
+            ch = c.channel()
+            try:
+                ch.exchange_declare("tx", "fanout", passive=True)
+                tx = True
+            except pika.exceptions.ChannelClosedByBroker as e:
+                tx = e.reply_code
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("amq.direct", "k", b"via-amq-direct", pika.BasicProperties(delivery_mode=2))
+            via = ch.basic_get("dq", auto_ack=True)[2]
+            vhq = fixture.broker.vhosts["/"].queues["dq"]
+            args = dict(vhq.arguments)
+            c.close()
+            return q.method.message_count, out, tq, tx, via, args
+
+        def check(result):
+            count, out, tq, tx, via, args = result
+            self.assertEqual(count, 5)
+            self.assertEqual([o[0] for o in out], [b"p0", b"p1", b"p2", b"p3", b"p4"])
+            self.assertEqual([o[1] for o in out], [True, False, False, False, False])
+            self.assertEqual(out[3][2], {"i": 3})
+            self.assertEqual(out[3][3], 2)
+            self.assertEqual((tq, tx), (404, 404))
+            self.assertEqual(via, b"via-amq-direct")
+            self.assertEqual(args, {"x-max-length": 100, "x-queue-mode": "lazy"})
+
+        return self.restart(before, after).addCallback(check)
+
+    def test_ackedMessagesStayGone(self):
+        """Acked, rejected and purged persistent messages do not come back."""
+
+        def before(port):
+            c = pika.BlockingConnection(params(port))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("q", durable=True)
+            for i in range(6):
+                ch.basic_publish("", "q", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+            m1 = ch.basic_get("q")[0]
+            ch.basic_ack(m1.delivery_tag)
+            m2 = ch.basic_get("q")[0]
+            ch.basic_reject(m2.delivery_tag, requeue=False)
+            ch.basic_get("q", auto_ack=True)
+            ch.queue_declare("q2", durable=True)
+            ch.basic_publish("", "q2", b"x", pika.BasicProperties(delivery_mode=2))
+            ch.queue_purge("q2")
+            c.close()
+
+        def after(port, fixture):
+            vh = fixture.broker.vhosts["/"]
+            return [e.message.body for e in vh.queues["q"].readyEntries()], vh.queues["q2"].messageCount
+
+        return self.restart(before, after).addCallback(self.assertEqual, ([b"3", b"4", b"5"], 0))
+
+    def test_usersPoliciesVhostsSurvive(self):
+        """Vhosts, users, permissions and policies added through the Python API survive."""
+
+        def before(port):
+            pass
+
+        @inlineCallbacks
+        def run():
+            dataDir = self.mktemp()
+            f = yield startBroker(reactor, dataDir=dataDir)
+            f.broker.addVHost("v2")
+            f.broker.addUser("alice", "secret")
+            f.broker.setPermissions("alice", "v2")
+            f.broker.setPolicy("v2", "ttl", "^t", {"message-ttl": 500}, applyTo="queues")
+            yield f.stop()
+            f = yield startBroker(reactor, dataDir=dataDir)
+            b = f.broker
+            result = (
+                "v2" in b.vhosts,
+                b.authenticate("alice", "secret") is not None,
+                b.authenticate("alice", "wrong") is None,
+                b.canAccess(b.users["alice"], "v2"),
+                b.vhosts["v2"].policies["ttl"].definition,
+            )
+            yield f.stop()
+            return result
+
+        return run().addCallback(self.assertEqual, (True, True, True, True, {"message-ttl": 500}))
+
+
+class JournalTests(SynchronousTestCase):
+    """The journal on a MemoryStore with a task.Clock: deterministic restarts."""
+
+    def boot(self, store, clock):
+        b = Broker(clock)
+        self.successResultOf(store.open().addCallback(lambda state: self._recover(b, store, state)))
+        return b
+
+    def _recover(self, broker, store, state):
+        j = Journal(broker, store)
+        first = j.recover(state)
+        broker.journal = j
+        broker.listeners.append(j.entityChanged)
+        if first:
+            j.writeAll()
+
+    def publish(self, vh, rk, body, **props):
+        props.setdefault("delivery_mode", 2)
+        m = Message("", rk, encodeProperties(props), body)
+        return vh.publish(vh.exchanges[""], m)
+
+    def restart(self, store, clock, broker):
+        broker.stop()
+        self.successResultOf(store.close())
+        return self.boot(store, clock)
+
+    def test_ttlKeepsRunningAcrossRestart(self):
+        """A message's expiry deadline is absolute: 300 ms left before the restart means 300 ms after."""
+        clock = Clock()
+        clock.advance(1000)
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        vh.declareQueue("q", None, durable=True, arguments={"x-message-ttl": TaggedInt(1000, "l")})
+        self.publish(vh, "q", b"m")
+        clock.advance(0.7)
+        b = self.restart(store, clock, b)
+        q = b.vhosts["/"].queues["q"]
+        self.assertEqual(q.messageCount, 1)
+        clock.advance(0.29)
+        self.assertEqual(q.messageCount, 1)
+        clock.advance(0.01)
+        self.assertEqual(q.messageCount, 0)
+
+    def test_expiredDuringDowntimeIsDeadLettered(self):
+        """A message whose deadline passed while the broker was down expires (and is dead-lettered) at boot."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        vh.declareQueue("dlq", None, durable=True)
+        vh.declareQueue("q", None, durable=True,
+                        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+        self.publish(vh, "q", b"m", expiration="100")
+        b.stop()
+        self.successResultOf(store.close())
+        clock.advance(5)
+        b = self.boot(store, clock)
+        clock.advance(0)
+        vh = b.vhosts["/"]
+        self.assertEqual(vh.queues["q"].messageCount, 0)
+        (e,) = list(vh.queues["dlq"].readyEntries())
+        self.assertEqual(e.message.headers["x-death"][0]["reason"], "expired")
+
+    def test_expiresLeaseRestartsAtBoot(self):
+        """A durable queue's x-expires lease starts again at boot."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.vhosts["/"].declareQueue("q", None, durable=True, arguments={"x-expires": 1000})
+        clock.advance(0.9)
+        b = self.restart(store, clock, b)
+        clock.advance(0.9)
+        self.assertIn("q", b.vhosts["/"].queues)
+        clock.advance(0.1)
+        self.assertNotIn("q", b.vhosts["/"].queues)
+
+    def test_transientMessagesNotWritten(self):
+        """Transient messages and non-durable queues never reach the store."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        vh.declareQueue("d", None, durable=True)
+        vh.declareQueue("t", None, durable=False)
+        self.publish(vh, "d", b"transient", delivery_mode=1)
+        self.publish(vh, "t", b"persistent-in-transient-queue")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.vhosts["/"].queues["d"].messageCount, 0)
+        self.assertNotIn("t", b.vhosts["/"].queues)
+
+    def test_sharedMessageStoredOnce(self):
+        """A message routed to two durable queues is one message in two queues after a restart."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        for name in ("a", "b"):
+            vh.declareQueue(name, None, durable=True)
+            vh.bind(vh.exchanges["amq.fanout"], vh.queues[name], "", {})
+        m = Message("amq.fanout", "", encodeProperties({"delivery_mode": 2}), b"both")
+        vh.publish(vh.exchanges["amq.fanout"], m)
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        (ea,) = vh.queues["a"].readyEntries()
+        (eb,) = vh.queues["b"].readyEntries()
+        self.assertIs(ea.message, eb.message)
+        fanout = vh.exchanges["amq.fanout"]
+        self.assertEqual(vh.route(fanout, ea.message, [""]), {vh.queues["a"], vh.queues["b"]})
