@@ -73,6 +73,8 @@ class OtterService(MultiService):
         #: the IMessageStore (SQLite under dataDir by default; memory without one)
         self.store = store
         self._ready = None  # None until started, then True or a Failure
+        #: stop the process (exit status 1) if the store cannot open; twistd sets it
+        self.exitOnFailure = False
         self._readyWaiters = []
         if memoryHighWatermark is None:
             memoryHighWatermark = defaultHighWatermark()
@@ -115,6 +117,14 @@ class OtterService(MultiService):
                 svc.setServiceParent(self)
                 self.managementServices.append(svc)
 
+    def privilegedStartService(self):
+        """
+        Do not listen yet: the AMQP and HTTP ports open only once the store
+        is recovered (startService), so no client sees a half-loaded broker.
+        (Ports below 1024 therefore need twistd to keep its privileges.)
+        """
+        Service.privilegedStartService(self)
+
     def startService(self):
         """
         Open the store, rebuild durable state, then start listening.  A
@@ -142,7 +152,9 @@ class OtterService(MultiService):
         def failed(f):
             log.failure("cannot start: {msg}", f, msg=f.getErrorMessage())
             self._fireReady(f)
-            if self.reactor.running:
+            if self.exitOnFailure and self.reactor.running:
+                # twistd: stop, and exit non-zero once the reactor is down
+                self.reactor.addSystemEventTrigger("after", "shutdown", os._exit, 1)
                 self.reactor.stop()
 
         d.addCallback(recovered)

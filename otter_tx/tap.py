@@ -121,7 +121,7 @@ def makeService(options, reactor=None):
     s = options.settings if hasattr(options, "settings") else resolveSettings(options)
     dataDir = os.path.abspath(s["data-dir"])
     os.makedirs(dataDir, exist_ok=True)
-    return OtterService(
+    svc = OtterService(
         amqp=s["amqp"],
         management=s["management"],
         reactor=reactor,
@@ -136,3 +136,5 @@ def makeService(options, reactor=None):
         loopbackUsers=tuple(s["loopback-users"]),
         policies=s["policies"],
     )
+    svc.exitOnFailure = True
+    return svc

@@ -165,6 +165,30 @@ class RestartTests(TestCase):
         return run().addCallback(self.assertEqual, (True, True, True, True, {"message-ttl": 500}))
 
 
+class CorruptStoreTests(TestCase):
+    """A damaged store file stops the start with an error naming the file."""
+
+    def test_corruptStoreRefusesToStart(self):
+        """startBroker fails with StoreCorruptError naming the file; no port is opened."""
+        import os
+
+        from otter_tx.store.interface import StoreCorruptError
+
+        dataDir = os.path.abspath(self.mktemp())
+        os.makedirs(dataDir)
+        path = os.path.join(dataDir, "otter_tx.sqlite3")
+        with open(path, "wb") as f:
+            f.write(b"this is not a database" * 300)
+        d = self.assertFailure(startBroker(reactor, dataDir=dataDir), StoreCorruptError)
+
+        def check(e):
+            self.assertIn(path, str(e))
+            self.assertIn("To recover", str(e))
+            self.flushLoggedErrors(StoreCorruptError)
+
+        return d.addCallback(check)
+
+
 class JournalTests(SynchronousTestCase):
     """The journal on a MemoryStore with a task.Clock: deterministic restarts."""
 
