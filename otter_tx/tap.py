@@ -49,7 +49,7 @@ class Options(usage.Options):
          "loopback_users; empty for none [default: guest]."],
         ["heartbeat", None, None, "Heartbeat interval proposed to clients, seconds; 0 disables [default: 60].", int],
         ["frame-max", None, None, "Largest frame in bytes [default: 131072].", int],
-        ["channel-max", None, None, "Highest channel number per connection [default: 2047].", int],
+        ["channel-max", None, None, "Most channels open at once per connection [default: 2047].", int],
         ["handshake-timeout", None, None, "Seconds a client may take to open its connection [default: 10].", float],
         ["memory-high-watermark", None, None,
          "Bytes of queued message bodies above which publishers are blocked "
@@ -105,6 +105,16 @@ def resolveSettings(options):
     for key in ("amqp", "management"):
         if isinstance(settings[key], str):
             settings[key] = [settings[key]]
+    from otter_tx.broker.policy import Policy, PolicyError
+
+    for p in settings["policies"]:
+        try:
+            Policy(p["name"], p["pattern"], p["definition"], p.get("priority", 0),
+                   p.get("apply-to", "all"), p.get("vhost", "/"))
+        except KeyError as e:
+            raise usage.UsageError("policy %r in %s lacks %s" % (p.get("name"), options.get("config"), e))
+        except PolicyError as e:
+            raise usage.UsageError("invalid policy %r in %s: %s" % (p.get("name"), options.get("config"), e))
     lb = settings["loopback-users"]
     if isinstance(lb, str):
         lb = [u for u in lb.split(",") if u]

@@ -82,8 +82,10 @@ def validateDefinition(d):
             raise PolicyError("%s is not a valid message TTL" % (v,))
         if k == "expires" and not (isInteger(v) and v >= 1):
             raise PolicyError("%s is not a valid queue expiry" % (v,))
-        if k in ("max-length", "max-length-bytes") and not (isInteger(v) and v >= 0):
-            raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
+        if k == "max-length" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid maximum length" % (v,))
+        if k == "max-length-bytes" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid maximum length in bytes" % (v,))
         if k in ("dead-letter-exchange", "dead-letter-routing-key") and not isinstance(v, str):
             raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
         if k == "overflow" and v not in OVERFLOW_MODES:

@@ -120,9 +120,13 @@ class Queue:
         re-arms the idle timer and enforces a lowered length limit at once
         (RabbitMQ ``init_max_length``).
         """
+        old = self.settings
         self.settings = settings
         self.policy = policy
-        self.touch()
+        if old.expires != settings.expires or self._idleTimer is None:
+            # re-arm the lease only when the expiry changed (RabbitMQ
+            # re-inits the timer on a policy change of that key)
+            self.touch()
         self._enforceLimits()
 
     # --- queue expiry (x-expires) ------------------------------------------

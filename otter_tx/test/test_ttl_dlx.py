@@ -219,6 +219,38 @@ class MessageTTLTests(BrokerTestCase):
         self.clock.advance(5.001)
         self.assertEqual(q.messageCount, 0)
 
+    def test_millionMessagesReapedOnTime(self):
+        """1,000,000 messages with random TTLs (1 ms to 60 s) are each reaped exactly at their deadline by one timer."""
+        import random
+
+        q = self.declare("q")
+        rnd = random.Random(20261122)
+        ex = self.vhost.exchanges[""]
+        for _ in range(1000000):
+            m = Message("", "q", b"\x00\x00", b"x")
+            m.ttl = rnd.randint(1, 60000)
+            self.vhost.publish(ex, m)
+        self.assertEqual(q.messageCount, 1000000)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        worst = [0.0]
+        reaped = [0]
+        original = q._expiry._onExpire
+
+        def record(entries):
+            now = self.clock.seconds() * 1000
+            for e in entries:
+                worst[0] = max(worst[0], now - e.expiresAt)
+            reaped[0] += len(entries)
+            original(entries)
+
+        q._expiry._onExpire = record
+        while q.messageCount:
+            calls = self.clock.getDelayedCalls()
+            self.assertEqual(len(calls), 1)
+            self.clock.advance(calls[0].getTime() - self.clock.seconds())
+        self.assertEqual(reaped[0], 1000000)
+        self.assertLess(worst[0], 0.001)
+
     def test_requeuedPositionKept(self):
         """Requeued messages go back to their original position with redelivered set."""
         q = self.declare("q")
