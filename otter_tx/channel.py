@@ -28,6 +28,7 @@ from otter_tx.amqp.errors import (
 from otter_tx.broker.arguments import isInteger
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
+from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 
 log = Logger()
 
@@ -414,6 +415,8 @@ class Channel:
 
     def _basicConsume(self, m):
         qname = self._queueName(m.queue)
+        if qname == REPLY_TO:
+            return self._replyToConsume(m)
         q = self.vhost.getQueue(qname, self.connection)
         tag = m.consumer_tag
         if not tag:
@@ -436,6 +439,23 @@ class Channel:
         if not m.nowait:
             self.connection.sendMethod(self.number, spec.BasicConsumeOk(tag))
         q.addConsumer(c)
+
+    def _replyToConsume(self, m):
+        if not m.no_ack:
+            raise preconditionFailed("reply consumer cannot acknowledge")
+        if self.replyTo is not None and self.replyTo.consumer is not None:
+            raise preconditionFailed("reply consumer already set")
+        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+        if tag in self.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % (tag,))
+        pseudo = self.replyTo = ReplyToQueue(self.vhost)
+        c = Consumer(self, tag, pseudo, True, False, 0, 0, {})
+        self.consumers[tag] = c
+        if not m.nowait:
+            self.connection.sendMethod(self.number, spec.BasicConsumeOk(tag))
+        pseudo.addConsumer(c)
+
+    replyTo = None
 
     def _basicCancel(self, m):
         c = self.consumers.pop(m.consumer_tag, None)
@@ -651,6 +671,16 @@ class Channel:
             headers = props.get("headers")
             if headers and ("CC" in headers or "BCC" in headers):
                 self._senderSelected(message, headers)
+            if props.get("reply_to") == REPLY_TO:
+                if self.replyTo is None or self.replyTo.consumer is None:
+                    raise AMQPError(
+                        spec.PRECONDITION_FAILED, "fast reply consumer does not exist",
+                        spec.BasicPublish,
+                    )
+                props = dict(message.props)
+                props["reply_to"] = self.replyTo.address
+                message.props = props
+                message.propsRaw = codec.encodeProperties(props)
         if self.confirmMode:
             self.publishSeq += 1
             seq = self.publishSeq

@@ -53,6 +53,7 @@ SERVER_CAPABILITIES = {
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "direct_reply_to": True,
 }
 
 _LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")

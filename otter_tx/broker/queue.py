@@ -289,15 +289,7 @@ class Queue:
         entry = self._popLive()
         if entry is None:
             return None
-        self.deliveredCount += 1
-        if noAck:
-            entry.state = GONE
-            self._removed(entry)
-        else:
-            entry.state = UNACKED
-            self.unackedCount += 1
-            if self.journal is not None and entry.message.persistent:
-                self.journal.delivered(self, entry)
+        self._take(entry, noAck)
         return entry
 
     def _expired(self, entries):
@@ -386,9 +378,13 @@ class Queue:
                 return c
         return None
 
-    def _deliver(self, consumer, entry):
+    def _take(self, entry, noAck):
+        """
+        ``entry`` is handed out: gone at once with no-ack, else UNACKED
+        (and marked delivered in the store, for ``redelivered`` after a restart).
+        """
         self.deliveredCount += 1
-        if consumer.noAck:
+        if noAck:
             entry.state = GONE
             if entry.message.stored:
                 self._removed(entry)
@@ -397,6 +393,9 @@ class Queue:
             self.unackedCount += 1
             if self.journal is not None and entry.message.persistent:
                 self.journal.delivered(self, entry)
+
+    def _deliver(self, consumer, entry):
+        self._take(entry, consumer.noAck)
         consumer.deliver(self, entry)
 
     def _removed(self, entry):

@@ -30,6 +30,7 @@ from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy
 from otter_tx.broker.queue import Queue
+from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
 
 log = Logger()
 
@@ -74,6 +75,8 @@ class VHost:
         self.exchanges = {}
         self.queues = {}
         self.policies = {}
+        #: direct reply-to token -> ReplyToQueue
+        self.replyTo = {}
         self._missingDlxLogged = set()
         self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
         self.deadLetterDropped = 0
@@ -194,6 +197,8 @@ class VHost:
         """
         arguments = arguments or {}
         if passive:
+            if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
+                return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
             q.touch()
             return q
@@ -310,6 +315,8 @@ class VHost:
             queues = self.queues
             if len(keys) == 1:
                 q = queues.get(keys[0])
+                if q is None and keys[0].startswith(REPLY_PREFIX):
+                    q = self.replyTo.get(keys[0][len(REPLY_PREFIX):])
                 return (q,) if q is not None else ()
             return {queues[k] for k in keys if k in queues}
         found = set()
@@ -354,7 +361,9 @@ class VHost:
         self.broker.nextMessageId(message)
         rejected = False
         for q in queues:
-            if not q.enqueue(message):
+            if type(q) is ReplyToQueue:
+                q.deliver(message)
+            elif not q.enqueue(message):
                 rejected = True
         return len(queues), rejected
 
@@ -491,6 +500,16 @@ class VHost:
         for q in list(connection.exclusiveQueues):
             if q.vhost is self:
                 self.deleteQueue(q, reason="exclusive_owner_down")
+
+
+class _ReplyToDeclared:
+    """What a passive queue.declare of the reply-to pseudo-queue reports."""
+
+    messageCount = 0
+    consumerCount = 0
+
+    def __init__(self, name):
+        self.name = name
 
 
 def _frozenArgs(arguments):
