@@ -88,7 +88,7 @@ class DirectReplyToTests(InteropTestCase):
         )
 
     def test_passiveDeclare(self):
-        """A passive declare of amq.rabbitmq.reply-to succeeds."""
+        """A passive declare of amq.rabbitmq.reply-to succeeds, reporting 0 messages and 1 consumer as RabbitMQ does."""
 
         def run():
             c = self.pikaConnection()
@@ -97,7 +97,7 @@ class DirectReplyToTests(InteropTestCase):
             c.close()
             return r.message_count, r.consumer_count
 
-        return self.inThread(run).addCallback(self.assertEqual, (0, 0))
+        return self.inThread(run).addCallback(self.assertEqual, (0, 1))
 
     def test_replyAfterConsumerGoneIsUnroutable(self):
         """A reply to a closed requester is unroutable (returned when mandatory)."""
