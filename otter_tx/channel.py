@@ -494,8 +494,7 @@ class Channel:
                 consumer.tagBytes,
                 _pack_Q(tag),
                 b"\x01" if entry.redelivered else b"\x00",
-                _shortstr(message.exchange),
-                _shortstr(message.routingKey),
+                message.addressBytes(),
             )
         )
         self.connection.sendContent(self.number, payload, message)
@@ -517,8 +516,7 @@ class Channel:
                 _GET_OK_PREFIX,
                 _pack_Q(tag),
                 b"\x01" if entry.redelivered else b"\x00",
-                _shortstr(message.exchange),
-                _shortstr(message.routingKey),
+                message.addressBytes(),
                 struct.pack("!I", q.messageCount),
             )
         )
@@ -644,13 +642,14 @@ class Channel:
                 "cannot publish to internal %s" % (rs("exchange", exchange, self.vhost.name),),
                 spec.BasicPublish,
             )
-        self._pending = (ex, routingKey, bool(bits & 1))
+        # exchange and routing key as the short strings deliveries repeat
+        self._pending = (ex, routingKey, bool(bits & 1), payload[6 : off + 1 + k])
         self._header = None
         if self.connection.blocked:
             self.connection.publishedWhileBlocked()
 
     def _completePublish(self, body):
-        ex, routingKey, mandatory = self._pending
+        ex, routingKey, mandatory, address = self._pending
         propsRaw = self._header
         self._pending = self._header = None
         try:
@@ -658,6 +657,7 @@ class Channel:
         except AMQPError as e:
             e.method = spec.BasicPublish
             raise
+        message.address = address
         props = message.props
         if props:
             uid = props.get("user_id")

@@ -45,6 +45,7 @@ class Message:
         "size",
         "extraKeys",
         "stored",
+        "address",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):
@@ -54,6 +55,7 @@ class Message:
         self.size = len(body)
         self.msgId = 0
         self.stored = False
+        self.address = None
         if props is None:
             props = codec.decodeProperties(propsRaw) if propsRaw[:2] != _EMPTY_PROPS else {}
         self.propsRaw = propsRaw
@@ -84,6 +86,19 @@ class Message:
         if self.extraKeys:
             return [self.routingKey] + self.extraKeys
         return [self.routingKey]
+
+    def addressBytes(self):
+        """
+        Exchange and routing key as two AMQP short strings, as basic.deliver,
+        basic.get-ok and basic.return carry them (cached; taken straight from
+        the publish frame when possible).
+        """
+        a = self.address
+        if a is None:
+            ex = self.exchange.encode("utf-8", "surrogateescape")
+            rk = self.routingKey.encode("utf-8", "surrogateescape")
+            a = self.address = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+        return a
 
     def contentHeader(self):
         """
