@@ -20,6 +20,7 @@ from otter_tx.amqp.codec import FrameSyntaxError
 from otter_tx.amqp.errors import (
     AMQPError,
     accessRefused,
+    loggable,
     notFound,
     notImplemented,
     preconditionFailed,
@@ -274,7 +275,7 @@ class Channel:
         m = error.method
         log.info(
             "closing channel {ch} of {peer}: {code} {text}",
-            ch=self.number, peer=self.connection.name, code=error.code, text=error.text,
+            ch=self.number, peer=self.connection.name, code=error.code, text=loggable(error.text),
         )
         self.cleanup()
         self.closing = True

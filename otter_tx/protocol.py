@@ -27,7 +27,7 @@ from zope.interface import implementer
 from otter_tx import __version__
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable, encodeTable
-from otter_tx.amqp.errors import AMQPError, erlBinary
+from otter_tx.amqp.errors import AMQPError, erlBinary, loggable
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -335,9 +335,14 @@ class AMQPServerProtocol(Protocol):
             payload = data[off + 7 : end]
             off = end + 1
             if self._state == _CLOSING:
-                # only connection.close / close-ok matter now
-                if ftype == 1 and chno == 0:
-                    self._connectionMethod(payload)
+                # only connection.close / close-ok matter now; the rest is dropped
+                if ftype == 1 and chno == 0 and len(payload) >= 4:
+                    ids = _unpack_HH(payload, 0)
+                    if ids == (10, 50):
+                        self.sendMethod(0, spec.ConnectionCloseOk())
+                        self._closeNow()
+                    elif ids == (10, 51):
+                        self._closeNow()
                 if self._state == _CLOSED:
                     return
                 continue
@@ -370,6 +375,12 @@ class AMQPServerProtocol(Protocol):
                 self._connectionError(
                     spec.FRAME_ERROR, "FRAME_ERROR - cannot decode %s" % (erlBinary(args),), method
                 )
+                return
+            except Exception:
+                # a bug of ours: never let it take the reactor's connection
+                # handling down silently; close this connection with 541
+                log.failure("internal error handling a frame from {peer}", peer=self.name)
+                self._connectionError(spec.INTERNAL_ERROR, "INTERNAL_ERROR - internal error")
                 return
             if self._state == _CLOSED:
                 return
@@ -512,10 +523,8 @@ class AMQPServerProtocol(Protocol):
                 t = {}
             username = t.get("LOGIN")
             password = t.get("PASSWORD")
-            if isinstance(username, bytes):
-                username = username.decode("utf-8", "replace")
-            if isinstance(password, bytes):
-                password = password.decode("utf-8", "replace")
+            if not isinstance(username, str) or not isinstance(password, str):
+                username = password = None
         else:
             self._connectionError(
                 spec.ACCESS_REFUSED,
@@ -527,7 +536,7 @@ class AMQPServerProtocol(Protocol):
             user = self.broker.authenticate(username, password)
             if user is not None and user.loopbackOnly and not self._isLoopback():
                 log.warn(
-                    "user {user!r} can only connect via localhost", user=username
+                    "user {user!r} can only connect via localhost", user=loggable(username)
                 )
                 user = None
         if user is None:
@@ -649,7 +658,7 @@ class AMQPServerProtocol(Protocol):
         """
         if self._state in (_CLOSING, _CLOSED):
             return
-        log.info("closing connection {peer}: {code} {text}", peer=self.name, code=code, text=text)
+        log.info("closing connection {peer}: {code} {text}", peer=self.name, code=code, text=loggable(text))
         classId = method.CLASS_ID if method is not None else 0
         methodId = method.METHOD_ID if method is not None else 0
         self.sendMethod(0, spec.ConnectionClose(code, text[:255], classId, methodId))

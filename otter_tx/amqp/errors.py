@@ -113,3 +113,13 @@ def erlBinary(data):
     if data and all(32 <= b < 127 for b in data):
         return '<<"%s">>' % data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
     return "<<%s>>" % ",".join(str(b) for b in data)
+
+
+def loggable(text):
+    """
+    ``text`` with undecodable bytes (kept as surrogates) shown as escapes,
+    safe for log files.
+    """
+    if isinstance(text, str):
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

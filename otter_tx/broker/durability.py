@@ -52,7 +52,7 @@ def hashPassword(password, salt=None):
         salt = os.urandom(4)
     else:
         salt = base64.b64decode(salt)
-    digest = hashlib.sha256(salt + password.encode("utf-8")).digest()
+    digest = hashlib.sha256(salt + password.encode("utf-8", "surrogateescape")).digest()
     return base64.b64encode(salt).decode(), base64.b64encode(digest).decode()
 
 

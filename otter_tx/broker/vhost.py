@@ -17,6 +17,7 @@ from otter_tx.amqp.codec import TaggedInt, Timestamp
 from otter_tx.amqp.errors import (
     accessRefused,
     erlBinary,
+    loggable,
     notFound,
     preconditionFailed,
     resourceLocked,
@@ -388,9 +389,9 @@ class VHost:
                 log.warn(
                     "Dead-letter exchange {dlx!r} of queue {queue!r} in vhost {vhost!r} does not "
                     "exist; dead-lettered messages are dropped",
-                    dlx=s.dlx,
-                    queue=queue.name,
-                    vhost=self.name,
+                    dlx=loggable(s.dlx),
+                    queue=loggable(queue.name),
+                    vhost=loggable(self.name),
                 )
             self.deadLetterDropped += len(messages)
             return
@@ -407,7 +408,7 @@ class VHost:
                 if reason != "rejected" and _isCycle(q.name, deaths):
                     log.warn(
                         "Message dropped. Dead-letter queues cycle detected: {queue!r}",
-                        queue=q.name,
+                        queue=loggable(q.name),
                     )
                     continue
                 q.enqueue(copy)
