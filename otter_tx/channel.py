@@ -324,8 +324,6 @@ class Channel:
             self.connection.sendMethod(self.number, reply)
 
     def _exchangeDeclare(self, m):
-        if not m.passive and m.type not in ("direct", "fanout", "topic", "headers") and m.exchange:
-            raise AMQPError(spec.COMMAND_INVALID, "unknown exchange type '%s'" % (m.type,))
         self.vhost.declareExchange(
             m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments or {}
         )

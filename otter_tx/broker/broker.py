@@ -187,6 +187,9 @@ class Broker:
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 q.stopTimers()
+            for ex in vh.exchanges.values():
+                if ex.delayed:
+                    ex.stopTimers()
 
     # --- durability hook ---------------------------------------------------
 

@@ -23,6 +23,7 @@ import os
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable, encodeTable
+from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.queue import Queue
@@ -117,7 +118,12 @@ class Journal:
             key = vhost.name + SEP + obj.name
             if deleted:
                 store.deleteEntity("exchange", key)
+                if obj.delayed:
+                    store.deleteEntity("queue", obj.storeKey())
             else:
+                if obj.delayed:
+                    obj.journal = self
+                    store.putEntity("queue", obj.storeKey(), {"delayedExchange": True})
                 store.putEntity(
                     "exchange",
                     key,
@@ -166,6 +172,21 @@ class Journal:
             entry.expiresAt, entry.redelivered,
         )
 
+    def held(self, exchange, message, seq, fireAt, now=None):
+        """A durable x-delayed-message exchange is holding ``message`` until ``fireAt`` (ms)."""
+        store = self.store
+        if not message.stored:
+            message.stored = True
+            store.addMessage(message.msgId, message.exchange, message.routingKey, message.propsRaw,
+                             message.body)
+        if now is None:
+            now = self.clock.seconds() * 1000.0
+        store.enqueue(exchange.storeKey(), message.msgId, seq, now, fireAt, False)
+
+    def released(self, exchange, message):
+        """A held message's delay is over (or it was dropped)."""
+        self.store.dequeue(exchange.storeKey(), message.msgId)
+
     def delivered(self, queue, entry):
         """A persistent message was delivered (redelivered after a restart)."""
         self.store.markRedelivered(self.queueKey(queue), entry.message.msgId)
@@ -210,12 +231,23 @@ class Journal:
             vh = broker.vhosts.get(vhName)
             if vh is None:
                 continue
-            vh.exchanges[name] = Exchange(
+            cls = DelayedExchange if rec["type"] == DELAYED_TYPE else Exchange
+            ex = vh.exchanges[name] = cls(
                 vh, name, rec["type"], True, rec["autoDelete"], rec["internal"],
                 textToTable(rec["arguments"]),
             )
+            if ex.delayed:
+                ex.journal = self
         queues = {}
+        delayed = {}
         for key, rec in ents.get("queue", {}).items():
+            if rec.get("delayedExchange"):
+                _, vhName, name = key.split(SEP, 2)
+                vh = broker.vhosts.get(vhName)
+                ex = vh.exchanges.get(name) if vh is not None else None
+                if ex is not None and ex.delayed:
+                    delayed[key] = ex
+                continue
             vhName, name = key.split(SEP, 1)
             vh = broker.vhosts.get(vhName)
             if vh is None:
@@ -241,6 +273,13 @@ class Journal:
         for qkey, recs in state.messages.items():
             q = queues.get(qkey)
             if q is None:
+                ex = delayed.get(qkey)
+                for r in recs if ex is not None else ():
+                    m = Message(r.exchange, r.routingKey, bytes(r.propsRaw), r.body)
+                    m.msgId = r.msgId
+                    m.stored = True
+                    maxId = max(maxId, r.msgId)
+                    ex.restore(m, r.seq, r.expiresAtMs)
                 continue
             for r in recs:
                 m = shared.get(r.msgId)

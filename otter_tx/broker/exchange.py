@@ -310,6 +310,9 @@ class Exchange:
     :ivar alternate: the ``alternate-exchange`` argument (str) or None.
     """
 
+    #: True for x-delayed-message exchanges (otter_tx.broker.delayed)
+    delayed = False
+
     def __init__(self, vhost, name, type, durable, autoDelete, internal, arguments):
         self.vhost = vhost
         self.name = name

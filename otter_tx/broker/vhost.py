@@ -27,6 +27,12 @@ from otter_tx.amqp.errors import (
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker import arguments as A
+from otter_tx.broker.delayed import (
+    DELAYED_TYPE,
+    DelayedExchange,
+    messageDelay,
+    validateDelayedArguments,
+)
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy
@@ -109,6 +115,11 @@ class VHost:
         arguments = arguments or {}
         if passive:
             return self.getExchange(name)
+        if type != DELAYED_TYPE and type not in EXCHANGE_TYPES:
+            # rabbit_exchange:check_type runs first (connection-level 503)
+            from otter_tx.amqp.errors import commandInvalid
+
+            raise commandInvalid("unknown exchange type '%s'" % (type,))
         if name == "":
             raise accessRefused("operation not permitted on the default exchange")
         ex = self.exchanges.get(name)
@@ -131,10 +142,12 @@ class VHost:
             raise accessRefused(
                 "exchange name '%s' contains reserved prefix 'amq.*'" % (name,)
             )
-        if type not in EXCHANGE_TYPES:
-            from otter_tx.amqp.errors import commandInvalid
-
-            raise commandInvalid("unknown exchange type '%s'" % (type,))
+        if type == DELAYED_TYPE:
+            validateDelayedArguments(arguments)
+            ex = DelayedExchange(self, name, type, durable, autoDelete, internal, arguments)
+            self.exchanges[name] = ex
+            self.broker.entityChanged("exchange", self, ex)
+            return ex
         ex = Exchange(self, name, type, durable, autoDelete, internal, arguments)
         self.exchanges[name] = ex
         self.broker.entityChanged("exchange", self, ex)
@@ -161,6 +174,8 @@ class VHost:
 
     def _removeExchange(self, ex):
         ex.deleted = True
+        if ex.delayed:
+            ex.discardHeld()
         del self.exchanges[ex.name]
         for dest, key, args in list(ex.routing.bindings()):
             self._unbind(ex, dest, key, args)
@@ -321,7 +336,7 @@ class VHost:
                 return (q,) if q is not None else ()
             return {queues[k] for k in keys if k in queues}
         found = set()
-        exchange.routing.route(message, keys, found)
+        self._routeOne(exchange, message, keys, found)
         if not found and exchange.alternate is None:
             return found
         queues = set()
@@ -338,7 +353,7 @@ class VHost:
                 elif d not in visited:
                     visited.add(d)
                     sub = set()
-                    d.routing.route(message, keys, sub)
+                    self._routeOne(d, message, keys, sub)
                     pending.append((d, sub))
                     routedHere = True
             if not routedHere and ex.alternate is not None:
@@ -346,9 +361,23 @@ class VHost:
                 if ae is not None and ae not in visited:
                     visited.add(ae)
                     sub = set()
-                    ae.routing.route(message, keys, sub)
+                    self._routeOne(ae, message, keys, sub)
                     pending.append((ae, sub))
         return queues
+
+    def _routeOne(self, exchange, message, keys, out):
+        """
+        One exchange's destinations for ``message``; an x-delayed-message
+        exchange holds a delayed message instead (no destinations now).
+        """
+        if exchange.delayed:
+            delay = messageDelay(message)
+            if delay is not None:
+                if not message.msgId:
+                    self.broker.nextMessageId(message)
+                exchange.hold(message, delay)
+                return
+        exchange.routing.route(message, keys, out)
 
     def publish(self, exchange, message):
         """
