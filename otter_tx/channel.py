@@ -551,6 +551,20 @@ class Channel:
         return taken
 
     def _basicAck(self, tag, multiple):
+        if not multiple and not self.txMode:
+            # hot path: one delivery acknowledged
+            rec = self.unacked.pop(tag, None)
+            if rec is not None:
+                queue, entry, consumer, _ = rec
+                self.unackedCount -= 1
+                if consumer is not None:
+                    consumer.unacked -= 1
+                queue.settle(entry)
+                if self.globalPrefetch:
+                    self.resumeDelivery()
+                elif queue.readyCount:
+                    queue.dispatch()
+                return
         try:
             taken = self._takeUnacked(tag, multiple)
         except AMQPError as e:
