@@ -35,6 +35,10 @@ def defaultHighWatermark(fraction=0.4):
         return None
 
 
+class DataDirInUse(Exception):
+    """Another broker holds the data directory's lock."""
+
+
 class OtterService(MultiService):
     """
     The broker with its AMQP listeners (and the management app when
@@ -136,7 +140,12 @@ class OtterService(MultiService):
 
         Service.startService(self)
         self._tuneGC()
-        d = self.store.open()
+        try:
+            self._lockDataDir()
+        except DataDirInUse:
+            d = fail()
+        else:
+            d = self.store.open()
 
         def recovered(state):
             journal = Journal(self.broker, self.store)
@@ -154,6 +163,7 @@ class OtterService(MultiService):
         def failed(f):
             log.failure("cannot start: {msg}", f, msg=f.getErrorMessage())
             self._untuneGC()
+            self._unlockDataDir()
             self._fireReady(f)
             if self.exitOnFailure and self.reactor.running:
                 # twistd: stop, and exit non-zero once the reactor is down
@@ -199,6 +209,35 @@ class OtterService(MultiService):
             gc.set_threshold(*self._gcThresholds)
             self._gcThresholds = None
 
+    _lockFile = None
+
+    def _lockDataDir(self):
+        """
+        Take an exclusive lock on ``<dataDir>/.lock`` so two brokers never
+        share one store.  Raises :class:`DataDirInUse`.  The lock dies with
+        the process, so a SIGKILLed broker does not leave it behind.
+        """
+        if self.dataDir is None:
+            return
+        import fcntl
+
+        path = os.path.join(self.dataDir, ".lock")
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise DataDirInUse(
+                "data directory %s is in use by another otter_tx broker (lock on %s); "
+                "stop that broker or choose another --data-dir" % (self.dataDir, path)
+            )
+        self._lockFile = f
+
+    def _unlockDataDir(self):
+        if self._lockFile is not None:
+            self._lockFile.close()
+            self._lockFile = None
+
     def _fireReady(self, result):
         self._ready = result
         waiters, self._readyWaiters = self._readyWaiters, []
@@ -232,7 +271,12 @@ class OtterService(MultiService):
             conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         d = MultiService.stopService(self)
         d.addBoth(lambda _: self.store.close())
-        return d
+
+        def unlock(result):
+            self._unlockDataDir()
+            return result
+
+        return d.addBoth(unlock)
 
     def listeningPorts(self, services):
         """Deferred list of IListeningPort for ``services`` (after start)."""

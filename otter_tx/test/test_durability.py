@@ -189,6 +189,26 @@ class CorruptStoreTests(TestCase):
         return d.addCallback(check)
 
 
+class DataDirLockTests(TestCase):
+    """Two brokers never share one data directory."""
+
+    @inlineCallbacks
+    def test_secondBrokerRefused(self):
+        """A second broker on a data dir in use fails to start, naming the directory; after a stop it works."""
+        from otter_tx.service import DataDirInUse
+
+        dataDir = self.mktemp()
+        first = yield startBroker(reactor, dataDir=dataDir)
+        try:
+            e = yield self.assertFailure(startBroker(reactor, dataDir=dataDir), DataDirInUse)
+            self.assertIn(dataDir, str(e))
+            self.flushLoggedErrors(DataDirInUse)
+        finally:
+            yield first.stop()
+        again = yield startBroker(reactor, dataDir=dataDir)
+        yield again.stop()
+
+
 class JournalTests(SynchronousTestCase):
     """The journal on a MemoryStore with a task.Clock: deterministic restarts."""
 
