@@ -135,6 +135,7 @@ class AMQPServerProtocol(Protocol):
     # --- transport events ---------------------------------------------------
 
     def connectionMade(self):
+        """Set TCP_NODELAY, register as the transport's push producer, arm the handshake timeout."""
         # RabbitMQ sets TCP_NODELAY (tcp_listen_options nodelay=true); without
         # it Nagle plus delayed ACKs stall small deliveries by ~40 ms
         setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
@@ -158,6 +159,7 @@ class AMQPServerProtocol(Protocol):
         self.broker.connections.add(self)
 
     def connectionLost(self, reason=None):
+        """Release channels (requeue unacked), delete exclusive queues, stop timers."""
         self._state = _CLOSED
         self._cancelTimers()
         self.broker.connections.discard(self)
@@ -188,14 +190,17 @@ class AMQPServerProtocol(Protocol):
     # --- IPushProducer (the transport's write buffer is full / drained) -----
 
     def pauseProducing(self):
+        """The socket's write buffer is full: consumers here take no more messages."""
         self.paused = True
 
     def resumeProducing(self):
+        """The write buffer drained: let this connection's consumers take messages again."""
         self.paused = False
         for ch in list(self.channels.values()):
             ch.resumeDelivery()
 
     def stopProducing(self):
+        """The transport is going away."""
         self.paused = True
 
     # --- output ---------------------------------------------------------------
@@ -264,6 +269,7 @@ class AMQPServerProtocol(Protocol):
     # --- input ------------------------------------------------------------------
 
     def dataReceived(self, data):
+        """Parse the protocol header, then frames (offset-based, frame_max checked on each header)."""
         if self._state == _CLOSED:
             return
         self._lastRecv = self.clock.seconds()
@@ -743,6 +749,7 @@ class AMQPServerFactory(Factory):
         self.clusterName = clusterName
 
     def buildProtocol(self, addr):
+        """A new :class:`AMQPServerProtocol` for one client."""
         p = self.protocol(self)
         return p
 

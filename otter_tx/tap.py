@@ -70,6 +70,7 @@ class Options(usage.Options):
         self["management"].append(endpoint)
 
     def postOptions(self):
+        """Merge defaults, --config and the command line into ``self.settings``."""
         self.settings = resolveSettings(self)
 
 

@@ -22,6 +22,7 @@ class BrokerFixture:
         self.managementPort = managementPort
 
     def stop(self):
+        """Stop the broker; a Deferred that fires once the store is closed."""
         return self.service.stopService()
 
 
@@ -81,6 +82,7 @@ class FakeClient:
             self.handshake(vhost, user, password, capabilities)
 
     def handshake(self, vhost="/", user="guest", password="guest", capabilities=None):
+        """Header, start-ok (PLAIN), tune-ok (no heartbeat), open; returns what came back."""
         spec = self.spec
         caps = capabilities if capabilities is not None else {
             "consumer_cancel_notify": True,

@@ -1,0 +1,1 @@
+"""The broker core: vhosts, exchanges, queues, TTL/expiry, dead-lettering, policies, durability journal."""

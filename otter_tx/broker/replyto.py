@@ -34,18 +34,22 @@ class ReplyToQueue:
         return REPLY_PREFIX + self.token
 
     def addConsumer(self, consumer):
+        """Register the reply consumer under this token."""
         self.consumer = consumer
         self.vhost.replyTo[self.token] = self
 
     def removeConsumer(self, consumer):
+        """Forget the token: later replies are unroutable."""
         if self.vhost.replyTo.get(self.token) is self:
             del self.vhost.replyTo[self.token]
         self.consumer = None
 
     def dispatch(self):
+        """Nothing is ever queued here."""
         pass
 
     def requeue(self, entries, dispatch=True):
+        """Replies are no-ack: nothing to requeue."""
         pass
 
     def deliver(self, message):

@@ -1,0 +1,1 @@
+"""Durable stores behind IMessageStore: MemoryStore and the embedded SQLiteStore."""

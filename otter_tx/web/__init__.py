@@ -1,0 +1,1 @@
+"""The Klein management app."""
