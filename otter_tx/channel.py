@@ -816,6 +816,18 @@ class Channel:
                 self._settle(taken)
             else:
                 self._doReject(taken, requeue)
+        if any(message.stored for _, message, _ in publishes):
+            # persistent messages in durable queues: commit-ok once on disk
+            def committed(_):
+                if not self.closing:
+                    self.connection.sendMethod(self.number, spec.TxCommitOk())
+
+            def failed(f):
+                log.failure("store sync failed; tx.commit not confirmed", f)
+                self.connection.forceClose(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
+
+            self.broker.journal.store.sync().addCallbacks(committed, failed)
+            return
         self.connection.sendMethod(self.number, spec.TxCommitOk())
 
     def _txRollback(self, m):

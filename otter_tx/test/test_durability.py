@@ -318,3 +318,73 @@ class JournalTests(SynchronousTestCase):
         self.assertIs(ea.message, eb.message)
         fanout = vh.exchanges["amq.fanout"]
         self.assertEqual(vh.route(fanout, ea.message, [""]), {vh.queues["a"], vh.queues["b"]})
+
+
+class _HeldSyncStore(MemoryStore):
+    """A MemoryStore whose sync() waits until the test releases it."""
+
+    def __init__(self):
+        MemoryStore.__init__(self)
+        self.waiting = []
+
+    def sync(self):
+        from twisted.internet.defer import Deferred
+
+        d = Deferred()
+        self.waiting.append(d)
+        return d
+
+    def release(self):
+        waiting, self.waiting = self.waiting, []
+        for d in waiting:
+            d.callback(None)
+
+
+class WaitForDiskTests(SynchronousTestCase):
+    """Confirms and tx.commit-ok for persistent messages in durable queues wait for the store's sync."""
+
+    def setUp(self):
+        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.testing import FakeClient
+
+        self.clock = Clock()
+        self.store = _HeldSyncStore()
+        self.broker = Broker(self.clock)
+        state = self.successResultOf(self.store.open())
+        j = Journal(self.broker, self.store)
+        j.recover(state)
+        self.broker.journal = j
+        self.broker.listeners.append(j.entityChanged)
+        self.client = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0))
+        self.client.openChannel(1)
+
+    def test_confirmAfterSync(self):
+        """basic.ack for a persistent publish to a durable queue is sent only after sync; transient ones at once."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        c.send(1, spec.ConfirmSelect(False))
+        c.received()
+        c.publish(1, "", "d", b"transient", props={"delivery_mode": 1})
+        self.assertEqual([type(m) for m in c.methods()], [spec.BasicAck])
+        c.publish(1, "", "d", b"persistent", props={"delivery_mode": 2})
+        c.publish(1, "", "d", b"transient-after", props={"delivery_mode": 1})
+        self.assertEqual(c.methods(), [])
+        self.store.release()
+        acks = c.methods()
+        self.assertEqual([(type(m), m.delivery_tag) for m in acks], [(spec.BasicAck, 2), (spec.BasicAck, 3)])
+
+    def test_txCommitAfterSync(self):
+        """tx.commit-ok for persistent messages in a durable queue waits for sync."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        c.send(1, spec.TxSelect())
+        c.received()
+        c.publish(1, "", "d", b"p", props={"delivery_mode": 2})
+        c.send(1, spec.TxCommit())
+        self.assertEqual(c.methods(), [])
+        self.store.release()
+        self.assertEqual([type(m) for m in c.methods()], [spec.TxCommitOk])
