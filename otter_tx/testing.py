@@ -176,3 +176,26 @@ class FakeClient:
     def methods(self):
         """Just the method objects received since the last call."""
         return [m for _, m, _ in self.received()]
+
+
+def journaledBroker(store, clock):
+    """
+    A Broker rebuilt from ``store`` (which must open synchronously, like
+    ``MemoryStore``) with its durability journal attached, as
+    ``OtterService.startService`` does it: a deterministic restart for tests.
+    """
+    from otter_tx.broker.broker import Broker
+    from otter_tx.broker.durability import Journal
+
+    broker = Broker(clock)
+    result = []
+    store.open().addCallback(result.append)
+    if not result:
+        raise RuntimeError("journaledBroker needs a store that opens synchronously")
+    journal = Journal(broker, store)
+    firstBoot = journal.recover(result[0])
+    broker.journal = journal
+    broker.listeners.append(journal.entityChanged)
+    if firstBoot:
+        journal.writeAll()
+    return broker

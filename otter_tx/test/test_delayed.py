@@ -11,11 +11,10 @@ from otter_tx.amqp.codec import TaggedInt, encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.delayed import messageDelay
-from otter_tx.broker.durability import Journal
 from otter_tx.broker.message import Message
 from otter_tx.protocol import AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
-from otter_tx.testing import FakeClient
+from otter_tx.testing import FakeClient, journaledBroker
 
 
 def msg(delay, rk="k", body=b"m", exchange="dx", **props):
@@ -160,18 +159,7 @@ class DelayedDurabilityTests(SynchronousTestCase):
     """Held messages of a durable exchange survive a restart with absolute due times."""
 
     def boot(self, store, clock):
-        b = Broker(clock)
-
-        def recovered(state):
-            j = Journal(b, store)
-            first = j.recover(state)
-            b.journal = j
-            b.listeners.append(j.entityChanged)
-            if first:
-                j.writeAll()
-
-        self.successResultOf(store.open().addCallback(recovered))
-        return b
+        return journaledBroker(store, clock)
 
     def test_restart(self):
         """Time spent down counts; overdue messages fire at boot; released ones are not kept."""

@@ -12,11 +12,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from otter_tx.amqp.codec import TaggedInt, encodeProperties
-from otter_tx.broker.broker import Broker
-from otter_tx.broker.durability import Journal
 from otter_tx.broker.message import Message
 from otter_tx.store.memory import MemoryStore
-from otter_tx.testing import startBroker
+from otter_tx.testing import journaledBroker, startBroker
 
 
 def params(port):
@@ -213,17 +211,7 @@ class JournalTests(SynchronousTestCase):
     """The journal on a MemoryStore with a task.Clock: deterministic restarts."""
 
     def boot(self, store, clock):
-        b = Broker(clock)
-        self.successResultOf(store.open().addCallback(lambda state: self._recover(b, store, state)))
-        return b
-
-    def _recover(self, broker, store, state):
-        j = Journal(broker, store)
-        first = j.recover(state)
-        broker.journal = j
-        broker.listeners.append(j.entityChanged)
-        if first:
-            j.writeAll()
+        return journaledBroker(store, clock)
 
     def publish(self, vh, rk, body, **props):
         props.setdefault("delivery_mode", 2)
@@ -349,12 +337,7 @@ class WaitForDiskTests(SynchronousTestCase):
 
         self.clock = Clock()
         self.store = _HeldSyncStore()
-        self.broker = Broker(self.clock)
-        state = self.successResultOf(self.store.open())
-        j = Journal(self.broker, self.store)
-        j.recover(state)
-        self.broker.journal = j
-        self.broker.listeners.append(j.entityChanged)
+        self.broker = journaledBroker(self.store, self.clock)
         self.client = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0))
         self.client.openChannel(1)
 
