@@ -1,59 +1,1326 @@
 """
-The management HTTP app (Klein).  A placeholder until the management issue:
-``GET /api/overview`` and ``GET /api/queues`` in RabbitMQ's JSON shape.
+The management HTTP app: a RabbitMQ 3.10-compatible subset of the
+management HTTP API (``/api/...``), Prometheus metrics (``/metrics``) and a
+small HTML admin page (``/``).
+
+Shapes, status codes and error bodies follow RabbitMQ 3.10.8 as observed on
+the reference peer (../shared/reference/rabbitmq-semantics.md section 8;
+``rabbit_mgmt_dispatcher.erl``, ``rabbit_mgmt_util.erl``); docs/management.md
+lists the endpoints and every known difference.
+
+Error bodies (all ``application/json``):
+
+- no credentials: 401, empty body, ``WWW-Authenticate: Basic``;
+- bad credentials: 401 ``{"error":"not_authorized","reason":"Login failed"}``
+  (RabbitMQ spells this one with a *z*);
+- a user without a management tag: 401 ``{"error":"not_authorised",
+  "reason":"Not management user"}``; admin-only endpoints: ``"Not
+  administrator user"``; a vhost the user has no permissions on: ``"User not
+  authorised to access virtual host"``; an AMQP 403 (``amq.`` names, the
+  default exchange): ``"Access refused."``;
+- missing object: 404 ``{"error":"Object Not Found","reason":"Not Found"}``;
+- invalid input: 400 ``{"error":"bad_request","reason":...}`` where the
+  reason is the AMQP reply text without its ``PRECONDITION_FAILED -``
+  prefix, or RabbitMQ's validation text.
+
+Access model (simplified from RabbitMQ's tags): ``management``,
+``policymaker``, ``monitoring`` and ``administrator`` users may log in;
+``administrator`` may do everything; others see and change only vhosts they
+have permissions on, and only ``policymaker`` may change policies.
+Permission regexes are not matched per resource (the broker does not
+enforce them either).
+
+The app is an instance (``app = Klein()`` is a class attribute): built from
+the broker and the clock; it never imports the global reactor.
 """
 
+import base64
+import functools
 import json
+import re
+from urllib.parse import quote, unquote
 
 from klein import Klein
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+from twisted.web.resource import Resource
 
 from otter_tx import __version__
+from otter_tx.amqp.codec import Timestamp, encodeProperties
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.delayed import DELAYED_TYPE
+from otter_tx.broker.exchange import EXCHANGE_TYPES
+from otter_tx.broker.message import Message
+from otter_tx.broker.policy import Policy, PolicyError
+from otter_tx.web import _format as fmt
+
+#: the RabbitMQ version whose API this app reproduces (reported as
+#: ``rabbitmq_version``; ``product_name`` / ``product_version`` say otter_tx)
+RABBITMQ_COMPAT_VERSION = "3.10.8"
+
+MANAGEMENT_TAGS = frozenset(("management", "policymaker", "monitoring", "administrator"))
+
+#: access levels for endpoints
+_ANY = "any"  # any management user
+_ADMIN = "admin"  # administrator only
+_NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
+
+_EXCHANGE_TYPE_DESCRIPTIONS = (
+    ("direct", "AMQP direct exchange, as per the AMQP specification"),
+    ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
+    ("headers", "AMQP headers exchange, as per the AMQP specification"),
+    ("topic", "AMQP topic exchange, as per the AMQP specification"),
+    (DELAYED_TYPE, "Delayed Message Exchange."),
+)
+
+_ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+
+_SHORTSTR_PROPS = (
+    "content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+    "message_id", "type", "user_id", "app_id", "cluster_id",
+)
+
+
+class HTTPError(Exception):
+    """
+    An HTTP error with RabbitMQ's JSON body ``{"error": ..., "reason": ...}``.
+
+    :param code: HTTP status (int).  :param error: the ``error`` string.
+    :param reason: the ``reason`` (str, or a list as RabbitMQ sometimes sends);
+        ``None`` for an empty body.
+    """
+
+    def __init__(self, code, error, reason, headers=()):
+        Exception.__init__(self, code, error, reason)
+        self.code = code
+        self.error = error
+        self.reason = reason
+        self.headers = list(headers)
+
+
+def notFound():
+    """404 ``{"error":"Object Not Found","reason":"Not Found"}``."""
+    return HTTPError(404, "Object Not Found", "Not Found")
+
+
+def badRequest(reason):
+    """400 ``{"error":"bad_request","reason": reason}``."""
+    return HTTPError(400, "bad_request", reason)
+
+
+def notAuthorised(reason):
+    """401 ``{"error":"not_authorised","reason": reason}``."""
+    return HTTPError(401, "not_authorised", reason)
+
+
+def amqpHTTPError(e):
+    """
+    Map an :class:`AMQPError` from a broker operation to RabbitMQ's HTTP
+    answer: 403 -> 401 ``Access refused.``; 404 -> 404 ``not_found`` with
+    the text; anything else -> 400 with the text without its
+    ``CONSTANT -`` prefix.
+    """
+    text = e.text.split(" - ", 1)[1] if " - " in e.text else e.text
+    if e.code == 403:
+        return notAuthorised("Access refused.")
+    if e.code == 404:
+        return HTTPError(404, "not_found", text)
+    return badRequest(text)
+
+
+class Response:
+    """A status with an optional JSON body and extra headers."""
+
+    def __init__(self, code, body=None, headers=()):
+        self.code = code
+        self.body = body
+        self.headers = list(headers)
+
+
+def _flag(value, default=False):
+    """A JSON boolean (or ``"true"``/``"false"``) as bool."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.lower() == "true"
+    return bool(value)
+
+
+def _queryFlag(request, name):
+    return request.args.get(name.encode(), [b""])[0].lower() == b"true"
+
+
+def _query(request, name, default=None):
+    v = request.args.get(name.encode())
+    if not v:
+        return default
+    return v[0].decode("utf-8", "replace")
+
+
+def _dotted(obj, path):
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _sortKey(v):
+    if v is None:
+        return (0, "")
+    if isinstance(v, bool):
+        return (1, int(v))
+    if isinstance(v, (int, float)):
+        return (1, v)
+    return (2, str(v))
+
+
+def _selectColumns(item, columns):
+    out = {}
+    for col in columns:
+        v = _dotted(item, col)
+        if v is None and _dotted(item, col.split(".")[0]) is None and col.split(".")[0] not in item:
+            continue
+        parts = col.split(".")
+        d = out
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    return out
+
+
+def listQuery(request, items):
+    """
+    Apply RabbitMQ's list parameters (section 8.1): ``sort``,
+    ``sort_reverse``, ``page``/``page_size``/``name``/``use_regex`` (the
+    paginated wrapper object) and ``columns`` (dotted paths allowed).
+    An empty ``sort=`` is accepted and ignored.
+    """
+    sort = _query(request, "sort")
+    if sort:
+        items = sorted(items, key=lambda i: _sortKey(_dotted(i, sort)))
+    if _queryFlag(request, "sort_reverse"):
+        items = list(reversed(items))
+    columns = _query(request, "columns")
+    page = _query(request, "page")
+    if page is not None:
+        size = _query(request, "page_size", "100")
+        try:
+            pageN, sizeN = int(page), int(size)
+        except ValueError:
+            pageN = sizeN = None
+        if pageN is None or pageN < 1 or sizeN < 1 or sizeN > 500:
+            raise HTTPError(
+                400, "invalid_pagination_parameters",
+                "Invalid pagination parameters: page number %s, page size %s" % (page, size),
+            )
+        total = len(items)
+        name = _query(request, "name")
+        if name:
+            if _queryFlag(request, "use_regex"):
+                try:
+                    rx = re.compile(name)
+                except re.error:
+                    raise badRequest("invalid regex")
+                items = [i for i in items if rx.search(str(i.get("name", "")))]
+            else:
+                items = [i for i in items if name in str(i.get("name", ""))]
+        filtered = len(items)
+        pageItems = items[(pageN - 1) * sizeN : pageN * sizeN]
+        if columns:
+            pageItems = [_selectColumns(i, columns.split(",")) for i in pageItems]
+        return {
+            "filtered_count": filtered,
+            "item_count": len(pageItems),
+            "items": pageItems,
+            "page": pageN,
+            "page_count": max(1, -(-filtered // sizeN)),
+            "page_size": sizeN,
+            "total_count": total,
+        }
+    if columns:
+        items = [_selectColumns(i, columns.split(",")) for i in items]
+    return items
+
+
+def endpoint(access=_ANY):
+    """
+    Wrap a route handler ``f(self, request, user, **pathArgs)``: Basic auth
+    and tag checks, percent-decoding of path segments, JSON rendering of
+    the result (a list goes through :func:`listQuery`), and
+    :class:`HTTPError` / :class:`AMQPError` to RabbitMQ's error bodies.
+    """
+
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(self, request, **kw):
+            return self._handle(f, access, request, kw)
+
+        return wrapper
+
+    return deco
+
+
+class _RawPathResource(Resource):
+    """
+    Hand Klein the request path with its segments still percent-encoded.
+
+    Twisted decodes ``postpath`` segments, and Klein joins them with ``/``,
+    so a vhost ``%2F`` would become a path separator.  Route handlers
+    decode each matched segment themselves (:func:`endpoint`).
+    """
+
+    isLeaf = True
+
+    def __init__(self, inner):
+        Resource.__init__(self)
+        self._inner = inner
+
+    def render(self, request):
+        segments = request.path.split(b"/")[1:]
+        request.postpath = segments[len(request.prepath):]
+        return self._inner.render(request)
+
+
+class _Klein(Klein):
+    """Klein whose resource keeps percent-encoded path segments (RabbitMQ's ``%2F``)."""
+
+    def resource(self):
+        return _RawPathResource(Klein.resource(self))
 
 
 class ManagementApp:
     """
-    Klein app over a broker; ``app`` is a class attribute, state is per instance.
+    Klein app over a broker; ``app`` is a class attribute, state is per
+    instance.
+
+    :param broker: the :class:`~otter_tx.broker.broker.Broker`.
+    :param clock: ``IReactorTime`` (only read, for ``/metrics`` uptime).
     """
 
-    app = Klein()
+    app = _Klein()
 
     def __init__(self, broker, clock):
         self.broker = broker
         self.clock = clock
+        self.startedAt = clock.seconds()
 
-    @app.route("/api/overview", methods=["GET"])
-    def overview(self, request):
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(
-            {
-                "product_name": "otter_tx",
-                "product_version": __version__,
-                "management_version": __version__,
-                "object_totals": {
-                    "connections": len(self.broker.connections),
-                    "queues": sum(len(v.queues) for v in self.broker.vhosts.values()),
-                    "exchanges": sum(len(v.exchanges) for v in self.broker.vhosts.values()),
-                },
-            }
-        )
+    # --- plumbing -------------------------------------------------------------
 
-    @app.route("/api/queues", methods=["GET"])
-    def queues(self, request):
+    def _handle(self, f, access, request, kw):
+        kw = {k: unquote(v) if isinstance(v, str) else v for k, v in kw.items()}
+        try:
+            if request.method == b"OPTIONS":
+                request.setResponseCode(200)
+                return b""
+            user = None if access == _NONE else self._authenticate(request, access)
+            result = f(self, request, user, **kw)
+        except HTTPError as e:
+            return self._renderError(request, e)
+        except AMQPError as e:
+            return self._renderError(request, amqpHTTPError(e))
+        if isinstance(result, bytes):
+            return result
+        if isinstance(result, Response):
+            request.setResponseCode(result.code)
+            for k, v in result.headers:
+                request.setHeader(k, v)
+            if result.body is None:
+                request.defaultContentType = None
+                return b""
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(result.body).encode()
+        if isinstance(result, list):
+            try:
+                result = listQuery(request, result)
+            except HTTPError as e:
+                return self._renderError(request, e)
         request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-cache")
+        return json.dumps(result).encode()
+
+    def _renderError(self, request, e):
+        request.setResponseCode(e.code)
+        for k, v in e.headers:
+            request.setHeader(k, v)
+        if e.reason is None:
+            request.defaultContentType = None
+            return b""
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"error": e.error, "reason": e.reason}).encode()
+
+    def _authenticate(self, request, access):
+        """
+        The broker :class:`User` for the request's Basic credentials, or
+        an :class:`HTTPError` (401) as RabbitMQ answers.
+        """
+        challenge = [(b"www-authenticate", b'Basic realm="RabbitMQ Management"')]
+        header = request.getHeader(b"authorization")
+        if not header or not header[:6].lower() == b"basic ":
+            raise HTTPError(401, "not_authorized", None, challenge)
+        try:
+            raw = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+            name, password = raw.split(":", 1)
+        except Exception:
+            raise HTTPError(401, "not_authorized", "Login failed", challenge)
+        user = self.broker.authenticate(name, password)
+        if user is None:
+            raise HTTPError(401, "not_authorized", "Login failed", challenge)
+        if getattr(user, "loopbackOnly", False):
+            host = getattr(request.getClientAddress(), "host", None)
+            if host not in ("127.0.0.1", "::1", "localhost", None) and not str(host).startswith("127."):
+                raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
+        tags = set(user.tags)
+        if not tags & MANAGEMENT_TAGS:
+            raise notAuthorised("Not management user")
+        if access == _ADMIN and "administrator" not in tags:
+            raise notAuthorised("Not administrator user")
+        return user
+
+    @staticmethod
+    def _isAdmin(user):
+        return "administrator" in user.tags
+
+    def _seesAll(self, user):
+        return self._isAdmin(user) or "monitoring" in user.tags
+
+    def _visibleVHosts(self, user):
+        return [
+            vh for name, vh in sorted(self.broker.vhosts.items())
+            if self._seesAll(user) or self.broker.canAccess(user, name)
+        ]
+
+    def _vhost(self, user, name, write=False):
+        """
+        VHost ``name``: 404 when missing; 401 ``User not authorised to
+        access virtual host`` when the user lacks permissions on it (reads
+        are open to administrators and monitoring users).
+        """
+        vh = self.broker.vhosts.get(name)
+        if vh is None:
+            raise notFound()
+        if not self.broker.canAccess(user, name) and (write or not self._seesAll(user)):
+            raise notAuthorised("User not authorised to access virtual host")
+        return vh
+
+    @staticmethod
+    def _body(request):
+        """The JSON request body as a dict ({} when empty); 400 ``not_json``."""
+        raw = request.content.read() if request.content is not None else b""
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise badRequest("not_json")
+        if not isinstance(body, dict):
+            raise badRequest("not_json")
+        return body
+
+    @staticmethod
+    def _require(body, *keys):
+        for k in keys:
+            if k not in body:
+                raise badRequest("[{key_missing,%s}]" % (k,))
+
+    @staticmethod
+    def _exchangeName(name):
+        return "" if name == "amq.default" else name
+
+    @app.handle_errors(NotFound)
+    def _unknownPath(self, request, failure):
+        """An unknown path: 404 ``Object Not Found`` (JSON), as RabbitMQ."""
+        return self._renderError(request, notFound())
+
+    @app.handle_errors(MethodNotAllowed)
+    def _badMethod(self, request, failure):
+        """An unsupported method: 405 with an ``allow`` header and no body."""
+        allowed = failure.value.valid_methods or []
+        request.setHeader(b"allow", ", ".join(allowed).encode("ascii"))
+        return self._renderError(request, HTTPError(405, None, None))
+
+    # --- policies -------------------------------------------------------------
+
+    def _policies(self, user, vhosts):
+        if not (self._isAdmin(user) or "policymaker" in user.tags):
+            return []
         out = []
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
-                out.append(
-                    {
-                        "name": q.name,
-                        "vhost": vh.name,
-                        "durable": q.durable,
-                        "auto_delete": q.autoDelete,
-                        "exclusive": q.exclusive,
-                        "messages": q.readyCount + q.unackedCount,
-                        "messages_ready": q.readyCount,
-                        "messages_unacknowledged": q.unackedCount,
-                        "consumers": q.consumerCount,
-                    }
+        for vh in vhosts:
+            for p in sorted(vh.policies.values(), key=lambda p: p.name):
+                out.append(p.asDict())
+        return out
+
+    @app.route("/api/policies", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def policiesAll(self, request, user):
+        """``GET /api/policies``: every policy the user may see."""
+        return self._policies(user, self._visibleVHosts(user))
+
+    @app.route("/api/policies/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def policiesVHost(self, request, user, vhost):
+        """``GET /api/policies/{vhost}``."""
+        return self._policies(user, [self._vhost(user, vhost)])
+
+    @app.route("/api/policies/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint()
+    def policy(self, request, user, vhost, name):
+        """
+        ``GET|PUT|DELETE /api/policies/{vhost}/{name}``.  PUT body
+        ``{"pattern", "definition", "priority", "apply-to"}``: 201 created,
+        204 updated, 400 ``Validation failed\\n\\n<text>\\n``.  DELETE: 204,
+        404 when missing.
+        """
+        if request.method in (b"PUT", b"DELETE"):
+            vh = self.broker.vhosts.get(vhost)
+            if vh is None:
+                if request.method == b"PUT":
+                    raise HTTPError(404, "not_found", "vhost_not_found")
+                raise notFound()
+            vh = self._vhost(user, vhost, write=True)
+            if not (self._isAdmin(user) or "policymaker" in user.tags):
+                raise notAuthorised("User not authorised to access object")
+        else:
+            vh = self._vhost(user, vhost)
+        if request.method == b"GET":
+            p = vh.policies.get(name)
+            if p is None or not (self._isAdmin(user) or "policymaker" in user.tags):
+                raise notFound()
+            return p.asDict()
+        if request.method == b"DELETE":
+            if name not in vh.policies:
+                raise notFound()
+            self.broker.clearPolicy(vhost, name)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "pattern", "definition")
+        policy = self._validatePolicy(vhost, name, body)
+        existed = name in vh.policies
+        vh.setPolicy(policy)
+        return Response(204 if existed else 201)
+
+    @staticmethod
+    def _validatePolicy(vhost, name, body):
+        """
+        A :class:`Policy` from a PUT body, or 400 with RabbitMQ's
+        ``Validation failed`` texts (the policies endpoint HTML-escapes
+        ``<`` and ``>`` in them, as RabbitMQ 3.10 does).
+        """
+
+        def failed(text):
+            text = text.replace("<", "&lt;").replace(">", "&gt;")
+            return badRequest("Validation failed\n\n%s\n" % (text,))
+
+        pattern = body["pattern"]
+        definition = body["definition"]
+        priority = body.get("priority", 0)
+        applyTo = body.get("apply-to", "all")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise failed('priority should be a number, actually was <<"%s">>' % (priority,))
+        if applyTo not in ("queues", "exchanges", "all"):
+            raise failed("apply-to '%s' unrecognised; should be 'queues', 'exchanges' or 'all'" % (applyTo,))
+        if not isinstance(pattern, str):
+            raise failed("pattern should be a string")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise failed('pattern should be regular expression but is invalid: {"%s",%s}' % (e.msg, e.pos or 0))
+        if not isinstance(definition, dict):
+            raise failed("no policy provided")
+        try:
+            return Policy(name, pattern, definition, priority, applyTo, vhost)
+        except PolicyError as e:
+            raise failed(str(e))
+
+    # --- queues -------------------------------------------------------------
+
+    @app.route("/api/queues", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def queuesAll(self, request, user):
+        """``GET /api/queues``: every visible queue (RabbitMQ's list fields)."""
+        unacked = fmt.unackedBytes(self.broker)
+        return [
+            fmt.queueDict(q, unacked)
+            for vh in self._visibleVHosts(user)
+            for _, q in sorted(vh.queues.items())
+        ]
+
+    @app.route("/api/queues/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def queuesVHost(self, request, user, vhost):
+        """``GET /api/queues/{vhost}``."""
+        vh = self._vhost(user, vhost)
+        unacked = fmt.unackedBytes(self.broker)
+        return [fmt.queueDict(q, unacked) for _, q in sorted(vh.queues.items())]
+
+    @app.route("/api/queues/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint()
+    def queue(self, request, user, vhost, name):
+        """
+        ``GET`` one queue (with ``consumer_details``); ``PUT`` declares
+        (body ``{"durable", "auto_delete", "arguments"}``; 201 created, 204
+        equivalent, 400 inequivalent or invalid arguments); ``DELETE``
+        (``?if-unused=true&if-empty=true``; 204, 404, 400 in use / not
+        empty).
+        """
+        vh = self._vhost(user, vhost, write=request.method != b"GET")
+        if request.method == b"PUT":
+            body = self._body(request)
+            args = body.get("arguments") or {}
+            if not isinstance(args, dict):
+                raise badRequest("arguments must be an object")
+            existed = name in vh.queues
+            vh.declareQueue(
+                name, None, durable=_flag(body.get("durable")),
+                autoDelete=_flag(body.get("auto_delete")), arguments=args,
+            )
+            return Response(204 if existed else 201)
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        if request.method == b"DELETE":
+            vh.deleteQueue(q, ifUnused=_queryFlag(request, "if-unused"),
+                           ifEmpty=_queryFlag(request, "if-empty"))
+            return Response(204)
+        return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True)
+
+    @app.route("/api/queues/<vhost>/<name>/contents", methods=["DELETE", "OPTIONS"])
+    @endpoint()
+    def queueContents(self, request, user, vhost, name):
+        """``DELETE /api/queues/{vhost}/{name}/contents``: purge (204, 404)."""
+        vh = self._vhost(user, vhost, write=True)
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        q.purge()
+        return Response(204)
+
+    @app.route("/api/queues/<vhost>/<name>/bindings", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def queueBindings(self, request, user, vhost, name):
+        """``GET /api/queues/{vhost}/{name}/bindings``, the default-exchange binding first."""
+        vh = self._vhost(user, vhost)
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        return [b for b in fmt.vhostBindings(vh) if b["destination_type"] == "queue" and b["destination"] == name]
+
+    @app.route("/api/queues/<vhost>/<name>/get", methods=["POST", "OPTIONS"])
+    @endpoint()
+    def queueGet(self, request, user, vhost, name):
+        """
+        ``POST /api/queues/{vhost}/{name}/get`` with ``{"count", "ackmode",
+        "encoding", "truncate"}``: fetch up to ``count`` messages and
+        requeue, ack or reject them per ``ackmode``; returns RabbitMQ's
+        message objects (``"properties": []`` when there are none, as
+        3.10 renders it).  A bad ``ackmode`` is 400 (RabbitMQ 3.10: 500).
+        """
+        vh = self._vhost(user, vhost, write=True)
+        body = self._body(request)
+        self._require(body, "count", "ackmode", "encoding")
+        count, ackmode, encoding = body["count"], body["ackmode"], body["encoding"]
+        truncate = body.get("truncate")
+        if encoding not in ("auto", "base64"):
+            raise badRequest("Unsupported encoding. Please use auto or base64.")
+        if ackmode not in _ACKMODES:
+            raise badRequest("Invalid ackmode %s" % (ackmode,))
+        try:
+            count = int(count)
+            truncate = int(truncate) if truncate not in (None, "") else None
+        except (TypeError, ValueError):
+            raise badRequest("count and truncate must be integers")
+        q = vh.queues.get(name)
+        if q is None:
+            raise HTTPError(404, "not_found", "NOT_FOUND - no queue '%s' in vhost '%s'" % (name, vhost))
+        entries = []
+        out = []
+        for _ in range(max(0, count)):
+            entry = q.basicGet(False)
+            if entry is None:
+                break
+            entries.append(entry)
+            out.append(self._messageJson(entry, q.messageCount, encoding, truncate))
+        if entries:
+            if ackmode in ("ack_requeue_true", "reject_requeue_true"):
+                q.requeue(entries)
+            elif ackmode == "ack_requeue_false":
+                for e in entries:
+                    q.settle(e)
+            else:
+                q.discard(entries)
+        return out
+
+    @staticmethod
+    def _messageJson(entry, remaining, encoding, truncate):
+        m = entry.message
+        payload = m.body if truncate is None else m.body[:truncate]
+        if encoding == "auto":
+            try:
+                text, enc = payload.decode("utf-8"), "string"
+            except UnicodeDecodeError:
+                text, enc = base64.b64encode(payload).decode(), "base64"
+        else:
+            text, enc = base64.b64encode(payload).decode(), "base64"
+        return {
+            "payload_bytes": m.size,
+            "redelivered": entry.redelivered,
+            "exchange": m.exchange,
+            "routing_key": m.routingKey,
+            "message_count": remaining,
+            "properties": fmt.jsonable(m.props) if m.props else [],
+            "payload": text,
+            "payload_encoding": enc,
+        }
+
+    # --- exchanges ------------------------------------------------------------
+
+    @app.route("/api/exchanges", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def exchangesAll(self, request, user):
+        """``GET /api/exchanges``."""
+        return [
+            fmt.exchangeDict(ex)
+            for vh in self._visibleVHosts(user)
+            for _, ex in sorted(vh.exchanges.items())
+        ]
+
+    @app.route("/api/exchanges/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def exchangesVHost(self, request, user, vhost):
+        """``GET /api/exchanges/{vhost}``."""
+        vh = self._vhost(user, vhost)
+        return [fmt.exchangeDict(ex) for _, ex in sorted(vh.exchanges.items())]
+
+    @app.route("/api/exchanges/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint()
+    def exchange(self, request, user, vhost, name):
+        """
+        ``GET`` one exchange (``messages_delayed`` for x-delayed-message);
+        ``PUT`` declares (body ``{"type", "durable", "auto_delete",
+        "internal", "arguments"}``; 201, 204, 400 inequivalent or ``invalid
+        exchange type 'T'``, 401 ``Access refused.`` for ``amq.*``);
+        ``DELETE`` (``?if-unused=true``; 204, 404, 400 in use).
+        ``amq.default`` names the default exchange.
+        """
+        vh = self._vhost(user, vhost, write=request.method != b"GET")
+        xname = self._exchangeName(name)
+        if request.method == b"PUT":
+            body = self._body(request)
+            xtype = body.get("type", "direct")
+            if xtype != DELAYED_TYPE and xtype not in EXCHANGE_TYPES:
+                raise badRequest("invalid exchange type '%s'" % (xtype,))
+            args = body.get("arguments") or {}
+            if not isinstance(args, dict):
+                raise badRequest("arguments must be an object")
+            existed = xname in vh.exchanges
+            vh.declareExchange(
+                xname, xtype, durable=_flag(body.get("durable")),
+                autoDelete=_flag(body.get("auto_delete")), internal=_flag(body.get("internal")),
+                arguments=args,
+            )
+            return Response(204 if existed else 201)
+        ex = vh.exchanges.get(xname)
+        if ex is None:
+            raise notFound()
+        if request.method == b"DELETE":
+            vh.deleteExchange(xname, ifUnused=_queryFlag(request, "if-unused"))
+            return Response(204)
+        d = fmt.exchangeDict(ex)
+        d["incoming"] = []
+        d["outgoing"] = []
+        return d
+
+    @app.route("/api/exchanges/<vhost>/<name>/bindings/<any(source,destination):side>",
+               methods=["GET", "OPTIONS"])
+    @endpoint()
+    def exchangeBindings(self, request, user, vhost, name, side):
+        """``GET /api/exchanges/{vhost}/{name}/bindings/source|destination``."""
+        vh = self._vhost(user, vhost)
+        xname = self._exchangeName(name)
+        if xname not in vh.exchanges:
+            raise notFound()
+        if side == "source":
+            return [b for b in fmt.vhostBindings(vh) if b["source"] == xname]
+        return [
+            b for b in fmt.vhostBindings(vh, includeDefault=False)
+            if b["destination_type"] == "exchange" and b["destination"] == xname
+        ]
+
+    @app.route("/api/exchanges/<vhost>/<name>/publish", methods=["POST", "OPTIONS"])
+    @endpoint()
+    def exchangePublish(self, request, user, vhost, name):
+        """
+        ``POST /api/exchanges/{vhost}/{name}/publish`` with ``{"properties",
+        "routing_key", "payload", "payload_encoding"}`` -> ``{"routed":
+        bool}``.  AMQP errors are 400 with the full reply, e.g. ``406
+        PRECONDITION_FAILED - invalid expiration 'abc': no_integer``.
+        """
+        vh = self._vhost(user, vhost, write=True)
+        body = self._body(request)
+        self._require(body, "routing_key", "properties", "payload", "payload_encoding")
+        enc = body["payload_encoding"]
+        payload = body["payload"]
+        if enc == "string":
+            data = str(payload).encode("utf-8")
+        elif enc == "base64":
+            try:
+                data = base64.b64decode(str(payload), validate=True)
+            except ValueError:
+                raise badRequest(["not_base64", payload])
+        else:
+            raise badRequest(["unsupported_encoding", enc])
+        xname = self._exchangeName(name)
+        ex = vh.exchanges.get(xname)
+        try:
+            if ex is None:
+                raise AMQPError(404, "no exchange '%s' in vhost '%s'" % (xname, vhost))
+            if ex.internal:
+                raise AMQPError(403, "cannot publish to internal exchange '%s' in vhost '%s'" % (xname, vhost))
+            props = self._properties(body["properties"])
+            uid = props.get("user_id")
+            if uid is not None and uid != user.name:
+                raise AMQPError(
+                    406, "user_id property set to '%s' but authenticated user was '%s'" % (uid, user.name)
                 )
-        return json.dumps(out)
+            message = Message(xname, str(body["routing_key"]), encodeProperties(props), data, props)
+        except AMQPError as e:
+            raise badRequest(str(e))
+        routed, _ = vh.publish(ex, message)
+        self.broker.checkMemory()
+        return {"routed": routed > 0}
+
+    @staticmethod
+    def _properties(props):
+        """JSON message properties to the broker's property dict (AMQP types)."""
+        if not isinstance(props, dict):
+            raise badRequest("properties must be an object")
+        out = {}
+        for k, v in props.items():
+            if v is None:
+                continue
+            if k in _SHORTSTR_PROPS:
+                out[k] = v if isinstance(v, str) else json.dumps(v)
+            elif k in ("delivery_mode", "priority"):
+                try:
+                    out[k] = int(v)
+                except (TypeError, ValueError):
+                    raise badRequest("%s must be an integer" % (k,))
+            elif k == "timestamp":
+                try:
+                    out[k] = Timestamp(int(v))
+                except (TypeError, ValueError):
+                    raise badRequest("timestamp must be an integer")
+            elif k == "headers":
+                if not isinstance(v, dict):
+                    raise badRequest("headers must be an object")
+                out[k] = v
+        return out
+
+    # --- bindings -------------------------------------------------------------
+
+    @app.route("/api/bindings", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def bindingsAll(self, request, user):
+        """``GET /api/bindings``."""
+        return [b for vh in self._visibleVHosts(user) for b in fmt.vhostBindings(vh)]
+
+    @app.route("/api/bindings/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def bindingsVHost(self, request, user, vhost):
+        """``GET /api/bindings/{vhost}``."""
+        return fmt.vhostBindings(self._vhost(user, vhost))
+
+    def _bindingEnds(self, vh, source, dtype, dest):
+        """The source Exchange and destination (Queue or Exchange) or 404 ``not_found``."""
+        src = vh.getExchange(self._exchangeName(source))
+        if dtype == "q":
+            dst = vh.queues.get(dest)
+            if dst is None:
+                raise HTTPError(404, "not_found", "no queue '%s' in vhost '%s'" % (dest, vh.name))
+        else:
+            dst = vh.getExchange(self._exchangeName(dest))
+        return src, dst
+
+    def _bindingsBetween(self, vh, source, dtype, dest):
+        xname = self._exchangeName(source)
+        dname = dest if dtype == "q" else self._exchangeName(dest)
+        kind = "queue" if dtype == "q" else "exchange"
+        return [
+            b for b in fmt.vhostBindings(vh)
+            if b["source"] == xname and b["destination"] == dname and b["destination_type"] == kind
+        ]
+
+    @app.route("/api/bindings/<vhost>/e/<source>/<any(q,e):dtype>/<dest>", methods=["GET", "POST", "OPTIONS"])
+    @endpoint()
+    def bindingsBetween(self, request, user, vhost, source, dtype, dest):
+        """
+        ``GET`` the bindings from exchange ``source`` to queue (``q``) or
+        exchange (``e``) ``dest``; ``POST {"routing_key", "arguments"}``
+        binds: 201 with ``Location: <dest>/<properties_key>``; 404
+        ``not_found`` for a missing end.
+        """
+        if request.method == b"GET":
+            return self._bindingsBetween(self._vhost(user, vhost), source, dtype, dest)
+        vh = self._vhost(user, vhost, write=True)
+        body = self._body(request)
+        key = body.get("routing_key", "")
+        args = body.get("arguments") or {}
+        if not isinstance(key, str) or not isinstance(args, dict):
+            raise badRequest("routing_key must be a string and arguments an object")
+        src, dst = self._bindingEnds(vh, source, dtype, dest)
+        vh.bind(src, dst, key, args)
+        location = "%s/%s" % (quote(dest, safe=""), fmt.propertiesKey(key, args))
+        return Response(201, headers=[(b"location", location.encode("utf-8"))])
+
+    @app.route("/api/bindings/<vhost>/e/<source>/<any(q,e):dtype>/<dest>/<props>",
+               methods=["GET", "DELETE", "OPTIONS"])
+    @endpoint()
+    def binding(self, request, user, vhost, source, dtype, dest, props):
+        """
+        ``GET`` or ``DELETE`` one binding by its ``properties_key`` (204 /
+        404).
+        """
+        vh = self._vhost(user, vhost, write=request.method == b"DELETE")
+        for b in self._bindingsBetween(vh, source, dtype, dest):
+            if props in (b["properties_key"], unquote(b["properties_key"])):
+                break
+        else:
+            raise notFound()
+        if request.method == b"GET":
+            return b
+        src, dst = self._bindingEnds(vh, source, dtype, dest)
+        for d, k, a in list(src.routing.bindings()):
+            if d is dst and k == b["routing_key"] and fmt.propertiesKey(k, a) == b["properties_key"]:
+                vh.unbind(src, dst, k, a)
+        return Response(204)
+
+    # --- overview, vhosts, users, permissions ----------------------------------
+
+    @app.route("/api/overview", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def overview(self, request, user):
+        """
+        ``GET /api/overview``.  ``product_name``/``product_version`` are
+        otter_tx's; ``rabbitmq_version``/``management_version`` report the
+        RabbitMQ release whose API is reproduced (:data:`RABBITMQ_COMPAT_VERSION`),
+        which tools such as rabbitmqadmin and exporters parse.
+        """
+        vhosts = self._visibleVHosts(user)
+        queues = [q for vh in vhosts for q in vh.queues.values()]
+        conns = [c for c in self.broker.connections if c.vhost in vhosts or c.vhost is None and self._seesAll(user)]
+        ready = sum(q.readyCount for q in queues)
+        unacked = sum(q.unackedCount for q in queues)
+        return {
+            "product_name": "otter_tx",
+            "product_version": __version__,
+            "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+            "management_version": RABBITMQ_COMPAT_VERSION,
+            "rates_mode": "none",
+            "cluster_name": fmt.NODE,
+            "node": fmt.NODE,
+            "erlang_version": None,
+            "erlang_full_version": None,
+            "disable_stats": False,
+            "enable_queue_totals": False,
+            "exchange_types": [
+                {"name": n, "description": d, "enabled": True} for n, d in _EXCHANGE_TYPE_DESCRIPTIONS
+            ],
+            "message_stats": {},
+            "churn_rates": {},
+            "queue_totals": {
+                "messages": ready + unacked,
+                "messages_details": fmt.rate(),
+                "messages_ready": ready,
+                "messages_ready_details": fmt.rate(),
+                "messages_unacknowledged": unacked,
+                "messages_unacknowledged_details": fmt.rate(),
+            },
+            "object_totals": {
+                "channels": sum(len(c.channels) for c in conns),
+                "connections": len(conns),
+                "consumers": sum(len(q.consumers) for q in queues),
+                "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+                "queues": len(queues),
+            },
+            "statistics_db_event_queue": 0,
+            "listeners": [],
+            "contexts": [],
+        }
+
+    def _vhostDict(self, vh):
+        queues = list(vh.queues.values())
+        ready = sum(q.readyCount for q in queues)
+        unacked = sum(q.unackedCount for q in queues)
+        return {
+            "name": vh.name,
+            "description": "Default virtual host" if vh.name == "/" else "",
+            "tags": [],
+            "metadata": {"description": "Default virtual host" if vh.name == "/" else "", "tags": []},
+            "default_queue_type": "undefined",
+            "tracing": False,
+            "cluster_state": {fmt.NODE: "running"},
+            "messages": ready + unacked,
+            "messages_details": fmt.rate(),
+            "messages_ready": ready,
+            "messages_ready_details": fmt.rate(),
+            "messages_unacknowledged": unacked,
+            "messages_unacknowledged_details": fmt.rate(),
+        }
+
+    @app.route("/api/vhosts", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def vhosts(self, request, user):
+        """``GET /api/vhosts``."""
+        return [self._vhostDict(vh) for vh in self._visibleVHosts(user)]
+
+    @app.route("/api/vhosts/<vhost>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint()
+    def vhost(self, request, user, vhost):
+        """
+        ``GET``; ``PUT`` (administrator; 201 / 204; the body's description
+        and tags are not stored); ``DELETE`` (administrator; 204 / 404;
+        closes its connections).
+        """
+        if request.method == b"GET":
+            return self._vhostDict(self._vhost(user, vhost))
+        if not self._isAdmin(user):
+            raise notAuthorised("Not administrator user")
+        if request.method == b"PUT":
+            self._body(request)
+            existed = vhost in self.broker.vhosts
+            self.broker.addVHost(vhost)
+            return Response(204 if existed else 201)
+        if vhost not in self.broker.vhosts:
+            raise notFound()
+        self.broker.deleteVHost(vhost)
+        for key in [k for k in self.broker.permissions if k[1] == vhost]:
+            del self.broker.permissions[key]
+            self.broker.entityChanged("permission", None, key, deleted=True)
+        return Response(204)
+
+    @app.route("/api/vhosts/<vhost>/permissions", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def vhostPermissions(self, request, user, vhost):
+        """``GET /api/vhosts/{vhost}/permissions``."""
+        self._vhost(user, vhost)
+        return [p for p in self._permissionList() if p["vhost"] == vhost]
+
+    @app.route("/api/whoami", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def whoami(self, request, user):
+        """``GET /api/whoami``: ``{name, tags}`` (tags a list, as 3.10)."""
+        return {"name": user.name, "tags": list(user.tags)}
+
+    @app.route("/api/users", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def users(self, request, user):
+        """``GET /api/users``."""
+        return [fmt.userDict(u) for _, u in sorted(self.broker.users.items())]
+
+    @app.route("/api/users/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def user(self, request, user, name):
+        """
+        ``GET``; ``PUT {"password" | "password_hash", "tags"}`` (tags a
+        list or a comma-separated string; 201 / 204; an existing user keeps
+        its password when neither is given); ``DELETE`` (204 / 404; its
+        permissions go too).
+        """
+        broker = self.broker
+        existing = broker.users.get(name)
+        if request.method == b"GET":
+            if existing is None:
+                raise notFound()
+            return fmt.userDict(existing)
+        if request.method == b"DELETE":
+            if existing is None:
+                raise notFound()
+            for key in [k for k in broker.permissions if k[0] == name]:
+                del broker.permissions[key]
+                broker.entityChanged("permission", None, key, deleted=True)
+            del broker.users[name]
+            broker.entityChanged("user", None, existing, deleted=True)
+            return Response(204)
+        body = self._body(request)
+        tags = body.get("tags", [])
+        if isinstance(tags, str):
+            tags = [t.strip() for t in tags.split(",") if t.strip()]
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise badRequest("tags must be a list or a comma-separated string")
+        password = body.get("password")
+        phash = body.get("password_hash")
+        if password is not None:
+            broker.addUser(name, str(password), tags, loopbackOnly=False)
+        elif phash is not None:
+            try:
+                raw = base64.b64decode(phash, validate=True)
+            except ValueError:
+                raise badRequest("invalid password_hash")
+            if phash and len(raw) != 36:
+                raise badRequest("invalid password_hash")
+            self._replaceUser(name, tags, raw)
+        elif existing is not None:
+            existing.tags = list(tags)
+            broker.entityChanged("user", None, existing)
+        else:
+            self._replaceUser(name, tags, b"")
+        return Response(204 if existing is not None else 201)
+
+    def _replaceUser(self, name, tags, rawHash):
+        """Install user ``name`` with a RabbitMQ ``password_hash`` (salt + SHA-256) or none."""
+        from otter_tx.broker.broker import User
+
+        u = User(name, None, tags)
+        if rawHash:
+            u.salt = base64.b64encode(rawHash[:4]).decode()
+            u.passwordHash = base64.b64encode(rawHash[4:]).decode()
+        self.broker.users[name] = u
+        self.broker.entityChanged("user", None, u)
+
+    def _permissionList(self):
+        return [
+            {"user": u, "vhost": v, "configure": p[0], "write": p[1], "read": p[2]}
+            for (u, v), p in sorted(self.broker.permissions.items())
+        ]
+
+    @app.route("/api/permissions", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def permissions(self, request, user):
+        """``GET /api/permissions``."""
+        return self._permissionList()
+
+    @app.route("/api/users/<name>/permissions", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def userPermissions(self, request, user, name):
+        """``GET /api/users/{name}/permissions``."""
+        if name not in self.broker.users:
+            raise notFound()
+        return [p for p in self._permissionList() if p["user"] == name]
+
+    @app.route("/api/permissions/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def permission(self, request, user, vhost, name):
+        """
+        ``GET``; ``PUT {"configure", "write", "read"}`` (201 / 204; 400
+        ``vhost_or_user_not_found``); ``DELETE`` (204 / 404).
+        """
+        key = (name, vhost)
+        perms = self.broker.permissions.get(key)
+        if request.method == b"GET":
+            if perms is None:
+                raise notFound()
+            return {"user": name, "vhost": vhost, "configure": perms[0], "write": perms[1], "read": perms[2]}
+        if request.method == b"DELETE":
+            if perms is None:
+                raise notFound()
+            del self.broker.permissions[key]
+            self.broker.entityChanged("permission", None, key, deleted=True)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "configure", "write", "read")
+        if vhost not in self.broker.vhosts or name not in self.broker.users:
+            raise badRequest("vhost_or_user_not_found")
+        self.broker.setPermissions(name, vhost, str(body["configure"]), str(body["write"]), str(body["read"]))
+        return Response(204 if perms is not None else 201)
+
+    # --- connections, channels, consumers --------------------------------------
+
+    def _visibleConnections(self, user):
+        conns = sorted(self.broker.connections, key=fmt.connectionName)
+        if self._seesAll(user):
+            return conns
+        return [c for c in conns if c.user is not None and c.user.name == user.name]
+
+    @app.route("/api/connections", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def connections(self, request, user):
+        """``GET /api/connections``."""
+        return [fmt.connectionDict(c) for c in self._visibleConnections(user)]
+
+    @app.route("/api/vhosts/<vhost>/connections", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def vhostConnections(self, request, user, vhost):
+        """``GET /api/vhosts/{vhost}/connections``."""
+        vh = self._vhost(user, vhost)
+        return [fmt.connectionDict(c) for c in self._visibleConnections(user) if c.vhost is vh]
+
+    def _connection(self, user, name):
+        for c in self._visibleConnections(user):
+            if fmt.connectionName(c) == name:
+                return c
+        raise notFound()
+
+    @app.route("/api/connections/<name>", methods=["GET", "DELETE", "OPTIONS"])
+    @endpoint()
+    def connection(self, request, user, name):
+        """
+        ``GET`` one connection; ``DELETE`` closes it with 320
+        ``CONNECTION_FORCED - <X-Reason header or "Closed via management
+        plugin">`` (204).
+        """
+        conn = self._connection(user, name)
+        if request.method == b"GET":
+            return fmt.connectionDict(conn)
+        reason = request.getHeader(b"x-reason")
+        reason = reason.decode("utf-8", "replace") if reason else "Closed via management plugin"
+        conn.forceClose(320, "CONNECTION_FORCED - " + reason)
+        return Response(204)
+
+    @app.route("/api/connections/<name>/channels", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def connectionChannels(self, request, user, name):
+        """``GET /api/connections/{name}/channels``."""
+        conn = self._connection(user, name)
+        return [fmt.channelDict(ch) for _, ch in sorted(conn.channels.items())]
+
+    @app.route("/api/channels", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def channels(self, request, user):
+        """``GET /api/channels``."""
+        return [
+            fmt.channelDict(ch)
+            for c in self._visibleConnections(user)
+            for _, ch in sorted(c.channels.items())
+        ]
+
+    def _consumers(self, vhosts):
+        return [fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers]
+
+    @app.route("/api/consumers", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def consumers(self, request, user):
+        """``GET /api/consumers``."""
+        return self._consumers(self._visibleVHosts(user))
+
+    @app.route("/api/consumers/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def consumersVHost(self, request, user, vhost):
+        """``GET /api/consumers/{vhost}``."""
+        return self._consumers([self._vhost(user, vhost)])
+
+    # --- health, definitions ---------------------------------------------------
+
+    @app.route("/api/healthchecks/node", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthcheck(self, request, user):
+        """``GET /api/healthchecks/node``: ``{"status":"ok"}``, or 503 failed during a memory alarm."""
+        return self._health()
+
+    def _health(self):
+        if self.broker.alarmed:
+            return Response(503, {"status": "failed", "reason": "resource alarm(s) in effect: memory"})
+        return {"status": "ok"}
+
+    @app.route("/api/health/checks/alarms", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthAlarms(self, request, user):
+        """``GET /api/health/checks/alarms``."""
+        return self._health()
+
+    @app.route("/api/aliveness-test/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def aliveness(self, request, user, vhost):
+        """
+        ``GET /api/aliveness-test/{vhost}``: declares queue
+        ``aliveness-test``, publishes ``test_message`` to it and gets it
+        back, as RabbitMQ 3.10 does; ``{"status":"ok"}``.
+        """
+        vh = self._vhost(user, vhost, write=True)
+        q = vh.declareQueue("aliveness-test", None)
+        routed, _ = vh.publish(vh.exchanges[""], Message("", "aliveness-test", b"\x00\x00", b"test_message", {}))
+        entry = q.basicGet(False)
+        if entry is not None:
+            q.settle(entry)
+        if not routed or entry is None:
+            return Response(503, {"status": "failed", "reason": "aliveness test failed"})
+        return {"status": "ok"}
+
+    @app.route("/api/definitions", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def definitions(self, request, user):
+        """
+        ``GET /api/definitions``: the export (section 8.4): non-exclusive
+        queues, exchanges except ``""`` and ``amq.*``, bindings whose source
+        is not ``""`` and whose destination queue is exported.
+        """
+        b = self.broker
+        out = {
+            "rabbit_version": RABBITMQ_COMPAT_VERSION,
+            "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+            "product_name": "otter_tx",
+            "product_version": __version__,
+            "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
+            "vhosts": [{"name": n} for n in sorted(b.vhosts)],
+            "permissions": self._permissionList(),
+            "topic_permissions": [],
+            "parameters": [],
+            "global_parameters": [],
+            "policies": [],
+            "queues": [],
+            "exchanges": [],
+            "bindings": [],
+        }
+        for vname, vh in sorted(b.vhosts.items()):
+            out["policies"].extend(p.asDict() for p in sorted(vh.policies.values(), key=lambda p: p.name))
+            exported = set()
+            for qname, q in sorted(vh.queues.items()):
+                if q.exclusive:
+                    continue
+                exported.add(qname)
+                out["queues"].append({
+                    "name": qname, "vhost": vname, "durable": q.durable,
+                    "auto_delete": q.autoDelete, "arguments": fmt.jsonable(q.arguments),
+                })
+            for xname, ex in sorted(vh.exchanges.items()):
+                if xname == "" or xname.startswith("amq."):
+                    continue
+                out["exchanges"].append({
+                    "name": xname, "vhost": vname, "type": ex.type, "durable": ex.durable,
+                    "auto_delete": ex.autoDelete, "internal": ex.internal,
+                    "arguments": fmt.jsonable(ex.arguments),
+                })
+            for bd in fmt.vhostBindings(vh, includeDefault=False):
+                if bd["destination_type"] == "queue" and bd["destination"] not in exported:
+                    continue
+                bd = dict(bd)
+                del bd["properties_key"]
+                out["bindings"].append(bd)
+        download = _query(request, "download")
+        if download:
+            request.setHeader(
+                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
+            )
+        return out
+
+    # --- Prometheus and the HTML page --------------------------------------------
+
+    @app.route("/metrics", methods=["GET"])
+    @endpoint(_NONE)
+    def metrics(self, request, user):
+        """
+        ``GET /metrics``: Prometheus text format (version 0.0.4) with
+        rabbitmq_prometheus names; unauthenticated like RabbitMQ's port
+        15692.  See :mod:`otter_tx.web.metrics`.
+        """
+        from otter_tx.web.metrics import renderMetrics
+
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        perObject = _queryFlag(request, "per_object")
+        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, perObject).encode("utf-8")
+
+    @app.route("/metrics/per-object", methods=["GET"])
+    @endpoint(_NONE)
+    def metricsPerObject(self, request, user):
+        """``GET /metrics/per-object``: the queue and connection metrics with labels."""
+        from otter_tx.web.metrics import renderMetrics
+
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, True).encode("utf-8")
+
+    @app.route("/", methods=["GET"])
+    @endpoint()
+    def index(self, request, user):
+        """``GET /``: a small HTML admin page (no JavaScript)."""
+        from otter_tx.web.ui import renderIndex
+
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return renderIndex(self.broker, self._visibleVHosts(user)).encode("utf-8")
