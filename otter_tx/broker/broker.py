@@ -89,6 +89,8 @@ class Broker:
             for conn in list(self.connections):
                 if conn.vhost is vh:
                     conn.forceClose(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
+            for key in [k for k in self.permissions if k[1] == name]:
+                self.clearPermissions(*key)
             self.entityChanged("vhost", vh, vh, deleted=True)
 
     def addUser(self, name, password, tags=(), loopbackOnly=False):
@@ -96,6 +98,30 @@ class Broker:
         u = self.users[name] = User(name, password, tags, loopbackOnly)
         self.entityChanged("user", None, u)
         return u
+
+    def deleteUser(self, name):
+        """Delete user ``name`` and its permissions (no error if missing)."""
+        u = self.users.pop(name, None)
+        for key in [k for k in self.permissions if k[0] == name]:
+            self.clearPermissions(*key)
+        if u is not None:
+            self.entityChanged("user", None, u, deleted=True)
+
+    def setUserTags(self, name, tags):
+        """Replace the tags (list of str) of user ``name``."""
+        u = self.users[name]
+        u.tags = list(tags)
+        self.entityChanged("user", None, u)
+
+    def putUser(self, user):
+        """Install a prepared :class:`User` (for example with an imported password hash)."""
+        self.users[user.name] = user
+        self.entityChanged("user", None, user)
+
+    def clearPermissions(self, user, vhost):
+        """Remove ``user``'s permissions on ``vhost`` (no error if none)."""
+        if self.permissions.pop((user, vhost), None) is not None:
+            self.entityChanged("permission", None, (user, vhost), deleted=True)
 
     def setPermissions(self, user, vhost, configure=".*", write=".*", read=".*"):
         """Grant ``user`` access to ``vhost`` (regex permissions are stored, not enforced per resource)."""

@@ -868,7 +868,8 @@ class ManagementApp:
             raise badRequest("routing_key must be a string and arguments an object")
         src, dst = self._bindingEnds(vh, source, dtype, dest)
         vh.bind(src, dst, key, args)
-        location = "%s/%s" % (quote(dest, safe=""), fmt.propertiesKey(key, args))
+        # the Location segment is the properties_key percent-encoded once more, as RabbitMQ sends it
+        location = "%s/%s" % (quote(dest, safe=""), quote(fmt.propertiesKey(key, args), safe="~"))
         return Response(201, headers=[(b"location", location.encode("utf-8"))])
 
     @app.route("/api/bindings/<vhost>/e/<source>/<any(q,e):dtype>/<dest>/<props>",
@@ -976,8 +977,9 @@ class ManagementApp:
     @endpoint()
     def vhost(self, request, user, vhost):
         """
-        ``GET``; ``PUT`` (administrator; 201 / 204; the body's description
-        and tags are not stored); ``DELETE`` (administrator; 204 / 404;
+        ``GET``; ``PUT`` (administrator; 201 / 204; the creating user gets
+        full permissions on a new vhost, as in RabbitMQ; the body's
+        description and tags are not stored); ``DELETE`` (administrator; 204 / 404;
         closes its connections).
         """
         if request.method == b"GET":
@@ -988,13 +990,13 @@ class ManagementApp:
             self._body(request)
             existed = vhost in self.broker.vhosts
             self.broker.addVHost(vhost)
+            if not existed:
+                # RabbitMQ grants the creating user full permissions on a new vhost
+                self.broker.setPermissions(user.name, vhost)
             return Response(204 if existed else 201)
         if vhost not in self.broker.vhosts:
             raise notFound()
         self.broker.deleteVHost(vhost)
-        for key in [k for k in self.broker.permissions if k[1] == vhost]:
-            del self.broker.permissions[key]
-            self.broker.entityChanged("permission", None, key, deleted=True)
         return Response(204)
 
     @app.route("/api/vhosts/<vhost>/permissions", methods=["GET", "OPTIONS"])
@@ -1034,11 +1036,7 @@ class ManagementApp:
         if request.method == b"DELETE":
             if existing is None:
                 raise notFound()
-            for key in [k for k in broker.permissions if k[0] == name]:
-                del broker.permissions[key]
-                broker.entityChanged("permission", None, key, deleted=True)
-            del broker.users[name]
-            broker.entityChanged("user", None, existing, deleted=True)
+            broker.deleteUser(name)
             return Response(204)
         body = self._body(request)
         tags = body.get("tags", [])
@@ -1059,8 +1057,7 @@ class ManagementApp:
                 raise badRequest("invalid password_hash")
             self._replaceUser(name, tags, raw)
         elif existing is not None:
-            existing.tags = list(tags)
-            broker.entityChanged("user", None, existing)
+            broker.setUserTags(name, tags)
         else:
             self._replaceUser(name, tags, b"")
         return Response(204 if existing is not None else 201)
@@ -1073,8 +1070,7 @@ class ManagementApp:
         if rawHash:
             u.salt = base64.b64encode(rawHash[:4]).decode()
             u.passwordHash = base64.b64encode(rawHash[4:]).decode()
-        self.broker.users[name] = u
-        self.broker.entityChanged("user", None, u)
+        self.broker.putUser(u)
 
     def _permissionList(self):
         return [
@@ -1112,8 +1108,7 @@ class ManagementApp:
         if request.method == b"DELETE":
             if perms is None:
                 raise notFound()
-            del self.broker.permissions[key]
-            self.broker.entityChanged("permission", None, key, deleted=True)
+            self.broker.clearPermissions(name, vhost)
             return Response(204)
         body = self._body(request)
         self._require(body, "configure", "write", "read")

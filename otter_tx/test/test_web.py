@@ -1,0 +1,729 @@
+"""
+Unit tests for the management HTTP app (otter_tx.web): treq's StubTreq drives
+the Klein resource in memory over a Broker on a task.Clock.  Expected shapes,
+status codes and texts were taken from RabbitMQ 3.10.8's management API
+(../shared/reference/rabbitmq-semantics.md section 8, and curl probes of the
+reference peer).
+"""
+
+import base64
+import json
+
+from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.amqp import spec
+from otter_tx.broker.broker import Broker
+from otter_tx.protocol import AMQPServerFactory
+from otter_tx.testing import FakeClient
+from otter_tx.web.management import ManagementApp
+
+BASE = "http://localhost:15672"
+GUEST = ("guest", "guest")
+
+
+class _Reply:
+    def __init__(self, code, headers, body):
+        self.code = code
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def header(self, name):
+        v = self.headers.getRawHeaders(name)
+        return (v[0].decode() if isinstance(v[0], bytes) else v[0]) if v else None
+
+
+class WebTestCase(SynchronousTestCase):
+    """A broker, a clock, the app and an in-memory HTTP client."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.vh = self.broker.vhosts["/"]
+        self.mgmt = ManagementApp(self.broker, self.clock)
+        self.http = StubTreq(self.mgmt.app.resource())
+
+    def request(self, method, path, body=None, auth=GUEST, headers=None, raw=None):
+        kw = {}
+        if auth is not None:
+            kw["auth"] = auth
+        if body is not None:
+            kw["json"] = body
+        if raw is not None:
+            kw["data"] = raw
+        if headers:
+            kw["headers"] = headers
+        d = self.http.request(method, BASE + path, **kw)
+        self.http.flush()
+        resp = self.successResultOf(d)
+        d2 = resp.content()
+        self.http.flush()
+        return _Reply(resp.code, resp.headers, self.successResultOf(d2).decode("utf-8"))
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def put(self, path, body=None, **kw):
+        return self.request("PUT", path, body=body if body is not None else {}, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body=body if body is not None else {}, **kw)
+
+    def delete(self, path, **kw):
+        return self.request("DELETE", path, **kw)
+
+    def assertError(self, reply, code, error, reason):
+        self.assertEqual((reply.code, reply.json()), (code, {"error": error, "reason": reason}))
+
+    def publish(self, queue, body=b"x", props=None):
+        from otter_tx.amqp.codec import encodeProperties
+        from otter_tx.broker.message import Message
+
+        props = props or {}
+        m = Message("", queue, encodeProperties(props), body, props)
+        return self.vh.publish(self.vh.exchanges[""], m)
+
+
+class AuthTests(WebTestCase):
+    """HTTP Basic authentication and tag checks."""
+
+    def test_noCredentials(self):
+        """A request without credentials gets 401 with an empty body and a Basic challenge."""
+        r = self.get("/api/overview", auth=None)
+        self.assertEqual((r.code, r.body), (401, ""))
+        self.assertEqual(r.header("www-authenticate"), 'Basic realm="RabbitMQ Management"')
+
+    def test_wrongPassword(self):
+        """A wrong password gets 401 not_authorized / Login failed."""
+        self.assertError(self.get("/api/overview", auth=("guest", "nope")), 401, "not_authorized", "Login failed")
+
+    def test_unknownUser(self):
+        """An unknown user gets 401 not_authorized / Login failed."""
+        self.assertError(self.get("/api/queues", auth=("who", "x")), 401, "not_authorized", "Login failed")
+
+    def test_notManagementUser(self):
+        """A user without a management tag gets 401 Not management user."""
+        self.broker.addUser("plain", "pw", [])
+        self.assertError(self.get("/api/overview", auth=("plain", "pw")), 401, "not_authorised",
+                         "Not management user")
+
+    def test_notAdministrator(self):
+        """A management user gets 401 Not administrator user on /api/users."""
+        self.broker.addUser("mon", "pw", ["management"])
+        self.assertError(self.get("/api/users", auth=("mon", "pw")), 401, "not_authorised",
+                         "Not administrator user")
+
+    def test_vhostAccess(self):
+        """A management user without permissions on a vhost gets 401 on its queues."""
+        self.broker.addUser("mon", "pw", ["management"])
+        self.assertError(self.get("/api/queues/%2F", auth=("mon", "pw")), 401, "not_authorised",
+                         "User not authorised to access virtual host")
+
+    def test_managementUserListsOwnVHosts(self):
+        """A management user with permissions sees that vhost's queues."""
+        self.broker.addUser("mon", "pw", ["management"])
+        self.broker.setPermissions("mon", "/")
+        self.put("/api/queues/%2F/q1")
+        r = self.get("/api/queues", auth=("mon", "pw"))
+        self.assertEqual([q["name"] for q in r.json()], ["q1"])
+
+    def test_managementUserCannotSetPolicy(self):
+        """A management user (not policymaker) may not create policies."""
+        self.broker.addUser("mon", "pw", ["management"])
+        self.broker.setPermissions("mon", "/")
+        r = self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {"message-ttl": 1}}, auth=("mon", "pw"))
+        self.assertError(r, 401, "not_authorised", "User not authorised to access object")
+
+    def test_whoami(self):
+        """whoami returns the user's name and tags list."""
+        self.assertEqual(self.get("/api/whoami").json(), {"name": "guest", "tags": ["administrator"]})
+
+
+class RoutingTests(WebTestCase):
+    """Generic HTTP behaviour: unknown paths, methods, HEAD, list parameters."""
+
+    def test_unknownPath(self):
+        """An unknown path is 404 Object Not Found."""
+        self.assertError(self.get("/api/nothing"), 404, "Object Not Found", "Not Found")
+
+    def test_methodNotAllowed(self):
+        """An unsupported method is 405 with an allow header and no body."""
+        r = self.post("/api/policies/%2F/p")
+        self.assertEqual((r.code, r.body), (405, ""))
+        self.assertIn("PUT", r.header("allow"))
+
+    def test_head(self):
+        """HEAD on a GET endpoint answers 200 without a body."""
+        r = self.request("HEAD", "/api/queues")
+        self.assertEqual((r.code, r.body), (200, ""))
+
+    def test_emptySortAccepted(self):
+        """An empty sort= parameter is accepted."""
+        self.assertEqual(self.get("/api/queues?sort=").code, 200)
+
+    def test_columnsAndSort(self):
+        """columns selects fields and sort/sort_reverse orders the list."""
+        for n in ("b", "a", "c"):
+            self.put("/api/queues/%2F/" + n)
+        r = self.get("/api/queues?columns=name,vhost&sort=name&sort_reverse=true")
+        self.assertEqual(r.json(), [{"name": n, "vhost": "/"} for n in ("c", "b", "a")])
+
+    def test_pagination(self):
+        """page/page_size wrap the list; name filters only with page."""
+        for n in ("q1", "q2", "x3"):
+            self.put("/api/queues/%2F/" + n)
+        r = self.get("/api/queues?page=1&page_size=1&name=q&columns=name")
+        self.assertEqual(r.json(), {"filtered_count": 2, "item_count": 1, "items": [{"name": "q1"}],
+                                    "page": 1, "page_count": 2, "page_size": 1, "total_count": 3})
+
+    def test_badPagination(self):
+        """page_size over 500 is 400 invalid_pagination_parameters."""
+        self.assertError(self.get("/api/queues?page=1&page_size=501"), 400, "invalid_pagination_parameters",
+                         "Invalid pagination parameters: page number 1, page size 501")
+
+    def test_badJson(self):
+        """A body that is not JSON is 400 not_json."""
+        r = self.request("PUT", "/api/policies/%2F/p", raw=b"{bad", headers={"content-type": ["application/json"]})
+        self.assertError(r, 400, "bad_request", "not_json")
+
+
+class PolicyTests(WebTestCase):
+    """/api/policies."""
+
+    def test_createUpdateDelete(self):
+        """PUT creates (201), PUT again updates (204), DELETE removes (204), then 404."""
+        body = {"pattern": "^ttl\\.", "definition": {"message-ttl": 5000}, "priority": 1, "apply-to": "queues"}
+        self.assertEqual(self.put("/api/policies/%2F/p1", body).code, 201)
+        self.assertEqual(self.put("/api/policies/%2F/p1", body).code, 204)
+        self.assertEqual(self.get("/api/policies/%2F/p1").json(), {
+            "vhost": "/", "name": "p1", "pattern": "^ttl\\.", "apply-to": "queues",
+            "definition": {"message-ttl": 5000}, "priority": 1})
+        self.assertEqual(self.delete("/api/policies/%2F/p1").code, 204)
+        self.assertError(self.delete("/api/policies/%2F/p1"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.get("/api/policies/%2F/p1"), 404, "Object Not Found", "Not Found")
+
+    def test_lists(self):
+        """/api/policies and /api/policies/{vhost} list policies."""
+        self.put("/api/policies/%2F/p1", {"pattern": "x", "definition": {"expires": 100}})
+        expected = [{"vhost": "/", "name": "p1", "pattern": "x", "apply-to": "all",
+                     "definition": {"expires": 100}, "priority": 0}]
+        self.assertEqual(self.get("/api/policies").json(), expected)
+        self.assertEqual(self.get("/api/policies/%2F").json(), expected)
+
+    def test_appliesToQueue(self):
+        """A policy set over HTTP becomes the queue's effective policy."""
+        self.put("/api/queues/%2F/dl.q")
+        self.put("/api/policies/%2F/dl", {"pattern": "^dl\\.", "definition": {
+            "dead-letter-exchange": "dlx", "max-length": 3}})
+        q = self.get("/api/queues/%2F/dl.q").json()
+        self.assertEqual((q["policy"], q["effective_policy_definition"]),
+                         ("dl", {"dead-letter-exchange": "dlx", "max-length": 3}))
+        self.assertEqual(self.vh.queues["dl.q"].settings.maxLength, 3)
+
+    def test_invalidMessageTtl(self):
+        """A negative message-ttl is 400 Validation failed with RabbitMQ's text."""
+        r = self.put("/api/policies/%2F/p", {"pattern": ".*", "definition": {"message-ttl": -5}})
+        self.assertError(r, 400, "bad_request", "Validation failed\n\n-5 is not a valid message TTL\n")
+
+    def test_invalidExpires(self):
+        """expires 0 is 400 with 'is not a valid queue expiry'."""
+        r = self.put("/api/policies/%2F/p", {"pattern": ".*", "definition": {"expires": 0}})
+        self.assertError(r, 400, "bad_request", "Validation failed\n\n0 is not a valid queue expiry\n")
+
+    def test_unknownKeyEscaped(self):
+        """An unknown key is rejected with the HTML-escaped Erlang term, as 3.10 does."""
+        r = self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {"x-message-ttl": 5}})
+        self.assertError(r, 400, "bad_request", 'Validation failed\n\n[{&lt;&lt;"x-message-ttl"&gt;&gt;,5}] '
+                                                "are not recognised policy settings\n")
+
+    def test_emptyDefinition(self):
+        """An empty definition is 400 'no policy provided'."""
+        r = self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {}})
+        self.assertError(r, 400, "bad_request", "Validation failed\n\nno policy provided\n")
+
+    def test_missingPattern(self):
+        """A body without pattern is 400 [{key_missing,pattern}]."""
+        r = self.put("/api/policies/%2F/p", {"definition": {"message-ttl": 5}})
+        self.assertError(r, 400, "bad_request", "[{key_missing,pattern}]")
+
+    def test_badApplyTo(self):
+        """An unknown apply-to is 400 with RabbitMQ's text."""
+        r = self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {"message-ttl": 5}, "apply-to": "foo"})
+        self.assertError(r, 400, "bad_request", "Validation failed\n\napply-to 'foo' unrecognised; "
+                                                "should be 'queues', 'exchanges' or 'all'\n")
+
+    def test_badPriority(self):
+        """A string priority is 400 'priority should be a number'."""
+        r = self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {"message-ttl": 5}, "priority": "3"})
+        self.assertError(r, 400, "bad_request",
+                         'Validation failed\n\npriority should be a number, actually was &lt;&lt;"3"&gt;&gt;\n')
+
+    def test_unknownVHost(self):
+        """PUT in a missing vhost is 404 not_found / vhost_not_found."""
+        r = self.put("/api/policies/nope/p", {"pattern": "x", "definition": {"message-ttl": 5}})
+        self.assertError(r, 404, "not_found", "vhost_not_found")
+
+
+class QueueTests(WebTestCase):
+    """/api/queues."""
+
+    def test_declareAndShape(self):
+        """PUT declares (201, then 204) and GET shows RabbitMQ's fields."""
+        body = {"durable": True, "auto_delete": False, "arguments": {"x-message-ttl": 60000}}
+        self.assertEqual(self.put("/api/queues/%2F/q1", body).code, 201)
+        self.assertEqual(self.put("/api/queues/%2F/q1", body).code, 204)
+        self.publish("q1", b"hello")
+        q = self.get("/api/queues/%2F/q1").json()
+        sub = {k: q[k] for k in ("name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "messages",
+                                 "messages_ready", "messages_unacknowledged", "message_bytes",
+                                 "message_bytes_ready", "consumers", "policy", "effective_policy_definition",
+                                 "state", "type", "single_active_consumer_tag", "consumer_details")}
+        self.assertEqual(sub, {
+            "name": "q1", "vhost": "/", "durable": True, "auto_delete": False, "exclusive": False,
+            "arguments": {"x-message-ttl": 60000}, "messages": 1, "messages_ready": 1,
+            "messages_unacknowledged": 0, "message_bytes": 5, "message_bytes_ready": 5, "consumers": 0,
+            "policy": None, "effective_policy_definition": {}, "state": "running", "type": "classic",
+            "single_active_consumer_tag": None, "consumer_details": []})
+
+    def test_nameWithSlash(self):
+        """Percent-encoded names (a slash, a percent sign, a space) round-trip."""
+        self.assertEqual(self.put("/api/queues/%2F/a%2Fb%25c%20d").code, 201)
+        self.assertIn("a/b%c d", self.vh.queues)
+        self.assertEqual(self.get("/api/queues/%2F/a%2Fb%25c%20d").json()["name"], "a/b%c d")
+
+    def test_inequivalent(self):
+        """PUT with different arguments is 400 with the AMQP text minus its prefix."""
+        self.put("/api/queues/%2F/q1", {"arguments": {"x-message-ttl": 60000}})
+        r = self.put("/api/queues/%2F/q1", {"arguments": {"x-message-ttl": 1000}})
+        self.assertError(r, 400, "bad_request", "inequivalent arg 'x-message-ttl' for queue 'q1' in vhost '/': "
+                                                "received '1000' but current is '60000'")
+
+    def test_inequivalentDurable(self):
+        """PUT with a different durable flag is 400 inequivalent arg 'durable'."""
+        self.put("/api/queues/%2F/q1")
+        r = self.put("/api/queues/%2F/q1", {"durable": True})
+        self.assertError(r, 400, "bad_request", "inequivalent arg 'durable' for queue 'q1' in vhost '/': "
+                                                "received 'true' but current is 'false'")
+
+    def test_invalidArgument(self):
+        """An invalid argument is 400 invalid arg ... {value_negative,-1}."""
+        r = self.put("/api/queues/%2F/q3", {"arguments": {"x-message-ttl": -1}})
+        self.assertError(r, 400, "bad_request", "invalid arg 'x-message-ttl' for queue 'q3' in vhost '/': "
+                                                "{value_negative,-1}")
+
+    def test_reservedName(self):
+        """An amq. queue name is 401 Access refused."""
+        self.assertError(self.put("/api/queues/%2F/amq.foo"), 401, "not_authorised", "Access refused.")
+
+    def test_missing(self):
+        """GET and DELETE of a missing queue are 404."""
+        self.assertError(self.get("/api/queues/%2F/nope"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.delete("/api/queues/%2F/nope"), 404, "Object Not Found", "Not Found")
+
+    def test_missingVHost(self):
+        """Listing the queues of a missing vhost is 404."""
+        self.assertError(self.get("/api/queues/nosuch"), 404, "Object Not Found", "Not Found")
+
+    def test_deleteIfEmpty(self):
+        """DELETE ?if-empty=true on a queue with messages is 400 ... not empty; plain DELETE is 204."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1")
+        self.assertError(self.delete("/api/queues/%2F/q1?if-empty=true"), 400, "bad_request",
+                         "queue 'q1' in vhost '/' not empty")
+        self.assertEqual(self.delete("/api/queues/%2F/q1").code, 204)
+        self.assertNotIn("q1", self.vh.queues)
+
+    def test_purge(self):
+        """DELETE .../contents purges (204)."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1")
+        self.publish("q1")
+        self.assertEqual(self.delete("/api/queues/%2F/q1/contents").code, 204)
+        self.assertEqual(self.vh.queues["q1"].readyCount, 0)
+
+    def test_getRequeue(self):
+        """get with ack_requeue_true returns the messages and leaves them, redelivered, in the queue."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1", b"hello")
+        self.publish("q1", b"hi", {"content_type": "text/plain", "headers": {"a": 1}, "delivery_mode": 2})
+        body = {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 50000}
+        r = self.post("/api/queues/%2F/q1/get", body)
+        self.assertEqual(r.json(), [
+            {"payload_bytes": 5, "redelivered": False, "exchange": "", "routing_key": "q1", "message_count": 1,
+             "properties": [], "payload": "hello", "payload_encoding": "string"},
+            {"payload_bytes": 2, "redelivered": False, "exchange": "", "routing_key": "q1", "message_count": 0,
+             "properties": {"content_type": "text/plain", "headers": {"a": 1}, "delivery_mode": 2},
+             "payload": "hi", "payload_encoding": "string"}])
+        r = self.post("/api/queues/%2F/q1/get", dict(body, count=1, truncate=3))
+        self.assertEqual((r.json()[0]["redelivered"], r.json()[0]["payload"]), (True, "hel"))
+        self.assertEqual(self.vh.queues["q1"].readyCount, 2)
+
+    def test_getAckRemoves(self):
+        """get with ack_requeue_false removes the message."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1")
+        self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        self.assertEqual((self.vh.queues["q1"].readyCount, self.vh.queues["q1"].unackedCount), (0, 0))
+
+    def test_getRejectDeadLetters(self):
+        """get with reject_requeue_false dead-letters with reason rejected."""
+        self.put("/api/queues/%2F/dlq")
+        self.put("/api/queues/%2F/q1", {"arguments": {"x-dead-letter-exchange": "",
+                                                      "x-dead-letter-routing-key": "dlq"}})
+        self.publish("q1")
+        self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "reject_requeue_false", "encoding": "auto"})
+        self.assertEqual((self.vh.queues["q1"].readyCount, self.vh.queues["dlq"].readyCount), (0, 1))
+        self.assertEqual(self.vh.deadLettered["rejected"], 1)
+
+    def test_getBase64(self):
+        """encoding base64 and binary payloads under auto come back base64-encoded."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1", b"\xff")
+        r = self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+        self.assertEqual((r.json()[0]["payload"], r.json()[0]["payload_encoding"]), ("/w==", "base64"))
+
+    def test_getBadEncoding(self):
+        """An unknown encoding is 400 with RabbitMQ's text."""
+        self.put("/api/queues/%2F/q1")
+        r = self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "zz"})
+        self.assertError(r, 400, "bad_request", "Unsupported encoding. Please use auto or base64.")
+
+    def test_getMissingEncoding(self):
+        """A get body without encoding is 400 [{key_missing,encoding}]."""
+        self.put("/api/queues/%2F/q1")
+        r = self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "ack_requeue_true"})
+        self.assertError(r, 400, "bad_request", "[{key_missing,encoding}]")
+
+    def test_getBadAckmode(self):
+        """An unknown ackmode is 400 (RabbitMQ 3.10 answers 500)."""
+        self.put("/api/queues/%2F/q1")
+        r = self.post("/api/queues/%2F/q1/get", {"count": 1, "ackmode": "bogus", "encoding": "auto"})
+        self.assertEqual(r.code, 400)
+
+    def test_getMissingQueue(self):
+        """get from a missing queue is 404 not_found with the AMQP text."""
+        r = self.post("/api/queues/%2F/nope/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+        self.assertError(r, 404, "not_found", "NOT_FOUND - no queue 'nope' in vhost '/'")
+
+    def test_queueBindings(self):
+        """A queue's bindings start with the implicit default-exchange binding."""
+        self.put("/api/queues/%2F/q1")
+        self.assertEqual(self.get("/api/queues/%2F/q1/bindings").json(), [
+            {"source": "", "vhost": "/", "destination": "q1", "destination_type": "queue",
+             "routing_key": "q1", "arguments": {}, "properties_key": "q1"}])
+
+
+class ExchangeTests(WebTestCase):
+    """/api/exchanges and publishing."""
+
+    def test_declareAndShape(self):
+        """PUT declares (201, 204) and GET shows name, type, flags, arguments."""
+        self.assertEqual(self.put("/api/exchanges/%2F/x1", {"type": "topic"}).code, 201)
+        self.assertEqual(self.put("/api/exchanges/%2F/x1", {"type": "topic"}).code, 204)
+        x = self.get("/api/exchanges/%2F/x1").json()
+        self.assertEqual({k: x[k] for k in ("name", "vhost", "type", "durable", "auto_delete", "internal",
+                                            "arguments")},
+                         {"name": "x1", "vhost": "/", "type": "topic", "durable": False, "auto_delete": False,
+                          "internal": False, "arguments": {}})
+
+    def test_defaultTypeDirect(self):
+        """PUT without a type declares a direct exchange."""
+        self.put("/api/exchanges/%2F/x1")
+        self.assertEqual(self.vh.exchanges["x1"].type, "direct")
+
+    def test_inequivalentType(self):
+        """Redeclaring with another type is 400 inequivalent arg 'type'."""
+        self.put("/api/exchanges/%2F/x1", {"type": "topic"})
+        self.assertError(self.put("/api/exchanges/%2F/x1", {"type": "direct"}), 400, "bad_request",
+                         "inequivalent arg 'type' for exchange 'x1' in vhost '/': received 'direct' but current "
+                         "is 'topic'")
+
+    def test_unknownType(self):
+        """An unknown type is 400 invalid exchange type."""
+        self.assertError(self.put("/api/exchanges/%2F/x2", {"type": "bogus"}), 400, "bad_request",
+                         "invalid exchange type 'bogus'")
+
+    def test_reserved(self):
+        """Declaring amq.* or deleting amq.direct is 401 Access refused."""
+        self.assertError(self.put("/api/exchanges/%2F/amq.foo", {"type": "direct"}), 401, "not_authorised",
+                         "Access refused.")
+        self.assertError(self.delete("/api/exchanges/%2F/amq.direct"), 401, "not_authorised", "Access refused.")
+
+    def test_list(self):
+        """The list has the default exchange named "" and the amq.* exchanges."""
+        names = [x["name"] for x in self.get("/api/exchanges/%2F").json()]
+        self.assertEqual(names, ["", "amq.direct", "amq.fanout", "amq.headers", "amq.match", "amq.topic"])
+
+    def test_delayed(self):
+        """An x-delayed-message exchange reports messages_delayed."""
+        self.put("/api/exchanges/%2F/dx", {"type": "x-delayed-message", "arguments": {"x-delayed-type": "direct"}})
+        self.post("/api/exchanges/%2F/dx/publish", {"properties": {"headers": {"x-delay": 5000}},
+                                                    "routing_key": "k", "payload": "p",
+                                                    "payload_encoding": "string"})
+        x = self.get("/api/exchanges/%2F/dx").json()
+        self.assertEqual((x["type"], x["messages_delayed"]), ("x-delayed-message", 1))
+
+    def test_deleteIfUnused(self):
+        """DELETE ?if-unused=true of a bound exchange is 400 in use; DELETE is 204 then 404."""
+        self.put("/api/exchanges/%2F/x1")
+        self.put("/api/queues/%2F/q1")
+        self.post("/api/bindings/%2F/e/x1/q/q1", {"routing_key": "k"})
+        self.assertError(self.delete("/api/exchanges/%2F/x1?if-unused=true"), 400, "bad_request",
+                         "exchange 'x1' in vhost '/' in use")
+        self.assertEqual(self.delete("/api/exchanges/%2F/x1").code, 204)
+        self.assertError(self.delete("/api/exchanges/%2F/x1"), 404, "Object Not Found", "Not Found")
+
+    def test_publish(self):
+        """publish to amq.default routes by queue name and reports routed."""
+        self.put("/api/queues/%2F/q1")
+        body = {"properties": {"priority": 3, "timestamp": 1700000000}, "routing_key": "q1", "payload": "aGk=",
+                "payload_encoding": "base64"}
+        self.assertEqual(self.post("/api/exchanges/%2F/amq.default/publish", body).json(), {"routed": True})
+        self.assertEqual(self.post("/api/exchanges/%2F/amq.default/publish", dict(body, routing_key="no")).json(),
+                         {"routed": False})
+        entry = self.vh.queues["q1"].basicGet(True)
+        self.assertEqual((entry.message.body, entry.message.props["priority"], entry.message.props["timestamp"]),
+                         (b"hi", 3, 1700000000))
+
+    def test_publishBadExpiration(self):
+        """An invalid expiration is 400 with the AMQP code and text."""
+        body = {"properties": {"expiration": "abc"}, "routing_key": "q", "payload": "x",
+                "payload_encoding": "string"}
+        self.assertError(self.post("/api/exchanges/%2F/amq.default/publish", body), 400, "bad_request",
+                         "406 PRECONDITION_FAILED - invalid expiration 'abc': no_integer")
+
+    def test_publishMissingExchange(self):
+        """Publishing to a missing exchange is 400 with 404 NOT_FOUND text."""
+        body = {"properties": {}, "routing_key": "q", "payload": "x", "payload_encoding": "string"}
+        self.assertError(self.post("/api/exchanges/%2F/nosuchx/publish", body), 400, "bad_request",
+                         "404 NOT_FOUND - no exchange 'nosuchx' in vhost '/'")
+
+    def test_publishMissingKey(self):
+        """A publish body without payload_encoding is 400 [{key_missing,payload_encoding}]."""
+        body = {"properties": {}, "routing_key": "q", "payload": "x"}
+        self.assertError(self.post("/api/exchanges/%2F/amq.direct/publish", body), 400, "bad_request",
+                         "[{key_missing,payload_encoding}]")
+
+    def test_publishBadBase64(self):
+        """Invalid base64 is 400 with reason ["not_base64", payload]."""
+        body = {"properties": {}, "routing_key": "q", "payload": "!!", "payload_encoding": "base64"}
+        self.assertError(self.post("/api/exchanges/%2F/amq.direct/publish", body), 400, "bad_request",
+                         ["not_base64", "!!"])
+
+
+class BindingTests(WebTestCase):
+    """/api/bindings."""
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        self.put("/api/exchanges/%2F/x1", {"type": "direct"})
+        self.put("/api/queues/%2F/q1")
+
+    def test_createGetDelete(self):
+        """POST binds (201 + Location), GET by properties_key finds it, DELETE removes it."""
+        r = self.post("/api/bindings/%2F/e/x1/q/q1", {"routing_key": "a.b", "arguments": {}})
+        self.assertEqual((r.code, r.header("location")), (201, "q1/a.b"))
+        binding = {"source": "x1", "vhost": "/", "destination": "q1", "destination_type": "queue",
+                   "routing_key": "a.b", "arguments": {}, "properties_key": "a.b"}
+        self.assertEqual(self.get("/api/bindings/%2F/e/x1/q/q1").json(), [binding])
+        self.assertEqual(self.get("/api/bindings/%2F/e/x1/q/q1/a.b").json(), binding)
+        self.assertEqual(self.delete("/api/bindings/%2F/e/x1/q/q1/a.b").code, 204)
+        self.assertError(self.delete("/api/bindings/%2F/e/x1/q/q1/a.b"), 404, "Object Not Found", "Not Found")
+        self.assertEqual(len(self.vh.exchanges["x1"].routing), 0)
+
+    def test_locationEncoding(self):
+        """properties_key percent-encodes '*' and the Location header encodes it once more, as RabbitMQ."""
+        r = self.post("/api/bindings/%2F/e/x1/q/q1", {"routing_key": "a.*"})
+        self.assertEqual(r.header("location"), "q1/a.%252A")
+        self.assertEqual(self.get("/api/bindings/%2F/e/x1/q/q1/a.%252A").json()["properties_key"], "a.%2A")
+
+    def test_emptyKey(self):
+        """An empty key without arguments has properties_key ~."""
+        r = self.post("/api/bindings/%2F/e/x1/q/q1")
+        self.assertEqual(r.header("location"), "q1/~")
+        self.assertEqual(self.delete("/api/bindings/%2F/e/x1/q/q1/~").code, 204)
+
+    def test_exchangeToExchange(self):
+        """e/{src}/e/{dst} binds two exchanges and lists them with destination_type exchange."""
+        self.put("/api/exchanges/%2F/x2", {"type": "fanout"})
+        self.assertEqual(self.post("/api/bindings/%2F/e/x1/e/x2", {"routing_key": "k"}).code, 201)
+        self.assertEqual([b["destination_type"] for b in self.get("/api/exchanges/%2F/x2/bindings/destination")
+                          .json()], ["exchange"])
+
+    def test_missingEnds(self):
+        """Binding from a missing exchange is 404 not_found with the AMQP text."""
+        self.assertError(self.post("/api/bindings/%2F/e/nosuch/q/q1", {"routing_key": "k"}), 404, "not_found",
+                         "no exchange 'nosuch' in vhost '/'")
+
+    def test_defaultExchangeRefused(self):
+        """Binding from amq.default is 401 Access refused."""
+        self.assertError(self.post("/api/bindings/%2F/e/amq.default/q/q1", {"routing_key": "k"}), 401,
+                         "not_authorised", "Access refused.")
+
+    def test_vhostList(self):
+        """The vhost list has default bindings then declared ones."""
+        self.post("/api/bindings/%2F/e/x1/q/q1", {"routing_key": "k"})
+        self.assertEqual([(b["source"], b["routing_key"]) for b in self.get("/api/bindings/%2F").json()],
+                         [("", "q1"), ("x1", "k")])
+
+
+class AdminTests(WebTestCase):
+    """Overview, vhosts, users, permissions, health and definitions."""
+
+    def test_overview(self):
+        """overview has product, version, totals and the delayed exchange type."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1")
+        o = self.get("/api/overview").json()
+        self.assertEqual((o["product_name"], o["rabbitmq_version"]), ("otter_tx", "3.10.8"))
+        self.assertEqual(o["object_totals"], {"channels": 0, "connections": 0, "consumers": 0, "exchanges": 6,
+                                              "queues": 1})
+        self.assertEqual((o["queue_totals"]["messages"], o["queue_totals"]["messages_ready"]), (1, 1))
+        self.assertIn("x-delayed-message", [t["name"] for t in o["exchange_types"]])
+
+    def test_vhosts(self):
+        """PUT creates a vhost (201, then 204), GET lists it, DELETE removes it (204, then 404)."""
+        self.assertEqual(self.put("/api/vhosts/v1").code, 201)
+        self.assertEqual(self.put("/api/vhosts/v1").code, 204)
+        self.assertEqual(self.broker.permissions[("guest", "v1")], (".*", ".*", ".*"))
+        self.assertEqual([v["name"] for v in self.get("/api/vhosts").json()], ["/", "v1"])
+        self.assertEqual(self.delete("/api/vhosts/v1").code, 204)
+        self.assertError(self.delete("/api/vhosts/v1"), 404, "Object Not Found", "Not Found")
+
+    def test_users(self):
+        """PUT creates a user who can then log in; tags may be a comma string; DELETE removes it."""
+        self.assertEqual(self.put("/api/users/bob", {"password": "pw", "tags": "management,monitoring"}).code, 201)
+        u = self.get("/api/users/bob").json()
+        self.assertEqual((u["tags"], u["hashing_algorithm"]), (["management", "monitoring"],
+                                                               "rabbit_password_hashing_sha256"))
+        self.assertEqual(len(base64.b64decode(u["password_hash"])), 36)
+        self.assertEqual(self.get("/api/whoami", auth=("bob", "pw")).json()["name"], "bob")
+        self.assertEqual(self.put("/api/users/bob", {"tags": "administrator"}).code, 204)
+        self.assertEqual(self.get("/api/users", auth=("bob", "pw")).code, 200)
+        self.assertEqual(self.delete("/api/users/bob").code, 204)
+        self.assertError(self.get("/api/users/bob"), 404, "Object Not Found", "Not Found")
+
+    def test_passwordHashImport(self):
+        """A user PUT with an exported password_hash keeps the same password."""
+        self.put("/api/users/bob", {"password": "pw", "tags": "management"})
+        h = self.get("/api/users/bob").json()["password_hash"]
+        self.delete("/api/users/bob")
+        self.put("/api/users/bob", {"password_hash": h, "tags": "management"})
+        self.assertEqual(self.get("/api/whoami", auth=("bob", "pw")).code, 200)
+
+    def test_permissions(self):
+        """PUT sets permissions (201/204), GET shows them, DELETE removes them; missing user is 400."""
+        self.put("/api/users/bob", {"password": "pw", "tags": ""})
+        perms = {"configure": ".*", "write": "w", "read": "r"}
+        self.assertEqual(self.put("/api/permissions/%2F/bob", perms).code, 201)
+        self.assertEqual(self.put("/api/permissions/%2F/bob", perms).code, 204)
+        self.assertEqual(self.get("/api/permissions/%2F/bob").json(), dict(perms, user="bob", vhost="/"))
+        self.assertIn(dict(perms, user="bob", vhost="/"), self.get("/api/permissions").json())
+        self.assertEqual(self.delete("/api/permissions/%2F/bob").code, 204)
+        self.assertError(self.put("/api/permissions/%2F/nobody", perms), 400, "bad_request",
+                         "vhost_or_user_not_found")
+
+    def test_healthcheck(self):
+        """healthchecks/node is {"status":"ok"}."""
+        self.assertEqual(self.get("/api/healthchecks/node").json(), {"status": "ok"})
+
+    def test_aliveness(self):
+        """aliveness-test answers ok, leaves an empty aliveness-test queue; a missing vhost is 404."""
+        self.assertEqual(self.get("/api/aliveness-test/%2F").json(), {"status": "ok"})
+        self.assertEqual(self.vh.queues["aliveness-test"].readyCount, 0)
+        self.assertEqual(self.get("/api/aliveness-test/nope").code, 404)
+
+    def test_definitions(self):
+        """The export has RabbitMQ's keys and skips amq.*, exclusive queues and default bindings."""
+        self.put("/api/queues/%2F/q1", {"durable": True})
+        self.put("/api/exchanges/%2F/x1")
+        self.post("/api/bindings/%2F/e/x1/q/q1", {"routing_key": "k"})
+        self.put("/api/policies/%2F/p", {"pattern": "x", "definition": {"message-ttl": 5}})
+        d = self.get("/api/definitions").json()
+        self.assertEqual(sorted(d), sorted(["rabbit_version", "rabbitmq_version", "product_name",
+                                            "product_version", "users", "vhosts", "permissions",
+                                            "topic_permissions", "parameters", "global_parameters",
+                                            "policies", "queues", "exchanges", "bindings"]))
+        self.assertEqual(d["queues"], [{"name": "q1", "vhost": "/", "durable": True, "auto_delete": False,
+                                        "arguments": {}}])
+        self.assertEqual([x["name"] for x in d["exchanges"]], ["x1"])
+        self.assertEqual(d["bindings"], [{"source": "x1", "vhost": "/", "destination": "q1",
+                                          "destination_type": "queue", "routing_key": "k", "arguments": {}}])
+        self.assertEqual([p["name"] for p in d["policies"]], ["p"])
+
+
+class ConnectionTests(WebTestCase):
+    """/api/connections, /api/channels, /api/consumers against an in-memory AMQP client."""
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        self.client = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0),
+                                 capabilities={"consumer_cancel_notify": True})
+        self.client.openChannel(1)
+        self.client.send(1, spec.QueueDeclare(0, "cq", False, False, False, False, {}))
+        self.client.send(1, spec.BasicQos(0, 7, False))
+        self.client.send(1, spec.BasicConsume(0, "cq", "ctag1", False, False, False, False, {}))
+        self.client.received()
+
+    def test_connections(self):
+        """The connection is listed with user, vhost, protocol and a RabbitMQ-style name."""
+        [c] = self.get("/api/connections").json()
+        self.assertEqual((c["user"], c["vhost"], c["protocol"], c["channels"]), ("guest", "/", "AMQP 0-9-1", 1))
+        self.assertIn(" -> ", c["name"])
+
+    def test_channelsAndConsumers(self):
+        """Channels show prefetch and consumer count; consumers show tag, prefetch and queue."""
+        [ch] = self.get("/api/channels").json()
+        self.assertEqual((ch["number"], ch["prefetch_count"], ch["consumer_count"]), (1, 7, 1))
+        [c] = self.get("/api/consumers").json()
+        self.assertEqual((c["consumer_tag"], c["ack_required"], c["prefetch_count"], c["queue"]),
+                         ("ctag1", True, 7, {"name": "cq", "vhost": "/"}))
+        q = self.get("/api/queues/%2F/cq").json()
+        self.assertEqual([d["consumer_tag"] for d in q["consumer_details"]], ["ctag1"])
+
+    def test_closeConnection(self):
+        """DELETE closes the connection with 320 CONNECTION_FORCED and the X-Reason text."""
+        from urllib.parse import quote
+
+        [c] = self.get("/api/connections").json()
+        r = self.delete("/api/connections/" + quote(c["name"], safe=""), headers={"X-Reason": ["bye"]})
+        self.assertEqual(r.code, 204)
+        closes = [m for m in self.client.methods() if isinstance(m, spec.ConnectionClose)]
+        self.assertEqual([(m.reply_code, m.reply_text) for m in closes], [(320, "CONNECTION_FORCED - bye")])
+
+
+class MetricsTests(WebTestCase):
+    """/metrics and the HTML page."""
+
+    def test_queueAndDeadLetterMetrics(self):
+        """/metrics reports ready messages and dead-letter counters under rabbitmq_ names, without auth."""
+        self.put("/api/queues/%2F/q1", {"arguments": {"x-max-length": 1, "x-dead-letter-exchange": ""}})
+        self.publish("q1")
+        self.publish("q1")
+        r = self.get("/metrics", auth=None)
+        self.assertEqual(r.code, 200)
+        self.assertIn("text/plain", r.header("content-type"))
+        lines = r.body.splitlines()
+        self.assertIn("rabbitmq_queue_messages_ready 1", lines)
+        self.assertIn("rabbitmq_queues 1", lines)
+        self.assertIn('rabbitmq_global_messages_dead_lettered_maxlen_total{queue_type="rabbit_classic_queue",'
+                      'dead_letter_strategy="at_most_once"} 1', lines)
+
+    def test_perObject(self):
+        """/metrics/per-object labels queue metrics with vhost and queue."""
+        self.put("/api/queues/%2F/q1")
+        self.publish("q1")
+        self.assertIn('rabbitmq_queue_messages_ready{vhost="/",queue="q1"} 1',
+                      self.get("/metrics/per-object", auth=None).body.splitlines())
+
+    def test_indexPage(self):
+        """/ is an HTML page listing queues with names escaped."""
+        self.put("/api/queues/%2F/%3Cb%3E")
+        r = self.get("/")
+        self.assertIn("text/html", r.header("content-type"))
+        self.assertIn("&lt;b&gt;", r.body)
+        self.assertNotIn("<b>", r.body)
