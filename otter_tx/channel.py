@@ -473,6 +473,23 @@ class Channel:
             if not self.closing and self.connection.capabilities.get("consumer_cancel_notify"):
                 self.connection.sendMethod(self.number, spec.BasicCancel(consumer.tag, True))
 
+    def checkAckTimeout(self, limit, timeoutMs):
+        """
+        Close this channel with RabbitMQ's 406 when its oldest unacked
+        delivery was made before ``limit`` (clock seconds).
+        """
+        if self.closing or not self.unacked:
+            return
+        entry = next(iter(self.unacked.values()))[1]
+        if entry.deliveredAt is not None and entry.deliveredAt < limit:
+            self.closeWithError(
+                preconditionFailed(
+                    "delivery acknowledgement on channel %d timed out. Timeout value used: %d ms. "
+                    "This timeout value can be configured, see consumers doc guide to learn more"
+                    % (self.number, timeoutMs)
+                )
+            )
+
     def resumeDelivery(self):
         """Consumers may have room again: let their queues dispatch."""
         for q in {c.queue for c in self.consumers.values()}:

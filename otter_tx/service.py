@@ -52,6 +52,8 @@ class OtterService(MultiService):
     :param handshakeTimeout: seconds.
     :param memoryHighWatermark: bytes of queued bodies before publishers are
         blocked (None: 40% of RAM).
+    :param consumerTimeout: delivery acknowledgement timeout in ms (RabbitMQ
+        3.10's ``consumer_timeout``, default 1800000); 0 disables.
     :param policies: list of dicts ``{"vhost", "name", "pattern",
         "definition", "priority", "apply-to"}`` to install at start.
     """
@@ -59,7 +61,7 @@ class OtterService(MultiService):
     def __init__(self, amqp=("tcp:5672",), management=(), reactor=None, dataDir=None,
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
-                 loopbackUsers=("guest",), policies=(), store=None):
+                 loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -89,6 +91,7 @@ class OtterService(MultiService):
             defaultUser=defaultUser,
             defaultPass=defaultPass,
             loopbackUsers=loopbackUsers,
+            consumerTimeout=consumerTimeout,
         )
         for p in policies:
             self.broker.setPolicy(
@@ -156,6 +159,7 @@ class OtterService(MultiService):
             if firstBoot:
                 journal.writeAll()
             self.broker.startAlarmChecks()
+            self.broker.startAckTimeoutChecks()
             for svc in self:
                 svc.startService()
             return self

@@ -25,6 +25,7 @@ _DEFAULTS = {
     "channel-max": 2047,
     "handshake-timeout": 10.0,
     "memory-high-watermark": None,
+    "consumer-timeout": 1800000,
 }
 
 
@@ -51,6 +52,9 @@ class Options(usage.Options):
         ["frame-max", None, None, "Largest frame in bytes [default: 131072].", int],
         ["channel-max", None, None, "Most channels open at once per connection [default: 2047].", int],
         ["handshake-timeout", None, None, "Seconds a client may take to open its connection [default: 10].", float],
+        ["consumer-timeout", None, None,
+         "Delivery acknowledgement timeout in ms, like RabbitMQ's consumer_timeout; 0 disables "
+         "[default: 1800000].", int],
         ["memory-high-watermark", None, None,
          "Bytes of queued message bodies above which publishers are blocked "
          "(connection.blocked) [default: 40% of RAM].", int],
@@ -146,6 +150,7 @@ def makeService(options, reactor=None):
         defaultPass=s["default-pass"],
         loopbackUsers=tuple(s["loopback-users"]),
         policies=s["policies"],
+        consumerTimeout=s["consumer-timeout"],
     )
     svc.exitOnFailure = True
     return svc

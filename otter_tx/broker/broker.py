@@ -52,8 +52,11 @@ class Broker:
     """
 
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
-                 defaultPass="guest", loopbackUsers=("guest",)):
+                 defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000):
         self.clock = clock
+        #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables
+        self.consumerTimeout = consumerTimeout
+        self._ackTimer = None
         self.vhosts = {}
         self.users = {}
         self.permissions = {}  # (user, vhost) -> (configure, write, read)
@@ -202,14 +205,41 @@ class Broker:
         self._alarmTimer.clock = self.clock
         self._alarmTimer.start(interval, now=False)
 
+    def startAckTimeoutChecks(self):
+        """
+        Check every channel's oldest unacknowledged delivery against
+        :attr:`consumerTimeout` (every min(60 s, timeout / 2)); an overdue
+        channel is closed with 406 as RabbitMQ does
+        (https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout).
+        """
+        from twisted.internet.task import LoopingCall
+
+        if not self.consumerTimeout or self._ackTimer is not None:
+            return
+        self._ackTimer = LoopingCall(self.checkAckTimeouts)
+        self._ackTimer.clock = self.clock
+        self._ackTimer.start(min(60.0, self.consumerTimeout / 2000.0), now=False)
+
+    def checkAckTimeouts(self):
+        """Close channels whose oldest unacked delivery is older than the timeout."""
+        if not self.consumerTimeout:
+            return
+        limit = self.clock.seconds() - self.consumerTimeout / 1000.0
+        for conn in list(self.connections):
+            for ch in list(conn.channels.values()):
+                ch.checkAckTimeout(limit, self.consumerTimeout)
+
     def stop(self):
         """
-        Stop every timer (memory checks, message expiry, queue expiry): the
-        broker is shutting down and its state must not change any more.
+        Stop every timer (memory checks, ack timeouts, message expiry, queue
+        expiry): the broker is shutting down and its state must not change.
         """
         if self._alarmTimer is not None and self._alarmTimer.running:
             self._alarmTimer.stop()
         self._alarmTimer = None
+        if self._ackTimer is not None and self._ackTimer.running:
+            self._ackTimer.stop()
+        self._ackTimer = None
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 q.stopTimers()

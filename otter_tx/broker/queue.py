@@ -31,7 +31,7 @@ class QueueEntry:
     :ivar state: READY, UNACKED or GONE.
     """
 
-    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level")
+    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level", "deliveredAt")
 
     def __init__(self, message, seq, expiresAt, level):
         self.message = message
@@ -40,6 +40,7 @@ class QueueEntry:
         self.redelivered = False
         self.state = READY
         self.level = level
+        self.deliveredAt = None
 
 
 class QueueSettings:
@@ -390,6 +391,7 @@ class Queue:
                 self._removed(entry)
         else:
             entry.state = UNACKED
+            entry.deliveredAt = self.clock.seconds()
             self.unackedCount += 1
             if self.journal is not None and entry.message.persistent:
                 self.journal.delivered(self, entry)

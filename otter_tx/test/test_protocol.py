@@ -325,3 +325,47 @@ class MessagingTests(ProtocolTestCase):
         self.broker.checkMemory()
         self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
         self.assertEqual(c.transport.producerState, "producing")
+
+
+class AckTimeoutTests(ProtocolTestCase):
+    """The delivery acknowledgement timeout (RabbitMQ consumer_timeout)."""
+
+    def test_overdueChannelClosed(self):
+        """A delivery unacked for longer than the timeout closes its channel with RabbitMQ's 406; the message is requeued."""
+        self.broker.consumerTimeout = 5000
+        self.broker.startAckTimeoutChecks()
+        self.addCleanup(self.broker.stop)
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.publish(1, "", "q", b"held")
+        c.send(1, spec.BasicConsume(0, "q", "t"))
+        c.received()
+        for _ in range(4):
+            self.clock.advance(1.25)
+        self.assertEqual(c.received(), [])
+        for _ in range(2):
+            self.clock.advance(2.5)
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, m.reply_code), (1, 406))
+        self.assertEqual(
+            m.reply_text,
+            "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value "
+            "used: 5000 ms. This timeout value can be configured, see consumers doc guide to learn more",
+        )
+        q = self.broker.vhosts["/"].queues["q"]
+        self.assertEqual((q.messageCount, q.unackedCount), (1, 0))
+
+    def test_ackedInTimeKeepsChannel(self):
+        """Deliveries acked within the timeout never close the channel."""
+        self.broker.consumerTimeout = 5000
+        self.broker.startAckTimeoutChecks()
+        self.addCleanup(self.broker.stop)
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.send(1, spec.BasicConsume(0, "q", "t"))
+        c.received()
+        for i in range(10):
+            c.publish(1, "", "q", b"m")
+            self.clock.advance(2)
+            c.send(1, spec.BasicAck(i + 1, False))
+        self.assertEqual([m for m in c.methods() if isinstance(m, spec.ChannelClose)], [])
