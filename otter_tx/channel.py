@@ -10,6 +10,7 @@ channel.close and the rest into connection.close, as RabbitMQ does.
 
 import base64
 import os
+import re
 import struct
 from collections import OrderedDict, deque
 
@@ -30,6 +31,7 @@ from otter_tx.broker.arguments import isInteger
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
+from otter_tx.broker.vhost import serverNamedQueue
 
 log = Logger()
 
@@ -323,23 +325,64 @@ class Channel:
         if not getattr(m, "nowait", False):
             self.connection.sendMethod(self.number, reply)
 
+    # --- permissions (https://www.rabbitmq.com/docs/access-control) ---------------
+
+    _permCache = None
+    _permVersion = -1
+
+    def _check(self, perm, kind, name):
+        """
+        403 ``access to queue 'Q' in vhost '/' refused for user 'U'`` unless
+        the user's ``perm`` regex (0 configure, 1 write, 2 read) matches
+        ``name``; the default exchange is checked as ``amq.default``.
+        """
+        broker = self.broker
+        if self._permVersion != broker.permissionsVersion:
+            self._permCache = {}
+            self._permVersion = broker.permissionsVersion
+        key = (perm, kind, name)
+        ok = self._permCache.get(key)
+        if ok is None:
+            user = self.connection.user.name
+            perms = broker.permissions.get((user, self.vhost.name))
+            checked = "amq.default" if kind == "exchange" and name == "" else name
+            pattern = perms[perm] if perms is not None else ""
+            try:
+                ok = bool(pattern) and re.search(pattern, checked) is not None
+            except re.error:
+                ok = False
+            self._permCache[key] = ok
+        if not ok:
+            shown = "amq.default" if kind == "exchange" and name == "" else name
+            raise accessRefused(
+                "access to %s refused for user '%s'"
+                % (rs(kind, shown, self.vhost.name), self.connection.user.name)
+            )
+
     def _exchangeDeclare(self, m):
+        if not m.passive:
+            self._check(0, "exchange", m.exchange)
         self.vhost.declareExchange(
             m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments or {}
         )
         self._reply(m, spec.ExchangeDeclareOk())
 
     def _exchangeDelete(self, m):
+        self._check(0, "exchange", m.exchange)
         self.vhost.deleteExchange(m.exchange, m.if_unused)
         self._reply(m, spec.ExchangeDeleteOk())
 
     def _exchangeBind(self, m):
+        self._check(1, "exchange", m.destination)
+        self._check(2, "exchange", m.source)
         dest = self.vhost.getExchange(m.destination)
         src = self.vhost.getExchange(m.source)
         self.vhost.bind(src, dest, m.routing_key, m.arguments or {})
         self._reply(m, spec.ExchangeBindOk())
 
     def _exchangeUnbind(self, m):
+        self._check(1, "exchange", m.destination)
+        self._check(2, "exchange", m.source)
         dest = self.vhost.exchanges.get(m.destination)
         src = self.vhost.exchanges.get(m.source)
         if dest is not None and src is not None:
@@ -356,20 +399,36 @@ class Channel:
         return name
 
     def _queueDeclare(self, m):
+        name = m.queue
+        serverNamed = False
+        args = m.arguments or {}
+        if not m.passive:
+            if name == "":
+                name = serverNamedQueue()
+                serverNamed = True
+            self._check(0, "queue", name)
+            dlx = args.get("x-dead-letter-exchange")
+            if isinstance(dlx, str):
+                # RabbitMQ: declaring a DLX needs read on the queue, write on the DLX
+                self._check(2, "queue", name)
+                self._check(1, "exchange", dlx)
         q = self.vhost.declareQueue(
-            m.queue,
+            name,
             self.connection,
             m.passive,
             m.durable,
             m.exclusive,
             m.auto_delete,
-            m.arguments or {},
+            args,
+            serverNamed=serverNamed,
         )
         self.lastQueue = q.name
         self._reply(m, spec.QueueDeclareOk(q.name, q.messageCount, q.consumerCount))
 
     def _queueBind(self, m):
         qname = self._queueName(m.queue)
+        self._check(1, "queue", qname)
+        self._check(2, "exchange", m.exchange)
         q = self.vhost.getQueue(qname, self.connection)
         ex = self.vhost.getExchange(m.exchange)
         self.vhost.bind(ex, q, m.routing_key if m.routing_key or m.queue else qname, m.arguments or {})
@@ -377,6 +436,8 @@ class Channel:
 
     def _queueUnbind(self, m):
         qname = self._queueName(m.queue)
+        self._check(1, "queue", qname)
+        self._check(2, "exchange", m.exchange)
         q = self.vhost.queues.get(qname)
         ex = self.vhost.exchanges.get(m.exchange)
         if q is not None:
@@ -386,12 +447,15 @@ class Channel:
         self.connection.sendMethod(self.number, spec.QueueUnbindOk())
 
     def _queuePurge(self, m):
-        q = self.vhost.getQueue(self._queueName(m.queue), self.connection)
+        qname = self._queueName(m.queue)
+        self._check(2, "queue", qname)
+        q = self.vhost.getQueue(qname, self.connection)
         n = q.purge()
         self._reply(m, spec.QueuePurgeOk(n))
 
     def _queueDelete(self, m):
         name = self._queueName(m.queue)
+        self._check(0, "queue", name)
         q = self.vhost.queues.get(name)
         n = 0
         if q is not None:
@@ -416,6 +480,7 @@ class Channel:
         qname = self._queueName(m.queue)
         if qname == REPLY_TO:
             return self._replyToConsume(m)
+        self._check(2, "queue", qname)
         q = self.vhost.getQueue(qname, self.connection)
         tag = m.consumer_tag
         if not tag:
@@ -516,7 +581,9 @@ class Channel:
         self.connection.sendContent(self.number, payload, message)
 
     def _basicGet(self, m):
-        q = self.vhost.getQueue(self._queueName(m.queue), self.connection)
+        qname = self._queueName(m.queue)
+        self._check(2, "queue", qname)
+        q = self.vhost.getQueue(qname, self.connection)
         entry = q.basicGet(m.no_ack)
         if entry is None:
             self.connection.sendMethod(self.number, spec.BasicGetEmpty(""))
@@ -660,6 +727,11 @@ class Channel:
             raise FrameSyntaxError("truncated basic.publish")
         if bits & 2:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
+        try:
+            self._check(1, "exchange", exchange)
+        except AMQPError as e:
+            e.method = spec.BasicPublish
+            raise
         ex = self.vhost.exchanges.get(exchange)
         if ex is None:
             raise AMQPError(

@@ -59,7 +59,9 @@ class Broker:
         self._ackTimer = None
         self.vhosts = {}
         self.users = {}
-        self.permissions = {}  # (user, vhost) -> (configure, write, read)
+        self.permissions = {}  # (user, vhost) -> (configure, write, read) regexes
+        #: bumped on every permission change (channels cache their checks)
+        self.permissionsVersion = 0
         self.memoryHighWatermark = memoryHighWatermark
         self.connections = set()
         self._msgId = 0
@@ -124,11 +126,17 @@ class Broker:
     def clearPermissions(self, user, vhost):
         """Remove ``user``'s permissions on ``vhost`` (no error if none)."""
         if self.permissions.pop((user, vhost), None) is not None:
+            self.permissionsVersion += 1
             self.entityChanged("permission", None, (user, vhost), deleted=True)
 
     def setPermissions(self, user, vhost, configure=".*", write=".*", read=".*"):
-        """Grant ``user`` access to ``vhost`` (regex permissions are stored, not enforced per resource)."""
+        """
+        Grant ``user`` access to ``vhost`` with RabbitMQ's configure / write /
+        read regexes (an empty string grants nothing); channels enforce them
+        per resource (https://www.rabbitmq.com/docs/access-control).
+        """
         self.permissions[(user, vhost)] = (configure, write, read)
+        self.permissionsVersion += 1
         self.entityChanged("permission", None, (user, vhost))
 
     def authenticate(self, username, password):

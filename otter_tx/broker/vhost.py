@@ -204,7 +204,7 @@ class VHost:
         return q
 
     def declareQueue(self, name, connection, passive=False, durable=False, exclusive=False,
-                     autoDelete=False, arguments=None):
+                     autoDelete=False, arguments=None, serverNamed=False):
         """
         queue.declare; returns the :class:`Queue`.  ``name == ""`` gets a
         server-generated ``amq.gen-`` name.  Errors: 404 (passive), 405
@@ -220,7 +220,7 @@ class VHost:
             return q
         if name == "":
             name = serverNamedQueue()
-        elif name.startswith("amq."):
+        elif name.startswith("amq.") and not serverNamed:
             raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
         q = self.queues.get(name)
         if q is not None:
