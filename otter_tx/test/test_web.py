@@ -445,7 +445,7 @@ class ExchangeTests(WebTestCase):
     def test_unknownType(self):
         """An unknown type is 400 invalid exchange type."""
         self.assertError(self.put("/api/exchanges/%2F/x2", {"type": "bogus"}), 400, "bad_request",
-                         "invalid exchange type 'bogus'")
+                         "unknown exchange type 'bogus'")
 
     def test_reserved(self):
         """Declaring amq.* or deleting amq.direct is 401 Access refused."""

@@ -707,7 +707,7 @@ class ManagementApp:
             body = self._body(request)
             xtype = body.get("type", "direct")
             if xtype != DELAYED_TYPE and xtype not in EXCHANGE_TYPES:
-                raise badRequest("invalid exchange type '%s'" % (xtype,))
+                raise badRequest("unknown exchange type '%s'" % (xtype,))
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
