@@ -443,7 +443,7 @@ class ExchangeTests(WebTestCase):
                          "is 'topic'")
 
     def test_unknownType(self):
-        """An unknown type is 400 invalid exchange type."""
+        """An unknown type is 400 unknown exchange type."""
         self.assertError(self.put("/api/exchanges/%2F/x2", {"type": "bogus"}), 400, "bad_request",
                          "unknown exchange type 'bogus'")
 
