@@ -188,11 +188,35 @@ def _topicKey(key):
     return "." + key if key else ""
 
 
+class _TopicNode:
+    """One word position of the topic trie."""
+
+    __slots__ = ("children", "star", "hash", "dests")
+
+    def __init__(self):
+        self.children = {}
+        self.star = None
+        self.hash = None
+        self.dests = None  # {pattern: {destination: count}} of patterns ending here
+
+
+def _patternWords(pattern):
+    words = pattern.split(".") if pattern else []
+    out = []
+    for w in words:
+        if w == "#" and out and out[-1] == "#":
+            continue  # '#.#' matches what '#' matches
+        out.append(w)
+    return out
+
+
 @implementer(IExchangeType)
 class TopicRouting(_BindingSet):
     """
-    ``topic``: pattern bindings with ``*`` and ``#``; exact patterns (no
-    wildcard) are a dict lookup, wildcard ones are precompiled regexes.
+    ``topic``: pattern bindings with ``*`` (one word) and ``#`` (zero or
+    more words).  Exact patterns are a dict lookup; wildcard patterns live
+    in a trie of words, as in RabbitMQ's ``rabbit_exchange_type_topic``, so
+    routing costs grow with the key's words, not with the number of bindings.
     """
 
     name = "topic"
@@ -201,26 +225,76 @@ class TopicRouting(_BindingSet):
         _BindingSet.__init__(self)
         self._exact = {}
         self._wild = {}  # pattern -> {dest: n}
+        self._root = _TopicNode()
 
     def add(self, destination, routingKey, arguments):
         if self._addRecord(destination, routingKey, arguments) is None:
             return False
-        table = self._wild if ("*" in routingKey.split(".") or "#" in routingKey.split(".")) else self._exact
-        d = table.setdefault(routingKey, {})
+        words = routingKey.split(".")
+        if "*" in words or "#" in words:
+            d = self._wild.get(routingKey)
+            if d is None:
+                d = self._wild[routingKey] = {}
+                node = self._node(routingKey, create=True)
+                if node.dests is None:
+                    node.dests = {}
+                node.dests[routingKey] = d
+        else:
+            d = self._exact.setdefault(routingKey, {})
         d[destination] = d.get(destination, 0) + 1
         return True
+
+    def _node(self, pattern, create=False):
+        node = self._root
+        for w in _patternWords(pattern):
+            if w == "*":
+                nxt = node.star
+                if nxt is None and create:
+                    nxt = node.star = _TopicNode()
+            elif w == "#":
+                nxt = node.hash
+                if nxt is None and create:
+                    nxt = node.hash = _TopicNode()
+            else:
+                nxt = node.children.get(w)
+                if nxt is None and create:
+                    nxt = node.children[w] = _TopicNode()
+            if nxt is None:
+                return None
+            node = nxt
+        return node
 
     def remove(self, destination, routingKey, arguments):
         if self._removeRecord(destination, routingKey, arguments) is None:
             return False
-        table = self._wild if routingKey in self._wild else self._exact
+        wild = routingKey in self._wild
+        table = self._wild if wild else self._exact
         d = table[routingKey]
         d[destination] -= 1
         if not d[destination]:
             del d[destination]
         if not d:
             del table[routingKey]
+            if wild:
+                node = self._node(routingKey)
+                del node.dests[routingKey]
+                if not node.dests:
+                    node.dests = None
+                    self._prune()
         return True
+
+    def _prune(self):
+        def empty(node):
+            for k, child in list(node.children.items()):
+                if empty(child):
+                    del node.children[k]
+            if node.star is not None and empty(node.star):
+                node.star = None
+            if node.hash is not None and empty(node.hash):
+                node.hash = None
+            return not node.children and node.star is None and node.hash is None and not node.dests
+
+        empty(self._root)
 
     def route(self, message, keys, out):
         for k in keys:
@@ -228,10 +302,32 @@ class TopicRouting(_BindingSet):
             if d:
                 out.update(d)
             if self._wild:
-                tk = _topicKey(k)
-                for pattern, dests in self._wild.items():
-                    if _topicRegex(pattern).fullmatch(tk) is not None:
-                        out.update(dests)
+                words = k.split(".") if k else []
+                found = []
+                self._match(self._root, words, 0, found, set())
+                for dests in found:
+                    out.update(dests)
+
+    def _match(self, node, words, i, found, seen):
+        key = (id(node), i)
+        if key in seen:
+            return
+        seen.add(key)
+        n = len(words)
+        if i == n:
+            if node.dests:
+                found.extend(node.dests.values())
+        else:
+            child = node.children.get(words[i])
+            if child is not None:
+                self._match(child, words, i + 1, found, seen)
+            if node.star is not None:
+                self._match(node.star, words, i + 1, found, seen)
+        h = node.hash
+        if h is not None:
+            # '#' swallows zero or more words
+            for j in range(i, n + 1):
+                self._match(h, words, j, found, seen)
 
 
 def headersMatch(bindingArgs, headers):

@@ -532,3 +532,36 @@ class PolicyTests(BrokerTestCase):
         e = self.assertRaises(PolicyError, self.broker.setPolicy, "/", "p", ".*", {"expires": 0})
         self.assertEqual(str(e), "0 is not a valid queue expiry")
         self.assertRaises(PolicyError, self.broker.setPolicy, "/", "p", ".*", {"max-priority": 5})
+
+
+class TopicTrieTests(SynchronousTestCase):
+    """The topic trie routes exactly like the reference regex matcher."""
+
+    def test_randomAgainstRegex(self):
+        """Random patterns and keys: trie routing equals topicMatches for every binding."""
+        import random
+
+        from otter_tx.broker.exchange import TopicRouting, topicMatches
+
+        rnd = random.Random(5)
+        words = ["a", "b", "c", "", "*", "#"]
+        patterns = set()
+        for _ in range(300):
+            patterns.add(".".join(rnd.choice(words) for _ in range(rnd.randint(0, 4))))
+        t = TopicRouting()
+        for p in patterns:
+            t.add(p, p, {})
+        for _ in range(2000):
+            key = ".".join(rnd.choice(["a", "b", "c", ""]) for _ in range(rnd.randint(0, 5)))
+            out = set()
+            t.route(None, [key], out)
+            expected = {p for p in patterns if topicMatches(p, key)}
+            self.assertEqual(out, expected, key)
+        for p in list(patterns)[:150]:
+            t.remove(p, p, {})
+            patterns.discard(p)
+        for _ in range(500):
+            key = ".".join(rnd.choice(["a", "b", "c", ""]) for _ in range(rnd.randint(0, 5)))
+            out = set()
+            t.route(None, [key], out)
+            self.assertEqual(out, {p for p in patterns if topicMatches(p, key)}, key)
