@@ -11,7 +11,6 @@ is removal within 50 ms of the due time.
 """
 
 import argparse
-import gc  # noqa: F401
 import random
 import time
 

@@ -28,7 +28,6 @@ from otter_tx.amqp.errors import (
     rs,
 )
 from otter_tx.broker.arguments import isInteger
-from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.vhost import serverNamedQueue
@@ -48,6 +47,11 @@ _GET_OK_PREFIX = b"\x00\x3c\x00\x47"
 def _shortstr(s):
     b = s.encode("utf-8", "surrogateescape")
     return _pack_B(len(b)) + b
+
+
+def _serverConsumerTag():
+    """``amq.ctag-`` + 22 base64url characters, as RabbitMQ names consumers."""
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
 
 
 class Consumer:
@@ -484,7 +488,7 @@ class Channel:
         q = self.vhost.getQueue(qname, self.connection)
         tag = m.consumer_tag
         if not tag:
-            tag = "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+            tag = _serverConsumerTag()
         elif tag in self.consumers:
             raise AMQPError(spec.NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % (tag,))
         args = m.arguments or {}
@@ -509,7 +513,7 @@ class Channel:
             raise preconditionFailed("reply consumer cannot acknowledge")
         if self.replyTo is not None and self.replyTo.consumer is not None:
             raise preconditionFailed("reply consumer already set")
-        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+        tag = m.consumer_tag or _serverConsumerTag()
         if tag in self.consumers:
             raise AMQPError(spec.NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % (tag,))
         pseudo = self.replyTo = ReplyToQueue(self.vhost)

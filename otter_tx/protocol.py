@@ -26,7 +26,7 @@ from zope.interface import implementer
 
 from otter_tx import __version__
 from otter_tx.amqp import spec
-from otter_tx.amqp.codec import FrameSyntaxError, decodeTable, encodeTable
+from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable
 from otter_tx.channel import Channel
 
@@ -36,7 +36,6 @@ _frameHeader = struct.Struct("!BHI")
 _unpack_frameHeader = _frameHeader.unpack_from
 _pack_frameHeader = _frameHeader.pack
 _unpack_HH = struct.Struct("!HH").unpack_from
-_unpack_HHQ = struct.Struct("!HHQ").unpack_from
 
 #: frames handled per read before yielding to the reactor (publisher fairness)
 FRAMES_PER_SLICE = 300
@@ -372,7 +371,7 @@ class AMQPServerProtocol(Protocol):
                 else:
                     self._connectionError(e.code, e.text, e.method)
                     return
-            except FrameSyntaxError as e:
+            except FrameSyntaxError:
                 method = None
                 args = b""
                 if ftype == 1 and len(payload) >= 4:
@@ -677,8 +676,6 @@ class AMQPServerProtocol(Protocol):
     def forceClose(self, code, text):
         """Close from the broker side (e.g. vhost deleted, management)."""
         self._connectionError(code, text)
-        if self._out is None:
-            pass
 
     def _closeNow(self):
         if self._state == _CLOSED:
@@ -753,5 +750,3 @@ class AMQPServerFactory(Factory):
         p = self.protocol(self)
         return p
 
-
-__all__ = ["AMQPServerFactory", "AMQPServerProtocol", "encodeTable"]

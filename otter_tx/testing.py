@@ -4,7 +4,7 @@ Public test helpers: start a real otter_tx broker in-process on ``tcp:0``.
 
 import tempfile
 
-from twisted.internet.defer import Deferred, inlineCallbacks, returnValue
+from twisted.internet.defer import inlineCallbacks, returnValue
 
 from otter_tx.service import OtterService
 

@@ -96,7 +96,8 @@ class DirectRouting(_BindingSet):
     def add(self, destination, routingKey, arguments):
         if self._addRecord(destination, routingKey, arguments) is None:
             return False
-        self._byKey.setdefault(routingKey, {})[destination] = self._byKey.get(routingKey, {}).get(destination, 0) + 1
+        d = self._byKey.setdefault(routingKey, {})
+        d[destination] = d.get(destination, 0) + 1
         return True
 
     def remove(self, destination, routingKey, arguments):

@@ -22,9 +22,7 @@ from otter_tx.amqp.errors import (
     preconditionFailed,
     resourceLocked,
     rs,
-    notAllowed,
 )
-from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker import arguments as A
 from otter_tx.broker.delayed import (
