@@ -11,15 +11,18 @@ from otter_tx.service import OtterService
 
 class BrokerFixture:
     """
-    A running broker: ``amqpPort`` (int), ``service`` (OtterService),
-    ``broker`` (Broker); ``stop()`` returns a Deferred.
+    A running broker: ``amqpPort`` (int, the first AMQP listener's port),
+    ``amqpPorts`` (list of int, one per AMQP listener in the order given to
+    :func:`startBroker`), ``service`` (OtterService), ``broker`` (Broker);
+    ``stop()`` returns a Deferred.
     """
 
-    def __init__(self, service, amqpPort, managementPort=None):
+    def __init__(self, service, amqpPort, managementPort=None, amqpPorts=None):
         self.service = service
         self.broker = service.broker
         self.amqpPort = amqpPort
         self.managementPort = managementPort
+        self.amqpPorts = list(amqpPorts) if amqpPorts is not None else [amqpPort]
 
     def stop(self):
         """Stop the broker; a Deferred that fires once the store is closed."""
@@ -27,29 +30,53 @@ class BrokerFixture:
 
 
 @inlineCallbacks
-def startBroker(reactor, management=False, dataDir=None, **options):
+def startBroker(reactor, management=False, dataDir=None, amqp=None, **options):
     """
     Start OtterService on 127.0.0.1 port 0; fires with a :class:`BrokerFixture`.
     ``options`` are OtterService keyword arguments (heartbeat, frameMax,
     channelMax, handshakeTimeout, memoryHighWatermark, defaultUser,
     defaultPass, policies ...).
+
+    ``amqp`` replaces the default AMQP listener (``tcp:0:interface=127.0.0.1``):
+    a list whose items are Twisted endpoint strings (``ssl:0:interface=
+    127.0.0.1:privateKey=...``, given to OtterService as ``--amqp`` would) or
+    ``IStreamServerEndpoint`` objects (for example an ``SSL4ServerEndpoint``
+    with ``CertificateOptions`` that require client certificates, which no
+    endpoint string can say; docs/tls.md).  An object is served by the
+    service's AMQP factory from a ``StreamServerEndpointService`` added to the
+    service, as an embedder would do it.  The fixture's ``amqpPorts`` follow
+    the order of ``amqp``.
     """
+    from twisted.application.internet import StreamServerEndpointService
+
     if dataDir is None:
         dataDir = tempfile.mkdtemp(prefix="ottermq-test-")
+    if amqp is None:
+        amqp = ["tcp:0:interface=127.0.0.1"]
     svc = OtterService(
-        amqp=["tcp:0:interface=127.0.0.1"],
+        amqp=[a for a in amqp if isinstance(a, str)],
         management=["tcp:0:interface=127.0.0.1"] if management else [],
         reactor=reactor,
         dataDir=dataDir,
         **options
     )
+    named = iter(svc.amqpServices)
+    listeners = []
+    for a in amqp:
+        if isinstance(a, str):
+            listeners.append(next(named))
+        else:
+            extra = StreamServerEndpointService(a, svc.factory)
+            extra.setServiceParent(svc)
+            listeners.append(extra)
     svc.startService()
-    ports = yield svc.listeningPorts(svc.amqpServices)
+    ports = yield svc.listeningPorts(listeners)
     mport = None
     if management:
         mports = yield svc.listeningPorts(svc.managementServices)
         mport = mports[0].getHost().port
-    returnValue(BrokerFixture(svc, ports[0].getHost().port, mport))
+    amqpPorts = [p.getHost().port for p in ports]
+    returnValue(BrokerFixture(svc, amqpPorts[0] if amqpPorts else None, mport, amqpPorts))
 
 
 class FakeClient:
