@@ -172,12 +172,14 @@ class Channel:
         """Handle a method frame payload for this channel."""
         classId, methodId = _unpack_HH(payload, 0)
         if self.closing:
-            if classId == 20 and methodId in (40, 41):
+            # we sent channel.close: only close-ok ends it; a crossing
+            # channel.close from the client is answered but the channel stays
+            # until our close is acknowledged (rabbit_reader, closing channel)
+            if classId == 20:
                 if methodId == 41:
                     self._finishClose()
-                else:
+                elif methodId == 40:
                     self.connection.sendMethod(self.number, spec.ChannelCloseOk())
-                    self._finishClose()
             return
         if self._pending is not None:
             raise AMQPError(
@@ -464,7 +466,18 @@ class Channel:
         n = 0
         if q is not None:
             self.vhost.getQueue(name, self.connection)
-            n = self.vhost.deleteQueue(q, m.if_unused, m.if_empty)
+            # RabbitMQ answers delete-ok before this connection's consumers
+            # of the queue see basic.cancel: hold those until the reply is out
+            conn = self.connection
+            conn.heldCancels = held = []
+            try:
+                n = self.vhost.deleteQueue(q, m.if_unused, m.if_empty)
+            finally:
+                conn.heldCancels = None
+            self._reply(m, spec.QueueDeleteOk(n))
+            for number, tag in held:
+                conn.sendMethod(number, spec.BasicCancel(tag, True))
+            return
         self._reply(m, spec.QueueDeleteOk(n))
 
     # --- basic class: consumers ---------------------------------------------------
@@ -539,8 +552,12 @@ class Channel:
         """
         if self.consumers.get(consumer.tag) is consumer:
             del self.consumers[consumer.tag]
-            if not self.closing and self.connection.capabilities.get("consumer_cancel_notify"):
-                self.connection.sendMethod(self.number, spec.BasicCancel(consumer.tag, True))
+            conn = self.connection
+            if not self.closing and conn.capabilities.get("consumer_cancel_notify"):
+                if conn.heldCancels is not None:
+                    conn.heldCancels.append((self.number, consumer.tag))
+                else:
+                    conn.sendMethod(self.number, spec.BasicCancel(consumer.tag, True))
 
     def checkAckTimeout(self, limit, timeoutMs):
         """

@@ -19,6 +19,7 @@ tests drive it with ``StringTransport`` and ``task.Clock``.
 
 import struct
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -39,6 +40,14 @@ _unpack_HH = struct.Struct("!HH").unpack_from
 
 #: frames handled per read before yielding to the reactor (publisher fairness)
 FRAMES_PER_SLICE = 300
+
+#: seconds a closed connection's socket is kept for the client to close it
+#: (RabbitMQ's ?CLOSING_TIMEOUT; the heartbeat interval when shorter)
+CLOSING_TIMEOUT = 30
+
+#: seconds before the socket of a connection whose handshake failed is dropped
+#: (RabbitMQ's ?SILENT_CLOSE_DELAY)
+SILENT_CLOSE_DELAY = 3
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
@@ -130,6 +139,10 @@ class AMQPServerProtocol(Protocol):
         self.name = ""
         self.bytesIn = 0
         self.bytesOut = 0
+        #: while a queue.delete runs: [(channel, consumer tag)] of basic.cancel
+        #: to send after its delete-ok (Channel._queueDelete)
+        self.heldCancels = None
+        self._closedWaiters = []  # whenClosed() Deferreds; None once closed
 
     # --- transport events ---------------------------------------------------
 
@@ -147,9 +160,13 @@ class AMQPServerProtocol(Protocol):
         self.connectedAt = self.clock.seconds()
         peer = self.transport.getPeer()
         self.peer = peer
-        host = getattr(peer, "host", "?")
-        port = getattr(peer, "port", 0)
-        self.name = "%s:%s" % (host, port)
+        local = self.transport.getHost()
+        # RabbitMQ's connection name, used in every log line about it
+        self.name = "%s:%s -> %s:%s" % (
+            getattr(peer, "host", "?"), getattr(peer, "port", 0),
+            getattr(local, "host", "?"), getattr(local, "port", 0),
+        )
+        log.info("accepting AMQP connection {name}", name=self.name)
         self._lastRecv = self.clock.seconds()
         if self.factory.handshakeTimeout:
             self._handshakeTimer = self.clock.callLater(
@@ -159,9 +176,43 @@ class AMQPServerProtocol(Protocol):
 
     def connectionLost(self, reason=None):
         """Release channels (requeue unacked), delete exclusive queues, stop timers."""
+        if self._state not in (_CLOSING, _CLOSED):
+            log.warn(
+                "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
+                name=self.name, who=self._who(),
+            )
         self._state = _CLOSED
         self._cancelTimers()
         self.broker.connections.discard(self)
+        self._release()
+        waiters, self._closedWaiters = self._closedWaiters, None
+        for d in waiters:
+            d.callback(None)
+
+    def whenClosed(self):
+        """A Deferred firing (with None) once the socket is gone."""
+        if self._closedWaiters is None:
+            return succeed(None)
+        d = Deferred()
+        self._closedWaiters.append(d)
+        return d
+
+    def _who(self):
+        """`` (vhost: '/', user: 'guest')`` for log lines, once known."""
+        if self.user is None:
+            return ""
+        if self.vhost is None:
+            return " (user: '%s')" % (loggable(self.user.name),)
+        return " (vhost: '%s', user: '%s')" % (loggable(self.vhost.name), loggable(self.user.name))
+
+    def _release(self):
+        """
+        Give back what the connection holds: close its channels (requeueing
+        unacked messages) and delete its exclusive queues.  RabbitMQ does
+        this when the connection closes (rabbit_reader:close_connection), not
+        when the socket goes, so another connection can redeclare an
+        exclusive queue as soon as it has seen close-ok.  Idempotent.
+        """
         channels, self.channels = self.channels, {}
         for ch in channels.values():
             ch.cleanup()
@@ -340,12 +391,14 @@ class AMQPServerProtocol(Protocol):
             payload = data[off + 7 : end]
             off = end + 1
             if self._state == _CLOSING:
-                # only connection.close / close-ok matter now; the rest is dropped
+                # only connection.close / close-ok matter now; the rest is
+                # dropped (rabbit_reader in its 'closed' state)
                 if ftype == 1 and chno == 0 and len(payload) >= 4:
                     ids = _unpack_HH(payload, 0)
                     if ids == (10, 50):
+                        # crossing closes: answer, and wait for the client's
+                        # close-ok or for it to drop the socket
                         self.sendMethod(0, spec.ConnectionCloseOk())
-                        self._closeNow()
                     elif ids == (10, 51):
                         self._closeNow()
                 if self._state == _CLOSED:
@@ -463,6 +516,7 @@ class AMQPServerProtocol(Protocol):
             "product": self.factory.product,
             "version": __version__,
         }
+        props.update(self.factory.serverProperties)
         self.transport.write(
             methodFrame(
                 0,
@@ -483,8 +537,7 @@ class AMQPServerProtocol(Protocol):
         m = cls.decode(payload, 4)
         state = self._state
         if cls is spec.ConnectionClose:
-            self.sendMethod(0, spec.ConnectionCloseOk())
-            self._closeNow()
+            self._clientClosed()
             return
         if cls is spec.ConnectionCloseOk:
             if state == _CLOSING:
@@ -545,6 +598,11 @@ class AMQPServerProtocol(Protocol):
                 )
                 user = None
         if user is None:
+            log.warn(
+                "AMQP connection {name}: {mechanism} login refused: user '{user}' - invalid credentials",
+                name=self.name, mechanism=loggable(mechanism),
+                user=loggable(username) if username is not None else "(unreadable)",
+            )
             self._connectionError(
                 spec.ACCESS_REFUSED,
                 "ACCESS_REFUSED - Login was refused using authentication mechanism %s. "
@@ -623,6 +681,10 @@ class AMQPServerProtocol(Protocol):
         self._handshakeTimer = None
         self.sendMethod(0, spec.ConnectionOpenOk(""))
         self._state = _OPEN
+        log.info(
+            "connection {name}: user '{user}' authenticated and granted access to vhost '{vhost}'",
+            name=self.name, user=loggable(self.user.name), vhost=loggable(vhostName),
+        )
         if self.broker.alarmed:
             self.alarmChanged(True)
 
@@ -663,15 +725,53 @@ class AMQPServerProtocol(Protocol):
         """
         if self._state in (_CLOSING, _CLOSED):
             return
-        log.info("closing connection {peer}: {code} {text}", peer=self.name, code=code, text=loggable(text))
+        log.warn(
+            "closing AMQP connection {name}{who}: {code} {text}",
+            name=self.name, who=self._who(), code=code, text=loggable(text),
+        )
         classId = method.CLASS_ID if method is not None else 0
         methodId = method.METHOD_ID if method is not None else 0
         self.sendMethod(0, spec.ConnectionClose(code, text[:255], classId, methodId))
+        self._enterClosing()
+
+    def _clientClosed(self):
+        """
+        The client sent connection.close: release everything, answer
+        close-ok, then keep the socket open, discarding input, until the
+        client closes it (or the closing timeout), as RabbitMQ does: a client
+        still flushing buffered frames must not get EPIPE before it reads
+        close-ok.
+        """
+        log.info("closing AMQP connection {name}{who}", name=self.name, who=self._who())
+        self.sendMethod(0, spec.ConnectionCloseOk())
+        self._enterClosing()
+
+    def _enterClosing(self):
+        """
+        RabbitMQ's 'closed' state (rabbit_reader:close_connection/1):
+        channels and exclusive queues are released now; only
+        connection.close (answered) and close-ok (ends it) are read; the
+        socket is dropped after the heartbeat interval, at most
+        :data:`CLOSING_TIMEOUT` seconds.
+        """
+        opened = self._state >= _OPEN
         self._state = _CLOSING
-        for ch in list(self.channels.values()):
-            ch.cleanup()
-        self.channels.clear()
-        self._closeTimer = self.clock.callLater(3.0, self._closeNow)
+        if self._heartbeatTimer is not None:
+            self._heartbeatTimer.stop()
+            self._heartbeatTimer = None
+        self._release()
+        if self._readPaused:
+            # blocked by the memory alarm: read again, or close-ok is never seen
+            self._readPaused = False
+            if not self._sliced:
+                self.transport.resumeProducing()
+        wait = CLOSING_TIMEOUT
+        if not opened:
+            # a failed handshake: RabbitMQ's reader gives up after ?SILENT_CLOSE_DELAY
+            wait = SILENT_CLOSE_DELAY
+        elif 0 < self.heartbeat < CLOSING_TIMEOUT:
+            wait = self.heartbeat
+        self._closeTimer = self.clock.callLater(wait, self._closeNow)
 
     def forceClose(self, code, text):
         """Close from the broker side (e.g. vhost deleted, management)."""
@@ -730,12 +830,16 @@ class AMQPServerFactory(Factory):
     :param frameMax: maximum frame size in bytes (RabbitMQ default 131072).
     :param channelMax: maximum channel number (RabbitMQ default 2047).
     :param handshakeTimeout: seconds a client may take to open (10 like RabbitMQ).
+    :param serverProperties: dict of ``connection.start`` server properties
+        (str -> str) added to or replacing ours, like RabbitMQ's
+        ``server_properties`` setting (e.g. ``{"product": "RabbitMQ"}``).
     """
 
     protocol = AMQPServerProtocol
 
     def __init__(self, broker, clock, heartbeat=60, frameMax=131072, channelMax=2047,
-                 handshakeTimeout=10.0, product="otter_tx", clusterName="otter_tx@localhost"):
+                 handshakeTimeout=10.0, product="otter_tx", clusterName="otter_tx@localhost",
+                 serverProperties=None):
         self.broker = broker
         self.clock = clock
         self.heartbeat = heartbeat
@@ -744,6 +848,7 @@ class AMQPServerFactory(Factory):
         self.handshakeTimeout = handshakeTimeout
         self.product = product
         self.clusterName = clusterName
+        self.serverProperties = dict(serverProperties or {})
 
     def buildProtocol(self, addr):
         """A new :class:`AMQPServerProtocol` for one client."""

@@ -86,17 +86,24 @@ class Broker:
         return vh
 
     def deleteVHost(self, name):
-        """Delete vhost ``name`` and everything in it."""
+        """
+        Delete vhost ``name`` and everything in it; its connections get
+        connection.close 320 ``CONNECTION_FORCED - vhost 'V' is deleted``.
+        Returns the list of connections closed (empty if no such vhost).
+        """
         vh = self.vhosts.pop(name, None)
+        closed = []
         if vh is not None:
             for q in list(vh.queues.values()):
                 vh.deleteQueue(q)
             for conn in list(self.connections):
                 if conn.vhost is vh:
                     conn.forceClose(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
+                    closed.append(conn)
             for key in [k for k in self.permissions if k[1] == name]:
                 self.clearPermissions(*key)
             self.entityChanged("vhost", vh, vh, deleted=True)
+        return closed
 
     def addUser(self, name, password, tags=(), loopbackOnly=False):
         """Create or replace a user; return it."""

@@ -112,6 +112,9 @@ class VHost:
         """
         arguments = arguments or {}
         if passive:
+            if name == "":
+                # rabbit_channel: check_not_default_exchange precedes the lookup
+                raise accessRefused("operation not permitted on the default exchange")
             return self.getExchange(name)
         if type != DELAYED_TYPE and type not in EXCHANGE_TYPES:
             # rabbit_exchange:check_type runs first (connection-level 503)

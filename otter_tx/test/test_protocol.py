@@ -369,3 +369,118 @@ class AckTimeoutTests(ProtocolTestCase):
             self.clock.advance(2)
             c.send(1, spec.BasicAck(i + 1, False))
         self.assertEqual([m for m in c.methods() if isinstance(m, spec.ChannelClose)], [])
+
+
+class ClosingTests(ProtocolTestCase):
+    """How connections and channels end (rabbit_reader's closing states)."""
+
+    def test_clientCloseKeepsSocket(self):
+        """After close-ok the socket stays open, input is discarded, and it is dropped after 30 s."""
+        c = self.ready()
+        c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        self.assertEqual([type(m) for m in c.methods()], [spec.ConnectionCloseOk])
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.publish(1, "", "q", b"late")
+        self.assertEqual(c.received(), [])
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(29)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(1)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_clientCloseTimeoutIsHeartbeat(self):
+        """With a heartbeat below 30 s, the socket is dropped after one heartbeat interval."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
+        c.send(0, spec.ConnectionTuneOk(2047, 131072, 5))
+        c.send(0, spec.ConnectionOpen("/", "", False))
+        c.received()
+        c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        self.clock.advance(4.9)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_clientCloseReleasesAtOnce(self):
+        """Exclusive queues and unacked messages are released at close, before the socket goes."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "excl", False, False, True))
+        c.send(1, spec.QueueDeclare(0, "work"))
+        c.publish(1, "", "work", b"m")
+        c.send(1, spec.BasicGet(0, "work", False))
+        c.received()
+        c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        vh = self.broker.vhosts["/"]
+        self.assertNotIn("excl", vh.queues)
+        self.assertEqual(vh.queues["work"].messageCount, 1)
+        self.assertFalse(c.transport.disconnecting)
+
+    def test_serverCloseWaitsForCloseOk(self):
+        """After a connection error, a crossing connection.close is answered and close-ok ends it."""
+        c = self.ready()
+        c.send(1, spec.BasicPublish(0, "", "q", False, True))  # immediate: 540
+        [m] = c.methods()
+        self.assertEqual(m.reply_code, 540)
+        c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        self.assertEqual([type(m) for m in c.methods()], [spec.ConnectionCloseOk])
+        self.assertFalse(c.transport.disconnecting)
+        c.send(0, spec.ConnectionCloseOk())
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_failedHandshakeDroppedSoon(self):
+        """A connection closed during the handshake is dropped after RabbitMQ's 3 s silent-close delay."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
+        c.send(0, spec.ConnectionTuneOk(2047, 4000, 0))  # below the 4096 minimum
+        self.clock.advance(2.9)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_crossingChannelClose(self):
+        """The client's channel.close while ours is pending gets close-ok; the channel ends at its close-ok."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "missing", True))
+        c.send(1, spec.ChannelClose(200, "bye", 0, 0))
+        self.assertEqual([type(m) for m in c.methods()], [spec.ChannelClose, spec.ChannelCloseOk])
+        self.assertIn(1, c.protocol.channels)
+        c.send(1, spec.ChannelCloseOk())
+        self.assertNotIn(1, c.protocol.channels)
+        self.assertEqual(c.methods(), [])
+        c.openChannel(1)
+        self.assertIn(1, c.protocol.channels)
+
+    def test_queueDeleteOkBeforeCancel(self):
+        """The deleting connection gets delete-ok first, then basic.cancel for its consumers."""
+        c = self.ready()
+        c.openChannel(2)
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.send(2, spec.BasicConsume(0, "q", "t2"))
+        c.send(1, spec.BasicConsume(0, "q", "t1"))
+        c.received()
+        c.send(1, spec.QueueDelete(0, "q"))
+        got = [(ch, type(m)) for ch, m, _ in c.received()]
+        self.assertEqual(got[0], (1, spec.QueueDeleteOk))
+        self.assertEqual(sorted(got[1:], key=repr), sorted([(1, spec.BasicCancel), (2, spec.BasicCancel)], key=repr))
+
+    def test_passiveDeclareDefaultExchange(self):
+        """A passive declare of the default exchange is a 403 channel error."""
+        c = self.ready()
+        c.send(1, spec.ExchangeDeclare(0, "", "direct", True))
+        [m] = c.methods()
+        self.assertEqual((m.reply_code, m.reply_text), (403, "ACCESS_REFUSED - operation not permitted on the default exchange"))
+
+    def test_serverProperties(self):
+        """serverProperties replace connection.start's values; ours are the default."""
+        factory = AMQPServerFactory(self.broker, self.clock, serverProperties={"product": "RabbitMQ"})
+        c = FakeClient(factory, handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        [start] = c.methods()
+        self.assertEqual(start.server_properties["product"], "RabbitMQ")
+        self.assertIn("capabilities", start.server_properties)
+        c = FakeClient(self.factory, handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        [start] = c.methods()
+        self.assertEqual(start.server_properties["product"], "otter_tx")

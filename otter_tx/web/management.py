@@ -42,6 +42,7 @@ from urllib.parse import quote, unquote
 
 from klein import Klein
 from werkzeug.exceptions import MethodNotAllowed, NotFound
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.resource import Resource
 
 from otter_tx import __version__
@@ -318,6 +319,12 @@ class ManagementApp:
             return self._renderError(request, e)
         except AMQPError as e:
             return self._renderError(request, amqpHTTPError(e))
+        if isinstance(result, Deferred):
+            return result.addCallback(lambda r: self._render(request, r))
+        return self._render(request, result)
+
+    def _render(self, request, result):
+        """Write a handler's ``result`` (bytes, Response, list or JSON-able) to ``request``."""
         if isinstance(result, bytes):
             return result
         if isinstance(result, Response):
@@ -996,8 +1003,24 @@ class ManagementApp:
             return Response(204 if existed else 201)
         if vhost not in self.broker.vhosts:
             raise notFound()
-        self.broker.deleteVHost(vhost)
-        return Response(204)
+        closed = self.broker.deleteVHost(vhost)
+        return self._afterClosing(closed, Response(204))
+
+    #: seconds an HTTP answer waits for the connections it closed to go
+    closeWait = 1.0
+
+    def _afterClosing(self, connections, response):
+        """
+        A Deferred firing with ``response`` once ``connections`` (closed by
+        the request with connection.close) have gone, or after
+        :attr:`closeWait` seconds: RabbitMQ answers a vhost deletion only
+        after its connections are closed, so a client that sees the 204 also
+        sees its connection.close.
+        """
+        d = gatherResults([c.whenClosed() for c in connections], consumeErrors=True)
+        d.addTimeout(self.closeWait, self.clock)
+        d.addErrback(lambda f: None)  # timed out (the waits are cancelled): answer anyway
+        return d.addCallback(lambda _: response)
 
     @app.route("/api/vhosts/<vhost>/permissions", methods=["GET", "OPTIONS"])
     @endpoint(_ADMIN)
