@@ -175,23 +175,30 @@ class Certificates:
             _escape(self.serverKey), _escape(self.serverCert),
         )
 
-    def serverEndpoint(self, requireClientCertificate=False, **kw):
+    def serverEndpoint(self, clientCertificates=None, **kw):
         """
         What an embedder adds instead of an endpoint string (docs/tls.md,
         "Client certificates"): an ``SSL4ServerEndpoint`` on 127.0.0.1, any
-        free port, with the server certificate.  With
-        ``requireClientCertificate``, its ``CertificateOptions`` get
-        ``trustRoot=<the test CA>``, which makes Twisted verify client
-        certificates and require one.  ``kw`` goes to ``CertificateOptions``
-        (``raiseMinimumTo=TLSVersion.TLSv1_3``, ...).
+        free port, with the server certificate.  ``clientCertificates``:
+
+        - ``None``: not asked for (as the ``ssl:`` string);
+        - ``"required"``: ``CertificateOptions(trustRoot=<the test CA>)``,
+          which makes Twisted verify client certificates and require one;
+        - ``"optional"``: ``verify=True, caCerts=[<the test CA>],
+          requireCertificate=False``: a certificate is verified if sent.
+
+        ``kw`` goes to ``CertificateOptions`` (``raiseMinimumTo=...``).
         """
         from twisted.internet import ssl as tssl
         from twisted.internet.endpoints import SSL4ServerEndpoint
 
         with open(self.serverCert, "rb") as c, open(self.serverKey, "rb") as k:
             server = tssl.PrivateCertificate.loadPEM(c.read() + k.read())
-        if requireClientCertificate:
-            kw["trustRoot"] = tssl.trustRootFromCertificates([tssl.Certificate.loadPEM(self.caPEM)])
+        ca = tssl.Certificate.loadPEM(self.caPEM)
+        if clientCertificates == "required":
+            kw["trustRoot"] = tssl.trustRootFromCertificates([ca])
+        elif clientCertificates == "optional":
+            kw.update(verify=True, caCerts=[ca.original], requireCertificate=False)
         options = tssl.CertificateOptions(
             privateKey=server.privateKey.original, certificate=server.original, **kw
         )
@@ -224,7 +231,7 @@ class TLSTestCase(InteropTestCase):
         from otter_tx.testing import startBroker
 
         self.certs = Certificates(self.mktemp())
-        d = startBroker(reactor, amqp=self.listeners(self.certs))
+        d = startBroker(reactor, amqp=self.listeners(self.certs), **self.brokerOptions)
 
         def started(fixture):
             self.fixture = fixture
@@ -390,6 +397,31 @@ class ServerTLSTests(TLSTestCase):
         d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams()))
         return d
 
+    def test_silentClientTimesOut(self):
+        """
+        The broker's handshake timeout (``--handshake-timeout``) runs from
+        the TCP accept, so it also covers the TLS handshake: a client that
+        connects and says nothing is disconnected.
+        """
+        self.fixture.service.factory.handshakeTimeout = 0.3
+
+        def run():
+            with socket.create_connection(("127.0.0.1", self.tlsPort), timeout=10) as raw:
+                start = time.monotonic()
+                try:
+                    data = raw.recv(1)
+                except ConnectionResetError:
+                    data = b""
+                self.assertEqual(data, b"")
+                elapsed = time.monotonic() - start
+                self.assertGreater(elapsed, 0.2)  # closed by the timer, not at once
+                self.assertLess(elapsed, 5)
+
+        d = self.inThread(run)
+        d.addCallback(lambda _: self.connectionsGone())
+        d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams()))
+        return d
+
     def test_oldTLSVersionsRefused(self):
         """
         Twisted's default floor is TLS 1.2: a client that offers at most TLS
@@ -473,7 +505,7 @@ class ClientCertificateTests(TLSTestCase):
     """
 
     def listeners(self, certs):
-        return [certs.serverEndpoint(requireClientCertificate=True)]
+        return [certs.serverEndpoint(clientCertificates="required")]
 
     def goodClient(self):
         return self.clientContext(certfile=self.certs.clientCert, keyfile=self.certs.clientKey)
@@ -549,6 +581,31 @@ class ClientCertificateTests(TLSTestCase):
         d.addCallback(lambda _: self.connectionsGone())
         d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams(self.goodClient())))
         return d
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class OptionalClientCertificateTests(TLSTestCase):
+    """
+    ``CertificateOptions(verify=True, caCerts=[CA], requireCertificate=False)``
+    (RabbitMQ's ``verify_peer`` with ``fail_if_no_peer_cert = false``): a
+    certificate is checked when one is sent, but none is needed.
+    """
+
+    def listeners(self, certs):
+        return [certs.serverEndpoint(clientCertificates="optional")]
+
+    def test_optional(self):
+        """No certificate or a CA-signed one: accepted; one from another CA: refused."""
+
+        def run():
+            self.roundTrip(self.tlsParams())
+            self.roundTrip(self.tlsParams(self.clientContext(
+                certfile=self.certs.clientCert, keyfile=self.certs.clientKey)))
+            e = self.refused(self.tlsParams(self.clientContext(
+                certfile=self.certs.strangerCert, keyfile=self.certs.strangerKey)))
+            self.assertIn("TLSV1_ALERT_UNKNOWN_CA", repr(e))
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
 
 
 @inProcessOnly(IN_PROCESS_ONLY)
