@@ -10,7 +10,7 @@ negotiated ``frame_max`` as soon as the 7-byte header arrives.  Errors follow
 RabbitMQ ``rabbit_reader.erl``: frame errors are connection-level 501, a
 method on an unopened channel 504, content frames out of place 505.
 
-Why the connection engine lives in the protocol here (STYLE.md prefers a
+Why the connection engine lives in the protocol here (docs/style.md prefers a
 sans-IO engine): the hot path (publish in, deliver out) is one tight loop
 over the receive buffer, and keeping it in one object saves a layer of
 per-frame calls; every timer still runs on the injected clock and the unit

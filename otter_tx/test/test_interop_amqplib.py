@@ -40,7 +40,8 @@ class AmqplibTests(InteropTestCase):
     def setUp(self):
         self.node = shutil.which("node")
         if self.node is None:
-            raise SkipTest("node is not installed")
+            raise SkipTest("Node.js is not installed: apt-get install nodejs npm, then "
+                           "npm ci --prefix otter_tx/test/node")
         if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "amqplib")):
             raise SkipTest("amqplib is not installed: run "
                            "npm ci --prefix otter_tx/test/node")

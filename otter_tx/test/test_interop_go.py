@@ -11,6 +11,7 @@ import shutil
 import tempfile
 
 from twisted.internet import defer, utils
+from twisted.trial.unittest import SkipTest
 
 from otter_tx.test.interop import InteropTestCase
 
@@ -19,17 +20,25 @@ GOPATH = "/usr/share/gocode"
 _binary = None
 
 
+def goMissing():
+    """None when Debian's Go and amqp091-go are installed, else the skip reason naming the packages."""
+    if shutil.which("go") is None:
+        return "Go is not installed: apt-get install golang-go golang-github-rabbitmq-amqp091-go-dev"
+    if not os.path.isdir(os.path.join(GOPATH, "src/github.com/rabbitmq/amqp091-go")):
+        return "amqp091-go is not installed: apt-get install golang-github-rabbitmq-amqp091-go-dev"
+    return None
+
+
 @defer.inlineCallbacks
 def _build():
     """Build the scenario binary once per test process."""
     global _binary
     if _binary is not None:
         return _binary
+    reason = goMissing()
+    if reason is not None:
+        raise SkipTest(reason)
     go = shutil.which("go")
-    if go is None or not os.path.isdir(os.path.join(GOPATH, "src/github.com/rabbitmq/amqp091-go")):
-        raise RuntimeError(
-            "Go and amqp091-go are needed: apt-get install golang-go golang-github-rabbitmq-amqp091-go-dev"
-        )
     out = tempfile.mkdtemp(prefix="otter-go-")
     env = dict(os.environ, GO111MODULE="off", GOPATH=GOPATH, GOCACHE=os.path.join(out, "cache"),
                HOME=out)
@@ -45,6 +54,12 @@ class Amqp091GoTests(InteropTestCase):
     """amqp091-go scenarios."""
 
     timeout = 120
+
+    def setUp(self):
+        reason = goMissing()
+        if reason is not None:
+            raise SkipTest(reason)
+        return InteropTestCase.setUp(self)
 
     @defer.inlineCallbacks
     def scenario(self, name):
