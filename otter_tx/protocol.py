@@ -177,10 +177,16 @@ class AMQPServerProtocol(Protocol):
     def connectionLost(self, reason=None):
         """Release channels (requeue unacked), delete exclusive queues, stop timers."""
         if self._state not in (_CLOSING, _CLOSED):
-            log.warn(
-                "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
-                name=self.name, who=self._who(),
-            )
+            if reason is not None and reason.check("OpenSSL.SSL.Error"):
+                log.warn(
+                    "closing AMQP connection {name}{who}: TLS handshake failed: {why}",
+                    name=self.name, who=self._who(), why=reason.getErrorMessage(),
+                )
+            else:
+                log.warn(
+                    "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
+                    name=self.name, who=self._who(),
+                )
         self._state = _CLOSED
         self._cancelTimers()
         self.broker.connections.discard(self)
