@@ -8,13 +8,20 @@ Each test starts the real broker in-process with a TLS listener on
 ``localhost`` and ``127.0.0.1`` (subjectAltName), a client certificate
 signed by that CA, and a client certificate from a second, untrusted CA.
 
-Two ways of listening are covered, the two docs/tls.md describes:
+Three ways of listening are covered, the three docs/tls.md describes:
 
 - the endpoint string ``ssl:0:interface=127.0.0.1:privateKey=...:certKey=...``
   (what ``--amqp`` and the TOML ``amqp`` key take): server TLS only;
+- otter_tx's own ``ottertls:0:...:caCerts=...:verify=...:minTLS=...``
+  string (``otter_tx.tls``, a Twisted endpoint plugin): client
+  certificates required or optional, a TLS 1.3 floor, from ``--amqp`` or
+  TOML; its argument errors are unit-tested here too;
 - an ``SSL4ServerEndpoint`` with ``CertificateOptions(trustRoot=CA)`` added
   by an embedder: client certificates required and verified against the
   CA, which no ``ssl:`` endpoint string can ask for.
+
+The management API's ``ssl`` field and the broker's log line for a failed
+TLS handshake are checked over real TLS connections.
 
 Clients that are refused fail within pika's ``socket_timeout`` and the
 broker keeps serving; trial fails a test if the broker logs an error.
@@ -28,7 +35,7 @@ import ssl
 import time
 
 from twisted.internet import reactor, task
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from otter_tx.test.interop import InteropTestCase, inProcessOnly
 
@@ -174,6 +181,18 @@ class Certificates:
         return "ssl:0:interface=127.0.0.1:privateKey=%s:certKey=%s" % (
             _escape(self.serverKey), _escape(self.serverCert),
         )
+
+    def otterString(self, **args):
+        """
+        The ``--amqp`` string for otter_tx's ``ottertls:`` endpoint on
+        127.0.0.1, any free port, with the server key and certificate;
+        ``args`` are more ``name=value`` arguments (``caCerts=self.ca``,
+        ``verify="optional"``, ``minTLS="1.3"``), escaped here.
+        """
+        parts = ["ottertls:0", "interface=127.0.0.1",
+                 "privateKey=" + _escape(self.serverKey), "certKey=" + _escape(self.serverCert)]
+        parts += ["%s=%s" % (k, _escape(v)) for k, v in args.items()]
+        return ":".join(parts)
 
     def serverEndpoint(self, clientCertificates=None, **kw):
         """
@@ -658,7 +677,7 @@ class ConfigFileTests(TLSTestCase):
                 "amqp = ['tcp:0:interface=127.0.0.1', '%s']\n"
                 "management = []\n"
                 "data-dir = '%s'\n"
-                % (self.certs.endpointString(), os.path.join(os.path.dirname(config), "data"))
+                % (self.tomlListener(), os.path.join(os.path.dirname(config), "data"))
             )
         options = tap.Options()
         options.parseOptions(["--config", config])
@@ -674,6 +693,10 @@ class ConfigFileTests(TLSTestCase):
 
         return svc.listeningPorts(svc.amqpServices).addCallback(listening)
 
+    def tomlListener(self):
+        """The TLS endpoint string written into the TOML ``amqp`` list."""
+        return self.certs.endpointString()
+
     def test_tomlListeners(self):
         """The TLS listener from the config file serves amqps://, the tcp one plain AMQP."""
 
@@ -684,3 +707,505 @@ class ConfigFileTests(TLSTestCase):
             ))
 
         return self.inThread(run)
+
+
+# --- ottertls: (otter_tx.tls) ----------------------------------------------------
+
+
+class HandshakeLog:
+    """
+    Collects the broker's ``closing AMQP connection ...`` warnings while a
+    test runs (``events``: the formatted lines).
+    """
+
+    def __init__(self, testCase):
+        from twisted.logger import globalLogPublisher
+
+        self.events = []
+        globalLogPublisher.addObserver(self)
+        testCase.addCleanup(globalLogPublisher.removeObserver, self)
+
+    def __call__(self, event):
+        from twisted.logger import formatEvent
+
+        if event.get("log_format", "").startswith("closing AMQP connection"):
+            self.events.append(formatEvent(event))
+
+    def tlsFailures(self):
+        """The lines for failed TLS handshakes."""
+        return [e for e in self.events if "TLS handshake failed" in e]
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class OtterTLSRequiredTests(TLSTestCase):
+    """
+    ``--amqp ottertls:PORT:...:caCerts=CA:verify=require`` (RabbitMQ's
+    ``verify_peer`` + ``fail_if_no_peer_cert = true``): client certificates
+    are required and verified against the CA.  A second listener gives
+    ``caCerts=`` without ``verify=``, which means the same.
+    """
+
+    def listeners(self, certs):
+        return [certs.otterString(caCerts=certs.ca, verify="require"), certs.otterString(caCerts=certs.ca)]
+
+    def goodClient(self):
+        return self.clientContext(certfile=self.certs.clientCert, keyfile=self.certs.clientKey)
+
+    def test_caSignedClientAccepted(self):
+        """A client presenting a certificate signed by the CA connects and round-trips, on both listeners."""
+
+        def run():
+            self.roundTrip(self.tlsParams(self.goodClient()))
+            self.roundTrip(self.tlsParams(self.goodClient(), port=self.fixture.amqpPorts[1]))
+
+        return self.inThread(run)
+
+    def test_noClientCertificateRefused(self):
+        """
+        A client without a certificate is refused by the handshake (TLS 1.3
+        and 1.2), on both listeners; the broker logs ``TLS handshake
+        failed``, releases the connections and goes on serving.
+        """
+        log = HandshakeLog(self)
+
+        def run():
+            for port in self.fixture.amqpPorts:
+                e = self.refused(self.tlsParams(port=port))
+                self.assertIn("TLSV13_ALERT_CERTIFICATE_REQUIRED", repr(e))
+            tls12 = self.clientContext()
+            tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+            e = self.refused(self.tlsParams(tls12))
+            self.assertIn("SSLV3_ALERT_HANDSHAKE_FAILURE", repr(e))
+
+        def logged(_):
+            self.assertEqual(len(log.tlsFailures()), 3, log.events)
+            self.assertEqual([e for e in log.events if "unexpectedly closed" in e], [])
+
+        d = self.inThread(run)
+        d.addCallback(lambda _: self.connectionsGone())
+        d.addCallback(logged)
+        d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams(self.goodClient())))
+        return d
+
+    def test_wrongCAClientRefused(self):
+        """
+        A client whose certificate comes from another CA is refused (alert
+        ``unknown ca``), the broker logs why, and certified clients still
+        connect.
+        """
+        log = HandshakeLog(self)
+
+        def run():
+            stranger = self.clientContext(certfile=self.certs.strangerCert, keyfile=self.certs.strangerKey)
+            e = self.refused(self.tlsParams(stranger))
+            self.assertIn("TLSV1_ALERT_UNKNOWN_CA", repr(e))
+
+        def logged(_):
+            [line] = log.tlsFailures()
+            self.assertIn("certificate verify failed", line)
+
+        d = self.inThread(run)
+        d.addCallback(lambda _: self.connectionsGone())
+        d.addCallback(logged)
+        d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams(self.goodClient())))
+        return d
+
+    def test_plaintextClientRefused(self):
+        """A plain amqp:// client fails promptly, is logged as a failed TLS handshake, and the broker goes on."""
+        log = HandshakeLog(self)
+
+        def run():
+            self.refused(pika.ConnectionParameters(
+                host="127.0.0.1", port=self.tlsPort, socket_timeout=10, connection_attempts=1,
+            ))
+
+        d = self.inThread(run)
+        d.addCallback(lambda _: self.connectionsGone())
+        d.addCallback(lambda _: self.assertEqual(len(log.tlsFailures()), 1, log.events))
+        d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams(self.goodClient())))
+        return d
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class OtterTLSOptionalTests(TLSTestCase):
+    """
+    ``ottertls:...:caCerts=CA:verify=optional`` (RabbitMQ's ``verify_peer``
+    + ``fail_if_no_peer_cert = false``): a certificate is verified when the
+    client sends one, and none is needed.
+    """
+
+    def listeners(self, certs):
+        return [certs.otterString(caCerts=certs.ca, verify="optional")]
+
+    def test_optional(self):
+        """No certificate or a CA-signed one: accepted; one from another CA: refused, and the broker goes on."""
+
+        def run():
+            self.roundTrip(self.tlsParams())
+            self.roundTrip(self.tlsParams(self.clientContext(
+                certfile=self.certs.clientCert, keyfile=self.certs.clientKey)))
+            e = self.refused(self.tlsParams(self.clientContext(
+                certfile=self.certs.strangerCert, keyfile=self.certs.strangerKey)))
+            self.assertIn("TLSV1_ALERT_UNKNOWN_CA", repr(e))
+            self.roundTrip(self.tlsParams())
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class OtterTLSFloorTests(TLSTestCase):
+    """
+    ``ottertls:...:minTLS=1.3`` without ``caCerts`` (RabbitMQ's
+    ``ssl_options.versions.1 = tlsv1.3``, ``verify_none``): TLS 1.2 clients
+    are refused, and client certificates are not asked for.
+    """
+
+    def listeners(self, certs):
+        return [certs.otterString(minTLS="1.3")]
+
+    def test_tls12Refused(self):
+        """A TLS 1.2-only client is refused with ``protocol version``; a TLS 1.3 client connects."""
+
+        def run():
+            ctx = self.clientContext()
+            ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+            e = self.refused(self.tlsParams(ctx))
+            self.assertIn("TLSV1_ALERT_PROTOCOL_VERSION", repr(e))
+            ctx = self.clientContext()
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+            self.roundTrip(self.tlsParams(ctx))
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+    def test_noClientCertificateNeeded(self):
+        """Without ``caCerts`` no certificate is asked for: a client presenting one from any CA connects."""
+
+        def run():
+            ctx = self.clientContext(certfile=self.certs.strangerCert, keyfile=self.certs.strangerKey)
+            self.roundTrip(self.tlsParams(ctx))
+            self.roundTrip(self.tlsParams())
+
+        return self.inThread(run)
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class OtterTLSConfigFileTests(ConfigFileTests):
+    """
+    The TOML form: ``amqp = [..., 'ottertls:...:caCerts=...']`` in a
+    ``--config`` file, through ``twistd ottermq``'s Options and makeService.
+    """
+
+    def tomlListener(self):
+        return self.certs.otterString(caCerts=self.certs.ca)
+
+    def test_tomlListeners(self):
+        """The ottertls listener from the config file requires a CA-signed client certificate; tcp serves plain AMQP."""
+
+        def run():
+            e = self.refused(self.tlsParams())
+            self.assertIn("TLSV13_ALERT_CERTIFICATE_REQUIRED", repr(e))
+            self.roundTrip(self.tlsParams(self.clientContext(
+                certfile=self.certs.clientCert, keyfile=self.certs.clientKey)))
+            self.roundTrip(pika.ConnectionParameters(
+                host="127.0.0.1", port=self.plainPort, socket_timeout=10, connection_attempts=1,
+            ))
+
+        return self.inThread(run)
+
+
+@inProcessOnly(IN_PROCESS_ONLY)
+class ManagementSSLFieldTests(TLSTestCase):
+    """
+    ``GET /api/connections`` says ``"ssl": true`` for AMQP connections that
+    came over TLS (``ssl:`` or ``ottertls:``) and false for plain ones, as
+    RabbitMQ's management API does.
+    """
+
+    brokerOptions = {"management": True}
+
+    def listeners(self, certs):
+        return [certs.endpointString(), certs.otterString(caCerts=certs.ca), "tcp:0:interface=127.0.0.1"]
+
+    def apiConnections(self):
+        """The decoded ``/api/connections`` list (call from a worker thread)."""
+        import base64
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(
+            "http://127.0.0.1:%d/api/connections" % (self.fixture.managementPort,),
+            headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    def test_sslField(self):
+        """One connection per listener: ``ssl`` is true for both TLS listeners, false for tcp."""
+        sslPort, otterPort, plainPort = self.fixture.amqpPorts
+
+        def run():
+            client = self.clientContext(certfile=self.certs.clientCert, keyfile=self.certs.clientKey)
+            conns = [
+                pika.BlockingConnection(self.tlsParams()),
+                pika.BlockingConnection(self.tlsParams(client, port=otterPort)),
+                pika.BlockingConnection(pika.ConnectionParameters(
+                    host="127.0.0.1", port=plainPort, socket_timeout=10, connection_attempts=1,
+                )),
+            ]
+            try:
+                listed = self.apiConnections()
+            finally:
+                for c in conns:
+                    c.close()
+            self.assertEqual(
+                sorted((c["port"], c["ssl"]) for c in listed),
+                sorted([(sslPort, True), (otterPort, True), (plainPort, False)]),
+            )
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+
+def _handshake(serverContext, clientContext):
+    """
+    A TLS handshake in memory between an OpenSSL server and client context;
+    returns ``(client, server, error)`` (the pyOpenSSL connections and the
+    ``OpenSSL.SSL.Error`` the server raised, or None).
+    """
+    from OpenSSL import SSL
+
+    server = SSL.Connection(serverContext, None)
+    server.set_accept_state()
+    client = SSL.Connection(clientContext, None)
+    client.set_connect_state()
+    error = None
+    for _ in range(10):
+        for conn in (client, server):
+            try:
+                conn.do_handshake()
+            except SSL.WantReadError:
+                pass
+            except SSL.Error as e:
+                if conn is server:
+                    error = e
+        moved = False
+        for a, b in ((client, server), (server, client)):
+            try:
+                data = a.bio_read(65536)
+            except SSL.WantReadError:
+                data = b""
+            if data:
+                b.bio_write(data)
+                moved = True
+        if not moved:
+            break
+    return client, server, error
+
+
+class OtterTLSParserTests(SynchronousTestCase):
+    """
+    ``otter_tx.tls``: the ``ottertls:`` string found through Twisted's
+    plugins by ``serverFromString``, what it builds, and a ``ValueError``
+    naming the argument for each bad one.
+    """
+
+    def setUp(self):
+        if x509 is None:
+            raise SkipTest("the cryptography package is not installed (it makes the test certificates)")
+        self.certs = Certificates(self.mktemp())
+        self.dir = os.path.dirname(self.certs.ca)
+
+    def file(self, name, data):
+        """Write ``data`` (bytes) to ``name`` in the test's directory; return the path."""
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def parse(self, description):
+        """``serverFromString`` on a ``MemoryReactor``."""
+        from twisted.internet.endpoints import serverFromString
+        from twisted.internet.testing import MemoryReactor
+
+        return serverFromString(MemoryReactor(), description)
+
+    def listen(self, description):
+        """
+        Listen with ``description`` on a ``MemoryReactor``; return what
+        reached ``listenSSL``: ``(port, options, backlog, interface)``.
+        """
+        from twisted.internet.endpoints import serverFromString
+        from twisted.internet.protocol import Factory
+        from twisted.internet.testing import MemoryReactor
+
+        memory = MemoryReactor()
+        serverFromString(memory, description).listen(Factory())
+        [(port, _, options, backlog, interface)] = memory.sslServers
+        return port, options, backlog, interface
+
+    def options(self, **args):
+        """The ``CertificateOptions`` built from :meth:`Certificates.otterString` with ``args``."""
+        port, options, backlog, interface = self.listen(self.certs.otterString(**args))
+        self.assertEqual((port, backlog, interface), (0, 50, "127.0.0.1"))
+        return options
+
+    def assertBad(self, description, *fragments):
+        """``description`` raises a ValueError whose message holds every fragment."""
+        e = self.assertRaises(ValueError, self.parse, description)
+        for fragment in fragments:
+            self.assertIn(fragment, str(e))
+        self.assertTrue(str(e).startswith("ottertls: "), str(e))
+        return e
+
+    def clientContext(self, certfile=None, keyfile=None, maximum=None):
+        """A pyOpenSSL client context, with a client certificate when given."""
+        from OpenSSL import SSL
+
+        ctx = SSL.Context(SSL.TLS_METHOD)
+        if certfile is not None:
+            ctx.use_certificate_file(certfile)
+            ctx.use_privatekey_file(keyfile)
+        if maximum is not None:
+            ctx.set_max_proto_version(maximum)
+        return ctx
+
+    def test_plugin(self):
+        """The plugin provides the parser and plugin interfaces and ``serverFromString`` finds it by its prefix."""
+        from twisted.internet.endpoints import SSL4ServerEndpoint
+        from twisted.internet.interfaces import IStreamServerEndpointStringParser
+        from twisted.plugin import IPlugin, getPlugins
+        from zope.interface.verify import verifyObject
+
+        from otter_tx.tls import TLSServerParser
+
+        [plugin] = [p for p in getPlugins(IStreamServerEndpointStringParser) if p.prefix == "ottertls"]
+        self.assertIsInstance(plugin, TLSServerParser)
+        verifyObject(IStreamServerEndpointStringParser, plugin)
+        verifyObject(IPlugin, plugin)
+        self.assertIsInstance(self.parse(self.certs.otterString()), SSL4ServerEndpoint)
+
+    def test_interfaceAndBacklog(self):
+        """``interface=`` and ``backlog=`` reach the listening port; the defaults are all IPv4 addresses and 50."""
+        key, cert = _escape(self.certs.serverKey), _escape(self.certs.serverCert)
+        port, _, backlog, interface = self.listen("ottertls:5671:privateKey=%s:certKey=%s" % (key, cert))
+        self.assertEqual((port, backlog, interface), (5671, 50, ""))
+        port, _, backlog, interface = self.listen(
+            "ottertls:5672:privateKey=%s:certKey=%s:interface=\\:\\:1:backlog=7" % (key, cert))
+        self.assertEqual((port, backlog, interface), (5672, 7, "::1"))
+
+    def test_verifyModes(self):
+        """No ``caCerts``: nothing asked; ``caCerts``: required unless ``verify=optional``; ``verify`` ignores case."""
+        none = self.options()
+        self.assertFalse(none.verify)
+        for args in ({"caCerts": self.certs.ca}, {"caCerts": self.certs.ca, "verify": "REQUIRE"}):
+            options = self.options(**args)
+            self.assertTrue(options.verify)
+            self.assertTrue(options.requireCertificate)
+        optional = self.options(caCerts=self.certs.ca, verify="optional")
+        self.assertTrue(optional.verify)
+        self.assertFalse(optional.requireCertificate)
+
+    def test_handshakes(self):
+        """
+        In memory: a required certificate must chain to ``caCerts``, whose
+        CA names the server sends in its certificate request; ``minTLS=1.3``
+        refuses a TLS 1.2 client.
+        """
+        from OpenSSL import SSL
+
+        context = self.options(caCerts=self.certs.ca).getContext()
+        client, server, error = _handshake(context, self.clientContext(self.certs.clientCert, self.certs.clientKey))
+        self.assertIsNone(error)
+        self.assertEqual([n.CN for n in client.get_client_ca_list()], ["otter_tx test CA"])
+        self.assertEqual(server.get_peer_certificate().to_cryptography().subject, _name("app1"))
+        _, _, error = _handshake(context, self.clientContext())
+        self.assertIsInstance(error, SSL.Error)
+        _, _, error = _handshake(context, self.clientContext(self.certs.strangerCert, self.certs.strangerKey))
+        self.assertIsInstance(error, SSL.Error)
+
+        floor = self.options(minTLS="1.3").getContext()
+        _, _, error = _handshake(floor, self.clientContext(maximum=SSL.TLS1_2_VERSION))
+        self.assertIsInstance(error, SSL.Error)
+        client, _, error = _handshake(floor, self.clientContext())
+        self.assertIsNone(error)
+        self.assertEqual(client.get_protocol_version_name(), "TLSv1.3")
+        client, _, error = _handshake(self.options(minTLS="TLSv1.2").getContext(),
+                                      self.clientContext(maximum=SSL.TLS1_2_VERSION))
+        self.assertIsNone(error)
+        self.assertEqual(client.get_protocol_version_name(), "TLSv1.2")
+
+    def test_chain(self):
+        """Certificates after the first in ``certKey`` and those in ``extraCertChain`` are sent as the chain."""
+        with open(self.certs.serverCert, "rb") as c:
+            full = self.file("fullchain.pem", c.read() + self.certs.caPEM)
+        _, options, _, _ = self.listen("ottertls:0:privateKey=%s:certKey=%s:extraCertChain=%s" % (
+            _escape(self.certs.serverKey), _escape(full), _escape(self.certs.otherCA)))
+        self.assertEqual(len(options.extraCertChain), 2)
+        self.assertEqual(self.options().extraCertChain, [])
+
+    def test_combinedPEM(self):
+        """Without ``certKey`` the certificate is read from the ``privateKey`` file, as with ``ssl:``."""
+        with open(self.certs.serverCert, "rb") as c, open(self.certs.serverKey, "rb") as k:
+            combined = self.file("combined.pem", c.read() + k.read())
+        self.parse("ottertls:0:privateKey=%s" % (_escape(combined),))
+        self.assertBad("ottertls:0:privateKey=%s" % (_escape(self.certs.serverKey),),
+                       "privateKey=", "no certKey= given", "no PEM certificate")
+
+    def test_missingFiles(self):
+        """A file that cannot be read is named with its argument."""
+        missing = os.path.join(self.dir, "missing.pem")
+        for name in ("privateKey", "certKey", "extraCertChain", "caCerts"):
+            args = {"privateKey": self.certs.serverKey, "certKey": self.certs.serverCert, name: missing}
+            description = "ottertls:0:" + ":".join("%s=%s" % (k, _escape(v)) for k, v in args.items())
+            self.assertBad(description, "%s=%s: cannot read it" % (name, missing), "No such file")
+
+    def test_unreadablePEM(self):
+        """Files without the PEM object expected are refused, naming the argument."""
+        garbage = _escape(self.file("garbage.pem", b"not PEM at all\n"))
+        base = self.certs.otterString()
+        self.assertBad(base + ":caCerts=" + garbage, "caCerts=", "no PEM certificate")
+        self.assertBad(base + ":extraCertChain=" + garbage, "extraCertChain=", "no PEM certificate")
+        self.assertBad(base + ":caCerts=" + _escape(self.certs.serverKey), "caCerts=", "no PEM certificate")
+        self.assertBad("ottertls:0:privateKey=%s:certKey=%s" % (garbage, _escape(self.certs.serverCert)),
+                       "privateKey=", "no usable PEM private key")
+        self.assertBad("ottertls:0:privateKey=%s:certKey=%s" % (_escape(self.certs.serverKey), garbage),
+                       "certKey=", "no PEM certificate")
+
+    def test_encryptedKey(self):
+        """An encrypted private key is refused (there is no password option) rather than prompting for one."""
+        with open(self.certs.serverKey, "rb") as k:
+            key = serialization.load_pem_private_key(k.read(), None)
+        encrypted = self.file("encrypted.key", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        ))
+        self.assertBad("ottertls:0:privateKey=%s:certKey=%s" % (_escape(encrypted), _escape(self.certs.serverCert)),
+                       "privateKey=", "encrypted")
+
+    def test_keyMismatch(self):
+        """A certificate that is not the private key's is refused, naming both."""
+        self.assertBad("ottertls:0:privateKey=%s:certKey=%s" % (
+            _escape(self.certs.serverKey), _escape(self.certs.clientCert)),
+            "certKey=%s" % (self.certs.clientCert,), "does not match privateKey=")
+
+    def test_badValues(self):
+        """Unknown ``verify``/``minTLS`` values and contradictory combinations are refused, naming the argument."""
+        base = self.certs.otterString()
+        ca = ":caCerts=" + _escape(self.certs.ca)
+        self.assertBad(base + ca + ":verify=maybe", "verify=maybe", "require, optional, none")
+        self.assertBad(base + ":verify=require", "verify=require needs caCerts=")
+        self.assertBad(base + ":verify=optional", "verify=optional needs caCerts=")
+        self.assertBad(base + ca + ":verify=none", "verify=none with caCerts=")
+        self.assertBad(base + ":minTLS=1.1", "minTLS=1.1", "1.2 or 1.3")
+        self.assertBad(base + ":minTLS=1.4", "minTLS=1.4")
+
+    def test_badShape(self):
+        """A missing port or key, a bad number, a stray positional or unknown argument are refused, named."""
+        key = "privateKey=" + _escape(self.certs.serverKey)
+        self.assertBad("ottertls:" + key, "the port comes first")
+        self.assertBad("ottertls:5671", "privateKey= is required")
+        self.assertBad("ottertls:tls:" + key, "port 'tls': not a number")
+        self.assertBad("ottertls:70000:" + key, "port 70000")
+        self.assertBad("ottertls:0:" + key + ":backlog=many", "backlog 'many': not a number")
+        self.assertBad("ottertls:0:server.key:" + key, "unexpected argument 'server.key'")
+        self.assertBad(self.certs.otterString(caCertsDir=self.dir, sslmethod="x"),
+                       "unknown arguments caCertsDir=, sslmethod=", "known: privateKey=")

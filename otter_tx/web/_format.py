@@ -14,6 +14,8 @@ import hashlib
 from decimal import Decimal
 from urllib.parse import quote
 
+from twisted.internet.interfaces import ISSLTransport
+
 from otter_tx.amqp.codec import ByteArray, TaggedFloat
 from otter_tx.broker.queue import Queue
 
@@ -301,7 +303,7 @@ def connectionDict(conn):
         "port": getattr(host, "port", None),
         "peer_host": getattr(conn.peer, "host", None),
         "peer_port": getattr(conn.peer, "port", None),
-        "ssl": False,
+        "ssl": ISSLTransport.providedBy(transport),
         "client_properties": jsonable(conn.clientProperties or {}),
         "connected_at": int(conn.connectedAt * 1000),
         "recv_oct": conn.bytesIn,
