@@ -7,14 +7,23 @@ Example (see docs/embedding.md)::
     from otter_tx.service import OtterService
     application = Application("my app")
     OtterService(amqp=["tcp:5672"], management=["tcp:15672"]).setServiceParent(application)
+
+Start-up order: lock the data directory, open the store, rebuild durable
+state (merging in what was declared through the Python API before
+``startService``), then listen on every endpoint at once.  Only when every
+listener is bound does the service log one ``otter_tx ready: ...`` line with
+the URLs and fire :meth:`OtterService.whenReady`; if anything fails, no port
+stays open and ``whenReady`` fails (under twistd, the process exits with
+status 1 after one log line saying why).
 """
 
 import gc
 import os
+import sys
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
@@ -26,8 +35,9 @@ log = Logger()
 
 def defaultHighWatermark(fraction=0.4):
     """
-    RabbitMQ's default memory high-watermark: 40% of physical memory, in
-    bytes (applied here to queued message bodies).
+    ``fraction`` (float, 0..1) of physical memory in bytes (int); RabbitMQ's
+    default memory high-watermark is 0.4 of RAM.  None when the RAM size
+    cannot be found.
     """
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
@@ -39,34 +49,238 @@ class DataDirInUse(Exception):
     """Another broker holds the data directory's lock."""
 
 
+class ListenFailed(Exception):
+    """
+    A listener could not bind (port in use, permission denied, ...).
+
+    :ivar kind: ``"AMQP"`` or ``"management"``.
+    :ivar endpoint: the endpoint string (str), e.g. ``"tcp:5672"``.
+    :ivar reason: the operating system's reason (str), e.g.
+        ``"Address already in use"``.
+    """
+
+    def __init__(self, kind, endpoint, reason):
+        self.kind = kind
+        self.endpoint = endpoint
+        self.reason = reason
+        Exception.__init__(self, "cannot listen on %s endpoint %r: %s" % (kind, endpoint, reason))
+
+
+class StartError(Exception):
+    """The service cannot start for a reason given in its text (one line)."""
+
+
+def _listenReason(e):
+    """The short reason a listen failed: ``Address already in use``."""
+    socketError = getattr(e, "socketError", None)
+    if isinstance(socketError, OSError) and socketError.strerror:
+        return "%s (errno %s)" % (socketError.strerror, socketError.errno)
+    if isinstance(e, OSError) and e.strerror:
+        return "%s (errno %s)" % (e.strerror, e.errno)
+    return str(e) or e.__class__.__name__
+
+
+def _exitProcess(status):
+    """Flush stdio and end the process with ``status`` (twistd's exit path)."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    os._exit(status)
+
+
+class Listener(Service):
+    """
+    One listening endpoint of an :class:`OtterService`.  The OtterService
+    makes it listen (:meth:`listen`) after recovery; it is not meant to be
+    started on its own.
+
+    :ivar kind: ``"AMQP"`` or ``"management"``.
+    :ivar description: the endpoint string (str).
+    :ivar endpoint: the ``IStreamServerEndpoint``.
+    :ivar factory: the protocol factory it serves.
+    :ivar port: the ``IListeningPort`` while listening, else None.
+    """
+
+    def __init__(self, kind, description, endpoint, factory):
+        self.kind = kind
+        self.description = description
+        self.endpoint = endpoint
+        self.factory = factory
+        self.port = None
+
+    def listen(self):
+        """
+        Listen now: a Deferred firing with the ``IListeningPort``, or
+        failing with :class:`ListenFailed`.
+        """
+
+        def listening(port):
+            self.port = port
+            return port
+
+        def failed(f):
+            raise ListenFailed(self.kind, self.description, _listenReason(f.value))
+
+        return maybeDeferred(self.endpoint.listen, self.factory).addCallbacks(listening, failed)
+
+    @property
+    def _waitingForPort(self):
+        # what OtterService.listeningPorts used to read (StreamServerEndpointService's name)
+        return succeed(self.port)
+
+    def stopService(self):
+        """Stop listening (a Deferred; no error if not listening)."""
+        Service.stopService(self)
+        port, self.port = self.port, None
+        if port is None:
+            return succeed(None)
+        return maybeDeferred(port.stopListening)
+
+
+def _hostURL(scheme, address, path=""):
+    """``amqp://127.0.0.1:5672`` for an IPv4/IPv6 address; wildcards shown as loopback."""
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is None or port is None:
+        name = getattr(address, "name", None)
+        return "%s (%s)" % (scheme, name if name is not None else address)
+    note = ""
+    if host in ("0.0.0.0", ""):
+        host, note = "127.0.0.1", " (all interfaces)"
+    elif host == "::":
+        host, note = "::1", " (all interfaces)"
+    if ":" in host:
+        host = "[%s]" % (host,)
+    return "%s://%s:%d%s%s" % (scheme, host, port, path, note)
+
+
+def _isTLS(endpoint, description=None):
+    if description is not None:
+        return description.split(":", 1)[0].strip().lower() in ("ssl", "tls", "tlsv1")
+    from twisted.internet.endpoints import SSL4ServerEndpoint
+
+    return isinstance(endpoint, SSL4ServerEndpoint)
+
+
+def _describe(endpoint):
+    """A foreign endpoint object as text for error messages."""
+    port = getattr(endpoint, "_port", None)
+    iface = getattr(endpoint, "_interface", "")
+    if port is not None:
+        return "%s(port=%s%s)" % (endpoint.__class__.__name__, port, ", interface=%r" % iface if iface else "")
+    return repr(endpoint)
+
+
+class _PreStartRecorder:
+    """
+    Broker listener installed from construction until recovery: remembers
+    the last change of every entity declared, changed or deleted through
+    the Python API before ``startService`` so it can be merged with what
+    the store recovers and then written (see OtterService._mergePreStart).
+    """
+
+    def __init__(self):
+        self.events = {}
+
+    def __call__(self, kind, vhost, obj, deleted):
+        key = self.key(kind, vhost, obj)
+        self.events.pop(key, None)
+        self.events[key] = (kind, vhost, obj, deleted)
+
+    @staticmethod
+    def key(kind, vhost, obj):
+        if kind in ("vhost", "user"):
+            return (kind, obj.name)
+        if kind == "permission":
+            return (kind,) + tuple(obj)
+        if kind == "binding":
+            from otter_tx.broker.durability import tableToText
+            from otter_tx.broker.queue import Queue
+
+            source, dest, routingKey, arguments = obj
+            destKind = "queue" if isinstance(dest, Queue) else "exchange"
+            return (kind, vhost.name, source.name, destKind, dest.name, routingKey, tableToText(arguments))
+        return (kind, vhost.name, obj.name)
+
+
 class OtterService(MultiService):
     """
     The broker with its AMQP listeners (and the management app when
-    ``management`` endpoints are given).
+    ``management`` endpoints are given).  Every keyword is optional.
 
-    :param amqp: list of endpoint strings (``["tcp:5672"]``).
-    :param management: list of endpoint strings for the HTTP management app.
+    :param amqp: AMQP endpoint strings, a list of str (``["tcp:5672"]``; a
+        single str is taken as a one-item list).  ``ssl:`` endpoints serve
+        amqps.  Default ``("tcp:5672",)``.
+    :param management: endpoint strings (list of str) for the HTTP management
+        app; default none.
     :param reactor: the reactor (default: the global one, imported lazily).
-    :param dataDir: directory for durable state (str).
-    :param heartbeat: seconds.  :param frameMax: bytes.  :param channelMax: int.
-    :param handshakeTimeout: seconds.
-    :param memoryHighWatermark: bytes of queued bodies before publishers are
-        blocked (None: 40% of RAM).
+    :param dataDir: directory for durable state (str); created if missing.
+        Without ``dataDir`` and without ``store`` nothing is stored: the
+        broker uses a ``MemoryStore`` and forgets everything when the
+        process ends.
+    :param store: an ``IMessageStore`` to use instead of the one ``dataDir``
+        implies (``SQLiteStore(dataDir)``, or ``MemoryStore()`` without a
+        dataDir).
+    :param heartbeat: heartbeat proposed in ``connection.tune``, seconds
+        (int, 0-65535; 0 disables).  Default 60.
+    :param frameMax: largest frame, bytes (int, at least 4096).  Default 131072.
+    :param channelMax: most open channels per connection (int, 0-65535; 0
+        means 65535).  Default 2047.
+    :param handshakeTimeout: seconds a client may take from connect to
+        ``connection.open`` (float; 0 disables).  Default 10.
+    :param memoryHighWatermark: bytes of queued message bodies (int) above
+        which publishers get ``connection.blocked``; None (default) for 40%
+        of RAM.  ``otter_tx.tap.memoryHighWatermarkBytes("1GB")`` turns
+        RabbitMQ's forms (a fraction, units) into bytes.
     :param consumerTimeout: delivery acknowledgement timeout in ms (RabbitMQ
         3.10's ``consumer_timeout``, default 1800000); 0 disables.
+    :param defaultUser: name of the administrator created at first start
+        (str, default ``guest``); once the store holds users, it is not
+        re-created.
+    :param defaultPass: its password (str, default ``guest``).
+    :param loopbackUsers: users that may connect only from loopback (iterable
+        of str; default ``("guest",)``), like RabbitMQ's ``loopback_users``.
     :param policies: list of dicts ``{"vhost", "name", "pattern",
-        "definition", "priority", "apply-to"}`` to install at start.
+        "definition", "priority", "apply-to"}`` (as in the config file) to
+        install; a policy for a vhost that exists neither now nor in the
+        store makes the start fail.
+    :param serverProperties: dict str -> str merged over the
+        ``connection.start`` server properties, like RabbitMQ's
+        ``server_properties`` (``{"product": "RabbitMQ"}``); our own product
+        name stays the default.  ``capabilities`` cannot be replaced.
+    :raise ValueError: for an endpoint string Twisted cannot parse or a bad
+        ``serverProperties`` entry.
+
+    Anything declared through ``service.broker`` before ``startService``
+    (vhosts, users, permissions, policies, durable exchanges, queues and
+    bindings) is merged with the recovered state at start and written to
+    the store, exactly as if it had been declared afterwards.
     """
 
     def __init__(self, amqp=("tcp:5672",), management=(), reactor=None, dataDir=None,
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
-                 loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000):
+                 loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
+                 serverProperties=None):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
         self.dataDir = dataDir
+        if isinstance(amqp, str):
+            amqp = [amqp]
+        if isinstance(management, str):
+            management = [management]
+        serverProperties = dict(serverProperties or {})
+        for key, value in serverProperties.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError("serverProperties: keys must be non-empty strings, got %r" % (key,))
+            if key == "capabilities":
+                raise ValueError("serverProperties: 'capabilities' cannot be replaced")
+            if not isinstance(value, str):
+                raise ValueError("serverProperties: %s must be a string, got %r" % (key, value))
         if store is None:
             if dataDir is None:
                 from otter_tx.store.memory import MemoryStore
@@ -80,9 +294,13 @@ class OtterService(MultiService):
         #: the IMessageStore (SQLite under dataDir by default; memory without one)
         self.store = store
         self._ready = None  # None until started, then True or a Failure
-        #: stop the process (exit status 1) if the store cannot open; twistd sets it
+        #: stop the process (exit status 1) if the service cannot start; twistd sets it
         self.exitOnFailure = False
         self._readyWaiters = []
+        #: after ready: the URLs served (lists of str), as in the ready log line
+        self.amqpURLs = []
+        self.managementURLs = []
+        self._foreignPorts = {}
         if memoryHighWatermark is None:
             memoryHighWatermark = defaultHighWatermark()
         self.broker = Broker(
@@ -93,11 +311,15 @@ class OtterService(MultiService):
             loopbackUsers=loopbackUsers,
             consumerTimeout=consumerTimeout,
         )
+        # everything declared from here until recovery is merged and written then
+        self._preStart = _PreStartRecorder()
+        self.broker.listeners.append(self._preStart)
+        self._pendingPolicies = []
         for p in policies:
-            self.broker.setPolicy(
-                p.get("vhost", "/"), p["name"], p["pattern"], p["definition"],
-                p.get("priority", 0), p.get("apply-to", "all"),
-            )
+            if p.get("vhost", "/") in self.broker.vhosts:
+                self._setPolicy(p)
+            else:
+                self._pendingPolicies.append(p)
         self.factory = AMQPServerFactory(
             self.broker,
             reactor,
@@ -105,10 +327,11 @@ class OtterService(MultiService):
             frameMax=frameMax,
             channelMax=channelMax,
             handshakeTimeout=handshakeTimeout,
+            serverProperties=serverProperties,
         )
         self.amqpServices = []
         for desc in amqp:
-            svc = StreamServerEndpointService(serverFromString(reactor, desc), self.factory)
+            svc = Listener("AMQP", desc, self._endpoint("amqp", desc), self.factory)
             svc.setServiceParent(self)
             self.amqpServices.append(svc)
         self.managementServices = []
@@ -121,9 +344,23 @@ class OtterService(MultiService):
             site = Site(self.management.app.resource())
             site.noisy = False
             for desc in management:
-                svc = StreamServerEndpointService(serverFromString(reactor, desc), site)
+                svc = Listener("management", desc, self._endpoint("management", desc), site)
                 svc.setServiceParent(self)
                 self.managementServices.append(svc)
+
+    def _endpoint(self, option, desc):
+        if not isinstance(desc, str):
+            raise ValueError("%s: endpoints must be strings like 'tcp:5672', got %r" % (option, desc))
+        try:
+            return serverFromString(self.reactor, desc)
+        except Exception as e:
+            raise ValueError("%s: invalid endpoint %r: %s" % (option, desc, e)) from e
+
+    def _setPolicy(self, p):
+        self.broker.setPolicy(
+            p.get("vhost", "/"), p["name"], p["pattern"], p["definition"],
+            p.get("priority", 0), p.get("apply-to", "all"),
+        )
 
     def privilegedStartService(self):
         """
@@ -135,12 +372,18 @@ class OtterService(MultiService):
 
     def startService(self):
         """
-        Open the store, rebuild durable state, then start listening.  A
-        store that cannot be opened (corrupt file) is logged with its path
-        and what to do, and the reactor is stopped: no partial start.
-        """
-        from otter_tx.broker.durability import Journal
+        Lock the data directory, open the store, rebuild durable state
+        (merged with anything declared before start), then listen on every
+        endpoint.  Returns a Deferred like :meth:`whenReady`.
 
+        Failures (data directory in use, a corrupt store, a listener that
+        cannot bind) are logged as one line (``otter_tx cannot start:
+        ...``); no port stays open; :meth:`whenReady` fails with the error
+        (:class:`DataDirInUse`, ``StoreCorruptError``, :class:`ListenFailed`
+        ...).  With :attr:`exitOnFailure` (twistd) the reactor is stopped
+        and the process exits with status 1.  Call :meth:`stopService` to
+        close the store afterwards.
+        """
         Service.startService(self)
         self._tuneGC()
         try:
@@ -150,33 +393,291 @@ class OtterService(MultiService):
         else:
             d = self.store.open()
 
-        def recovered(state):
-            journal = Journal(self.broker, self.store)
-            firstBoot = journal.recover(state)
-            self.journal = journal
-            self.broker.journal = journal
-            self.broker.listeners.append(journal.entityChanged)
-            if firstBoot:
-                journal.writeAll()
-            self.broker.startAlarmChecks()
-            self.broker.startAckTimeoutChecks()
-            for svc in self:
-                svc.startService()
+        storeFailed = []
+
+        def openFailed(f):
+            storeFailed.append(True)
+            return f
+
+        d.addErrback(openFailed)
+        d.addCallback(self._recovered)
+        d.addCallback(lambda _: self._listen())
+
+        def started(_):
+            self._logReady()
+            self._fireReady(True)
             return self
 
         def failed(f):
-            log.failure("cannot start: {msg}", f, msg=f.getErrorMessage())
-            self._untuneGC()
-            self._unlockDataDir()
+            if f.check(DataDirInUse, ListenFailed, StartError) or _isStoreError(f):
+                log.error("otter_tx cannot start: {reason}", reason=f.getErrorMessage())
+            else:
+                log.failure("otter_tx cannot start: {reason}", f, reason=f.getErrorMessage())
+            if storeFailed:
+                # nothing was opened: release at once (stopService would too)
+                self._untuneGC()
+                self._unlockDataDir()
             self._fireReady(f)
-            if self.exitOnFailure and self.reactor.running:
-                # twistd: stop, and exit non-zero once the reactor is down
-                self.reactor.addSystemEventTrigger("after", "shutdown", os._exit, 1)
-                self.reactor.stop()
+            if self.exitOnFailure:
+                self.reactor.callWhenRunning(self._exit, 1)
 
-        d.addCallback(recovered)
-        d.addCallbacks(lambda _: self._fireReady(True), failed)
+        d.addCallbacks(started, failed)
         return d
+
+    def _exit(self, status):
+        """Stop the reactor; exit with ``status`` once it is down (twistd)."""
+        self.reactor.addSystemEventTrigger("after", "shutdown", _exitProcess, status)
+        self.reactor.stop()
+
+    # --- recovery ------------------------------------------------------------------
+
+    def _recovered(self, state):
+        """Rebuild the broker from ``state`` merged with the pre-start declarations."""
+        from otter_tx.broker.durability import Journal
+
+        if self._preStart in self.broker.listeners:
+            self.broker.listeners.remove(self._preStart)
+        preStart, state, storeDeletes = self._mergePreStart(state)
+        journal = Journal(self.broker, self.store)
+        firstBoot = journal.recover(state)
+        self.journal = journal
+        self.broker.journal = journal
+        self.broker.listeners.append(journal.entityChanged)
+        if firstBoot:
+            journal.writeAll()
+        for kind, key in storeDeletes:
+            self.store.deleteEntity(kind, key)
+        self._replayPreStart(journal, preStart)
+        for p in self._pendingPolicies:
+            vhost = p.get("vhost", "/")
+            if vhost not in self.broker.vhosts:
+                raise StartError("policy %r is for vhost %r, which does not exist" % (p["name"], vhost))
+            self._setPolicy(p)
+        self.broker.startAlarmChecks()
+        self.broker.startAckTimeoutChecks()
+
+    def _mergePreStart(self, state):
+        """
+        Decide what each pre-start change means for recovery.  Returns
+        ``(actions, state, storeDeletes)``: ``actions`` a list of ``(kind,
+        vhost, obj, live, extra)`` in change order; ``state`` a copy of the
+        recovered state adjusted so that ``Journal.recover`` keeps the
+        objects declared before start (their vhosts stay, their exchanges are
+        not replaced, their queues take the stored messages); ``storeDeletes``
+        stored entities a pre-start declaration supersedes.
+        """
+        from otter_tx.broker.durability import SEP, tableToText
+        from otter_tx.store.interface import RecoveredState
+
+        broker = self.broker
+        ents = {kind: dict(records) for kind, records in state.entities.items()}
+        for kind in ("vhost", "user", "permission", "policy", "exchange", "queue", "binding"):
+            ents.setdefault(kind, {})
+        firstBoot = not ents["vhost"]
+        storeDeletes = []
+        keepVHosts = set()
+        actions = []
+
+        def vhostLive(vh):
+            return vh is not None and broker.vhosts.get(vh.name) is vh
+
+        events = self._preStart.events.values() if self._preStart is not None else ()
+        for kind, vhost, obj, deleted in events:
+            extra = None
+            if kind == "vhost":
+                live = not deleted and broker.vhosts.get(obj.name) is obj
+                if live:
+                    keepVHosts.add(obj.name)
+            elif kind == "user":
+                live = not deleted and broker.users.get(obj.name) is obj
+            elif kind == "permission":
+                extra = broker.permissions.get(tuple(obj))
+                live = not deleted and extra is not None
+            elif kind == "policy":
+                live = not deleted and vhostLive(vhost) and vhost.policies.get(obj.name) is obj
+            elif kind == "exchange":
+                live = not deleted and vhostLive(vhost) and vhost.exchanges.get(obj.name) is obj
+                if live:
+                    key = vhost.name + SEP + obj.name
+                    stored = ents["exchange"].pop(key, None)
+                    delayedKey = "\x01delayed\x00" + vhost.name + "\x00" + obj.name
+                    if stored is not None and stored.get("type") != obj.type:
+                        log.warn("exchange {name!r} in vhost {vhost!r} was declared before start as "
+                                 "type {new!r}; the stored one (type {old!r}) is replaced",
+                                 name=obj.name, vhost=vhost.name, new=obj.type, old=stored.get("type"))
+                    if not obj.durable:
+                        if stored is not None:
+                            storeDeletes.append(("exchange", key))
+                    if delayedKey in ents["queue"] and not (obj.durable and obj.delayed):
+                        ents["queue"].pop(delayedKey)
+                        storeDeletes.append(("queue", delayedKey))
+            elif kind == "queue":
+                live = not deleted and vhostLive(vhost) and vhost.queues.get(obj.name) is obj
+                if live:
+                    key = vhost.name + SEP + obj.name
+                    stored = ents["queue"].get(key)
+                    if stored is not None:
+                        if obj.durable:
+                            mine = {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments)}
+                            if (stored.get("autoDelete"), stored.get("arguments")) != (
+                                    mine["autoDelete"], mine["arguments"]):
+                                log.warn("queue {name!r} in vhost {vhost!r} was declared before start with "
+                                         "other arguments than the stored one; the new declaration wins",
+                                         name=obj.name, vhost=vhost.name)
+                            ents["queue"][key] = dict(stored, **mine)
+                        else:
+                            ents["queue"].pop(key)
+                            storeDeletes.append(("queue", key))
+                    if obj.durable and obj.readyCount:
+                        log.warn("{n} message(s) published to durable queue {name!r} before the broker "
+                                 "started are kept in memory only", n=obj.readyCount, name=obj.name)
+            elif kind == "binding":
+                source, dest, _, _ = obj
+                live = (not deleted and vhostLive(vhost)
+                        and vhost.exchanges.get(source.name) is source
+                        and (vhost.queues.get(dest.name) is dest or vhost.exchanges.get(dest.name) is dest))
+            else:
+                continue
+            if live and vhost is not None and kind != "vhost" and vhostLive(vhost):
+                keepVHosts.add(vhost.name)
+            actions.append((kind, vhost, obj, live, extra))
+        if not firstBoot:
+            for name in keepVHosts:
+                ents["vhost"].setdefault(name, {})
+        self._preStart = None
+        merged = RecoveredState(ents, state.messages, state.stats, getattr(state, "path", None))
+        return actions, merged, storeDeletes
+
+    def _replayPreStart(self, journal, actions):
+        """Write what was declared before start; apply what was deleted before start."""
+        broker = self.broker
+        order = ("vhost", "user", "permission", "policy", "exchange", "queue", "binding")
+        actions = sorted(actions, key=lambda a: order.index(a[0]))
+        for kind, vhost, obj, live, extra in actions:
+            if kind == "vhost":
+                if live:
+                    broker.vhosts[obj.name] = obj
+                    journal.entityChanged("vhost", obj, obj, False)
+                elif obj.name in broker.vhosts:
+                    broker.deleteVHost(obj.name)
+                continue
+            if kind == "user":
+                if live:
+                    broker.putUser(obj)
+                elif obj.name in broker.users:
+                    broker.deleteUser(obj.name)
+                continue
+            if kind == "permission":
+                if live:
+                    broker.setPermissions(obj[0], obj[1], *extra)
+                else:
+                    broker.clearPermissions(*obj)
+                continue
+            vh = broker.vhosts.get(vhost.name)
+            if vh is None:
+                continue
+            if kind == "policy":
+                if live:
+                    journal.entityChanged("policy", vh, obj, False)
+                elif obj.name in vh.policies:
+                    broker.clearPolicy(vh.name, obj.name)
+            elif kind == "exchange":
+                if live:
+                    journal.entityChanged("exchange", vh, obj, False)
+                elif obj.name in vh.exchanges and not obj.name.startswith("amq."):
+                    vh.deleteExchange(obj.name)
+            elif kind == "queue":
+                if live:
+                    journal.entityChanged("queue", vh, obj, False)
+                else:
+                    q = vh.queues.get(obj.name)
+                    if q is not None:
+                        vh.deleteQueue(q)
+            elif kind == "binding":
+                source, dest, routingKey, arguments = obj
+                if live:
+                    journal.entityChanged("binding", vh, obj, False)
+                else:
+                    src = vh.exchanges.get(source.name)
+                    from otter_tx.broker.queue import Queue
+
+                    table = vh.queues if isinstance(dest, Queue) else vh.exchanges
+                    dst = table.get(dest.name)
+                    if src is not None and dst is not None and src.name:
+                        vh.unbind(src, dst, routingKey, arguments)
+
+    # --- listening -----------------------------------------------------------------
+
+    def _listen(self):
+        """
+        Listen on every endpoint at once (our listeners and any
+        ``StreamServerEndpointService`` an embedder added as a child); start
+        other children.  Fires when all are bound; if any fails, the others
+        are closed again and the first :class:`ListenFailed` is raised.
+        """
+        attempts = []
+        for child in self:
+            if isinstance(child, Listener):
+                Service.startService(child)
+                attempts.append((child, child.listen()))
+            elif isinstance(child, StreamServerEndpointService):
+                attempts.append((child, self._listenForeign(child)))
+            else:
+                child.startService()
+        results = DeferredList([d for _, d in attempts], consumeErrors=True)
+
+        def done(results):
+            failures = [r for ok, r in results if not ok]
+            if not failures:
+                return None
+            stops = [maybeDeferred(child.stopService)
+                     for (child, _), (ok, _) in zip(attempts, results) if ok]
+            return DeferredList(stops, consumeErrors=True).addCallback(lambda _: failures[0])
+
+        return results.addCallback(done)
+
+    def _listenForeign(self, child):
+        """
+        Listen for a ``StreamServerEndpointService`` child the way it would
+        itself, but report a failure instead of only logging it.
+        """
+        d = maybeDeferred(child.endpoint.listen, child.factory)
+        kind = "AMQP" if child.factory is self.factory else "extra"
+
+        def listening(port):
+            self._foreignPorts[child] = port
+            child._waitingForPort = succeed(port)
+            Service.startService(child)
+            return port
+
+        def failed(f):
+            child._waitingForPort = succeed(None)
+            Service.startService(child)
+            raise ListenFailed(kind, _describe(child.endpoint), _listenReason(f.value))
+
+        return d.addCallbacks(listening, failed)
+
+    def _logReady(self):
+        """One line: ``otter_tx ready: AMQP amqp://127.0.0.1:5672; management http://127.0.0.1:15672/``."""
+        amqp, management = [], []
+        for child in self:
+            if isinstance(child, Listener) and child.port is not None:
+                tls = _isTLS(child.endpoint, child.description)
+                if child.kind == "AMQP":
+                    amqp.append(_hostURL("amqps" if tls else "amqp", child.port.getHost()))
+                else:
+                    management.append(_hostURL("https" if tls else "http", child.port.getHost(), "/"))
+            elif child in self._foreignPorts and child.factory is self.factory:
+                tls = _isTLS(child.endpoint)
+                amqp.append(_hostURL("amqps" if tls else "amqp", self._foreignPorts[child].getHost()))
+        self.amqpURLs, self.managementURLs = amqp, management
+        parts = []
+        if amqp:
+            parts.append("AMQP " + ", ".join(amqp))
+        if management:
+            parts.append("management " + ", ".join(management))
+        log.info("otter_tx ready: {urls}", urls="; ".join(parts) or "no listeners",
+                 amqpURLs=amqp, managementURLs=management)
 
     #: seconds between full (generation 2) garbage collections; see _tuneGC
     gcFullInterval = 300.0
@@ -254,7 +755,9 @@ class OtterService(MultiService):
     def whenReady(self):
         """
         A Deferred firing with this service once the store is recovered and
-        the listeners are starting (or failing if the store cannot open).
+        every listener is bound; or failing with the reason the start failed
+        (:class:`DataDirInUse`, ``StoreCorruptError``, :class:`ListenFailed`,
+        :class:`StartError`).
         """
         if self._ready is True:
             return succeed(self)
@@ -269,11 +772,13 @@ class OtterService(MultiService):
         Stop listening, close client connections, then finish pending store
         writes (the Deferred fires once everything is fsync'd).
         """
+        Service.stopService(self)
         self.broker.stop()
         self._untuneGC()
         for conn in list(self.broker.connections):
             conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
-        d = MultiService.stopService(self)
+        stops = [maybeDeferred(child.stopService) for child in reversed(list(self)) if child.running]
+        d = DeferredList(stops, consumeErrors=True)
         d.addBoth(lambda _: self.store.close())
 
         def unlock(result):
@@ -283,9 +788,26 @@ class OtterService(MultiService):
         return d.addBoth(unlock)
 
     def listeningPorts(self, services):
-        """Deferred list of IListeningPort for ``services`` (after start)."""
-        from twisted.internet.defer import gatherResults
+        """
+        Deferred list of ``IListeningPort`` for ``services`` (items of
+        :attr:`amqpServices`, :attr:`managementServices`, or
+        ``StreamServerEndpointService`` children added by the embedder),
+        once :meth:`whenReady` fires.
+        """
 
-        return self.whenReady().addCallback(
-            lambda _: gatherResults([s._waitingForPort for s in services])
-        )
+        def ports(_):
+            out = []
+            for s in services:
+                if isinstance(s, Listener):
+                    out.append(s.port)
+                else:
+                    out.append(self._foreignPorts.get(s))
+            return out
+
+        return self.whenReady().addCallback(ports)
+
+
+def _isStoreError(f):
+    from otter_tx.store.interface import StoreError
+
+    return f.check(StoreError) is not None

@@ -1,17 +1,33 @@
 """
-``twistd ottermq``: command-line options and ``makeService``.
+``twistd ottermq``: command-line options, the TOML ``--config`` file, their
+validation, and ``makeService``.
 
 Every option can also come from ``--config FILE``, a TOML file whose keys
 are the long option names with ``-`` or ``_`` (``amqp = ["tcp:5672"]``,
 ``heartbeat = 30``) plus ``[[policies]]`` tables (``vhost``, ``name``,
-``pattern``, ``definition``, ``priority``, ``apply-to``).  Command-line
-options win over the file.
+``pattern``, ``definition``, ``priority``, ``apply-to``) and a
+``[server-properties]`` table.  Command-line options win over the file.
+
+Everything is checked while the options are parsed, before the broker is
+built: a wrong value is a :class:`~twisted.python.usage.UsageError` whose
+text is one line naming the option (``--heartbeat: must be an integer from 0
+to 65535, got '-5'``) or the file and key (``config file ottermq.toml:
+heartbeat: must be an integer from 0 to 65535, got 'abc'``).  Run under
+twistd (or ``python -m twisted``), that line is printed as ``ottermq: ...``
+on stderr and the process exits with status 64 (EX_USAGE), instead of
+twistd's habit of printing the whole ``--help`` text.
 """
 
+import difflib
 import os
+import re
+import sys
 import tomllib
 
 from twisted.python import usage
+
+#: exit status for a usage or configuration error (sysexits.h EX_USAGE)
+EX_USAGE = 64
 
 _DEFAULTS = {
     "amqp": ["tcp:5672"],
@@ -26,44 +42,396 @@ _DEFAULTS = {
     "handshake-timeout": 10.0,
     "memory-high-watermark": None,
     "consumer-timeout": 1800000,
+    "server-property": [],
+}
+
+#: keys a config file may hold besides the options of _DEFAULTS
+_CONFIG_ONLY = ("policies", "server-properties")
+
+#: RabbitMQ's information units (rabbit_resource_monitor_misc:parse_information_unit,
+#: the rule behind vm_memory_high_watermark.absolute): k/K/kiB/KiB/KIB/kib, m/M/MiB/...,
+#: g/G/GiB/... are powers of 1024; kB/KB/kb/Kb, MB/mb/Mb, GB/gb/Gb powers of 1000.
+_UNITS = {}
+for _names, _factor in (
+    (("k", "K", "kiB", "KiB", "KIB", "kib"), 1024),
+    (("m", "M", "MiB", "MIB", "mib"), 1024 ** 2),
+    (("g", "G", "GiB", "GIB", "gib"), 1024 ** 3),
+    (("kB", "KB", "kb", "Kb"), 1000),
+    (("MB", "mb", "Mb"), 1000 ** 2),
+    (("GB", "gb", "Gb"), 1000 ** 3),
+):
+    for _n in _names:
+        _UNITS[_n] = _factor
+_AMOUNT = re.compile(r"^([0-9]+)(%s)?$" % "|".join(sorted(_UNITS, key=len, reverse=True)))
+_FRACTION = re.compile(r"^[0-9]*\.[0-9]+$|^[0-9]+\.[0-9]*$")
+
+
+class _Invalid(ValueError):
+    """A value is wrong; the text says how, without naming the option."""
+
+
+def _shown(value):
+    """A value as the user wrote it, quoted when it is a string."""
+    return repr(value)
+
+
+def _isInt(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(low, high=None):
+    """A validator for an integer in ``[low, high]`` (``high`` None: no upper bound)."""
+    if high is None:
+        wanted = "a non-negative integer" if low == 0 else "an integer of at least %d" % (low,)
+    else:
+        wanted = "an integer from %d to %d" % (low, high)
+
+    def check(value, cli=False):
+        if isinstance(value, str) and cli:
+            try:
+                number = int(value.strip(), 10)
+            except ValueError:
+                raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+        elif _isInt(value):
+            number = value
+        else:
+            raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+        if number < low or (high is not None and number > high):
+            raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+        return number
+
+    return check
+
+
+def _seconds(value, cli=False):
+    """A non-negative number of seconds (int or float)."""
+    wanted = "a non-negative number of seconds"
+    if isinstance(value, str) and cli:
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+    elif _isInt(value) or isinstance(value, float):
+        number = float(value)
+    else:
+        raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+    if not number >= 0 or number == float("inf"):
+        raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
+    return number
+
+
+def _string(nonEmpty=True):
+    def check(value, cli=False):
+        if not isinstance(value, str):
+            raise _Invalid("must be a string, got %s" % (_shown(value),))
+        if nonEmpty and not value:
+            raise _Invalid("must not be empty")
+        return value
+
+    return check
+
+
+def parseMemoryHighWatermark(value):
+    """
+    Parse a memory high-watermark the way RabbitMQ's
+    ``vm_memory_high_watermark`` settings read it
+    (https://www.rabbitmq.com/docs/memory).
+
+    :param value: a fraction of the machine's RAM, like
+        ``vm_memory_high_watermark.relative`` (a float such as ``0.4``, or a
+        string with a decimal point, ``"0.4"``; from 0 to 1); or an absolute
+        amount in bytes like ``vm_memory_high_watermark.absolute``: an int
+        (``1073741824``), a string of digits, or digits with one of RabbitMQ's
+        units: ``k``/``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB`` are powers of
+        1024; ``kB``/``KB``, ``MB``, ``GB`` powers of 1000 (``"1GB"`` is
+        1000000000 bytes, ``"1GiB"`` 1073741824).
+    :return: ``("relative", float)`` or ``("absolute", int)``.
+    :raise ValueError: for anything else (``"lots"``, ``1.5``, ``-1``, ``"1.5GB"``).
+    """
+    wanted = ("must be a fraction of RAM from 0 to 1 (0.4), a number of bytes (1073741824) "
+              "or an amount with a unit (512MiB, 1GB), got %s" % (_shown(value),))
+    if isinstance(value, float):
+        if 0 <= value <= 1:
+            return ("relative", value)
+        raise _Invalid(wanted)
+    if _isInt(value):
+        if value >= 0:
+            return ("absolute", value)
+        raise _Invalid(wanted)
+    if not isinstance(value, str):
+        raise _Invalid(wanted)
+    text = value.strip()
+    if _FRACTION.match(text):
+        fraction = float(text)
+        if 0 <= fraction <= 1:
+            return ("relative", fraction)
+        raise _Invalid(wanted)
+    m = _AMOUNT.match(text)
+    if m is None:
+        raise _Invalid(wanted)
+    return ("absolute", int(m.group(1)) * _UNITS.get(m.group(2), 1))
+
+
+def memoryHighWatermarkBytes(value):
+    """
+    The high-watermark in bytes for a value :func:`parseMemoryHighWatermark`
+    accepts (a fraction is of the machine's physical RAM).
+
+    :raise ValueError: when the value is invalid, or is a fraction and the
+        RAM size cannot be found.
+    """
+    from otter_tx.service import defaultHighWatermark
+
+    form, amount = parseMemoryHighWatermark(value)
+    if form == "absolute":
+        return amount
+    limit = defaultHighWatermark(amount)
+    if limit is None:
+        raise _Invalid("cannot find this machine's RAM size for the fraction %s; give an amount "
+                       "in bytes instead (1GB, 512MiB)" % (_shown(value),))
+    return limit
+
+
+def _memory(value, cli=False):
+    return memoryHighWatermarkBytes(value)
+
+
+def checkEndpoint(description):
+    """
+    Parse a Twisted server endpoint string without listening (against a
+    ``MemoryReactor``), so that a typo stops startup at once.
+
+    :param description: str, for example ``"tcp:5672:interface=127.0.0.1"``.
+    :return: ``description``.
+    :raise ValueError: with Twisted's reason (unknown endpoint type, a port
+        that is not a number or is outside 0..65535, a missing certificate
+        file for ``ssl:``).
+    """
+    from twisted.internet.endpoints import serverFromString
+    from twisted.internet.testing import MemoryReactor
+
+    if not isinstance(description, str):
+        raise _Invalid("must be an endpoint string like 'tcp:5672', got %s" % (_shown(description),))
+    if not description.strip():
+        raise _Invalid("must be an endpoint string like 'tcp:5672', got ''")
+    try:
+        endpoint = serverFromString(MemoryReactor(), description)
+    except Exception as e:  # Twisted raises ValueError, TypeError, OSError, SSL errors ...
+        raise _Invalid("invalid endpoint %s: %s" % (_shown(description), _errorText(e)))
+    port = getattr(endpoint, "_port", None)
+    if _isInt(port) and not 0 <= port <= 65535:
+        raise _Invalid("invalid endpoint %s: port must be from 0 to 65535, got %d" % (_shown(description), port))
+    return description
+
+
+def _errorText(e):
+    text = str(e) or e.__class__.__name__
+    if isinstance(e, TypeError) and "unexpected keyword argument" in text:
+        # _parseTCP() got an unexpected keyword argument 'foo'
+        text = "unknown parameter " + text.split("unexpected keyword argument", 1)[1].strip()
+    return text.splitlines()[0] if text.splitlines() else text
+
+
+def _endpoints(value, cli=False):
+    """A string or a list of strings, each a valid endpoint."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise _Invalid("must be an endpoint string or a list of them (\"tcp:5672\" or "
+                       "[\"tcp:5672\", \"ssl:5671:...\"]), got %s" % (_shown(value),))
+    return [checkEndpoint(v) for v in value]
+
+
+def _users(value, cli=False):
+    """Comma-separated string or list of strings -> list of str."""
+    if isinstance(value, str):
+        return [u.strip() for u in value.split(",") if u.strip()]
+    if isinstance(value, list) and all(isinstance(u, str) for u in value):
+        return [u for u in value if u]
+    raise _Invalid("must be a comma-separated string or a list of strings, got %s" % (_shown(value),))
+
+
+def parseServerProperty(text):
+    """
+    ``"KEY=VALUE"`` -> ``(key, value)`` (split at the first ``=``; the value
+    may be empty).  Raises ValueError for a missing ``=``, an empty key, or
+    ``capabilities`` (RabbitMQ never lets configuration replace that table).
+    """
+    if not isinstance(text, str):
+        raise _Invalid("must be KEY=VALUE strings, got %s" % (_shown(text),))
+    if "=" not in text:
+        raise _Invalid("must be KEY=VALUE, got %s" % (_shown(text),))
+    key, value = text.split("=", 1)
+    key = key.strip()
+    _checkPropertyKey(key, text)
+    return key, value
+
+
+def _checkPropertyKey(key, shown):
+    if not key:
+        raise _Invalid("must be KEY=VALUE with a non-empty KEY, got %s" % (_shown(shown),))
+    if key == "capabilities":
+        raise _Invalid("'capabilities' cannot be replaced (clients read it to know what the "
+                       "broker supports)")
+
+
+def _serverPropertyList(value, cli=False):
+    """A list of ``KEY=VALUE`` strings (or one string) -> dict."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise _Invalid("must be a list of \"KEY=VALUE\" strings, got %s" % (_shown(value),))
+    return dict(parseServerProperty(v) for v in value)
+
+
+def _serverPropertyTable(value, cli=False):
+    """A TOML table ``{key = "value"}`` -> dict str -> str."""
+    if not isinstance(value, dict):
+        raise _Invalid("must be a table of strings ([server-properties] product = \"RabbitMQ\"), "
+                       "got %s" % (_shown(value),))
+    out = {}
+    for key, v in value.items():
+        _checkPropertyKey(key.strip(), key)
+        if not isinstance(v, str):
+            raise _Invalid("%s must be a string, got %s" % (key, _shown(v)))
+        out[key.strip()] = v
+    return out
+
+
+_POLICY_KEYS = ("name", "pattern", "definition", "priority", "apply-to", "vhost")
+
+
+def _policies(value, cli=False):
+    """A list of ``[[policies]]`` tables -> list of dicts with ``-`` keys, each checked by Policy."""
+    from otter_tx.broker.policy import Policy, PolicyError
+
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise _Invalid("must be [[policies]] tables, got %s" % (_shown(value),))
+    out = []
+    for i, raw in enumerate(value, 1):
+        p = {k.replace("_", "-"): v for k, v in raw.items()}
+        label = "policy %s" % (_shown(p["name"]),) if isinstance(p.get("name"), str) else "policy #%d" % (i,)
+        unknown = sorted(set(p) - set(_POLICY_KEYS))
+        if unknown:
+            raise _Invalid("%s: unknown key %s (expected %s)" % (label, ", ".join(map(repr, unknown)),
+                                                                  ", ".join(_POLICY_KEYS)))
+        for key in ("name", "pattern", "definition"):
+            if key not in p:
+                raise _Invalid("%s lacks %r" % (label, key))
+        for key, kind, test in (
+            ("name", "a non-empty string", lambda v: isinstance(v, str) and v),
+            ("pattern", "a string", lambda v: isinstance(v, str)),
+            ("definition", "a table", lambda v: isinstance(v, dict)),
+            ("priority", "an integer", _isInt),
+            ("apply-to", "a string", lambda v: isinstance(v, str)),
+            ("vhost", "a non-empty string", lambda v: isinstance(v, str) and v),
+        ):
+            if key in p and not test(p[key]):
+                raise _Invalid("%s: %s must be %s, got %s" % (label, key, kind, _shown(p[key])))
+        try:
+            Policy(p["name"], p["pattern"], p["definition"], p.get("priority", 0),
+                   p.get("apply-to", "all"), p.get("vhost", "/"))
+        except PolicyError as e:
+            raise _Invalid("invalid %s: %s" % (label, e))
+        out.append(p)
+    return out
+
+
+def _dataDir(value, cli=False):
+    """A directory that exists and is writable, or that can be created."""
+    _string()(value)
+    path = os.path.abspath(value)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise _Invalid("%s is not a directory" % (_shown(value),))
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise _Invalid("directory %s is not writable" % (_shown(value),))
+        return value
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise _Invalid("cannot create %s: %s is not a directory" % (_shown(value), parent))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _Invalid("cannot create %s: %s is not writable" % (_shown(value), parent))
+    return value
+
+
+#: option -> validator (value from the command line as str, or from TOML as any type)
+_VALIDATORS = {
+    "amqp": _endpoints,
+    "management": _endpoints,
+    "data-dir": _dataDir,
+    "default-user": _string(),
+    "default-pass": _string(nonEmpty=False),
+    "loopback-users": _users,
+    "heartbeat": _integer(0, 65535),
+    "frame-max": _integer(4096, 2 ** 32 - 1),
+    "channel-max": _integer(0, 65535),
+    "handshake-timeout": _seconds,
+    "consumer-timeout": _integer(0),
+    "memory-high-watermark": _memory,
+    "server-property": _serverPropertyList,
+    "server-properties": _serverPropertyTable,
+    "policies": _policies,
 }
 
 
 class Options(usage.Options):
     """
-    Options for ``twistd ottermq``.
+    Options for ``twistd ottermq`` (and ``python -m twisted ottermq``).
+
+    After ``parseOptions``, ``self.settings`` holds the merged, checked
+    settings (see :func:`resolveSettings`).
     """
 
-    synopsis = "[twistd options] ottermq [options]"
     longdesc = (
         "Run otter_tx, a RabbitMQ-compatible AMQP 0-9-1 broker. Endpoints are Twisted "
-        "endpoint strings (tcp:5672, tcp:5672:interface=127.0.0.1, ssl:5671:privateKey=...)."
+        "endpoint strings (tcp:5672, tcp:5672:interface=127.0.0.1, ssl:5671:privateKey=...). "
+        "twistd's own options (-n, --pidfile, --logfile) go before 'ottermq'. "
+        "See docs/configuration.md."
     )
 
     optParameters = [
         ["data-dir", "d", None, "Directory for durable state [default: ./ottermq-data]."],
-        ["config", "c", None, "TOML file with the same settings (and [[policies]])."],
-        ["default-user", None, None, "Name of the user created at start [default: guest]."],
+        ["config", "c", None, "TOML file with the same settings (and [[policies]], [server-properties])."],
+        ["default-user", None, None, "Name of the user created at first start [default: guest]."],
         ["default-pass", None, None, "Password of that user [default: guest]."],
         ["loopback-users", None, None,
          "Comma-separated users that may only connect from loopback, like RabbitMQ's "
          "loopback_users; empty for none [default: guest]."],
-        ["heartbeat", None, None, "Heartbeat interval proposed to clients, seconds; 0 disables [default: 60].", int],
-        ["frame-max", None, None, "Largest frame in bytes [default: 131072].", int],
-        ["channel-max", None, None, "Most channels open at once per connection [default: 2047].", int],
-        ["handshake-timeout", None, None, "Seconds a client may take to open its connection [default: 10].", float],
+        ["heartbeat", None, None, "Heartbeat interval proposed to clients, seconds, 0-65535; 0 disables "
+         "[default: 60]."],
+        ["frame-max", None, None, "Largest frame in bytes, at least 4096 [default: 131072]."],
+        ["channel-max", None, None, "Most channels open at once per connection, 0-65535; 0 means 65535 "
+         "[default: 2047]."],
+        ["handshake-timeout", None, None, "Seconds a client may take to open its connection; 0 disables "
+         "[default: 10]."],
         ["consumer-timeout", None, None,
          "Delivery acknowledgement timeout in ms, like RabbitMQ's consumer_timeout; 0 disables "
-         "[default: 1800000].", int],
+         "[default: 1800000]."],
         ["memory-high-watermark", None, None,
-         "Bytes of queued message bodies above which publishers are blocked "
-         "(connection.blocked) [default: 40% of RAM].", int],
+         "Queued message body bytes above which publishers are blocked (connection.blocked): "
+         "a fraction of RAM (0.4) or an amount (1073741824, 512MiB, 1GB) [default: 0.4]."],
     ]
 
     def __init__(self):
         usage.Options.__init__(self)
         self["amqp"] = []
         self["management"] = []
+        self["server-property"] = []
+
+    def getSynopsis(self):
+        """
+        ``Usage: twistd [options] ottermq [options]`` (Twisted would repeat
+        the parent's synopsis and then ours).
+        """
+        if self.parent is None:
+            return "Usage: ottermq [options]"
+        parent = self.parent.getSynopsis()
+        # python -m twisted says "... [options] plugin [plugin_options]"
+        parent = parent.replace(" plugin [plugin_options]", "")
+        return "%s %s [options]" % (parent, self.parent.subCommand)
 
     def opt_amqp(self, endpoint):
         """AMQP listening endpoint (repeatable) [default: tcp:5672]."""
@@ -73,69 +441,149 @@ class Options(usage.Options):
         """Management HTTP endpoint (repeatable) [default: tcp:15672]."""
         self["management"].append(endpoint)
 
+    def opt_server_property(self, keyValue):
+        """
+        KEY=VALUE for connection.start's server properties, like RabbitMQ's
+        server_properties (repeatable; e.g. product=RabbitMQ).
+        """
+        self["server-property"].append(keyValue)
+
+    def parseOptions(self, options=None):
+        """
+        Parse and check ``options``.  Standalone (no parent) a problem raises
+        UsageError; as twistd's subcommand it prints one line
+        (``ottermq: --heartbeat: ...``) to stderr and exits with
+        :data:`EX_USAGE`, without twistd's full usage text.
+        """
+        try:
+            usage.Options.parseOptions(self, options)
+        except usage.UsageError as e:
+            if self.parent is None:
+                raise
+            _usageExit(_cliErrorText(str(e), [o.rstrip("=") for o in self.longOpt]))
+
     def postOptions(self):
         """Merge defaults, --config and the command line into ``self.settings``."""
         self.settings = resolveSettings(self)
 
 
-def _fromConfig(path):
+def _cliErrorText(text, known=()):
+    """Reword getopt's complaints about unknown options: ``--hartbeat: no such option ...``."""
+    m = re.match(r"No such option '(.*)'$", text) or re.match(r"option -+(\S+) not recognized$", text)
+    if m:
+        name = m.group(1)
+        dashes = "-" if len(name) == 1 else "--"
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = " (did you mean --%s?)" % (close[0],) if close else ""
+        return "%s%s: no such option%s; 'twistd ottermq --help' lists them" % (dashes, name, hint)
+    return text
+
+
+def _usageExit(text):
+    """Print ``ottermq: text`` on stderr and exit with EX_USAGE."""
+    sys.stderr.write("ottermq: %s\n" % (text,))
+    sys.stderr.flush()
+    raise SystemExit(EX_USAGE)
+
+
+def _readConfig(path):
+    """
+    Read and check a TOML config file; returns ``{option: value}`` with
+    checked values (``server-property`` and ``[server-properties]`` merged
+    into ``server-properties``).
+    """
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as e:
-        raise usage.UsageError("cannot read config file %s: %s" % (path, e))
+        raise usage.UsageError("--config: cannot read %s: %s" % (path, e.strerror or e))
     except tomllib.TOMLDecodeError as e:
         raise usage.UsageError("config file %s is not valid TOML: %s" % (path, e))
-    return {k.replace("_", "-"): v for k, v in data.items()}
+    known = [k for k in _DEFAULTS] + list(_CONFIG_ONLY)
+    conf = {}
+    unknown = []
+    for rawKey, value in data.items():
+        key = rawKey.replace("_", "-")
+        if key not in known:
+            unknown.append(rawKey)
+            continue
+        if key in conf:
+            raise usage.UsageError("config file %s: %s is given twice (as - and _ spellings)" % (path, key))
+        conf[key] = value
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k.replace("_", "-"), known, n=1)
+            hints.append("%r%s" % (k, " (did you mean %r?)" % (close[0],) if close else ""))
+        raise usage.UsageError("config file %s: unknown setting%s %s; known: %s" % (
+            path, "s" if len(unknown) > 1 else "", ", ".join(hints), ", ".join(known)))
+    out = {}
+    for key, value in conf.items():
+        try:
+            out[key] = _VALIDATORS[key](value)
+        except _Invalid as e:
+            raise usage.UsageError("config file %s: %s: %s" % (path, key, e))
+    props = dict(out.pop("server-properties", {}))
+    props.update(out.pop("server-property", {}))
+    out["server-properties"] = props
+    return out
 
 
 def resolveSettings(options):
     """
-    Merge defaults, the config file and the command line into one dict.
-    """
-    settings = dict(_DEFAULTS)
-    settings["policies"] = []
-    if options.get("config"):
-        conf = _fromConfig(options["config"])
-        unknown = set(conf) - set(_DEFAULTS) - {"policies"}
-        if unknown:
-            raise usage.UsageError("unknown settings in %s: %s" % (options["config"], ", ".join(sorted(unknown))))
-        settings.update(conf)
-    for key in _DEFAULTS:
-        if key in ("amqp", "management"):
-            if options[key]:
-                settings[key] = list(options[key])
-        elif options.get(key) is not None:
-            settings[key] = options[key]
-    for key in ("amqp", "management"):
-        if isinstance(settings[key], str):
-            settings[key] = [settings[key]]
-    from otter_tx.broker.policy import Policy, PolicyError
+    Merge defaults, the config file and the command line into one dict of
+    checked values, keyed by long option name: ``amqp``/``management``
+    (list of endpoint strings), ``data-dir`` (str), ``heartbeat`` (s, int),
+    ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
+    float), ``consumer-timeout`` (ms), ``memory-high-watermark`` (bytes, or
+    None for 40% of RAM), ``loopback-users`` (list of str),
+    ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
-    for p in settings["policies"]:
+    :raise usage.UsageError: one line naming the option (or the file and key).
+    """
+    settings = {k: v for k, v in _DEFAULTS.items() if k != "server-property"}
+    settings["loopback-users"] = _users(settings["loopback-users"])
+    settings["policies"] = []
+    settings["server-properties"] = {}
+    if options.get("config"):
+        conf = _readConfig(options["config"])
+        settings.update({k: v for k, v in conf.items() if k != "server-properties"})
+        settings["server-properties"].update(conf["server-properties"])
+    for key in _DEFAULTS:
+        given = options.get(key)
+        if key in ("amqp", "management", "server-property"):
+            if not given:
+                continue
+        elif given is None:
+            continue
         try:
-            Policy(p["name"], p["pattern"], p["definition"], p.get("priority", 0),
-                   p.get("apply-to", "all"), p.get("vhost", "/"))
-        except KeyError as e:
-            raise usage.UsageError("policy %r in %s lacks %s" % (p.get("name"), options.get("config"), e))
-        except PolicyError as e:
-            raise usage.UsageError("invalid policy %r in %s: %s" % (p.get("name"), options.get("config"), e))
-    lb = settings["loopback-users"]
-    if isinstance(lb, str):
-        lb = [u for u in lb.split(",") if u]
-    settings["loopback-users"] = list(lb)
+            value = _VALIDATORS[key](given, cli=True)
+        except _Invalid as e:
+            raise usage.UsageError("--%s: %s" % (key, e))
+        if key == "server-property":
+            settings["server-properties"].update(value)
+        else:
+            settings[key] = value
     return settings
 
 
 def makeService(options, reactor=None):
     """
-    Build the :class:`~otter_tx.service.OtterService` for twistd.
+    Build the :class:`~otter_tx.service.OtterService` for twistd from
+    checked ``options`` (an :class:`Options` after ``parseOptions``).  The
+    service exits the process with status 1 if it cannot start (store,
+    data-directory lock, a listener that cannot bind).
     """
     from otter_tx.service import OtterService
 
     s = options.settings if hasattr(options, "settings") else resolveSettings(options)
     dataDir = os.path.abspath(s["data-dir"])
-    os.makedirs(dataDir, exist_ok=True)
+    try:
+        os.makedirs(dataDir, exist_ok=True)
+    except OSError as e:
+        if getattr(options, "parent", None) is None:
+            raise usage.UsageError("--data-dir: cannot create %s: %s" % (dataDir, e.strerror or e))
+        _usageExit("--data-dir: cannot create %s: %s" % (dataDir, e.strerror or e))
     svc = OtterService(
         amqp=s["amqp"],
         management=s["management"],
@@ -151,6 +599,7 @@ def makeService(options, reactor=None):
         loopbackUsers=tuple(s["loopback-users"]),
         policies=s["policies"],
         consumerTimeout=s["consumer-timeout"],
+        serverProperties=s["server-properties"],
     )
     svc.exitOnFailure = True
     return svc
