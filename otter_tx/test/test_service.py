@@ -1,87 +1,424 @@
 """
-Tests for otter_tx.tap (twistd options, config file), the twistd plugin and
-OtterService embedded in another service tree.
+Tests for otter_tx.service: OtterService's start (listen failures, the
+ready line, exit on failure), server properties, declarations made before
+``startService``, and the embedding example.  Option parsing is tested in
+test_tap.
 """
 
+import errno
 import os
+import socket
 import sys
 
-from twisted.application.service import IServiceMaker
-from twisted.internet import reactor, threads
-from twisted.plugin import getPlugins
-from twisted.python import usage
+from twisted.application.service import MultiService
+from twisted.internet import defer, reactor, threads
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import CannotListenError
+from twisted.internet.testing import MemoryReactorClock, _FakePort
+from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from otter_tx import tap
-from otter_tx.service import OtterService
+from otter_tx import service as service_module
+from otter_tx.service import ListenFailed, OtterService, StartError
+from otter_tx.store.memory import MemoryStore
+from otter_tx.testing import FakeClient
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class OptionsTests(SynchronousTestCase):
-    """twistd ottermq option parsing."""
+class _Reactor(MemoryReactorClock):
+    """
+    A MemoryReactorClock whose listenTCP gives ``tcp:0`` a port number and
+    refuses the ports in ``refuse`` (port -> errno) like the kernel would.
+    """
 
-    def parse(self, *argv):
-        o = tap.Options()
-        o.parseOptions(list(argv))
-        return o.settings
+    def __init__(self, refuse=None):
+        MemoryReactorClock.__init__(self)
+        self.refuse = refuse or {}
+        self.stopped = []
+        self._next = 40000
 
-    def test_defaults(self):
-        """Without options the broker listens on tcp:5672 with RabbitMQ's defaults."""
-        s = self.parse()
-        self.assertEqual(s["amqp"], ["tcp:5672"])
-        self.assertEqual(s["management"], ["tcp:15672"])
-        self.assertEqual(s["data-dir"], "./ottermq-data")
-        self.assertEqual((s["heartbeat"], s["frame-max"], s["channel-max"]), (60, 131072, 2047))
-        self.assertEqual(s["loopback-users"], ["guest"])
+    def listenTCP(self, port, factory, backlog=50, interface=""):
+        if port in self.refuse:
+            code = self.refuse[port]
+            raise CannotListenError(interface, port, OSError(code, os.strerror(code)))
+        if port == 0:
+            self._next += 1
+            port = self._next
+        self.tcpServers.append((port, factory, backlog, interface))
+        reactor = self
 
-    def test_repeatableEndpoints(self):
-        """--amqp may be given several times."""
-        s = self.parse("--amqp", "tcp:0", "--amqp", "tcp:5673")
-        self.assertEqual(s["amqp"], ["tcp:0", "tcp:5673"])
+        class Port(_FakePort):
+            def stopListening(self):
+                reactor.stopped.append(self.getHost().port)
 
-    def test_configFile(self):
-        """A TOML config file supplies settings and policies; the command line wins."""
-        path = self.mktemp()
-        with open(path, "w") as f:
-            f.write(
-                'amqp = ["tcp:6000"]\nheartbeat = 5\nloopback_users = ""\n'
-                '[[policies]]\nname = "ttl"\npattern = "^t"\ndefinition = {message-ttl = 100}\n'
-            )
-        s = self.parse("--config", path, "--heartbeat", "7")
-        self.assertEqual(s["amqp"], ["tcp:6000"])
-        self.assertEqual(s["heartbeat"], 7)
-        self.assertEqual(s["loopback-users"], [])
-        self.assertEqual(s["policies"][0]["definition"], {"message-ttl": 100})
+        return Port(IPv4Address("TCP", interface or "0.0.0.0", port))
 
-    def test_badConfig(self):
-        """Unknown settings and invalid TOML are usage errors naming the file."""
-        path = self.mktemp()
-        with open(path, "w") as f:
-            f.write("nope = 1\n")
-        e = self.assertRaises(usage.UsageError, self.parse, "--config", path)
-        self.assertIn(path, str(e))
-        with open(path, "w") as f:
-            f.write("= broken")
-        self.assertRaises(usage.UsageError, self.parse, "--config", path)
+    def listenSSL(self, port, factory, contextFactory, backlog=50, interface=""):
+        return self.listenTCP(port, factory, backlog, interface)
 
-    def test_makeService(self):
-        """makeService builds an OtterService with the policies installed."""
-        path = self.mktemp()
-        with open(path, "w") as f:
-            f.write('[[policies]]\nname = "ttl"\npattern = "^t"\ndefinition = {message-ttl = 100}\n')
-        o = tap.Options()
-        o.parseOptions(["--config", path, "--amqp", "tcp:0", "--management", "tcp:0",
-                        "--data-dir", self.mktemp()])
-        svc = tap.makeService(o, reactor=reactor)
-        self.assertIsInstance(svc, OtterService)
-        self.assertIn("ttl", svc.broker.vhosts["/"].policies)
 
-    def test_plugin(self):
-        """The twistd plugin 'ottermq' is discoverable and points at otter_tx.tap."""
-        from twisted import plugins
+class _Logged:
+    """Collects log events of otter_tx.service while a test runs."""
 
-        makers = [p for p in getPlugins(IServiceMaker, plugins) if p.tapname == "ottermq"]
-        self.assertEqual(len(makers), 1)
-        self.assertIs(makers[0].options, tap.Options)
+    def captureLog(self):
+        events = []
+
+        def observer(event):
+            if event.get("log_namespace") == "otter_tx.service":
+                events.append(event)
+
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        return events
+
+    @staticmethod
+    def text(event):
+        from twisted.logger import formatEvent
+
+        return formatEvent(event)
+
+
+def _service(reactor, **kw):
+    kw.setdefault("store", MemoryStore())
+    kw.setdefault("amqp", [])
+    svc = OtterService(reactor=reactor, **kw)
+    svc.gcFullInterval = None
+    return svc
+
+
+class ServerPropertiesTests(SynchronousTestCase):
+    """serverProperties reach connection.start, merged over our defaults."""
+
+    def test_connectionStart(self):
+        """A client sees product and version overridden; our other properties stay."""
+        svc = _service(_Reactor(), serverProperties={"product": "RabbitMQ", "version": "3.10.8"})
+        self.assertEqual(svc.factory.serverProperties, {"product": "RabbitMQ", "version": "3.10.8"})
+        client = FakeClient(svc.factory, handshake=False)
+        client.feed(client.spec.PROTOCOL_HEADER)
+        [(_, start, _)] = client.received()
+        props = start.server_properties
+        self.assertEqual((props["product"], props["version"]), ("RabbitMQ", "3.10.8"))
+        self.assertEqual(props["platform"], "Python/Twisted")
+        self.assertIn("publisher_confirms", props["capabilities"])
+
+    def test_defaultProduct(self):
+        """Without serverProperties the product is ours."""
+        svc = _service(_Reactor())
+        client = FakeClient(svc.factory, handshake=False)
+        client.feed(client.spec.PROTOCOL_HEADER)
+        [(_, start, _)] = client.received()
+        self.assertEqual(start.server_properties["product"], "otter_tx")
+
+    def test_invalid(self):
+        """Non-string values, empty keys and 'capabilities' are refused with ValueError."""
+        for props in ({"version": 3}, {"": "x"}, {"capabilities": "none"}):
+            self.assertRaises(ValueError, _service, _Reactor(), serverProperties=props)
+
+    def test_badEndpoint(self):
+        """An endpoint string Twisted cannot parse is a ValueError naming it."""
+        e = self.assertRaises(ValueError, _service, _Reactor(), amqp=["tcp:abc"])
+        self.assertIn("'tcp:abc'", str(e))
+
+    def test_singleEndpointString(self):
+        """amqp='tcp:5672' is taken as one endpoint, not as a list of characters."""
+        svc = _service(_Reactor(), amqp="tcp:5672")
+        self.assertEqual([s.description for s in svc.amqpServices], ["tcp:5672"])
+
+    def test_noDataDirMeansMemory(self):
+        """Without dataDir and store, the store is a MemoryStore: nothing is written to disk."""
+        svc = OtterService(amqp=[], reactor=_Reactor())
+        self.assertIsInstance(svc.store, MemoryStore)
+
+
+class ListenTests(_Logged, SynchronousTestCase):
+    """Listeners bind after recovery; any failure ends the start cleanly."""
+
+    def test_readyLine(self):
+        """Once all listeners are bound, one info line gives the URLs with the real ports."""
+        events = self.captureLog()
+        r = _Reactor()
+        svc = _service(r, amqp=["tcp:0:interface=127.0.0.1", "tcp:5672"], management=["tcp:15672"])
+        svc.startService()
+        self.assertIs(self.successResultOf(svc.whenReady()), svc)
+        ready = [self.text(e) for e in events if "otter_tx ready" in self.text(e)]
+        self.assertEqual(ready, [
+            "otter_tx ready: AMQP amqp://127.0.0.1:40001, amqp://127.0.0.1:5672 (all interfaces); "
+            "management http://127.0.0.1:15672/ (all interfaces)"
+        ])
+        self.assertEqual(svc.amqpURLs, ["amqp://127.0.0.1:40001", "amqp://127.0.0.1:5672 (all interfaces)"])
+        ports = self.successResultOf(svc.listeningPorts(svc.amqpServices))
+        self.assertEqual([p.getHost().port for p in ports], [40001, 5672])
+        self.successResultOf(svc.stopService())
+        self.assertEqual(sorted(r.stopped), [5672, 15672, 40001])
+
+    def test_tlsURL(self):
+        """An ssl: endpoint is announced as amqps:// (https:// for management)."""
+        from twisted.test import __file__ as here
+
+        pem = os.path.join(os.path.dirname(here), "server.pem").replace(":", "\\:")
+        events = self.captureLog()
+        svc = _service(_Reactor(), amqp=["ssl:5671:interface=127.0.0.1:privateKey=%s" % pem],
+                       management=["ssl:15671:interface=127.0.0.1:privateKey=%s" % pem])
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertIn("otter_tx ready: AMQP amqps://127.0.0.1:5671; management https://127.0.0.1:15671/",
+                      [self.text(e) for e in events])
+        svc.stopService()
+
+    def test_listenFailure(self):
+        """A port in use fails whenReady with ListenFailed; the ports that did bind are closed."""
+        events = self.captureLog()
+        r = _Reactor(refuse={5672: errno.EADDRINUSE})
+        svc = _service(r, amqp=["tcp:5672"], management=["tcp:15672"])
+        svc.startService()
+        f = self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertEqual((f.value.kind, f.value.endpoint), ("AMQP", "tcp:5672"))
+        self.assertEqual(str(f.value), "cannot listen on AMQP endpoint 'tcp:5672': Address already in use (errno %d)"
+                         % (errno.EADDRINUSE,))
+        self.assertEqual(r.stopped, [15672])
+        errors = [self.text(e) for e in events if e["log_level"].name in ("error", "critical")]
+        self.assertEqual(errors, ["otter_tx cannot start: " + str(f.value)])
+        self.assertFalse([e for e in events if "log_failure" in e], "a traceback was logged")
+        self.assertFalse([e for e in events if "otter_tx ready" in self.text(e)])
+        self.successResultOf(svc.stopService())
+
+    def test_permissionDenied(self):
+        """Permission denied is reported with the management endpoint's name."""
+        r = _Reactor(refuse={80: errno.EACCES})
+        svc = _service(r, amqp=["tcp:5672"], management=["tcp:80"])
+        svc.startService()
+        f = self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertEqual(str(f.value), "cannot listen on management endpoint 'tcp:80': Permission denied (errno %d)"
+                         % (errno.EACCES,))
+        self.assertEqual(r.stopped, [5672])
+        svc.stopService()
+
+    def test_foreignEndpointChild(self):
+        """A StreamServerEndpointService added by the embedder is listened on and announced too."""
+        from twisted.application.internet import StreamServerEndpointService
+        from twisted.internet.endpoints import TCP4ServerEndpoint
+
+        events = self.captureLog()
+        r = _Reactor()
+        svc = _service(r, amqp=["tcp:5672"])
+        extra = StreamServerEndpointService(TCP4ServerEndpoint(r, 5999), svc.factory)
+        extra.setServiceParent(svc)
+        svc.startService()
+        ports = self.successResultOf(svc.listeningPorts([extra]))
+        self.assertEqual(ports[0].getHost().port, 5999)
+        self.assertIn("otter_tx ready: AMQP amqp://127.0.0.1:5672 (all interfaces), "
+                      "amqp://127.0.0.1:5999 (all interfaces)", [self.text(e) for e in events])
+        self.successResultOf(svc.stopService())
+        self.assertEqual(sorted(r.stopped), [5672, 5999])
+
+    def test_foreignEndpointChildFails(self):
+        """A failing StreamServerEndpointService child fails the start like our own listeners."""
+        from twisted.application.internet import StreamServerEndpointService
+        from twisted.internet.endpoints import TCP4ServerEndpoint
+
+        r = _Reactor(refuse={5999: errno.EADDRINUSE})
+        svc = _service(r, amqp=["tcp:5672"])
+        StreamServerEndpointService(TCP4ServerEndpoint(r, 5999), svc.factory).setServiceParent(svc)
+        svc.startService()
+        f = self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertIn("TCP4ServerEndpoint(port=5999)", str(f.value))
+        self.assertEqual(r.stopped, [5672])
+        self.successResultOf(svc.stopService())
+
+    def test_exitOnFailure(self):
+        """With exitOnFailure (twistd) a listen failure stops the reactor and exits with status 1 after shutdown."""
+        self.captureLog()
+        r = _Reactor(refuse={5672: errno.EADDRINUSE})
+        r.running = True
+        svc = _service(r, amqp=["tcp:5672"])
+        svc.exitOnFailure = True
+        svc.startService()
+        self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertTrue(r.hasStopped)
+        self.assertEqual(r.triggers["after"]["shutdown"], [(service_module._exitProcess, (1,), {})])
+        svc.stopService()
+
+    def test_exitOnFailureBeforeRun(self):
+        """A failure before the reactor runs (twistd starts services first) exits once it runs."""
+        self.captureLog()
+        r = _Reactor(refuse={5672: errno.EADDRINUSE})
+        svc = _service(r, amqp=["tcp:5672"])
+        svc.exitOnFailure = True
+        svc.startService()
+        self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertFalse(r.hasStopped)
+        r.run()
+        self.assertEqual(r.triggers["after"]["shutdown"], [(service_module._exitProcess, (1,), {})])
+        svc.stopService()
+
+    def test_embedderKeepsRunning(self):
+        """Without exitOnFailure (embedding) the reactor is left alone."""
+        self.captureLog()
+        r = _Reactor(refuse={5672: errno.EADDRINUSE})
+        r.running = True
+        svc = _service(r, amqp=["tcp:5672"])
+        svc.startService()
+        self.failureResultOf(svc.whenReady(), ListenFailed)
+        self.assertFalse(r.hasStopped)
+        svc.stopService()
+
+
+class PreStartTests(SynchronousTestCase):
+    """What the Python API declares before startService is stored like what is declared after."""
+
+    def setUp(self):
+        self.store = MemoryStore()
+        self.reactor = _Reactor()
+
+    def boot(self, before=None, **kw):
+        """Build a service on the shared store, run ``before(service)``, start it; returns it."""
+        svc = _service(self.reactor, store=self.store, **kw)
+        if before is not None:
+            before(svc)
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        return svc
+
+    def stop(self, svc):
+        self.successResultOf(svc.stopService())
+
+    def publish(self, svc, routingKey, body, exchange=""):
+        client = FakeClient(svc.factory)
+        client.openChannel()
+        client.publish(1, exchange, routingKey, body, props={"delivery_mode": 2})
+        client.received()
+
+    def test_declaredBeforeStartSurvives(self):
+        """A durable queue, exchange, binding, vhost, user, permission and policy declared before start survive a restart."""
+
+        def declare(svc):
+            b = svc.broker
+            vh = b.vhosts["/"]
+            q = vh.declareQueue("jobs", None, durable=True)
+            ex = vh.declareExchange("work", "direct", durable=True)
+            vh.bind(ex, q, "job", {})
+            other = b.addVHost("tenant")
+            other.declareQueue("inbox", None, durable=True)
+            b.addUser("app", "secret", tags=["management"])
+            b.setPermissions("app", "tenant", "^inbox", ".*", ".*")
+            b.setPolicy("/", "cap", "^jobs$", {"max-length": 100}, applyTo="queues")
+
+        svc = self.boot(declare)
+        self.publish(svc, "job", b"one", exchange="work")
+        self.assertEqual(svc.broker.vhosts["/"].queues["jobs"].messageCount, 1)
+        self.stop(svc)
+
+        svc = self.boot()
+        b = svc.broker
+        q = b.vhosts["/"].queues["jobs"]
+        self.assertEqual(q.messageCount, 1)
+        self.assertTrue(q.durable)
+        self.assertEqual(q.policy.name, "cap")
+        self.assertEqual({(src.name, key) for (src, key, _) in q.bindings}, {("work", "job")})
+        self.assertIn("inbox", b.vhosts["tenant"].queues)
+        self.assertTrue(b.users["app"].checkPassword("secret"))
+        self.assertEqual(b.permissions[("app", "tenant")], ("^inbox", ".*", ".*"))
+        self.publish(svc, "job", b"two", exchange="work")
+        self.assertEqual(q.messageCount, 2)
+        self.stop(svc)
+
+    def test_redeclaredBeforeStartKeepsMessages(self):
+        """A program that declares its queue before every start gets the stored messages in that same queue."""
+        declared = []
+
+        def declare(svc):
+            declared.append(svc.broker.vhosts["/"].declareQueue("jobs", None, durable=True,
+                                                                arguments={"x-max-length": 10}))
+
+        svc = self.boot(declare)
+        self.publish(svc, "jobs", b"one")
+        self.stop(svc)
+        svc = self.boot(declare)
+        self.assertIs(svc.broker.vhosts["/"].queues["jobs"], declared[-1])
+        self.assertEqual(declared[-1].messageCount, 1)
+        self.publish(svc, "jobs", b"two")
+        self.stop(svc)
+        svc = self.boot(declare)
+        self.assertEqual(declared[-1].messageCount, 2)
+        self.stop(svc)
+
+    def test_mergesWithStore(self):
+        """Recovery keeps the stored users, vhosts and queues and adds the ones declared before start."""
+        svc = self.boot()
+        svc.broker.addUser("bob", "pw")
+        svc.broker.addVHost("old")
+        svc.broker.vhosts["/"].declareQueue("old-q", None, durable=True)
+        self.publish(svc, "old-q", b"kept")
+        self.stop(svc)
+
+        def declare(svc):
+            svc.broker.addUser("alice", "pw")
+            svc.broker.addVHost("new")
+            svc.broker.vhosts["new"].declareQueue("new-q", None, durable=True)
+
+        svc = self.boot(declare)
+        for s in (svc, None):
+            if s is None:
+                self.stop(svc)
+                svc = self.boot()
+            b = svc.broker
+            self.assertEqual(set(b.users), {"guest", "bob", "alice"})
+            self.assertEqual(set(b.vhosts), {"/", "old", "new"})
+            self.assertEqual(b.vhosts["/"].queues["old-q"].messageCount, 1)
+            self.assertIn("new-q", b.vhosts["new"].queues)
+        self.stop(svc)
+
+    def test_deletedBeforeStart(self):
+        """Deleting the default user before start deletes the stored one, as a later delete would."""
+        self.stop(self.boot())
+
+        def declare(svc):
+            svc.broker.addUser("admin", "pw", tags=["administrator"])
+            svc.broker.setPermissions("admin", "/")
+            svc.broker.deleteUser("guest")
+
+        self.stop(self.boot(declare))
+        svc = self.boot()
+        self.assertEqual(set(svc.broker.users), {"admin"})
+        self.assertEqual(set(svc.broker.permissions), {("admin", "/")})
+        self.stop(svc)
+
+    def test_newArgumentsWin(self):
+        """A queue declared before start with other arguments than the stored one keeps the new ones (and its messages)."""
+
+        def declare(length):
+            return lambda svc: svc.broker.vhosts["/"].declareQueue(
+                "q", None, durable=True, arguments={"x-max-length": length})
+
+        svc = self.boot(declare(5))
+        self.publish(svc, "q", b"m")
+        self.stop(svc)
+        self.stop(self.boot(declare(10)))
+        svc = self.boot()
+        q = svc.broker.vhosts["/"].queues["q"]
+        self.assertEqual((q.arguments["x-max-length"], q.messageCount), (10, 1))
+        self.stop(svc)
+
+    def test_policyForStoredVHost(self):
+        """A configured policy for a vhost that only the store knows is installed after recovery and stored."""
+        svc = self.boot()
+        svc.broker.addVHost("v")
+        self.stop(svc)
+        policy = {"vhost": "v", "name": "ttl", "pattern": ".*", "definition": {"message-ttl": 5}}
+        self.stop(self.boot(policies=[policy]))
+        svc = self.boot()
+        self.assertIn("ttl", svc.broker.vhosts["v"].policies)
+        self.stop(svc)
+
+    def test_policyForMissingVHost(self):
+        """A configured policy for a vhost that exists nowhere fails the start with StartError."""
+        svc = _service(self.reactor, store=self.store,
+                       policies=[{"vhost": "nope", "name": "p", "pattern": ".*", "definition": {}}])
+        svc.startService()
+        f = self.failureResultOf(svc.whenReady(), StartError)
+        self.assertEqual(str(f.value), "policy 'p' is for vhost 'nope', which does not exist")
+        svc.stopService()
 
 
 class EmbeddingTests(TestCase):
@@ -89,31 +426,101 @@ class EmbeddingTests(TestCase):
 
     timeout = 30
 
-    def test_embeddedExample(self):
-        """docs/examples/embedded.py starts a working broker in its own MultiService."""
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        sys.path.insert(0, os.path.join(here, "docs", "examples"))
-        self.addCleanup(sys.path.remove, os.path.join(here, "docs", "examples"))
+    def example(self):
+        sys.path.insert(0, os.path.join(_ROOT, "docs", "examples"))
+        self.addCleanup(sys.path.remove, os.path.join(_ROOT, "docs", "examples"))
         import embedded
 
+        return embedded
+
+    def talk(self, port, publish):
+        import pika
+
+        def run():
+            c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+            ch = c.channel()
+            if publish:
+                ch.basic_publish("", "jobs", publish, pika.BasicProperties(delivery_mode=2))
+            n = ch.queue_declare("jobs", durable=True, passive=True).method.message_count
+            c.close()
+            return n
+
+        return threads.deferToThread(run)
+
+    @defer.inlineCallbacks
+    def test_embeddedExample(self):
+        """docs/examples/embedded.py starts a working broker in its own MultiService."""
+        embedded = self.example()
         root, otter = embedded.build("tcp:0:interface=127.0.0.1", reactor, dataDir=self.mktemp())
+        self.assertIsInstance(root, MultiService)
         root.startService()
         self.addCleanup(root.stopService)
+        ports = yield otter.listeningPorts(otter.amqpServices)
+        n = yield self.talk(ports[0].getHost().port, b"job-1")
+        self.assertEqual(n, 1)
 
-        def talk(ports):
-            import pika
+    @defer.inlineCallbacks
+    def test_embeddedExampleRestart(self):
+        """The example's queue is declared before start, so its persistent messages survive a restart."""
+        embedded = self.example()
+        dataDir = os.path.abspath(self.mktemp())
+        for expected in (1, 2):
+            root, otter = embedded.build("tcp:0:interface=127.0.0.1", reactor, dataDir=dataDir)
+            root.startService()
+            try:
+                ports = yield otter.listeningPorts(otter.amqpServices)
+                n = yield self.talk(ports[0].getHost().port, b"job-%d" % expected)
+            finally:
+                yield root.stopService()
+            self.assertEqual(n, expected)
 
-            port = ports[0].getHost().port
+    def test_exampleDefaultDataDir(self):
+        """Without a data dir the example uses a new temporary directory, never the current one."""
+        import tempfile
 
-            def run():
-                c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
-                ch = c.channel()
-                ch.basic_publish("", "jobs", b"job-1")
-                ok = ch.queue_declare("jobs", passive=True).method.message_count
-                c.close()
-                return ok
+        embedded = self.example()
+        root, otter = embedded.build("tcp:0:interface=127.0.0.1", reactor)
+        self.addCleanup(__import__("shutil").rmtree, otter.dataDir, True)
+        self.assertTrue(otter.dataDir.startswith(tempfile.gettempdir()), otter.dataDir)
 
-            return threads.deferToThread(run)
+    @defer.inlineCallbacks
+    def test_portInUse(self):
+        """A real port in use fails whenReady with ListenFailed naming the endpoint; nothing stays open."""
+        busy = socket.socket()
+        self.addCleanup(busy.close)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        endpoint = "tcp:%d:interface=127.0.0.1" % (busy.getsockname()[1],)
+        svc = OtterService(amqp=[endpoint], management=["tcp:0:interface=127.0.0.1"], reactor=reactor,
+                           dataDir=self.mktemp())
+        svc.startService()
+        try:
+            e = yield self.assertFailure(svc.whenReady(), ListenFailed)
+            self.assertEqual(e.endpoint, endpoint)
+            self.assertIn("Address already in use", e.reason)
+            self.assertIsNone(svc.managementServices[0].port)
+        finally:
+            yield svc.stopService()
 
-        d = otter.listeningPorts(otter.amqpServices).addCallback(talk)
-        return d.addCallback(self.assertEqual, 1)
+    @defer.inlineCallbacks
+    def test_realReadyLine(self):
+        """On a real reactor tcp:0 is announced with the port it got."""
+        events = []
+
+        def observer(event):
+            if event.get("log_namespace") == "otter_tx.service":
+                events.append(event)
+
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        svc = OtterService(amqp=["tcp:0:interface=127.0.0.1"], reactor=reactor, dataDir=self.mktemp())
+        svc.startService()
+        try:
+            yield svc.whenReady()
+            [port] = yield svc.listeningPorts(svc.amqpServices)
+            number = port.getHost().port
+        finally:
+            yield svc.stopService()
+        self.assertNotEqual(number, 0)
+        self.assertEqual(svc.amqpURLs, ["amqp://127.0.0.1:%d" % (number,)])
+        self.assertEqual(len([e for e in events if "otter_tx ready" in e.get("log_format", "")]), 1)
