@@ -324,23 +324,30 @@ class PreStartTests(SynchronousTestCase):
         self.stop(svc)
 
     def test_redeclaredBeforeStartKeepsMessages(self):
-        """A program that declares its queue before every start gets the stored messages in that same queue."""
+        """A program that declares its exchange, queue and binding before every start gets the stored messages in that same queue."""
         declared = []
 
         def declare(svc):
-            declared.append(svc.broker.vhosts["/"].declareQueue("jobs", None, durable=True,
-                                                                arguments={"x-max-length": 10}))
+            vh = svc.broker.vhosts["/"]
+            q = vh.declareQueue("jobs", None, durable=True, arguments={"x-max-length": 10})
+            ex = vh.declareExchange("work", "topic", durable=True)
+            vh.bind(ex, q, "job.#", {})
+            declared.append((ex, q))
 
         svc = self.boot(declare)
-        self.publish(svc, "jobs", b"one")
+        self.publish(svc, "job.a", b"one", exchange="work")
         self.stop(svc)
         svc = self.boot(declare)
-        self.assertIs(svc.broker.vhosts["/"].queues["jobs"], declared[-1])
-        self.assertEqual(declared[-1].messageCount, 1)
-        self.publish(svc, "jobs", b"two")
+        ex, q = declared[-1]
+        self.assertIs(svc.broker.vhosts["/"].queues["jobs"], q)
+        self.assertIs(svc.broker.vhosts["/"].exchanges["work"], ex)
+        self.assertEqual(q.messageCount, 1)
+        self.publish(svc, "job.b", b"two", exchange="work")
+        self.assertEqual(q.messageCount, 2)
         self.stop(svc)
         svc = self.boot(declare)
-        self.assertEqual(declared[-1].messageCount, 2)
+        self.assertEqual(declared[-1][1].messageCount, 2)
+        self.assertEqual(len(self.store._entities["binding"]), 1)
         self.stop(svc)
 
     def test_mergesWithStore(self):
