@@ -20,7 +20,7 @@ tests drive it with ``StringTransport`` and ``task.Clock``.
 import struct
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -44,6 +44,13 @@ FRAMES_PER_SLICE = 300
 #: seconds a closed connection's socket is kept for the client to close it
 #: (RabbitMQ's ?CLOSING_TIMEOUT; the heartbeat interval when shorter)
 CLOSING_TIMEOUT = 30
+
+#: seconds between the client's connection.close and our close-ok.  RabbitMQ
+#: answers only after its channel processes have stopped (1-4 ms on the
+#: reference peer); aio-pika 10.2.1's robust connection loses a race against
+#: an immediate answer (its test_create_channels_during_reconnect fails), so
+#: the answer waits this long on the clock.
+CLOSE_OK_DELAY = 0.002
 
 #: seconds before the socket of a connection whose handshake failed is dropped
 #: (RabbitMQ's ?SILENT_CLOSE_DELAY)
@@ -96,7 +103,7 @@ def methodFrame(channel, method):
     return frame(spec.FRAME_METHOD, channel, method.encode())
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IHalfCloseableProtocol)
 class AMQPServerProtocol(Protocol):
     """
     One client connection.
@@ -749,8 +756,12 @@ class AMQPServerProtocol(Protocol):
         close-ok.
         """
         log.info("closing AMQP connection {name}{who}", name=self.name, who=self._who())
-        self.sendMethod(0, spec.ConnectionCloseOk())
         self._enterClosing()
+        self.clock.callLater(CLOSE_OK_DELAY, self._sendCloseOk)
+
+    def _sendCloseOk(self):
+        if self._state == _CLOSING:
+            self.transport.write(methodFrame(0, spec.ConnectionCloseOk()))
 
     def _enterClosing(self):
         """
@@ -784,6 +795,11 @@ class AMQPServerProtocol(Protocol):
         self._connectionError(code, text)
 
     def _closeNow(self):
+        """
+        Drop the socket.  With nothing left to send the close is abortive
+        (RST), as RabbitMQ's sockets with their default ``{linger, {true,
+        0}}``: clients such as aio-pika tell a reset from an orderly EOF.
+        """
         if self._state == _CLOSED:
             return
         self._state = _CLOSED
@@ -791,7 +807,25 @@ class AMQPServerProtocol(Protocol):
             data = b"".join(self._out)
             self._out = None
             self.transport.write(data)
-        self.transport.loseConnection()
+            self.transport.loseConnection()
+        else:
+            self.transport.abortConnection()
+
+    def readConnectionLost(self):
+        """
+        The client shut down its sending side (EOF): as RabbitMQ's reader
+        on ``tcp_closed``, end the connection (abortively, see _closeNow).
+        """
+        if self._state not in (_CLOSING, _CLOSED):
+            log.warn(
+                "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
+                name=self.name, who=self._who(),
+            )
+        self._state = _CLOSED
+        self.transport.abortConnection()
+
+    def writeConnectionLost(self):
+        """Our sending side is shut (not used: we never half-close)."""
 
     # --- memory alarm -------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.protocol import CLOSE_OK_DELAY, AMQPServerFactory
 from otter_tx.testing import FakeClient
 
 
@@ -378,6 +378,8 @@ class ClosingTests(ProtocolTestCase):
         """After close-ok the socket stays open, input is discarded, and it is dropped after 30 s."""
         c = self.ready()
         c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        self.assertEqual(c.methods(), [])
+        self.clock.advance(CLOSE_OK_DELAY)
         self.assertEqual([type(m) for m in c.methods()], [spec.ConnectionCloseOk])
         c.send(1, spec.QueueDeclare(0, "q"))
         c.publish(1, "", "q", b"late")
@@ -386,7 +388,16 @@ class ClosingTests(ProtocolTestCase):
         self.clock.advance(29)
         self.assertFalse(c.transport.disconnecting)
         self.clock.advance(1)
-        self.assertTrue(c.transport.disconnecting)
+        self.assertTrue(c.transport.disconnected)  # abortive, as RabbitMQ's linger 0
+
+    def test_clientEOFEndsConnection(self):
+        """A client that shuts down its sending side ends the connection at once (abortively)."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "excl", False, False, True))
+        c.protocol.readConnectionLost()
+        self.assertTrue(c.transport.disconnected)
+        c.protocol.connectionLost(None)
+        self.assertNotIn("excl", self.broker.vhosts["/"].queues)
 
     def test_clientCloseTimeoutIsHeartbeat(self):
         """With a heartbeat below 30 s, the socket is dropped after one heartbeat interval."""
