@@ -779,6 +779,13 @@ class OtterService(MultiService):
             conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         stops = [maybeDeferred(child.stopService) for child in reversed(list(self)) if child.running]
         d = DeferredList(stops, consumeErrors=True)
+
+        def logFailures(results):
+            for ok, result in results:
+                if not ok:
+                    log.failure("while stopping a listener", result)
+
+        d.addCallback(logFailures)
         d.addBoth(lambda _: self.store.close())
 
         def unlock(result):
