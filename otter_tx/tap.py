@@ -22,7 +22,11 @@ import difflib
 import os
 import re
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11 (PyPy 3.9): the same parser, as tomli
+    import tomli as tomllib
 
 from twisted.python import usage
 
