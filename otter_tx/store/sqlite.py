@@ -598,7 +598,7 @@ class SQLiteStore:
                 result = failure
                 try:
                     if failure is None:
-                        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                     conn.close()
                 except Exception:
                     result = Failure()
@@ -722,8 +722,8 @@ class SQLiteStore:
             self._create(directory)
         conn = sqlite3.connect(self.path, isolation_level=None, cached_statements=512)
         try:
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA cache_size = -16384")
+            conn.execute("PRAGMA synchronous = FULL").fetchall()
+            conn.execute("PRAGMA cache_size = -16384").fetchall()
         except BaseException:
             conn.close()
             raise
@@ -742,8 +742,8 @@ class SQLiteStore:
                 os.remove(leftover)
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            conn.execute("PRAGMA synchronous = FULL").fetchall()
             conn.executescript(
                 "BEGIN;"
                 + _SCHEMA
@@ -751,7 +751,7 @@ class SQLiteStore:
                 + f"INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');"
                 + "COMMIT;"
             )
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         finally:
             conn.close()
         fd = os.open(tmp, os.O_RDONLY)
@@ -797,14 +797,14 @@ class SQLiteStore:
                 "rather than moving the file aside"
             )
         if self._integrityCheck:
-            problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
             if problems != ["ok"]:
                 raise self._corrupt(
                     "SQLite's integrity check failed: " + "; ".join(problems)
                 )
         # the file was created in WAL mode and the mode is persistent;
         # set it only after the checks so an unusable file is not written
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
         if mode != "wal":
             raise self._corrupt(f"SQLite cannot use WAL mode on it (got {mode!r})")
         return self._load(conn)

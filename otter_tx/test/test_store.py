@@ -31,8 +31,32 @@ from otter_tx.store.interface import (
     StoreCorruptError,
     StoreFailedError,
 )
+from otter_tx.store import sqlite as sqliteModule
 from otter_tx.store.memory import MemoryStore
 from otter_tx.store.sqlite import STORE_FILENAME, SQLiteStore, resolvePath
+
+
+class _CursorKeepingConnection(sqlite3.Connection):
+    """
+    A connection that keeps every cursor it hands out alive, as PyPy does
+    until its next garbage collection: a statement whose rows were not read
+    to the end then stays open.
+    """
+
+    def execute(self, *args):
+        cursor = sqlite3.Connection.execute(self, *args)
+        self.__dict__.setdefault("kept", []).append(cursor)
+        return cursor
+
+
+class _CursorKeepingSQLite:
+    """Stands in for the ``sqlite3`` module: ``connect`` makes :class:`_CursorKeepingConnection` objects."""
+
+    def __getattr__(self, name):
+        return getattr(sqlite3, name)
+
+    def connect(self, *args, **kwargs):
+        return sqlite3.connect(*args, factory=_CursorKeepingConnection, **kwargs)
 
 
 def _drivenBy(f):
@@ -763,6 +787,26 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         conn.close()
         error = await self._assertCorrupt(path)
         self.assertIn("upgrade otter_tx", error.reason)
+
+    async def test_statementsReadToTheEnd(self):
+        """
+        Every statement the store runs is finished at once, so cursors kept
+        alive until a garbage collection (PyPy) block no COMMIT: create, write,
+        close and reopen all work.
+        """
+        self.patch(sqliteModule, "sqlite3", _CursorKeepingSQLite())
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {"durable": True})
+        store.addMessage(1, "", "q", b"", b"kept")
+        store.enqueue("q", 1, 1, 1.0, None, False)
+        await store.sync()
+        await store.close()
+        again = self.newStore()
+        recovered = await again.open()
+        self.assertEqual([m.body for m in recovered.messages["q"]], [b"kept"])
+        again.putEntity("queue", "q2", {"durable": True})
+        await again.sync()
 
     async def test_writeFailure(self):
         """A failed commit fails that sync(), every later sync() and close() with StoreFailedError."""
