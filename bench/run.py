@@ -16,7 +16,16 @@ Targets:
   ``--no-rabbit`` to skip it).
 - ``--otter``: start otter_tx with twistd as a subprocess on a free port of
   127.0.0.1 and a temporary data directory, stop it at the end.
+- ``--otter-python PATH`` (repeatable, or a comma list): start one otter_tx
+  per interpreter (CPython, PyPy, ...), each labelled by its interpreter
+  (``otter/cpython3.11``, ``otter/pypy3.9``), all interleaved in one run.
 - ``--otter-url URL``: an otter_tx that is already running.
+
+Every run also reports the broker's CPU time per message received (µs, from
+``/proc/PID/stat``) for brokers whose pid is known (the ones started here,
+and RabbitMQ: ``--rabbit-pid`` or found from its listening socket).
+``--rate R[,R...]`` runs each scenario at fixed publish rates (0 = as fast
+as possible), e.g. ``--rate 1000,10000,20000`` for CPU per message at low load.
 
 Output: progress on stderr; on stdout a plain table (default), a Markdown
 table (``--markdown``), and/or JSON (``--json PATH``, ``-`` for stdout).
@@ -27,6 +36,7 @@ Python standard library only; pika from the project venv is used, if
 present, to read the brokers' product/version for the report.
 
     .venv/bin/python bench/run.py --otter --rounds 3 --markdown
+    .venv/bin/python bench/run.py --otter-python .venv/bin/python,/tmp/pypyvenv/bin/python
 """
 
 import argparse
@@ -34,6 +44,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +60,11 @@ REPO = os.path.dirname(HERE)
 PERF = os.path.join(HERE, "amqp-perf")
 BUILD = os.path.join(HERE, "build-perf.sh")
 TWISTD = os.path.join(REPO, ".venv", "bin", "twistd")
+PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+#: runs twistd with the interpreter it is started by: ``PYTHON -c RUN_TWISTD
+#: -n --pidfile= ottermq ...`` (``python -m twisted`` is ``twist``, which has
+#: neither ``-n`` nor ``--pidfile``)
+RUN_TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 DEFAULT_RABBIT = "amqp://guest:guest@127.0.0.1:5682/"
 
 
@@ -60,13 +76,36 @@ class Scenario:
     :param title: one-line human description.
     :param args: amqp-perf arguments for the workload (no URI, time, queue).
     :param durable: whether the queue is durable (else it is auto-delete).
+    :param fanout: number of queues bound to a fanout exchange the producer
+        publishes to (0: one queue, published to through the default exchange).
     """
 
-    def __init__(self, name, title, args, durable=False):
+    def __init__(self, name, title, args, durable=False, fanout=0):
         self.name = name
         self.title = title
         self.args = args
         self.durable = durable
+        self.fanout = fanout
+
+    def perfArgs(self, queue):
+        """
+        amqp-perf arguments for the workload on queue(s) named after ``queue``.
+        """
+        if self.fanout:
+            topo = ["--exchange", queue + "-x", "--type", "fanout",
+                    "--queue-pattern", queue + "-%d", "--queue-pattern-from", "1",
+                    "--queue-pattern-to", str(self.fanout)]
+        else:
+            topo = ["--queue", queue]
+        if self.durable:
+            topo.append("--durable")
+        elif not self.fanout:
+            # not with fanout: consumers stop first at the end of a run, their
+            # auto-delete queues go, the auto-delete exchange with them, and
+            # the producer's last publishes fail with 404; --cleanup deletes
+            # the queues and exchange instead
+            topo.append("--auto-delete")
+        return topo + self.args
 
 
 SCENARIOS = [
@@ -84,6 +123,11 @@ SCENARIOS = [
              ["-x", "1", "-y", "1", "-s", "1024", "--persistent",
               "--confirm", "100", "--prefetch", "100"],
              durable=True),
+    # fanout: every message is delivered 4 times; recv msg/s counts deliveries
+    Scenario("fanout4-16B",
+             "1 producer -> fanout exchange -> 4 queues, 4 consumers, 16 B, autoack "
+             "(recv = deliveries)",
+             ["-x", "1", "-y", "4", "-s", "16", "--autoack"], fanout=4),
 ]
 
 
@@ -188,6 +232,57 @@ def cpuSeconds(pid):
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def listeningPid(port):
+    """
+    The pid of the local process listening on TCP ``port`` (from
+    ``/proc/net/tcp*`` and ``/proc/*/fd``), or ``None``.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    # local_address is HEXIP:HEXPORT; state 0A is LISTEN
+                    if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add("socket:[%s]" % parts[9])
+        except OSError:
+            pass
+    if not inodes:
+        return None
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                        return int(pid)
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return None
+
+
+def interpreterInfo(python):
+    """
+    ``(label, description)`` of a Python interpreter, e.g.
+    ``("pypy3.9", "PyPy 3.9.16 (7.3.11)")``.
+    """
+    code = ("import platform, sys; i = sys.implementation; "
+            "v = getattr(sys, 'pypy_version_info', None); "
+            "print(i.name, '%d.%d' % sys.version_info[:2], platform.python_version(), "
+            "'.'.join(map(str, v[:3])) if v else '')")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    name, short, full, pypy = (out.stdout.split() + [""])[:4]
+    desc = ("PyPy" if name == "pypy" else "CPython" if name == "cpython" else name) + " " + full
+    if pypy:
+        desc += f" ({pypy})"
+    return f"{name}{short}", desc
+
+
 # --------------------------------------------------------------------------
 # otter_tx as a subprocess
 
@@ -203,8 +298,9 @@ class OtterProcess:
     SIGKILL after a grace period.
     """
 
-    def __init__(self, twistd=TWISTD, startTimeout=30.0, extraArgs=()):
+    def __init__(self, twistd=TWISTD, startTimeout=30.0, extraArgs=(), python=None):
         self.twistd = twistd
+        self.python = python
         self.startTimeout = startTimeout
         self.extraArgs = list(extraArgs)
         self.proc = None
@@ -225,7 +321,12 @@ class OtterProcess:
         os.mkdir(dataDir)
         self.logPath = os.path.join(self.tmpdir, "twistd.log")
         self.port = freePort()
-        argv = [self.twistd, "-n", "--pidfile=", "ottermq",
+        if self.python:
+            # twistd on this interpreter (its own site-packages), our repo first
+            launcher = [self.python, "-c", RUN_TWISTD]
+        else:
+            launcher = [self.twistd]
+        argv = launcher + ["-n", "--pidfile=", "ottermq",
                 "--amqp", f"tcp:{self.port}:interface=127.0.0.1",
                 "--management", "tcp:0",
                 "--data-dir", dataDir] + self.extraArgs
@@ -236,7 +337,7 @@ class OtterProcess:
                                     if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
         self._logFile = open(self.logPath, "wb")
-        log(f"otter: starting {' '.join(argv)}")
+        log(f"otter: starting {' '.join(repr(a) if ' ' in a else a for a in argv)}")
         self.proc = subprocess.Popen(
             argv, cwd=self.tmpdir, env=env, stdin=subprocess.DEVNULL,
             stdout=self._logFile, stderr=subprocess.STDOUT,
@@ -351,9 +452,8 @@ def runPerf(perf, conn, scenario, seconds, queue, rate=0, verbose=False,
             "--host", conn["host"], "--port", str(conn["port"]),
             "--user", conn["user"], "--password", conn["password"],
             "--vhost", conn["vhost"],
-            "--time", str(seconds), "--queue", queue, "--cleanup",
-            "--id", scenario.name] + scenario.args
-    argv += ["--durable"] if scenario.durable else ["--auto-delete"]
+            "--time", str(seconds), "--cleanup",
+            "--id", scenario.name] + scenario.perfArgs(queue)
     if rate:
         argv += ["--rate", str(rate)]
     if not verbose:
@@ -393,6 +493,11 @@ def runPerf(perf, conn, scenario, seconds, queue, rate=0, verbose=False,
     if cpu0 is not None and cpu1 is not None and wall > 0:
         # includes the few hundred ms of setup and cleanup around the run
         result["broker_cpu_pct"] = round(100.0 * (cpu1 - cpu0) / wall, 1)
+        result["broker_cpu_s"] = round(cpu1 - cpu0, 3)
+        received = summary.get("received")
+        if received:
+            # CPU time per message received (per delivery with fanout)
+            result["cpu_us_per_msg"] = round(1e6 * (cpu1 - cpu0) / received, 2)
     return result
 
 
@@ -417,11 +522,11 @@ def aggregate(runs):
     """
     groups = {}
     for r in runs:
-        groups.setdefault((r["scenario"], r["target"]), []).append(r)
+        groups.setdefault((r["scenario"], r.get("rate", 0), r["target"]), []).append(r)
     rows = []
-    for (scen, target), rs in groups.items():
+    for (scen, rate, target), rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]
-        row = {"scenario": scen, "target": target, "ok": len(ok),
+        row = {"scenario": scen, "rate": rate, "target": target, "ok": len(ok),
                "failed": len(rs) - len(ok)}
         for key, _, _ in METRICS:
             vals = [r["summary"][key] for r in ok if key in r["summary"]]
@@ -436,11 +541,21 @@ def aggregate(runs):
         cpus = [r["broker_cpu_pct"] for r in ok if "broker_cpu_pct" in r]
         if cpus:
             row["broker_cpu_pct"] = statistics.median(cpus)
+        perMsg = [r["cpu_us_per_msg"] for r in ok if "cpu_us_per_msg" in r]
+        if perMsg:
+            row["cpu_us_per_msg"] = statistics.median(perMsg)
         clients = [r["summary"]["client_cpu_pct"] for r in ok
                    if "client_cpu_pct" in r["summary"]]
         if clients:
             row["client_cpu_pct"] = statistics.median(clients)
         rows.append(row)
+    # throughput relative to RabbitMQ in the same scenario and rate
+    ref = {(r["scenario"], r["rate"]): r.get("recv_rate") for r in rows
+           if r["target"] == "rabbitmq"}
+    for r in rows:
+        base = ref.get((r["scenario"], r["rate"]))
+        if base and r.get("recv_rate") is not None and r["target"] != "rabbitmq":
+            r["vs_rabbit"] = round(r["recv_rate"] / base, 2)
     return rows
 
 
@@ -454,18 +569,21 @@ def tableCells(row):
             return "-"
         return f"{row[k]:,.{digits}f}"
 
-    cells = [row["scenario"], row["target"]]
+    cells = [row["scenario"], f"{row['rate']:,.0f}" if row["rate"] else "max", row["target"]]
     cells += [fmt(key, digits) for key, _, digits in METRICS]
     spread = ("-" if "recv_rate_min" not in row else
               f"{row['recv_rate_min']:,.0f}..{row['recv_rate_max']:,.0f}")
     cells.append(spread)
+    cells.append(f"{row['vs_rabbit']:.2f}x" if "vs_rabbit" in row else "-")
     cells.append(f"{row['broker_cpu_pct']:.0f}" if "broker_cpu_pct" in row else "-")
+    cells.append(f"{row['cpu_us_per_msg']:.1f}" if "cpu_us_per_msg" in row else "-")
     cells.append(f"{row['ok']}" + (f" ({row['failed']} failed)" if row["failed"] else ""))
     return cells
 
 
-HEADERS = (["scenario", "target"] + [label for _, label, _ in METRICS]
-           + ["recv min..max", "broker CPU %", "runs"])
+HEADERS = (["scenario", "rate", "target"] + [label for _, label, _ in METRICS]
+           + ["recv min..max", "recv vs rabbit", "broker CPU %", "CPU us/msg", "runs"])
+NLEFT = 3  # left-aligned (text) columns
 
 
 def plainTable(rows):
@@ -476,7 +594,7 @@ def plainTable(rows):
     widths = [max(len(l[i]) for l in lines) for i in range(len(HEADERS))]
     out = []
     for n, l in enumerate(lines):
-        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+        out.append("  ".join(c.ljust(w) if i < NLEFT else c.rjust(w)
                              for i, (c, w) in enumerate(zip(l, widths))))
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
@@ -488,7 +606,7 @@ def markdownTable(rows):
     A GitHub-flavoured Markdown table.
     """
     out = ["| " + " | ".join(HEADERS) + " |",
-           "|" + "|".join(["---", "---"] + ["---:"] * (len(HEADERS) - 2)) + "|"]
+           "|" + "|".join(["---"] * NLEFT + ["---:"] * (len(HEADERS) - NLEFT)) + "|"]
     for r in rows:
         out.append("| " + " | ".join(tableCells(r)) + " |")
     return "\n".join(out)
@@ -509,6 +627,10 @@ def parseArgs(argv):
                    help="RabbitMQ's beam.smp pid, to report its CPU use (optional)")
     p.add_argument("--otter", action="store_true",
                    help="start otter_tx (twistd ottermq) as a subprocess and measure it")
+    p.add_argument("--otter-python", action="append", default=[], metavar="PATH",
+                   help="start otter_tx with this Python interpreter (twistd from its "
+                   "site-packages, the repo on PYTHONPATH); repeatable or a comma list, "
+                   "one target per interpreter, labelled by it (otter/cpython3.11, otter/pypy3.9)")
     p.add_argument("--otter-url", metavar="URL", help="measure an otter_tx already running")
     p.add_argument("--otter-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for 'twistd ottermq' (repeatable)")
@@ -522,8 +644,12 @@ def parseArgs(argv):
     p.add_argument("--scenario", action="append", metavar="NAME",
                    choices=[s.name for s in SCENARIOS],
                    help="run only this scenario (repeatable); default all")
-    p.add_argument("--rate", type=float, default=0,
-                   help="cap the producer at R msg/s (default 0 = unlimited)")
+    p.add_argument("--rate", action="append", default=[], metavar="R[,R...]",
+                   help="cap the producer at R msg/s (0 = unlimited, the default); "
+                   "repeatable or a comma list: every scenario runs at every rate")
+    p.add_argument("--warmup", type=float, default=0, metavar="S",
+                   help="before the first round, run every scenario for S seconds on each "
+                   "otter_tx started here, results discarded (PyPy's JIT warms up; default 0)")
     p.add_argument("--pause", type=float, default=1.0,
                    help="seconds to idle between runs (default 1)")
     p.add_argument("--perf", default=PERF, help="amqp-perf binary (default bench/amqp-perf, "
@@ -536,8 +662,15 @@ def parseArgs(argv):
     args = p.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0:
         p.error("--rounds must be >= 1 and --seconds > 0")
-    if args.otter and args.otter_url:
-        p.error("use either --otter or --otter-url")
+    args.otter_python = [x for v in args.otter_python for x in v.split(",") if x]
+    try:
+        args.rate = [float(x) for v in args.rate for x in v.split(",") if x] or [0.0]
+    except ValueError:
+        p.error("--rate takes numbers")
+    if any(r < 0 for r in args.rate):
+        p.error("--rate must be >= 0")
+    if args.otter_url and (args.otter or args.otter_python):
+        p.error("use either --otter/--otter-python or --otter-url")
     if args.rabbit and args.no_rabbit:
         p.error("use either --rabbit or --no-rabbit")
     return args
@@ -564,85 +697,131 @@ def main(argv=None):
     perf = ensurePerf(args.perf)
     scenarios = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
 
-    targets = []  # (name, conn dict, brokerCpu callable or None)
+    targets = []  # (name, url, conn dict, brokerCpu callable or None)
+    rabbitTarget = None
     if not args.no_rabbit:
         url = args.rabbit or DEFAULT_RABBIT
         conn = parseUrl(url)
         if reachable(conn["host"], conn["port"]):
-            targets.append(("rabbitmq", url, conn))
+            pid = args.rabbit_pid
+            if pid is None and conn["host"] in ("127.0.0.1", "localhost", "::1"):
+                pid = listeningPid(conn["port"])
+            cpu = None
+            if pid is not None and cpuSeconds(pid) is not None:
+                log(f"rabbitmq: CPU from pid {pid}")
+                cpu = lambda pid=pid: cpuSeconds(pid)  # noqa: E731
+            rabbitTarget = ("rabbitmq", url, conn, cpu)
         elif args.rabbit:
             raise SystemExit(f"run.py: RabbitMQ at {url} is not reachable")
         else:
             log(f"RabbitMQ at {url} not reachable; skipping it")
-    otter = None
+    otters = []  # (name, OtterProcess)
+    interpreters = {}
     try:
+        pythons = list(args.otter_python)
         if args.otter:
-            otter = OtterProcess(args.twistd, args.start_timeout, args.otter_arg)
+            pythons.insert(0, None)  # --twistd
+        for python in pythons:
+            if python is None:
+                name, desc = "otter_tx", f"twistd {args.twistd}"
+            else:
+                label, desc = interpreterInfo(python)
+                name = f"otter/{label}"
+                k = 2
+                while name in interpreters:
+                    name = f"otter/{label}#{k}"
+                    k += 1
+                desc = f"{desc}: {python}"
+            interpreters[name] = desc
+            otter = OtterProcess(args.twistd, args.start_timeout, args.otter_arg, python=python)
+            otters.append((name, otter))
             url = otter.start()
-            targets.insert(0, ("otter_tx", url, parseUrl(url)))
-        elif args.otter_url:
+            targets.append((name, url, parseUrl(url), otter.cpuSeconds))
+        if args.otter_url:
             conn = parseUrl(args.otter_url)
             if not reachable(conn["host"], conn["port"]):
                 raise SystemExit(f"run.py: otter_tx at {args.otter_url} is not reachable")
-            targets.insert(0, ("otter_tx", args.otter_url, conn))
+            targets.append(("otter_tx", args.otter_url, conn, None))
+        if rabbitTarget is not None:
+            targets.append(rabbitTarget)
         if not targets:
-            raise SystemExit("run.py: no target (give --otter, --otter-url or a reachable --rabbit)")
+            raise SystemExit("run.py: no target (give --otter, --otter-python, --otter-url "
+                             "or a reachable --rabbit)")
 
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["bench/run.py"] + (sys.argv[1:] if argv is None else argv)),
             "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
                      "python": platform.python_version()},
-            "seconds": args.seconds, "rounds": args.rounds, "rate": args.rate,
-            "targets": {name: {"url": url, "server": serverProduct(conn)}
-                        for name, url, conn in targets},
-            "scenarios": {s.name: {"title": s.title, "amqp_perf_args": s.args
-                                   + (["--durable"] if s.durable else ["--auto-delete"])}
+            "seconds": args.seconds, "rounds": args.rounds, "rates": args.rate,
+            "warmup": args.warmup,
+            "targets": {name: {"url": url, "server": serverProduct(conn),
+                               "interpreter": interpreters.get(name),
+                               "cpu": cpu is not None}
+                        for name, url, conn, cpu in targets},
+            "scenarios": {s.name: {"title": s.title, "amqp_perf_args": s.perfArgs("QUEUE")}
                           for s in scenarios},
         }
         for name, info in meta["targets"].items():
-            log(f"target {name}: {info['url']} ({info['server']})")
+            log(f"target {name}: {info['url']} ({info['server']}"
+                + (f"; {info['interpreter']}" if info["interpreter"] else "") + ")")
+
+        def checkAlive(name):
+            for oname, otter in otters:
+                if oname == name and not otter.alive():
+                    raise RuntimeError(
+                        f"{name} died (status {otter.proc.returncode}); "
+                        f"log:\n{otter.logTail()}")
+
+        if args.warmup > 0:
+            for name, url, conn, cpu in targets:
+                if name not in interpreters:
+                    continue
+                for scen in scenarios:
+                    checkAlive(name)
+                    queue = f"bench-warmup-{scen.name}-{os.getpid()}"
+                    res = runPerf(perf, conn, scen, args.warmup, queue, 0, args.verbose)
+                    s = res["summary"]
+                    log(f"warm-up {scen.name:24} {name:16} recv "
+                        f"{s.get('recv_rate', 0):>9,.0f}/s ({res['status']})")
 
         runs = []
-        total = len(scenarios) * len(targets) * args.rounds
+        total = len(scenarios) * len(targets) * args.rounds * len(args.rate)
         n = 0
         for rnd in range(args.rounds):
             order = targets if rnd % 2 == 0 else targets[::-1]
-            for scen in scenarios:
-                for name, url, conn in order:
-                    n += 1
-                    if otter is not None and name == "otter_tx" and not otter.alive():
-                        raise RuntimeError(
-                            f"otter_tx died (status {otter.proc.returncode}); "
-                            f"log:\n{otter.logTail()}")
-                    queue = f"bench-{scen.name}-{os.getpid()}-{n}"
-                    cpu = None
-                    if otter is not None and name == "otter_tx":
-                        cpu = otter.cpuSeconds
-                    elif args.rabbit_pid and name == "rabbitmq":
-                        cpu = lambda: cpuSeconds(args.rabbit_pid)  # noqa: E731
-                    res = runPerf(perf, conn, scen, args.seconds, queue, args.rate,
-                                  args.verbose, cpu)
-                    res.update({"scenario": scen.name, "target": name, "round": rnd + 1})
-                    runs.append(res)
-                    s = res["summary"]
-                    if res["status"] == "ok":
-                        log(f"[{n}/{total}] round {rnd + 1} {scen.name:24} {name:9} "
-                            f"recv {s.get('recv_rate', 0):>9,.0f}/s  sent "
-                            f"{s.get('sent_rate', 0):>9,.0f}/s  p50 "
-                            f"{s.get('lat_p50_us', 0) / 1000:8.2f} ms  p99 "
-                            f"{s.get('lat_p99_us', 0) / 1000:8.2f} ms")
-                    else:
-                        log(f"[{n}/{total}] round {rnd + 1} {scen.name:24} {name:9} "
-                            f"FAILED (exit {res['exit']}): {res.get('stderr', '')}")
-                    time.sleep(args.pause)
+            for rate in args.rate:
+                for scen in scenarios:
+                    for name, url, conn, cpu in order:
+                        n += 1
+                        checkAlive(name)
+                        queue = f"bench-{scen.name}-{os.getpid()}-{n}"
+                        res = runPerf(perf, conn, scen, args.seconds, queue, rate,
+                                      args.verbose, cpu)
+                        res.update({"scenario": scen.name, "rate": rate, "target": name,
+                                    "round": rnd + 1})
+                        runs.append(res)
+                        s = res["summary"]
+                        what = (f"[{n}/{total}] round {rnd + 1} {scen.name:24} "
+                                f"{'@' + format(rate, ',.0f') if rate else 'max':>7} {name:16}")
+                        if res["status"] == "ok":
+                            log(f"{what} recv {s.get('recv_rate', 0):>9,.0f}/s  sent "
+                                f"{s.get('sent_rate', 0):>9,.0f}/s  p50 "
+                                f"{s.get('lat_p50_us', 0) / 1000:7.2f} ms  p99 "
+                                f"{s.get('lat_p99_us', 0) / 1000:7.2f} ms"
+                                + (f"  cpu {res['cpu_us_per_msg']:.1f} us/msg"
+                                   if "cpu_us_per_msg" in res else ""))
+                        else:
+                            log(f"{what} FAILED (exit {res['exit']}): {res.get('stderr', '')}")
+                        time.sleep(args.pause)
     finally:
-        if otter is not None:
+        for name, otter in otters:
             otter.stop()
 
     order = {s.name: i for i, s in enumerate(scenarios)}
     tnames = [t[0] for t in targets]
-    rows = sorted(aggregate(runs), key=lambda r: (order[r["scenario"]], tnames.index(r["target"])))
+    rows = sorted(aggregate(runs), key=lambda r: (args.rate.index(r["rate"]), order[r["scenario"]],
+                                                  tnames.index(r["target"])))
 
     if args.json:
         doc = json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2)
@@ -657,11 +836,12 @@ def main(argv=None):
             print(f"Command: `{meta['command']}` ({meta['date']}, {meta['host']['cpus']} CPUs, "
                   f"{meta['host']['platform']})\n")
             for name, info in meta["targets"].items():
-                print(f"- {name}: {info['server']}")
+                print(f"- {name}: {info['server']}"
+                      + (f" on {info['interpreter']}" if info["interpreter"] else ""))
             print()
             print(markdownTable(rows))
-            print("\nMedian over rounds; latency is end-to-end publish-to-delivery. "
-                  "Scenarios:")
+            print("\nMedian over rounds; latency is end-to-end publish-to-delivery; "
+                  "CPU us/msg is broker CPU time over the run / messages received. Scenarios:")
             for s in scenarios:
                 print(f"- `{s.name}`: {s.title}")
         else:
