@@ -21,6 +21,11 @@ import gc
 import os
 import sys
 
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None
+
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, succeed
@@ -43,6 +48,42 @@ def defaultHighWatermark(fraction=0.4):
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def raiseFileLimit():
+    """
+    Raise this process's soft ``RLIMIT_NOFILE`` (open file descriptors,
+    hence connections) to its hard limit, and log both in one line.  Every
+    connection holds one descriptor; under the common ``ulimit -n 1024`` the
+    broker would refuse connections past about 1,000.  The hard limit
+    itself can only be raised by root or the service manager (see
+    docs/configuration.md, "File descriptors").
+
+    :return: ``(soft, hard)`` in force afterwards (ints; ``resource.RLIM_INFINITY``
+        for unlimited), or None where the ``resource`` module is missing.
+        A refused raise (macOS caps the soft limit below an unlimited hard
+        one) is logged as a warning and leaves the limit as it was.
+    """
+    if resource is None:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def show(n):
+        return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+
+    if soft == hard:
+        log.info("file descriptor limit (RLIMIT_NOFILE): soft {soft}, hard {hard} (already at the hard limit)",
+                 soft=show(soft), hard=show(hard))
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.warn("file descriptor limit (RLIMIT_NOFILE): soft {soft}, hard {hard}; cannot raise the soft "
+                 "limit to the hard one: {reason}", soft=show(soft), hard=show(hard), reason=e)
+        return soft, hard
+    log.info("file descriptor limit (RLIMIT_NOFILE): soft {old} raised to {soft}, hard {hard}",
+             old=show(soft), soft=show(hard), hard=show(hard))
+    return hard, hard
 
 
 class DataDirInUse(Exception):
@@ -385,6 +426,8 @@ class OtterService(MultiService):
         close the store afterwards.
         """
         Service.startService(self)
+        if self.raiseFileLimitAtStart:
+            raiseFileLimit()
         self._tuneGC()
         try:
             self._lockDataDir()
@@ -679,8 +722,14 @@ class OtterService(MultiService):
         log.info("otter_tx ready: {urls}", urls="; ".join(parts) or "no listeners",
                  amqpURLs=amqp, managementURLs=management)
 
-    #: seconds between full (generation 2) garbage collections; see _tuneGC
+    #: raise the soft RLIMIT_NOFILE to the hard limit at start (see raiseFileLimit)
+    raiseFileLimitAtStart = True
+
+    #: seconds between full (generation 2) garbage collections on CPython; see _tuneGC
     gcFullInterval = 300.0
+
+    #: seconds between looks of the MemoryReleaser (None: never give memory back)
+    memoryReleaseInterval = 5.0
 
     def _tuneGC(self):
         """
@@ -691,10 +740,25 @@ class OtterService(MultiService):
         no reference cycles, so young-generation collections (default
         thresholds) find the cyclic garbage that matters; full collections run
         on a timer instead of on allocation counts.
+
+        PyPy has no thresholds (no ``gc.get_threshold``) and needs none: its
+        major collections are incremental, done in small steps between
+        allocations, so they cause no such pause (bench/reaping_real.py
+        --default-gc on PyPy: see docs/performance.md, "PyPy: memory"), and
+        a timed ``gc.collect()`` would be a full, non-incremental collection:
+        a pause of its own.  Nothing is changed there.
+
+        On both, a :class:`~otter_tx.memory.MemoryReleaser` gives memory
+        back to the system after large drops (``memoryReleaseInterval``).
         """
         from twisted.internet.task import LoopingCall
 
-        if self.gcFullInterval is None:
+        from otter_tx.memory import MemoryReleaser
+
+        if self.memoryReleaseInterval is not None and self._releaser is None:
+            self._releaser = MemoryReleaser(self.broker, self.reactor, interval=self.memoryReleaseInterval)
+            self._releaser.start()
+        if self.gcFullInterval is None or not hasattr(gc, "get_threshold"):
             return
         self._gcThresholds = gc.get_threshold()
         gen0, gen1, _ = self._gcThresholds
@@ -705,8 +769,12 @@ class OtterService(MultiService):
 
     _gcTimer = None
     _gcThresholds = None
+    _releaser = None
 
     def _untuneGC(self):
+        if self._releaser is not None:
+            self._releaser.stop()
+            self._releaser = None
         if self._gcTimer is not None and self._gcTimer.running:
             self._gcTimer.stop()
         self._gcTimer = None

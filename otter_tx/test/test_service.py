@@ -16,7 +16,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, _FakePort
 from twisted.logger import globalLogPublisher
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from otter_tx import service as service_module
 from otter_tx.service import ListenFailed, OtterService, StartError
@@ -34,9 +34,20 @@ class _Reactor(MemoryReactorClock):
 
     def __init__(self, refuse=None):
         MemoryReactorClock.__init__(self)
+        # Twisted 25.5 (the newest for Python 3.9, hence PyPy) starts a
+        # MemoryReactor with hasRun/hasStopped already True
+        self.hasRun = self.hasStopped = self.hasCrashed = False
         self.refuse = refuse or {}
         self.stopped = []
         self._next = 40000
+
+    def callWhenRunning(self, callable, *args, **kw):
+        # as a real reactor, and Twisted 26's MemoryReactor: at once once running
+        # (Twisted 25.5's only queues the call)
+        if self.running or self.hasRun:
+            callable(*args, **kw)
+        else:
+            MemoryReactorClock.callWhenRunning(self, callable, *args, **kw)
 
     def listenTCP(self, port, factory, backlog=50, interface=""):
         if port in self.refuse:
@@ -84,7 +95,170 @@ def _service(reactor, **kw):
     kw.setdefault("amqp", [])
     svc = OtterService(reactor=reactor, **kw)
     svc.gcFullInterval = None
+    svc.raiseFileLimitAtStart = False
     return svc
+
+
+class _FakeRLimit:
+    """``getrlimit``/``setrlimit`` for RLIMIT_NOFILE without touching the process."""
+
+    def __init__(self, soft, hard, refuse=None):
+        self.limit = (soft, hard)
+        self.refuse = refuse
+        self.calls = []
+
+    def getrlimit(self, which):
+        assert which == service_module.resource.RLIMIT_NOFILE
+        return self.limit
+
+    def setrlimit(self, which, limit):
+        assert which == service_module.resource.RLIMIT_NOFILE
+        self.calls.append(limit)
+        if self.refuse is not None:
+            raise self.refuse
+        self.limit = limit
+
+
+class FileLimitTests(_Logged, SynchronousTestCase):
+    """The soft RLIMIT_NOFILE is raised to the hard limit at start, and both are logged in one line."""
+
+    def fake(self, soft, hard, refuse=None):
+        fake = _FakeRLimit(soft, hard, refuse)
+        self.patch(service_module.resource, "getrlimit", fake.getrlimit)
+        self.patch(service_module.resource, "setrlimit", fake.setrlimit)
+        return fake
+
+    def lines(self, events):
+        return [self.text(e) for e in events if "RLIMIT_NOFILE" in self.text(e)]
+
+    def test_raisedAtStart(self):
+        """startService raises soft 1024 to hard 524288 and logs one line naming both."""
+        fake = self.fake(1024, 524288)
+        events = self.captureLog()
+        svc = _service(_Reactor())
+        svc.raiseFileLimitAtStart = True
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertEqual(fake.calls, [(524288, 524288)])
+        self.assertEqual(self.lines(events), [
+            "file descriptor limit (RLIMIT_NOFILE): soft 1024 raised to 524288, hard 524288"])
+        svc.stopService()
+
+    def test_alreadyAtHard(self):
+        """When soft equals hard nothing is set, and the line says so."""
+        fake = self.fake(65536, 65536)
+        events = self.captureLog()
+        self.assertEqual(service_module.raiseFileLimit(), (65536, 65536))
+        self.assertEqual(fake.calls, [])
+        self.assertEqual(self.lines(events), [
+            "file descriptor limit (RLIMIT_NOFILE): soft 65536, hard 65536 (already at the hard limit)"])
+
+    def test_unlimitedHard(self):
+        """An unlimited hard limit is asked for and shown as 'unlimited'."""
+        inf = service_module.resource.RLIM_INFINITY
+        fake = self.fake(1024, inf)
+        events = self.captureLog()
+        self.assertEqual(service_module.raiseFileLimit(), (inf, inf))
+        self.assertEqual(fake.calls, [(inf, inf)])
+        self.assertEqual(self.lines(events), [
+            "file descriptor limit (RLIMIT_NOFILE): soft 1024 raised to unlimited, hard unlimited"])
+
+    def test_refused(self):
+        """A refused raise is one warning with both values and the reason; the start goes on."""
+        self.fake(256, service_module.resource.RLIM_INFINITY, refuse=ValueError("not allowed"))
+        events = self.captureLog()
+        svc = _service(_Reactor())
+        svc.raiseFileLimitAtStart = True
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        [line] = [e for e in events if "RLIMIT_NOFILE" in self.text(e)]
+        self.assertEqual(line["log_level"].name, "warn")
+        self.assertEqual(self.text(line), "file descriptor limit (RLIMIT_NOFILE): soft 256, hard unlimited; "
+                         "cannot raise the soft limit to the hard one: not allowed")
+        svc.stopService()
+
+    def test_embedderMayOptOut(self):
+        """With raiseFileLimitAtStart false the limit is left alone."""
+        fake = self.fake(1024, 4096)
+        svc = _service(_Reactor())
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertEqual(fake.calls, [])
+        svc.stopService()
+
+
+class _GCWithoutThresholds:
+    """PyPy's ``gc`` module as far as _tuneGC can tell: collect, but no thresholds."""
+
+    def __init__(self):
+        self.collected = 0
+
+    def collect(self, *generation):
+        self.collected += 1
+        return 0
+
+
+class GCTests(SynchronousTestCase):
+    """The full-collection timer on CPython, nothing on PyPy, and the memory releaser on both."""
+
+    def test_cpythonThresholds(self):
+        """With gc thresholds, full collections move to a timer and the thresholds come back at stop."""
+        import gc
+
+        if not hasattr(gc, "get_threshold"):
+            raise SkipTest("this runtime's gc has no thresholds (PyPy); test_noThresholds covers it")
+        before = gc.get_threshold()
+        self.addCleanup(gc.set_threshold, *before)
+        svc = _service(_Reactor())
+        svc.gcFullInterval = 300.0
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertEqual(gc.get_threshold(), before[:2] + (1000000,))
+        self.assertTrue(svc._gcTimer.running)
+        svc.stopService()
+        self.assertEqual(gc.get_threshold(), before)
+        self.assertIsNone(svc._gcTimer)
+
+    def test_noThresholds(self):
+        """A gc without get_threshold (PyPy) starts fine, changes nothing and runs no timed collection."""
+        fake = _GCWithoutThresholds()
+        self.patch(service_module, "gc", fake)
+        r = _Reactor()
+        svc = _service(r)
+        svc.gcFullInterval = 300.0
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertIsNone(svc._gcTimer)
+        r.advance(3600)
+        self.assertEqual(fake.collected, 0)
+        svc.stopService()
+
+    def test_releaserRuns(self):
+        """The memory releaser looks every memoryReleaseInterval seconds on the injected clock, until stop."""
+        r = _Reactor()
+        svc = _service(r)
+        svc.memoryReleaseInterval = 2.0
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        releaser = svc._releaser
+        looks = []
+        releaser.amounts = lambda: looks.append(r.seconds()) or (0, 0)
+        r.advance(2)
+        r.advance(2)
+        self.assertEqual(looks, [2, 4])
+        svc.stopService()
+        self.assertIsNone(svc._releaser)
+        r.advance(10)
+        self.assertEqual(len(looks), 2)
+
+    def test_releaserOff(self):
+        """memoryReleaseInterval None starts no releaser."""
+        svc = _service(_Reactor())
+        svc.memoryReleaseInterval = None
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertIsNone(svc._releaser)
+        svc.stopService()
 
 
 class ServerPropertiesTests(SynchronousTestCase):
