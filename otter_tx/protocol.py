@@ -22,6 +22,7 @@ import struct
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.tcp import Connection as _TCPConnection
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -140,6 +141,7 @@ class AMQPServerProtocol(Protocol):
         self._sent = False
         self._lastSend = 0.0
         self._out = None
+        self._confirming = set()
         self._closeTimer = None
         self.connectedAt = 0.0
         self.peer = None
@@ -164,6 +166,8 @@ class AMQPServerProtocol(Protocol):
             except OSError:
                 pass
         self.transport.registerProducer(self, True)
+        # plain TCP (not TLS): write straight to the socket when nothing is queued
+        self._eagerWrites = isinstance(self.transport, _TCPConnection)
         self.connectedAt = self.clock.seconds()
         peer = self.transport.getPeer()
         self.peer = peer
@@ -276,9 +280,38 @@ class AMQPServerProtocol(Protocol):
         out = self._out
         if out is not None:
             out.append(data)
+        elif self.factory._batchDepth:
+            # another connection's chunk is being processed (a delivery to
+            # this consumer, say): join this connection's writes of the
+            # whole chunk into one, flushed when that chunk is done
+            self._out = [data]
+            self.factory._dirty.append(self)
         else:
             self.bytesOut += len(data)
-            self.transport.write(data)
+            self._write(data)
+
+    _eagerWrites = False
+
+    def _write(self, data):
+        """
+        Hand ``data`` to the transport, writing it to the socket at once when
+        the transport's buffer is empty (the usual case).  Twisted's
+        ``write`` only buffers and registers the socket for writability, so
+        every reply cost another reactor turn and two ``epoll_ctl`` calls;
+        at low message rates that was a large part of the broker's CPU per
+        message (docs/performance.md).  Whatever the socket does not take
+        goes through ``transport.write`` as before, so ordering and
+        back-pressure (``pauseProducing``) are unchanged.  Only plain TCP
+        transports (``twisted.internet.tcp.Connection``) take this path.
+        """
+        t = self.transport
+        if self._eagerWrites and not t._tempDataLen and t.offset == len(t.dataBuffer) and not t.disconnecting:
+            n = t.writeSomeData(data)
+            if n.__class__ is int:
+                if n == len(data):
+                    return
+                data = data[n:]
+        t.write(data)
 
     def sendMethod(self, channel, method):
         """Send one method frame."""
@@ -325,9 +358,16 @@ class AMQPServerProtocol(Protocol):
         if out:
             data = b"".join(out)
             self.bytesOut += len(data)
-            self.transport.write(data)
+            self._write(data)
 
     _confirming = None
+
+    def flushBatched(self):
+        """Write what was batched for this connection while another connection's chunk was processed."""
+        if self._state == _CLOSED:
+            self._out = None
+        elif self._out is not None:
+            self._flush()
 
     # --- input ------------------------------------------------------------------
 
@@ -357,16 +397,22 @@ class AMQPServerProtocol(Protocol):
                 return
             data = data[8:]
             self._sendStart()
-        self._out = []
+        if self._out is None:
+            self._out = []
         if self._confirming is None:
             self._confirming = set()
+        factory = self.factory
+        factory._batchDepth += 1
         try:
             self._processFrames(data)
         finally:
+            factory._batchDepth -= 1
             if self._state != _CLOSED:
                 self._flush()
             else:
                 self._out = None
+            if not factory._batchDepth and factory._dirty:
+                factory.flushDirty()
 
     def _badHeader(self):
         # AMQP 0-9-1 section 4.2.2: answer with our header and close
@@ -888,7 +934,18 @@ class AMQPServerFactory(Factory):
         self.handshakeTimeout = handshakeTimeout
         self.product = product
         self.clusterName = clusterName
+        #: >0 while some connection processes a received chunk; writes of
+        #: other connections are then batched in their ``_out`` (see send)
+        self._batchDepth = 0
+        #: connections with writes batched during the current chunk
+        self._dirty = []
         self.serverProperties = dict(serverProperties or {})
+
+    def flushDirty(self):
+        """Flush every connection whose writes were batched during a chunk."""
+        dirty, self._dirty = self._dirty, []
+        for p in dirty:
+            p.flushBatched()
 
     def buildProtocol(self, addr):
         """A new :class:`AMQPServerProtocol` for one client."""

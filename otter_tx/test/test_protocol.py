@@ -495,3 +495,39 @@ class ClosingTests(ProtocolTestCase):
         c.feed(spec.PROTOCOL_HEADER)
         [start] = c.methods()
         self.assertEqual(start.server_properties["product"], "otter_tx")
+
+
+class BatchingTests(ProtocolTestCase):
+    """Writes caused by one received chunk go out as one write per connection."""
+
+    def test_deliveriesToOtherConnectionBatched(self):
+        """Three publishes in one chunk reach a consumer on another connection in one transport.write."""
+        consumer = self.ready()
+        consumer.send(1, spec.QueueDeclare(0, "q"))
+        consumer.send(1, spec.BasicConsume(0, "q", "t", False, True))
+        consumer.received()
+        writes = []
+        original = consumer.transport.write
+        consumer.transport.write = lambda data: (writes.append(data), original(data))
+        publisher = self.ready()
+        from otter_tx.amqp.codec import encodeProperties
+        from otter_tx.protocol import frame, methodFrame
+        import struct
+
+        chunk = b"".join(
+            methodFrame(1, spec.BasicPublish(0, "", "q", False, False))
+            + frame(2, 1, struct.pack("!HHQ", 60, 0, 1) + encodeProperties({}))
+            + frame(3, 1, b"%d" % i)
+            for i in range(3)
+        )
+        publisher.feed(chunk)
+        self.assertEqual(len(writes), 1)
+        bodies = [msg[1] for _, m, msg in consumer.received() if isinstance(m, spec.BasicDeliver)]
+        self.assertEqual(bodies, [b"0", b"1", b"2"])
+
+    def test_writesOutsideAChunkGoOutAtOnce(self):
+        """A write not caused by a received chunk (a timer, say) is not held back."""
+        c = self.ready()
+        c.protocol.sendMethod(1, spec.BasicCancel("t", True))
+        self.assertIsInstance(c.methods()[0], spec.BasicCancel)
+        self.assertEqual(self.factory._dirty, [])
