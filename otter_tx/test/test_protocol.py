@@ -531,3 +531,47 @@ class BatchingTests(ProtocolTestCase):
         c.protocol.sendMethod(1, spec.BasicCancel("t", True))
         self.assertIsInstance(c.methods()[0], spec.BasicCancel)
         self.assertEqual(self.factory._dirty, [])
+
+
+class LoggingTests(ProtocolTestCase):
+    """The operator's log lines, as RabbitMQ's."""
+
+    def setUp(self):
+        ProtocolTestCase.setUp(self)
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        self.lines = []
+
+        def observer(event):
+            if event.get("log_namespace", "").startswith("otter_tx"):
+                self.lines.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+
+    def test_acceptOpenClose(self):
+        """Accepted, authenticated (user and vhost) and closed (vhost and user) connections are logged."""
+        c = self.ready()
+        c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
+        name = "127.0.0.1:40000 -> %s:%s" % (c.transport.getHost().host, c.transport.getHost().port)
+        self.assertIn("accepting AMQP connection " + name, self.lines)
+        self.assertIn("connection %s: user 'guest' authenticated and granted access to vhost '/'" % (name,),
+                      self.lines)
+        self.assertIn("closing AMQP connection %s (vhost: '/', user: 'guest')" % (name,), self.lines)
+
+    def test_refusedLogin(self):
+        """A refused login names the user and the mechanism."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0mallory\0nope", "en_US"))
+        self.assertTrue(
+            [l for l in self.lines if "PLAIN login refused: user 'mallory' - invalid credentials" in l],
+            self.lines,
+        )
+
+    def test_unexpectedClose(self):
+        """A client that drops the socket is logged as RabbitMQ words it."""
+        c = self.ready()
+        c.protocol.connectionLost(None)
+        self.assertTrue([l for l in self.lines if l.endswith(
+            "(vhost: '/', user: 'guest'): client unexpectedly closed TCP connection")], self.lines)
