@@ -829,6 +829,22 @@ class SQLiteStore:
                 conn.rollback()
             raise
 
+        # one read transaction, so the three tables are read from one
+        # snapshot even if another writer commits meanwhile (a queue entry
+        # never names a message the earlier read of `messages` missed)
+        conn.execute("BEGIN")
+        try:
+            recovered = self._loadSnapshot(conn, stats)
+        except BaseException:
+            try:
+                conn.rollback()
+            except sqlite3.Error:
+                pass
+            raise
+        conn.execute("COMMIT")
+        return recovered
+
+    def _loadSnapshot(self, conn, stats):
         entities = {kind: {} for kind in ENTITY_KINDS}
         for kind, key, raw in conn.execute("SELECT kind, key, record FROM entities"):
             byKind = entities.get(kind)

@@ -808,6 +808,45 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         again.putEntity("queue", "q2", {"durable": True})
         await again.sync()
 
+    async def test_recoveryReadsOneSnapshot(self):
+        """
+        Recovery reads its tables in one transaction: a message committed by
+        another writer between the reads of messages and queue entries is
+        either wholly seen or not at all.
+        """
+        first = self.newStore()
+        await first.open()
+        first.putEntity("queue", "q", {})
+        first.addMessage(1, "", "q", b"", b"one")
+        first.enqueue("q", 1, 1, 1.0, None, False)
+        await first.close()
+        path = first.path
+
+        class Interleaving(sqlite3.Connection):
+            def execute(self, sql, *args):
+                if sql.startswith("SELECT queue, msg_id"):
+                    other = sqlite3.connect(path, isolation_level=None)
+                    try:
+                        other.execute("BEGIN IMMEDIATE")
+                        other.execute("INSERT INTO messages VALUES (2, '', 'q', x'', x'74776f')")
+                        other.execute("INSERT INTO queue_messages VALUES ('q', 2, 2, 1.0, NULL, 0)")
+                        other.execute("COMMIT")
+                    finally:
+                        other.close()
+                return sqlite3.Connection.execute(self, sql, *args)
+
+        class Module:
+            def __getattr__(self, name):
+                return getattr(sqlite3, name)
+
+            def connect(self, *args, **kwargs):
+                return sqlite3.connect(*args, factory=Interleaving, **kwargs)
+
+        self.patch(sqliteModule, "sqlite3", Module())
+        second = self.newStore()
+        recovered = await second.open()
+        self.assertEqual([m.body for m in recovered.messages["q"]], [b"one"])
+
     async def test_writeFailure(self):
         """A failed commit fails that sync(), every later sync() and close() with StoreFailedError."""
         store = self.newStore()
