@@ -26,7 +26,7 @@ import aio_pika
 import aiormq
 import pamqp.commands
 
-from otter_tx.test.interop import InteropTestCase, onlyOtter
+from otter_tx.test.interop import InteropTestCase, onlyOtter, pamqpInt
 
 PROMPT = "prompt reaping: RabbitMQ reaps only at the head"
 FORM313 = "RabbitMQ 3.13/4.x dead-letter headers (x-last-death-*); 3.10 omits them"
@@ -267,7 +267,7 @@ class ExpiryTests(AioTTLCase):
     def test_invalidMessageTtl(self):
         """Negative, string, bool and float x-message-ttl values get RabbitMQ's exact 406 text."""
         cases = [
-            (-1, "{value_negative,-1}"),
+            (pamqpInt(-1), "{value_negative,%d}" % (pamqpInt(-1),)),
             ("abc", '"expected integer, got longstr"'),
             (True, '"expected integer, got bool"'),
             (1.5, '"expected integer, got float"'),
@@ -488,7 +488,7 @@ class QueueExpiryTests(AioTTLCase):
         """x-expires 0, negative or a string get RabbitMQ's exact 406 text."""
         cases = [
             (0, "{value_zero,0}"),
-            (-5, "{value_negative,-5}"),
+            (pamqpInt(-5), "{value_negative,%d}" % (pamqpInt(-5),)),
             ("abc", '"expected integer, got longstr"'),
         ]
 
@@ -707,7 +707,8 @@ class DeadLetterTests(AioTTLCase):
                 ({"x-dead-letter-exchange": 1},
                  "PRECONDITION_FAILED - invalid type 'byte' for arg 'x-dead-letter-exchange' "
                  "in queue '%s' in vhost '/'" % (name,)),
-                ({"x-max-length": -1}, prefix % "x-max-length" + "{value_negative,-1}"),
+                ({"x-max-length": pamqpInt(-1)},
+                 prefix % "x-max-length" + "{value_negative,%d}" % (pamqpInt(-1),)),
                 ({"x-max-length-bytes": "1"},
                  prefix % "x-max-length-bytes" + '"expected integer, got longstr"'),
                 ({"x-overflow": "drop-tail"}, prefix % "x-overflow" + "invalid_overflow"),
