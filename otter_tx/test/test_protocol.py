@@ -27,6 +27,16 @@ class ProtocolTestCase(SynchronousTestCase):
         c.openChannel(1)
         return c
 
+    def withHeartbeat(self, seconds):
+        """An opened connection whose tune-ok asked for a ``seconds`` heartbeat."""
+        c = self.client(handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
+        c.send(0, spec.ConnectionTuneOk(2047, 131072, seconds))
+        c.send(0, spec.ConnectionOpen("/", "", False))
+        c.received()
+        return c
+
 
 class HandshakeTests(ProtocolTestCase):
     """Connection negotiation."""
@@ -94,12 +104,7 @@ class HandshakeTests(ProtocolTestCase):
 
     def test_heartbeatTimeout(self):
         """A silent peer is closed after two missed heartbeat intervals; heartbeats are sent meanwhile."""
-        c = self.client(handshake=False)
-        c.feed(spec.PROTOCOL_HEADER)
-        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
-        c.send(0, spec.ConnectionTuneOk(2047, 131072, 1))
-        c.send(0, spec.ConnectionOpen("/", "", False))
-        c.received()
+        c = self.withHeartbeat(1)
         for _ in range(4):
             self.clock.advance(0.5)
         self.assertIn((0, "heartbeat", None), c.received())
@@ -401,12 +406,7 @@ class ClosingTests(ProtocolTestCase):
 
     def test_clientCloseTimeoutIsHeartbeat(self):
         """With a heartbeat below 30 s, the socket is dropped after one heartbeat interval."""
-        c = self.client(handshake=False)
-        c.feed(spec.PROTOCOL_HEADER)
-        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0guest\0guest", "en_US"))
-        c.send(0, spec.ConnectionTuneOk(2047, 131072, 5))
-        c.send(0, spec.ConnectionOpen("/", "", False))
-        c.received()
+        c = self.withHeartbeat(5)
         c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
         self.clock.advance(4.9)
         self.assertFalse(c.transport.disconnecting)
