@@ -40,7 +40,13 @@ _unpack_Q = struct.Struct("!Q").unpack_from
 _pack_Q = struct.Struct("!Q").pack
 _pack_B = struct.Struct("!B").pack
 
+_pack_frameHeader = struct.Struct("!BHI").pack
+
 _DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
+# basic.ack / basic.nack (publisher confirms) method payloads: class 60,
+# method 80 / 120, delivery tag, then the bits octet
+_ACK_PREFIX = b"\x00\x3c\x00\x50"
+_NACK_PREFIX = b"\x00\x3c\x00\x78"
 _GET_OK_PREFIX = b"\x00\x3c\x00\x47"
 
 
@@ -891,18 +897,24 @@ class Channel:
         Runs of acks collapse into one ``basic.ack multiple=true`` (every
         earlier publish is already settled: confirms go out in order).
         """
-        send = self.connection.sendMethod
+        # hot path (every read with confirms): the frames are built here,
+        # not through the generic Method codec
+        header = _pack_frameHeader(1, self.number, 13)
+        out = []
         runEnd = None
         for seq, ok in confirms:
             if ok:
                 runEnd = seq
             else:
                 if runEnd is not None:
-                    send(self.number, spec.BasicAck(runEnd, True))
+                    out.append(header + _ACK_PREFIX + _pack_Q(runEnd) + b"\x01\xce")
                     runEnd = None
-                send(self.number, spec.BasicNack(seq, False, False))
+                # multiple=false, requeue=false
+                out.append(header + _NACK_PREFIX + _pack_Q(seq) + b"\x00\xce")
         if runEnd is not None:
-            send(self.number, spec.BasicAck(runEnd, len(confirms) > 1))
+            out.append(header + _ACK_PREFIX + _pack_Q(runEnd)
+                       + (b"\x01\xce" if len(confirms) > 1 else b"\x00\xce"))
+        self.connection.send(out[0] if len(out) == 1 else b"".join(out))
 
     # --- tx / confirm ---------------------------------------------------------------
 
