@@ -74,8 +74,14 @@ class Journal:
 
     @staticmethod
     def queueKey(queue):
-        """The store key of ``queue``: ``vhost NUL name``."""
-        return queue.vhost.name + SEP + queue.name
+        """
+        The store key of ``queue``: ``vhost NUL name`` (kept on the queue:
+        it is needed up to three times per persistent message).
+        """
+        key = queue.journalKey
+        if key is None:
+            key = queue.journalKey = queue.vhost.name + SEP + queue.name
+        return key
 
     # --- entity changes --------------------------------------------------------
 

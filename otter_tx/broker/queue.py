@@ -103,6 +103,8 @@ class Queue:
         self._expiry = ExpiryIndex(self.clock, self._expired)
         #: the durability journal for a durable queue (set by the journal), else None
         self.journal = None
+        #: the journal's key for this queue (``Journal.queueKey``), once computed
+        self.journalKey = None
         self._idleTimer = None
         self._stopped = False
         self._dispatching = False
