@@ -662,7 +662,9 @@ def parseArgs(argv):
     args = p.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0:
         p.error("--rounds must be >= 1 and --seconds > 0")
-    args.otter_python = [x for v in args.otter_python for x in v.split(",") if x]
+    # absolute: the brokers run in their own temporary directories
+    args.otter_python = [os.path.abspath(x) if os.sep in x else (shutil.which(x) or x)
+                         for v in args.otter_python for x in v.split(",") if x]
     try:
         args.rate = [float(x) for v in args.rate for x in v.split(",") if x] or [0.0]
     except ValueError:
