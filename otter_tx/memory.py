@@ -96,24 +96,28 @@ class MemoryReleaser:
     estimated memory use has dropped by a large amount: after a purge, a
     queue delete, a drained backlog or many closed connections.
 
-    Every ``interval`` seconds it estimates two amounts (bytes, int):
+    Every ``interval`` seconds (one pass over the queues) it estimates two
+    amounts (bytes, int):
     messages (ready body bytes plus :data:`MESSAGE_BYTES` per ready or
     unacknowledged message, over every queue) and connections
     (:data:`CONNECTION_BYTES` each), and remembers the peak of each since
     the last release.  When either has fallen ``threshold`` bytes below its
     peak, it releases (with a full collection on CPython only when the
-    connections fell that much, see :func:`releaseMemory`) and takes the
-    current amounts as the new peaks.  Steady traffic never triggers it.
+    connections fell that much, see :func:`releaseMemory`), logs one line
+    with the RSS before and after, and takes the current amounts as the new
+    peaks.  Steady traffic never triggers it.  A rise and fall that both
+    happen between two looks is not seen; the runtime's own collections
+    free that memory later, glibc may keep it until the next release.
 
     :param broker: the :class:`~otter_tx.broker.broker.Broker`.
     :param clock: ``IReactorTime`` for the timer.
-    :param interval: seconds between looks (float, default 5).
+    :param interval: seconds between looks (float, default 1).
     :param threshold: bytes (int) of drop that trigger a release (default 64 MiB).
     :param release: the function to call, ``release(collect=bool)``
         (default :func:`releaseMemory`).
     """
 
-    def __init__(self, broker, clock, interval=5.0, threshold=64 * 1024 * 1024, release=None):
+    def __init__(self, broker, clock, interval=1.0, threshold=64 * 1024 * 1024, release=None):
         self.broker = broker
         self.clock = clock
         self.interval = interval
@@ -140,10 +144,20 @@ class MemoryReleaser:
         self._peakConnections = max(self._peakConnections, connections)
         connectionsFell = self._peakConnections - connections >= self.threshold
         if connectionsFell or self._peakMessages - messages >= self.threshold:
+            before = rssBytes()
             try:
-                self.release(collect=connectionsFell)
+                released = self.release(collect=connectionsFell)
             except Exception:
                 log.failure("releasing memory failed")
+            else:
+                after = rssBytes()
+                log.info("memory released (messages fell by about {messages} MiB, connections by about "
+                         "{connections} MiB): RSS {before} -> {after} MiB{trimmed}",
+                         messages=(self._peakMessages - messages) >> 20,
+                         connections=(self._peakConnections - connections) >> 20,
+                         before="?" if before is None else before >> 20,
+                         after="?" if after is None else after >> 20,
+                         trimmed="" if released else " (malloc_trim released nothing)")
             self.releases += 1
             self._peakMessages, self._peakConnections = messages, connections
 

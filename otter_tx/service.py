@@ -729,7 +729,7 @@ class OtterService(MultiService):
     gcFullInterval = 300.0
 
     #: seconds between looks of the MemoryReleaser (None: never give memory back)
-    memoryReleaseInterval = 5.0
+    memoryReleaseInterval = 1.0
 
     def _tuneGC(self):
         """

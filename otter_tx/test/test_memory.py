@@ -57,6 +57,24 @@ class MemoryReleaserTests(SynchronousTestCase):
         self.assertEqual(self.released, [False])
         self.assertEqual(self.releaser.releases, 1)
 
+    def test_logsOneLine(self):
+        """A release logs one info line with the estimated drop and the RSS before and after."""
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        self.releaser.release = lambda collect: True
+        q = self.vh.declareQueue("q", None)
+        self.publish("q", 300)
+        self.clock.advance(5)
+        q.purge()
+        self.clock.advance(5)
+        lines = [formatEvent(e) for e in events if e.get("log_namespace") == "otter_tx.memory"]
+        self.assertEqual(len(lines), 1)
+        self.assertRegex(lines[0], r"^memory released \(messages fell by about 0 MiB, connections by about "
+                                   r"0 MiB\): RSS \d+ -> \d+ MiB$")
+
     def test_deleteReleases(self):
         """Deleting a large queue releases too."""
         q = self.vh.declareQueue("q", None)
