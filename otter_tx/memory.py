@@ -42,12 +42,17 @@ def _mallocTrim():
     global _trim
     if _trim is False:
         _trim = None
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            trim = libc.malloc_trim
-        except (OSError, AttributeError):
-            pass
-        else:
+        trim = None
+        # glibc's name first: find_library runs ldconfig in a subprocess
+        for name in ("libc.so.6", None):
+            if name is None:
+                name = ctypes.util.find_library("c")
+            try:
+                trim = ctypes.CDLL(name).malloc_trim
+                break
+            except (OSError, AttributeError, TypeError):
+                continue
+        if trim is not None:
             trim.argtypes = [ctypes.c_size_t]
             trim.restype = ctypes.c_int
             _trim = trim
