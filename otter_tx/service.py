@@ -86,6 +86,24 @@ def raiseFileLimit():
     return hard, hard
 
 
+def pypyNurseryHint(environ=None):
+    """
+    On PyPy, log once at start when ``PYPY_GC_NURSERY`` is not set.  PyPy
+    sizes its nursery from the CPU's L2 cache (1 MB on the project's VM),
+    and reads the variable only when the process starts; with 4 MB otter_tx
+    received 60k persistent confirmed msg/s instead of 39k, and 944k instead
+    of 669k autoack 16 B msg/s (docs/performance.md).  Returns the logged
+    text, or None when the variable is set.
+    """
+    environ = os.environ if environ is None else environ
+    if "PYPY_GC_NURSERY" in environ:
+        return None
+    text = ("PYPY_GC_NURSERY is not set: start the broker with PYPY_GC_NURSERY=4MB for about "
+            "1.5x the throughput (docs/performance.md)")
+    log.info(text)
+    return text
+
+
 class DataDirInUse(Exception):
     """Another broker holds the data directory's lock."""
 
@@ -758,7 +776,10 @@ class OtterService(MultiService):
         if self.memoryReleaseInterval is not None and self._releaser is None:
             self._releaser = MemoryReleaser(self.broker, self.reactor, interval=self.memoryReleaseInterval)
             self._releaser.start()
-        if self.gcFullInterval is None or not hasattr(gc, "get_threshold"):
+        if not hasattr(gc, "get_threshold"):
+            pypyNurseryHint()
+            return
+        if self.gcFullInterval is None:
             return
         self._gcThresholds = gc.get_threshold()
         gen0, gen1, _ = self._gcThresholds

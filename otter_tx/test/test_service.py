@@ -219,6 +219,11 @@ class GCTests(SynchronousTestCase):
         self.assertEqual(gc.get_threshold(), before)
         self.assertIsNone(svc._gcTimer)
 
+    def test_pypyNurseryHint(self):
+        """On PyPy an unset PYPY_GC_NURSERY is pointed out once at start; a set one is left alone."""
+        self.assertIn("PYPY_GC_NURSERY=4MB", service_module.pypyNurseryHint({}))
+        self.assertIsNone(service_module.pypyNurseryHint({"PYPY_GC_NURSERY": "4MB"}))
+
     def test_noThresholds(self):
         """A gc without get_threshold (PyPy) starts fine, changes nothing and runs no timed collection."""
         fake = _GCWithoutThresholds()
