@@ -807,7 +807,7 @@ class AMQPServerProtocol(Protocol):
 
     def _sendCloseOk(self):
         if self._state == _CLOSING:
-            self.transport.write(methodFrame(0, spec.ConnectionCloseOk()))
+            self.sendMethod(0, spec.ConnectionCloseOk())
 
     def _enterClosing(self):
         """
