@@ -853,7 +853,7 @@ class OtterTLSOptionalTests(TLSTestCase):
 
 
 @inProcessOnly(IN_PROCESS_ONLY)
-class OtterTLSFloorTests(TLSTestCase):
+class OtterTLSFloorTests(TLS13FloorTests):
     """
     ``ottertls:...:minTLS=1.3`` without ``caCerts`` (RabbitMQ's
     ``ssl_options.versions.1 = tlsv1.3``, ``verify_none``): TLS 1.2 clients
@@ -862,20 +862,6 @@ class OtterTLSFloorTests(TLSTestCase):
 
     def listeners(self, certs):
         return [certs.otterString(minTLS="1.3")]
-
-    def test_tls12Refused(self):
-        """A TLS 1.2-only client is refused with ``protocol version``; a TLS 1.3 client connects."""
-
-        def run():
-            ctx = self.clientContext()
-            ctx.maximum_version = ssl.TLSVersion.TLSv1_2
-            e = self.refused(self.tlsParams(ctx))
-            self.assertIn("TLSV1_ALERT_PROTOCOL_VERSION", repr(e))
-            ctx = self.clientContext()
-            ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-            self.roundTrip(self.tlsParams(ctx))
-
-        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
 
     def test_noClientCertificateNeeded(self):
         """Without ``caCerts`` no certificate is asked for: a client presenting one from any CA connects."""
