@@ -216,11 +216,16 @@ def _hostURL(scheme, address, path=""):
 
 
 def _isTLS(endpoint, description=None):
-    if description is not None:
-        return description.split(":", 1)[0].strip().lower() in ("ssl", "tls", "tlsv1")
+    """
+    True when ``endpoint`` serves TLS: an ``SSL4ServerEndpoint`` (what
+    ``ssl:`` and our ``ottertls:`` build, and what embedders pass) or
+    Twisted's own ``tls:`` string (a wrapper around a TCP endpoint).
+    """
     from twisted.internet.endpoints import SSL4ServerEndpoint
 
-    return isinstance(endpoint, SSL4ServerEndpoint)
+    if isinstance(endpoint, SSL4ServerEndpoint):
+        return True
+    return description is not None and description.split(":", 1)[0].strip().lower() == "tls"
 
 
 def _describe(endpoint):

@@ -345,6 +345,18 @@ class ListenTests(_Logged, SynchronousTestCase):
                       [self.text(e) for e in events])
         svc.stopService()
 
+    def test_otterTLSURL(self):
+        """An ottertls: endpoint (client certificates, TLS floor) is announced as amqps:// too."""
+        from twisted.test import __file__ as here
+
+        pem = os.path.join(os.path.dirname(here), "server.pem").replace(":", "\\:")
+        events = self.captureLog()
+        svc = _service(_Reactor(), amqp=["ottertls:5671:interface=127.0.0.1:privateKey=%s" % pem])
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertIn("otter_tx ready: AMQP amqps://127.0.0.1:5671", [self.text(e) for e in events])
+        svc.stopService()
+
     def test_listenFailure(self):
         """A port in use fails whenReady with ListenFailed; the ports that did bind are closed."""
         events = self.captureLog()
