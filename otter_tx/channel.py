@@ -10,7 +10,6 @@ channel.close and the rest into connection.close, as RabbitMQ does.
 
 import base64
 import os
-import re
 import struct
 from collections import OrderedDict, deque
 
@@ -25,6 +24,7 @@ from otter_tx.amqp.errors import (
     notFound,
     notImplemented,
     preconditionFailed,
+    resourceAccessRefused,
     rs,
 )
 from otter_tx.broker.arguments import isInteger
@@ -355,21 +355,9 @@ class Channel:
         key = (perm, kind, name)
         ok = self._permCache.get(key)
         if ok is None:
-            user = self.connection.user.name
-            perms = broker.permissions.get((user, self.vhost.name))
-            checked = "amq.default" if kind == "exchange" and name == "" else name
-            pattern = perms[perm] if perms is not None else ""
-            try:
-                ok = bool(pattern) and re.search(pattern, checked) is not None
-            except re.error:
-                ok = False
-            self._permCache[key] = ok
+            ok = self._permCache[key] = broker.permits(self.connection.user.name, self.vhost.name, perm, kind, name)
         if not ok:
-            shown = "amq.default" if kind == "exchange" and name == "" else name
-            raise accessRefused(
-                "access to %s refused for user '%s'"
-                % (rs(kind, shown, self.vhost.name), self.connection.user.name)
-            )
+            raise resourceAccessRefused(kind, name, self.vhost.name, self.connection.user.name)
 
     def _exchangeDeclare(self, m):
         if not m.passive:

@@ -47,6 +47,16 @@ def accessRefused(text):
     return AMQPError(spec.ACCESS_REFUSED, text)
 
 
+def resourceAccessRefused(kind, name, vhost, user):
+    """
+    403 ACCESS_REFUSED ``access to queue 'q' in vhost '/' refused for user
+    'u'`` (``rabbit_access_control:check_resource_access``); the default
+    exchange ``""`` is named ``amq.default``, as RabbitMQ shows it.
+    """
+    shown = "amq.default" if kind == "exchange" and name == "" else name
+    return accessRefused("access to %s refused for user '%s'" % (rs(kind, shown, vhost), user))
+
+
 def resourceLocked(text):
     """405 RESOURCE_LOCKED (channel)."""
     return AMQPError(spec.RESOURCE_LOCKED, text)

@@ -6,6 +6,8 @@ durable changes reach a store.
 global reactor.
 """
 
+import re
+
 from twisted.logger import Logger
 
 from otter_tx.broker.policy import Policy
@@ -156,6 +158,27 @@ class Broker:
     def canAccess(self, user, vhost):
         """True when ``user`` has permissions on ``vhost``."""
         return (user.name, vhost) in self.permissions
+
+    #: RabbitMQ's permission kinds, as indexes into a permissions tuple
+    CONFIGURE, WRITE, READ = 0, 1, 2
+
+    def permits(self, userName, vhost, perm, kind, name):
+        """
+        True when user ``userName``'s ``perm`` regex on ``vhost``
+        (:attr:`CONFIGURE`, :attr:`WRITE` or :attr:`READ`) matches resource
+        ``name`` of ``kind`` (``"queue"`` or ``"exchange"``; the default
+        exchange is matched as ``amq.default``).  No permissions on the
+        vhost, an empty regex or an invalid one permit nothing
+        (``rabbit_auth_backend_internal:check_resource_access``,
+        https://www.rabbitmq.com/docs/access-control).
+        """
+        perms = self.permissions.get((userName, vhost))
+        pattern = perms[perm] if perms is not None else ""
+        checked = "amq.default" if kind == "exchange" and name == "" else name
+        try:
+            return bool(pattern) and re.search(pattern, checked) is not None
+        except re.error:
+            return False
 
     def setPolicy(self, vhost, name, pattern, definition, priority=0, applyTo="all"):
         """

@@ -23,12 +23,16 @@ Error bodies (all ``application/json``):
   reason is the AMQP reply text without its ``PRECONDITION_FAILED -``
   prefix, or RabbitMQ's validation text.
 
-Access model (simplified from RabbitMQ's tags): ``management``,
-``policymaker``, ``monitoring`` and ``administrator`` users may log in;
-``administrator`` may do everything; others see and change only vhosts they
-have permissions on, and only ``policymaker`` may change policies.
-Permission regexes are not matched per resource (the broker does not
-enforce them either).
+Access model: RabbitMQ 3.10's, endpoint by endpoint (docs/management.md
+has the table).  Each route names the check its ``rabbit_mgmt_wm_*.erl``
+module's ``is_authorized/2`` makes (:data:`_ANY` is ``is_authorized``,
+:data:`_ADMIN` ``is_authorized_admin``, :data:`_MONITOR`
+``is_authorized_monitor``, :data:`_VHOST` ``is_authorized_vhost``,
+:data:`_POLICIES` ``is_authorized_policies``; connections use
+``is_authorized_user``, see :meth:`ManagementApp._authoriseUser`), and the
+operations RabbitMQ performs over an AMQP channel check the user's
+configure / write / read regexes per resource, as a channel does
+(:meth:`ManagementApp._checkResource`).
 
 The app is an instance (``app = Klein()`` is a class attribute): built from
 the broker and the clock; it never imports the global reactor.
@@ -47,7 +51,8 @@ from twisted.web.resource import Resource
 
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
-from otter_tx.amqp.errors import AMQPError
+from otter_tx.amqp.errors import AMQPError, resourceAccessRefused
+from otter_tx.broker.broker import Broker
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.message import Message
@@ -58,11 +63,23 @@ from otter_tx.web import _format as fmt
 #: ``rabbitmq_version``; ``product_name`` / ``product_version`` say otter_tx)
 RABBITMQ_COMPAT_VERSION = "3.10.8"
 
+#: tags that may use the management API at all (is_mgmt_user)
 MANAGEMENT_TAGS = frozenset(("management", "policymaker", "monitoring", "administrator"))
+#: tags that see every connection, channel and consumer (is_monitor)
+MONITOR_TAGS = frozenset(("monitoring", "administrator"))
+#: tags that may read and change policies (is_policymaker)
+POLICYMAKER_TAGS = frozenset(("policymaker", "administrator"))
 
-#: access levels for endpoints
-_ANY = "any"  # any management user
-_ADMIN = "admin"  # administrator only
+#: access levels for endpoints, named after rabbit_mgmt_util's checks
+_ANY = "is_authorized"  # any management user
+_ADMIN = "is_authorized_admin"  # administrator; else 401 "Not administrator user"
+_MONITOR = "is_authorized_monitor"  # monitoring or administrator; else 401 "Not monitor user"
+#: administrator, or a user with permissions on the path's ``vhost`` (a
+#: missing vhost passes, the handler answers 404); else 401 "User not
+#: authorised to access virtual host"
+_VHOST = "is_authorized_vhost"
+#: administrator, or policymaker as for _VHOST; else 401 "User not authorised to access object"
+_POLICIES = "is_authorized_policies"
 _NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
 
 _EXCHANGE_TYPE_DESCRIPTIONS = (
@@ -113,10 +130,28 @@ def notAuthorised(reason):
     return HTTPError(401, "not_authorised", reason)
 
 
+def notAuthorisedObject():
+    """401 ``User not authorised to access object`` (is_authorized_user / _policies)."""
+    return notAuthorised("User not authorised to access object")
+
+
+def channelRefusal(e):
+    """
+    An AMQP 403 from an operation RabbitMQ runs over an AMQP channel
+    (``rabbit_mgmt_util:with_channel``: ``/get``, the aliveness test) as
+    401 with the full reply text, ``ACCESS_REFUSED - access to queue 'q' in
+    vhost '/' refused for user 'u'``; other codes as :func:`amqpHTTPError`.
+    """
+    if e.code == 403:
+        return notAuthorised(e.text)
+    return amqpHTTPError(e)
+
+
 def amqpHTTPError(e):
     """
     Map an :class:`AMQPError` from a broker operation to RabbitMQ's HTTP
-    answer: 403 -> 401 ``Access refused.``; 404 -> 404 ``not_found`` with
+    answer (``rabbit_mgmt_util:direct_request``: declares, deletes, purge,
+    bindings): 403 -> 401 ``Access refused.``; 404 -> 404 ``not_found`` with
     the text; anything else -> 400 with the text without its
     ``CONSTANT -`` prefix.
     """
@@ -313,7 +348,7 @@ class ManagementApp:
             if request.method == b"OPTIONS":
                 request.setResponseCode(200)
                 return b""
-            user = None if access == _NONE else self._authenticate(request, access)
+            user = None if access == _NONE else self._authenticate(request, access, kw.get("vhost"))
             result = f(self, request, user, **kw)
         except HTTPError as e:
             return self._renderError(request, e)
@@ -355,10 +390,12 @@ class ManagementApp:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps({"error": e.error, "reason": e.reason}).encode()
 
-    def _authenticate(self, request, access):
+    def _authenticate(self, request, access, vhost=None):
         """
-        The broker :class:`User` for the request's Basic credentials, or
-        an :class:`HTTPError` (401) as RabbitMQ answers.
+        The broker :class:`User` for the request's Basic credentials,
+        authorised for ``access`` (one of the ``_ANY``... levels) on the
+        path's ``vhost`` (str or None), or an :class:`HTTPError` (401) as
+        RabbitMQ answers (``rabbit_web_dispatch_access_control:is_authorized``).
         """
         challenge = [(b"www-authenticate", b'Basic realm="RabbitMQ Management"')]
         header = request.getHeader(b"authorization")
@@ -381,33 +418,78 @@ class ManagementApp:
             raise notAuthorised("Not management user")
         if access == _ADMIN and "administrator" not in tags:
             raise notAuthorised("Not administrator user")
+        if access == _MONITOR and not tags & MONITOR_TAGS:
+            raise notAuthorised("Not monitor user")
+        if access == _VHOST and not self._matchesVHost(user, vhost):
+            raise notAuthorised("User not authorised to access virtual host")
+        if access == _POLICIES and not (
+            self._isAdmin(user) or tags & POLICYMAKER_TAGS and self._matchesVHost(user, vhost)
+        ):
+            raise notAuthorisedObject()
         return user
+
+    def _matchesVHost(self, user, vhost):
+        """
+        ``is_admin orelse user_matches_vhost``: an administrator, no vhost
+        in the path, a vhost that does not exist (the handler answers 404),
+        or one the user has permissions on (may log in to).
+        """
+        return (
+            self._isAdmin(user) or vhost is None or vhost not in self.broker.vhosts
+            or self.broker.canAccess(user, vhost)
+        )
 
     @staticmethod
     def _isAdmin(user):
         return "administrator" in user.tags
 
-    def _seesAll(self, user):
-        return self._isAdmin(user) or "monitoring" in user.tags
+    @staticmethod
+    def _isMonitor(user):
+        return bool(set(user.tags) & MONITOR_TAGS)
 
-    def _visibleVHosts(self, user):
+    def _loginVHosts(self, user):
+        """
+        The vhosts an object list shows (``rabbit_mgmt_util:filter_vhost``):
+        every vhost for an administrator, else those the user has
+        permissions on (monitoring users too).
+        """
         return [
             vh for name, vh in sorted(self.broker.vhosts.items())
-            if self._seesAll(user) or self.broker.canAccess(user, name)
+            if self._isAdmin(user) or self.broker.canAccess(user, name)
         ]
 
-    def _vhost(self, user, name, write=False):
+    def _visibleVHosts(self, user):
         """
-        VHost ``name``: 404 when missing; 401 ``User not authorised to
-        access virtual host`` when the user lacks permissions on it (reads
-        are open to administrators and monitoring users).
+        The vhosts ``/api/vhosts`` and the overview show
+        (``list_visible_vhosts``): every vhost for administrators and
+        monitoring users, else those the user has permissions on.
         """
+        return [
+            vh for name, vh in sorted(self.broker.vhosts.items())
+            if self._isMonitor(user) or self.broker.canAccess(user, name)
+        ]
+
+    def _vhost(self, name):
+        """VHost ``name``, or 404 when missing (the endpoint has authorised the user)."""
         vh = self.broker.vhosts.get(name)
         if vh is None:
             raise notFound()
-        if not self.broker.canAccess(user, name) and (write or not self._seesAll(user)):
-            raise notAuthorised("User not authorised to access virtual host")
         return vh
+
+    def _checkResource(self, user, vh, perm, kind, name):
+        """
+        What RabbitMQ's AMQP channel checks when the plugin runs an
+        operation for ``user``: 401 ``Access refused.`` when the user has no
+        permissions on ``vh`` (the connection is refused), else
+        :class:`AMQPError` 403 unless the ``perm`` regex
+        (``Broker.CONFIGURE`` / ``WRITE`` / ``READ``) matches ``name``
+        (``kind`` ``"queue"`` or ``"exchange"``); the caller maps it as the
+        endpoint's RabbitMQ module does.
+        """
+        if not self.broker.canAccess(user, vh.name):
+            raise notAuthorised("Access refused.")
+        if not self.broker.permits(user.name, vh.name, perm, kind, name):
+            raise resourceAccessRefused(kind, name, vh.name, user.name)
 
     @staticmethod
     def _body(request):
@@ -447,9 +529,8 @@ class ManagementApp:
 
     # --- policies -------------------------------------------------------------
 
-    def _policies(self, user, vhosts):
-        if not (self._isAdmin(user) or "policymaker" in user.tags):
-            return []
+    @staticmethod
+    def _policies(vhosts):
         out = []
         for vh in vhosts:
             for p in sorted(vh.policies.values(), key=lambda p: p.name):
@@ -459,38 +540,36 @@ class ManagementApp:
     @app.route("/api/policies", methods=["GET", "OPTIONS"])
     @endpoint()
     def policiesAll(self, request, user):
-        """``GET /api/policies``: every policy the user may see."""
-        return self._policies(user, self._visibleVHosts(user))
+        """
+        ``GET /api/policies``: the policies of every vhost the user has
+        permissions on (every user tag sees the list, as in 3.10).
+        """
+        return self._policies(self._loginVHosts(user))
 
     @app.route("/api/policies/<vhost>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def policiesVHost(self, request, user, vhost):
         """``GET /api/policies/{vhost}``."""
-        return self._policies(user, [self._vhost(user, vhost)])
+        return self._policies([self._vhost(vhost)])
 
     @app.route("/api/policies/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_POLICIES)
     def policy(self, request, user, vhost, name):
         """
         ``GET|PUT|DELETE /api/policies/{vhost}/{name}``.  PUT body
         ``{"pattern", "definition", "priority", "apply-to"}``: 201 created,
         204 updated, 400 ``Validation failed\\n\\n<text>\\n``.  DELETE: 204,
-        404 when missing.
+        404 when missing.  Administrators, and policymakers with
+        permissions on the vhost, only (``is_authorized_policies``).
         """
-        if request.method in (b"PUT", b"DELETE"):
-            vh = self.broker.vhosts.get(vhost)
-            if vh is None:
-                if request.method == b"PUT":
-                    raise HTTPError(404, "not_found", "vhost_not_found")
-                raise notFound()
-            vh = self._vhost(user, vhost, write=True)
-            if not (self._isAdmin(user) or "policymaker" in user.tags):
-                raise notAuthorised("User not authorised to access object")
-        else:
-            vh = self._vhost(user, vhost)
+        vh = self.broker.vhosts.get(vhost)
+        if vh is None:
+            if request.method == b"PUT":
+                raise HTTPError(404, "not_found", "vhost_not_found")
+            raise notFound()
         if request.method == b"GET":
             p = vh.policies.get(name)
-            if p is None or not (self._isAdmin(user) or "policymaker" in user.tags):
+            if p is None:
                 raise notFound()
             return p.asDict()
         if request.method == b"DELETE":
@@ -543,38 +622,40 @@ class ManagementApp:
     @app.route("/api/queues", methods=["GET", "OPTIONS"])
     @endpoint()
     def queuesAll(self, request, user):
-        """``GET /api/queues``: every visible queue (RabbitMQ's list fields)."""
+        """``GET /api/queues``: the queues of the user's vhosts (RabbitMQ's list fields)."""
         unacked = fmt.unackedBytes(self.broker)
         return [
             fmt.queueDict(q, unacked)
-            for vh in self._visibleVHosts(user)
+            for vh in self._loginVHosts(user)
             for _, q in sorted(vh.queues.items())
         ]
 
     @app.route("/api/queues/<vhost>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def queuesVHost(self, request, user, vhost):
         """``GET /api/queues/{vhost}``."""
-        vh = self._vhost(user, vhost)
+        vh = self._vhost(vhost)
         unacked = fmt.unackedBytes(self.broker)
         return [fmt.queueDict(q, unacked) for _, q in sorted(vh.queues.items())]
 
     @app.route("/api/queues/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def queue(self, request, user, vhost, name):
         """
         ``GET`` one queue (with ``consumer_details``); ``PUT`` declares
         (body ``{"durable", "auto_delete", "arguments"}``; 201 created, 204
         equivalent, 400 inequivalent or invalid arguments); ``DELETE``
         (``?if-unused=true&if-empty=true``; 204, 404, 400 in use / not
-        empty).
+        empty).  PUT and DELETE need configure permission on the queue
+        (401 ``Access refused.``).
         """
-        vh = self._vhost(user, vhost, write=request.method != b"GET")
+        vh = self._vhost(vhost)
         if request.method == b"PUT":
             body = self._body(request)
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
+            self._checkResource(user, vh, Broker.CONFIGURE, "queue", name)
             existed = name in vh.queues
             vh.declareQueue(
                 name, None, durable=_flag(body.get("durable")),
@@ -585,34 +666,40 @@ class ManagementApp:
         if q is None:
             raise notFound()
         if request.method == b"DELETE":
+            self._checkResource(user, vh, Broker.CONFIGURE, "queue", name)
             vh.deleteQueue(q, ifUnused=_queryFlag(request, "if-unused"),
                            ifEmpty=_queryFlag(request, "if-empty"))
             return Response(204)
         return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True)
 
     @app.route("/api/queues/<vhost>/<name>/contents", methods=["DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def queueContents(self, request, user, vhost, name):
-        """``DELETE /api/queues/{vhost}/{name}/contents``: purge (204, 404)."""
-        vh = self._vhost(user, vhost, write=True)
+        """
+        ``DELETE /api/queues/{vhost}/{name}/contents``: purge (204, 404);
+        needs read permission on the queue, as ``queue.purge`` (401
+        ``Access refused.``).
+        """
+        vh = self._vhost(vhost)
         q = vh.queues.get(name)
         if q is None:
             raise notFound()
+        self._checkResource(user, vh, Broker.READ, "queue", name)
         q.purge()
         return Response(204)
 
     @app.route("/api/queues/<vhost>/<name>/bindings", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def queueBindings(self, request, user, vhost, name):
         """``GET /api/queues/{vhost}/{name}/bindings``, the default-exchange binding first."""
-        vh = self._vhost(user, vhost)
+        vh = self._vhost(vhost)
         q = vh.queues.get(name)
         if q is None:
             raise notFound()
         return [b for b in fmt.vhostBindings(vh) if b["destination_type"] == "queue" and b["destination"] == name]
 
     @app.route("/api/queues/<vhost>/<name>/get", methods=["POST", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def queueGet(self, request, user, vhost, name):
         """
         ``POST /api/queues/{vhost}/{name}/get`` with ``{"count", "ackmode",
@@ -620,8 +707,11 @@ class ManagementApp:
         requeue, ack or reject them per ``ackmode``; returns RabbitMQ's
         message objects (``"properties": []`` when there are none, as
         3.10 renders it).  A bad ``ackmode`` is 400 (RabbitMQ 3.10: 500).
+        Needs read permission on the queue, checked before it is looked up
+        as ``basic.get`` does: 401 with the full ``ACCESS_REFUSED - ...``
+        text (:func:`channelRefusal`).
         """
-        vh = self._vhost(user, vhost, write=True)
+        vh = self._vhost(vhost)
         body = self._body(request)
         self._require(body, "count", "ackmode", "encoding")
         count, ackmode, encoding = body["count"], body["ackmode"], body["encoding"]
@@ -635,6 +725,10 @@ class ManagementApp:
             truncate = int(truncate) if truncate not in (None, "") else None
         except (TypeError, ValueError):
             raise badRequest("count and truncate must be integers")
+        try:
+            self._checkResource(user, vh, Broker.READ, "queue", name)
+        except AMQPError as e:
+            raise channelRefusal(e)
         q = vh.queues.get(name)
         if q is None:
             raise HTTPError(404, "not_found", "NOT_FOUND - no queue '%s' in vhost '%s'" % (name, vhost))
@@ -686,19 +780,19 @@ class ManagementApp:
         """``GET /api/exchanges``."""
         return [
             fmt.exchangeDict(ex)
-            for vh in self._visibleVHosts(user)
+            for vh in self._loginVHosts(user)
             for _, ex in sorted(vh.exchanges.items())
         ]
 
     @app.route("/api/exchanges/<vhost>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def exchangesVHost(self, request, user, vhost):
         """``GET /api/exchanges/{vhost}``."""
-        vh = self._vhost(user, vhost)
+        vh = self._vhost(vhost)
         return [fmt.exchangeDict(ex) for _, ex in sorted(vh.exchanges.items())]
 
     @app.route("/api/exchanges/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def exchange(self, request, user, vhost, name):
         """
         ``GET`` one exchange (``messages_delayed`` for x-delayed-message);
@@ -706,9 +800,10 @@ class ManagementApp:
         "internal", "arguments"}``; 201, 204, 400 inequivalent or ``invalid
         exchange type 'T'``, 401 ``Access refused.`` for ``amq.*``);
         ``DELETE`` (``?if-unused=true``; 204, 404, 400 in use).
-        ``amq.default`` names the default exchange.
+        ``amq.default`` names the default exchange.  PUT and DELETE need
+        configure permission on the exchange (401 ``Access refused.``).
         """
-        vh = self._vhost(user, vhost, write=request.method != b"GET")
+        vh = self._vhost(vhost)
         xname = self._exchangeName(name)
         if request.method == b"PUT":
             body = self._body(request)
@@ -718,6 +813,7 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
+            self._checkResource(user, vh, Broker.CONFIGURE, "exchange", xname)
             existed = xname in vh.exchanges
             vh.declareExchange(
                 xname, xtype, durable=_flag(body.get("durable")),
@@ -729,6 +825,7 @@ class ManagementApp:
         if ex is None:
             raise notFound()
         if request.method == b"DELETE":
+            self._checkResource(user, vh, Broker.CONFIGURE, "exchange", xname)
             vh.deleteExchange(xname, ifUnused=_queryFlag(request, "if-unused"))
             return Response(204)
         d = fmt.exchangeDict(ex)
@@ -738,10 +835,10 @@ class ManagementApp:
 
     @app.route("/api/exchanges/<vhost>/<name>/bindings/<any(source,destination):side>",
                methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def exchangeBindings(self, request, user, vhost, name, side):
         """``GET /api/exchanges/{vhost}/{name}/bindings/source|destination``."""
-        vh = self._vhost(user, vhost)
+        vh = self._vhost(vhost)
         xname = self._exchangeName(name)
         if xname not in vh.exchanges:
             raise notFound()
@@ -753,15 +850,18 @@ class ManagementApp:
         ]
 
     @app.route("/api/exchanges/<vhost>/<name>/publish", methods=["POST", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def exchangePublish(self, request, user, vhost, name):
         """
         ``POST /api/exchanges/{vhost}/{name}/publish`` with ``{"properties",
         "routing_key", "payload", "payload_encoding"}`` -> ``{"routed":
         bool}``.  AMQP errors are 400 with the full reply, e.g. ``406
         PRECONDITION_FAILED - invalid expiration 'abc': no_integer``.
+        Needs write permission on the exchange, checked before the exchange
+        is looked up, as ``basic.publish`` does: 400 ``403 ACCESS_REFUSED -
+        access to exchange 'x' in vhost '/' refused for user 'u'``.
         """
-        vh = self._vhost(user, vhost, write=True)
+        vh = self._vhost(vhost)
         body = self._body(request)
         self._require(body, "routing_key", "properties", "payload", "payload_encoding")
         enc = body["payload_encoding"]
@@ -778,6 +878,7 @@ class ManagementApp:
         xname = self._exchangeName(name)
         ex = vh.exchanges.get(xname)
         try:
+            self._checkResource(user, vh, Broker.WRITE, "exchange", xname)
             if ex is None:
                 raise AMQPError(404, "no exchange '%s' in vhost '%s'" % (xname, vhost))
             if ex.internal:
@@ -828,13 +929,24 @@ class ManagementApp:
     @endpoint()
     def bindingsAll(self, request, user):
         """``GET /api/bindings``."""
-        return [b for vh in self._visibleVHosts(user) for b in fmt.vhostBindings(vh)]
+        return [b for vh in self._loginVHosts(user) for b in fmt.vhostBindings(vh)]
 
     @app.route("/api/bindings/<vhost>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def bindingsVHost(self, request, user, vhost):
         """``GET /api/bindings/{vhost}``."""
-        return fmt.vhostBindings(self._vhost(user, vhost))
+        return fmt.vhostBindings(self._vhost(vhost))
+
+    def _checkBinding(self, user, vh, source, dtype, dest):
+        """
+        ``queue.bind`` / ``exchange.bind`` permissions (also for unbind):
+        write on the destination, read on the source exchange; 401
+        ``Access refused.``.
+        """
+        kind = "queue" if dtype == "q" else "exchange"
+        dname = dest if dtype == "q" else self._exchangeName(dest)
+        self._checkResource(user, vh, Broker.WRITE, kind, dname)
+        self._checkResource(user, vh, Broker.READ, "exchange", self._exchangeName(source))
 
     def _bindingEnds(self, vh, source, dtype, dest):
         """The source Exchange and destination (Queue or Exchange) or 404 ``not_found``."""
@@ -857,22 +969,24 @@ class ManagementApp:
         ]
 
     @app.route("/api/bindings/<vhost>/e/<source>/<any(q,e):dtype>/<dest>", methods=["GET", "POST", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def bindingsBetween(self, request, user, vhost, source, dtype, dest):
         """
         ``GET`` the bindings from exchange ``source`` to queue (``q``) or
         exchange (``e``) ``dest``; ``POST {"routing_key", "arguments"}``
         binds: 201 with ``Location: <dest>/<properties_key>``; 404
-        ``not_found`` for a missing end.
+        ``not_found`` for a missing end; the permissions of
+        :meth:`_checkBinding` are checked first, as RabbitMQ does.
         """
+        vh = self._vhost(vhost)
         if request.method == b"GET":
-            return self._bindingsBetween(self._vhost(user, vhost), source, dtype, dest)
-        vh = self._vhost(user, vhost, write=True)
+            return self._bindingsBetween(vh, source, dtype, dest)
         body = self._body(request)
         key = body.get("routing_key", "")
         args = body.get("arguments") or {}
         if not isinstance(key, str) or not isinstance(args, dict):
             raise badRequest("routing_key must be a string and arguments an object")
+        self._checkBinding(user, vh, source, dtype, dest)
         src, dst = self._bindingEnds(vh, source, dtype, dest)
         vh.bind(src, dst, key, args)
         # the Location segment is the properties_key percent-encoded once more, as RabbitMQ sends it
@@ -881,13 +995,13 @@ class ManagementApp:
 
     @app.route("/api/bindings/<vhost>/e/<source>/<any(q,e):dtype>/<dest>/<props>",
                methods=["GET", "DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def binding(self, request, user, vhost, source, dtype, dest, props):
         """
         ``GET`` or ``DELETE`` one binding by its ``properties_key`` (204 /
-        404).
+        404; DELETE needs the permissions of :meth:`_checkBinding`).
         """
-        vh = self._vhost(user, vhost, write=request.method == b"DELETE")
+        vh = self._vhost(vhost)
         for b in self._bindingsBetween(vh, source, dtype, dest):
             if props in (b["properties_key"], unquote(b["properties_key"])):
                 break
@@ -895,6 +1009,7 @@ class ManagementApp:
             raise notFound()
         if request.method == b"GET":
             return b
+        self._checkBinding(user, vh, source, dtype, dest)
         src, dst = self._bindingEnds(vh, source, dtype, dest)
         for d, k, a in list(src.routing.bindings()):
             if d is dst and k == b["routing_key"] and fmt.propertiesKey(k, a) == b["properties_key"]:
@@ -914,7 +1029,7 @@ class ManagementApp:
         """
         vhosts = self._visibleVHosts(user)
         queues = [q for vh in vhosts for q in vh.queues.values()]
-        conns = [c for c in self.broker.connections if c.vhost in vhosts or c.vhost is None and self._seesAll(user)]
+        conns = [c for c in self._visibleConnections(user) if c.vhost in vhosts or c.vhost is None]
         ready = sum(q.readyCount for q in queues)
         unacked = sum(q.unackedCount for q in queues)
         return {
@@ -981,18 +1096,17 @@ class ManagementApp:
         return [self._vhostDict(vh) for vh in self._visibleVHosts(user)]
 
     @app.route("/api/vhosts/<vhost>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
-    @endpoint()
+    @endpoint(_ADMIN)
     def vhost(self, request, user, vhost):
         """
-        ``GET``; ``PUT`` (administrator; 201 / 204; the creating user gets
-        full permissions on a new vhost, as in RabbitMQ; the body's
-        description and tags are not stored); ``DELETE`` (administrator; 204 / 404;
-        closes its connections).
+        ``GET``; ``PUT`` (201 / 204; the creating user gets full
+        permissions on a new vhost, as in RabbitMQ; the body's description
+        and tags are not stored); ``DELETE`` (204 / 404; closes its
+        connections).  Administrators only, every method, as 3.10's
+        ``rabbit_mgmt_wm_vhost`` (``is_authorized_admin``).
         """
         if request.method == b"GET":
-            return self._vhostDict(self._vhost(user, vhost))
-        if not self._isAdmin(user):
-            raise notAuthorised("Not administrator user")
+            return self._vhostDict(self._vhost(vhost))
         if request.method == b"PUT":
             self._body(request)
             existed = vhost in self.broker.vhosts
@@ -1026,7 +1140,7 @@ class ManagementApp:
     @endpoint(_ADMIN)
     def vhostPermissions(self, request, user, vhost):
         """``GET /api/vhosts/{vhost}/permissions``."""
-        self._vhost(user, vhost)
+        self._vhost(vhost)
         return [p for p in self._permissionList() if p["vhost"] == vhost]
 
     @app.route("/api/whoami", methods=["GET", "OPTIONS"])
@@ -1143,29 +1257,50 @@ class ManagementApp:
     # --- connections, channels, consumers --------------------------------------
 
     def _visibleConnections(self, user):
+        """
+        The connections a user sees (``rabbit_mgmt_util:filter_conn_ch_list``):
+        all for monitoring users and administrators, else its own.
+        """
         conns = sorted(self.broker.connections, key=fmt.connectionName)
-        if self._seesAll(user):
+        if self._isMonitor(user):
             return conns
-        return [c for c in conns if c.user is not None and c.user.name == user.name]
+        return [c for c in conns if self._owns(user, c)]
+
+    @staticmethod
+    def _owns(user, conn):
+        return conn.user is not None and conn.user.name == user.name
 
     @app.route("/api/connections", methods=["GET", "OPTIONS"])
     @endpoint()
     def connections(self, request, user):
-        """``GET /api/connections``."""
+        """``GET /api/connections``: all for monitoring users and administrators, else the user's own."""
         return [fmt.connectionDict(c) for c in self._visibleConnections(user)]
 
     @app.route("/api/vhosts/<vhost>/connections", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def vhostConnections(self, request, user, vhost):
-        """``GET /api/vhosts/{vhost}/connections``."""
-        vh = self._vhost(user, vhost)
+        """``GET /api/vhosts/{vhost}/connections``, filtered as ``/api/connections``."""
+        vh = self._vhost(vhost)
         return [fmt.connectionDict(c) for c in self._visibleConnections(user) if c.vhost is vh]
 
-    def _connection(self, user, name):
-        for c in self._visibleConnections(user):
-            if fmt.connectionName(c) == name:
-                return c
-        raise notFound()
+    def _authoriseUser(self, request, user, name):
+        """
+        The connection named ``name`` (404 when there is none) if ``user``
+        may act on it, as ``rabbit_mgmt_util:is_authorized_user``: its
+        owner may always; otherwise GET needs a monitoring or administrator
+        tag and DELETE the administrator tag; else 401 ``User not
+        authorised to access object``.  (RabbitMQ answers DELETE of a
+        missing connection with 500; this is 404.)
+        """
+        for conn in self.broker.connections:
+            if fmt.connectionName(conn) == name:
+                break
+        else:
+            raise notFound()
+        allowed = self._isAdmin(user) if request.method == b"DELETE" else self._isMonitor(user)
+        if not (allowed or self._owns(user, conn)):
+            raise notAuthorisedObject()
+        return conn
 
     @app.route("/api/connections/<name>", methods=["GET", "DELETE", "OPTIONS"])
     @endpoint()
@@ -1173,9 +1308,10 @@ class ManagementApp:
         """
         ``GET`` one connection; ``DELETE`` closes it with 320
         ``CONNECTION_FORCED - <X-Reason header or "Closed via management
-        plugin">`` (204).
+        plugin">`` (204).  Who may do which: :meth:`_authoriseUser` (a
+        monitoring user sees every connection but closes only its own).
         """
-        conn = self._connection(user, name)
+        conn = self._authoriseUser(request, user, name)
         if request.method == b"GET":
             return fmt.connectionDict(conn)
         reason = request.getHeader(b"x-reason")
@@ -1186,34 +1322,42 @@ class ManagementApp:
     @app.route("/api/connections/<name>/channels", methods=["GET", "OPTIONS"])
     @endpoint()
     def connectionChannels(self, request, user, name):
-        """``GET /api/connections/{name}/channels``."""
-        conn = self._connection(user, name)
+        """``GET /api/connections/{name}/channels`` (authorised as :meth:`_authoriseUser`)."""
+        conn = self._authoriseUser(request, user, name)
         return [fmt.channelDict(ch) for _, ch in sorted(conn.channels.items())]
 
     @app.route("/api/channels", methods=["GET", "OPTIONS"])
     @endpoint()
     def channels(self, request, user):
-        """``GET /api/channels``."""
+        """``GET /api/channels``: the channels of the connections the user sees."""
         return [
             fmt.channelDict(ch)
             for c in self._visibleConnections(user)
             for _, ch in sorted(c.channels.items())
         ]
 
-    def _consumers(self, vhosts):
-        return [fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers]
+    def _consumers(self, user, vhosts):
+        """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
+        seesAll = self._isMonitor(user)
+        return [
+            fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
+            if seesAll or self._owns(user, c.channel.connection)
+        ]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
     @endpoint()
     def consumers(self, request, user):
-        """``GET /api/consumers``."""
-        return self._consumers(self._visibleVHosts(user))
+        """``GET /api/consumers``: every consumer for monitoring users and administrators, else the user's own."""
+        return self._consumers(user, [vh for _, vh in sorted(self.broker.vhosts.items())])
 
     @app.route("/api/consumers/<vhost>", methods=["GET", "OPTIONS"])
     @endpoint()
     def consumersVHost(self, request, user, vhost):
-        """``GET /api/consumers/{vhost}``."""
-        return self._consumers([self._vhost(user, vhost)])
+        """
+        ``GET /api/consumers/{vhost}``, filtered as ``/api/consumers`` (no
+        vhost permission needed, as in 3.10).
+        """
+        return self._consumers(user, [self._vhost(vhost)])
 
     # --- health, definitions ---------------------------------------------------
 
@@ -1235,14 +1379,22 @@ class ManagementApp:
         return self._health()
 
     @app.route("/api/aliveness-test/<vhost>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_VHOST)
     def aliveness(self, request, user, vhost):
         """
         ``GET /api/aliveness-test/{vhost}``: declares queue
         ``aliveness-test``, publishes ``test_message`` to it and gets it
-        back, as RabbitMQ 3.10 does; ``{"status":"ok"}``.
+        back, as RabbitMQ 3.10 does; ``{"status":"ok"}``.  Runs with the
+        user's permissions (configure and read on ``aliveness-test``, write
+        on ``amq.default``): 401 with the full ``ACCESS_REFUSED`` text.
         """
-        vh = self._vhost(user, vhost, write=True)
+        vh = self._vhost(vhost)
+        try:
+            self._checkResource(user, vh, Broker.CONFIGURE, "queue", "aliveness-test")
+            self._checkResource(user, vh, Broker.WRITE, "exchange", "")
+            self._checkResource(user, vh, Broker.READ, "queue", "aliveness-test")
+        except AMQPError as e:
+            raise channelRefusal(e)
         q = vh.declareQueue("aliveness-test", None)
         routed, _ = vh.publish(vh.exchanges[""], Message("", "aliveness-test", b"\x00\x00", b"test_message", {}))
         entry = q.basicGet(False)
