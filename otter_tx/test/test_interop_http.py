@@ -11,6 +11,7 @@ RabbitMQ refreshes queue statistics every few seconds, so these tests read
 messages back with ``/get`` rather than counters.
 """
 
+import json
 import os
 import uuid
 from urllib.parse import quote
@@ -25,8 +26,12 @@ EXTERNAL_MGMT = os.environ.get("OTTER_TEST_MGMT_URL")
 GUEST = ("guest", "guest")
 
 
-class ManagementInteropTests(TestCase):
-    """The management API over real HTTP (otter_tx, or RabbitMQ with OTTER_TEST_MGMT_URL)."""
+class ManagementHTTPCase(TestCase):
+    """
+    Base for tests over real HTTP: ``self.base`` is otter_tx's management
+    URL (in-process broker in ``self.fixture``) or ``OTTER_TEST_MGMT_URL``;
+    paths in ``self.cleanups`` are DELETEd as guest in tearDown, last first.
+    """
 
     timeout = 30
 
@@ -73,10 +78,14 @@ class ManagementInteropTests(TestCase):
         data = None
         if raw:
             try:
-                data = __import__("json").loads(raw)
-            except ValueError:
+                data = json.loads(raw)
+            except (ValueError, RecursionError):  # not JSON, or another test's deeply nested arguments
                 data = raw
         returnValue((resp.code, data, resp))
+
+
+class ManagementInteropTests(ManagementHTTPCase):
+    """The management API over real HTTP (otter_tx, or RabbitMQ with OTTER_TEST_MGMT_URL)."""
 
     @inlineCallbacks
     def test_authFailures(self):

@@ -18,20 +18,17 @@ seconds after they open, so :meth:`_poll` waits for them (up to 30 s).
 
 import json
 import os
-import uuid
 from urllib.parse import quote, urlparse
 
-import treq
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks, returnValue
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest, TestCase
-from twisted.web.client import HTTPConnectionPool
+from twisted.trial.unittest import SkipTest
 
-EXTERNAL_MGMT = os.environ.get("OTTER_TEST_MGMT_URL")
+from otter_tx.test.test_interop_http import EXTERNAL_MGMT, ManagementHTTPCase
+
 EXTERNAL_AMQP = os.environ.get("OTTER_TEST_AMQP_URL")
-GUEST = ("guest", "guest")
 
 #: the tags under test; "none" is a user without tags
 TAGS = ("none", "management", "policymaker", "monitoring", "administrator")
@@ -155,26 +152,19 @@ LISTS = [
 ]
 
 
-class _ManagementFixture(TestCase):
+class _ManagementFixture(ManagementHTTPCase):
     """Two vhosts, a user per tag and a few objects, on otter_tx or the external peer."""
 
     timeout = 120
 
     @inlineCallbacks
     def setUp(self):
-        self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.fixture = None
-        if EXTERNAL_MGMT:
-            self.base = EXTERNAL_MGMT.rstrip("/")
-        else:
-            from otter_tx.testing import startBroker
-
-            self.fixture = yield startBroker(reactor, management=True)
-            self.base = "http://127.0.0.1:%d" % (self.fixture.managementPort,)
-        prefix = "authz-%s" % (uuid.uuid4().hex[:8],)
+        yield ManagementHTTPCase.setUp(self)
+        prefix = self.name("authz")
         self.v, self.v2 = prefix + "-v", prefix + "-v2"
         self.users = {tag: "%s-%s" % (prefix, tag) for tag in TAGS}
-        self.cleanups = ["/api/users/" + u + suffix for u in self.users.values() for suffix in ("", "-new")]
+        # deleted last first: the vhosts, then the users
+        self.cleanups += ["/api/users/" + u + suffix for u in self.users.values() for suffix in ("", "-new")]
         self.cleanups += ["/api/vhosts/" + quote(self.v, safe=""), "/api/vhosts/" + quote(self.v2, safe="")]
         for vh in (self.v, self.v2):
             yield self.ok("PUT", "/api/vhosts/%s" % (quote(vh, safe=""),), {})
@@ -194,34 +184,9 @@ class _ManagementFixture(TestCase):
             yield self.ok("PUT", "/api/policies/%s/pol" % (vh,), {"pattern": "^zz", "definition": {"max-length": 3}})
 
     @inlineCallbacks
-    def tearDown(self):
-        for path in self.cleanups:
-            try:
-                yield self.call("DELETE", path)
-            except Exception:
-                pass
-        yield self.pool.closeCachedConnections()
-        if self.fixture is not None:
-            yield self.fixture.stop()
-
-    @inlineCallbacks
-    def call(self, method, path, body=None, auth=GUEST):
-        """``(status, decoded JSON or None)`` for one request."""
-        kw = {"pool": self.pool, "auth": auth}
-        if body is not None:
-            kw["json"] = body
-        resp = yield treq.request(method, self.base + path, **kw)
-        raw = yield resp.content()
-        try:
-            data = json.loads(raw) if raw else None
-        except (ValueError, RecursionError):  # another test's deeply nested arguments on a shared peer
-            data = raw
-        returnValue((resp.code, data))
-
-    @inlineCallbacks
     def ok(self, method, path, body=None):
         """A guest request that must succeed."""
-        code, data = yield self.call(method, path, body)
+        code, data, _ = yield self.call(method, path, body)
         self.assertTrue(200 <= code < 300, (method, path, code, data))
 
     def auth(self, tag):
@@ -257,7 +222,7 @@ class EndpointAuthorisationTests(_ManagementFixture):
                 path = template.replace("{v}", quote(self.v, safe="")).replace(
                     "{v2}", quote(self.v2, safe="")).replace("{tag}", tag).replace("{user}", self.users[tag])
                 b = json.loads(self._fill(json.dumps(body), tag)) if body is not None else None
-                code, data = yield self.call(method, path, b, auth=self.auth(tag))
+                code, data, _ = yield self.call(method, path, b, auth=self.auth(tag))
                 want = (401, "Not management user") if tag == "none" else expected[tag]
                 if want == OK:
                     good = 200 <= code < 300
@@ -276,7 +241,7 @@ class EndpointAuthorisationTests(_ManagementFixture):
         names = {self.v: "v", self.v2: "v2"}
         for path, field, expected in LISTS:
             for tag in MGMT_TAGS:
-                code, data = yield self.call("GET", path, auth=self.auth(tag))
+                code, data, _ = yield self.call("GET", path, auth=self.auth(tag))
                 self.assertEqual(code, 200)
                 seen = {names[i[field]] for i in data if i.get(field) in names}
                 self.assertEqual(seen, expected[tag], (path, tag))
@@ -285,10 +250,10 @@ class EndpointAuthorisationTests(_ManagementFixture):
     def test_nonAdminCannotCreateUsersOrVhosts(self):
         """Only administrators create users and vhosts; the refused requests leave nothing behind."""
         for tag in ("management", "policymaker", "monitoring"):
-            code, data = yield self.call("PUT", "/api/vhosts/%s-%s" % (quote(self.v, safe=""), tag), {},
+            code, data, _ = yield self.call("PUT", "/api/vhosts/%s-%s" % (quote(self.v, safe=""), tag), {},
                                          auth=self.auth(tag))
             self.assertEqual((code, data["reason"]), NOT_ADMIN)
-            code, _ = yield self.call("GET", "/api/vhosts/%s-%s" % (quote(self.v, safe=""), tag))
+            code, _, _ = yield self.call("GET", "/api/vhosts/%s-%s" % (quote(self.v, safe=""), tag))
             self.assertEqual(code, 404)
 
 
@@ -342,10 +307,10 @@ class ConnectionAuthorisationTests(_ManagementFixture):
 
     @inlineCallbacks
     def _named(self):
-        code, data = yield self.call("GET", "/api/connections")
+        code, data, _ = yield self.call("GET", "/api/connections")
         owners = {u: tag for tag, u in self.users.items()}
         self.names = {owners[c["user"]]: c["name"] for c in data if c.get("user") in owners}
-        code, consumers = yield self.call("GET", "/api/consumers")
+        code, consumers, _ = yield self.call("GET", "/api/consumers")
         tags = {c["consumer_tag"] for c in consumers if c["queue"]["vhost"] == self.v}
         returnValue(len(self.names) == len(MGMT_TAGS) and len(tags) == len(MGMT_TAGS))
 
@@ -388,11 +353,11 @@ class ConnectionAuthorisationTests(_ManagementFixture):
             want = set(MGMT_TAGS) if seesAll else {tag}
             owners = {u: t for t, u in self.users.items()}
             for path in ("/api/connections", "/api/channels", "/api/vhosts/%s/connections" % quote(self.v, safe="")):
-                code, data = yield self.call("GET", path, auth=self.auth(tag))
+                code, data, _ = yield self.call("GET", path, auth=self.auth(tag))
                 self.assertEqual(code, 200)
                 self.assertEqual({owners[c["user"]] for c in data if c.get("user") in owners}, want, (path, tag))
             for path in ("/api/consumers", "/api/consumers/" + quote(self.v, safe="")):
-                code, data = yield self.call("GET", path, auth=self.auth(tag))
+                code, data, _ = yield self.call("GET", path, auth=self.auth(tag))
                 self.assertEqual(code, 200)
                 seen = {c["consumer_tag"][5:] for c in data if c["queue"]["vhost"] == self.v}
                 self.assertEqual(seen, want, (path, tag))
@@ -403,7 +368,7 @@ class ConnectionAuthorisationTests(_ManagementFixture):
         for tag in MGMT_TAGS:
             for owner in ("management", "monitoring"):
                 for suffix in ("", "/channels"):
-                    code, data = yield self.call("GET", self.path(owner, suffix), auth=self.auth(tag))
+                    code, data, _ = yield self.call("GET", self.path(owner, suffix), auth=self.auth(tag))
                     if tag == owner or tag in ("monitoring", "administrator"):
                         self.assertEqual(code, 200, (tag, owner, suffix))
                     else:
@@ -412,11 +377,11 @@ class ConnectionAuthorisationTests(_ManagementFixture):
     @inlineCallbacks
     def test_monitoringClosesOnlyItsOwn(self):
         """A monitoring user's DELETE of another user's connection is 401 and leaves it open; DELETE of its own closes it."""
-        code, data = yield self.call("DELETE", self.path("management"), auth=self.auth("monitoring"))
+        code, data, _ = yield self.call("DELETE", self.path("management"), auth=self.auth("monitoring"))
         self.assertEqual((code, data["reason"]), NOT_OBJECT)
         alive = yield deferToThread(self._roundTrip, *self.conns["management"])
         self.assertTrue(alive)
-        code, _ = yield self.call("DELETE", self.path("monitoring"), auth=self.auth("monitoring"))
+        code, _, _ = yield self.call("DELETE", self.path("monitoring"), auth=self.auth("monitoring"))
         self.assertEqual(code, 204)
         closed = yield deferToThread(self._closedBy, self.conns["monitoring"][0])
         self.assertEqual(closed, 320)
@@ -425,14 +390,14 @@ class ConnectionAuthorisationTests(_ManagementFixture):
     def test_deleteConnection(self):
         """management and policymaker users may close only their own connections; an administrator closes anyone's."""
         for caller, owner in (("management", "policymaker"), ("policymaker", "management")):
-            code, data = yield self.call("DELETE", self.path(owner), auth=self.auth(caller))
+            code, data, _ = yield self.call("DELETE", self.path(owner), auth=self.auth(caller))
             self.assertEqual((code, data["reason"]), NOT_OBJECT)
         for tag in ("management", "policymaker"):
             alive = yield deferToThread(self._roundTrip, *self.conns[tag])
             self.assertTrue(alive, tag)
-        code, _ = yield self.call("DELETE", self.path("management"), auth=self.auth("management"))
+        code, _, _ = yield self.call("DELETE", self.path("management"), auth=self.auth("management"))
         self.assertEqual(code, 204)
-        code, _ = yield self.call("DELETE", self.path("policymaker"), auth=self.auth("administrator"))
+        code, _, _ = yield self.call("DELETE", self.path("policymaker"), auth=self.auth("administrator"))
         self.assertEqual(code, 204)
         for tag in ("management", "policymaker"):
             closed = yield deferToThread(self._closedBy, self.conns[tag][0])
