@@ -143,6 +143,161 @@ class AuthTests(WebTestCase):
         self.assertEqual(self.get("/api/whoami").json(), {"name": "guest", "tags": ["administrator"]})
 
 
+class AuthorisationTests(WebTestCase):
+    """
+    Per-endpoint checks as RabbitMQ 3.10's is_authorized_* and per-resource
+    permissions (the interop table in test_interop_http_authz covers every
+    tag against both brokers; these pin the main rows in memory).
+    """
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        for name, tag in (("mgmt", "management"), ("pol", "policymaker"), ("mon", "monitoring")):
+            self.broker.addUser(name, "pw", [tag])
+            self.broker.setPermissions(name, "/", "^c-", "^w-", "^r-")
+        self.broker.addVHost("other")
+        for q in ("c-q", "w-q", "r-q"):
+            self.put("/api/queues/%2F/" + q)
+        for x in ("w-x", "r-x"):
+            self.put("/api/exchanges/%2F/" + x, {"type": "fanout"})
+
+    def client(self, user):
+        """An in-memory AMQP connection of ``user`` (password pw, or guest) and its name."""
+        from urllib.parse import quote
+
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), user=user,
+                       password="guest" if user == "guest" else "pw")
+        c.received()
+        [conn] = self.get("/api/connections").json()
+        return c, "/api/connections/" + quote(conn["name"], safe="")
+
+    def closes(self, client):
+        return [(m.reply_code, m.reply_text) for m in client.methods() if isinstance(m, spec.ConnectionClose)]
+
+    def test_monitoringCannotCloseAnothersConnection(self):
+        """A monitoring user sees another user's connection but DELETE is 401 and sends no connection.close."""
+        c, path = self.client("guest")
+        self.assertEqual(self.get(path, auth=("mon", "pw")).code, 200)
+        self.assertError(self.delete(path, auth=("mon", "pw")), 401, "not_authorised",
+                         "User not authorised to access object")
+        self.assertEqual(self.closes(c), [])
+
+    def test_monitoringClosesItsOwnConnection(self):
+        """A monitoring user's DELETE of its own connection closes it with 320."""
+        c, path = self.client("mon")
+        self.assertEqual(self.delete(path, auth=("mon", "pw")).code, 204)
+        self.assertEqual(self.closes(c), [(320, "CONNECTION_FORCED - Closed via management plugin")])
+
+    def test_managementSeesOnlyItsOwnConnections(self):
+        """A management user neither lists nor reads another user's connection (401 on the object)."""
+        c, path = self.client("guest")
+        self.assertEqual(self.get("/api/connections", auth=("mgmt", "pw")).json(), [])
+        self.assertEqual(self.get("/api/channels", auth=("mgmt", "pw")).json(), [])
+        self.assertError(self.get(path, auth=("mgmt", "pw")), 401, "not_authorised",
+                         "User not authorised to access object")
+        self.assertError(self.delete(path, auth=("mgmt", "pw")), 401, "not_authorised",
+                         "User not authorised to access object")
+        self.assertEqual(self.closes(c), [])
+
+    def test_purgeNeedsRead(self):
+        """Purge needs read permission on the queue: 401 Access refused. and the messages stay."""
+        self.publish("c-q")
+        self.assertError(self.delete("/api/queues/%2F/c-q/contents", auth=("mgmt", "pw")), 401, "not_authorised",
+                         "Access refused.")
+        self.assertEqual(self.vh.queues["c-q"].messageCount, 1)
+        self.publish("r-q")
+        self.assertEqual(self.delete("/api/queues/%2F/r-q/contents", auth=("mgmt", "pw")).code, 204)
+        self.assertEqual(self.vh.queues["r-q"].messageCount, 0)
+
+    def test_getNeedsRead(self):
+        """/get needs read permission: 401 with the AMQP refusal text, and the message stays."""
+        self.publish("w-q")
+        r = self.post("/api/queues/%2F/w-q/get", {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"},
+                      auth=("mgmt", "pw"))
+        self.assertError(r, 401, "not_authorised",
+                         "ACCESS_REFUSED - access to queue 'w-q' in vhost '/' refused for user 'mgmt'")
+        self.assertEqual(self.vh.queues["w-q"].messageCount, 1)
+
+    def test_publishNeedsWrite(self):
+        """Publishing needs write permission on the exchange (the default one is amq.default): 400 with the 403."""
+        body = {"routing_key": "r-q", "properties": {}, "payload": "x", "payload_encoding": "string"}
+        for x in ("r-x", "amq.default"):
+            self.assertError(self.post("/api/exchanges/%2F/" + x + "/publish", body, auth=("mgmt", "pw")), 400,
+                             "bad_request",
+                             "403 ACCESS_REFUSED - access to exchange '%s' in vhost '/' refused for user 'mgmt'" % (x,))
+        self.assertEqual(self.vh.queues["r-q"].messageCount, 0)
+        self.assertEqual(self.post("/api/exchanges/%2F/w-x/publish", body, auth=("mgmt", "pw")).json(),
+                         {"routed": False})
+
+    def test_declareDeleteNeedConfigure(self):
+        """Declaring or deleting a queue or exchange needs configure permission: 401 Access refused."""
+        for method, path in (("PUT", "/api/queues/%2F/w-new"), ("DELETE", "/api/queues/%2F/w-q"),
+                             ("PUT", "/api/exchanges/%2F/w-newx"), ("DELETE", "/api/exchanges/%2F/w-x")):
+            r = self.request(method, path, body={} if method == "PUT" else None, auth=("mgmt", "pw"))
+            self.assertError(r, 401, "not_authorised", "Access refused.")
+        self.assertNotIn("w-new", self.vh.queues)
+        self.assertIn("w-q", self.vh.queues)
+        self.assertEqual(self.put("/api/queues/%2F/c-new", auth=("mgmt", "pw")).code, 201)
+
+    def test_bindNeedsWriteOnDestinationReadOnSource(self):
+        """A binding needs write on its destination and read on its source exchange."""
+        self.assertEqual(self.post("/api/bindings/%2F/e/r-x/q/w-q", {"routing_key": "k"}, auth=("mgmt", "pw")).code,
+                         201)
+        self.assertError(self.post("/api/bindings/%2F/e/w-x/q/r-q", {"routing_key": "k"}, auth=("mgmt", "pw")),
+                         401, "not_authorised", "Access refused.")
+        self.assertError(self.post("/api/bindings/%2F/e/r-x/e/r-x", {}, auth=("mgmt", "pw")),
+                         401, "not_authorised", "Access refused.")
+        self.assertEqual(self.post("/api/bindings/%2F/e/w-x/q/r-q", {"routing_key": "k"}).code, 201)
+        self.assertError(self.delete("/api/bindings/%2F/e/w-x/q/r-q/k", auth=("mgmt", "pw")),
+                         401, "not_authorised", "Access refused.")
+        self.assertEqual(self.delete("/api/bindings/%2F/e/r-x/q/w-q/k", auth=("mgmt", "pw")).code, 204)
+
+    def test_monitoringReadsOnlyItsVHostsObjects(self):
+        """A monitoring user lists every vhost but gets 401 on the objects of one it has no permissions on."""
+        self.assertEqual([v["name"] for v in self.get("/api/vhosts", auth=("mon", "pw")).json()], ["/", "other"])
+        self.assertEqual([v["name"] for v in self.get("/api/vhosts", auth=("mgmt", "pw")).json()], ["/"])
+        self.assertError(self.get("/api/queues/other", auth=("mon", "pw")), 401, "not_authorised",
+                         "User not authorised to access virtual host")
+        self.assertEqual({q["vhost"] for q in self.get("/api/queues", auth=("mon", "pw")).json()}, {"/"})
+
+    def test_vhostIsAdminOnly(self):
+        """GET /api/vhosts/{v} is for administrators only, as in 3.10."""
+        self.assertError(self.get("/api/vhosts/%2F", auth=("mon", "pw")), 401, "not_authorised",
+                         "Not administrator user")
+
+    def test_monitorLevel(self):
+        """The _MONITOR level answers 401 Not monitor user to management and policymaker users."""
+        from otter_tx.web.management import _MONITOR
+
+        self.assertError(self._authorise("mgmt", _MONITOR), 401, "not_authorised", "Not monitor user")
+        self.assertEqual(self._authorise("mon", _MONITOR), "mon")
+
+    def _authorise(self, user, access):
+        """The user name ``_authenticate`` returns for ``access``, or the HTTPError as a reply."""
+        from otter_tx.web.management import HTTPError
+
+        class Req:
+            def getHeader(self, name):
+                return b"Basic " + base64.b64encode(("%s:pw" % (user,)).encode())
+
+        try:
+            return self.mgmt._authenticate(Req(), access).name
+        except HTTPError as e:
+            return _Reply(e.code, None, json.dumps({"error": e.error, "reason": e.reason}))
+
+    def test_policies(self):
+        """Every tag lists a vhost's policies; reading or changing one needs policymaker."""
+        self.put("/api/policies/%2F/p", {"pattern": "^zz", "definition": {"max-length": 1}})
+        for user in ("mgmt", "mon", "pol"):
+            self.assertEqual([p["name"] for p in self.get("/api/policies", auth=(user, "pw")).json()], ["p"])
+        for user in ("mgmt", "mon"):
+            self.assertError(self.get("/api/policies/%2F/p", auth=(user, "pw")), 401, "not_authorised",
+                             "User not authorised to access object")
+        self.assertEqual(self.get("/api/policies/%2F/p", auth=("pol", "pw")).code, 200)
+        self.assertError(self.put("/api/policies/other/p", {"pattern": "x", "definition": {"max-length": 1}},
+                                  auth=("pol", "pw")), 401, "not_authorised", "User not authorised to access object")
+
+
 class RoutingTests(WebTestCase):
     """Generic HTTP behaviour: unknown paths, methods, HEAD, list parameters."""
 
