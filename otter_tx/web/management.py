@@ -1489,8 +1489,12 @@ class ManagementApp:
     @app.route("/", methods=["GET"])
     @endpoint()
     def index(self, request, user):
-        """``GET /``: a small HTML admin page (no JavaScript)."""
+        """
+        ``GET /``: a small HTML admin page (no JavaScript) showing what the
+        API shows the user: the objects of its vhosts (``/api/queues``...)
+        and the connections ``/api/connections`` lists.
+        """
         from otter_tx.web.ui import renderIndex
 
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
-        return renderIndex(self.broker, self._visibleVHosts(user)).encode("utf-8")
+        return renderIndex(self._loginVHosts(user), self._visibleConnections(user)).encode("utf-8")

@@ -28,8 +28,12 @@ def _table(title, headers, rows):
     return "".join(out)
 
 
-def renderIndex(broker, vhosts):
-    """The page (str) for the given visible ``vhosts`` (list of VHost)."""
+def renderIndex(vhosts, connections):
+    """
+    The page (str) showing the objects of ``vhosts`` (list of VHost) and
+    ``connections`` (the connections the user may see, as
+    ``/api/connections`` lists them).
+    """
     queues = [q for vh in vhosts for _, q in sorted(vh.queues.items())]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>otter_tx management</title>",
@@ -53,14 +57,12 @@ def renderIndex(broker, vhosts):
           ex.held if ex.delayed else "")
          for vh in vhosts for _, ex in sorted(vh.exchanges.items())],
     ))
-    names = {vh.name for vh in vhosts}
     parts.append(_table(
         "Connections",
         ["name", "user", "vhost", "channels", "client"],
         [(fmt.connectionName(c), c.user.name if c.user else "", c.vhost.name if c.vhost else "",
           len(c.channels), fmt.jsonable((c.clientProperties or {}).get("product", "")))
-         for c in sorted(broker.connections, key=fmt.connectionName)
-         if c.vhost is None or c.vhost.name in names],
+         for c in connections],
     ))
     parts.append(_table(
         "Policies",
