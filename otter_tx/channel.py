@@ -28,6 +28,7 @@ from otter_tx.amqp.errors import (
     rs,
 )
 from otter_tx.broker.arguments import isInteger
+from otter_tx.broker.broker import queueDeclareChecks
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.vhost import serverNamedQueue
@@ -406,12 +407,8 @@ class Channel:
             if name == "":
                 name = serverNamedQueue()
                 serverNamed = True
-            self._check(0, "queue", name)
-            dlx = args.get("x-dead-letter-exchange")
-            if isinstance(dlx, str):
-                # RabbitMQ: declaring a DLX needs read on the queue, write on the DLX
-                self._check(2, "queue", name)
-                self._check(1, "exchange", dlx)
+            for perm, kind, resource in queueDeclareChecks(name, args):
+                self._check(perm, kind, resource)
         q = self.vhost.declareQueue(
             name,
             self.connection,

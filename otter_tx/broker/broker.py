@@ -16,6 +16,22 @@ from otter_tx.broker.vhost import VHost
 log = Logger()
 
 
+def queueDeclareChecks(name, arguments):
+    """
+    The permission checks a (non-passive) declare of queue ``name`` with
+    ``arguments`` (dict) needs, as ``(perm, kind, resource)`` tuples for
+    :meth:`Broker.permits`: configure on the queue and, with an
+    ``x-dead-letter-exchange``, read on the queue and write on that exchange
+    (``rabbit_channel``'s ``queue.declare``; checked on the 3.10 peer, over
+    AMQP and HTTP alike).
+    """
+    checks = [(Broker.CONFIGURE, "queue", name)]
+    dlx = arguments.get("x-dead-letter-exchange")
+    if isinstance(dlx, str):
+        checks += [(Broker.READ, "queue", name), (Broker.WRITE, "exchange", dlx)]
+    return checks
+
+
 class User:
     """
     A broker user: ``name``, ``password`` (str), ``tags`` (list of str),

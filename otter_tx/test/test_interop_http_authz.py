@@ -108,6 +108,7 @@ ROWS = [
     # configure permission: declare and delete (401 Access refused., as direct_request answers)
     ("PUT", "/api/queues/{v}/c-new-{tag}", {}, expect(OK)),
     ("PUT", "/api/queues/{v}/w-new", {}, expect(REFUSED)),
+    ("PUT", "/api/queues/{v}/c-dlq", {"arguments": {"x-dead-letter-exchange": "w-x"}}, expect(REFUSED)),
     ("DELETE", "/api/queues/{v}/c-del-{tag}", None, expect(OK)),
     ("DELETE", "/api/queues/{v}/w-q", None, expect(REFUSED)),
     ("DELETE", "/api/queues/{v}/w-nosuch", None, expect(NOT_FOUND)),

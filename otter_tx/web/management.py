@@ -52,7 +52,7 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError, resourceAccessRefused
-from otter_tx.broker.broker import Broker
+from otter_tx.broker.broker import Broker, queueDeclareChecks
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.message import Message
@@ -646,8 +646,9 @@ class ManagementApp:
         (body ``{"durable", "auto_delete", "arguments"}``; 201 created, 204
         equivalent, 400 inequivalent or invalid arguments); ``DELETE``
         (``?if-unused=true&if-empty=true``; 204, 404, 400 in use / not
-        empty).  PUT and DELETE need configure permission on the queue
-        (401 ``Access refused.``).
+        empty).  PUT and DELETE need configure permission on the queue, PUT
+        with a dead-letter exchange also read on the queue and write on
+        that exchange (:func:`queueDeclareChecks`; 401 ``Access refused.``).
         """
         vh = self._vhost(vhost)
         if request.method == b"PUT":
@@ -655,7 +656,8 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            self._checkResource(user, vh, Broker.CONFIGURE, "queue", name)
+            for perm, kind, resource in queueDeclareChecks(name, args):
+                self._checkResource(user, vh, perm, kind, resource)
             existed = name in vh.queues
             vh.declareQueue(
                 name, None, durable=_flag(body.get("durable")),
