@@ -28,7 +28,7 @@ from otter_tx.amqp.errors import (
     rs,
 )
 from otter_tx.broker.arguments import isInteger
-from otter_tx.broker.broker import queueDeclareChecks
+from otter_tx.broker.broker import exchangeDeclareChecks, queueDeclareChecks
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.vhost import serverNamedQueue
@@ -362,7 +362,8 @@ class Channel:
 
     def _exchangeDeclare(self, m):
         if not m.passive:
-            self._check(0, "exchange", m.exchange)
+            for perm, kind, resource in exchangeDeclareChecks(m.exchange, m.arguments or {}):
+                self._check(perm, kind, resource)
         self.vhost.declareExchange(
             m.exchange, m.type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments or {}
         )

@@ -32,6 +32,21 @@ def queueDeclareChecks(name, arguments):
     return checks
 
 
+def exchangeDeclareChecks(name, arguments):
+    """
+    The permission checks a (non-passive) declare of exchange ``name`` with
+    ``arguments`` needs, as for :func:`queueDeclareChecks`: configure on the
+    exchange and, with an ``alternate-exchange``, read on the exchange and
+    write on the alternate (``rabbit_channel``'s ``exchange.declare``;
+    checked on the 3.10 peer).
+    """
+    checks = [(Broker.CONFIGURE, "exchange", name)]
+    alternate = arguments.get("alternate-exchange")
+    if isinstance(alternate, str):
+        checks += [(Broker.READ, "exchange", name), (Broker.WRITE, "exchange", alternate)]
+    return checks
+
+
 class User:
     """
     A broker user: ``name``, ``password`` (str), ``tags`` (list of str),

@@ -114,6 +114,8 @@ ROWS = [
     ("DELETE", "/api/queues/{v}/w-nosuch", None, expect(NOT_FOUND)),
     ("PUT", "/api/exchanges/{v}/c-newx-{tag}", {"type": "direct"}, expect(OK)),
     ("PUT", "/api/exchanges/{v}/w-newx", {"type": "direct"}, expect(REFUSED)),
+    ("PUT", "/api/exchanges/{v}/c-ae", {"type": "fanout", "arguments": {"alternate-exchange": "w-x"}},
+     expect(REFUSED)),
     ("DELETE", "/api/exchanges/{v}/w-x", None, expect(REFUSED)),
     # read permission: purge and get
     ("DELETE", "/api/queues/{v}/r-q/contents", None, expect(OK)),

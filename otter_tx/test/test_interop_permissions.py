@@ -102,6 +102,16 @@ class PermissionTests(InteropTestCase):
             (403, "ACCESS_REFUSED - access to queue '%s' in vhost '/' refused for user '%s'" % (q, self.user)),
         )
 
+    def test_alternateExchangeNeedsWrite(self):
+        """Declaring an exchange with an alternate-exchange needs write on the alternate: a 403 naming it."""
+        x = "lim-ae-" + uuid.uuid4().hex[:8]
+        d = self.inThread(self.refused, lambda ch: ch.exchange_declare(
+            x, "fanout", arguments={"alternate-exchange": "other-ae"}))
+        return d.addCallback(
+            self.assertEqual,
+            (403, "ACCESS_REFUSED - access to exchange 'other-ae' in vhost '/' refused for user '%s'" % (self.user,)),
+        )
+
     def test_writeToDefaultExchangeRefused(self):
         """Publishing to the default exchange needs write on amq.default."""
         d = self.inThread(self.refused, lambda ch: (ch.basic_publish("", "lim-x", b"x"), ch.basic_qos(prefetch_count=1)))

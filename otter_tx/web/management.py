@@ -52,7 +52,7 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError, resourceAccessRefused
-from otter_tx.broker.broker import Broker, queueDeclareChecks
+from otter_tx.broker.broker import Broker, exchangeDeclareChecks, queueDeclareChecks
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.message import Message
@@ -803,7 +803,9 @@ class ManagementApp:
         exchange type 'T'``, 401 ``Access refused.`` for ``amq.*``);
         ``DELETE`` (``?if-unused=true``; 204, 404, 400 in use).
         ``amq.default`` names the default exchange.  PUT and DELETE need
-        configure permission on the exchange (401 ``Access refused.``).
+        configure permission on the exchange, PUT with an alternate exchange
+        also read on it and write on the alternate
+        (:func:`exchangeDeclareChecks`; 401 ``Access refused.``).
         """
         vh = self._vhost(vhost)
         xname = self._exchangeName(name)
@@ -815,7 +817,8 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            self._checkResource(user, vh, Broker.CONFIGURE, "exchange", xname)
+            for perm, kind, resource in exchangeDeclareChecks(xname, args):
+                self._checkResource(user, vh, perm, kind, resource)
             existed = xname in vh.exchanges
             vh.declareExchange(
                 xname, xtype, durable=_flag(body.get("durable")),
