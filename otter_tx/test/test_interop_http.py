@@ -30,7 +30,8 @@ class ManagementHTTPCase(TestCase):
     """
     Base for tests over real HTTP: ``self.base`` is otter_tx's management
     URL (in-process broker in ``self.fixture``) or ``OTTER_TEST_MGMT_URL``;
-    paths in ``self.cleanups`` are DELETEd as guest in tearDown, last first.
+    paths in ``self.cleanups`` are DELETEd as guest when the test ends
+    (also when a subclass's setUp fails half-way), last first.
     """
 
     timeout = 30
@@ -39,9 +40,10 @@ class ManagementHTTPCase(TestCase):
     def setUp(self):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         self.cleanups = []
+        self.fixture = None
+        self.addCleanup(self._finish)  # cleanups run last-added first: this one runs last
         if EXTERNAL_MGMT:
             self.base = EXTERNAL_MGMT.rstrip("/")
-            self.fixture = None
         else:
             from otter_tx.testing import startBroker
 
@@ -49,7 +51,8 @@ class ManagementHTTPCase(TestCase):
             self.base = "http://127.0.0.1:%d" % (self.fixture.managementPort,)
 
     @inlineCallbacks
-    def tearDown(self):
+    def _finish(self):
+        """Delete ``self.cleanups`` (last first), close the pool, stop the in-process broker."""
         for path in reversed(self.cleanups):
             try:
                 yield self.call("DELETE", path)

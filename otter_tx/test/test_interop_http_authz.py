@@ -11,7 +11,7 @@ the expectations were taken from (docs/management.md, "Access model").
 Every test makes two vhosts with a unique prefix: ``V``, on which one user
 per tag has configure ``^c-``, write ``^w-`` and read ``^r-``, and ``V2``, on
 which they have nothing; objects are made as guest (which gets full
-permissions on the vhosts it creates, on both brokers).  tearDown deletes
+permissions on the vhosts it creates, on both brokers).  The cleanups delete
 the users and vhosts.  RabbitMQ lists connections and consumers a few
 seconds after they open, so :meth:`_poll` waits for them (up to 30 s).
 """
@@ -278,16 +278,17 @@ class ConnectionAuthorisationTests(_ManagementFixture):
             u = urlparse(EXTERNAL_AMQP)
             self.amqpHost, self.amqpPort = u.hostname or "127.0.0.1", u.port or 5672
         self.conns = {}
+        self.addCleanup(self._closeAll)
         for tag in MGMT_TAGS:
             self.conns[tag] = yield deferToThread(self._open, tag)
         self.names = {}
         yield self._poll(self._named, "the management API to list the test connections")
 
     @inlineCallbacks
-    def tearDown(self):
+    def _closeAll(self):
+        """Close the test's AMQP connections (before the users and vhosts go)."""
         for conn, _ in self.conns.values():
             yield deferToThread(self._close, conn)
-        yield _ManagementFixture.tearDown(self)
 
     def _open(self, tag):
         """(BlockingConnection, channel) for ``tag``'s user on vhost V, consuming from r-q."""
