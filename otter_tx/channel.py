@@ -20,10 +20,12 @@ from otter_tx.amqp.codec import FrameSyntaxError
 from otter_tx.amqp.errors import (
     AMQPError,
     accessRefused,
+    erlBinary,
     loggable,
     notFound,
     notImplemented,
     preconditionFailed,
+    replyText,
     resourceAccessRefused,
     rs,
 )
@@ -189,17 +191,16 @@ class Channel:
                     self.connection.sendMethod(self.number, spec.ChannelCloseOk())
             return
         if self._pending is not None:
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected content header for class 60, got non content header frame instead",
-                spec.BasicPublish,
-            )
+            self._unexpectedInContent("content header" if self._header is None else "content body")
         if classId == 60:
             if methodId == 40:
                 return self._basicPublish(payload)
             if methodId == 80:
+                # basic.ack is delivery-tag (8 octets) and the bits octet
+                if len(payload) != 13:
+                    raise FrameSyntaxError("basic.ack of %d octets" % (len(payload) - 4,))
                 tag = _unpack_Q(payload, 4)[0]
-                return self._basicAck(tag, bool(payload[12] & 1) if len(payload) > 12 else False)
+                return self._basicAck(tag, bool(payload[12] & 1))
         cls = spec.METHODS.get((classId, methodId))
         if cls is None:
             raise AMQPError(
@@ -216,20 +217,58 @@ class Channel:
                 e.method = cls
             raise
 
+    def _unexpectedInContent(self, expected):
+        """
+        505 for a frame of the wrong kind while basic.publish's content is
+        being assembled, with rabbit_command_assembler's text.
+        """
+        raise AMQPError(
+            spec.UNEXPECTED_FRAME,
+            "expected %s for class 60, got non %s frame instead" % (expected, expected)
+            if expected == "content header"
+            else "expected content body, got non content body frame instead",
+            spec.BasicPublish,
+        )
+
     def headerFrame(self, payload):
-        """Handle a content-header frame."""
+        """
+        Handle a content-header frame (``payload`` of at least 14 octets,
+        checked by the connection).
+
+        Errors: 505 UNEXPECTED_FRAME when no basic.publish awaits its header
+        or its body is being read, or for a class other than 60 (RabbitMQ's
+        texts); 406 PRECONDITION_FAILED (channel) ``message size N is larger
+        than configured max size M`` when the body size exceeds the
+        connection's ``maxMessageSize`` (RabbitMQ's ``max_message_size``,
+        rabbit_channel ``check_msg_size/3``).  RabbitMQ answers that 406
+        once the whole body has arrived; we answer at the header and the
+        closing channel drops the body frames that follow as they arrive,
+        so a header claiming 2^64-1 octets buffers nothing.
+        """
         if self.closing:
             return
-        if self._pending is None or self._header is not None:
+        if self._pending is None:
             raise AMQPError(
                 spec.UNEXPECTED_FRAME,
                 "expected method frame, got non method frame instead",
             )
-        if len(payload) < 14:
-            raise FrameSyntaxError("short content header")
+        if self._header is not None:
+            self._unexpectedInContent("content body")
         classId, _, size = _unpack_HHQ(payload, 0)
         if classId != 60:
-            raise AMQPError(spec.FRAME_ERROR, "content header for class %d" % classId)
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME,
+                "expected content header for class 60, got one for class %d instead" % (classId,),
+                spec.BasicPublish,
+            )
+        maxSize = self.connection.maxMessageSize
+        if size > maxSize:
+            self._pending = None
+            raise AMQPError(
+                spec.PRECONDITION_FAILED,
+                "message size %d is larger than configured max size %d" % (size, maxSize),
+                spec.BasicPublish,
+            )
         self._header = payload[12:]
         self._bodySize = size
         if size == 0:
@@ -239,10 +278,17 @@ class Channel:
             self._bodyRemaining = size
 
     def bodyFrame(self, payload):
-        """Handle a content-body frame."""
+        """
+        Handle a content-body frame.  505 UNEXPECTED_FRAME when no content
+        header came first; 501 FRAME_ERROR for more octets than the header
+        announced (RabbitMQ 3.10 then waits forever for a negative
+        remainder; docs/compatibility.md).
+        """
         if self.closing:
             return
         if self._header is None:
+            if self._pending is not None:
+                self._unexpectedInContent("content header")
             raise AMQPError(
                 spec.UNEXPECTED_FRAME,
                 "expected method frame, got non method frame instead",
@@ -298,7 +344,7 @@ class Channel:
             self.number,
             spec.ChannelClose(
                 error.code,
-                error.text[:255],
+                replyText(error.text),
                 m.CLASS_ID if m is not None else 0,
                 m.METHOD_ID if m is not None else 0,
             ),
@@ -738,6 +784,8 @@ class Channel:
             bits = payload[off + 1 + k]
         except IndexError:
             raise FrameSyntaxError("truncated basic.publish")
+        if len(payload) != off + 2 + k:
+            raise FrameSyntaxError("octets after the basic.publish arguments")
         if bits & 2:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
         try:
@@ -772,6 +820,12 @@ class Channel:
         except AMQPError as e:
             e.method = spec.BasicPublish
             raise
+        except FrameSyntaxError:
+            # undecodable properties (RabbitMQ decodes them lazily and
+            # answers 541 INTERNAL_ERROR; docs/compatibility.md)
+            raise AMQPError(
+                spec.FRAME_ERROR, "cannot decode %s" % (erlBinary(propsRaw),), spec.BasicPublish
+            )
         message.address = address
         props = message.props
         if props:

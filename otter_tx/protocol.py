@@ -29,7 +29,7 @@ from zope.interface import implementer
 from otter_tx import __version__
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
-from otter_tx.amqp.errors import AMQPError, erlBinary, loggable
+from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, octetsSnippet, replyText
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -56,6 +56,12 @@ CLOSE_OK_DELAY = 0.002
 #: seconds before the socket of a connection whose handshake failed is dropped
 #: (RabbitMQ's ?SILENT_CLOSE_DELAY)
 SILENT_CLOSE_DELAY = 3
+
+#: RabbitMQ's default ``max_message_size``: 128 MiB in bytes (rabbit.app.src)
+DEFAULT_MAX_MESSAGE_SIZE = 134217728
+
+#: RabbitMQ's ceiling on ``max_message_size``: 512 MiB in bytes (?MAX_MSG_SIZE)
+MAX_MESSAGE_SIZE_LIMIT = 536870912
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
@@ -128,6 +134,8 @@ class AMQPServerProtocol(Protocol):
         self.user = None
         self.frameMax = factory.frameMax
         self.channelMax = factory.channelMax
+        #: largest body size in bytes a publish may announce (406 above it)
+        self.maxMessageSize = factory.maxMessageSize
         self.heartbeat = 0
         self.exclusiveQueues = set()
         self.clientProperties = {}
@@ -443,8 +451,8 @@ class AMQPServerProtocol(Protocol):
             if data[end] != 0xCE:
                 self._connectionError(
                     spec.FRAME_ERROR,
-                    "FRAME_ERROR - type %d, all octets = %s: {invalid_frame_end_marker,%d}"
-                    % (ftype, erlBinary(data[off + 7 : end]), data[end]),
+                    "FRAME_ERROR - %s: {invalid_frame_end_marker,%d}"
+                    % (octetsSnippet("type %d, " % (ftype,), data[off + 7 : end]), data[end]),
                 )
                 return
             payload = data[off + 7 : end]
@@ -463,6 +471,14 @@ class AMQPServerProtocol(Protocol):
                 if self._state == _CLOSED:
                     return
                 continue
+            if (ftype == 1 and size < 4) or (ftype == 2 and size < 14):
+                # too short to name a method / to be a content header:
+                # rabbit_binary_parser cannot even analyse it (501)
+                self._connectionError(
+                    spec.FRAME_ERROR,
+                    "FRAME_ERROR - %s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
+                )
+                return
             try:
                 ch = channels.get(chno) if chno else None
                 if ch is not None and self._state == _OPEN:
@@ -483,14 +499,22 @@ class AMQPServerProtocol(Protocol):
                 else:
                     self._connectionError(e.code, e.text, e.method)
                     return
-            except FrameSyntaxError:
+            except FrameSyntaxError as e:
+                # RabbitMQ: rabbit_misc:frame_error(Method, Args), "cannot
+                # decode" and the method's arguments; a content header's
+                # properties are named with basic.publish (RabbitMQ decodes
+                # them lazily and answers 541; docs/compatibility.md)
                 method = None
                 args = b""
-                if ftype == 1 and len(payload) >= 4:
+                if ftype == 1:
                     method = spec.METHODS.get(_unpack_HH(payload, 0))
                     args = payload[4:]
+                elif ftype == 2:
+                    method = spec.BasicPublish
+                    args = payload[12:]
                 self._connectionError(
-                    spec.FRAME_ERROR, "FRAME_ERROR - cannot decode %s" % (erlBinary(args),), method
+                    spec.FRAME_ERROR, "FRAME_ERROR - cannot decode %s" % (erlBinary(args),), method,
+                    detail=str(e),
                 )
                 return
             except Exception:
@@ -526,14 +550,14 @@ class AMQPServerProtocol(Protocol):
             elif ftype == 8:
                 pass
             elif ftype in (2, 3):
+                # rabbit_reader: content frames on channel 0
                 raise AMQPError(
-                    spec.UNEXPECTED_FRAME,
-                    "expected method frame, got non method frame instead",
+                    spec.UNEXPECTED_FRAME, octetsSnippet("type %d, " % (ftype,), payload)
                 )
             else:
                 raise AMQPError(
                     spec.FRAME_ERROR,
-                    "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+                    "%s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
                 )
             return
         if self._state != _OPEN:
@@ -541,15 +565,17 @@ class AMQPServerProtocol(Protocol):
         if ftype == 1:
             self._openChannel(chno, payload)
         elif ftype in (2, 3):
-            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
-        elif ftype == 8:
+            # content frames on a channel that is not open: RabbitMQ's
+            # command assembler expects a method first
             raise AMQPError(
-                spec.UNEXPECTED_FRAME, "type 8, all octets = %s" % (erlBinary(payload),)
+                spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
+        elif ftype == 8:
+            raise AMQPError(spec.UNEXPECTED_FRAME, octetsSnippet("type 8, ", payload))
         else:
             raise AMQPError(
                 spec.FRAME_ERROR,
-                "type %d, all octets = %s: unknown_frame" % (ftype, erlBinary(payload)),
+                "%s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
             )
 
     def _continueSlice(self):
@@ -598,11 +624,9 @@ class AMQPServerProtocol(Protocol):
         if cls is spec.ConnectionClose:
             self._clientClosed()
             return
-        if cls is spec.ConnectionCloseOk:
-            if state == _CLOSING:
-                self._closeNow()
-            return
         if state == _CLOSING:
+            if cls is spec.ConnectionCloseOk:
+                self._closeNow()
             return
         if state == _AWAIT_START_OK and cls is spec.ConnectionStartOk:
             self._startOk(m)
@@ -777,20 +801,29 @@ class AMQPServerProtocol(Protocol):
 
     # --- closing ----------------------------------------------------------------
 
-    def _connectionError(self, code, text, method=None):
+    def _connectionError(self, code, text, method=None, detail=None):
         """
         Send connection.close with ``code`` / ``text`` and wait (briefly)
         for close-ok; frames other than close/close-ok are then ignored.
+
+        Logs one line, never a traceback: the text is cut to a short
+        string's 255 octets as RabbitMQ cuts it (:func:`replyText`), so a
+        huge bad frame makes a short log entry.
+
+        :param detail: optional short str for the log line only (what the
+            decoder found wrong).
         """
         if self._state in (_CLOSING, _CLOSED):
             return
+        text = replyText(text)
         log.warn(
-            "closing AMQP connection {name}{who}: {code} {text}",
+            "closing AMQP connection {name}{who}: {code} {text}{detail}",
             name=self.name, who=self._who(), code=code, text=loggable(text),
+            detail=" (%s)" % (detail,) if detail else "",
         )
         classId = method.CLASS_ID if method is not None else 0
         methodId = method.METHOD_ID if method is not None else 0
-        self.sendMethod(0, spec.ConnectionClose(code, text[:255], classId, methodId))
+        self.sendMethod(0, spec.ConnectionClose(code, text, classId, methodId))
         self._enterClosing()
 
     def _clientClosed(self):
@@ -916,6 +949,10 @@ class AMQPServerFactory(Factory):
     :param frameMax: maximum frame size in bytes (RabbitMQ default 131072).
     :param channelMax: maximum channel number (RabbitMQ default 2047).
     :param handshakeTimeout: seconds a client may take to open (10 like RabbitMQ).
+    :param maxMessageSize: largest message body in bytes (RabbitMQ's
+        ``max_message_size``, default 134217728 = 128 MiB, at most
+        :data:`MAX_MESSAGE_SIZE_LIMIT`); a content header announcing more
+        gets 406 PRECONDITION_FAILED on its channel.
     :param serverProperties: dict of ``connection.start`` server properties
         (str -> str) added to or replacing ours, like RabbitMQ's
         ``server_properties`` setting (e.g. ``{"product": "RabbitMQ"}``).
@@ -925,8 +962,9 @@ class AMQPServerFactory(Factory):
 
     def __init__(self, broker, clock, heartbeat=60, frameMax=131072, channelMax=2047,
                  handshakeTimeout=10.0, product="otter_tx", clusterName="otter_tx@localhost",
-                 serverProperties=None):
+                 serverProperties=None, maxMessageSize=None):
         self.broker = broker
+        self.maxMessageSize = DEFAULT_MAX_MESSAGE_SIZE if maxMessageSize is None else maxMessageSize
         self.clock = clock
         self.heartbeat = heartbeat
         self.frameMax = frameMax

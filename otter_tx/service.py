@@ -33,7 +33,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 
 log = Logger()
 
@@ -314,8 +314,13 @@ class OtterService(MultiService):
         ``connection.start`` server properties, like RabbitMQ's
         ``server_properties`` (``{"product": "RabbitMQ"}``); our own product
         name stays the default.  ``capabilities`` cannot be replaced.
-    :raise ValueError: for an endpoint string Twisted cannot parse or a bad
-        ``serverProperties`` entry.
+    :param maxMessageSize: largest message body, bytes (int, 1 to 536870912 =
+        512 MiB), like RabbitMQ's ``max_message_size``; a content header
+        announcing more gets 406 PRECONDITION_FAILED ``message size N is
+        larger than configured max size M`` on its channel.  Default
+        134217728 (128 MiB).
+    :raise ValueError: for an endpoint string Twisted cannot parse, a bad
+        ``serverProperties`` entry or a ``maxMessageSize`` out of range.
 
     Anything declared through ``service.broker`` before ``startService``
     (vhosts, users, permissions, policies, durable exchanges, queues and
@@ -327,7 +332,7 @@ class OtterService(MultiService):
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
-                 serverProperties=None):
+                 serverProperties=None, maxMessageSize=134217728):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -337,6 +342,9 @@ class OtterService(MultiService):
             amqp = [amqp]
         if isinstance(management, str):
             management = [management]
+        if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
+            raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
+                             % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
         serverProperties = dict(serverProperties or {})
         for key, value in serverProperties.items():
             if not isinstance(key, str) or not key:
@@ -392,6 +400,7 @@ class OtterService(MultiService):
             channelMax=channelMax,
             handshakeTimeout=handshakeTimeout,
             serverProperties=serverProperties,
+            maxMessageSize=maxMessageSize,
         )
         self.amqpServices = []
         for desc in amqp:

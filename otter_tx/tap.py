@@ -46,6 +46,7 @@ _DEFAULTS = {
     "handshake-timeout": 10.0,
     "memory-high-watermark": None,
     "consumer-timeout": 1800000,
+    "max-message-size": 134217728,
     "server-property": [],
 }
 
@@ -198,6 +199,39 @@ def memoryHighWatermarkBytes(value):
 
 def _memory(value, cli=False):
     return memoryHighWatermarkBytes(value)
+
+
+def parseMaxMessageSize(value):
+    """
+    Parse a maximum message size the way RabbitMQ reads
+    ``max_message_size`` (https://www.rabbitmq.com/docs/configure): a
+    number of bytes, as an int or a string of digits, optionally with one
+    of RabbitMQ's information units (``128MiB``, ``100MB``; see
+    :func:`parseMemoryHighWatermark` for the units).
+
+    :return: bytes (int), from 1 to 536870912 (512 MiB, RabbitMQ's
+        ``?MAX_MSG_SIZE``; RabbitMQ silently caps a larger setting, we
+        refuse it).
+    :raise ValueError: for anything else (``"big"``, ``0``, ``"1GiB"``).
+    """
+    from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT
+
+    wanted = ("must be a number of bytes from 1 to %d (512MiB), optionally with a unit "
+              "(128MiB, 100MB), got %s" % (MAX_MESSAGE_SIZE_LIMIT, _shown(value)))
+    if _isInt(value):
+        amount = value
+    elif isinstance(value, str) and _AMOUNT.match(value.strip()):
+        m = _AMOUNT.match(value.strip())
+        amount = int(m.group(1)) * _UNITS.get(m.group(2), 1)
+    else:
+        raise _Invalid(wanted)
+    if not 0 < amount <= MAX_MESSAGE_SIZE_LIMIT:
+        raise _Invalid(wanted)
+    return amount
+
+
+def _maxMessageSize(value, cli=False):
+    return parseMaxMessageSize(value)
 
 
 def checkEndpoint(description):
@@ -375,6 +409,7 @@ _VALIDATORS = {
     "handshake-timeout": _seconds,
     "consumer-timeout": _integer(0),
     "memory-high-watermark": _memory,
+    "max-message-size": _maxMessageSize,
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
@@ -417,6 +452,9 @@ class Options(usage.Options):
         ["memory-high-watermark", None, None,
          "Queued message body bytes above which publishers are blocked (connection.blocked): "
          "a fraction of RAM (0.4) or an amount (1073741824, 512MiB, 1GB) [default: 0.4]."],
+        ["max-message-size", None, None,
+         "Largest message body in bytes, like RabbitMQ's max_message_size; units as 128MiB "
+         "or 100MB; at most 512MiB [default: 134217728]."],
     ]
 
     def __init__(self):
@@ -539,7 +577,8 @@ def resolveSettings(options):
     checked values, keyed by long option name: ``amqp``/``management``
     (list of endpoint strings), ``data-dir`` (str), ``heartbeat`` (s, int),
     ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
-    float), ``consumer-timeout`` (ms), ``memory-high-watermark`` (bytes, or
+    float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
+    ``memory-high-watermark`` (bytes, or
     None for 40% of RAM), ``loopback-users`` (list of str),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
@@ -604,6 +643,7 @@ def makeService(options, reactor=None):
         policies=s["policies"],
         consumerTimeout=s["consumer-timeout"],
         serverProperties=s["server-properties"],
+        maxMessageSize=s["max-message-size"],
     )
     svc.exitOnFailure = True
     return svc

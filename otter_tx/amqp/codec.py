@@ -34,8 +34,20 @@ A     array                          ``list``
 V     void                           ``None``
 ====  =============================  ==================================
 
-Errors: malformed input raises :class:`FrameSyntaxError` (the connection
-must answer 502 SYNTAX_ERROR or 501 FRAME_ERROR).
+Errors: malformed input raises :class:`FrameSyntaxError`; the connection
+answers 501 FRAME_ERROR ``cannot decode <<...>>`` naming the method, as
+RabbitMQ 3.10's ``rabbit_framing_amqp_0_9_1`` decoder does for truncated
+arguments, a length that overruns its table, an unknown field type tag (on
+which RabbitMQ's reader crashes and drops the socket) or octets left over
+after the last argument.
+
+Nesting: tables and arrays may nest at most :data:`MAX_NESTING` levels
+(deeper input is a FrameSyntaxError, not a ``RecursionError``).  RabbitMQ
+has no limit (Erlang recursion is cheap); no client library nests more
+than a handful of levels, and a limit keeps every later walk of the value
+(re-encoding for dead-lettering, headers-exchange matching, the management
+API's JSON) safely inside Python's recursion limit.  docs/compatibility.md
+lists this difference.
 """
 
 import struct
@@ -56,6 +68,11 @@ _pack_B = struct.Struct("!B").pack
 _pack_H = struct.Struct("!H").pack
 _pack_I = struct.Struct("!I").pack
 _pack_Q = struct.Struct("!Q").pack
+
+
+#: deepest nesting of tables/arrays in a field value (the outermost table is
+#: level 1); deeper input raises FrameSyntaxError
+MAX_NESTING = 100
 
 
 class FrameSyntaxError(Exception):
@@ -114,7 +131,7 @@ _INT_TAGS = {
 }
 
 
-def _decodeValue(data, off):
+def _decodeValue(data, off, depth):
     try:
         tag = chr(data[off])
     except IndexError:
@@ -130,22 +147,26 @@ def _decodeValue(data, off):
     if tag == "I":
         return _unpack_i(data, off)[0], off + 4
     if tag == "t":
+        if off >= len(data):
+            raise FrameSyntaxError("truncated boolean")
         return bool(data[off]), off + 1
     if tag == "l":
         return _unpack_q(data, off)[0], off + 8
     if tag == "F":
         (n,) = _unpack_I(data, off)
         off += 4
-        return decodeTable(data, off, off + n), off + n
+        return decodeTable(data, off, off + n, depth + 1), off + n
     if tag == "A":
         (n,) = _unpack_I(data, off)
         off += 4
         end = off + n
         if end > len(data):
             raise FrameSyntaxError("truncated array")
+        if depth >= MAX_NESTING:
+            raise FrameSyntaxError("field value nested deeper than %d" % (MAX_NESTING,))
         items = []
         while off < end:
-            v, off = _decodeValue(data, off)
+            v, off = _decodeValue(data, off, depth + 1)
             items.append(v)
         if off != end:
             raise FrameSyntaxError("array overrun")
@@ -162,6 +183,8 @@ def _decodeValue(data, off):
     if tag == "f":
         return TaggedFloat(_unpack_f(data, off)[0]), off + 4
     if tag == "D":
+        if off + 5 > len(data):
+            raise FrameSyntaxError("truncated decimal")
         scale = data[off]
         (v,) = _unpack_i(data, off + 1)
         return Decimal(v).scaleb(-scale), off + 5
@@ -177,13 +200,20 @@ def _decodeValue(data, off):
     raise FrameSyntaxError("unknown field type %r" % (tag,))
 
 
-def decodeTable(data, off, end):
+def decodeTable(data, off, end, depth=1):
     """
     Decode the field-table body ``data[off:end]`` (without its length
-    prefix) into a ``dict`` (str keys).  Raises FrameSyntaxError.
+    prefix) into a ``dict`` (str keys).
+
+    :param depth: the nesting level of this table (1 for a method argument
+        or the ``headers`` property); at most :data:`MAX_NESTING`.
+    :raise FrameSyntaxError: truncated or overrunning input, an unknown type
+        tag, or nesting deeper than :data:`MAX_NESTING`.
     """
     if end > len(data):
         raise FrameSyntaxError("truncated table")
+    if depth > MAX_NESTING:
+        raise FrameSyntaxError("field table nested deeper than %d" % (MAX_NESTING,))
     table = {}
     try:
         while off < end:
@@ -191,9 +221,9 @@ def decodeTable(data, off, end):
             off += 1
             key = bytes(data[off : off + n]).decode("utf-8", "surrogateescape")
             off += n
-            value, off = _decodeValue(data, off)
+            value, off = _decodeValue(data, off, depth)
             table[key] = value
-    except struct.error:
+    except (struct.error, IndexError):
         raise FrameSyntaxError("truncated table")
     if off != end:
         raise FrameSyntaxError("table overrun")
@@ -318,8 +348,12 @@ def fieldTypeName(v):
 
 def decodeArgs(types, data, off):
     """
-    Decode method arguments of the given type letters from ``data[off:]``;
-    return a list of values.  Raises FrameSyntaxError on truncation.
+    Decode method arguments of the given type letters from ``data[off:]``
+    (which must end with the last argument); return a list of values.
+
+    :raise FrameSyntaxError: truncated arguments, a bad field table, or
+        octets left after the last argument (RabbitMQ 3.10 answers all of
+        these with 501 ``cannot decode``).
     """
     values = []
     bitOctet = 0
@@ -370,6 +404,8 @@ def decodeArgs(types, data, off):
                 off += n
     except (IndexError, struct.error):
         raise FrameSyntaxError("truncated method arguments")
+    if off != len(data):
+        raise FrameSyntaxError("octets after the method arguments")
     return values
 
 

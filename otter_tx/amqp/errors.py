@@ -114,15 +114,81 @@ def rs(kind, name, vhost):
     return "%s '%s' in vhost '%s'" % (kind, name, vhost)
 
 
-def erlBinary(data):
+def erlBinary(data, limit=300):
     """
     Render bytes as Erlang's ``~p`` prints a binary: ``<<"abc">>`` when
     printable, else ``<<0,20,0,10>>`` (RabbitMQ puts these in frame errors).
+
+    :param limit: octets rendered at most (int); a longer ``data`` renders
+        its first ``limit`` octets followed by ``...``, already more than a
+        reply text can carry (:func:`replyText` cuts it), so a 100 KB frame
+        never becomes a 400 KB string.
     """
-    data = bytes(data)
+    data = bytes(data[:limit + 1]) if len(data) > limit else bytes(data)
+    if len(data) > limit:
+        return "<<%s...>>" % ",".join(str(b) for b in data[:limit])
     if data and all(32 <= b < 127 for b in data):
         return '<<"%s">>' % data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
     return "<<%s>>" % ",".join(str(b) for b in data)
+
+
+#: octets of a frame RabbitMQ shows in a frame error (rabbit_reader:payload_snippet/1)
+SNIPPET_OCTETS = 16
+
+#: longest reply text on the wire: a short string (AMQP 0-9-1 section 4.2.5.3)
+MAX_REPLY_TEXT = 255
+
+
+def octetsSnippet(prefix, payload):
+    """
+    RabbitMQ's rendering of a bad frame's payload after ``prefix`` (the
+    text on the same line, e.g. ``"type 2, "``): ``all octets = <<...>>``
+    for up to 16 octets, else ``first 16 octets = <<...>>`` (rabbit_reader
+    ``payload_snippet/1``), laid out as Erlang's ``~p`` does, which breaks
+    a binary that would pass column 80 onto lines indented under its first
+    element.
+
+    :param prefix: str, the reply text before the snippet (without the
+        ``FRAME_ERROR - `` name).
+    :param payload: bytes of the frame payload.
+    :return: ``prefix`` followed by the snippet (str).
+    """
+    if len(payload) <= SNIPPET_OCTETS:
+        return "%sall octets = %s" % (prefix, erlBinary(payload))
+    head = "%sfirst %d octets = " % (prefix, SNIPPET_OCTETS)
+    data = bytes(payload[:SNIPPET_OCTETS])
+    if all(32 <= b < 127 for b in data):
+        return head + erlBinary(data)
+    indent = len(head) + 2
+    lines = []
+    line = "<<"
+    col = indent
+    items = [str(b) for b in data]
+    for i, item in enumerate(items):
+        token = item + (">>" if i == len(items) - 1 else ",")
+        if col + len(token) > 80 and line not in ("<<", ""):
+            lines.append(line)
+            line = ""
+            col = indent
+        line += token
+        col += len(token)
+    lines.append(line)
+    return head + ("\n" + " " * indent).join(lines)
+
+
+def replyText(text):
+    """
+    ``text`` cut as RabbitMQ cuts a reply text longer than a short string
+    allows (``rabbit_binary_generator:amqp_exception_explanation/2``): the
+    first 252 octets and ``...``.  Also bounds what a log line repeats.
+
+    :param text: str, the full reply text.
+    :return: str of at most 255 UTF-8 octets.
+    """
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_REPLY_TEXT:
+        return text
+    return raw[: MAX_REPLY_TEXT - 3].decode("utf-8", "ignore") + "..."
 
 
 def loggable(text):

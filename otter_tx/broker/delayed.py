@@ -54,8 +54,9 @@ def messageDelay(message):
 
     Integers are used as they are, strings are parsed as integers, and
     floats and decimals are truncated. Anything else, a missing header, an
-    unparsable string (the plugin crashes on one), or a value outside
-    1..4294967295 means no delay.
+    unparsable string (the plugin crashes on one), NaN or infinity, or a
+    value outside 1..4294967295 means no delay.  Never raises: a malformed
+    ``x-delay`` from one publisher affects only its own message.
     """
     headers = message.headers
     if not headers:
@@ -66,7 +67,11 @@ def messageDelay(message):
     if isinstance(v, int):
         d = int(v)
     elif isinstance(v, (float, TaggedFloat, Decimal)):
-        d = int(v)
+        try:
+            d = int(v)
+        except (ValueError, OverflowError):
+            # NaN or infinity from a publisher
+            return None
     elif isinstance(v, (str, bytes)):
         try:
             d = int(v)

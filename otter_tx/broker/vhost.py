@@ -427,23 +427,49 @@ class VHost:
             return
         self.deadLettered[reason] = self.deadLettered.get(reason, 0) + len(messages)
         for m in messages:
-            copy, deaths = self._deadLetterCopy(m, queue, reason, s.dlrk)
-            keys = [s.dlrk] if s.dlrk is not None else m.routingKeys()
-            copy.extraKeys = None if s.dlrk is not None else m.extraKeys
-            targets = self.route(ex, copy, keys)
-            if not targets:
-                continue
-            self.broker.nextMessageId(copy)
-            for q in list(targets):
-                if reason != "rejected" and _isCycle(q.name, deaths):
-                    log.warn(
-                        "Message dropped. Dead-letter queues cycle detected: {queue!r}",
-                        queue=loggable(q.name),
-                    )
-                    continue
-                q.enqueue(copy)
+            try:
+                self._deadLetterOne(ex, queue, m, reason)
+            except Exception:
+                # a bug of ours: lose this one copy, not the rest of the
+                # batch, and never fail the operation (a publish pushing
+                # the message out of a full queue) that caused it
+                log.failure("dead-lettering a message from queue {queue!r} failed",
+                            queue=loggable(queue.name))
 
-    def _deadLetterCopy(self, m, queue, reason, dlrk):
+    def _deadLetterOne(self, ex, queue, m, reason):
+        """Republish one dead-lettered ``m`` through ``ex`` (see :meth:`deadLetter`)."""
+        dlrk = queue.settings.dlrk
+        try:
+            copy, deaths = self._deadLetterCopy(m, queue, reason, dlrk)
+        except Exception:
+            # an x-death shape _deadLetterCopy did not foresee: dead-letter
+            # the message with a fresh x-death rather than lose it
+            log.failure("dead-lettering a message from queue {queue!r}: its x-death is ignored",
+                        queue=loggable(queue.name))
+            copy, deaths = self._deadLetterCopy(m, queue, reason, dlrk, ignoreDeaths=True)
+        keys = [dlrk] if dlrk is not None else m.routingKeys()
+        copy.extraKeys = None if dlrk is not None else m.extraKeys
+        targets = self.route(ex, copy, keys)
+        if not targets:
+            return
+        self.broker.nextMessageId(copy)
+        for q in list(targets):
+            if reason != "rejected" and _isCycle(q.name, deaths):
+                log.warn(
+                    "Message dropped. Dead-letter queues cycle detected: {queue!r}",
+                    queue=loggable(q.name),
+                )
+                continue
+            q.enqueue(copy)
+
+    def _deadLetterCopy(self, m, queue, reason, dlrk, ignoreDeaths=False):
+        """
+        The dead-lettered copy of ``m`` and its new x-death list (newest
+        first).  A malformed ``x-death`` from a publisher never raises
+        (docs/dead-lettering.md): a value that is not an array is replaced,
+        entries that are not tables are dropped, and a matching entry whose
+        ``count`` is not a non-negative integer counts from 0 again.
+        """
         props = dict(m.props)
         headers = dict(props.get("headers") or {})
         expiration = props.pop("expiration", None)
@@ -453,16 +479,16 @@ class VHost:
             routingKeys.extend(k for k in cc if isinstance(k, str))
             if dlrk is not None:
                 del headers["CC"]
-        deaths = headers.get("x-death")
-        deaths = list(deaths) if isinstance(deaths, list) else []
+        deaths = None if ignoreDeaths else headers.get("x-death")
+        deaths = [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
         found = None
         for i, d in enumerate(deaths):
-            if isinstance(d, dict) and d.get("queue") == queue.name and d.get("reason") == reason:
+            if d.get("queue") == queue.name and d.get("reason") == reason:
                 found = i
                 break
         if found is not None:
             d = dict(deaths.pop(found))
-            d["count"] = TaggedInt(int(d.get("count", 0)) + 1, "l")
+            d["count"] = TaggedInt(_deathCount(d.get("count")) + 1, "l")
             deaths.insert(0, d)
         else:
             d = {
@@ -547,6 +573,21 @@ def _frozenArgs(arguments):
     if not arguments:
         return ()
     return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
+
+
+#: largest x-death count kept (int64, the type RabbitMQ writes it as)
+_MAX_DEATH_COUNT = 2 ** 63 - 2
+
+
+def _deathCount(value):
+    """
+    An x-death entry's ``count`` as a non-negative int: 0 for anything a
+    publisher may have put there that is not one (``"abc"``, a float, a
+    table, a negative or out-of-range number, a boolean).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_DEATH_COUNT:
+        return int(value)
+    return 0
 
 
 def _isCycle(qname, deaths):
