@@ -1,7 +1,12 @@
 """
 Robustness: mutated and random frame streams never raise out of the
-protocol, never log an internal error, and leave the broker serving other
-connections (deterministic seeds; StringTransport and task.Clock).
+protocol, never log an internal error, never answer 541 INTERNAL_ERROR, and
+leave the broker serving other connections (deterministic seeds;
+StringTransport and task.Clock).
+
+The generators here (:func:`validSession`, :func:`mutate`,
+:func:`mutateFrames`, :func:`randomFrames`) also drive the long run against
+a real broker process in ``bench/fuzz.py`` (issue 8).
 """
 
 import random
@@ -70,6 +75,66 @@ def mutate(rnd, frames):
     return bytes(data)
 
 
+def mutateFrames(rnd, frames):
+    """
+    Mutate the payloads of some of ``frames`` (wire frames) and re-frame
+    them with a consistent size, so that the decoders (not the framing)
+    see truncated, extended and corrupted arguments: short ``basic.ack``,
+    cut tables, bad type tags, 2-octet method frames, deep tables.
+    Returns ``(bytes, frameCount)``.
+    """
+    out = []
+    for f in frames:
+        ftype, ch, size = struct.unpack_from("!BHI", f, 0)
+        payload = bytearray(f[7 : 7 + size])
+        if rnd.random() < 0.3:
+            op = rnd.random()
+            if op < 0.3 and payload:
+                del payload[rnd.randrange(len(payload)) :]
+            elif op < 0.5:
+                payload += bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 12)))
+            elif op < 0.7 and payload:
+                for _ in range(rnd.randint(1, 3)):
+                    payload[rnd.randrange(len(payload))] = rnd.randrange(256)
+            elif op < 0.8 and len(payload) > 4:
+                # a field type tag where a table may be
+                payload[rnd.randrange(4, len(payload))] = rnd.choice(b"FASsIlLtTdfDxVZ\x00")
+            elif op < 0.9:
+                ch = rnd.choice([0, 1, 2, ch])
+            else:
+                ftype = rnd.choice([1, 2, 3, 8, 9])
+        out.append(frame(ftype, ch, bytes(payload)))
+    return b"".join(out), len(out)
+
+
+def randomFrames(rnd, count):
+    """``count`` well-framed frames of random type, channel and payload: ``bytes``."""
+    out = []
+    for _ in range(count):
+        ftype = rnd.choice([1, 1, 1, 2, 3, 8, rnd.randrange(256)])
+        ch = rnd.choice([0, 1, 1, 2, rnd.randrange(65536)])
+        payload = bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 2, 4, 8, 13, 14, rnd.randint(0, 64)])))
+        if ftype == 1 and len(payload) >= 4 and rnd.random() < 0.7:
+            # a known method id, so the argument decoders are reached
+            cid, mid = rnd.choice(sorted(spec.METHODS))
+            payload = struct.pack("!HH", cid, mid) + payload[4:]
+        out.append(frame(ftype, ch, payload))
+    return b"".join(out)
+
+
+def closeCodes(data):
+    """Reply codes of the connection.close / channel.close frames in server output ``data``."""
+    codes = []
+    off = 0
+    while len(data) - off >= 8:
+        ftype, _, size = struct.unpack_from("!BHI", data, off)
+        payload = data[off + 7 : off + 7 + size]
+        off += size + 8
+        if ftype == 1 and payload[:4] in (b"\x00\x0a\x00\x32", b"\x00\x14\x00\x28"):
+            codes.append(struct.unpack_from("!H", payload, 4)[0])
+    return codes
+
+
 class FuzzTests(SynchronousTestCase):
     """Malformed input is an AMQP error, never a crash."""
 
@@ -80,9 +145,11 @@ class FuzzTests(SynchronousTestCase):
 
     def check(self, data, chunk):
         c = FakeClient(self.factory)
+        c.received()
         for i in range(0, len(data), chunk):
             c.feed(data[i : i + chunk])
         self.clock.advance(1)
+        self.assertNotIn(541, closeCodes(c.transport.value()))
         c.protocol.connectionLost(None)
 
     def test_mutatedSessions(self):
@@ -119,6 +186,25 @@ class FuzzTests(SynchronousTestCase):
         for _ in range(500):
             data = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 300)))
             self.check(data, 13)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_mutatedFramePayloads(self):
+        """3,000 sessions with mutated, re-framed payloads (10,000+ frames) get protocol errors, never 541."""
+        rnd = random.Random(2026)
+        frames = validSession()
+        total = 0
+        for _ in range(3000):
+            data, n = mutateFrames(rnd, frames)
+            total += n
+            self.check(data, rnd.choice([7, 4096]))
+        self.assertGreater(total, 10000)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_randomFrames(self):
+        """Well-framed random frames (known method ids, random arguments) never get 541."""
+        rnd = random.Random(11)
+        for _ in range(1000):
+            self.check(validSession()[0] + randomFrames(rnd, 10), 4096)
         self.assertEqual(self.flushLoggedErrors(), [])
 
     def test_brokerStillServes(self):
