@@ -31,6 +31,8 @@ from otter_tx.broker.broker import Broker
 from otter_tx.broker.delayed import messageDelay
 from otter_tx.broker.message import Message
 from otter_tx.protocol import DEFAULT_MAX_MESSAGE_SIZE, AMQPServerFactory, frame, methodFrame
+from otter_tx import tap
+from otter_tx.service import OtterService
 from otter_tx.tap import parseMaxMessageSize
 from otter_tx.testing import FakeClient
 
@@ -338,6 +340,28 @@ class MaxMessageSizeTests(WireTestCase):
         self.assertEqual(parseMaxMessageSize("512MiB"), 536870912)
         for bad in (0, -1, "536870913", "1GiB", "big", 1.5, True, "10 MB"):
             self.assertRaises(ValueError, parseMaxMessageSize, bad)
+
+    def test_option(self):
+        """--max-message-size and max_message_size in the file reach the service; a bad one is one line naming it."""
+        from twisted.python import usage
+
+        def settings(*argv):
+            o = tap.Options()
+            o.parseOptions(list(argv))
+            return o.settings
+
+        self.assertEqual(settings()["max-message-size"], 134217728)
+        self.assertEqual(settings("--max-message-size", "64MiB")["max-message-size"], 64 * 1024 ** 2)
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write('max_message_size = 1000\n')
+        self.assertEqual(settings("--config", path)["max-message-size"], 1000)
+        e = self.assertRaises(usage.UsageError, settings, "--max-message-size", "1GiB")
+        self.assertEqual(str(e), "--max-message-size: must be a number of bytes from 1 to 536870912 "
+                                 "(512MiB), optionally with a unit (128MiB, 100MB), got '1GiB'")
+        svc = OtterService(amqp=[], reactor=Clock(), maxMessageSize=2048)
+        self.assertEqual(svc.factory.maxMessageSize, 2048)
+        self.assertRaises(ValueError, OtterService, amqp=[], reactor=Clock(), maxMessageSize=2 ** 30)
 
 
 class PoisonedHeaderTests(SynchronousTestCase):
