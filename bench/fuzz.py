@@ -37,18 +37,13 @@ from urllib.parse import urlparse
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 
 from otter_tx.amqp import spec  # noqa: E402
 from otter_tx.protocol import methodFrame  # noqa: E402
 from otter_tx.test.test_fuzz import closeCodes, mutate, mutateFrames, randomFrames, validSession  # noqa: E402
 
-
-def freePort():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from memory_broker import freePort  # noqa: E402
 
 
 HANDSHAKE = [
