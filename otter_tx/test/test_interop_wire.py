@@ -23,8 +23,9 @@ import struct
 import time
 
 import pika
+from pika.exceptions import NackError
 
-from otter_tx.test.interop import InteropTestCase, onlyOtter
+from otter_tx.test.interop import EXTERNAL, InteropTestCase, onlyOtter
 from otter_tx.test.test_interop_raw import (
     CONNECTION_CLOSE,
     CONNECTION_CLOSE_OK,
@@ -334,14 +335,23 @@ class PoisonedXDeathTests(InteropTestCase):
                 with pika.BlockingConnection(self.pikaParams()) as innocent:
                     ich = innocent.channel()
                     ich.confirm_delivery()
-                    # pushes the poisoned message out of the full queue
-                    ich.basic_publish("", q, b"innocent-1")
-                    ich.basic_publish("", q, b"innocent-2")
+                    # the first pushes the poisoned message out of the full queue
+                    for body in (b"innocent-1", b"innocent-2"):
+                        try:
+                            ich.basic_publish("", q, body)
+                        except NackError:
+                            # RabbitMQ 3.10 (observed): the queue process
+                            # crashes on the poisoned x-death and may nack
+                            # publishes while it restarts; otter_tx never does
+                            if not EXTERNAL:
+                                raise
                     self.assertTrue(innocent.is_open)
                     self.assertTrue(ich.is_open)
-                    got = self.collect(ich, q, 1)
-                    self.assertEqual([b for b, _ in got], [b"innocent-2"])
+                    # and still works (RabbitMQ's crashed queue itself may be gone)
+                    ich.queue_declare("", exclusive=True)
                 if checkKept:
+                    got = self.collect(ch, q, 1)
+                    self.assertEqual([b for b, _ in got], [b"innocent-2"])
                     got = self.collect(ch, dlq, 2)
                     self.assertEqual([b for b, _ in got], [b"poisoned", b"innocent-1"])
                     deaths = got[0][1]["x-death"]
