@@ -471,9 +471,10 @@ class AMQPServerProtocol(Protocol):
                 if self._state == _CLOSED:
                     return
                 continue
-            if (ftype == 1 and size < 4) or (ftype == 2 and size < 14):
-                # too short to name a method / to be a content header:
-                # rabbit_binary_parser cannot even analyse it (501)
+            if (ftype == 1 and size < 4) or (ftype == 2 and size < 14) or (ftype == 8 and size):
+                # too short to name a method / to be a content header, or a
+                # heartbeat with a payload: rabbit_reader cannot even
+                # analyse it (501, on any channel)
                 self._connectionError(
                     spec.FRAME_ERROR,
                     "FRAME_ERROR - %s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),

@@ -79,6 +79,27 @@ class MalformedFrameTests(RawTestMixin, InteropTestCase):
 
         return self.inThread(scenario)
 
+    def test_heartbeatWithPayload(self):
+        """A heartbeat frame carrying a payload is 501 unknown_frame, on channel 0 as elsewhere."""
+        def scenario():
+            conn = self.ready()
+            conn.send(frame(8, 0, b"ab"))
+            self.closed(conn, 501, 'FRAME_ERROR - type 8, all octets = <<"ab">>: unknown_frame', 0, 0)
+
+        return self.inThread(scenario)
+
+    def test_badFrameEndLongPayload(self):
+        """A bad frame end after a 47-octet payload shows the first 16 octets, wrapped as Erlang does."""
+        def scenario():
+            conn = self.ready()
+            conn.send(method(2, QUEUE_DECLARE, b"\x00\x00" + shortstr("x" * 40) + b"\x00"
+                             + struct.pack(">I", 0))[:-1] + b"\x00")
+            self.closed(conn, 501, "FRAME_ERROR - type 1, first 16 octets = <<0,50,0,10,0,0,40,120,120,120,"
+                        "120,120,120,120,120,\n                            120>>: {invalid_frame_end_marker,0}",
+                        0, 0)
+
+        return self.inThread(scenario)
+
     def test_shortBasicAck(self):
         """basic.ack with 4 argument octets is 501 cannot decode naming basic.ack."""
         def scenario():

@@ -105,6 +105,14 @@ class FrameErrorTests(WireTestCase):
         self.assertEqual(self.closeOf(frame(1, 0, b"")),
                          (0, 501, "FRAME_ERROR - type 1, all octets = <<>>: unknown_frame", 0, 0))
 
+    def test_heartbeatWithPayload(self):
+        """A heartbeat frame with a payload is 501 unknown_frame on any channel."""
+        self.assertEqual(self.closeOf(frame(8, 0, b"ab")),
+                         (0, 501, 'FRAME_ERROR - type 8, all octets = <<"ab">>: unknown_frame', 0, 0))
+        self.setUp()
+        self.assertEqual(self.closeOf(frame(8, 5, bytes(range(40))))[1:3], (
+            501, "FRAME_ERROR - type 8, first 16 octets = <<0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15>>: unknown_frame"))
+
     def test_shortBasicAck(self):
         """A basic.ack with 4 argument octets is 501 cannot decode naming basic.ack."""
         self.assertEqual(self.closeOf(frame(1, 1, b"\x00\x3c\x00\x50\x00\x00\x00\x01")),
