@@ -336,7 +336,8 @@ class Channel:
         m = error.method
         log.info(
             "closing channel {ch} of {peer}: {code} {text}",
-            ch=self.number, peer=self.connection.name, code=error.code, text=loggable(error.text),
+            ch=self.number, peer=self.connection.name, code=error.code,
+            text=loggable(replyText(error.text)),
         )
         self.cleanup()
         self.closing = True

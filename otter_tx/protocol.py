@@ -678,14 +678,15 @@ class AMQPServerProtocol(Protocol):
             user = self.broker.authenticate(username, password)
             if user is not None and user.loopbackOnly and not self._isLoopback():
                 log.warn(
-                    "user {user!r} can only connect via localhost", user=loggable(username)
+                    "user {user!r} can only connect via localhost", user=loggable(replyText(username))
                 )
                 user = None
         if user is None:
             log.warn(
                 "AMQP connection {name}: {mechanism} login refused: user '{user}' - invalid credentials",
                 name=self.name, mechanism=loggable(mechanism),
-                user=loggable(username) if username is not None else "(unreadable)",
+                # the name may be as long as a frame: log at most 255 octets of it
+                user=loggable(replyText(username)) if username is not None else "(unreadable)",
             )
             self._connectionError(
                 spec.ACCESS_REFUSED,

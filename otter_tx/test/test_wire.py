@@ -241,6 +241,17 @@ class LoggingTests(WireTestCase):
         self.assertLess(len(formatEvent(lines[0])), 1024)
         self.assertEqual(self.flushLoggedErrors(), [])
 
+    def test_hugeUsernameShortLine(self):
+        """A refused login with a 100 KB user name logs lines under 1 KB each."""
+        capture = LogCapture(self)
+        c = FakeClient(self.factory, handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({}, "PLAIN", b"\0" + b"u" * 100000 + b"\0pw", "en_US"))
+        from twisted.logger import formatEvent
+        lines = [formatEvent(e) for e in capture.events]
+        self.assertTrue(any("login refused" in line for line in lines), lines)
+        self.assertLess(max(len(line) for line in lines), 1024)
+
     def test_replyTextCut(self):
         """Reply texts longer than 255 octets are cut to 252 and '...' as RabbitMQ cuts them."""
         self.assertEqual(replyText("a" * 255), "a" * 255)
