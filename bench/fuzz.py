@@ -46,6 +46,44 @@ from otter_tx.test.test_fuzz import closeCodes, mutate, mutateFrames, randomFram
 from memory_broker import freePort  # noqa: E402
 
 
+def startBrokerProcess(python, prefix, *options):
+    """
+    Start ``twistd -n ottermq`` from ``python``'s venv on a free loopback
+    port with a fresh data directory and ``options``; wait until it
+    listens.  Returns ``(process, tmpDir, amqpUrl)``; the log is
+    ``tmpDir/twistd.log``.
+    """
+    twistd = os.path.join(os.path.dirname(os.path.abspath(python)), "twistd")
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    port = freePort()
+    proc = subprocess.Popen(
+        [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
+         "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
+         "--data-dir", os.path.join(tmp, "data")] + list(options),
+        env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp)
+    for _ in range(120):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.25)
+    return proc, tmp, "amqp://guest:guest@127.0.0.1:%d/" % port
+
+
+def stopBrokerProcess(proc, tmp, keep=False):
+    """SIGTERM the broker (kill after 15 s); remove ``tmp`` unless ``keep`` (then say where it is)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if keep:
+        print("broker log kept in", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 HANDSHAKE = [
     methodFrame(0, spec.ConnectionStartOk({"product": "fuzz"}, "PLAIN", b"\x00guest\x00guest", "en_US")),
     methodFrame(0, spec.ConnectionTuneOk(2047, 131072, 0)),
@@ -171,21 +209,7 @@ def main():
     if a.url:
         url = a.url
     else:
-        twistd = os.path.join(os.path.dirname(os.path.abspath(a.python)), "twistd")
-        tmp = tempfile.mkdtemp(prefix="ottermq-fuzz-")
-        port = freePort()
-        proc = subprocess.Popen(
-            [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
-             "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
-             "--data-dir", os.path.join(tmp, "data")],
-            env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp)
-        url = "amqp://guest:guest@127.0.0.1:%d/" % port
-        for _ in range(120):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.25)
+        proc, tmp, url = startBrokerProcess(a.python, "ottermq-fuzz-")
     u = urlparse(url)
     host, port = u.hostname, u.port or 5672
     stats = collections.Counter()
@@ -253,16 +277,7 @@ def main():
               and stats["canary round trips"] > 0 and fresh)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if ok:
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                print("broker log kept in", tmp)
+            stopBrokerProcess(proc, tmp, keep=not ok)
     sys.exit(0 if ok else 1)
 
 
