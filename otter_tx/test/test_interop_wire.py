@@ -13,6 +13,7 @@ differences (``onlyOtter``, listed in docs/compatibility.md):
   claiming 2^63-1 octets gets 406 at once (RabbitMQ waits for the body);
 * a body longer than its header announced is 501 (RabbitMQ 3.10 waits
   forever);
+* undecodable content-header properties are 501 (RabbitMQ 3.10: 541);
 * a dead-lettered message whose ``x-death`` is malformed is kept, with a
   repaired ``x-death`` (RabbitMQ's queue loses it), and clean messages
   expiring in the same batch are dead-lettered (RabbitMQ 3.10's queue
@@ -242,6 +243,17 @@ class MalformedFrameTests(RawTestMixin, InteropTestCase):
             conn = self.ready()
             conn.send(method(0, CONNECTION_CLOSE_OK))
             self.closed(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 10, 51)
+
+        return self.inThread(scenario)
+
+    @onlyOtter("undecodable content-header properties are 501 (RabbitMQ 3.10 answers 541 INTERNAL_ERROR)")
+    def test_undecodableProperties(self):
+        """Properties whose content_type runs past the header are 501 cannot decode naming basic.publish."""
+        def scenario():
+            conn = self.ready()
+            header = frame(FRAME_HEADER, 1, struct.pack(">HHQ", 60, 0, 1) + b"\x80\x00\x09ab")
+            conn.send(basicPublish(1, "", "nowhere") + header + frame(FRAME_BODY, 1, b"x"))
+            self.closed(conn, 501, "FRAME_ERROR - cannot decode <<128,0,9,97,98>>", 60, 40)
 
         return self.inThread(scenario)
 
