@@ -136,11 +136,7 @@ class MemoryReleaser:
 
     def amounts(self):
         """``(messages, connections)``: the two estimates in bytes (ints)."""
-        messages = 0
-        for vh in self.broker.vhosts.values():
-            for q in vh.queues.values():
-                messages += q.readyBytes + (q.readyCount + q.unackedCount) * MESSAGE_BYTES
-        return messages, len(self.broker.connections) * CONNECTION_BYTES
+        return self.broker.messageBytesEstimate(), len(self.broker.connections) * CONNECTION_BYTES
 
     def check(self):
         """Look once; release if either amount fell ``threshold`` below its peak."""

@@ -385,6 +385,10 @@ class AMQPServerProtocol(Protocol):
             return
         self._lastRecv = self.clock.seconds()
         self.bytesIn += len(data)
+        meter = self.broker.memoryMonitor
+        if meter is not None:
+            # the memory alarm reads RSS every so many received bytes (otter_tx.alarms)
+            meter.received(len(data))
         if self._buf:
             data = self._buf + data
             self._buf = b""
@@ -527,7 +531,7 @@ class AMQPServerProtocol(Protocol):
             if self._state == _CLOSED:
                 return
             if self._readPaused:
-                # blocked by the memory alarm: stop after this publish
+                # blocked by a resource alarm: stop after this publish
                 self._buf = data[off:]
                 return
             budget -= 1
@@ -859,7 +863,7 @@ class AMQPServerProtocol(Protocol):
             self._heartbeatTimer = None
         self._release()
         if self._readPaused:
-            # blocked by the memory alarm: read again, or close-ok is never seen
+            # blocked by a resource alarm: read again, or close-ok is never seen
             self._readPaused = False
             if not self._sliced:
                 self.transport.resumeProducing()
@@ -908,20 +912,24 @@ class AMQPServerProtocol(Protocol):
     def writeConnectionLost(self):
         """Our sending side is shut (not used: we never half-close)."""
 
-    # --- memory alarm -------------------------------------------------------------
+    # --- resource alarms ----------------------------------------------------------
 
     def alarmChanged(self, alarmed):
         """
-        The broker's memory alarm changed: tell a client that supports
-        ``connection.blocked`` and stop reading (after its next publish)
-        while blocked (https://www.rabbitmq.com/docs/connection-blocked).
+        The broker's resource alarms changed (``alarmed``: any in effect,
+        bool; see ``otter_tx.alarms.Alarms``): tell a client that supports
+        ``connection.blocked`` (with RabbitMQ's reason, ``"low on memory"``,
+        ``"low on disk"``, ``"low on disk & memory"``) and stop reading after
+        its next publish while blocked; on clearing send
+        ``connection.unblocked`` and read again
+        (https://www.rabbitmq.com/docs/connection-blocked).
         """
         if self._state != _OPEN:
             return
         if alarmed and not self.blocked:
             self.blocked = True
             if self.capabilities.get("connection.blocked"):
-                self.sendMethod(0, spec.ConnectionBlocked("low on memory"))
+                self.sendMethod(0, spec.ConnectionBlocked(self.broker.alarms.reason()))
         elif not alarmed and self.blocked:
             self.blocked = False
             if self.capabilities.get("connection.blocked"):

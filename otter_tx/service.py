@@ -32,6 +32,7 @@ from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, 
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from otter_tx.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes
 from otter_tx.broker.broker import Broker
 from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 
@@ -294,10 +295,19 @@ class OtterService(MultiService):
         means 65535).  Default 2047.
     :param handshakeTimeout: seconds a client may take from connect to
         ``connection.open`` (float; 0 disables).  Default 10.
-    :param memoryHighWatermark: bytes of queued message bodies (int) above
-        which publishers get ``connection.blocked``; None (default) for 40%
-        of RAM.  ``otter_tx.tap.memoryHighWatermarkBytes("1GB")`` turns
-        RabbitMQ's forms (a fraction, units) into bytes.
+    :param memoryHighWatermark: bytes of process memory (RSS, int) above
+        which publishers get ``connection.blocked`` ("low on memory"; cleared
+        below 0.9 of it); None (default) for 40% of RAM, as RabbitMQ's
+        ``vm_memory_high_watermark``.  ``otter_tx.tap.memoryHighWatermarkBytes("1GB")``
+        turns RabbitMQ's forms (a fraction, units) into bytes.  See
+        ``otter_tx.alarms.MemoryMonitor``.
+    :param diskFreeLimit: RabbitMQ's ``disk_free_limit``: bytes (int) of
+        free space on the filesystem holding ``dataDir`` below which
+        publishers get ``connection.blocked`` ("low on disk"), or
+        ``("relative", factor)`` for a multiple of RAM; default 50 MB
+        (50000000).  ``otter_tx.tap.parseDiskFreeLimit("2GB")`` reads
+        RabbitMQ's forms.  Without ``dataDir`` no disk is watched.  See
+        ``otter_tx.alarms.DiskMonitor`` (https://www.rabbitmq.com/docs/disk-alarms).
     :param consumerTimeout: delivery acknowledgement timeout in ms (RabbitMQ
         3.10's ``consumer_timeout``, default 1800000); 0 disables.
     :param defaultUser: name of the administrator created at first start
@@ -332,7 +342,7 @@ class OtterService(MultiService):
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
-                 serverProperties=None, maxMessageSize=134217728):
+                 serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -383,6 +393,13 @@ class OtterService(MultiService):
             loopbackUsers=loopbackUsers,
             consumerTimeout=consumerTimeout,
         )
+        #: the disk alarm's monitor (otter_tx.alarms.DiskMonitor), None without a dataDir
+        self.diskMonitor = None
+        if dataDir is not None:
+            self.diskMonitor = DiskMonitor(self.broker.alarms, reactor, dataDir,
+                                           limit=diskFreeLimitBytes(diskFreeLimit))
+        # publishers are blocked while the store cannot write (otter_tx.alarms.Alarms.watchStore)
+        self.broker.alarms.watchStore(store)
         # everything declared from here until recovery is merged and written then
         self._preStart = _PreStartRecorder()
         self.broker.listeners.append(self._preStart)
@@ -529,6 +546,8 @@ class OtterService(MultiService):
                 raise StartError("policy %r is for vhost %r, which does not exist" % (p["name"], vhost))
             self._setPolicy(p)
         self.broker.startAlarmChecks()
+        if self.diskMonitor is not None:
+            self.diskMonitor.start()
         self.broker.startAckTimeoutChecks()
 
     def _mergePreStart(self, state):
@@ -877,6 +896,8 @@ class OtterService(MultiService):
         """
         Service.stopService(self)
         self.broker.stop()
+        if self.diskMonitor is not None:
+            self.diskMonitor.stop()
         self._untuneGC()
         for conn in list(self.broker.connections):
             conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")

@@ -45,6 +45,7 @@ _DEFAULTS = {
     "channel-max": 2047,
     "handshake-timeout": 10.0,
     "memory-high-watermark": None,
+    "disk-free-limit": 50000000,
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
     "server-property": [],
@@ -159,18 +160,30 @@ def parseMemoryHighWatermark(value):
         if 0 <= value <= 1:
             return ("relative", value)
         raise _Invalid(wanted)
+    text = _amountText(value, wanted)
+    if not isinstance(text, str):
+        return text
+    if _FRACTION.match(text):
+        fraction = float(text)
+        if 0 <= fraction <= 1:
+            return ("relative", fraction)
+        raise _Invalid(wanted)
+    return _absolute(text, wanted)
+
+
+def _amountText(value, wanted):
+    """An int of bytes as ``("absolute", n)``; a string stripped; anything else refused."""
     if _isInt(value):
         if value >= 0:
             return ("absolute", value)
         raise _Invalid(wanted)
     if not isinstance(value, str):
         raise _Invalid(wanted)
-    text = value.strip()
-    if _FRACTION.match(text):
-        fraction = float(text)
-        if 0 <= fraction <= 1:
-            return ("relative", fraction)
-        raise _Invalid(wanted)
+    return value.strip()
+
+
+def _absolute(text, wanted):
+    """``("absolute", bytes)`` for digits with an optional RabbitMQ unit."""
     m = _AMOUNT.match(text)
     if m is None:
         raise _Invalid(wanted)
@@ -232,6 +245,56 @@ def parseMaxMessageSize(value):
 
 def _maxMessageSize(value, cli=False):
     return parseMaxMessageSize(value)
+
+
+_RELATIVE = re.compile(r"^(?:mem_relative|relative)\s*[:=]\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)$"
+                       r"|^\{\s*mem_relative\s*,\s*([0-9]+(?:\.[0-9]*)?)\s*\}$")
+
+
+def parseDiskFreeLimit(value):
+    """
+    Parse a disk free limit the way RabbitMQ's ``disk_free_limit`` reads it
+    (https://www.rabbitmq.com/docs/disk-alarms).
+
+    :param value: an absolute amount like ``disk_free_limit.absolute``: an
+        int of bytes, a string of digits, or digits with one of RabbitMQ's
+        units (``50MB`` is 50000000 bytes, ``1GiB`` 1073741824; see
+        :func:`parseMemoryHighWatermark`); or a multiple of the machine's
+        RAM like ``disk_free_limit.relative = 1.5`` (the classic config's
+        ``{mem_relative, 1.5}``): the string ``"mem_relative:1.5"`` (also
+        ``"relative:1.5"`` or ``"{mem_relative, 1.5}"``), or in the TOML
+        file the table ``{relative = 1.5}``; ``{absolute = "2GB"}`` is the
+        absolute form as a table.
+    :return: ``("absolute", int)`` or ``("relative", float)``.
+    :raise ValueError: for anything else (``"lots"``, ``-1``, ``1.5``, ``"2.5GB"``).
+    """
+    wanted = ("must be an amount of bytes (50000000, 50MB, 2GB, 1GiB) or a multiple of RAM "
+              "(mem_relative:1.5), got %s" % (_shown(value),))
+    if isinstance(value, dict) and len(value) == 1:
+        (key, inner), = value.items()
+        if key == "relative" and (_isInt(inner) or isinstance(inner, float)) and inner >= 0:
+            return ("relative", float(inner))
+        if key == "absolute" and (_isInt(inner) or isinstance(inner, str)):
+            return parseDiskFreeLimit(inner)
+        raise _Invalid(wanted)
+    text = _amountText(value, wanted)
+    if not isinstance(text, str):
+        return text
+    m = _RELATIVE.match(text)
+    if m is not None:
+        return ("relative", float(m.group(1) or m.group(2)))
+    return _absolute(text, wanted)
+
+
+def _diskFree(value, cli=False):
+    from otter_tx.alarms import diskFreeLimitBytes
+
+    try:
+        return diskFreeLimitBytes(parseDiskFreeLimit(value))
+    except _Invalid:
+        raise
+    except ValueError as e:
+        raise _Invalid("%s; give an amount in bytes instead (2GB)" % (e,))
 
 
 def checkEndpoint(description):
@@ -410,6 +473,7 @@ _VALIDATORS = {
     "consumer-timeout": _integer(0),
     "memory-high-watermark": _memory,
     "max-message-size": _maxMessageSize,
+    "disk-free-limit": _diskFree,
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
@@ -450,11 +514,16 @@ class Options(usage.Options):
          "Delivery acknowledgement timeout in ms, like RabbitMQ's consumer_timeout; 0 disables "
          "[default: 1800000]."],
         ["memory-high-watermark", None, None,
-         "Queued message body bytes above which publishers are blocked (connection.blocked): "
-         "a fraction of RAM (0.4) or an amount (1073741824, 512MiB, 1GB) [default: 0.4]."],
+         "Process memory (RSS) above which publishers are blocked (connection.blocked), like "
+         "RabbitMQ's vm_memory_high_watermark: a fraction of RAM (0.4) or an amount (1073741824, "
+         "512MiB, 1GB) [default: 0.4]."],
         ["max-message-size", None, None,
          "Largest message body in bytes, like RabbitMQ's max_message_size; units as 128MiB "
          "or 100MB; at most 512MiB [default: 134217728]."],
+        ["disk-free-limit", None, None,
+         "Free space on the --data-dir filesystem below which publishers are blocked, like "
+         "RabbitMQ's disk_free_limit: an amount (50MB, 2GB, 1GiB) or a multiple of RAM "
+         "(mem_relative:1.5) [default: 50MB]."],
     ]
 
     def __init__(self):
@@ -578,8 +647,8 @@ def resolveSettings(options):
     (list of endpoint strings), ``data-dir`` (str), ``heartbeat`` (s, int),
     ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
-    ``memory-high-watermark`` (bytes, or
-    None for 40% of RAM), ``loopback-users`` (list of str),
+    ``memory-high-watermark`` (bytes, or None for 40% of RAM),
+    ``disk-free-limit`` (bytes), ``loopback-users`` (list of str),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
     :raise usage.UsageError: one line naming the option (or the file and key).
@@ -637,6 +706,7 @@ def makeService(options, reactor=None):
         channelMax=s["channel-max"],
         handshakeTimeout=s["handshake-timeout"],
         memoryHighWatermark=s["memory-high-watermark"],
+        diskFreeLimit=s["disk-free-limit"],
         defaultUser=s["default-user"],
         defaultPass=s["default-pass"],
         loopbackUsers=tuple(s["loopback-users"]),

@@ -1,5 +1,5 @@
 """
-The broker: vhosts, users, the memory alarm, and the hook through which
+The broker: vhosts, users, the resource alarms (otter_tx.alarms), and the hook through which
 durable changes reach a store.
 
 :class:`Broker` takes an injected ``IReactorTime``; it never imports the
@@ -10,6 +10,7 @@ import re
 
 from twisted.logger import Logger
 
+from otter_tx.alarms import Alarms, MemoryMonitor
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
 
@@ -79,13 +80,16 @@ class Broker:
     The whole broker state.
 
     :param clock: ``IReactorTime`` for every timer (TTL, expiry, heartbeats).
-    :param memoryHighWatermark: bytes of queued message bodies above which
-        publishing connections are blocked (``connection.blocked``); None
-        for no limit.
+    :param memoryHighWatermark: bytes of process memory (RSS) above which
+        publishing connections are blocked (``connection.blocked``, "low on
+        memory"); None for no limit.  See ``otter_tx.alarms.MemoryMonitor``.
+    :param memoryProbe: ``probe()`` -> the process's memory in bytes (int)
+        for the memory alarm (default: RSS, ``otter_tx.memory.rssBytes``).
     """
 
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
-                 defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000):
+                 defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000,
+                 memoryProbe=None):
         self.clock = clock
         #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables
         self.consumerTimeout = consumerTimeout
@@ -95,11 +99,14 @@ class Broker:
         self.permissions = {}  # (user, vhost) -> (configure, write, read) regexes
         #: bumped on every permission change (channels cache their checks)
         self.permissionsVersion = 0
-        self.memoryHighWatermark = memoryHighWatermark
         self.connections = set()
         self._msgId = 0
-        self._alarm = False
-        self._alarmTimer = None
+        #: the node's resource alarms (otter_tx.alarms.Alarms)
+        self.alarms = Alarms(self)
+        #: the memory alarm's monitor, None without a watermark
+        self.memoryMonitor = None
+        self._memoryProbe = memoryProbe
+        self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
         #: the durability Journal once the store is open, else None
         self.journal = None
@@ -243,36 +250,58 @@ class Broker:
         """Body bytes held in all queues (ready messages)."""
         return sum(q.readyBytes for vh in self.vhosts.values() for q in vh.queues.values())
 
-    # --- memory alarm -----------------------------------------------------
+    # --- resource alarms --------------------------------------------------
+
+    def messageBytesEstimate(self):
+        """
+        Estimated bytes held by queued and unacknowledged messages (int):
+        ready body bytes plus ``otter_tx.memory.MESSAGE_BYTES`` per ready or
+        unacknowledged message, over every queue.
+        """
+        from otter_tx.memory import MESSAGE_BYTES
+
+        total = 0
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                total += q.readyBytes + (q.readyCount + q.unackedCount) * MESSAGE_BYTES
+        return total
+
+    @property
+    def memoryHighWatermark(self):
+        """The memory high-watermark in bytes (int), None for no limit."""
+        return None if self.memoryMonitor is None else self.memoryMonitor.watermark
+
+    @memoryHighWatermark.setter
+    def memoryHighWatermark(self, watermark):
+        if watermark is None:
+            if self.memoryMonitor is not None:
+                self.memoryMonitor.stop()
+                self.memoryMonitor = None
+            self.alarms.monitors.pop("memory", None)
+            self.alarms.clear("memory")
+        elif self.memoryMonitor is None:
+            self.memoryMonitor = MemoryMonitor(self.alarms, self.clock, watermark, probe=self._memoryProbe,
+                                               estimate=self.messageBytesEstimate)
+        else:
+            self.memoryMonitor.setWatermark(watermark)
 
     @property
     def alarmed(self):
-        """True while the memory high-watermark is exceeded."""
-        return self._alarm
+        """True while any resource alarm (memory, disk, store) is in effect."""
+        return bool(self.alarms.active)
 
     def checkMemory(self):
         """
-        Compare queued bytes with the high-watermark; raise or clear the
-        alarm and tell every connection (connection.blocked / unblocked).
+        Compare the process's memory (RSS) with the high-watermark now;
+        raise or clear the memory alarm (see ``otter_tx.alarms.MemoryMonitor``).
         """
-        if self.memoryHighWatermark is None:
-            return
-        over = self.queuedBytes() > self.memoryHighWatermark
-        if over != self._alarm:
-            self._alarm = over
-            log.info("memory alarm {state}", state="set" if over else "cleared")
-            for conn in list(self.connections):
-                conn.alarmChanged(over)
+        if self.memoryMonitor is not None:
+            self.memoryMonitor.check()
 
-    def startAlarmChecks(self, interval=0.25):
-        """Check the memory watermark every ``interval`` seconds on the clock."""
-        from twisted.internet.task import LoopingCall
-
-        if self.memoryHighWatermark is None or self._alarmTimer is not None:
-            return
-        self._alarmTimer = LoopingCall(self.checkMemory)
-        self._alarmTimer.clock = self.clock
-        self._alarmTimer.start(interval, now=False)
+    def startAlarmChecks(self):
+        """Check the memory watermark periodically on the clock (no-op without one)."""
+        if self.memoryMonitor is not None:
+            self.memoryMonitor.start()
 
     def startAckTimeoutChecks(self):
         """
@@ -303,9 +332,8 @@ class Broker:
         Stop every timer (memory checks, ack timeouts, message expiry, queue
         expiry): the broker is shutting down and its state must not change.
         """
-        if self._alarmTimer is not None and self._alarmTimer.running:
-            self._alarmTimer.stop()
-        self._alarmTimer = None
+        if self.memoryMonitor is not None:
+            self.memoryMonitor.stop()
         if self._ackTimer is not None and self._ackTimer.running:
             self._ackTimer.stop()
         self._ackTimer = None

@@ -1369,19 +1369,106 @@ class ManagementApp:
     @app.route("/api/healthchecks/node", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthcheck(self, request, user):
-        """``GET /api/healthchecks/node``: ``{"status":"ok"}``, or 503 failed during a memory alarm."""
-        return self._health()
+        """
+        ``GET /api/healthchecks/node``: ``{"status":"ok"}``, or 503
+        ``{"status":"failed","reason":"resource alarm(s) in effect:[...]"}``
+        while any alarm is in effect (RabbitMQ 3.10's text, one
+        ``{resource_limit,disk|memory,Node}`` per alarm; the store's as
+        ``{message_store_unavailable,Node}`` followed by why).
+        """
+        alarms = self.broker.alarms
+        if not alarms.active:
+            return {"status": "ok"}
+        node = alarms.nodeName
+        terms = ["{resource_limit,%s,%s}" % (r, node) for r in sorted(alarms.active) if r != "store"]
+        if "store" in alarms.active:
+            terms.append("{message_store_unavailable,%s}" % (node,))
+        reason = "resource alarm(s) in effect:[%s]" % (",".join(terms),)
+        if "store" in alarms.active:
+            reason += "; message store unavailable: %s" % (alarms.active["store"],)
+        return Response(503, {"status": "failed", "reason": reason})
 
-    def _health(self):
-        if self.broker.alarmed:
-            return Response(503, {"status": "failed", "reason": "resource alarm(s) in effect: memory"})
-        return {"status": "ok"}
+    def _alarmsHealth(self, where):
+        alarms = self.broker.alarms.describe()
+        if not alarms:
+            return {"status": "ok"}
+        return Response(503, {"status": "failed", "reason": "There are alarms in effect " + where,
+                              "alarms": alarms})
 
     @app.route("/api/health/checks/alarms", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthAlarms(self, request, user):
-        """``GET /api/health/checks/alarms``."""
-        return self._health()
+        """
+        ``GET /api/health/checks/alarms``: ``{"status":"ok"}``, or 503 with
+        ``{"status":"failed","reason":"There are alarms in effect in the
+        cluster","alarms":[{"node","resource"}]}`` as RabbitMQ 3.10
+        (resources ``"disk space"``, ``"memory"``; ours ``"message store"``
+        with a ``"reason"`` while the store cannot write).
+        """
+        return self._alarmsHealth("in the cluster")
+
+    @app.route("/api/health/checks/local-alarms", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthLocalAlarms(self, request, user):
+        """``GET /api/health/checks/local-alarms``: as ``alarms``, "...in effect on the node"."""
+        return self._alarmsHealth("on the node")
+
+    def _nodeDict(self):
+        import os
+
+        from otter_tx.alarms import totalMemoryBytes
+        from otter_tx.memory import rssBytes
+
+        alarms = self.broker.alarms
+        disk = alarms.monitors.get("disk")
+        memory = alarms.monitors.get("memory")
+        used = rssBytes()
+        if used is None:
+            used = self.broker.messageBytesEstimate()
+        return {
+            "name": alarms.nodeName,
+            "type": "disc",
+            "running": True,
+            "os_pid": str(os.getpid()),
+            "uptime": int((self.clock.seconds() - self.startedAt) * 1000),
+            "processors": os.cpu_count() or 1,
+            "partitions": [],
+            "mem_used": used,
+            "mem_limit": memory.watermark if memory is not None else totalMemoryBytes(),
+            "mem_alarm": "memory" in alarms.active,
+            "mem_calculation_strategy": "rss",
+            "disk_free": disk.free if disk is not None and disk.free is not None else 0,
+            "disk_free_limit": disk.limit if disk is not None else 0,
+            "disk_free_alarm": "disk" in alarms.active,
+            "sockets_used": len(self.broker.connections),
+        }
+
+    def _checkMonitor(self, user):
+        # RabbitMQ's rabbit_mgmt_wm_nodes: is_authorized_monitor
+        if not user.tags or not {"administrator", "monitoring"} & set(user.tags):
+            raise notAuthorised("Not monitor user")
+
+    @app.route("/api/nodes", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def nodes(self, request, user):
+        """
+        ``GET /api/nodes``: this node, with ``mem_used`` (RSS, bytes),
+        ``mem_limit`` (the high-watermark), ``mem_alarm``, ``disk_free``
+        (bytes free on the data directory's filesystem at the last check),
+        ``disk_free_limit``, ``disk_free_alarm`` as RabbitMQ's; 401 "Not
+        monitor user" below the ``monitoring`` tag.
+        """
+        self._checkMonitor(user)
+        return [self._nodeDict()]
+
+    @app.route("/api/nodes/<name>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def node(self, request, user, name):
+        """``GET /api/nodes/{name}``: this node as in ``/api/nodes``; 404 for another name."""
+        self._checkMonitor(user)
+        if name != self.broker.alarms.nodeName:
+            raise notFound()
+        return self._nodeDict()
 
     @app.route("/api/aliveness-test/<vhost>", methods=["GET", "OPTIONS"])
     @endpoint(_VHOST)

@@ -67,8 +67,12 @@ def renderMetrics(broker, uptimeSeconds, perObject=False):
              [([], sum(len(q.consumers) for q in queues))])
     w.family("rabbitmq_queues", "gauge", "Queues available", [([], len(queues))])
     w.family("rabbitmq_erlang_uptime_seconds", "gauge", "Node uptime", [([], "%.3f" % uptimeSeconds)])
+    w.family("rabbitmq_alarms_free_disk_space_watermark", "gauge",
+             "is 1 if free disk space watermark alarm is in effect",
+             [([], 1 if "disk" in broker.alarms.active else 0)])
     w.family("rabbitmq_alarms_memory_used_watermark", "gauge",
-             "is 1 if VM memory watermark alarm is in effect", [([], 1 if broker.alarmed else 0)])
+             "is 1 if VM memory watermark alarm is in effect",
+             [([], 1 if "memory" in broker.alarms.active else 0)])
 
     def queueFamily(name, help, value):
         if perObject:
