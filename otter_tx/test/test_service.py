@@ -722,3 +722,68 @@ class EmbeddingTests(TestCase):
         self.assertNotEqual(number, 0)
         self.assertEqual(svc.amqpURLs, ["amqp://127.0.0.1:%d" % (number,)])
         self.assertEqual(len([e for e in events if "otter_tx ready" in e.get("log_format", "")]), 1)
+
+
+class AlarmWiringTests(SynchronousTestCase):
+    """The service starts and stops the alarm monitors on its clock and follows the store's health."""
+
+    def test_diskMonitorRuns(self):
+        """With a dataDir the disk monitor checks it from start to stop; low space blocks, space back unblocks."""
+        r = _Reactor()
+        dataDir = self.mktemp()
+        os.makedirs(dataDir)
+        svc = _service(r, dataDir=dataDir, diskFreeLimit=1000)
+        free = [10 ** 9]
+        paths = []
+        svc.diskMonitor.probe = lambda path: paths.append(path) or free[0]
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertEqual(paths, [dataDir])
+        free[0] = 999
+        r.advance(2.5)
+        self.assertEqual(svc.broker.alarms.active.keys(), {"disk"})
+        free[0] = 10 ** 9
+        r.advance(0.25)
+        self.assertEqual(svc.broker.alarms.active, {})
+        svc.stopService()
+        count = len(paths)
+        r.advance(60)
+        self.assertEqual(len(paths), count)
+
+    def test_noDataDirNoDiskMonitor(self):
+        """Without a dataDir nothing is written to disk, so no disk is watched."""
+        svc = _service(_Reactor())
+        self.assertIsNone(svc.diskMonitor)
+
+    def test_relativeLimit(self):
+        """diskFreeLimit ("relative", x) is x times RAM."""
+        from otter_tx.alarms import totalMemoryBytes
+
+        if totalMemoryBytes() is None:
+            raise SkipTest("the RAM size is unknown here")
+        svc = _service(_Reactor(), dataDir=self.mktemp(), diskFreeLimit=("relative", 0.5))
+        self.assertEqual(svc.diskMonitor.limit, int(totalMemoryBytes() * 0.5))
+
+    def test_storeHealthWatched(self):
+        """A store reporting itself unhealthy raises the store alarm; healthy again clears it."""
+        from otter_tx.test.test_alarms import FakeStore
+
+        store = FakeStore()
+        svc = _service(_Reactor(), store=_HealthStore(MemoryStore(), store))
+        store.setHealthy(False, "disk I/O error")
+        self.assertEqual(svc.broker.alarms.active, {"store": "disk I/O error"})
+        store.setHealthy(True)
+        self.assertEqual(svc.broker.alarms.active, {})
+
+
+class _HealthStore:
+    """A MemoryStore with the health contract of a fake (until every store has it)."""
+
+    def __init__(self, store, health):
+        self._store = store
+        self._health = health
+
+    def __getattr__(self, name):
+        if name in ("healthy", "addHealthObserver"):
+            return getattr(self._health, name)
+        return getattr(self._store, name)

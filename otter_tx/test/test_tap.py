@@ -542,3 +542,58 @@ def _serverProperties(port):
 
     p = Start()
     return connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), p).addCallback(lambda _: p.done)
+
+
+class DiskFreeLimitTests(_Parsing, SynchronousTestCase):
+    """disk-free-limit takes RabbitMQ's absolute and relative forms (disk_free_limit)."""
+
+    def test_default(self):
+        """Without the option the limit is RabbitMQ's 50 MB."""
+        self.assertEqual(self.parse()["disk-free-limit"], 50000000)
+
+    def test_units(self):
+        """Amounts use RabbitMQ's units: 50MB is 50000000 bytes, 1GiB 1073741824."""
+        for text, expected in {"50MB": 50 * 1000 ** 2, "2GB": 2 * 1000 ** 3, "1GiB": 1024 ** 3,
+                               "123": 123, "0": 0, "512M": 512 * 1024 ** 2}.items():
+            self.assertEqual(tap.parseDiskFreeLimit(text), ("absolute", expected), text)
+            self.assertEqual(self.parse("--disk-free-limit", text)["disk-free-limit"], expected)
+
+    def test_relative(self):
+        """mem_relative:1.5 (and {mem_relative, 1.5}) is 1.5 times RAM, like disk_free_limit.relative."""
+        for text in ("mem_relative:1.5", "relative:1.5", "{mem_relative, 1.5}", "mem_relative=1.5"):
+            self.assertEqual(tap.parseDiskFreeLimit(text), ("relative", 1.5), text)
+        ram = defaultHighWatermark(1.0)
+        if ram is None:
+            self.skipTest("the RAM size is unknown here")
+        self.assertEqual(self.parse("--disk-free-limit", "mem_relative:2")["disk-free-limit"], 2 * ram)
+
+    def test_config(self):
+        """In the file: an integer is bytes, a string any form, {relative = x} / {absolute = y} the conf keys."""
+        cases = {"disk-free-limit = 1_000_000\n": 1000000, 'disk_free_limit = "2GB"\n': 2 * 1000 ** 3,
+                 'disk-free-limit = {absolute = "1GiB"}\n': 1024 ** 3}
+        for text, expected in cases.items():
+            self.assertEqual(self.parse("--config", self.config(text))["disk-free-limit"], expected, text)
+        ram = defaultHighWatermark(1.0)
+        if ram is not None:
+            self.assertEqual(self.parse("--config", self.config("disk-free-limit = {relative = 1.0}\n"))
+                             ["disk-free-limit"], ram)
+
+    def test_invalid(self):
+        """Bad values are refused naming the option: 'lots', -1, 2.5GB, 1TB, a float, a bad table."""
+        for text in ("lots", "-1", "2.5GB", "1TB", "", "mem_relative:", "mem_relative:x"):
+            self.assertTrue(self.refused("--disk-free-limit", text).startswith(
+                "--disk-free-limit: must be an amount of bytes (50000000, 50MB, 2GB, 1GiB) or a multiple of RAM"),
+                text)
+        for value in ("1.5", "-1", "true", '{relative = "x"}', "{relative = 1, absolute = 2}"):
+            path = self.config("disk-free-limit = %s\n" % (value,))
+            self.assertIn("config file %s: disk-free-limit: must be" % (path,), self.refused("--config", path))
+
+    def test_makeService(self):
+        """makeService watches the data directory's filesystem with the limit."""
+        o = tap.Options()
+        dataDir = self.mktemp()
+        o.parseOptions(["--amqp", "tcp:0", "--data-dir", dataDir, "--disk-free-limit", "2GB"])
+        svc = tap.makeService(o, reactor=reactor)
+        self.assertEqual(svc.diskMonitor.limit, 2 * 1000 ** 3)
+        self.assertEqual(svc.diskMonitor.path, os.path.abspath(dataDir))
+        self.assertIs(svc.broker.alarms.monitors["disk"], svc.diskMonitor)

@@ -1,0 +1,510 @@
+"""
+Deterministic tests for otter_tx.alarms: the alarm set, the disk and memory
+monitors on a task.Clock with fake probes, what publishers see
+(connection.blocked through FakeClient) and what the health checks and the
+nodes API answer (StubTreq).  Texts and JSON bodies were checked against
+RabbitMQ 3.10 (the peer, with ``rabbitmqctl set_disk_free_limit 1000GB`` and
+``set_vm_memory_high_watermark absolute 10MB``).
+"""
+
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.alarms import CLEAR_FRACTION, Alarms, DiskMonitor, MemoryMonitor, diskFreeBytes, diskFreeLimitBytes
+from otter_tx.amqp import spec
+from otter_tx.broker.broker import Broker
+from otter_tx.protocol import AMQPServerFactory
+from otter_tx.test.test_web import WebTestCase
+from otter_tx.testing import FakeClient
+
+
+class _Broker:
+    """Just what Alarms needs: a set of connections."""
+
+    def __init__(self):
+        self.connections = set()
+
+
+class _Conn:
+    def __init__(self):
+        self.calls = []
+
+    def alarmChanged(self, alarmed):
+        self.calls.append(alarmed)
+
+
+class FakeStore:
+    """A store with the health contract: ``healthy`` and ``addHealthObserver(callback(healthy, reason))``."""
+
+    def __init__(self, healthy=True):
+        self.healthy = healthy
+        self.observers = []
+
+    def addHealthObserver(self, callback):
+        self.observers.append(callback)
+
+    def setHealthy(self, healthy, reason=None):
+        self.healthy = healthy
+        for cb in self.observers:
+            cb(healthy, reason)
+
+
+def _logged(testCase):
+    """Collect formatted log lines for the rest of the test."""
+    from twisted.logger import formatEvent
+
+    lines = []
+
+    def observer(event):
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observer)
+    testCase.addCleanup(globalLogPublisher.removeObserver, observer)
+    return lines
+
+
+class AlarmSetTests(SynchronousTestCase):
+    """One set of alarms; connections are told only when it becomes empty or non-empty."""
+
+    def setUp(self):
+        self.broker = _Broker()
+        self.conn = _Conn()
+        self.broker.connections.add(self.conn)
+        self.alarms = Alarms(self.broker)
+
+    def test_reasonTexts(self):
+        """The blocked reason is RabbitMQ's: low on memory, low on disk, low on disk & memory."""
+        self.assertEqual(self.alarms.reason(), "")
+        self.alarms.set("memory")
+        self.assertEqual(self.alarms.reason(), "low on memory")
+        self.alarms.set("disk")
+        self.assertEqual(self.alarms.reason(), "low on disk & memory")
+        self.alarms.clear("memory")
+        self.assertEqual(self.alarms.reason(), "low on disk")
+        self.alarms.set("store", "disk I/O error")
+        self.assertEqual(self.alarms.reason(), "low on disk; message store unavailable")
+
+    def test_notifiedOnEdgesOnly(self):
+        """Connections hear True when the first alarm is set and False when the last clears, nothing between."""
+        self.alarms.set("disk")
+        self.alarms.set("memory")
+        self.alarms.set("disk")
+        self.alarms.clear("disk")
+        self.assertEqual(self.conn.calls, [True])
+        self.alarms.clear("memory")
+        self.alarms.clear("memory")
+        self.assertEqual(self.conn.calls, [True, False])
+
+    def test_logLines(self):
+        """Set and clear each log RabbitMQ's line once."""
+        lines = _logged(self)
+        self.alarms.set("disk")
+        self.alarms.set("disk")
+        self.alarms.clear("disk")
+        self.assertEqual(
+            [line for line in lines if "alarm" in line],
+            ["disk resource limit alarm set on node otter_tx@localhost.\n"
+             "*** Publishers will be blocked until this alarm clears ***",
+             "disk resource limit alarm cleared on node otter_tx@localhost"])
+
+    def test_describe(self):
+        """Health checks list alarms as RabbitMQ's {"node","resource"} with "disk space" and "memory"."""
+        self.alarms.set("memory")
+        self.alarms.set("disk")
+        self.assertEqual(self.alarms.describe(), [
+            {"node": "otter_tx@localhost", "resource": "disk space"},
+            {"node": "otter_tx@localhost", "resource": "memory"},
+        ])
+
+    def test_storeHealth(self):
+        """An unhealthy store raises the store alarm with its reason; healthy again clears it."""
+        store = FakeStore()
+        self.alarms.watchStore(store)
+        self.assertEqual(self.alarms.active, {})
+        store.setHealthy(False, "database or disk is full")
+        self.assertEqual(self.alarms.active, {"store": "database or disk is full"})
+        self.assertEqual(self.alarms.describe(), [{"node": "otter_tx@localhost", "resource": "message store",
+                                                   "reason": "database or disk is full"}])
+        store.setHealthy(True)
+        self.assertEqual(self.alarms.active, {})
+        self.assertEqual(self.conn.calls, [True, False])
+
+    def test_storeUnhealthyAtWatch(self):
+        """A store already unhealthy when watched raises the alarm at once."""
+        self.alarms.watchStore(FakeStore(healthy=False))
+        self.assertIn("store", self.alarms.active)
+
+    def test_storeWithoutContract(self):
+        """A store without addHealthObserver is taken as healthy."""
+        self.alarms.watchStore(object())
+        self.assertEqual(self.alarms.active, {})
+
+    def test_unblockingMayRaiseAgain(self):
+        """When unblocking one connection raises an alarm again, it is blocked again and the others are not told False."""
+        alarms = self.alarms
+
+        class Reraising(_Conn):
+            def alarmChanged(self, alarmed):
+                _Conn.alarmChanged(self, alarmed)
+                if not alarmed:
+                    alarms.set("memory")
+
+        first, second = Reraising(), _Conn()
+        self.broker.connections = [first, second]
+        alarms.set("memory")
+        alarms.clear("memory")
+        self.assertEqual(first.calls, [True, False, True])
+        self.assertNotIn(False, second.calls)  # (a repeated True is a no-op for a real connection)
+        self.assertIn("memory", alarms.active)
+
+
+class DiskMonitorTests(SynchronousTestCase):
+    """The disk alarm on a fake free-space probe and a task.Clock."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = _Broker()
+        self.alarms = Alarms(self.broker)
+        self.free = 10 ** 9
+        self.paths = []
+
+        def probe(path):
+            self.paths.append(path)
+            return self.free
+
+        self.monitor = DiskMonitor(self.alarms, self.clock, "/data", limit=50 * 10 ** 6, probe=probe)
+        self.addCleanup(self.monitor.stop)
+
+    def test_setAndClear(self):
+        """Free space below the limit raises "disk" at the next check; space returning clears it."""
+        lines = _logged(self)
+        self.monitor.start()
+        self.assertEqual(self.paths, ["/data"])
+        self.assertEqual(self.alarms.active, {})
+        self.free = 49 * 10 ** 6
+        self.clock.advance(2.5)
+        self.assertIn("disk", self.alarms.active)
+        self.assertIn("Free disk space is insufficient. Free bytes: 49000000. Limit: 50000000", lines)
+        self.free = 60 * 10 ** 6
+        self.clock.advance(0.25)  # within twice the limit: checked every 0.25 s
+        self.assertEqual(self.alarms.active, {})
+        self.assertIn("Free disk space is sufficient. Free bytes: 60000000. Limit: 50000000", lines)
+
+    def test_interval(self):
+        """Checks every 2.5 s normally, every 0.25 s within twice the limit."""
+        self.monitor.start()
+        self.clock.advance(2.4)
+        self.assertEqual(len(self.paths), 1)
+        self.clock.advance(0.1)
+        self.assertEqual(len(self.paths), 2)
+        self.free = 99 * 10 ** 6
+        self.clock.advance(2.5)
+        self.clock.advance(0.25)
+        self.assertEqual(len(self.paths), 4)
+
+    def test_unknownFreeSpace(self):
+        """A probe that cannot tell (None) changes nothing."""
+        self.free = None
+        self.monitor.start()
+        self.assertEqual(self.alarms.active, {})
+        self.assertIsNone(self.monitor.free)
+
+    def test_stop(self):
+        """After stop no more checks happen."""
+        self.monitor.start()
+        self.monitor.stop()
+        self.clock.advance(10)
+        self.assertEqual(len(self.paths), 1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_setLimit(self):
+        """Raising the limit above the free space raises the alarm at once."""
+        self.monitor.start()
+        self.monitor.setLimit(2 * 10 ** 9)
+        self.assertIn("disk", self.alarms.active)
+
+    def test_probeFailureLogged(self):
+        """A probe that raises is logged and the checks go on."""
+        self.monitor.probe = lambda path: 1 // 0
+        self.monitor.start()
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+
+    def test_realProbe(self):
+        """diskFreeBytes reads a real filesystem's available bytes; None for a missing path."""
+        self.assertGreater(diskFreeBytes(self.mktemp().rsplit("/", 1)[0] or "."), 0)
+        self.assertIsNone(diskFreeBytes("/nonexistent/surely/not"))
+
+    def test_relativeLimit(self):
+        """A relative limit is a multiple of RAM (disk_free_limit.relative)."""
+        self.assertEqual(diskFreeLimitBytes(("relative", 1.5), totalMemory=1000), 1500)
+        self.assertEqual(diskFreeLimitBytes(("absolute", 7)), 7)
+        self.assertEqual(diskFreeLimitBytes(7), 7)
+
+
+class MemoryMonitorTests(SynchronousTestCase):
+    """The memory alarm on a fake RSS probe: hysteresis, hot-path checks, releases."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.alarms = Alarms(_Broker())
+        self.rss = 100
+        self.estimate = 0
+        self.releases = []
+        self.monitor = MemoryMonitor(self.alarms, self.clock, 1000, probe=lambda: self.rss,
+                                     estimate=lambda: self.estimate, release=self._release)
+        self.addCleanup(self.monitor.stop)
+
+    def _release(self):
+        self.releases.append(self.clock.seconds())
+        self.rss = self.rssAfterRelease
+
+    rssAfterRelease = 0
+
+    def test_hysteresis(self):
+        """Set above the watermark; stays set down to 0.9 of it; clears below."""
+        lines = _logged(self)
+        self.monitor.start()
+        self.rss = 1001
+        self.clock.advance(0.25)
+        self.assertIn("memory", self.alarms.active)
+        self.assertIn("vm_memory_high_watermark set. Memory used:1001 allowed:1000", lines)
+        self.rss = 950
+        self.clock.advance(0.25)
+        self.assertIn("memory", self.alarms.active)
+        self.rss = int(1000 * CLEAR_FRACTION) - 1
+        self.clock.advance(0.25)
+        self.assertEqual(self.alarms.active, {})
+        self.assertIn("vm_memory_high_watermark clear. Memory used:899 allowed:1000", lines)
+
+    def test_receivedBytesCheck(self):
+        """Every `step` bytes received, RSS is read at once, without waiting for the timer."""
+        monitor = MemoryMonitor(self.alarms, self.clock, 300 * 10 ** 6, probe=lambda: self.rss)
+        self.assertEqual(monitor.step, 300 * 10 ** 6 // 128)
+        monitor.received(monitor.step - 1)
+        self.assertEqual(monitor.checks, 0)
+        self.rss = 301 * 10 ** 6
+        monitor.received(1)
+        self.assertEqual(monitor.checks, 1)
+        self.assertIn("memory", self.alarms.active)
+        self.assertEqual(monitor.pending, 0)
+
+    def test_stepBounds(self):
+        """The hot-path step is 1/128 of the watermark, at least 64 KiB and at most 8 MiB."""
+        self.monitor.setWatermark(1000)
+        self.assertEqual(self.monitor.step, 65536)
+        self.monitor.setWatermark(10 ** 12)
+        self.assertEqual(self.monitor.step, 8 * 1024 * 1024)
+
+    def test_releaseWhileAlarmed(self):
+        """Stuck above the clear level after the queues drained, memory is released and the alarm clears."""
+        self.estimate = 900
+        self.rss = 1100
+        self.monitor.check()
+        self.assertIn("memory", self.alarms.active)
+        self.rss = 1000  # the allocator keeps what the drained messages freed
+        self.monitor.check()
+        self.assertEqual(self.releases, [])  # nothing drained: no release
+        self.estimate = 100
+        self.rssAfterRelease = 500
+        self.monitor.check()
+        self.assertEqual(self.releases, [0])
+        self.assertEqual(self.alarms.active, {})
+
+    def test_releaseRateLimited(self):
+        """Releases happen at most every releaseInterval seconds."""
+        self.estimate = 1000
+        self.rss = 1100
+        self.monitor.check()
+        self.rssAfterRelease = 1000
+        self.estimate = 500
+        self.monitor.check()
+        self.estimate = 0
+        self.monitor.check()
+        self.assertEqual(self.releases, [0])
+        self.clock.advance(self.monitor.releaseInterval)
+        self.monitor.check()
+        self.assertEqual(self.releases, [0, self.monitor.releaseInterval])
+
+    def test_estimateWithoutRSS(self):
+        """Where RSS cannot be read the queued-message estimate is used."""
+        self.monitor.probe = lambda: None
+        self.estimate = 2000
+        self.monitor.check()
+        self.assertIn("memory", self.alarms.active)
+
+
+class BlockingTests(SynchronousTestCase):
+    """What AMQP clients see (FakeClient over the real protocol)."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.factory = AMQPServerFactory(self.broker, self.clock, heartbeat=0, handshakeTimeout=10)
+        self.free = 10 ** 9
+        self.disk = DiskMonitor(self.broker.alarms, self.clock, "/data", probe=lambda path: self.free)
+        self.addCleanup(self.disk.stop)
+
+    def ready(self, **kw):
+        c = FakeClient(self.factory, **kw)
+        c.openChannel(1)
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.received()
+        return c
+
+    def test_diskAlarmBlocksPublishers(self):
+        """Low disk sends connection.blocked "low on disk", stops reading after a publish, and unblocks."""
+        c = self.ready()
+        self.disk.start()
+        self.free = 10
+        self.clock.advance(2.5)
+        [(_, m, _)] = c.received()
+        self.assertEqual((type(m), m.reason), (spec.ConnectionBlocked, "low on disk"))
+        c.publish(1, "", "q", b"x")
+        self.assertEqual(c.transport.producerState, "paused")
+        self.free = 10 ** 9
+        self.clock.advance(0.25)
+        self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
+        self.assertEqual(c.transport.producerState, "producing")
+
+    def test_twoAlarmsOneBlock(self):
+        """Disk then memory: one connection.blocked; unblocked only when both cleared."""
+        self.broker.memoryHighWatermark = 1000
+        used = [0]
+        self.broker.memoryMonitor.probe = lambda: used[0]
+        c = self.ready()
+        self.free = 10
+        self.disk.check()
+        used[0] = 2000
+        self.broker.checkMemory()
+        self.free = 10 ** 9
+        self.disk.check()
+        [(_, m, _)] = c.received()
+        self.assertEqual(m.reason, "low on disk")
+        used[0] = 0
+        self.broker.checkMemory()
+        self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
+
+    def test_bothReasons(self):
+        """A connection opened while both alarms are in effect is told "low on disk & memory"."""
+        self.broker.alarms.set("memory")
+        self.broker.alarms.set("disk")
+        c = FakeClient(self.factory, handshake=False)
+        blocked = [m for _, m, _ in c.handshake() if isinstance(m, spec.ConnectionBlocked)]
+        self.assertEqual([m.reason for m in blocked], ["low on disk & memory"])
+
+    def test_storeUnhealthyBlocks(self):
+        """While the store is unhealthy publishers are blocked; healthy again, they are unblocked."""
+        store = FakeStore()
+        self.broker.alarms.watchStore(store)
+        c = self.ready()
+        store.setHealthy(False, "disk I/O error")
+        [(_, m, _)] = c.received()
+        self.assertEqual((type(m), m.reason), (spec.ConnectionBlocked, "message store unavailable"))
+        store.setHealthy(True)
+        self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
+
+    def test_publishCountsTowardsMemory(self):
+        """Bytes a publisher sends trigger an RSS reading every step, before the timer would."""
+        self.broker.memoryHighWatermark = 10 ** 7
+        monitor = self.broker.memoryMonitor
+        used = [0]
+        monitor.probe = lambda: used[0]
+        c = self.ready()
+        used[0] = 2 * 10 ** 7
+        before = monitor.checks
+        body = b"x" * 10000
+        for _ in range(monitor.step // len(body) + 2):
+            c.publish(1, "", "q", body)
+        self.assertGreater(monitor.checks, before)
+        self.assertTrue(self.broker.alarmed)
+        self.assertEqual(c.transport.producerState, "paused")
+
+    def test_withoutCapability(self):
+        """A client without the connection.blocked capability is not sent the method but is still paused."""
+        c = self.ready(capabilities={})
+        self.broker.alarms.set("disk")
+        self.assertEqual(c.received(), [])
+        c.publish(1, "", "q", b"x")
+        self.assertEqual(c.transport.producerState, "paused")
+
+
+class HealthAndNodesTests(WebTestCase):
+    """The health checks and the nodes API during alarms (bodies as RabbitMQ 3.10's)."""
+
+    def test_okWithoutAlarms(self):
+        """Without alarms every health check answers 200 {"status":"ok"}."""
+        for path in ("/api/healthchecks/node", "/api/health/checks/alarms", "/api/health/checks/local-alarms"):
+            r = self.get(path)
+            self.assertEqual((r.code, r.json()), (200, {"status": "ok"}), path)
+
+    def test_diskAlarm(self):
+        """A disk alarm makes the checks answer 503 with RabbitMQ's bodies."""
+        self.broker.alarms.set("disk")
+        alarms = [{"node": "otter_tx@localhost", "resource": "disk space"}]
+        r = self.get("/api/health/checks/alarms")
+        self.assertEqual((r.code, r.json()), (503, {
+            "status": "failed", "reason": "There are alarms in effect in the cluster", "alarms": alarms}))
+        r = self.get("/api/health/checks/local-alarms")
+        self.assertEqual((r.code, r.json()), (503, {
+            "status": "failed", "reason": "There are alarms in effect on the node", "alarms": alarms}))
+        r = self.get("/api/healthchecks/node")
+        self.assertEqual((r.code, r.json()), (503, {
+            "status": "failed", "reason": "resource alarm(s) in effect:[{resource_limit,disk,otter_tx@localhost}]"}))
+
+    def test_bothAlarms(self):
+        """Disk and memory are both listed, disk first, as RabbitMQ does."""
+        self.broker.alarms.set("memory")
+        self.broker.alarms.set("disk")
+        self.assertEqual([a["resource"] for a in self.get("/api/health/checks/alarms").json()["alarms"]],
+                         ["disk space", "memory"])
+        self.assertEqual(self.get("/api/healthchecks/node").json()["reason"],
+                         "resource alarm(s) in effect:[{resource_limit,disk,otter_tx@localhost},"
+                         "{resource_limit,memory,otter_tx@localhost}]")
+
+    def test_storeUnhealthy(self):
+        """An unhealthy store makes every health check answer 503 saying why; healthy again, 200."""
+        store = FakeStore()
+        self.broker.alarms.watchStore(store)
+        store.setHealthy(False, "database or disk is full")
+        r = self.get("/api/healthchecks/node")
+        self.assertEqual(r.code, 503)
+        self.assertIn("message store unavailable: database or disk is full", r.json()["reason"])
+        r = self.get("/api/health/checks/local-alarms")
+        self.assertEqual((r.code, r.json()["alarms"]), (503, [
+            {"node": "otter_tx@localhost", "resource": "message store", "reason": "database or disk is full"}]))
+        store.setHealthy(True)
+        self.assertEqual(self.get("/api/health/checks/alarms").code, 200)
+
+    def test_nodes(self):
+        """/api/nodes shows disk_free, disk_free_limit, the alarms and mem_used/mem_limit."""
+        self.broker.memoryHighWatermark = 10 ** 12
+        disk = DiskMonitor(self.broker.alarms, self.clock, "/data", limit=2000, probe=lambda path: 1000)
+        disk.check()
+        [node] = self.get("/api/nodes").json()
+        self.assertEqual(node["name"], "otter_tx@localhost")
+        self.assertEqual((node["disk_free"], node["disk_free_limit"], node["disk_free_alarm"]), (1000, 2000, True))
+        self.assertEqual((node["mem_limit"], node["mem_alarm"]), (10 ** 12, False))
+        self.assertGreater(node["mem_used"], 0)
+        self.assertEqual(node["mem_calculation_strategy"], "rss")
+        self.assertEqual(self.get("/api/nodes/otter_tx@localhost").json()["disk_free"], 1000)
+
+    def test_nodeNotFound(self):
+        """Another node's name is 404."""
+        r = self.get("/api/nodes/rabbit@elsewhere")
+        self.assertError(r, 404, "Object Not Found", "Not Found")
+
+    def test_nodesNeedMonitoring(self):
+        """A management-only user gets RabbitMQ's 401 "Not monitor user"; a monitoring user sees the node."""
+        self.broker.addUser("mgr", "pw", tags=["management"])
+        self.broker.addUser("mon", "pw", tags=["monitoring"])
+        self.assertError(self.get("/api/nodes", auth=("mgr", "pw")), 401, "not_authorised", "Not monitor user")
+        self.assertEqual(self.get("/api/nodes", auth=("mon", "pw")).code, 200)
+
+    def test_metrics(self):
+        """The Prometheus alarm gauges follow their own alarm."""
+        self.broker.alarms.set("disk")
+        text = self.get("/metrics", auth=None).body
+        self.assertIn("rabbitmq_alarms_free_disk_space_watermark 1", text)
+        self.assertIn("rabbitmq_alarms_memory_used_watermark 0", text)
