@@ -917,34 +917,56 @@ class AMQPServerProtocol(Protocol):
     def alarmChanged(self, alarmed):
         """
         The broker's resource alarms changed (``alarmed``: any in effect,
-        bool; see ``otter_tx.alarms.Alarms``): tell a client that supports
-        ``connection.blocked`` (with RabbitMQ's reason, ``"low on memory"``,
-        ``"low on disk"``, ``"low on disk & memory"``) and stop reading after
-        its next publish while blocked; on clearing send
-        ``connection.unblocked`` and read again
-        (https://www.rabbitmq.com/docs/connection-blocked).
+        bool; see ``otter_tx.alarms.Alarms``).  As RabbitMQ 3.10 (checked on
+        the peer): nothing is sent yet; the connection is "blocking" and
+        only when it publishes is it told ``connection.blocked`` (if it has
+        the capability) and no longer read (:meth:`publishedWhileBlocked`).
+        On clearing, a connection that was told gets ``connection.unblocked``
+        and is read again (https://www.rabbitmq.com/docs/connection-blocked).
         """
         if self._state != _OPEN:
             return
-        if alarmed and not self.blocked:
+        if alarmed:
             self.blocked = True
-            if self.capabilities.get("connection.blocked"):
-                self.sendMethod(0, spec.ConnectionBlocked(self.broker.alarms.reason()))
-        elif not alarmed and self.blocked:
-            self.blocked = False
-            if self.capabilities.get("connection.blocked"):
-                self.sendMethod(0, spec.ConnectionUnblocked())
-            if self._readPaused:
-                self._readPaused = False
-                if self._sliced:
-                    return
-                self.transport.resumeProducing()
-                if self._buf:
-                    buf, self._buf = self._buf, b""
-                    self.dataReceived(buf)
+            return
+        if not self.blocked:
+            return
+        self.blocked = False
+        if self._blockedSent:
+            self._blockedSent = False
+            self.sendMethod(0, spec.ConnectionUnblocked())
+        if self._readPaused:
+            self._readPaused = False
+            if self._sliced:
+                return
+            self.transport.resumeProducing()
+            if self._buf:
+                buf, self._buf = self._buf, b""
+                self.dataReceived(buf)
+
+    _blockedSent = False
+
+    @property
+    def flowState(self):
+        """
+        ``"running"``, ``"blocking"`` (an alarm is in effect, the connection
+        has not published since) or ``"blocked"`` (it published and is no
+        longer read), as RabbitMQ's connection ``state``.
+        """
+        if not self.blocked:
+            return "running"
+        return "blocked" if self._readPaused else "blocking"
 
     def publishedWhileBlocked(self):
-        """A publish arrived while blocked: stop reading the socket."""
+        """
+        A publish arrived while an alarm is in effect: send
+        ``connection.blocked`` with the alarms' reason (``"low on disk"``,
+        ``"low on memory"``, ``"low on disk & memory"``; once until
+        unblocked) and stop reading the socket.
+        """
+        if not self._blockedSent and self.capabilities.get("connection.blocked"):
+            self._blockedSent = True
+            self.sendMethod(0, spec.ConnectionBlocked(self.broker.alarms.reason()))
         if not self._readPaused:
             self._readPaused = True
             self.transport.pauseProducing()

@@ -150,6 +150,32 @@ class InteropTestCase(TestCase):
         return pika.BlockingConnection(self.pikaParams(**kw))
 
 
+#: the external broker's management URL (``http://127.0.0.1:15682``), if any
+EXTERNAL_MGMT_URL = os.environ.get("OTTER_TEST_MGMT_URL")
+
+
+class ManagementMixin:
+    """
+    For an :class:`InteropTestCase` that also calls the management API: the
+    in-process broker starts with management on a free port; against an
+    external broker ``OTTER_TEST_MGMT_URL`` is required (else the test is
+    skipped, naming it).  :meth:`mgmtBase` is the base URL either way.
+    """
+
+    brokerOptions = {"management": True}
+
+    def setUp(self):
+        if EXTERNAL and not EXTERNAL_MGMT_URL:
+            raise SkipTest("set OTTER_TEST_MGMT_URL for the external broker's management API")
+        return InteropTestCase.setUp(self)
+
+    def mgmtBase(self):
+        """The management API's base URL, without a trailing slash (str)."""
+        if EXTERNAL:
+            return EXTERNAL_MGMT_URL.rstrip("/")
+        return "http://127.0.0.1:%d" % (self.fixture.managementPort,)
+
+
 def requireModule(name):
     """
     Import and return module ``name`` or raise SkipTest naming what is missing.

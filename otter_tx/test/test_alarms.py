@@ -354,22 +354,31 @@ class BlockingTests(SynchronousTestCase):
         return c
 
     def test_diskAlarmBlocksPublishers(self):
-        """Low disk sends connection.blocked "low on disk", stops reading after a publish, and unblocks."""
+        """Low disk: a publisher is told connection.blocked "low on disk" and not read; an idle one is not told; both resume."""
         c = self.ready()
+        idle = self.ready()
         self.disk.start()
         self.free = 10
         self.clock.advance(2.5)
+        self.assertEqual(c.received(), [])
+        self.assertEqual(self.connectionStates(), ["blocking", "blocking"])
+        c.publish(1, "", "q", b"x")
         [(_, m, _)] = c.received()
         self.assertEqual((type(m), m.reason), (spec.ConnectionBlocked, "low on disk"))
-        c.publish(1, "", "q", b"x")
         self.assertEqual(c.transport.producerState, "paused")
+        self.assertEqual(sorted(self.connectionStates()), ["blocked", "blocking"])
         self.free = 10 ** 9
         self.clock.advance(0.25)
         self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
         self.assertEqual(c.transport.producerState, "producing")
+        self.assertEqual(idle.received(), [])  # never published: never told
+        self.assertEqual(self.connectionStates(), ["running", "running"])
+
+    def connectionStates(self):
+        return [conn.flowState for conn in self.broker.connections]
 
     def test_twoAlarmsOneBlock(self):
-        """Disk then memory: one connection.blocked; unblocked only when both cleared."""
+        """Disk then memory: one connection.blocked naming both; unblocked only when both cleared."""
         self.broker.memoryHighWatermark = 1000
         used = [0]
         self.broker.memoryMonitor.probe = lambda: used[0]
@@ -378,21 +387,23 @@ class BlockingTests(SynchronousTestCase):
         self.disk.check()
         used[0] = 2000
         self.broker.checkMemory()
+        c.publish(1, "", "q", b"x")
         self.free = 10 ** 9
         self.disk.check()
         [(_, m, _)] = c.received()
-        self.assertEqual(m.reason, "low on disk")
+        self.assertEqual(m.reason, "low on disk & memory")
         used[0] = 0
         self.broker.checkMemory()
         self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
 
     def test_bothReasons(self):
-        """A connection opened while both alarms are in effect is told "low on disk & memory"."""
+        """A connection opened while both alarms are in effect is told "low on disk & memory" when it publishes."""
         self.broker.alarms.set("memory")
         self.broker.alarms.set("disk")
-        c = FakeClient(self.factory, handshake=False)
-        blocked = [m for _, m, _ in c.handshake() if isinstance(m, spec.ConnectionBlocked)]
-        self.assertEqual([m.reason for m in blocked], ["low on disk & memory"])
+        c = self.ready()
+        c.publish(1, "", "q", b"x")
+        self.assertEqual([m.reason for _, m, _ in c.received()], ["low on disk & memory"])
+        self.assertEqual(c.transport.producerState, "paused")
 
     def test_storeUnhealthyBlocks(self):
         """While the store is unhealthy publishers are blocked; healthy again, they are unblocked."""
@@ -400,6 +411,7 @@ class BlockingTests(SynchronousTestCase):
         self.broker.alarms.watchStore(store)
         c = self.ready()
         store.setHealthy(False, "disk I/O error")
+        c.publish(1, "", "q", b"x")
         [(_, m, _)] = c.received()
         self.assertEqual((type(m), m.reason), (spec.ConnectionBlocked, "message store unavailable"))
         store.setHealthy(True)

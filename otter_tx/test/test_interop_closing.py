@@ -32,7 +32,7 @@ from urllib.parse import quote
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 
-from otter_tx.test.interop import EXTERNAL, InteropTestCase, inProcessOnly
+from otter_tx.test.interop import EXTERNAL, InteropTestCase, ManagementMixin, inProcessOnly
 from otter_tx.test.test_interop_raw import (
     CHANNEL_OPEN_OK,
     CONNECTION_CLOSE,
@@ -298,25 +298,8 @@ class ServerPropertiesTests(RawTestMixin, InteropTestCase):
         self.assertEqual(f.serverProperties, {})
 
 
-MGMT_URL = os.environ.get("OTTER_TEST_MGMT_URL")
-
-
-class VHostDeletionTests(RawTestMixin, InteropTestCase):
+class VHostDeletionTests(ManagementMixin, RawTestMixin, InteropTestCase):
     """Deleting a vhost over HTTP closes its connections before the HTTP answer."""
-
-    brokerOptions = {"management": True}
-
-    def setUp(self):
-        if EXTERNAL and not MGMT_URL:
-            from twisted.trial.unittest import SkipTest
-
-            raise SkipTest("set OTTER_TEST_MGMT_URL for the external broker's management API")
-        return InteropTestCase.setUp(self)
-
-    def mgmtBase(self):
-        if EXTERNAL:
-            return MGMT_URL.rstrip("/")
-        return "http://127.0.0.1:%d" % (self.fixture.managementPort,)
 
     def openOn(self, vhost):
         """A raw connection opened on ``vhost`` with channel 1 (worker thread)."""

@@ -291,7 +291,7 @@ def connectionDict(conn):
         "vhost": conn.vhost.name if conn.vhost is not None else None,
         "user": conn.user.name if conn.user is not None else None,
         "user_who_performed_action": conn.user.name if conn.user is not None else None,
-        "state": "blocked" if getattr(conn, "blocked", False) else "running",
+        "state": getattr(conn, "flowState", "running"),
         "protocol": "AMQP 0-9-1",
         "type": "network",
         "auth_mechanism": "PLAIN",
