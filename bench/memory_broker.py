@@ -46,6 +46,26 @@ def rss(pid):
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def waitForPort(port, seconds=60):
+    """Wait until something accepts connections on 127.0.0.1:``port`` (the broker started)."""
+    for _ in range(int(seconds * 2)):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+
+
+def stopBroker(proc, seconds=30):
+    """SIGTERM the broker process; kill it if it is not gone within ``seconds``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _readFrame(sock):
     """Read one whole frame (bytes) from a blocking socket."""
     data = b""
@@ -104,12 +124,7 @@ def main():
     url = "amqp://guest:guest@127.0.0.1:%d/" % port
     perfUri = url + "%2f"
     try:
-        for _ in range(120):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+        waitForPort(port)
         version = subprocess.run([a.otter_python, "-c", "import platform; print(platform.python_implementation(),"
                                   " platform.python_version())"], capture_output=True, text=True).stdout.strip()
         print("broker on %s%s; %d messages of %d B; %d connections; idle %.0f s" % (
@@ -160,12 +175,7 @@ def main():
             report("connections", "closed")
             settle("connections")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stopBroker(proc)
         logs = sorted((name for name in os.listdir(tmp) if name.startswith("twistd.log")), reverse=True)
         for name in logs:  # twistd rotates at 1 MB: twistd.log.2, .1, then twistd.log
             with open(os.path.join(tmp, name)) as f:
