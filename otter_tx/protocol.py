@@ -741,6 +741,10 @@ class AMQPServerProtocol(Protocol):
 
     def _heartbeatTick(self):
         now = self.clock.seconds()
+        if self._readPaused:
+            # blocked by an alarm we read nothing, heartbeats included: as
+            # RabbitMQ (rabbit_heartbeat:pause_monitor), do not time it out
+            self._lastRecv = now
         if now - self._lastRecv > 2 * self.heartbeat:
             log.info("closing {peer}: missed heartbeats from client, timeout: {t}s",
                      peer=self.name, t=self.heartbeat)

@@ -520,3 +520,28 @@ class HealthAndNodesTests(WebTestCase):
         text = self.get("/metrics", auth=None).body
         self.assertIn("rabbitmq_alarms_free_disk_space_watermark 1", text)
         self.assertIn("rabbitmq_alarms_memory_used_watermark 0", text)
+
+
+class BlockedHeartbeatTests(SynchronousTestCase):
+    """A blocked connection is not read, so its heartbeats are not timed out (RabbitMQ pauses the monitor)."""
+
+    def test_blockedNotTimedOut(self):
+        """Blocked for 10 heartbeat intervals, the connection stays open; unblocked, the timeout applies again."""
+        clock = Clock()
+        broker = Broker(clock)
+        factory = AMQPServerFactory(broker, clock, heartbeat=10, handshakeTimeout=10)
+        c = FakeClient(factory, handshake=False)
+        c.feed(spec.PROTOCOL_HEADER)
+        c.send(0, spec.ConnectionStartOk({"capabilities": {"connection.blocked": True}}, "PLAIN",
+                                         b"\0guest\0guest", "en_US"))
+        c.send(0, spec.ConnectionTuneOk(2047, 131072, 10))
+        c.send(0, spec.ConnectionOpen("/", "", False))
+        c.openChannel(1)
+        broker.alarms.set("disk")
+        c.publish(1, "", "q", b"x")
+        self.assertEqual(c.transport.producerState, "paused")
+        clock.pump([5] * 20)
+        self.assertFalse(c.transport.disconnecting)
+        broker.alarms.clear("disk")
+        clock.pump([5] * 6)
+        self.assertTrue(c.transport.disconnecting)
