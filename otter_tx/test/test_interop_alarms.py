@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import shutil
+import struct
 import subprocess
 import time
 import urllib.error
@@ -23,7 +24,8 @@ import urllib.request
 from twisted.internet import reactor, threads
 from twisted.trial.unittest import SkipTest
 
-from otter_tx.test.interop import EXTERNAL, InteropTestCase, ManagementMixin
+from otter_tx.test.interop import EXTERNAL, InteropTestCase, ManagementMixin, inProcessOnly
+from otter_tx.test.test_interop_flow import _frame, _shortstr
 HUGE = "1000000GB"
 NORMAL = "50MB"
 
@@ -146,3 +148,168 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
             self.assertIs(info["mem_alarm"], False)
 
         return self.inThread(run).addCallback(check)
+
+
+class MemoryFloodTests(InteropTestCase):
+    """Under a flood of 64 B messages the memory alarm holds the process's RSS near the watermark."""
+
+    timeout = 120
+    #: raised above the test process's RSS by this much inside the test
+    headroom = 100 * 1024 * 1024
+
+    @inProcessOnly("the broker's RSS is read from the test process (/proc/self/statm)")
+    def test_floodHeldNearWatermark(self):
+        """RSS stays within 1.2x the watermark while a raw client floods 64 B messages; a purge unblocks it."""
+        from otter_tx.memory import rssBytes
+
+        if rssBytes() is None:
+            raise SkipTest("no /proc/self/statm here")
+        broker = self.fixture.broker
+        q = self.name("flood")
+        watermark = rssBytes() + self.headroom
+        broker.memoryHighWatermark = watermark
+
+        def run():
+            pika = self.pikaConnection()
+            ch = pika.channel()
+            ch.queue_declare(q)
+            flooder = _Flooder(self.host, self.port, q)
+            try:
+                peak = flooder.pump(stall=2.0, deadline=60.0)
+                alarmed = "memory" in broker.alarms.active
+                queued = ch.queue_declare(q, passive=True).method.message_count
+                ch.queue_purge(q)
+                resumed = flooder.progresses(within=15.0)
+                reasons = flooder.blockedReasons()
+            finally:
+                flooder.close()
+                ch.queue_delete(q)
+                pika.close()
+                # the broker may still be parsing the flooder's buffered publishes: let it see
+                # the end of both connections before the fixture stops
+                deadline = time.monotonic() + 30
+                while broker.connections and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            return peak, alarmed, queued, resumed, reasons
+
+        def check(result):
+            peak, alarmed, queued, resumed, reasons = result
+            self.assertTrue(alarmed)
+            self.assertGreater(queued, 10000)
+            self.assertLessEqual(peak, 1.2 * watermark, "peak RSS %d for a watermark of %d" % (peak, watermark))
+            self.assertTrue(resumed, "the publisher was not unblocked after the purge")
+            self.assertIn("low on memory", reasons)
+
+        return self.inThread(run).addCallback(check)
+
+
+class _Flooder:
+    """A raw AMQP publisher (own socket, frames built here) that floods transient 64 B messages."""
+
+    def __init__(self, host, port, queue):
+        import socket
+
+        self.sock = socket.create_connection((host, port), timeout=10)
+        self._buf = b""
+        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
+        self._method()  # connection.start
+        caps = _table({"connection.blocked": True})
+        props = _shortstr("capabilities") + b"F" + struct.pack("!I", len(caps)) + caps
+        self._send(1, 0, struct.pack("!HH", 10, 11) + struct.pack("!I", len(props)) + props
+                   + _shortstr("PLAIN") + struct.pack("!I", 12) + b"\x00guest\x00guest" + _shortstr("en_US"))
+        self._method()  # connection.tune
+        self._send(1, 0, struct.pack("!HHHIH", 10, 31, 2047, 131072, 0))
+        self._send(1, 0, struct.pack("!HH", 10, 40) + _shortstr("/") + _shortstr("") + b"\x00")
+        self._method()  # connection.open-ok
+        self._send(1, 1, struct.pack("!HH", 20, 10) + _shortstr(""))
+        self._method()  # channel.open-ok
+        one = (_frame(1, 1, struct.pack("!HHH", 60, 40, 0) + _shortstr("") + _shortstr(queue) + b"\x00")
+               + _frame(2, 1, struct.pack("!HHQH", 60, 0, 64, 0)) + _frame(3, 1, b"m" * 64))
+        self.batch = one * 500
+        self._pending = b""
+        self.sock.setblocking(False)
+
+    def _send(self, ftype, channel, payload):
+        self.sock.sendall(_frame(ftype, channel, payload))
+
+    def _method(self):
+        """Read one frame (blocking, during the handshake); returns its payload."""
+        while True:
+            if len(self._buf) >= 7:
+                size = struct.unpack("!I", self._buf[3:7])[0]
+                if len(self._buf) >= size + 8:
+                    payload, self._buf = self._buf[7:7 + size], self._buf[size + 8:]
+                    return payload
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError("the broker closed the connection")
+            self._buf += data
+
+    def _step(self, wait):
+        """Send what the socket takes within ``wait`` seconds; returns bytes sent."""
+        import select
+
+        if not self._pending:
+            self._pending = self.batch
+        _, writable, _ = select.select([], [self.sock], [], wait)
+        if not writable:
+            return 0
+        try:
+            n = self.sock.send(self._pending)
+        except BlockingIOError:
+            return 0
+        self._pending = self._pending[n:]
+        return n
+
+    def pump(self, stall, deadline):
+        """Flood until no byte was taken for ``stall`` s (blocked) or ``deadline`` s; returns the peak RSS."""
+        from otter_tx.memory import rssBytes
+
+        start = last = time.monotonic()
+        peak = rssBytes()
+        while time.monotonic() - last < stall and time.monotonic() - start < deadline:
+            if self._step(0.05):
+                last = time.monotonic()
+            peak = max(peak, rssBytes())
+        return peak
+
+    def progresses(self, within):
+        """True once the socket takes more than 1 MB again within ``within`` seconds (unblocked)."""
+        end = time.monotonic() + within
+        sent = 0
+        while time.monotonic() < end:
+            sent += self._step(0.05)
+            if sent > 1000000:
+                return True
+        return False
+
+    def blockedReasons(self):
+        """The reasons of the connection.blocked frames received so far (list of str)."""
+        import socket
+
+        reasons = []
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                self._buf += data
+        except (BlockingIOError, socket.timeout):
+            pass
+        buf = self._buf
+        while len(buf) >= 7:
+            size = struct.unpack("!I", buf[3:7])[0]
+            if len(buf) < size + 8:
+                break
+            payload, buf = buf[7:7 + size], buf[size + 8:]
+            if payload[:4] == struct.pack("!HH", 10, 60):
+                reasons.append(payload[5:5 + payload[4]].decode())
+        return reasons
+
+    def close(self):
+        self.sock.close()
+
+
+def _table(d):
+    """A field table of booleans (the only kind this client sends)."""
+    return b"".join(_shortstr(k) + b"t" + (b"\x01" if v else b"\x00") for k, v in d.items())
