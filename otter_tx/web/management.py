@@ -1443,13 +1443,8 @@ class ManagementApp:
             "sockets_used": len(self.broker.connections),
         }
 
-    def _checkMonitor(self, user):
-        # RabbitMQ's rabbit_mgmt_wm_nodes: is_authorized_monitor
-        if not user.tags or not {"administrator", "monitoring"} & set(user.tags):
-            raise notAuthorised("Not monitor user")
-
     @app.route("/api/nodes", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_MONITOR)
     def nodes(self, request, user):
         """
         ``GET /api/nodes``: this node, with ``mem_used`` (RSS, bytes),
@@ -1458,14 +1453,12 @@ class ManagementApp:
         ``disk_free_limit``, ``disk_free_alarm`` as RabbitMQ's; 401 "Not
         monitor user" below the ``monitoring`` tag.
         """
-        self._checkMonitor(user)
         return [self._nodeDict()]
 
     @app.route("/api/nodes/<name>", methods=["GET", "OPTIONS"])
-    @endpoint()
+    @endpoint(_MONITOR)
     def node(self, request, user, name):
         """``GET /api/nodes/{name}``: this node as in ``/api/nodes``; 404 for another name."""
-        self._checkMonitor(user)
         if name != self.broker.alarms.nodeName:
             raise notFound()
         return self._nodeDict()
