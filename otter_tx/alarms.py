@@ -305,8 +305,9 @@ class MemoryMonitor(_Monitor):
     alarm is raised and RSS stays above the clear level, it calls
     ``release`` (``malloc_trim``; a collection on PyPy) when the broker's
     queued-message estimate has fallen by 1/16 of the watermark since the
-    last release, at most every :attr:`releaseInterval` seconds: freed memory
-    the allocator keeps would otherwise hold the alarm for ever.
+    last release (looked at every :attr:`lookInterval` seconds), at most
+    every :attr:`releaseInterval` seconds: freed memory the allocator keeps
+    would otherwise hold the alarm for ever.
 
     :param alarms: the :class:`Alarms`.
     :param clock: ``IReactorTime``.
@@ -320,7 +321,10 @@ class MemoryMonitor(_Monitor):
     :param interval: seconds between timed checks (float, default 0.25).
     """
 
+    #: seconds between two releases at least (float)
     releaseInterval = 5.0
+    #: seconds between two looks at the queued-message estimate while alarmed (float)
+    lookInterval = 1.0
 
     def __init__(self, alarms, clock, watermark, probe=None, estimate=None, release=None, interval=0.25):
         from otter_tx.memory import releaseMemory
@@ -338,6 +342,7 @@ class MemoryMonitor(_Monitor):
         #: number of checks made (int)
         self.checks = 0
         self._lastRelease = None
+        self._lastLook = None
         self._estimateAtRelease = 0
         self.setWatermark(watermark)
         alarms.monitors["memory"] = self
@@ -374,7 +379,7 @@ class MemoryMonitor(_Monitor):
             if used > self.watermark:
                 log.info("vm_memory_high_watermark set. Memory used:{used} allowed:{allowed}",
                          used=used, allowed=self.watermark)
-                self._lastRelease = None
+                self._lastRelease = self._lastLook = None
                 self._estimateAtRelease = self.estimate()
                 self.alarms.set("memory", "used %d bytes, allowed %d" % (used, self.watermark))
             return
@@ -389,6 +394,10 @@ class MemoryMonitor(_Monitor):
         now = self.clock.seconds()
         if self._lastRelease is not None and now - self._lastRelease < self.releaseInterval:
             return used
+        if self._lastLook is not None and now - self._lastLook < self.lookInterval:
+            return used
+        # the estimate walks every queue: at most once per lookInterval
+        self._lastLook = now
         estimate = self.estimate()
         if self._estimateAtRelease - estimate < self.watermark // 16:
             return used
