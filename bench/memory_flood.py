@@ -253,7 +253,8 @@ def main():
         for name in logs:
             with open(os.path.join(tmp, name)) as f:
                 for line in f:
-                    if "vm_memory_high_watermark" in line or "memory alarm" in line or "memory released" in line:
+                    if "vm_memory_high_watermark" in line or "memory alarm" in line or "memory released" in line \
+                            or "released to the system" in line:
                         print("broker log:", line.rstrip()[:200])
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -11,7 +11,9 @@ from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from otter_tx.alarms import CLEAR_FRACTION, Alarms, DiskMonitor, MemoryMonitor, diskFreeBytes, diskFreeLimitBytes
+from otter_tx.alarms import (
+    CLEAR_FRACTION, OVERSHOOT_FRACTION, Alarms, DiskMonitor, MemoryMonitor, diskFreeBytes, diskFreeLimitBytes,
+)
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
 from otter_tx.protocol import AMQPServerFactory
@@ -141,7 +143,7 @@ class AlarmSetTests(SynchronousTestCase):
         self.assertEqual(self.alarms.active, {})
 
     def test_unblockingMayRaiseAgain(self):
-        """When unblocking one connection raises an alarm again, it is blocked again and the others are not told False."""
+        """Unblocking one connection may raise an alarm again: it is blocked again, the others never told False."""
         alarms = self.alarms
 
         class Reraising(_Conn):
@@ -332,6 +334,25 @@ class MemoryMonitorTests(SynchronousTestCase):
         self.monitor.check()
         self.assertEqual(self.releases, [0, self.monitor.releaseInterval])
 
+    def test_overshootReleases(self):
+        """Above 1.05x the watermark while alarmed, memory is released every second even if nothing drained."""
+        self.estimate = 1000
+        self.rss = 1001
+        self.monitor.check()
+        self.rss = int(1000 * OVERSHOOT_FRACTION) + 1  # garbage piling up (PyPy)
+        self.rssAfterRelease = self.rss
+        self.monitor.check()
+        self.clock.advance(0.25)
+        self.monitor.check()
+        self.assertEqual(self.releases, [0])
+        self.clock.advance(self.monitor.lookInterval - 0.25)
+        self.monitor.check()
+        self.assertEqual(self.releases, [0, self.monitor.lookInterval])
+        self.rss = self.rssAfterRelease = 1000  # at or below 1.05x: back to the estimate rule
+        self.clock.advance(self.monitor.lookInterval)
+        self.monitor.check()
+        self.assertEqual(len(self.releases), 2)
+
     def test_estimateWithoutRSS(self):
         """Where RSS cannot be read the queued-message estimate is used."""
         self.monitor.probe = lambda: None
@@ -359,7 +380,7 @@ class BlockingTests(SynchronousTestCase):
         return c
 
     def test_diskAlarmBlocksPublishers(self):
-        """Low disk: a publisher is told connection.blocked "low on disk" and not read; an idle one is not told; both resume."""
+        """Low disk: a publisher is told "low on disk" and not read; an idle one is not told; both resume."""
         c = self.ready()
         idle = self.ready()
         self.disk.start()
