@@ -1,8 +1,8 @@
 """
 Resource alarms as RabbitMQ's (https://www.rabbitmq.com/docs/alarms): one
-set of active alarms for the node; while any is active, connections that
-publish are blocked (``connection.blocked``, then not read after their next
-publish) and the health checks answer 503.
+set of active alarms for the node; while any is active, a connection that
+publishes is told ``connection.blocked`` and no longer read until they all
+clear (``AMQPServerProtocol.alarmChanged``), and the health checks answer 503.
 
 - :class:`Alarms` is the set.  Resources are ``"memory"`` and ``"disk"``, as
   RabbitMQ's ``{resource_limit, memory | disk, Node}``, plus ``"store"``
@@ -32,7 +32,6 @@ injectable for tests.  Log lines are RabbitMQ's wording.
 
 import os
 
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from otter_tx.memory import rssBytes
@@ -204,11 +203,7 @@ class _Monitor:
     """A periodic check on the clock (start/stop)."""
 
     _timer = None
-
-    def _schedule(self, delay):
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = self.clock.callLater(delay, self._tick)
+    _running = False
 
     def _tick(self):
         self._timer = None
@@ -216,15 +211,18 @@ class _Monitor:
             self.check()
         except Exception:
             log.failure("{name} check failed", name=type(self).__name__)
-        self._schedule(self.nextInterval())
+        if self._running:  # (a check may have stopped it)
+            self._timer = self.clock.callLater(self.nextInterval(), self._tick)
 
     def start(self):
         """Check now and then periodically on the clock (no-op if running)."""
-        if self._timer is None:
+        if not self._running:
+            self._running = True
             self._tick()
 
     def stop(self):
         """Stop checking (no-op if not running)."""
+        self._running = False
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

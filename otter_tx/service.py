@@ -32,7 +32,7 @@ from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, 
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from otter_tx.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes
+from otter_tx.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
 from otter_tx.broker.broker import Broker
 from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 
@@ -45,10 +45,8 @@ def defaultHighWatermark(fraction=0.4):
     default memory high-watermark is 0.4 of RAM.  None when the RAM size
     cannot be found.
     """
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
-    except (ValueError, OSError, AttributeError):
-        return None
+    total = totalMemoryBytes()
+    return None if total is None else int(total * fraction)
 
 
 def raiseFileLimit():

@@ -593,3 +593,15 @@ class ConnectionStateTests(WebTestCase):
         self.assertEqual(state(), "blocked")
         self.broker.alarms.clear("memory")
         self.assertEqual(state(), "running")
+
+
+class MonitorStopTests(SynchronousTestCase):
+    """A monitor stopped from inside its own check does not re-arm."""
+
+    def test_stopDuringCheck(self):
+        """stop() called by a check leaves no timer behind."""
+        clock = Clock()
+        alarms = Alarms(_Broker())
+        monitor = DiskMonitor(alarms, clock, "/data", probe=lambda path: monitor.stop() or 10 ** 9)
+        monitor.start()
+        self.assertEqual(clock.getDelayedCalls(), [])
