@@ -304,8 +304,9 @@ class MemoryMonitor(_Monitor):
     protocol per chunk read: one addition and one comparison).  While the
     alarm is raised and RSS stays above the clear level, it calls
     ``release`` (``malloc_trim``; a collection on PyPy) when the broker's
-    queued-message estimate has fallen by 1/16 of the watermark since the
-    last release (looked at every :attr:`lookInterval` seconds), at most
+    queued-message estimate has fallen by 1/16 of the watermark from its
+    highest since the alarm or the last release (looked at every
+    :attr:`lookInterval` seconds), at most
     every :attr:`releaseInterval` seconds: freed memory the allocator keeps
     would otherwise hold the alarm for ever.  Above :data:`OVERSHOOT_FRACTION`
     of the watermark it releases every :attr:`lookInterval` seconds whatever
@@ -349,7 +350,8 @@ class MemoryMonitor(_Monitor):
         self.checks = 0
         self._lastRelease = None
         self._lastLook = None
-        self._estimateAtRelease = 0
+        #: the highest queued-message estimate seen since the alarm or the last release
+        self._estimatePeak = 0
         self.setWatermark(watermark)
         alarms.monitors["memory"] = self
 
@@ -386,7 +388,7 @@ class MemoryMonitor(_Monitor):
                 log.info("vm_memory_high_watermark set. Memory used:{used} allowed:{allowed}",
                          used=used, allowed=self.watermark)
                 self._lastRelease = self._lastLook = None
-                self._estimateAtRelease = self.estimate()
+                self._estimatePeak = self.estimate()
                 self.alarms.set("memory", "used %d bytes, allowed %d" % (used, self.watermark))
             return
         if used >= self.watermark * CLEAR_FRACTION:
@@ -409,11 +411,14 @@ class MemoryMonitor(_Monitor):
                 return used
             # the estimate walks every queue: at most once per lookInterval
             self._lastLook = now
-            if self._estimateAtRelease - self.estimate() < self.watermark // 16:
+            estimate = self.estimate()
+            self._estimatePeak = max(self._estimatePeak, estimate)
+            if self._estimatePeak - estimate < self.watermark // 16:
                 return used
+        else:
+            estimate = self.estimate()
         self._lastRelease = now
-        estimate = self.estimate()
-        self._estimateAtRelease = estimate
+        self._estimatePeak = estimate
         try:
             self.release()
         except Exception:

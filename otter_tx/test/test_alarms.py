@@ -605,3 +605,22 @@ class MonitorStopTests(SynchronousTestCase):
         monitor = DiskMonitor(alarms, clock, "/data", probe=lambda path: monitor.stop() or 10 ** 9)
         monitor.start()
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class ReleaseFromPeakTests(SynchronousTestCase):
+    """The drain that triggers a release is measured from the estimate's peak, not from when the alarm was set."""
+
+    def test_growthAfterAlarmCounts(self):
+        """Messages that arrived after the alarm and were then drained count towards the release."""
+        clock = Clock()
+        estimate = [1000]
+        releases = []
+        monitor = MemoryMonitor(Alarms(_Broker()), clock, 1000, probe=lambda: 1001,
+                                estimate=lambda: estimate[0], release=lambda: releases.append(clock.seconds()))
+        monitor.check()  # alarm set with the estimate at 1000
+        estimate[0] = 2000  # buffered publishes still arrived
+        monitor.check()
+        clock.advance(monitor.lookInterval)
+        estimate[0] = 1900  # drained 100 > 1000 // 16, but still above the estimate when set
+        monitor.check()
+        self.assertEqual(releases, [monitor.lookInterval])
