@@ -367,10 +367,15 @@ class MemoryMonitor(_Monitor):
         return "memory" in self.alarms.active
 
     def received(self, nbytes):
-        """``nbytes`` (int) arrived from a client: check RSS every :attr:`step` bytes."""
+        """
+        ``nbytes`` (int) arrived from a client: read RSS every :attr:`step`
+        bytes.  From here the alarm is only raised: clearing it (which runs
+        the blocked publishers' buffered bytes) and releasing memory wait
+        for the timer, outside any connection's ``dataReceived``.
+        """
         self.pending += nbytes
         if self.pending >= self.step:
-            self.check()
+            self.check(raiseOnly=True)
 
     def _read(self):
         used = self.probe()
@@ -378,11 +383,13 @@ class MemoryMonitor(_Monitor):
             used = self.estimate()
         return used
 
-    def check(self):
-        """Read RSS once; raise or clear the alarm."""
+    def check(self, raiseOnly=False):
+        """Read RSS once; raise or (unless ``raiseOnly``) clear the alarm."""
         self.pending = 0
         self.checks += 1
         used = self.used = self._read()
+        if raiseOnly and self.alarmed:
+            return
         if not self.alarmed:
             if used > self.watermark:
                 log.info("vm_memory_high_watermark set. Memory used:{used} allowed:{allowed}",

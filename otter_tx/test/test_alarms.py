@@ -624,3 +624,27 @@ class ReleaseFromPeakTests(SynchronousTestCase):
         estimate[0] = 1900  # drained 100 > 1000 // 16, but still above the estimate when set
         monitor.check()
         self.assertEqual(releases, [monitor.lookInterval])
+
+
+class HotPathRaisesOnlyTests(SynchronousTestCase):
+    """Received bytes may raise the memory alarm; only the timer clears it or releases memory."""
+
+    def test_receivedDoesNotClear(self):
+        """Below the clear level, received bytes leave the alarm set; the next timed check clears it."""
+        clock = Clock()
+        alarms = Alarms(_Broker())
+        rss = [2000]
+        releases = []
+        monitor = MemoryMonitor(alarms, clock, 1000, probe=lambda: rss[0], release=lambda: releases.append(1))
+        monitor.start()
+        self.addCleanup(monitor.stop)
+        self.assertIn("memory", alarms.active)
+        rss[0] = 100
+        monitor.received(monitor.step)
+        self.assertIn("memory", alarms.active)
+        rss[0] = 1100  # over 1.05x: a timed check would release
+        monitor.received(monitor.step)
+        self.assertEqual(releases, [])
+        rss[0] = 100
+        clock.advance(monitor.interval)
+        self.assertEqual(alarms.active, {})
