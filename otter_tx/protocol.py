@@ -110,6 +110,12 @@ def methodFrame(channel, method):
     return frame(spec.FRAME_METHOD, channel, method.encode())
 
 
+#: bytes batched for one connection within one reactor turn above which its
+#: consumers stop taking messages until the batch is written (see ``send``);
+#: the transport's own buffer pauses them at Twisted's ``bufferSize``
+WRITE_HIGH_WATER = 256 * 1024
+
+
 @implementer(IPushProducer, IHalfCloseableProtocol)
 class AMQPServerProtocol(Protocol):
     """
@@ -119,8 +125,11 @@ class AMQPServerProtocol(Protocol):
     :ivar user: the authenticated :class:`~otter_tx.broker.broker.User`.
     :ivar frameMax: negotiated frame_max in bytes.
     :ivar exclusiveQueues: queues this connection owns (deleted on close).
-    :ivar paused: True while the transport asked us to stop producing
-        (consumers on this connection take no more messages).
+    :ivar paused: True while the transport asked us to stop producing, or
+        while more than :data:`WRITE_HIGH_WATER` bytes are batched for this
+        connection in the current reactor turn (consumers on this
+        connection take no more messages; RabbitMQ bounds the same with
+        credit flow, https://www.rabbitmq.com/docs/flow-control).
     """
 
     def __init__(self, factory):
@@ -141,6 +150,10 @@ class AMQPServerProtocol(Protocol):
         self.clientProperties = {}
         self.capabilities = {}
         self.paused = False
+        self._transportPaused = False
+        self._batchFull = False
+        self._outBytes = 0
+        self._resumeCall = None
         self.blocked = False
         self._readPaused = False
         self._heartbeatTimer = None
@@ -246,7 +259,7 @@ class AMQPServerProtocol(Protocol):
         self.exclusiveQueues.clear()
 
     def _cancelTimers(self):
-        for name in ("_heartbeatTimer", "_handshakeTimer", "_closeTimer"):
+        for name in ("_heartbeatTimer", "_handshakeTimer", "_closeTimer", "_resumeCall"):
             t = getattr(self, name)
             if t is not None:
                 if hasattr(t, "running"):
@@ -265,18 +278,43 @@ class AMQPServerProtocol(Protocol):
     # --- IPushProducer (the transport's write buffer is full / drained) -----
 
     def pauseProducing(self):
-        """The socket's write buffer is full: consumers here take no more messages."""
+        """
+        The socket's write buffer is over Twisted's ``bufferSize`` (64 KiB):
+        consumers here take no more messages until it drains.
+        """
+        self._transportPaused = True
         self.paused = True
 
     def resumeProducing(self):
         """The write buffer drained: let this connection's consumers take messages again."""
+        self._transportPaused = False
+        if self._batchFull or self._state == _CLOSED:
+            return
         self.paused = False
         for ch in list(self.channels.values()):
             ch.resumeDelivery()
 
     def stopProducing(self):
         """The transport is going away."""
+        self._transportPaused = True
         self.paused = True
+
+    def _noteBatched(self, n):
+        """
+        ``n`` more bytes batched in ``_out``: past :data:`WRITE_HIGH_WATER`
+        this connection's consumers stop taking until the batch is written
+        and the socket has taken it (:meth:`_afterBatch`).
+        """
+        self._outBytes += n
+        if self._outBytes > WRITE_HIGH_WATER and not self._batchFull:
+            self._batchFull = True
+            self.paused = True
+
+    def _afterBatch(self):
+        """A turn after a full batch was written: resume unless the socket is backed up."""
+        self._resumeCall = None
+        if not self._transportPaused:
+            self.resumeProducing()
 
     # --- output ---------------------------------------------------------------
 
@@ -288,12 +326,14 @@ class AMQPServerProtocol(Protocol):
         out = self._out
         if out is not None:
             out.append(data)
+            self._noteBatched(len(data))
         elif self.factory._batchDepth:
             # another connection's chunk is being processed (a delivery to
             # this consumer, say): join this connection's writes of the
             # whole chunk into one, flushed when that chunk is done
             self._out = [data]
             self.factory._dirty.append(self)
+            self._noteBatched(len(data))
         else:
             self.bytesOut += len(data)
             self._write(data)
@@ -363,10 +403,18 @@ class AMQPServerProtocol(Protocol):
             self._confirming.clear()
         out = self._out
         self._out = None
+        self._outBytes = 0
         if out:
             data = b"".join(out)
             self.bytesOut += len(data)
             self._write(data)
+        if self._batchFull:
+            # resume on a later turn, once the reactor had a chance to
+            # write; if the socket did not take it all, the transport has
+            # paused us and resumes us when it drains
+            self._batchFull = False
+            if self._resumeCall is None and self._state != _CLOSED:
+                self._resumeCall = self.clock.callLater(0, self._afterBatch)
 
     _confirming = None
 
@@ -374,6 +422,7 @@ class AMQPServerProtocol(Protocol):
         """Write what was batched for this connection while another connection's chunk was processed."""
         if self._state == _CLOSED:
             self._out = None
+            self._outBytes = 0
         elif self._out is not None:
             self._flush()
 

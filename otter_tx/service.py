@@ -308,6 +308,10 @@ class OtterService(MultiService):
         ``otter_tx.alarms.DiskMonitor`` (https://www.rabbitmq.com/docs/disk-alarms).
     :param consumerTimeout: delivery acknowledgement timeout in ms (RabbitMQ
         3.10's ``consumer_timeout``, default 1800000); 0 disables.
+    :param queueMemoryBudget: bytes of ready messages a queue keeps in
+        memory before paging the rest to ``<dataDir>/paging`` (a temporary
+        directory without ``dataDir``); default 8 MiB
+        (:mod:`otter_tx.broker.paging`).
     :param defaultUser: name of the administrator created at first start
         (str, default ``guest``); once the store holds users, it is not
         re-created.
@@ -340,7 +344,8 @@ class OtterService(MultiService):
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
-                 serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT):
+                 serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
+                 queueMemoryBudget=None):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -390,6 +395,8 @@ class OtterService(MultiService):
             defaultPass=defaultPass,
             loopbackUsers=loopbackUsers,
             consumerTimeout=consumerTimeout,
+            queueMemoryBudget=queueMemoryBudget,
+            pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
         )
         #: the disk alarm's monitor (otter_tx.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
@@ -481,6 +488,9 @@ class OtterService(MultiService):
         except DataDirInUse:
             d = fail()
         else:
+            # paged messages of an earlier run are discarded (persistent
+            # ones come back from the store)
+            self.broker.paging.reset()
             d = self.store.open()
 
         storeFailed = []
@@ -911,6 +921,8 @@ class OtterService(MultiService):
         d.addBoth(lambda _: self.store.close())
 
         def unlock(result):
+            self.broker.freer.flush()
+            self.broker.paging.reset()
             self._unlockDataDir()
             return result
 

@@ -46,6 +46,7 @@ _DEFAULTS = {
     "handshake-timeout": 10.0,
     "memory-high-watermark": None,
     "disk-free-limit": 50000000,
+    "queue-memory-budget": 8 * 1024 * 1024,
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
     "server-property": [],
@@ -295,6 +296,15 @@ def _diskFree(value, cli=False):
         raise
     except ValueError as e:
         raise _Invalid("%s; give an amount in bytes instead (2GB)" % (e,))
+def _amount(value, cli=False):
+    """Bytes: an integer, or digits with a unit of :data:`_UNITS` (``8MiB``, ``64MB``)."""
+    if _isInt(value) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _AMOUNT.match(value.strip())
+        if m:
+            return int(m.group(1)) * _UNITS.get(m.group(2), 1)
+    raise _Invalid("must be an amount of bytes like 8388608, 8MiB or 64MB, got %s" % (_shown(value),))
 
 
 def checkEndpoint(description):
@@ -474,6 +484,7 @@ _VALIDATORS = {
     "memory-high-watermark": _memory,
     "max-message-size": _maxMessageSize,
     "disk-free-limit": _diskFree,
+    "queue-memory-budget": _amount,
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
@@ -524,6 +535,9 @@ class Options(usage.Options):
          "Free space on the --data-dir filesystem below which publishers are blocked, like "
          "RabbitMQ's disk_free_limit: an amount (50MB, 2GB, 1GiB) or a multiple of RAM "
          "(mem_relative:1.5) [default: 50MB]."],
+        ["queue-memory-budget", None, None,
+         "Bytes of ready messages each queue keeps in memory (bodies plus about 350 bytes each); "
+         "the rest is paged to <data-dir>/paging (8MiB, 64MB, 0 pages all but one) [default: 8MiB]."],
     ]
 
     def __init__(self):
@@ -648,7 +662,8 @@ def resolveSettings(options):
     ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
-    ``disk-free-limit`` (bytes), ``loopback-users`` (list of str),
+    ``disk-free-limit`` (bytes), ``queue-memory-budget`` (bytes),
+    ``loopback-users`` (list of str),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
     :raise usage.UsageError: one line naming the option (or the file and key).
@@ -707,6 +722,7 @@ def makeService(options, reactor=None):
         handshakeTimeout=s["handshake-timeout"],
         memoryHighWatermark=s["memory-high-watermark"],
         diskFreeLimit=s["disk-free-limit"],
+        queueMemoryBudget=s["queue-memory-budget"],
         defaultUser=s["default-user"],
         defaultPass=s["default-pass"],
         loopbackUsers=tuple(s["loopback-users"]),

@@ -205,16 +205,18 @@ class FakeClient:
         return [m for _, m, _ in self.received()]
 
 
-def journaledBroker(store, clock):
+def journaledBroker(store, clock, **brokerOptions):
     """
     A Broker rebuilt from ``store`` (which must open synchronously, like
     ``MemoryStore``) with its durability journal attached, as
     ``OtterService.startService`` does it: a deterministic restart for tests.
+    ``brokerOptions`` go to :class:`~otter_tx.broker.broker.Broker`
+    (``queueMemoryBudget``, ``pagingDirectory``, ...).
     """
     from otter_tx.broker.broker import Broker
     from otter_tx.broker.durability import Journal
 
-    broker = Broker(clock)
+    broker = Broker(clock, **brokerOptions)
     result = []
     store.open().addCallback(result.append)
     if not result:

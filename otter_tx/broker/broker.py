@@ -11,6 +11,7 @@ import re
 from twisted.logger import Logger
 
 from otter_tx.alarms import Alarms, MemoryMonitor
+from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
 
@@ -85,12 +86,25 @@ class Broker:
         memory"); None for no limit.  See ``otter_tx.alarms.MemoryMonitor``.
     :param memoryProbe: ``probe()`` -> the process's memory in bytes (int)
         for the memory alarm (default: RSS, ``otter_tx.memory.rssBytes``).
+    :param queueMemoryBudget: bytes of ready messages (bodies plus
+        :data:`~otter_tx.broker.paging.ENTRY_OVERHEAD` each) a queue keeps
+        in memory; the rest is paged to ``pagingDirectory``
+        (:mod:`otter_tx.broker.paging`).  None for the default
+        (:data:`~otter_tx.broker.paging.DEFAULT_BUDGET`).
+    :param pagingDirectory: directory (str) for paged messages, or None for
+        a temporary directory made on first use.
     """
 
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
                  defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000,
-                 memoryProbe=None):
+                 memoryProbe=None, queueMemoryBudget=None, pagingDirectory=None):
         self.clock = clock
+        #: per-queue memory budget for ready messages, bytes (see otter_tx.broker.paging)
+        self.queueMemoryBudget = DEFAULT_BUDGET if queueMemoryBudget is None else queueMemoryBudget
+        #: where queues page their overflow (a PagingDirectory)
+        self.paging = PagingDirectory(pagingDirectory)
+        #: frees purged and deleted messages a slice per reactor turn
+        self.freer = IncrementalFree(clock)
         #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables
         self.consumerTimeout = consumerTimeout
         self._ackTimer = None
@@ -247,23 +261,25 @@ class Broker:
         self._msgId = max(self._msgId, above, int(self.clock.seconds() * 1e6))
 
     def queuedBytes(self):
-        """Body bytes held in all queues (ready messages)."""
-        return sum(q.readyBytes for vh in self.vhosts.values() for q in vh.queues.values())
+        """Body bytes of ready messages held in memory (paged ones excluded)."""
+        return sum(q.readyBytes - q.pagedBytes for vh in self.vhosts.values() for q in vh.queues.values())
 
     # --- resource alarms --------------------------------------------------
 
     def messageBytesEstimate(self):
         """
-        Estimated bytes held by queued and unacknowledged messages (int):
-        ready body bytes plus ``otter_tx.memory.MESSAGE_BYTES`` per ready or
-        unacknowledged message, over every queue.
+        Estimated bytes held in memory by queued and unacknowledged messages
+        (int): ready body bytes plus ``otter_tx.memory.MESSAGE_BYTES`` per
+        ready or unacknowledged message, over every queue; paged messages
+        (``Queue.pagedCount``/``pagedBytes``) are on disk and not counted.
         """
         from otter_tx.memory import MESSAGE_BYTES
 
         total = 0
         for vh in self.vhosts.values():
             for q in vh.queues.values():
-                total += q.readyBytes + (q.readyCount + q.unackedCount) * MESSAGE_BYTES
+                total += (q.readyBytes - q.pagedBytes
+                          + (q.readyCount - q.pagedCount + q.unackedCount) * MESSAGE_BYTES)
         return total
 
     @property

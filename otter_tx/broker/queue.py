@@ -9,11 +9,28 @@ reaped wherever it sits (one :class:`~otter_tx.broker.expiry.ExpiryIndex` per
 queue), so counts never include expired messages.
 
 All times are milliseconds on the injected clock (``clock.seconds() * 1000``).
+
+Beyond the broker's per-queue memory budget, ready messages are paged to
+segment files (:mod:`otter_tx.broker.paging`) per priority level and paged
+back in order; ``readyCount`` and ``readyBytes`` include paged messages,
+``pagedCount`` and ``pagedBytes`` count those alone.
+
+Dispatch is bounded per reactor turn (:data:`DISPATCH_MESSAGES` messages or
+:data:`DISPATCH_BYTES` body bytes per call, then it continues on a later
+turn through the clock), so one deep queue with an eager consumer cannot
+hold the reactor; purge and delete answer at once and free the dropped
+messages a slice per turn (``Broker.freer``).
 """
 
 from collections import deque
 
-from otter_tx.broker.expiry import ExpiryIndex, nowMs
+from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
+from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager
+
+#: most messages one dispatch call hands out before yielding the reactor
+DISPATCH_MESSAGES = 256
+#: most body bytes one dispatch call hands out before yielding the reactor
+DISPATCH_BYTES = 1024 * 1024
 
 READY = 0
 UNACKED = 1
@@ -108,6 +125,15 @@ class Queue:
         self._idleTimer = None
         self._stopped = False
         self._dispatching = False
+        self._dispatchCall = None
+        broker = vhost.broker
+        #: memory budget for ready messages in bytes (bodies + ENTRY_OVERHEAD each)
+        self.memoryBudget = broker.queueMemoryBudget
+        self._pagers = None  # one Pager per priority level once paging starts
+        self._pageExpiry = None  # ExpiryIndex of paged segments by earliest expiry
+        #: ready messages (and their body bytes) paged out to disk
+        self.pagedCount = 0
+        self.pagedBytes = 0
         # counters (management / metrics)
         self.publishedCount = 0
         self.deliveredCount = 0
@@ -208,16 +234,144 @@ class Queue:
             # TTL 0: deliverable only to a consumer that can take it at once
             self.vhost.deadLetter(self, [message], "expired")
             return True
-        self._levels[level].append(entry)
+        if (
+            self.pagedCount
+            or self.readyBytes + (self.readyCount + 1) * ENTRY_OVERHEAD + message.size > self.memoryBudget
+        ) and self._shouldPage(level, message.size):
+            self._page(entry)
+        else:
+            self._levels[level].append(entry)
+            if ttl is not None:
+                self._expiry.add(entry, entry.expiresAt)
         self.readyCount += 1
         self.readyBytes += message.size
         if journal is not None:
             journal.enqueued(self, entry)
-        if ttl is not None:
-            self._expiry.add(entry, entry.expiresAt)
         if s.maxLength is not None or s.maxLengthBytes is not None:
             self._enforceLimits()
         return True
+
+    # --- paging -------------------------------------------------------------
+
+    def _memoryCost(self):
+        """Bytes the in-memory ready messages cost, as the budget counts them."""
+        return (self.readyBytes - self.pagedBytes) + (self.readyCount - self.pagedCount) * ENTRY_OVERHEAD
+
+    def _shouldPage(self, level, size):
+        """
+        True when a new ready message of ``level`` must be paged: its level
+        already pages (order), or memory is over budget and the level has
+        something in memory to deliver first.
+        """
+        pagers = self._pagers
+        if pagers is not None and pagers[level]:
+            return True
+        return (self._memoryCost() + ENTRY_OVERHEAD + size > self.memoryBudget
+                and bool(self._levels[level]))
+
+    def _page(self, entry):
+        """Put READY ``entry`` at the tail of its level's pager (counts are the caller's)."""
+        pagers = self._pagers
+        if pagers is None:
+            pagers = self._pagers = [None] * len(self._levels)
+        p = pagers[entry.level]
+        if p is None:
+            p = pagers[entry.level] = Pager(self.vhost.broker.paging, entry.level)
+        seg = p.append(entry)
+        self.pagedCount += 1
+        self.pagedBytes += entry.message.size
+        if entry.expiresAt is not None and seg.minExpiresAt == entry.expiresAt:
+            if self._pageExpiry is None:
+                self._pageExpiry = ExpiryIndex(self.clock, self._pagedExpired)
+                if self._stopped:
+                    self._pageExpiry.freeze()
+            self._pageExpiry.add(seg, seg.minExpiresAt)
+
+    def _makeEntry(self, message, seq, expiresAt, redelivered):
+        level = min(message.priority, self.maxPriority) if self.maxPriority else 0
+        entry = QueueEntry(message, seq, expiresAt, level)
+        entry.redelivered = redelivered
+        return entry
+
+    def _pageIn(self, level, force):
+        """
+        Move whole segments of ``level``'s pager back into memory while they
+        fit the budget (at least one when ``force``).  Returns True if any
+        was loaded.
+        """
+        p = self._pagers[level]
+        if not p:
+            return False
+        dq = self._levels[level]
+        loaded = False
+        while p:
+            seg = p.head()
+            if (loaded or not force) and self._memoryCost() + seg.cost > self.memoryBudget:
+                break
+            seg, entries = p.popHead(self._makeEntry)
+            if self._pageExpiry is not None:
+                self._pageExpiry.remove(seg)
+            self.pagedCount -= seg.count
+            self.pagedBytes -= seg.bytes
+            expiry = self._expiry
+            for e in entries:
+                dq.append(e)
+                if e.expiresAt is not None:
+                    expiry.add(e, e.expiresAt)
+            loaded = True
+        return loaded
+
+    def _popHeadPaged(self):
+        """:meth:`_popHead` while some level pages: refill ahead of need."""
+        levels = self._levels
+        for level in range(len(levels) - 1, -1, -1):
+            dq = levels[level]
+            while True:
+                entry = self._popFrom(dq)
+                if entry is not None:
+                    if self.pagedCount and self._pagers[level]:
+                        self._pageIn(level, not dq)
+                    return entry
+                if not (self.pagedCount and self._pageIn(level, True)):
+                    break
+        return None
+
+    def _pagedExpired(self, segments):
+        """
+        Paged segments whose earliest expiry passed: read each, dead-letter
+        its expired messages (reason ``expired``) and keep the rest paged.
+        """
+        now = nowMs(self.clock) + _EPSILON_MS
+        dead = []
+        for seg in segments:
+            p = self._pagers[seg.level] if self._pagers is not None else None
+            if p is None:
+                continue
+            keep = []
+            for e in p.read(seg, self._makeEntry):
+                if e.expiresAt is not None and e.expiresAt <= now:
+                    e.state = GONE
+                    self._removed(e)
+                    dead.append(e.message)
+                else:
+                    keep.append(e)
+            n, b = seg.count, seg.bytes
+            left = p.replace(seg, keep)
+            n2, b2 = (left.count, left.bytes) if left is not None else (0, 0)
+            self.pagedCount -= n - n2
+            self.pagedBytes -= b - b2
+            self.readyCount -= n - n2
+            self.readyBytes -= b - b2
+            if left is not None and left.minExpiresAt is not None:
+                self._pageExpiry.add(left, left.minExpiresAt)
+        if dead:
+            self.vhost.deadLetter(self, dead, "expired")
+
+    def pagedSegments(self):
+        """The paged segments of every level, highest priority first (list; tests, management)."""
+        if self._pagers is None:
+            return []
+        return [seg for p in reversed(self._pagers) if p is not None for seg in p.segments]
 
     def _enforceLimits(self):
         s = self.settings
@@ -244,16 +398,26 @@ class Queue:
         Remove and return the first live ready entry (highest priority
         first), or None.  Does not check expiry.
         """
+        if self.pagedCount:
+            return self._popHeadPaged()
         for dq in reversed(self._levels):
-            while dq:
-                entry = dq.popleft()
-                if entry.state == READY:
-                    self.readyCount -= 1
-                    self.readyBytes -= entry.message.size
-                    if entry.expiresAt is not None:
-                        self._expiry.remove(entry)
+            if dq:
+                entry = self._popFrom(dq)
+                if entry is not None:
                     return entry
-                self._holes -= 1
+        return None
+
+    def _popFrom(self, dq):
+        """Remove and return the first READY entry of deque ``dq`` (skipping holes), or None."""
+        while dq:
+            entry = dq.popleft()
+            if entry.state == READY:
+                self.readyCount -= 1
+                self.readyBytes -= entry.message.size
+                if entry.expiresAt is not None:
+                    self._expiry.remove(entry)
+                return entry
+            self._holes -= 1
         return None
 
     def _popLive(self):
@@ -411,28 +575,42 @@ class Queue:
         """
         Put a message recovered from the store back at position ``seq``
         (boot only; entries arrive in seq order).  An expiry already past
-        fires on the next clock turn.
+        fires on the next clock turn.  Beyond the memory budget the message
+        is paged, so recovering a huge queue costs bounded memory.
         """
         level = min(message.priority, self.maxPriority) if self.maxPriority else 0
         entry = QueueEntry(message, seq, expiresAt, level)
         entry.redelivered = redelivered
-        self._levels[level].append(entry)
         self._seq = max(self._seq, seq)
+        if self._shouldPage(level, message.size):
+            # a huge recovered queue is paged as it is read back
+            self._page(entry)
+        else:
+            self._levels[level].append(entry)
+            if expiresAt is not None:
+                self._expiry.add(entry, expiresAt)
         self.readyCount += 1
         self.readyBytes += message.size
-        if expiresAt is not None:
-            self._expiry.add(entry, expiresAt)
 
     def dispatch(self):
         """
         Hand ready messages to consumers with prefetch room until one side
-        runs out.  Re-entrant calls are ignored.
+        runs out, at most :data:`DISPATCH_MESSAGES` messages or
+        :data:`DISPATCH_BYTES` body bytes per call; the rest goes on a later
+        reactor turn (``clock.callLater(0)``), so other queues and
+        connections get their turn.  Re-entrant calls are ignored.
         """
         if self._dispatching or self.deleted:
             return
         self._dispatching = True
+        n = 0
+        size = 0
         try:
             while self.readyCount and self.consumers:
+                if n >= DISPATCH_MESSAGES or size >= DISPATCH_BYTES:
+                    if self._dispatchCall is None and not self._stopped:
+                        self._dispatchCall = self.clock.callLater(0, self._dispatchTurn)
+                    break
                 consumer = self._pickConsumer()
                 if consumer is None:
                     break
@@ -440,8 +618,19 @@ class Queue:
                 if entry is None:
                     break
                 self._deliver(consumer, entry)
+                n += 1
+                size += entry.message.size
         finally:
             self._dispatching = False
+
+    def _dispatchTurn(self):
+        self._dispatchCall = None
+        self.dispatch()
+
+    def _cancelDispatch(self):
+        if self._dispatchCall is not None and self._dispatchCall.active():
+            self._dispatchCall.cancel()
+        self._dispatchCall = None
 
     # --- settling -----------------------------------------------------------
 
@@ -523,16 +712,36 @@ class Queue:
     def purge(self):
         """
         queue.purge: drop every ready message (not dead-lettered); returns
-        how many were dropped.
+        how many were dropped (int), at once.  The store forgets the
+        persistent ones now; the dropped entries and paged files are freed
+        a slice per reactor turn afterwards (``Broker.freer``).
         """
         n = self.readyCount
+        if not n:
+            return 0
         journal = None if self.deleted else self.journal
-        for dq in self._levels:
-            for entry in dq:
-                if journal is not None and entry.state == READY and entry.message.persistent:
-                    journal.removed(self, entry)
-                entry.state = GONE
-            dq.clear()
+        if journal is not None:
+            purged = getattr(journal, "purged", None)
+            if purged is not None:
+                purged(self)
+            else:
+                for entry in self.readyEntries():
+                    if entry.message.persistent:
+                        journal.removed(self, entry)
+        levels = self._levels
+        self._levels = [deque() for _ in levels]
+        freer = self.vhost.broker.freer
+        for dq in levels:
+            freer.add(dq, _markGone)
+        if self._pagers is not None:
+            for p in self._pagers:
+                if p is not None:
+                    freer.addPaths(p.detach())
+            self._pagers = None
+        if self._pageExpiry is not None:
+            self._pageExpiry.clear()
+        self.pagedCount = 0
+        self.pagedBytes = 0
         self.readyCount = 0
         self.readyBytes = 0
         self._holes = 0
@@ -542,11 +751,17 @@ class Queue:
     def readyEntries(self):
         """
         Iterate the ready entries in delivery order (for management and
-        the store).
+        the store), paged ones included (read from their files).
         """
-        for dq in reversed(self._levels):
-            for entry in dq:
+        levels = self._levels
+        pagers = self._pagers
+        for level in range(len(levels) - 1, -1, -1):
+            for entry in levels[level]:
                 if entry.state == READY:
+                    yield entry
+            p = pagers[level] if pagers is not None else None
+            if p:
+                for entry in p.iterEntries(self._makeEntry):
                     yield entry
 
     def stopTimers(self):
@@ -555,6 +770,9 @@ class Queue:
             self._idleTimer.cancel()
         self._idleTimer = None
         self._expiry.freeze()
+        if self._pageExpiry is not None:
+            self._pageExpiry.freeze()
+        self._cancelDispatch()
         self._stopped = True
 
     def shutdown(self):
@@ -567,6 +785,7 @@ class Queue:
             self._idleTimer.cancel()
         self._idleTimer = None
         self._expiry.clear()
+        self._cancelDispatch()
         consumers, self.consumers = self.consumers, []
         for c in consumers:
             c.cancelledByBroker(self)
@@ -576,3 +795,7 @@ class Queue:
 
 def _bySeqDesc(entry):
     return -entry.seq
+
+
+def _markGone(entry):
+    entry.state = GONE

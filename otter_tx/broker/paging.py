@@ -1,0 +1,398 @@
+"""
+Paging: the part of a queue beyond its memory budget lives in segment files.
+
+RabbitMQ 3.12+ classic queues keep only a small head of each queue in memory
+and the rest on disk (which made ``x-queue-mode: lazy`` the default
+behaviour; https://www.rabbitmq.com/docs/lazy-queues,
+https://www.rabbitmq.com/docs/persistence-conf).  otter_tx does the same per
+queue and per priority level: once the ready messages held in memory cost
+more than the queue's budget (:data:`DEFAULT_BUDGET` bytes, ``--queue-memory-
+budget``), later messages of that level go to a :class:`Pager` instead.  A
+pager is a FIFO of :class:`Segment` s; the newest one is an open buffer in
+memory (at most :data:`SEGMENT_COUNT` messages or :data:`SEGMENT_BYTES` body
+bytes), older ones are files of serialised entries.  The queue pages a whole
+segment back in when its in-memory head has room for it, so consumers find
+messages in memory ahead of need.
+
+Segment files are sequential and never fsync'd: a pager's data is discarded
+at start (transient messages do not survive a restart; persistent ones are
+also in the durable store through the Journal, which recovery reads).  File
+I/O happens on the reactor thread in bounded chunks: one segment
+(2,048 messages or 4 MiB of bodies, a few milliseconds) per read or write.
+
+Each segment keeps ``(firstSeq, lastSeq, count, bytes, minExpiresAt)`` so
+counts and byte counts stay exact without reading it, and a segment whose
+earliest expiry passes can be read and its expired messages dead-lettered
+wherever it sits in the queue.
+
+Record format (little-endian): ``seq`` u64, ``expiresAt`` f64 (ms; NaN for
+none), ``msgId`` u64, flags u8 (1 redelivered, 2 stored), exchange length
+u8, routing-key length u8, property-bytes length u32, body length u32, then
+the exchange, routing key, property bytes and body.
+"""
+
+import math
+import os
+import shutil
+import struct
+import tempfile
+from collections import deque
+from itertools import count
+
+from otter_tx.broker.message import Message
+
+#: default per-queue memory budget in bytes (body bytes plus
+#: :data:`ENTRY_OVERHEAD` per message) for ready messages held in memory
+DEFAULT_BUDGET = 8 * 1024 * 1024
+#: estimated bytes a ready message costs in memory besides its body
+#: (``QueueEntry`` + ``Message`` + small objects; docs/performance.md
+#: "Memory per queued message": about 344 bytes for a 16 B body)
+ENTRY_OVERHEAD = 350
+#: a segment is closed (written to its file) at this many messages ...
+SEGMENT_COUNT = 2048
+#: ... or at this many body bytes, whichever comes first
+SEGMENT_BYTES = 4 * 1024 * 1024
+
+_HEAD = struct.Struct("<QdQBBBII")
+_NAN = float("nan")
+_ids = count(1)
+
+
+class Segment:
+    """
+    A run of consecutive paged entries of one priority level.
+
+    :ivar firstSeq: seq of its first entry (int).  :ivar lastSeq: of its last.
+    :ivar count: entries (int).  :ivar bytes: body bytes (int).
+    :ivar minExpiresAt: the earliest expiry in ms, or None.
+    :ivar entries: the open segment's entries (list of ``QueueEntry``), or
+        None once written to ``path``.
+    :ivar path: the segment file (str) once written, else None.
+    """
+
+    __slots__ = ("firstSeq", "lastSeq", "count", "bytes", "minExpiresAt", "entries", "path", "level")
+
+    def __init__(self, level):
+        self.level = level
+        self.firstSeq = None
+        self.lastSeq = None
+        self.count = 0
+        self.bytes = 0
+        self.minExpiresAt = None
+        self.entries = []
+        self.path = None
+
+    @property
+    def cost(self):
+        """Its memory cost once paged in (bytes, as the budget counts)."""
+        return self.bytes + self.count * ENTRY_OVERHEAD
+
+    def __repr__(self):
+        return "<Segment %s..%s n=%d %s>" % (self.firstSeq, self.lastSeq, self.count,
+                                             "open" if self.path is None else self.path)
+
+
+def encodeEntries(entries):
+    """The segment-file bytes of ``entries`` (``QueueEntry`` list)."""
+    parts = []
+    pack = _HEAD.pack
+    for e in entries:
+        m = e.message
+        ex = m.exchange.encode("utf-8", "surrogateescape")
+        rk = m.routingKey.encode("utf-8", "surrogateescape")
+        flags = (1 if e.redelivered else 0) | (2 if m.stored else 0)
+        exp = _NAN if e.expiresAt is None else e.expiresAt
+        parts.append(pack(e.seq, exp, m.msgId, flags, len(ex), len(rk), len(m.propsRaw), m.size))
+        parts.append(ex)
+        parts.append(rk)
+        parts.append(m.propsRaw)
+        parts.append(m.body)
+    return b"".join(parts)
+
+
+def decodeEntries(data, makeEntry):
+    """
+    Parse segment-file bytes back into entries: ``makeEntry(message, seq,
+    expiresAt, redelivered)`` builds each (the queue's ``QueueEntry``).
+    """
+    out = []
+    off = 0
+    end = len(data)
+    unpack = _HEAD.unpack_from
+    hsize = _HEAD.size
+    while off < end:
+        seq, exp, msgId, flags, exl, rkl, pl, bl = unpack(data, off)
+        off += hsize
+        ex = data[off:off + exl].decode("utf-8", "surrogateescape")
+        off += exl
+        rk = data[off:off + rkl].decode("utf-8", "surrogateescape")
+        off += rkl
+        props = data[off:off + pl]
+        off += pl
+        body = data[off:off + bl]
+        off += bl
+        m = Message(ex, rk, props, body)
+        m.msgId = msgId
+        m.stored = bool(flags & 2)
+        out.append(makeEntry(m, seq, None if math.isnan(exp) else exp, bool(flags & 1)))
+    return out
+
+
+class PagingDirectory:
+    """
+    Where pagers put their files: ``root`` (created on first use), or a
+    temporary directory when ``root`` is None (a broker without
+    ``--data-dir``).  :meth:`reset` empties it (boot: paged data of the
+    previous run is discarded).
+    """
+
+    def __init__(self, root=None):
+        self.root = root
+        self._made = None
+
+    def path(self):
+        """The directory (str), created if needed."""
+        if self._made is None:
+            if self.root is None:
+                self._made = tempfile.mkdtemp(prefix="otter_tx-paging-")
+            else:
+                os.makedirs(self.root, exist_ok=True)
+                self._made = self.root
+        return self._made
+
+    def newPagerDirectory(self):
+        """A fresh directory for one pager (str)."""
+        d = os.path.join(self.path(), "q%d" % (next(_ids),))
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def reset(self):
+        """Remove everything paged (boot, and stop of a temporary directory)."""
+        target = self._made if self._made is not None else self.root
+        if target is not None and os.path.isdir(target):
+            shutil.rmtree(target, ignore_errors=True)
+        self._made = None
+
+
+class Pager:
+    """
+    The paged tail of one priority level of one queue: a FIFO of
+    :class:`Segment` s.
+
+    :param directory: a :class:`PagingDirectory`.
+    :param level: the priority level (int).
+    """
+
+    def __init__(self, directory, level):
+        self._directory = directory
+        self._dir = None
+        self.level = level
+        self.segments = deque()
+        self.count = 0
+        self.bytes = 0
+        self._n = 0
+
+    def __bool__(self):
+        return self.count > 0
+
+    def append(self, entry):
+        """Page ``entry`` (a READY ``QueueEntry``) at the tail."""
+        segs = self.segments
+        seg = segs[-1] if segs else None
+        if seg is None or seg.path is not None:
+            seg = Segment(self.level)
+            segs.append(seg)
+        size = entry.message.size
+        seg.entries.append(entry)
+        if seg.firstSeq is None:
+            seg.firstSeq = entry.seq
+        seg.lastSeq = entry.seq
+        seg.count += 1
+        seg.bytes += size
+        exp = entry.expiresAt
+        if exp is not None and (seg.minExpiresAt is None or exp < seg.minExpiresAt):
+            seg.minExpiresAt = exp
+        self.count += 1
+        self.bytes += size
+        if seg.count >= SEGMENT_COUNT or seg.bytes >= SEGMENT_BYTES:
+            self._close(seg)
+        return seg
+
+    def _close(self, seg):
+        """Write the open segment ``seg`` to its file and drop its entries from memory."""
+        if self._dir is None:
+            self._dir = self._directory.newPagerDirectory()
+        self._n += 1
+        path = os.path.join(self._dir, "%d.seg" % (self._n,))
+        with open(path, "wb") as f:
+            f.write(encodeEntries(seg.entries))
+        seg.entries = None
+        seg.path = path
+
+    def head(self):
+        """The oldest segment, or None."""
+        return self.segments[0] if self.segments else None
+
+    def read(self, seg, makeEntry):
+        """The entries of ``seg`` (a list; read from its file if closed)."""
+        if seg.path is None:
+            return list(seg.entries)
+        with open(seg.path, "rb") as f:
+            data = f.read()
+        return decodeEntries(data, makeEntry)
+
+    def popHead(self, makeEntry):
+        """Remove the oldest segment and return ``(segment, entries)``."""
+        seg = self.segments.popleft()
+        entries = self.read(seg, makeEntry)
+        self._forget(seg)
+        return seg, entries
+
+    def _forget(self, seg):
+        self.count -= seg.count
+        self.bytes -= seg.bytes
+        if seg.path is not None:
+            _unlink(seg.path)
+
+    def replace(self, seg, entries):
+        """
+        ``seg`` now holds only ``entries`` (some were taken out, e.g.
+        expired): rewrite it, or drop it when empty.  Returns the segment
+        or None.
+        """
+        self.count -= seg.count
+        self.bytes -= seg.bytes
+        if not entries:
+            if seg.path is not None:
+                _unlink(seg.path)
+            self.segments.remove(seg)
+            return None
+        seg.count = len(entries)
+        seg.bytes = sum(e.message.size for e in entries)
+        seg.firstSeq = entries[0].seq
+        seg.lastSeq = entries[-1].seq
+        exps = [e.expiresAt for e in entries if e.expiresAt is not None]
+        seg.minExpiresAt = min(exps) if exps else None
+        self.count += seg.count
+        self.bytes += seg.bytes
+        if seg.path is None:
+            seg.entries = list(entries)
+        else:
+            with open(seg.path, "wb") as f:
+                f.write(encodeEntries(entries))
+        return seg
+
+    def iterEntries(self, makeEntry):
+        """Every paged entry in order (reads every file: management and tests only)."""
+        for seg in list(self.segments):
+            for e in self.read(seg, makeEntry):
+                yield e
+
+    def detach(self):
+        """
+        Empty the pager at once and return the files to remove (list of
+        str); counts are zero afterwards.
+        """
+        paths = [s.path for s in self.segments if s.path is not None]
+        self.segments = deque()
+        self.count = 0
+        self.bytes = 0
+        if self._dir is not None:
+            paths.append(self._dir)
+            self._dir = None
+        return paths
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def removePaths(paths):
+    """Remove files and (emptied) directories, ignoring those already gone."""
+    for p in paths:
+        if p.endswith(".seg"):
+            _unlink(p)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+class IncrementalFree:
+    """
+    Frees big collections a slice per reactor turn so that dropping a
+    million entries (purge, delete) never holds the reactor for long.
+
+    :param clock: ``IReactorTime``.
+    :param perTurn: items dropped per turn (int).
+    """
+
+    def __init__(self, clock, perTurn=20000):
+        self.clock = clock
+        self.perTurn = perTurn
+        self._work = deque()
+        self._call = None
+
+    def add(self, items, onItem=None):
+        """Drop ``items`` (a deque or list; consumed) over later turns."""
+        if not items:
+            return
+        self._work.append((items, onItem))
+        self._schedule()
+
+    def addPaths(self, paths):
+        """Remove these files over later turns (a few hundred per turn)."""
+        if paths:
+            self._work.append((deque(paths), _removeOne))
+            self._schedule()
+
+    def _schedule(self):
+        if self._call is None or not self._call.active():
+            self._call = self.clock.callLater(0, self._step)
+
+    def pending(self):
+        """True while some work is left."""
+        return bool(self._work)
+
+    def _step(self):
+        self._call = None
+        budget = self.perTurn
+        work = self._work
+        while work and budget > 0:
+            items, onItem = work[0]
+            if not isinstance(items, deque):
+                items = deque(items)
+                work[0] = (items, onItem)
+            n = min(budget, len(items))
+            if onItem is _removeOne:
+                n = min(n, 200)
+                budget -= n * 100
+            else:
+                budget -= n
+            pop = items.popleft
+            if onItem is None:
+                for _ in range(n):
+                    pop()
+            else:
+                for _ in range(n):
+                    onItem(pop())
+            if not items:
+                work.popleft()
+        if work:
+            self._call = self.clock.callLater(0, self._step)
+
+    def flush(self):
+        """Do all remaining work now (shutdown, tests)."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        while self._work:
+            items, onItem = self._work.popleft()
+            for item in items:
+                if onItem is not None:
+                    onItem(item)
+
+
+def _removeOne(path):
+    removePaths((path,))
