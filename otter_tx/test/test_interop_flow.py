@@ -129,3 +129,54 @@ def _rawConsumer(host, port, queue):
                      + b"\x02" + b"\x00\x00\x00\x00"))
     time.sleep(0.2)
     return s
+
+
+class DeepQueueTests(InteropTestCase):
+    """A no-ack consumer of a deep queue gets every message, in order (paged on otter_tx)."""
+
+    timeout = 180
+
+    def test_noAckDeepQueue(self):
+        """pika consuming 50,000 queued messages with no-ack gets all of them in publish order."""
+        q = self.name("deep")
+        total = 50000
+
+        def run():
+            conn = self.pikaConnection()
+            ch = conn.channel()
+            ch.queue_declare(q)
+            try:
+                ch.confirm_delivery()
+                for i in range(total):
+                    ch.basic_publish("", q, b"%08d" % (i,))
+                depth = ch.queue_declare(q, passive=True).method.message_count
+                paged = None
+                if self.fixture is not None:
+                    # 50,000 x (8 B + overhead) is beyond the default budget
+                    paged = self.fixture.broker.vhosts["/"].queues[q].pagedCount
+                got = []
+                redelivered = 0
+                for method, _, body in ch.consume(q, auto_ack=True, inactivity_timeout=10):
+                    if method is None:
+                        break
+                    got.append(body)
+                    redelivered += method.redelivered
+                    if len(got) == total:
+                        break
+                ch.cancel()
+                left = ch.queue_declare(q, passive=True).method.message_count
+                return depth, paged, got, redelivered, left
+            finally:
+                ch.queue_delete(q)
+                conn.close()
+
+        def check(result):
+            depth, paged, got, redelivered, left = result
+            self.assertEqual(depth, total)
+            if paged is not None:
+                self.assertGreater(paged, 0)
+            self.assertEqual(len(got), total)
+            self.assertEqual(got, [b"%08d" % (i,) for i in range(total)])
+            self.assertEqual((redelivered, left), (0, 0))
+
+        return self.inThread(run).addCallback(check)
