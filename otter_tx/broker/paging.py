@@ -68,9 +68,11 @@ class Segment:
     :ivar entries: the open segment's entries (list of ``QueueEntry``), or
         None once written to ``path``.
     :ivar path: the segment file (str) once written, else None.
+    :ivar persistent: persistent messages in it (int); ``persistentBytes`` their body bytes.
     """
 
-    __slots__ = ("firstSeq", "lastSeq", "count", "bytes", "minExpiresAt", "entries", "path", "level")
+    __slots__ = ("firstSeq", "lastSeq", "count", "bytes", "minExpiresAt", "entries", "path", "level",
+                 "persistent", "persistentBytes")
 
     def __init__(self, level):
         self.level = level
@@ -81,6 +83,8 @@ class Segment:
         self.minExpiresAt = None
         self.entries = []
         self.path = None
+        self.persistent = 0
+        self.persistentBytes = 0
 
     @property
     def cost(self):
@@ -190,6 +194,9 @@ class Pager:
         self.segments = deque()
         self.count = 0
         self.bytes = 0
+        #: persistent messages paged here (int) and their body bytes
+        self.persistent = 0
+        self.persistentBytes = 0
         self._n = 0
 
     def __bool__(self):
@@ -214,6 +221,11 @@ class Pager:
             seg.minExpiresAt = exp
         self.count += 1
         self.bytes += size
+        if entry.message.persistent:
+            seg.persistent += 1
+            seg.persistentBytes += size
+            self.persistent += 1
+            self.persistentBytes += size
         if seg.count >= SEGMENT_COUNT or seg.bytes >= SEGMENT_BYTES:
             self._close(seg)
         return seg
@@ -249,8 +261,7 @@ class Pager:
         return seg, entries
 
     def _forget(self, seg):
-        self.count -= seg.count
-        self.bytes -= seg.bytes
+        self._uncount(seg)
         if seg.path is not None:
             _unlink(seg.path)
 
@@ -260,8 +271,7 @@ class Pager:
         expired): rewrite it, or drop it when empty.  Returns the segment
         or None.
         """
-        self.count -= seg.count
-        self.bytes -= seg.bytes
+        self._uncount(seg)
         if not entries:
             if seg.path is not None:
                 _unlink(seg.path)
@@ -273,14 +283,25 @@ class Pager:
         seg.lastSeq = entries[-1].seq
         exps = [e.expiresAt for e in entries if e.expiresAt is not None]
         seg.minExpiresAt = min(exps) if exps else None
+        sizes = [e.message.size for e in entries if e.message.persistent]
+        seg.persistent = len(sizes)
+        seg.persistentBytes = sum(sizes)
         self.count += seg.count
         self.bytes += seg.bytes
+        self.persistent += seg.persistent
+        self.persistentBytes += seg.persistentBytes
         if seg.path is None:
             seg.entries = list(entries)
         else:
             with open(seg.path, "wb") as f:
                 f.write(encodeEntries(entries))
         return seg
+
+    def _uncount(self, seg):
+        self.count -= seg.count
+        self.bytes -= seg.bytes
+        self.persistent -= seg.persistent
+        self.persistentBytes -= seg.persistentBytes
 
     def iterEntries(self, makeEntry):
         """Every paged entry in order (reads every file: management and tests only)."""
@@ -295,8 +316,7 @@ class Pager:
         """
         paths = [s.path for s in self.segments if s.path is not None]
         self.segments = deque()
-        self.count = 0
-        self.bytes = 0
+        self.count = self.bytes = self.persistent = self.persistentBytes = 0
         if self._dir is not None:
             paths.append(self._dir)
             self._dir = None

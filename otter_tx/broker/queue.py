@@ -764,6 +764,23 @@ class Queue:
                 for entry in p.iterEntries(self._makeEntry):
                     yield entry
 
+    def readyPersistent(self):
+        """
+        ``(count, bytes)`` of persistent ready messages, paged ones included
+        (from the segments' counters: no file is read).
+        """
+        n = b = 0
+        for dq in self._levels:
+            for entry in dq:
+                if entry.state == READY and entry.message.persistent:
+                    n += 1
+                    b += entry.message.size
+        for p in self._pagers or ():
+            if p is not None:
+                n += p.persistent
+                b += p.persistentBytes
+        return n, b
+
     def stopTimers(self):
         """Cancel the expiry timers (broker shutdown); state is kept."""
         if self._idleTimer is not None and self._idleTimer.active():

@@ -526,3 +526,27 @@ class WriteBackPressureTests(SynchronousTestCase):
         self.assertEqual(self.q.readyCount, left)
         self.c.protocol.resumeProducing()
         self.assertLess(self.q.readyCount, left)
+
+
+class PagingManagementTests(PagingTestCase):
+    """Management's queue view counts paged messages without reading them."""
+
+    def test_queueDict(self):
+        """messages_ready counts every message; *_paged_out and *_ram split them; persistent counts include paged."""
+        from otter_tx.web._format import queueDict
+
+        q = self.declare("q")
+        self.fill("q", 30)
+        self.fill("q", 20, start=30, delivery_mode=2)
+        self.assertEqual(q.readyPersistent(), (20, 320))
+        d = queueDict(q, detail=True)
+        self.assertEqual(d["messages_ready"], 50)
+        self.assertEqual(d["message_bytes_ready"], 800)
+        self.assertEqual(d["messages_paged_out"], 40)
+        self.assertEqual(d["message_bytes_paged_out"], 640)
+        self.assertEqual(d["messages_ready_ram"], 10)
+        self.assertEqual((d["messages_persistent"], d["message_bytes_persistent"]), (20, 320))
+        q.basicGet(True)
+        self.assertEqual(q.readyPersistent(), (20, 320))
+        self.drainEntries(q)
+        self.assertEqual(q.readyPersistent(), (0, 0))

@@ -157,15 +157,15 @@ def queueDict(q, unacked=None, detail=False):
         "messages_ready_details": rate(),
         "messages_unacknowledged": una,
         "messages_unacknowledged_details": rate(),
-        "messages_ram": ready + una,
-        "messages_ready_ram": ready,
+        "messages_ram": ready - q.pagedCount + una,
+        "messages_ready_ram": ready - q.pagedCount,
         "messages_unacknowledged_ram": una,
-        "messages_paged_out": 0,
+        "messages_paged_out": q.pagedCount,
         "message_bytes": q.readyBytes + ubytes,
         "message_bytes_ready": q.readyBytes,
         "message_bytes_unacknowledged": ubytes,
-        "message_bytes_ram": q.readyBytes + ubytes,
-        "message_bytes_paged_out": 0,
+        "message_bytes_ram": q.readyBytes - q.pagedBytes + ubytes,
+        "message_bytes_paged_out": q.pagedBytes,
         "head_message_timestamp": head,
         "message_stats": {
             "publish": q.publishedCount,
@@ -175,9 +175,7 @@ def queueDict(q, unacked=None, detail=False):
         },
     }
     if detail:
-        persistent = [e.message.size for e in q.readyEntries() if e.message.persistent]
-        d["messages_persistent"] = len(persistent)
-        d["message_bytes_persistent"] = sum(persistent)
+        d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
         d["deliveries"] = []
         d["incoming"] = []

@@ -1,0 +1,146 @@
+"""
+A deep queue on a real broker: RSS with N queued messages (paged beyond
+--queue-memory-budget), the longest stall another client sees while a no-ack
+consumer drains it and while a second deep queue is purged, and how long the
+drain takes (issue 8: "Queues larger than memory", "Fair and bounded
+delivery").
+
+    .venv/bin/python bench/paging.py --messages 1000000 --size 16
+    .venv/bin/python bench/paging.py --messages 1000000 --budget 1TB   # paging off: the old behaviour
+
+The broker is ``twistd -n ottermq`` from this venv on a free port with a
+temporary --data-dir; messages are published and drained by bench/amqp-perf
+(bench/build-perf.sh); a canary pika connection in this process makes a
+round trip (queue.declare passive) every 5 ms and the longest one is the
+stall.  RSS is /proc/PID/statm.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pika
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from memory_broker import freePort, rss  # noqa: E402
+
+
+class Canary(threading.Thread):
+    """Round trips on its own connection; ``worst`` is the longest since ``reset``."""
+
+    def __init__(self, url, queue):
+        threading.Thread.__init__(self, daemon=True)
+        self.conn = pika.BlockingConnection(pika.URLParameters(url))
+        self.ch = self.conn.channel()
+        self.queue = queue
+        self.ch.queue_declare(queue)
+        self.worst = 0.0
+        self.rounds = 0
+        self.running = True
+
+    def reset(self):
+        self.worst = 0.0
+        self.rounds = 0
+
+    def run(self):
+        while self.running:
+            t = time.perf_counter()
+            self.ch.queue_declare(self.queue, passive=True)
+            dt = time.perf_counter() - t
+            self.worst = max(self.worst, dt)
+            self.rounds += 1
+            time.sleep(0.005)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--otter-python", default=sys.executable)
+    ap.add_argument("--messages", type=int, default=1000000)
+    ap.add_argument("--size", type=int, default=16)
+    ap.add_argument("--budget", default=None, help="--queue-memory-budget for the broker (default: its default)")
+    a = ap.parse_args()
+    subprocess.run(["sh", os.path.join(HERE, "build-perf.sh")], check=True)
+    perf = os.path.join(HERE, "amqp-perf")
+    twistd = os.path.join(os.path.dirname(os.path.abspath(a.otter_python)), "twistd")
+    tmp = tempfile.mkdtemp(prefix="ottermq-paging-")
+    port = freePort()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    args = [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
+            "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
+            "--data-dir", os.path.join(tmp, "data")]
+    if a.budget:
+        args += ["--queue-memory-budget", a.budget]
+    proc = subprocess.Popen(args, env=env, cwd=tmp)
+    url = "amqp://guest:guest@127.0.0.1:%d/" % port
+    perfUri = url + "%2f"
+    try:
+        for _ in range(120):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        print("%d messages of %d B in one queue; budget %s" % (a.messages, a.size, a.budget or "default"))
+        base = rss(proc.pid)
+
+        def report(point, extra=""):
+            value = rss(proc.pid)
+            print("%-28s RSS %7.1f MiB (%+7.1f over start)%s" % (
+                point, value / 1048576.0, (value - base) / 1048576.0, extra), flush=True)
+
+        report("start")
+        canary = Canary(url, "paging-canary")
+        canary.start()
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        for q in ("paging-deep", "paging-purge"):
+            ch.queue_declare(q)
+            canary.reset()
+            t = time.perf_counter()
+            subprocess.run([perf, "--uri", perfUri, "-x", "1", "-y", "0", "-C", str(a.messages), "-s", str(a.size),
+                            "-u", q, "-p", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            count = ch.queue_declare(q, passive=True).method.message_count
+            report("%s full (%d)" % (q, count), "; publish %.1f s, canary worst %.0f ms" % (
+                time.perf_counter() - t, canary.worst * 1000))
+        canary.reset()
+        t = time.perf_counter()
+        n = ch.queue_purge("paging-purge").method.message_count
+        dt = time.perf_counter() - t
+        time.sleep(1)
+        report("purged %d" % n, "; purge-ok in %.0f ms, canary worst %.0f ms" % (dt * 1000, canary.worst * 1000))
+        canary.reset()
+        t = time.perf_counter()
+        out = subprocess.run([perf, "--uri", perfUri, "-x", "0", "-y", "1", "-a", "-D", str(a.messages),
+                              "-u", "paging-deep", "-p", "--quiet"], check=True, capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        report("drained no-ack", "; %.1f s (%.0f msg/s), canary worst %.0f ms over %d rounds" % (
+            dt, a.messages / dt, canary.worst * 1000, canary.rounds))
+        print(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
+        canary.running = False
+        canary.join(5)
+        ch.queue_delete("paging-deep")
+        ch.queue_delete("paging-purge")
+        ch.queue_delete("paging-canary")
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
