@@ -295,31 +295,29 @@ class Queue:
 
     def _pageIn(self, level, force):
         """
-        Move whole segments of ``level``'s pager back into memory while they
-        fit the budget (at least one when ``force``).  Returns True if any
-        was loaded.
+        Move the oldest segment of ``level``'s pager back into memory if it
+        fits the budget, or anyway when ``force``.  One segment per call
+        bounds the time taken (called after each message taken, so the
+        in-memory head is refilled ahead of need).  Returns True if one was
+        loaded.
         """
         p = self._pagers[level]
         if not p:
             return False
         dq = self._levels[level]
-        loaded = False
-        while p:
-            seg = p.head()
-            if (loaded or not force) and self._memoryCost() + seg.cost > self.memoryBudget:
-                break
-            seg, entries = p.popHead(self._makeEntry)
-            if self._pageExpiry is not None:
-                self._pageExpiry.remove(seg)
-            self.pagedCount -= seg.count
-            self.pagedBytes -= seg.bytes
-            expiry = self._expiry
-            for e in entries:
-                dq.append(e)
-                if e.expiresAt is not None:
-                    expiry.add(e, e.expiresAt)
-            loaded = True
-        return loaded
+        if not force and self._memoryCost() + p.head().cost > self.memoryBudget:
+            return False
+        seg, entries = p.popHead(self._makeEntry)
+        if self._pageExpiry is not None:
+            self._pageExpiry.remove(seg)
+        self.pagedCount -= seg.count
+        self.pagedBytes -= seg.bytes
+        dq.extend(entries)
+        expiry = self._expiry
+        for e in entries:
+            if e.expiresAt is not None:
+                expiry.add(e, e.expiresAt)
+        return True
 
     def _popHeadPaged(self):
         """:meth:`_popHead` while some level pages: refill ahead of need."""
