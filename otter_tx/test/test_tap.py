@@ -184,6 +184,22 @@ class ServerPropertyTests(_Parsing, SynchronousTestCase):
 class ValidationTests(_Parsing, SynchronousTestCase):
     """Every option is checked before anything starts, with one line naming it."""
 
+    def test_queueMemoryBudget(self):
+        """--queue-memory-budget takes bytes with units (8 MiB default), in the file too; junk is refused."""
+        self.assertEqual(self.parse()["queue-memory-budget"], 8 * 1024 * 1024)
+        self.assertEqual(self.parse("--queue-memory-budget", "64MB")["queue-memory-budget"], 64000000)
+        self.assertEqual(self.parse("--queue-memory-budget", "0")["queue-memory-budget"], 0)
+        path = self.config('queue-memory-budget = "2MiB"\n')
+        self.assertEqual(self.parse("--config", path)["queue-memory-budget"], 2 * 1024 * 1024)
+        self.assertEqual(self.refused("--queue-memory-budget", "1.5GB"),
+                         "--queue-memory-budget: must be an amount of bytes like 8388608, 8MiB or 64MB, "
+                         "got '1.5GB'")
+        self.refused("--queue-memory-budget", "-1")
+        o = tap.Options()
+        o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--data-dir", self.mktemp(),
+                        "--queue-memory-budget", "1MiB"])
+        self.assertEqual(tap.makeService(o, reactor=reactor).broker.queueMemoryBudget, 1024 * 1024)
+
     def test_heartbeat(self):
         """--heartbeat -5 / abc / 70000 are refused; heartbeat = "abc" in the file too."""
         self.assertEqual(self.refused("--heartbeat", "-5"),
