@@ -299,16 +299,14 @@ class AMQPServerProtocol(Protocol):
         self._transportPaused = True
         self.paused = True
 
-    def _noteBatched(self, n):
+    def _batchIsFull(self):
         """
-        ``n`` more bytes batched in ``_out``: past :data:`WRITE_HIGH_WATER`
+        More than :data:`WRITE_HIGH_WATER` bytes are batched in ``_out``:
         this connection's consumers stop taking until the batch is written
         and the socket has taken it (:meth:`_afterBatch`).
         """
-        self._outBytes += n
-        if self._outBytes > WRITE_HIGH_WATER and not self._batchFull:
-            self._batchFull = True
-            self.paused = True
+        self._batchFull = True
+        self.paused = True
 
     def _afterBatch(self):
         """A turn after a full batch was written: resume unless the socket is backed up."""
@@ -326,14 +324,18 @@ class AMQPServerProtocol(Protocol):
         out = self._out
         if out is not None:
             out.append(data)
-            self._noteBatched(len(data))
+            n = self._outBytes = self._outBytes + len(data)
+            if n > WRITE_HIGH_WATER:
+                self._batchIsFull()
         elif self.factory._batchDepth:
             # another connection's chunk is being processed (a delivery to
             # this consumer, say): join this connection's writes of the
             # whole chunk into one, flushed when that chunk is done
             self._out = [data]
             self.factory._dirty.append(self)
-            self._noteBatched(len(data))
+            self._outBytes = len(data)
+            if self._outBytes > WRITE_HIGH_WATER:
+                self._batchIsFull()
         else:
             self.bytesOut += len(data)
             self._write(data)
