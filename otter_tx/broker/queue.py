@@ -722,6 +722,9 @@ class Queue:
             purged = getattr(journal, "purged", None)
             if purged is not None:
                 purged(self)
+            elif not self.unackedCount:
+                # nothing unacknowledged: every store entry of the queue is ready
+                journal.store.purgeQueue(journal.queueKey(self))
             else:
                 for entry in self.readyEntries():
                     if entry.message.persistent:

@@ -550,3 +550,22 @@ class PagingManagementTests(PagingTestCase):
         self.assertEqual(q.readyPersistent(), (20, 320))
         self.drainEntries(q)
         self.assertEqual(q.readyPersistent(), (0, 0))
+
+
+class PagingPurgeUnackedTests(PagingTestCase):
+    """Purging a durable queue keeps its unacknowledged persistent messages in the store."""
+
+    def test_purgeWithUnacked(self):
+        """An unacked persistent message survives a purge of the ready ones and comes back after a restart."""
+        store = MemoryStore()
+        broker = journaledBroker(store, self.clock, queueMemoryBudget=10 * COST,
+                                 pagingDirectory=self.mktemp())
+        vh = broker.vhosts["/"]
+        q = vh.declareQueue("d", None, durable=True)
+        for i in range(50):
+            vh.publish(vh.exchanges[""], Message("", "d", encodeProperties({"delivery_mode": 2}), body(i)))
+        held = q.basicGet(False)
+        self.assertEqual(q.purge(), 49)
+        store.close()
+        rebuilt = journaledBroker(store, self.clock)
+        self.assertEqual([m.body for m in self.drain(rebuilt.vhosts["/"].queues["d"])], [held.message.body])
