@@ -16,11 +16,13 @@ messages in memory ahead of need.
 
 Segment files are sequential and never fsync'd: a pager's data is discarded
 at start (transient messages do not survive a restart; persistent ones are
-also in the durable store through the Journal, which recovery reads).  File
-I/O happens on the reactor thread in bounded chunks: one segment
-(:data:`SEGMENT_COUNT` messages or :data:`SEGMENT_BYTES` of bodies, a few
-milliseconds) per read or write, and at most one page-in per message taken
-from the queue.
+also in the durable store through the Journal, which recovery reads).
+Writes go to one writer thread per :class:`PagingDirectory` (a ``write()``
+can block for a long time when the kernel throttles dirty pages); a segment
+keeps its entries in memory until its file is written, and a read of such a
+segment uses them.  Reads happen on the reactor thread in bounded chunks:
+one segment (:data:`SEGMENT_COUNT` messages or :data:`SEGMENT_BYTES` of
+bodies, a few milliseconds) at most per message taken from the queue.
 
 Each segment keeps ``(firstSeq, lastSeq, count, bytes, minExpiresAt)`` so
 counts and byte counts stay exact without reading it, and a segment whose
@@ -35,9 +37,11 @@ the exchange, routing key, property bytes and body.
 
 import math
 import os
+import queue as _queue
 import shutil
 import struct
 import tempfile
+import threading
 from collections import deque
 from itertools import count
 
@@ -60,6 +64,54 @@ SEGMENT_BYTES = 1024 * 1024
 _HEAD = struct.Struct("<QdQBBBII")
 _NAN = float("nan")
 _ids = count(1)
+#: guards the written/dropped hand-over between the reactor and writer threads
+_fileLock = threading.Lock()
+
+
+class SegmentFile:
+    """
+    One written (or being written) segment file.
+
+    :ivar path: str.  :ivar written: set by the writer once done (bool).
+    :ivar failed: the write failed (bool; the entries stay in memory).
+    :ivar dropped: the file is no longer wanted: whoever comes last removes it.
+    """
+
+    __slots__ = ("path", "written", "failed", "dropped")
+
+    def __init__(self, path):
+        self.path = path
+        self.written = False
+        self.failed = False
+        self.dropped = False
+
+
+def writeSegmentFile(sfile, data):
+    """Write ``data`` to ``sfile.path`` (any thread); remove it if it was dropped meanwhile."""
+    try:
+        with open(sfile.path, "wb") as f:
+            f.write(data)
+    except OSError:
+        sfile.failed = True
+    with _fileLock:
+        sfile.written = True
+        dropped = sfile.dropped
+    if dropped and not sfile.failed:
+        _unlink(sfile.path)
+
+
+def dropSegmentFile(sfile):
+    """
+    The file is not wanted any more: remove it now if written, else the
+    writer removes it when done.  Returns True if it was removed here.
+    """
+    with _fileLock:
+        sfile.dropped = True
+        done = sfile.written
+    if done and not sfile.failed:
+        _unlink(sfile.path)
+        return True
+    return False
 
 
 class Segment:
@@ -69,13 +121,13 @@ class Segment:
     :ivar firstSeq: seq of its first entry (int).  :ivar lastSeq: of its last.
     :ivar count: entries (int).  :ivar bytes: body bytes (int).
     :ivar minExpiresAt: the earliest expiry in ms, or None.
-    :ivar entries: the open segment's entries (list of ``QueueEntry``), or
-        None once written to ``path``.
-    :ivar path: the segment file (str) once written, else None.
+    :ivar entries: the segment's entries (list of ``QueueEntry``) while it
+        is open or its file is being written, else None.
+    :ivar file: its :class:`SegmentFile` once closed, else None (open).
     :ivar persistent: persistent messages in it (int); ``persistentBytes`` their body bytes.
     """
 
-    __slots__ = ("firstSeq", "lastSeq", "count", "bytes", "minExpiresAt", "entries", "path", "level",
+    __slots__ = ("firstSeq", "lastSeq", "count", "bytes", "minExpiresAt", "entries", "file", "level",
                  "persistent", "persistentBytes")
 
     def __init__(self, level):
@@ -86,7 +138,7 @@ class Segment:
         self.bytes = 0
         self.minExpiresAt = None
         self.entries = []
-        self.path = None
+        self.file = None
         self.persistent = 0
         self.persistentBytes = 0
 
@@ -97,7 +149,7 @@ class Segment:
 
     def __repr__(self):
         return "<Segment %s..%s n=%d %s>" % (self.firstSeq, self.lastSeq, self.count,
-                                             "open" if self.path is None else self.path)
+                                             "open" if self.file is None else self.file.path)
 
 
 def encodeEntries(entries):
@@ -151,12 +203,46 @@ class PagingDirectory:
     Where pagers put their files: ``root`` (created on first use), or a
     temporary directory when ``root`` is None (a broker without
     ``--data-dir``).  :meth:`reset` empties it (boot: paged data of the
-    previous run is discarded).
+    previous run is discarded).  Files are written by one daemon thread
+    (``threaded``; tests set it False to write inline).
     """
+
+    #: write segment files on a writer thread (False: inline, for tests)
+    threaded = True
 
     def __init__(self, root=None):
         self.root = root
         self._made = None
+        self._jobs = None
+        self._thread = None
+
+    def write(self, sfile, data):
+        """Write ``data`` to ``sfile`` (on the writer thread unless not ``threaded``)."""
+        if not self.threaded:
+            writeSegmentFile(sfile, data)
+            return
+        if self._thread is None:
+            self._jobs = _queue.Queue()
+            self._thread = threading.Thread(target=self._run, args=(self._jobs,),
+                                            name="otter_tx-paging-writer", daemon=True)
+            self._thread.start()
+        self._jobs.put((sfile, data))
+
+    @staticmethod
+    def _run(jobs):
+        while True:
+            job = jobs.get()
+            try:
+                if job is None:
+                    return
+                writeSegmentFile(*job)
+            finally:
+                jobs.task_done()
+
+    def flush(self):
+        """Block until every queued write is done (stop, tests)."""
+        if self._jobs is not None:
+            self._jobs.join()
 
     def path(self):
         """The directory (str), created if needed."""
@@ -176,6 +262,7 @@ class PagingDirectory:
 
     def reset(self):
         """Remove everything paged (boot, and stop of a temporary directory)."""
+        self.flush()
         target = self._made if self._made is not None else self.root
         if target is not None and os.path.isdir(target):
             shutil.rmtree(target, ignore_errors=True)
@@ -202,6 +289,7 @@ class Pager:
         self.persistent = 0
         self.persistentBytes = 0
         self._n = 0
+        self._unsettled = deque()  # (segment, SegmentFile) being written
 
     def __bool__(self):
         return self.count > 0
@@ -210,7 +298,7 @@ class Pager:
         """Page ``entry`` (a READY ``QueueEntry``) at the tail."""
         segs = self.segments
         seg = segs[-1] if segs else None
-        if seg is None or seg.path is not None:
+        if seg is None or seg.file is not None:
             seg = Segment(self.level)
             segs.append(seg)
         size = entry.message.size
@@ -235,25 +323,37 @@ class Pager:
         return seg
 
     def _close(self, seg):
-        """Write the open segment ``seg`` to its file and drop its entries from memory."""
+        """
+        Close ``seg``: its file is written (by the writer thread); its
+        entries leave memory once that is done (:meth:`_settle`).
+        """
+        self._settle()
         if self._dir is None:
             self._dir = self._directory.newPagerDirectory()
         self._n += 1
-        path = os.path.join(self._dir, "%d.seg" % (self._n,))
-        with open(path, "wb") as f:
-            f.write(encodeEntries(seg.entries))
-        seg.entries = None
-        seg.path = path
+        sfile = seg.file = SegmentFile(os.path.join(self._dir, "%d.seg" % (self._n,)))
+        self._directory.write(sfile, encodeEntries(seg.entries))
+        self._unsettled.append((seg, sfile))
+        self._settle()
+
+    def _settle(self):
+        """Drop from memory the entries of segments whose files are written."""
+        pending = self._unsettled
+        while pending and pending[0][1].written:
+            seg, sfile = pending.popleft()
+            if seg.file is sfile and not sfile.failed:
+                seg.entries = None
 
     def head(self):
         """The oldest segment, or None."""
         return self.segments[0] if self.segments else None
 
     def read(self, seg, makeEntry):
-        """The entries of ``seg`` (a list; read from its file if closed)."""
-        if seg.path is None:
+        """The entries of ``seg`` (a list; read from its file once written)."""
+        self._settle()
+        if seg.entries is not None:
             return list(seg.entries)
-        with open(seg.path, "rb") as f:
+        with open(seg.file.path, "rb") as f:
             data = f.read()
         return decodeEntries(data, makeEntry)
 
@@ -266,8 +366,8 @@ class Pager:
 
     def _forget(self, seg):
         self._uncount(seg)
-        if seg.path is not None:
-            _unlink(seg.path)
+        if seg.file is not None:
+            dropSegmentFile(seg.file)
 
     def replace(self, seg, entries):
         """
@@ -277,8 +377,8 @@ class Pager:
         """
         self._uncount(seg)
         if not entries:
-            if seg.path is not None:
-                _unlink(seg.path)
+            if seg.file is not None:
+                dropSegmentFile(seg.file)
             self.segments.remove(seg)
             return None
         seg.count = len(entries)
@@ -294,11 +394,10 @@ class Pager:
         self.bytes += seg.bytes
         self.persistent += seg.persistent
         self.persistentBytes += seg.persistentBytes
-        if seg.path is None:
-            seg.entries = list(entries)
-        else:
-            with open(seg.path, "wb") as f:
-                f.write(encodeEntries(entries))
+        seg.entries = list(entries)
+        if seg.file is not None:
+            dropSegmentFile(seg.file)
+            self._close(seg)
         return seg
 
     def _uncount(self, seg):
@@ -318,8 +417,16 @@ class Pager:
         Empty the pager at once and return the files to remove (list of
         str); counts are zero afterwards.
         """
-        paths = [s.path for s in self.segments if s.path is not None]
+        paths = []
+        for s in self.segments:
+            f = s.file
+            if f is not None:
+                with _fileLock:
+                    f.dropped = True
+                    if f.written and not f.failed:
+                        paths.append(f.path)
         self.segments = deque()
+        self._unsettled = deque()
         self.count = self.bytes = self.persistent = self.persistentBytes = 0
         if self._dir is not None:
             paths.append(self._dir)

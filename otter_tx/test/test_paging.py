@@ -61,12 +61,15 @@ def body(i):
 
 
 class PagingTestCase(BrokerTestCase):
+    threaded = False
+
     def setUp(self):
         self.clock = Clock()
         self.clock.advance(1000)
         self.dir = self.mktemp()
-        # ten 16 B messages in memory, segments of four
+        # ten 16 B messages in memory, segments of four, written inline
         self.patch(paging, "SEGMENT_COUNT", 4)
+        self.patch(paging.PagingDirectory, "threaded", True if self.threaded else False)
         self.broker = Broker(self.clock, queueMemoryBudget=10 * COST, pagingDirectory=self.dir)
         self.vhost = self.broker.vhosts["/"]
 
@@ -569,3 +572,46 @@ class PagingPurgeUnackedTests(PagingTestCase):
         store.close()
         rebuilt = journaledBroker(store, self.clock)
         self.assertEqual([m.body for m in self.drain(rebuilt.vhosts["/"].queues["d"])], [held.message.body])
+
+
+class ThreadedWriterTests(PagingTestCase):
+    """Segment files are written by the writer thread; entries stay readable meanwhile."""
+
+    threaded = True
+
+    def test_orderWithWriterThread(self):
+        """With the writer thread, paged messages come back in order and every file is removed."""
+        q = self.declare("q")
+        self.fill("q", 200)
+        # readable before and after the writer is done
+        self.assertEqual(q.basicGet(True).message.body, body(0))
+        self.broker.paging.flush()
+        self.assertEqual(len(self.files()), q.pagedCount // 4)
+        self.assertEqual(self.drainBodies(q), [body(i) for i in range(1, 200)])
+        self.broker.paging.flush()
+        self.assertEqual(self.files(), [])
+
+    def test_purgeWhileWriting(self):
+        """Files still being written when a purge comes are removed by the writer."""
+        q = self.declare("q")
+        self.fill("q", 200)
+        q.purge()
+        self.broker.paging.flush()
+        while self.broker.freer.pending():
+            self.clock.advance(0)
+        self.assertEqual(self.files(), [])
+
+    def test_failedWriteKeepsEntries(self):
+        """A segment whose file cannot be written keeps its entries in memory and loses nothing."""
+        q = self.declare("q")
+        self.fill("q", 10)
+        real = paging.writeSegmentFile
+
+        def failing(sfile, data):
+            sfile.path = os.path.join(self.mktemp(), "missing", "x.seg")
+            real(sfile, data)
+
+        self.patch(paging, "writeSegmentFile", failing)
+        self.fill("q", 20, start=10)
+        self.broker.paging.flush()
+        self.assertEqual(self.drainBodies(q), [body(i) for i in range(30)])
