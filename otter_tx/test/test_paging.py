@@ -615,3 +615,31 @@ class ThreadedWriterTests(PagingTestCase):
         self.fill("q", 20, start=10)
         self.broker.paging.flush()
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(30)])
+
+
+class PagedMessageTests(PagingTestCase):
+    """Messages read back from segments decode their properties lazily and keep every field."""
+
+    def test_fields(self):
+        """ttl, priority, persistence, ids and the property bytes survive a round trip through a segment."""
+        q = self.declare("q", **{"x-max-priority": 9})
+        self.fill("q", 10, priority=0)
+        self.fill("q", 10, start=10, priority=3)
+        self.publish("q", b"p", priority=3, expiration="60000", delivery_mode=2,
+                     headers={"h": "v"}, timestamp=5)
+        self.fill("q", 4, start=20, priority=3)  # closes the segment holding it
+        original = [e.message for e in q.readyEntries()][0]
+        self.assertIsNot(type(original), paging.PagedMessage)
+        self.assertGreater(q.pagedCount, 0)
+        self.broker.paging.flush()
+        entries = self.drainEntries(q)
+        [m] = [e.message for e in entries if e.message.body == b"p"]
+        self.assertIsInstance(m, paging.PagedMessage)
+        self.assertEqual((m.ttl, m.priority, m.persistent, m.exchange, m.routingKey, m.size),
+                         (60000, 3, True, "", "q", 1))
+        self.assertIsNone(paging._propsSlot.__get__(m, Message))
+        self.assertEqual(m.props["headers"], {"h": "v"})
+        self.assertEqual(m.headers, {"h": "v"})
+        self.assertEqual(m.addressBytes(), b"\x00\x01q")
+        m.props = {"x": 1}
+        self.assertEqual(m.props, {"x": 1})
