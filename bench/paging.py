@@ -77,13 +77,15 @@ def main():
     ap.add_argument("--size", type=int, default=16)
     ap.add_argument("--budget", default=None, help="--queue-memory-budget for the broker (default: its default)")
     ap.add_argument("--no-purge", action="store_true", help="skip the second queue and its purge")
+    ap.add_argument("--otter-root", default=ROOT,
+                    help="the otter_tx checkout the broker runs (default: this one; another for a before/after)")
     a = ap.parse_args()
     subprocess.run(["sh", os.path.join(HERE, "build-perf.sh")], check=True)
     perf = os.path.join(HERE, "amqp-perf")
     twistd = os.path.join(os.path.dirname(os.path.abspath(a.otter_python)), "twistd")
     tmp = tempfile.mkdtemp(prefix="ottermq-paging-")
     port = freePort()
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(a.otter_root))
     args = [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
             "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
             "--data-dir", os.path.join(tmp, "data")]
@@ -99,7 +101,8 @@ def main():
                 break
             except OSError:
                 time.sleep(0.5)
-        print("%d messages of %d B in one queue; budget %s" % (a.messages, a.size, a.budget or "default"))
+        print("%d messages of %d B in one queue; budget %s; broker code from %s" % (
+            a.messages, a.size, a.budget or "default", a.otter_root))
         base = rss(proc.pid)
 
         def report(point, extra=""):
@@ -145,10 +148,15 @@ def main():
         canary.reset()
         t = time.perf_counter()
         left = ch.queue_declare("paging-deep", passive=True).method.message_count
-        out = subprocess.run([perf, "--uri", perfUri, "-x", "0", "-y", "1", "-a", "-D", str(left),
-                              "-u", "paging-deep", "-p", "--quiet"], check=True, capture_output=True, text=True)
+        if not left:
+            print("nothing left to drain")
+            out = subprocess.CompletedProcess((), 0, "", "")
+        else:
+            out = subprocess.run([perf, "--uri", perfUri, "-x", "0", "-y", "1", "-a", "-D", str(left),
+                                  "-u", "paging-deep", "-p", "--quiet"], check=True, capture_output=True, text=True)
         dt = time.perf_counter() - t
-        report("drained no-ack (%d)" % left, "; %.1f s (%.0f msg/s), %s" % (dt, left / dt, canary.summary()))
+        report("drained no-ack (%d)" % left, "; %.1f s (%.0f msg/s), %s" % (
+            dt, left / dt if left else 0, canary.summary()))
         print(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
         canary.running = False
         canary.join(5)
