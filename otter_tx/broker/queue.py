@@ -365,12 +365,6 @@ class Queue:
         if dead:
             self.vhost.deadLetter(self, dead, "expired")
 
-    def pagedSegments(self):
-        """The paged segments of every level, highest priority first (list; tests, management)."""
-        if self._pagers is None:
-            return []
-        return [seg for p in reversed(self._pagers) if p is not None for seg in p.segments]
-
     def _enforceLimits(self):
         s = self.settings
         if s.maxLength is None and s.maxLengthBytes is None:
