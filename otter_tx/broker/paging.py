@@ -252,16 +252,31 @@ class PagingDirectory:
 
     #: write segment files on a writer thread (False: inline, for tests)
     threaded = True
+    #: most writes queued for the writer thread; beyond, writes are inline
+    #: (the writer, short of the GIL or of disk, must not let paged
+    #: entries pile up in memory)
+    maxQueued = 16
 
     def __init__(self, root=None):
         self.root = root
         self._made = None
         self._jobs = None
         self._thread = None
+        #: writes handed to the writer thread and not done yet
+        self.queued = 0
+        #: writes done inline because the writer was behind (int)
+        self.inlineWrites = 0
 
     def write(self, sfile, data):
-        """Write ``data`` to ``sfile`` (on the writer thread unless not ``threaded``)."""
+        """
+        Write ``data`` to ``sfile``: on the writer thread, or inline when
+        not ``threaded`` or when :attr:`maxQueued` writes are waiting.
+        """
         if not self.threaded:
+            writeSegmentFile(sfile, data)
+            return
+        if self.queued >= self.maxQueued:
+            self.inlineWrites += 1
             writeSegmentFile(sfile, data)
             return
         if self._thread is None:
@@ -269,10 +284,11 @@ class PagingDirectory:
             self._thread = threading.Thread(target=self._run, args=(self._jobs,),
                                             name="otter_tx-paging-writer", daemon=True)
             self._thread.start()
+        with _fileLock:
+            self.queued += 1
         self._jobs.put((sfile, data))
 
-    @staticmethod
-    def _run(jobs):
+    def _run(self, jobs):
         while True:
             job = jobs.get()
             try:
@@ -280,6 +296,8 @@ class PagingDirectory:
                     return
                 writeSegmentFile(*job)
             finally:
+                with _fileLock:
+                    self.queued -= 1
                 jobs.task_done()
 
     def flush(self):

@@ -643,3 +643,18 @@ class PagedMessageTests(PagingTestCase):
         self.assertEqual(m.addressBytes(), b"\x00\x01q")
         m.props = {"x": 1}
         self.assertEqual(m.props, {"x": 1})
+
+
+class WriterBoundTests(PagingTestCase):
+    """The writer thread's backlog is bounded."""
+
+    threaded = True
+
+    def test_writerBehindWritesInline(self):
+        """When the writer thread has maxQueued writes waiting, segments are written inline: memory stays bounded."""
+        self.patch(paging.PagingDirectory, "maxQueued", 0)
+        q = self.declare("q")
+        self.fill("q", 100)
+        self.assertEqual(self.broker.paging.inlineWrites, 22)
+        self.assertEqual(len(self.files()), 22)
+        self.assertEqual(self.drainBodies(q), [body(i) for i in range(100)])
