@@ -31,9 +31,10 @@ wherever it sits in the queue.
 
 Record format (little-endian): ``seq`` u64, ``expiresAt`` f64 (ms; NaN for
 none), ``msgId`` u64, ``ttl`` i64 (ms; -1 for none), flags u8 (1
-redelivered, 2 stored, 4 persistent), priority u8, exchange length u8,
-routing-key length u8, property-bytes length u32, body length u32, then the
-exchange, routing key, property bytes and body.  A message read back is a
+redelivered, 2 stored, 4 persistent), priority u8, property-bytes length
+u32, body length u32, then the exchange and the routing key as two AMQP
+short strings (as basic.deliver carries them, so they are reused as the
+delivery's address bytes), the property bytes and the body.  A message read back is a
 :class:`PagedMessage`: its properties are decoded only if something asks
 for them (delivery forwards the property bytes untouched), which makes a
 page-in several times cheaper.
@@ -66,7 +67,7 @@ SEGMENT_COUNT = 512
 #: ... or at this many body bytes, whichever comes first
 SEGMENT_BYTES = 1024 * 1024
 
-_HEAD = struct.Struct("<QdQqBBBBII")
+_HEAD = struct.Struct("<QdQqBBII")
 _NAN = float("nan")
 _ids = count(1)
 #: guards the written/dropped hand-over between the reactor and writer threads
@@ -163,15 +164,11 @@ def encodeEntries(entries):
     pack = _HEAD.pack
     for e in entries:
         m = e.message
-        ex = m.exchange.encode("utf-8", "surrogateescape")
-        rk = m.routingKey.encode("utf-8", "surrogateescape")
         flags = (1 if e.redelivered else 0) | (2 if m.stored else 0) | (4 if m.persistent else 0)
         exp = _NAN if e.expiresAt is None else e.expiresAt
         ttl = -1 if m.ttl is None else m.ttl
-        parts.append(pack(e.seq, exp, m.msgId, ttl, flags, min(m.priority, 255), len(ex), len(rk),
-                          len(m.propsRaw), m.size))
-        parts.append(ex)
-        parts.append(rk)
+        parts.append(pack(e.seq, exp, m.msgId, ttl, flags, min(m.priority, 255), len(m.propsRaw), m.size))
+        parts.append(m.addressBytes())
         parts.append(m.propsRaw)
         parts.append(m.body)
     return b"".join(parts)
@@ -190,13 +187,19 @@ def decodeEntries(data, makeEntry):
     new = Message.__new__
     isnan = math.isnan
     while off < end:
-        seq, exp, msgId, ttl, flags, priority, exl, rkl, pl, bl = unpack(data, off)
+        seq, exp, msgId, ttl, flags, priority, pl, bl = unpack(data, off)
         off += hsize
         m = new(PagedMessage)
+        start = off
+        exl = data[off]
+        off += 1
         m.exchange = data[off:off + exl].decode("utf-8", "surrogateescape")
         off += exl
+        rkl = data[off]
+        off += 1
         m.routingKey = data[off:off + rkl].decode("utf-8", "surrogateescape")
         off += rkl
+        m.address = data[start:off]
         m.propsRaw = data[off:off + pl]
         off += pl
         m.body = data[off:off + bl]
@@ -207,7 +210,6 @@ def decodeEntries(data, makeEntry):
         m.persistent = bool(flags & 4)
         m.priority = priority
         m.ttl = None if ttl < 0 else ttl
-        m.address = None
         m.extraKeys = None
         _propsSlot.__set__(m, None)
         out.append(makeEntry(m, seq, None if isnan(exp) else exp, bool(flags & 1)))

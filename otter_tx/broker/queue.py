@@ -131,6 +131,7 @@ class Queue:
         self.memoryBudget = broker.queueMemoryBudget
         self._pagers = None  # one Pager per priority level once paging starts
         self._pageExpiry = None  # ExpiryIndex of paged segments by earliest expiry
+        self._refillTick = 0
         #: ready messages (and their body bytes) paged out to disk
         self.pagedCount = 0
         self.pagedBytes = 0
@@ -328,7 +329,15 @@ class Queue:
                 entry = self._popFrom(dq)
                 if entry is not None:
                     if self.pagedCount and self._pagers[level]:
-                        self._pageIn(level, not dq)
+                        # refill ahead of need: look every 64 messages (the
+                        # budget check costs a few calls), at once when empty
+                        if not dq:
+                            self._pageIn(level, True)
+                        else:
+                            self._refillTick += 1
+                            if self._refillTick >= 64:
+                                self._refillTick = 0
+                                self._pageIn(level, False)
                     return entry
                 if not (self.pagedCount and self._pageIn(level, True)):
                     break
