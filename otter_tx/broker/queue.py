@@ -31,6 +31,8 @@ from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager
 DISPATCH_MESSAGES = 256
 #: most body bytes one dispatch call hands out before yielding the reactor
 DISPATCH_BYTES = 1024 * 1024
+#: a paging queue looks whether a segment fits back in memory every this many messages taken
+REFILL_EVERY = 64
 
 READY = 0
 UNACKED = 1
@@ -329,13 +331,14 @@ class Queue:
                 entry = self._popFrom(dq)
                 if entry is not None:
                     if self.pagedCount and self._pagers[level]:
-                        # refill ahead of need: look every 64 messages (the
-                        # budget check costs a few calls), at once when empty
+                        # refill ahead of need: look every REFILL_EVERY
+                        # messages (the budget check costs a few calls), at
+                        # once when the head is empty
                         if not dq:
                             self._pageIn(level, True)
                         else:
                             self._refillTick += 1
-                            if self._refillTick >= 64:
+                            if self._refillTick >= REFILL_EVERY:
                                 self._refillTick = 0
                                 self._pageIn(level, False)
                     return entry

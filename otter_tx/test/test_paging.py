@@ -136,13 +136,28 @@ class PagingOrderTests(PagingTestCase):
         self.assertLessEqual(worst, 10 + paging.SEGMENT_COUNT)
 
     def test_refillAheadOfNeed(self):
-        """The head is refilled before it runs dry: after a few gets memory holds messages again."""
+        """The head is refilled before it runs dry: once a segment fits again it is read back."""
+        self.patch(queuemod, "REFILL_EVERY", 1)
         q = self.declare("q")
         self.fill("q", 100)
-        for _ in range(5):
+        self.assertEqual(self.inMemory(q), 10)
+        for _ in range(4):
             q.basicGet(True)
-        self.assertGreaterEqual(self.inMemory(q), 5)
-        self.assertEqual(q.readyCount, 95)
+        # 6 left in memory, room for a segment of 4: it was read back
+        self.assertEqual(self.inMemory(q), 10)
+        self.assertEqual(q.readyCount, 96)
+
+    def test_refillLooksEveryFewMessages(self):
+        """With REFILL_EVERY at 3, the head is topped up on every third message taken, not each one."""
+        self.patch(queuemod, "REFILL_EVERY", 3)
+        q = self.declare("q")
+        self.fill("q", 100)
+        sizes = []
+        for _ in range(6):
+            q.basicGet(True)
+            sizes.append(self.inMemory(q))
+        # a segment (4) fits once 6 or fewer are in memory; looked at after the 3rd and 6th get
+        self.assertEqual(sizes, [9, 8, 7, 6, 5, 8])
 
     def test_interleavedPublishAndGet(self):
         """Publishing while draining keeps FIFO order with paging on and off."""
