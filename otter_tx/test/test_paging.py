@@ -673,3 +673,25 @@ class WriterBoundTests(PagingTestCase):
         self.assertEqual(self.broker.paging.inlineWrites, 22)
         self.assertEqual(len(self.files()), 22)
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(100)])
+
+
+class PagedDeadLetterTests(PagingTestCase):
+    """Dead-lettering a message read back from a segment."""
+
+    def test_deadLetterKeepsHeaders(self):
+        """A paged message rejected to a DLX keeps its headers and gets x-death, decoded on demand."""
+        dlq = self.declare("dlq")
+        q = self.declare("q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+        self.fill("q", 10)
+        self.publish("q", b"h", headers={"keep": "me"})
+        self.fill("q", 4, start=10)  # closes the segment holding it
+        got = None
+        while got is None or got.message.body != b"h":
+            got = q.basicGet(False)
+        self.assertIsInstance(got.message, paging.PagedMessage)
+        q.discard([got])
+        [e] = [e for e in dlq.readyEntries()]
+        headers = e.message.props["headers"]
+        self.assertEqual(headers["keep"], "me")
+        self.assertEqual(headers["x-death"][0]["reason"], "rejected")
+        self.assertEqual(e.message.body, b"h")
