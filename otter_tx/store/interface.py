@@ -79,10 +79,13 @@ class StoreCorruptError(StoreError):
 
 class StoreFailedError(StoreError):
     """
-    A write batch could not be committed (disk full, I/O error): the store
-    stopped writing and every later ``sync()`` fails with this error.  The
-    broker should refuse confirms and shut down; what was durable before is
-    intact.  ``__cause__`` / :attr:`reason` carry the original error.
+    A write batch could not be committed (disk full, I/O error): the
+    ``sync()`` Deferreds waiting for that batch fail with this error (the
+    broker answers basic.nack for the publishes they cover).  The store
+    keeps the batch's changes, writes them again after a back-off and
+    turns healthy again by itself once a commit succeeds; what was durable
+    before is intact.  ``close()`` fails with it if the last write failed.
+    ``__cause__`` / :attr:`reason` carry the original error.
     """
 
     def __init__(self, path, reason):
@@ -231,6 +234,23 @@ class IMessageStore(Interface):
 
     path = Attribute("The store file (str), or None for a memory store.")
 
+    healthy = Attribute(
+        "bool: True while writes succeed; False from a failed commit until "
+        "the next successful one.  Read on the reactor thread.  While it is "
+        "False the broker blocks publishers of persistent messages and its "
+        "health checks answer 503 (RabbitMQ's resource alarms, "
+        "https://www.rabbitmq.com/docs/alarms)."
+    )
+
+    def addHealthObserver(callback):
+        """
+        Register ``callback(healthy, reason)``, called on the reactor
+        thread each time :attr:`healthy` changes.  ``healthy`` is the new
+        ``bool``; ``reason`` is a one-line ``str`` such as ``"store write
+        failed: OperationalError: database or disk is full"`` when it turns
+        False, ``None`` when it turns True.  Not called at registration.
+        """
+
     def open():
         """
         Create or open the store and load everything back.
@@ -302,11 +322,13 @@ class IMessageStore(Interface):
         delivered and then requeued).  No error if absent.
         """
 
-    def purgeQueue(queueKey):
+    def purgeQueue(queueKey, keep=()):
         """
-        Remove every message entry of a queue, ready or not.  For
-        ``queue.purge`` semantics (ready messages only) while some are
-        unacknowledged, call :meth:`dequeue` for each purged entry instead.
+        Remove every message entry of a queue except those of the msgIds in
+        ``keep`` (an iterable of ``int``; for ``queue.purge``, which keeps
+        unacknowledged messages: AMQP 0-9-1 queue.purge).  The cost is
+        O(len(keep)), not O(queue length): the durable store drops the
+        entries in the background (see ``docs/storage.md``).
         """
 
     def sync():
@@ -314,5 +336,7 @@ class IMessageStore(Interface):
         :return: ``Deferred[None]`` that fires on the reactor thread once
             every change issued before this call is durable (committed and
             fsync'd); Deferreds fire in the order ``sync()`` was called.
-            Fails with :class:`StoreFailedError` if a write failed.
+            Fails with :class:`StoreFailedError` if the write of a change
+            it covers failed; later calls are not affected (the store
+            retries and recovers by itself).
         """

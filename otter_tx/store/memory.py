@@ -11,7 +11,7 @@ disk.  It never touches a reactor.
 
 import json
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import fail, succeed
 from zope.interface import implementer
 
 from otter_tx.store.interface import (
@@ -20,6 +20,7 @@ from otter_tx.store.interface import (
     RecoveredMessage,
     RecoveredState,
     StoreClosedError,
+    StoreFailedError,
 )
 
 
@@ -42,6 +43,10 @@ class MemoryStore:
 
     def __init__(self):
         self._open = False
+        #: True unless :meth:`failWrites` made it fail
+        self.healthy = True
+        self._healthObservers = []
+        self._failReason = None
         # {kind: {key: json str}}
         self._entities = {kind: {} for kind in ENTITY_KINDS}
         # {msgId: (exchange, routingKey, propsRaw, body)}
@@ -123,10 +128,46 @@ class MemoryStore:
 
     def sync(self):
         """
-        Fire at once: every change is already "durable".
+        Fire at once: every change is already "durable"; fail with
+        :class:`StoreFailedError` at once while :meth:`failWrites` is in
+        effect (the changes are kept, as the durable store keeps a failed
+        batch to write again).
         """
         self._checkOpen()
+        if self._failReason is not None:
+            return fail(StoreFailedError("<memory>", self._failReason))
         return succeed(None)
+
+    # --- health ----------------------------------------------------------
+
+    def addHealthObserver(self, callback):
+        """
+        Call ``callback(healthy, reason)`` each time :attr:`healthy`
+        changes (see :meth:`IMessageStore.addHealthObserver`); only
+        :meth:`failWrites` and :meth:`writesRecovered` change it.
+        """
+        self._healthObservers.append(callback)
+
+    def failWrites(self, reason="disk I/O error"):
+        """
+        For tests: act as a durable store whose writes fail: ``healthy``
+        turns False (observers get ``"store write failed: " + reason``) and
+        ``sync()`` fails until :meth:`writesRecovered`.
+        """
+        self._failReason = reason
+        self._setHealth(False, "store write failed: " + reason)
+
+    def writesRecovered(self):
+        """For tests: writes succeed again; ``healthy`` turns True."""
+        self._failReason = None
+        self._setHealth(True, None)
+
+    def _setHealth(self, healthy, reason):
+        if healthy == self.healthy:
+            return
+        self.healthy = healthy
+        for callback in list(self._healthObservers):
+            callback(healthy, reason)
 
     # --- entities --------------------------------------------------------
 
@@ -192,12 +233,22 @@ class MemoryStore:
         if entry is not None:
             entry[3] = True
 
-    def purgeQueue(self, queueKey):
+    def purgeQueue(self, queueKey, keep=()):
         """
-        Remove every entry of a queue.
+        Remove every entry of a queue except those of the msgIds in
+        ``keep``.
         """
         self._checkOpen()
-        self._dropQueue(queueKey)
+        keep = set(keep)
+        if not keep:
+            self._dropQueue(queueKey)
+            return
+        entries = self._queues.get(queueKey, {})
+        for msgId in [m for m in entries if m not in keep]:
+            del entries[msgId]
+            self._unref(msgId)
+        if not entries:
+            self._queues.pop(queueKey, None)
 
     def _dropQueue(self, queueKey):
         for msgId in self._queues.pop(queueKey, {}):

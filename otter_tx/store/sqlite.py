@@ -34,12 +34,52 @@ so every entry change left was issued after the purge.
 Everything the broker writes is on the reactor thread; everything the
 writer does is on its own thread; they share only the pending batch (under
 ``_lock``) and a few flags.
+
+Queue ids and purges (schema 2).  Queue entries are keyed by a small
+integer ``qid`` that the ``queues`` table maps to the queue key.  A purge
+or queue delete does not delete rows: it moves the key to a fresh qid (and,
+for ``purgeQueue(key, keep)``, moves the few kept entries with it) in the
+batch's transaction, and records the old qid in ``dead_queues``.  That is a
+handful of index operations whatever the queue's length, so the purge is
+durable with its batch and other publishers' confirms are not held up.
+The dead qid's entries and the messages only they referred to are then
+deleted :data:`GC_CHUNK` entries at a time, one chunk per transaction
+(appended to a regular batch, or alone when the store is idle), and freed
+pages are returned to the file system with ``PRAGMA incremental_vacuum``
+(``auto_vacuum = INCREMENTAL``) in steps of :data:`VACUUM_STEP` pages.
+Recovery reads only live qids, so a stop in the middle of that clean-up
+loses nothing and resurrects nothing; the clean-up resumes at the next
+open.
+
+Write failures.  A batch that cannot be committed (disk full, I/O error)
+is rolled back; the ``sync()`` Deferreds waiting for it fail with
+:class:`StoreFailedError` (the broker answers basic.nack), :attr:`healthy`
+turns False and the observers are told.  The failed batch's changes are
+kept and written again, ahead of everything issued since, after a back-off
+(:data:`RETRY_DELAYS`); the first commit that succeeds makes the store
+healthy again.  Nothing a successful ``sync()`` reported is lost, and a
+change is never applied out of order.
+
+Client strings.  Every key, exchange name and routing key is stored as a
+BLOB of its UTF-8 encoding with ``surrogateescape`` (the codec decodes
+shortstr bytes that are not UTF-8 to lone surrogates, which SQLite TEXT
+cannot take), so any string the broker holds is storable and comes back
+unchanged.  Records are JSON with ``ensure_ascii``, hence ASCII.
+
+Clean stop.  ``meta.clean_shutdown`` is '0' while the store is open and
+set to '1' by the last transaction of :meth:`SQLiteStore.close`.  A store
+opened after an unclean stop marks every recovered entry redelivered (on
+disk and in the RecoveredState): any of them may have been delivered
+before the crash, since a delivery is not made durable before it is sent
+(AMQP 0-9-1 basic.deliver "redelivered";
+https://www.rabbitmq.com/docs/reliability#consumer-side).
 """
 
 import json
 import os
 import sqlite3
 import threading
+import time
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
@@ -64,8 +104,22 @@ STORE_FILENAME = "otter_tx.sqlite3"
 #: value of meta.format: identifies our files
 FORMAT = "otter_tx-store"
 
-#: schema version written by this code; files with a higher one are refused
-SCHEMA_VERSION = 1
+#: schema version written by this code; files with a higher one are refused,
+#: files with a lower one are migrated when opened (see ``_migrate``)
+SCHEMA_VERSION = 2
+
+#: queue entries of a purged or deleted queue deleted per transaction
+GC_CHUNK = 2000
+
+#: free pages above which the writer returns space to the file system
+VACUUM_THRESHOLD = 256
+
+#: pages returned per ``PRAGMA incremental_vacuum`` step (4 KiB pages)
+VACUUM_STEP = 512
+
+#: seconds to wait before writing again after a failed commit; the last
+#: value repeats
+RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
 _FILE_SUFFIXES = (".sqlite3", ".sqlite", ".db")
 
@@ -76,28 +130,93 @@ CREATE TABLE meta (
 ) WITHOUT ROWID;
 CREATE TABLE entities (
     kind TEXT NOT NULL,
-    key TEXT NOT NULL,
+    key BLOB NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (kind, key)
 ) WITHOUT ROWID;
 CREATE TABLE messages (
     msg_id INTEGER PRIMARY KEY,
-    exchange TEXT NOT NULL,
-    routing_key TEXT NOT NULL,
+    exchange BLOB NOT NULL,
+    routing_key BLOB NOT NULL,
     props BLOB NOT NULL,
     body BLOB NOT NULL
 );
+CREATE TABLE queues (
+    key BLOB PRIMARY KEY,
+    qid INTEGER NOT NULL UNIQUE
+) WITHOUT ROWID;
+CREATE TABLE dead_queues (
+    qid INTEGER PRIMARY KEY
+);
 CREATE TABLE queue_messages (
-    queue TEXT NOT NULL,
+    qid INTEGER NOT NULL,
     msg_id INTEGER NOT NULL,
     seq INTEGER NOT NULL,
     enqueued_at REAL NOT NULL,
     expires_at REAL,
     redelivered INTEGER NOT NULL,
-    PRIMARY KEY (queue, msg_id)
+    PRIMARY KEY (qid, msg_id)
 ) WITHOUT ROWID;
 CREATE INDEX queue_messages_by_msg ON queue_messages (msg_id);
 """
+
+#: schema 1 -> 2, in one transaction: BLOB keys and names, integer queue
+#: ids; ``CAST(text AS BLOB)`` is the text's UTF-8 (schema 1 could only hold
+#: valid UTF-8).  ``auto_vacuum`` is switched on by a VACUUM afterwards.
+_MIGRATE_1_TO_2 = """
+CREATE TABLE entities2 (
+    kind TEXT NOT NULL, key BLOB NOT NULL, record TEXT NOT NULL,
+    PRIMARY KEY (kind, key)
+) WITHOUT ROWID;
+INSERT INTO entities2 SELECT kind, CAST(key AS BLOB), record FROM entities;
+DROP TABLE entities;
+ALTER TABLE entities2 RENAME TO entities;
+CREATE TABLE messages2 (
+    msg_id INTEGER PRIMARY KEY, exchange BLOB NOT NULL, routing_key BLOB NOT NULL,
+    props BLOB NOT NULL, body BLOB NOT NULL
+);
+INSERT INTO messages2 SELECT msg_id, CAST(exchange AS BLOB), CAST(routing_key AS BLOB),
+    props, body FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages2 RENAME TO messages;
+CREATE TABLE queues (key BLOB PRIMARY KEY, qid INTEGER NOT NULL UNIQUE) WITHOUT ROWID;
+INSERT INTO queues SELECT CAST(queue AS BLOB), row_number() OVER (ORDER BY queue)
+    FROM (SELECT DISTINCT queue FROM queue_messages);
+CREATE TABLE dead_queues (qid INTEGER PRIMARY KEY);
+CREATE TABLE queue_messages2 (
+    qid INTEGER NOT NULL, msg_id INTEGER NOT NULL, seq INTEGER NOT NULL,
+    enqueued_at REAL NOT NULL, expires_at REAL, redelivered INTEGER NOT NULL,
+    PRIMARY KEY (qid, msg_id)
+) WITHOUT ROWID;
+INSERT INTO queue_messages2 SELECT q.qid, m.msg_id, m.seq, m.enqueued_at, m.expires_at,
+    m.redelivered FROM queue_messages AS m JOIN queues AS q ON q.key = CAST(m.queue AS BLOB);
+DROP TABLE queue_messages;
+ALTER TABLE queue_messages2 RENAME TO queue_messages;
+CREATE INDEX queue_messages_by_msg ON queue_messages (msg_id);
+UPDATE meta SET value = '2' WHERE key = 'schema_version';
+"""
+
+
+
+def _b(text):
+    """A str as stored: UTF-8 with surrogateescape (lossless for any str the codec makes)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _s(raw):
+    """The inverse of :func:`_b`."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _real(value):
+    """A time in ms as SQLite REAL; a value beyond a double becomes the largest one."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return 1.7976931348623157e308
+
 
 # --- pending batch entry kinds -------------------------------------------
 _ENQ = 1  # value: (seq, enqueuedAtMs, expiresAtMs, redelivered, replaces)
@@ -169,8 +288,9 @@ class _Batch:
     def __init__(self):
         # {(kind, key): json str, or None to delete}
         self.entities = {}
-        # queue keys whose every entry is removed before `entries` apply
-        self.purges = set()
+        # {queueKey: frozenset of msgIds kept}: every other entry of the
+        # queue on disk is removed before `entries` apply
+        self.purges = {}
         # {msgId: [exchange, routingKey, props, body, liveEnqueues,
         #          anEnqueueWasCancelled]}
         self.adds = {}
@@ -196,14 +316,21 @@ class SQLiteStore:
         the whole file once; catches truncation and damaged pages before
         anything is loaded).  On by default.
     :param coalesce: cancel enqueue/dequeue pairs inside a pending batch.
+    :param retryDelays: seconds to wait before each retry after a failed
+        commit (the last one repeats); :data:`RETRY_DELAYS` by default.
 
+    :ivar healthy: ``bool``, True while writes succeed (see
+        :meth:`addHealthObserver`).
     :ivar stats: ``{str: int}`` counters for the bench and management:
         ``commits`` (transactions = fsyncs of the WAL), ``changes`` (calls
         recorded), ``cancelled`` (changes that cancelled out before being
-        written), ``syncs``.
+        written), ``syncs``, ``failedCommits``, ``gcEntries`` (entries of
+        purged or deleted queues removed in the background),
+        ``vacuumedPages`` (pages returned to the file system).
     """
 
-    def __init__(self, pathOrDataDir, reactor, integrityCheck=True, coalesce=True):
+    def __init__(self, pathOrDataDir, reactor, integrityCheck=True, coalesce=True,
+                 retryDelays=RETRY_DELAYS):
         self.path = resolvePath(pathOrDataDir)
         self._reactor = reactor
         self._integrityCheck = integrityCheck
@@ -222,11 +349,24 @@ class SQLiteStore:
         self._ended = Deferred()
         # set by the writer thread just before it ends: close()'s result
         self._closeOutcome = None
-        # set by the writer thread (under _lock) when a commit failed
-        self._failure = None
+        self._retryDelays = tuple(retryDelays)
+        # reactor thread: health as last reported by the writer
+        self.healthy = True
+        self._healthObservers = []
+        # writer thread only: batches whose commit failed, to write again
+        # ahead of the next one; the queue id map; dead qids to clean up
+        self._retry = []
+        self._failures = 0
+        self._qids = {}
+        self._nextQid = 1
+        self._dead = []
+        self._vacuumDue = False
+        # Deferreds of _whenIdle() (under _lock)
+        self._idleWaiters = []
         # tests only: make the writer drop everything and exit at once
         self._abandoned = False
-        self.stats = {"commits": 0, "changes": 0, "cancelled": 0, "syncs": 0}
+        self.stats = {"commits": 0, "changes": 0, "cancelled": 0, "syncs": 0,
+                      "failedCommits": 0, "gcEntries": 0, "vacuumedPages": 0}
 
     # --- lifecycle (reactor thread) ----------------------------------------
 
@@ -422,24 +562,34 @@ class SQLiteStore:
             # after a pending dequeue: nothing to mark
             self._changed(batch)
 
-    def purgeQueue(self, queueKey):
+    def purgeQueue(self, queueKey, keep=()):
         """
-        Remove every entry of a queue (see :meth:`IMessageStore.purgeQueue`).
+        Remove every entry of a queue except those of the msgIds in
+        ``keep`` (see :meth:`IMessageStore.purgeQueue`): O(len(keep)) index
+        operations in the next batch; the entries themselves are deleted
+        in the background.
         """
         self._checkOpen()
+        keep = frozenset(keep)
         with self._lock:
             batch = self._pending
-            self._purgeLocked(batch, queueKey)
+            self._purgeLocked(batch, queueKey, keep)
             self._changed(batch)
 
-    def _purgeLocked(self, batch, queueKey):
+    def _purgeLocked(self, batch, queueKey, keep=frozenset()):
         entries = batch.entries.pop(queueKey, None)
         if entries:
+            kept = {}
             for msgId, entry in entries.items():
-                if entry[0] == _ENQ:
+                if msgId in keep:
+                    kept[msgId] = entry
+                elif entry[0] == _ENQ:
                     self.stats["cancelled"] += 1
                     self._cancelEnqueueLocked(batch, msgId)
-        batch.purges.add(queueKey)
+            if kept:
+                batch.entries[queueKey] = kept
+        previous = batch.purges.get(queueKey)
+        batch.purges[queueKey] = keep if previous is None else previous & keep
 
     def _cancelEnqueueLocked(self, batch, msgId, dropAdd=True):
         """
@@ -463,8 +613,6 @@ class SQLiteStore:
         self._checkOpen()
         d = Deferred()
         with self._lock:
-            if self._failure is not None:
-                return fail(self._failure)
             batch = self._pending
             batch.waiters.append(d)
             self.stats["syncs"] += 1
@@ -472,7 +620,43 @@ class SQLiteStore:
                 self._wake.notify()
         return d
 
+    # --- health (reactor thread) ---------------------------------------------
+
+    def addHealthObserver(self, callback):
+        """
+        Call ``callback(healthy, reason)`` on the reactor thread each time
+        :attr:`healthy` changes: ``healthy`` is a ``bool``, ``reason`` a
+        one-line ``str`` (``"store write failed: OperationalError: database
+        or disk is full"``) when it turns False and ``None`` when it turns
+        True again.  An exception from a callback is logged.
+        """
+        self._healthObservers.append(callback)
+
+    def _setHealth(self, healthy, reason):
+        if healthy == self.healthy:
+            return
+        self.healthy = healthy
+        if healthy:
+            log.info("store {path} writes again", path=self.path)
+        for callback in list(self._healthObservers):
+            try:
+                callback(healthy, reason)
+            except Exception:
+                log.failure("store health observer failed")
+
     # --- tests only -----------------------------------------------------------
+
+    def _whenIdle(self):
+        """
+        A Deferred that fires once the writer has nothing pending, no
+        failed batch to retry and no background clean-up or vacuum left
+        (for tests and the bench).
+        """
+        d = Deferred()
+        with self._lock:
+            self._idleWaiters.append(d)
+            self._wake.notify()
+        return d
 
     def _abandon(self):
         """
@@ -537,8 +721,8 @@ class SQLiteStore:
                 # inside): fail every waiter rather than leave them hanging
                 log.failure("store writer thread crashed")
                 failure = Failure(StoreFailedError(self.path, "the writer thread crashed"))
+                self._reportHealth(False, "store writer thread crashed")
                 with self._lock:
-                    self._failure = failure
                     self._state = "closed"
                     waiters, self._pending.waiters = self._pending.waiters, []
                 for d in waiters:
@@ -557,15 +741,37 @@ class SQLiteStore:
             self._closed(self._closeOutcome)
         self._ended.callback(None)
 
+    def _reportHealth(self, healthy, reason):
+        """Tell the reactor thread the store's health (writer thread)."""
+        self._reactor.callFromThread(self._setHealth, healthy, reason)
+
+    def _hasBackgroundWork(self):
+        return bool(self._dead) or self._vacuumDue
+
     def _writeLoop(self, conn):
+        """
+        Take the pending batch, write it (with the failed batches before
+        it and one clean-up chunk), fire its waiters; when there is nothing
+        pending, do background clean-up; when a write failed, wait a
+        back-off first.  Ends after the close's last write.
+        """
+        retryAt = None
         while True:
             with self._lock:
-                while (
-                    self._pending.size == 0
-                    and not self._pending.waiters
-                    and self._state != "closing"
-                    and not self._abandoned
-                ):
+                while not self._abandoned and self._state != "closing":
+                    if retryAt is not None:
+                        delay = retryAt - time.monotonic()
+                        if delay > 0:
+                            self._wake.wait(delay)
+                            continue
+                        retryAt = None
+                        break
+                    if self._pending.size or self._pending.waiters or self._hasBackgroundWork():
+                        break
+                    if self._idleWaiters and not self._retry:
+                        idle, self._idleWaiters = self._idleWaiters, []
+                        for d in idle:
+                            self._fire(d, None)
                     self._wake.wait()
                 if self._abandoned:
                     conn.close()
@@ -573,23 +779,27 @@ class SQLiteStore:
                 batch = self._pending
                 self._pending = _Batch()
                 closing = self._state == "closing"
-                failure = self._failure
-            if batch.size and failure is None:
+            batches = self._retry + [batch] if batch.size else list(self._retry)
+            failure = None
+            waiters = batch.waiters
+            if batches or (self._hasBackgroundWork() and not closing):
                 try:
-                    self._write(conn, batch)
+                    self._write(conn, batches, closing)
                 except Exception as e:
-                    log.failure("store write failed; the store stops writing")
-                    error = StoreFailedError(self.path, f"{type(e).__name__}: {e}")
-                    error.__cause__ = e
-                    failure = Failure(error)
-                    with self._lock:
-                        self._failure = failure
-                    try:
-                        conn.rollback()
-                    except Exception:
-                        pass
-            for d in batch.waiters:
-                self._fire(d, failure if failure is not None else None)
+                    failure = self._writeFailed(conn, e, batches)
+                    retryAt = time.monotonic() + self._retryDelay()
+                else:
+                    self._retry = []
+                    if self._failures:
+                        self._failures = 0
+                        self._reportHealth(True, None)
+            elif closing:
+                try:
+                    self._markClean(conn)
+                except Exception as e:
+                    failure = self._writeFailed(conn, e, [])
+            for d in waiters:
+                self._fire(d, failure)
             if closing:
                 with self._lock:
                     more = self._pending.size or self._pending.waiters
@@ -607,105 +817,210 @@ class SQLiteStore:
                 self._closeOutcome = result
                 return
 
-    def _write(self, conn, batch):
+    def _retryDelay(self):
+        delays = self._retryDelays or (0.0,)
+        return delays[min(self._failures, len(delays)) - 1]
+
+    def _writeFailed(self, conn, error, batches):
         """
-        Apply one batch in one transaction and commit it (one fsync).
+        A commit failed (writer thread): roll back, keep ``batches`` for
+        the next attempt, reload the queue id map, report the store
+        unhealthy.  Returns the Failure for the waiters.
         """
-        orphanCandidates = set()
+        self.stats["failedCommits"] += 1
+        self._failures += 1
+        reason = f"{type(error).__name__}: {error}"
+        if self._failures == 1:
+            log.error("store {path} write failed ({reason}); the batch's syncs fail and "
+                      "its changes are written again after a back-off",
+                      path=self.path, reason=reason)
+        failed = StoreFailedError(self.path, reason)
+        failed.__cause__ = error
+        try:
+            if conn.in_transaction:
+                conn.rollback()
+        except Exception:
+            pass
+        try:
+            self._loadQids(conn)
+        except Exception:
+            pass
+        for batch in batches:
+            batch.waiters = []
+        self._retry = batches
+        self._reportHealth(False, "store write failed: " + reason.splitlines()[0])
+        return Failure(failed)
+
+    def _markClean(self, conn):
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'clean_shutdown'")
+
+    def _qid(self, conn, key, create):
+        """The qid of queue ``key`` (str), allocated when ``create``; else None."""
+        qid = self._qids.get(key)
+        if qid is None and create:
+            qid = self._nextQid
+            self._nextQid += 1
+            conn.execute("INSERT INTO queues (key, qid) VALUES (?, ?)", (_b(key), qid))
+            self._qids[key] = qid
+        return qid
+
+    def _loadQids(self, conn):
+        """Read the queue id map and the dead qids (writer thread)."""
+        self._qids = {_s(key): qid for key, qid in conn.execute("SELECT key, qid FROM queues")}
+        self._dead = [r[0] for r in conn.execute("SELECT qid FROM dead_queues ORDER BY qid")]
+        top = conn.execute(
+            "SELECT max(m) FROM (SELECT max(qid) AS m FROM queues "
+            "UNION ALL SELECT max(qid) FROM dead_queues)"
+        ).fetchone()[0]
+        self._nextQid = (top or 0) + 1
+
+    def _write(self, conn, batches, finish=False):
+        """
+        Apply ``batches`` in order, then one clean-up chunk, in ONE
+        transaction and commit it (one fsync).  With ``finish`` (the close)
+        the transaction also marks the stop clean.
+        """
         ex = conn.execute
-        exm = conn.executemany
         ex("BEGIN IMMEDIATE")
         try:
-            upserts = []
-            deletes = []
-            for (kind, key), raw in batch.entities.items():
-                if raw is None:
-                    deletes.append((kind, key))
-                else:
-                    upserts.append((kind, key, raw))
-            if upserts:
-                exm(
-                    "INSERT OR REPLACE INTO entities (kind, key, record) VALUES (?, ?, ?)",
-                    upserts,
-                )
-            if deletes:
-                exm("DELETE FROM entities WHERE kind = ? AND key = ?", deletes)
-            for queueKey in batch.purges:
-                orphanCandidates.update(
-                    row[0]
-                    for row in ex("SELECT msg_id FROM queue_messages WHERE queue = ?", (queueKey,))
-                )
-                ex("DELETE FROM queue_messages WHERE queue = ?", (queueKey,))
-            if batch.adds:
-                rows = _rows(
-                    "INSERT OR REPLACE INTO messages "
-                    "(msg_id, exchange, routing_key, props, body) VALUES ",
-                    5,
-                    "",
-                    [(msgId, a[0], a[1], a[2], a[3]) for msgId, a in batch.adds.items()],
-                )
-                for sql, params in rows:
-                    ex(sql, params)
-                # with coalescing off, a message whose pending enqueues were
-                # all dequeued again is written and must go at commit.  (A
-                # message with no enqueue yet is kept: its enqueue may be in
-                # the next batch; a stop in between leaves an orphan that
-                # recovery removes.)
-                orphanCandidates.update(
-                    m for m, a in batch.adds.items() if a[4] <= 0 and a[5]
-                )
-            inserts = []
-            removals = []
-            marks = []
-            for queueKey, entries in batch.entries.items():
-                for msgId, entry in entries.items():
-                    op = entry[0]
-                    if op == _ENQ:
-                        inserts.append(
-                            (queueKey, msgId, entry[1], entry[2], entry[3], int(entry[4]))
-                        )
-                    elif op == _DEQ:
-                        removals.append((queueKey, msgId))
-                    else:
-                        marks.append((queueKey, msgId))
-            if removals:
-                for sql, params in _rows(
-                    "DELETE FROM queue_messages WHERE (queue, msg_id) IN (VALUES ",
-                    2,
-                    ")",
-                    removals,
-                ):
-                    ex(sql, params)
-                orphanCandidates.update(r[1] for r in removals)
-            if inserts:
-                for sql, params in _rows(
-                    "INSERT OR REPLACE INTO queue_messages "
-                    "(queue, msg_id, seq, enqueued_at, expires_at, redelivered) VALUES ",
-                    6,
-                    "",
-                    inserts,
-                ):
-                    ex(sql, params)
-            if marks:
-                exm(
-                    "UPDATE queue_messages SET redelivered = 1 WHERE queue = ? AND msg_id = ?",
-                    marks,
-                )
-            if orphanCandidates:
-                for sql, params in _rows(
-                    "DELETE FROM messages WHERE msg_id IN (VALUES ",
-                    1,
-                    ") AND NOT EXISTS (SELECT 1 FROM queue_messages "
-                    "WHERE queue_messages.msg_id = messages.msg_id)",
-                    [(m,) for m in orphanCandidates],
-                ):
-                    ex(sql, params)
+            for batch in batches:
+                self._apply(conn, batch)
+            if not finish:
+                self._collect(conn)
+            else:
+                self._markClean(conn)
             ex("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.rollback()
             raise
         self.stats["commits"] += 1
+        if self._vacuumDue and not finish:
+            self._vacuum(conn)
+
+    def _apply(self, conn, batch):
+        """Apply one batch's net changes inside the open transaction."""
+        orphanCandidates = set()
+        ex = conn.execute
+        exm = conn.executemany
+        upserts = []
+        deletes = []
+        for (kind, key), raw in batch.entities.items():
+            if raw is None:
+                deletes.append((kind, _b(key)))
+            else:
+                upserts.append((kind, _b(key), raw))
+        if upserts:
+            exm("INSERT OR REPLACE INTO entities (kind, key, record) VALUES (?, ?, ?)", upserts)
+        if deletes:
+            exm("DELETE FROM entities WHERE kind = ? AND key = ?", deletes)
+        for queueKey, keep in batch.purges.items():
+            self._purge(conn, queueKey, keep)
+        if batch.adds:
+            rows = _rows(
+                "INSERT OR REPLACE INTO messages "
+                "(msg_id, exchange, routing_key, props, body) VALUES ",
+                5,
+                "",
+                [(msgId, _b(a[0]), _b(a[1]), a[2], a[3]) for msgId, a in batch.adds.items()],
+            )
+            for sql, params in rows:
+                ex(sql, params)
+            # with coalescing off, a message whose pending enqueues were
+            # all dequeued again is written and must go at commit.  (A
+            # message with no enqueue yet is kept: its enqueue may be in
+            # the next batch; a stop in between leaves an orphan that
+            # recovery removes.)
+            orphanCandidates.update(m for m, a in batch.adds.items() if a[4] <= 0 and a[5])
+        inserts = []
+        removals = []
+        marks = []
+        for queueKey, entries in batch.entries.items():
+            qid = None
+            for msgId, entry in entries.items():
+                op = entry[0]
+                if qid is None:
+                    qid = self._qid(conn, queueKey, op == _ENQ)
+                    if qid is None:
+                        continue  # nothing of this queue is on disk
+                if op == _ENQ:
+                    inserts.append(
+                        (qid, msgId, entry[1], _real(entry[2]), _real(entry[3]), int(entry[4]))
+                    )
+                elif op == _DEQ:
+                    removals.append((qid, msgId))
+                else:
+                    marks.append((qid, msgId))
+        if removals:
+            for sql, params in _rows(_DELETE_ENTRIES, 2, "))", removals):
+                ex(sql, params)
+            orphanCandidates.update(r[1] for r in removals)
+        if inserts:
+            for sql, params in _rows(_INSERT_ENTRIES, 6, "", inserts):
+                ex(sql, params)
+        if marks:
+            for sql, params in _rows(_MARK_ENTRIES, 2, "))", marks):
+                ex(sql, params)
+        if orphanCandidates:
+            self._deleteOrphans(conn, orphanCandidates)
+
+    def _deleteOrphans(self, conn, msgIds):
+        """Delete the messages among ``msgIds`` that no queue entry refers to."""
+        for sql, params in _rows(_DELETE_ORPHANS, 1, _DELETE_ORPHANS_TAIL, [(m,) for m in msgIds]):
+            conn.execute(sql, params)
+
+    def _purge(self, conn, queueKey, keep):
+        """
+        Move queue ``queueKey`` to a fresh qid, taking only the entries of
+        ``keep`` along; the old qid is dead (cleaned up by :meth:`_collect`).
+        """
+        old = self._qids.pop(queueKey, None)
+        if old is None:
+            return
+        ex = conn.execute
+        ex("DELETE FROM queues WHERE key = ?", (_b(queueKey),))
+        ex("INSERT INTO dead_queues (qid) VALUES (?)", (old,))
+        self._dead.append(old)
+        if keep:
+            new = self._qid(conn, queueKey, True)
+            for sql, params in _rows(
+                "UPDATE queue_messages SET qid = ? WHERE qid = ? AND msg_id IN (VALUES ",
+                1,
+                ")",
+                [(m,) for m in keep],
+            ):
+                ex(sql, [new, old] + params)
+
+    def _collect(self, conn):
+        """
+        Delete up to :data:`GC_CHUNK` entries of the oldest dead qid and the
+        messages only they referred to (inside the open transaction).
+        """
+        if not self._dead:
+            return
+        qid = self._dead[0]
+        removed = [r[0] for r in conn.execute(_COLLECT, (qid, qid, GC_CHUNK)).fetchall()]
+        if len(removed) < GC_CHUNK:
+            conn.execute("DELETE FROM dead_queues WHERE qid = ?", (qid,))
+            self._dead.pop(0)
+        if removed:
+            self._deleteOrphans(conn, removed)
+            self.stats["gcEntries"] += len(removed)
+        self._vacuumDue = True
+
+    def _vacuum(self, conn):
+        """
+        Return up to :data:`VACUUM_STEP` free pages to the file system when
+        more than :data:`VACUUM_THRESHOLD` are free (its own small
+        transaction; the file shrinks at the next WAL checkpoint).
+        """
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        if free <= VACUUM_THRESHOLD:
+            self._vacuumDue = bool(self._dead)
+            return
+        conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP})").fetchall()
+        self.stats["vacuumedPages"] += min(free, VACUUM_STEP)
+        self._vacuumDue = True
 
     # --- opening and recovery (writer thread) ---------------------------------
 
@@ -724,6 +1039,9 @@ class SQLiteStore:
         try:
             conn.execute("PRAGMA synchronous = FULL").fetchall()
             conn.execute("PRAGMA cache_size = -16384").fetchall()
+            # a checkpoint truncates the WAL back to this size, so the space
+            # the WAL took during a purge's clean-up is returned as well
+            conn.execute("PRAGMA journal_size_limit = 16777216").fetchall()
         except BaseException:
             conn.close()
             raise
@@ -742,6 +1060,8 @@ class SQLiteStore:
                 os.remove(leftover)
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
+            # auto_vacuum must be chosen before the first table exists
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL").fetchall()
             conn.execute("PRAGMA journal_mode = WAL").fetchall()
             conn.execute("PRAGMA synchronous = FULL").fetchall()
             conn.executescript(
@@ -749,6 +1069,7 @@ class SQLiteStore:
                 + _SCHEMA
                 + f"INSERT INTO meta VALUES ('format', '{FORMAT}');"
                 + f"INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');"
+                + "INSERT INTO meta VALUES ('clean_shutdown', '1');"
                 + "COMMIT;"
             )
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -768,8 +1089,8 @@ class SQLiteStore:
 
     def _recover(self, conn):
         """
-        Check the file, repair what an unclean stop leaves (in one
-        transaction), and load everything.
+        Check the file, migrate an older schema, repair what an unclean
+        stop leaves (in one transaction), and load everything.
         """
         try:
             rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
@@ -807,47 +1128,73 @@ class SQLiteStore:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
         if mode != "wal":
             raise self._corrupt(f"SQLite cannot use WAL mode on it (got {mode!r})")
-        return self._load(conn)
+        if version < 2:
+            self._migrate(conn)
+        # a file of schema 1 does not say whether its last stop was clean
+        clean = rows.get("clean_shutdown") == "1"
+        return self._load(conn, clean)
 
-    def _load(self, conn):
-        stats = {}
+    def _migrate(self, conn):
+        """
+        Schema 1 -> 2 in one transaction, then a VACUUM that switches
+        ``auto_vacuum`` to INCREMENTAL (it rewrites the file once).
+        """
+        log.info("store {path}: migrating schema 1 to 2", path=self.path)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            cursor = conn.execute(
-                "DELETE FROM queue_messages WHERE queue NOT IN "
-                "(SELECT key FROM entities WHERE kind = 'queue') "
-                "OR msg_id NOT IN (SELECT msg_id FROM messages)"
-            )
-            stats["droppedDanglingEntries"] = max(cursor.rowcount, 0)
-            cursor = conn.execute(
-                "DELETE FROM messages WHERE msg_id NOT IN (SELECT msg_id FROM queue_messages)"
-            )
-            stats["droppedOrphanMessages"] = max(cursor.rowcount, 0)
+            for statement in _MIGRATE_1_TO_2.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.rollback()
             raise
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL").fetchall()
+        conn.execute("VACUUM")
 
-        # one read transaction, so the three tables are read from one
-        # snapshot even if another writer commits meanwhile (a queue entry
-        # never names a message the earlier read of `messages` missed)
-        conn.execute("BEGIN")
+    def _load(self, conn, clean):
+        stats = {"droppedDanglingEntries": 0, "droppedOrphanMessages": 0}
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            recovered = self._loadSnapshot(conn, stats)
+            entities = self._loadEntities(conn, stats)
+            self._loadQids(conn)
+            # qids whose queue entity is gone: their entries are dropped now
+            # (not left to the background clean-up: the count is reported)
+            for key in [k for k in self._qids if k not in entities["queue"]]:
+                qid = self._qids.pop(key)
+                cursor = conn.execute("DELETE FROM queue_messages WHERE qid = ?", (qid,))
+                stats["droppedDanglingEntries"] += max(cursor.rowcount, 0)
+                conn.execute("DELETE FROM queues WHERE qid = ?", (qid,))
+            if not clean or stats["droppedDanglingEntries"]:
+                # messages added without a queue entry (a stop between the
+                # batch of addMessage and that of enqueue), or left by
+                # dropped entries
+                cursor = conn.execute(
+                    "DELETE FROM messages WHERE msg_id NOT IN "
+                    "(SELECT msg_id FROM queue_messages)"
+                )
+                stats["droppedOrphanMessages"] = max(cursor.rowcount, 0)
+            if not clean:
+                conn.execute("UPDATE queue_messages SET redelivered = 1 WHERE redelivered = 0")
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('clean_shutdown', '0')"
+            )
+            # read in the same transaction: one snapshot
+            recovered = self._loadMessages(conn, entities, stats)
+            conn.execute("COMMIT")
         except BaseException:
-            try:
+            if conn.in_transaction:
                 conn.rollback()
-            except sqlite3.Error:
-                pass
             raise
-        conn.execute("COMMIT")
+        self._vacuumDue = True
         return recovered
 
-    def _loadSnapshot(self, conn, stats):
+    def _loadEntities(self, conn, stats):
         entities = {kind: {} for kind in ENTITY_KINDS}
         for kind, key, raw in conn.execute("SELECT kind, key, record FROM entities"):
             byKind = entities.get(kind)
+            key = _s(key)
             if byKind is None:
                 raise self._corrupt(f"it holds an entity of unknown kind {kind!r}")
             try:
@@ -856,41 +1203,112 @@ class SQLiteStore:
                 raise self._corrupt(f"entity {kind}/{key!r} is not valid JSON ({e})") from e
         for kind in ENTITY_KINDS:
             stats[kind] = len(entities[kind])
+        return entities
 
-        bodies = {}
-        bodyBytes = 0
-        for msgId, exchange, routingKey, props, body in conn.execute(
-            "SELECT msg_id, exchange, routing_key, props, body FROM messages"
-        ):
-            bodies[msgId] = (exchange, routingKey, props, body)
-            bodyBytes += len(body)
+    def _loadMessages(self, conn, entities, stats):
+        """
+        Every live queue's entries with their messages, in one joined
+        query over the primary key (qid, msg_id); per queue the list is
+        sorted by seq (msg_id order almost always is seq order, so the sort
+        is a linear pass).  A message held by several queues is one set of
+        objects; names are decoded once per distinct value.
+        """
+        keyOf = {qid: key for key, qid in self._qids.items()}
         messages = {}
+        names = {}
+        seen = {}
         queued = 0
-        for queueKey, msgId, seq, enq, exp, redelivered in conn.execute(
-            "SELECT queue, msg_id, seq, enqueued_at, expires_at, redelivered "
-            "FROM queue_messages"
+        bodyBytes = 0
+        current = None
+        recovered = None
+        ordered = True
+        lastSeq = None
+        Recovered = RecoveredMessage
+        for qid, msgId, seq, enq, exp, redelivered, exchange, routingKey, props, body in (
+            conn.execute(_LOAD_MESSAGES)
         ):
-            exchange, routingKey, props, body = bodies[msgId]
-            recovered = messages.get(queueKey)
-            if recovered is None:
-                recovered = messages[queueKey] = []
+            if qid != current:
+                key = keyOf.get(qid)
+                if key is None:
+                    continue  # a dead qid not cleaned up yet
+                if recovered is not None and not ordered:
+                    recovered.sort(key=_bySeq)
+                current = qid
+                recovered = messages[key] = []
+                ordered = True
+                lastSeq = None
+            shared = seen.get(msgId)
+            if shared is None:
+                ex = names.get(exchange)
+                if ex is None:
+                    ex = names[exchange] = _s(exchange)
+                rk = names.get(routingKey)
+                if rk is None:
+                    rk = names[routingKey] = _s(routingKey)
+                seen[msgId] = (ex, rk, props, body)
+                bodyBytes += len(body)
+            else:
+                ex, rk, props, body = shared
+            if lastSeq is not None and seq < lastSeq:
+                ordered = False
+            lastSeq = seq
             recovered.append(
-                RecoveredMessage(
-                    msgId,
-                    seq,
-                    enq,
-                    exp,
-                    bool(redelivered),
-                    exchange,
-                    routingKey,
-                    props,
-                    body,
-                )
+                Recovered(msgId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
             )
             queued += 1
-        for recovered in messages.values():
-            recovered.sort(key=lambda m: m.seq)
-        stats["messages"] = len(bodies)
+        if recovered is not None and not ordered:
+            recovered.sort(key=_bySeq)
+        stats["messages"] = len(seen)
         stats["queuedMessages"] = queued
         stats["bodyBytes"] = bodyBytes
         return RecoveredState(entities, messages, stats, self.path)
+
+
+def _bySeq(message):
+    return message.seq
+
+
+_DELETE_ENTRIES = (
+    "DELETE FROM queue_messages WHERE (qid, msg_id) IN (SELECT column1, column2 FROM (VALUES "
+)
+_INSERT_ENTRIES = (
+    "INSERT OR REPLACE INTO queue_messages "
+    "(qid, msg_id, seq, enqueued_at, expires_at, redelivered) VALUES "
+)
+_MARK_ENTRIES = (
+    "UPDATE queue_messages SET redelivered = 1 WHERE (qid, msg_id) IN "
+    "(SELECT column1, column2 FROM (VALUES "
+)
+_DELETE_ORPHANS = "DELETE FROM messages WHERE msg_id IN (VALUES "
+_DELETE_ORPHANS_TAIL = (
+    ") AND NOT EXISTS (SELECT 1 FROM queue_messages WHERE queue_messages.msg_id = messages.msg_id)"
+)
+_COLLECT = (
+    "DELETE FROM queue_messages WHERE qid = ? AND msg_id IN "
+    "(SELECT msg_id FROM queue_messages WHERE qid = ? LIMIT ?) RETURNING msg_id"
+)
+_LOAD_MESSAGES = (
+    "SELECT q.qid, q.msg_id, q.seq, q.enqueued_at, q.expires_at, q.redelivered, "
+    "m.exchange, m.routing_key, m.props, m.body "
+    "FROM queue_messages AS q JOIN messages AS m ON m.msg_id = q.msg_id "
+    "ORDER BY q.qid, q.msg_id"
+)
+
+#: the statements the writer runs per batch and per clean-up chunk (the hot
+#: ones: publish, ack, dequeue, redelivered mark, purge, clean-up) as
+#: ``{name: (sql, parameter count)}``; ``test_store`` asserts that SQLite
+#: plans each as an index search, never a scan of a whole table
+HOT_STATEMENTS = {
+    "dequeue": (_DELETE_ENTRIES + "(?, ?), (?, ?)))", 4),
+    "enqueue": (_INSERT_ENTRIES + "(?, ?, ?, ?, ?, ?)", 6),
+    "markRedelivered": (_MARK_ENTRIES + "(?, ?), (?, ?)))", 4),
+    "deleteOrphans": (_DELETE_ORPHANS + "(?), (?)" + _DELETE_ORPHANS_TAIL, 2),
+    "addMessage": (
+        "INSERT OR REPLACE INTO messages (msg_id, exchange, routing_key, props, body) "
+        "VALUES (?, ?, ?, ?, ?)", 5),
+    "purgeKeep": (
+        "UPDATE queue_messages SET qid = ? WHERE qid = ? AND msg_id IN (VALUES (?), (?))", 4),
+    "purgeQueue": ("DELETE FROM queues WHERE key = ?", 1),
+    "collect": (_COLLECT, 3),
+    "load": (_LOAD_MESSAGES, 0),
+}

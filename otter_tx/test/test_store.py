@@ -326,6 +326,49 @@ class StoreContractMixin:
         self.assertEqual((self.ids(recovered, "a"), self.ids(recovered, "b")), ([4], [2]))
         self.assertEqual(recovered.stats["messages"], 2)
 
+    async def test_purgeQueueKeeps(self):
+        """purgeQueue(key, keep) removes every entry of the queue except the kept msgIds, on disk and pending."""
+        await self.openStore()
+        self.store.putEntity("queue", "a", {})
+        for i in range(1, 5):
+            self.addQueueMessage("a", i)
+        await self.store.sync()
+        self.addQueueMessage("a", 5)
+        self.addQueueMessage("a", 6)
+        self.store.purgeQueue("a", keep=[2, 3, 6, 99])
+        self.store.markRedelivered("a", 3)
+        recovered = await self.reopen()
+        self.assertEqual(self.ids(recovered, "a"), [2, 3, 6])
+        self.assertEqual([m.redelivered for m in recovered.messages["a"]], [False, True, False])
+        self.assertEqual(recovered.stats["messages"], 3)
+
+    async def test_anyStringIsStorable(self):
+        """Keys, exchange names and routing keys holding lone surrogates (shortstr bytes that are not UTF-8) round-trip unchanged."""
+        await self.openStore()
+        odd = b"q\xff\xed\xb0\x80".decode("utf-8", "surrogateescape")
+        self.store.putEntity("queue", "/\x00" + odd, {"name": odd})
+        self.store.putEntity("exchange", odd, {})
+        self.store.addMessage(1, odd, odd + "rk", b"p", b"b")
+        self.store.enqueue("/\x00" + odd, 1, 1, 1.0, None, False)
+        await self.store.sync()
+        recovered = await self.reopen()
+        self.assertEqual(recovered.entities["queue"], {"/\x00" + odd: {"name": odd}})
+        self.assertEqual(recovered.entities["exchange"], {odd: {}})
+        [message] = recovered.messages["/\x00" + odd]
+        self.assertEqual((message.exchange, message.routingKey), (odd, odd + "rk"))
+        self.store.putEntity("vhost", "/", {})
+        await self.store.sync()
+
+    async def test_healthInterface(self):
+        """A working store is healthy and accepts health observers without calling them."""
+        await self.openStore()
+        calls = []
+        self.store.addHealthObserver(lambda healthy, reason: calls.append((healthy, reason)))
+        self.store.putEntity("vhost", "/", {})
+        await self.store.sync()
+        self.assertIs(self.store.healthy, True)
+        self.assertEqual(calls, [])
+
     async def test_deleteQueueDropsMessages(self):
         """Deleting a queue entity drops its entries; a queue declared again starts empty."""
         await self.openStore()
@@ -408,6 +451,24 @@ class MemoryStoreTests(StoreContractMixin, SynchronousTestCase):
 
     def drive(self, coroutine):
         self.successResultOf(defer.Deferred.fromCoroutine(coroutine))
+
+
+class MemoryStoreFailureTests(SynchronousTestCase):
+    """The memory store's simulated write failures, for the alarm and confirm tests."""
+
+    def test_failWrites(self):
+        """failWrites() makes sync() fail and the store unhealthy; writesRecovered() undoes it; observers see both."""
+        store = MemoryStore()
+        self.successResultOf(store.open())
+        calls = []
+        store.addHealthObserver(lambda healthy, reason: calls.append((healthy, reason)))
+        store.failWrites("disk full")
+        self.assertFalse(store.healthy)
+        self.failureResultOf(store.sync(), StoreFailedError)
+        store.writesRecovered()
+        self.assertTrue(store.healthy)
+        self.successResultOf(store.sync())
+        self.assertEqual(calls, [(False, "store write failed: disk full"), (True, None)])
 
 
 class _SQLiteFixture:
@@ -587,7 +648,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
             rows = conn.execute("SELECT kind, key, record FROM entities").fetchall()
         finally:
             conn.close()
-        self.assertEqual([(k, key, json.loads(r)) for k, key, r in rows], [("vhost", "/", {"tracing": False})])
+        self.assertEqual([(k, key, json.loads(r)) for k, key, r in rows], [("vhost", b"/", {"tracing": False})])
 
     async def test_writesOffReactorThread(self):
         """Opening, recovery and every write run on the writer thread, never the reactor thread."""
@@ -617,9 +678,9 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         gate = threading.Event()
         original = store._write
 
-        def slowWrite(conn, batch):
+        def slowWrite(conn, batches, finish=False):
             gate.wait(10)
-            return original(conn, batch)
+            return original(conn, batches, finish)
 
         store._write = slowWrite
         store.putEntity("queue", "q", {})
@@ -644,10 +705,11 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         original = store._write
         written = []
 
-        def recordingWrite(conn, batch):
+        def recordingWrite(conn, batches, finish=False):
             gate.wait(10)
-            written.append((dict(batch.adds), {q: dict(e) for q, e in batch.entries.items()}))
-            return original(conn, batch)
+            for batch in batches:
+                written.append((dict(batch.adds), {q: dict(e) for q, e in batch.entries.items()}))
+            return original(conn, batches, finish)
 
         store._write = recordingWrite
         store.putEntity("vhost", "/", {})
@@ -810,10 +872,11 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
 
     async def test_recoveryReadsOneSnapshot(self):
         """
-        Recovery reads its tables in one transaction: a message committed by
-        another writer between the reads of messages and queue entries is
-        either wholly seen or not at all.
+        Recovery reads its tables in one write transaction: another writer
+        trying to add an entry while the messages are read is kept out, and
+        what recovery returns is the one snapshot.
         """
+        blocked = []
         first = self.newStore()
         await first.open()
         first.putEntity("queue", "q", {})
@@ -824,13 +887,12 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
 
         class Interleaving(sqlite3.Connection):
             def execute(self, sql, *args):
-                if sql.startswith("SELECT queue, msg_id"):
-                    other = sqlite3.connect(path, isolation_level=None)
+                if sql.startswith("SELECT q.qid, q.msg_id"):
+                    other = sqlite3.connect(path, isolation_level=None, timeout=0.1)
                     try:
-                        other.execute("BEGIN IMMEDIATE")
-                        other.execute("INSERT INTO messages VALUES (2, '', 'q', x'', x'74776f')")
-                        other.execute("INSERT INTO queue_messages VALUES ('q', 2, 2, 1.0, NULL, 0)")
-                        other.execute("COMMIT")
+                        other.execute("INSERT INTO queue_messages VALUES (1, 2, 2, 1.0, NULL, 0)")
+                    except sqlite3.OperationalError as e:
+                        blocked.append(str(e))
                     finally:
                         other.close()
                 return sqlite3.Connection.execute(self, sql, *args)
@@ -846,24 +908,253 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         second = self.newStore()
         recovered = await second.open()
         self.assertEqual([m.body for m in recovered.messages["q"]], [b"one"])
+        self.assertEqual(len(blocked), 1)
+        self.assertIn("locked", blocked[0])
 
-    async def test_writeFailure(self):
-        """A failed commit fails that sync(), every later sync() and close() with StoreFailedError."""
-        store = self.newStore()
+    def _limitPages(self, store):
+        """
+        Make ``store``'s writer run each write with ``PRAGMA max_page_count``
+        set to ``limit[0]`` (SQLite's own "database or disk is full", as on a
+        full disk); returns ``limit``.
+        """
+        limit = [1 << 30]
+        original = store._write
+
+        def limited(conn, batches, finish=False):
+            conn.execute(f"PRAGMA max_page_count = {limit[0]}").fetchall()
+            return original(conn, batches, finish)
+
+        store._write = limited
+        return limit
+
+    async def test_diskFullFailsOnlyThatBatchAndRecovers(self):
+        """
+        A batch that hits a full disk fails only its own syncs (StoreFailedError),
+        turns the store unhealthy with a one-line reason, keeps its changes and
+        writes them once space is back; the store turns healthy by itself.
+        """
+        store = self.newStore(retryDelays=(0.05,))
         await store.open()
+        health = []
+        store.addHealthObserver(lambda healthy, reason: health.append((healthy, reason)))
+        self.assertTrue(store.healthy)
+        limit = self._limitPages(store)
+        store.putEntity("queue", "q", {})
+        store.addMessage(1, "", "q", b"", b"before")
+        store.enqueue("q", 1, 1, 1.0, None, False)
+        await store.sync()
+        conn = sqlite3.connect(store.path)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.close()
+        limit[0] = pages + 2
+        for i in range(2, 50):
+            store.addMessage(i, "", "q", b"", b"x" * 4000)
+            store.enqueue("q", i, i, 1.0, None, False)
+        with self.assertRaises(StoreFailedError) as caught:
+            await store.sync()
+        self.assertIn("full", str(caught.exception))
+        self.assertFalse(store.healthy)
+        self.assertEqual(len(health), 1)
+        self.assertEqual(health[0][0], False)
+        self.assertTrue(health[0][1].startswith("store write failed: "), health[0][1])
+        self.assertIn("full", health[0][1])
+        self.assertNotIn("\n", health[0][1])
+        # still full: a later sync fails too (the kept batch cannot be written)
+        store.dequeue("q", 1)
+        with self.assertRaises(StoreFailedError):
+            await store.sync()
+        limit[0] = 1 << 30
+        await store.sync()
+        self.assertTrue(store.healthy)
+        self.assertEqual(health[1:], [(True, None)])
+        recovered = await self._reopen(store)
+        self.assertEqual([m.msgId for m in recovered.messages["q"]], list(range(2, 50)))
+        self.assertGreaterEqual(store.stats["failedCommits"], 2)
 
-        def failingWrite(conn, batch):
-            raise sqlite3.OperationalError("disk I/O error")
+    async def _reopen(self, store):
+        await store.close()
+        again = self.newStore(store.path)
+        return await again.open()
 
-        store._write = failingWrite
+    async def test_failingCloseFails(self):
+        """close() fails with StoreFailedError when its last write fails, and the stop is not clean."""
+        store = self.newStore(retryDelays=(0.05,))
+        await store.open()
+        limit = self._limitPages(store)
+        store.putEntity("queue", "q", {})
+        store.addMessage(1, "", "q", b"", b"synced")
+        store.enqueue("q", 1, 1, 1.0, None, False)
+        await store.sync()
+        limit[0] = 1
+        store.addMessage(2, "", "q", b"", b"y" * 8000)
+        store.enqueue("q", 2, 2, 1.0, None, False)
+        with self.assertRaises(StoreFailedError):
+            await store.close()
+        again = self.newStore(store.path)
+        recovered = await again.open()
+        self.assertEqual([(m.msgId, m.redelivered) for m in recovered.messages["q"]], [(1, True)])
+
+    async def test_writerBugFailsWaiters(self):
+        """An exception in the write fails that batch's sync() with StoreFailedError naming the file and the cause."""
+        store = self.newStore(retryDelays=(0.05,))
+        await store.open()
+        calls = []
+
+        def failingOnce(conn, batches, finish=False, _original=store._write):
+            calls.append(len(batches))
+            if len(calls) == 1:
+                raise sqlite3.OperationalError("disk I/O error")
+            return _original(conn, batches, finish)
+
+        store._write = failingOnce
         store.putEntity("vhost", "/", {})
         with self.assertRaises(StoreFailedError) as caught:
             await store.sync()
         self.assertIn("disk I/O error", str(caught.exception))
         self.assertIn(store.path, str(caught.exception))
         store.putEntity("vhost", "/2", {})
-        with self.assertRaises(StoreFailedError):
-            await store.sync()
-        with self.assertRaises(StoreFailedError):
-            await store.close()
-        self.assertEqual(len(self.flushLoggedErrors(sqlite3.OperationalError)), 1)
+        await store.sync()
+        recovered = await self._reopen(store)
+        self.assertEqual(set(recovered.entities["vhost"]), {"/", "/2"})
+
+    def test_hotStatementsUseIndexes(self):
+        """Every statement of the write path is planned as index searches, and recovery reads without a sort."""
+        conn = sqlite3.connect(":memory:")
+        self.addCleanup(conn.close)
+        conn.executescript(sqliteModule._SCHEMA)
+        for name, (sql, count) in sqliteModule.HOT_STATEMENTS.items():
+            plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, [1] * count)]
+            if name == "load":
+                self.assertEqual(plan, ["SCAN q", "SEARCH m USING INTEGER PRIMARY KEY (rowid=?)"])
+                continue
+            for step in plan:
+                if step.startswith("SCAN"):
+                    self.assertRegex(step, r"^SCAN (\d+ CONSTANT ROWS|\(subquery-\d+\))$", (name, plan))
+            self.assertFalse([s for s in plan if "TEMP B-TREE" in s], (name, plan))
+        self.assertIn("queue_messages", conn.execute(
+            "EXPLAIN QUERY PLAN " + sqliteModule.HOT_STATEMENTS["dequeue"][0], [1] * 4).fetchall()[0][3])
+
+    async def test_purgeIsBackgroundAndSpaceReturned(self):
+        """
+        A purge commits in one small transaction; its entries and messages are
+        removed in GC_CHUNK steps afterwards and the freed pages go back to the
+        file system; a message still held by another queue stays.
+        """
+        self.patch(sqliteModule, "GC_CHUNK", 100)
+        self.patch(sqliteModule, "VACUUM_THRESHOLD", 8)
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.putEntity("queue", "other", {})
+        for i in range(1000):
+            store.addMessage(i, "", "q", b"", b"z" * 2000)
+            store.enqueue("q", i, i, 1.0, None, False)
+        store.enqueue("other", 7, 7, 1.0, None, False)
+        await store.sync()
+        await store._whenIdle()
+        full = os.path.getsize(store.path) + os.path.getsize(store.path + "-wal")
+        store.purgeQueue("q")
+        store.addMessage(5000, "", "q", b"", b"after")
+        store.enqueue("q", 5000, 5000, 1.0, None, False)
+        await store.sync()
+        await store._whenIdle()
+        self.assertEqual(store.stats["gcEntries"], 1000)
+        self.assertGreater(store.stats["vacuumedPages"], 0)
+        recovered = await self._reopen(store)
+        self.assertEqual([m.msgId for m in recovered.messages["q"]], [5000])
+        self.assertEqual([m.msgId for m in recovered.messages["other"]], [7])
+        self.assertEqual(recovered.stats["messages"], 2)
+        self.assertLess(os.path.getsize(store.path), full / 4)
+
+    async def test_stopDuringCleanUp(self):
+        """A stop before a purge's clean-up finished resurrects nothing; the clean-up resumes at the next open."""
+        self.patch(sqliteModule, "GC_CHUNK", 10)
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        for i in range(500):
+            store.addMessage(i, "", "q", b"", b"w")
+            store.enqueue("q", i, i, 1.0, None, False)
+        await store.sync()
+        store.purgeQueue("q", keep=[3, 4])
+        await store.sync()
+        await store._abandon()
+        again = self.newStore(store.path)
+        recovered = await again.open()
+        self.assertEqual([m.msgId for m in recovered.messages["q"]], [3, 4])
+        await again._whenIdle()
+        await again.close()
+        conn = sqlite3.connect(store.path)
+        self.addCleanup(conn.close)
+        self.assertEqual(conn.execute("SELECT count(*) FROM queue_messages").fetchone()[0], 2)
+        self.assertEqual(conn.execute("SELECT count(*) FROM messages").fetchone()[0], 2)
+        self.assertEqual(conn.execute("SELECT count(*) FROM dead_queues").fetchone()[0], 0)
+
+    async def test_uncleanStopMarksRedelivered(self):
+        """After an unclean stop every recovered entry is redelivered, and stays so; after a clean one flags are as stored."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        for i in range(3):
+            store.addMessage(i, "", "q", b"", b"m")
+            store.enqueue("q", i, i, 1.0, None, i == 1)
+        await store.close()
+        clean = self.newStore(store.path)
+        recovered = await clean.open()
+        self.assertEqual([m.redelivered for m in recovered.messages["q"]], [False, True, False])
+        await clean._abandon()
+        crashed = self.newStore(store.path)
+        recovered = await crashed.open()
+        self.assertEqual([m.redelivered for m in recovered.messages["q"]], [True, True, True])
+        recovered = await self._reopen(crashed)
+        self.assertEqual([m.redelivered for m in recovered.messages["q"]], [True, True, True])
+
+    async def test_migrateSchema1(self):
+        """A schema-1 file is migrated on open: everything comes back, auto_vacuum is incremental, the version is 2."""
+        path = os.path.abspath(self.mktemp()) + ".sqlite3"
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(_SCHEMA_1 + """
+            INSERT INTO meta VALUES ('format', 'otter_tx-store'), ('schema_version', '1');
+            INSERT INTO entities VALUES ('queue', '/' || char(0) || 'q', '{"a": 1}');
+            INSERT INTO entities VALUES ('queue', '/' || char(0) || 'r', '{}');
+            INSERT INTO messages VALUES (1, 'ex', 'rk', x'01', x'626f6479');
+            INSERT INTO messages VALUES (2, 'ex', 'rk2', x'', x'');
+            INSERT INTO queue_messages VALUES ('/' || char(0) || 'q', 1, 10, 5.0, NULL, 1);
+            INSERT INTO queue_messages VALUES ('/' || char(0) || 'q', 2, 11, 5.0, 9.0, 0);
+            INSERT INTO queue_messages VALUES ('/' || char(0) || 'r', 2, 3, 6.0, NULL, 0);
+        """)
+        conn.close()
+        store = self.newStore(path)
+        recovered = await store.open()
+        self.assertEqual(recovered.entities["queue"], {"/\x00q": {"a": 1}, "/\x00r": {}})
+        self.assertEqual(
+            [(m.msgId, m.seq, m.exchange, m.routingKey, m.body, m.expiresAtMs)
+             for m in recovered.messages["/\x00q"]],
+            [(1, 10, "ex", "rk", b"body", None), (2, 11, "ex", "rk2", b"", 9.0)],
+        )
+        self.assertEqual([m.msgId for m in recovered.messages["/\x00r"]], [2])
+        store.putEntity("queue", "/\x00s", {})
+        store.addMessage(3, "", "s", b"", b"new")
+        store.enqueue("/\x00s", 3, 1, 1.0, None, False)
+        recovered = await self._reopen(store)
+        self.assertEqual([m.msgId for m in recovered.messages["/\x00s"]], [3])
+        conn = sqlite3.connect(path)
+        self.addCleanup(conn.close)
+        self.assertEqual(conn.execute("PRAGMA auto_vacuum").fetchone()[0], 2)
+        self.assertEqual(
+            conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0], "2")
+
+
+#: the schema-1 tables, as otter_tx wrote them before schema 2
+_SCHEMA_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE entities (kind TEXT NOT NULL, key TEXT NOT NULL, record TEXT NOT NULL,
+    PRIMARY KEY (kind, key)) WITHOUT ROWID;
+CREATE TABLE messages (msg_id INTEGER PRIMARY KEY, exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL, props BLOB NOT NULL, body BLOB NOT NULL);
+CREATE TABLE queue_messages (queue TEXT NOT NULL, msg_id INTEGER NOT NULL, seq INTEGER NOT NULL,
+    enqueued_at REAL NOT NULL, expires_at REAL, redelivered INTEGER NOT NULL,
+    PRIMARY KEY (queue, msg_id)) WITHOUT ROWID;
+CREATE INDEX queue_messages_by_msg ON queue_messages (msg_id);
+"""
