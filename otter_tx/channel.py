@@ -34,6 +34,7 @@ from otter_tx.broker.broker import exchangeDeclareChecks, queueDeclareChecks
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.vhost import serverNamedQueue
+from otter_tx.store.interface import StoreFailedError
 
 log = Logger()
 
@@ -61,6 +62,26 @@ def _shortstr(s):
 def _serverConsumerTag():
     """``amq.ctag-`` + 22 base64url characters, as RabbitMQ names consumers."""
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
+
+
+def _checkShortStrings(cls, m):
+    """
+    A method's short strings must be UTF-8, as RabbitMQ checks them in
+    every method but basic.publish: 501 "FRAME_ERROR - Malformed UTF-8 in
+    shortstr", a connection error with class and method 0 (checked on
+    RabbitMQ 3.10 for queue.declare/bind/purge/delete, exchange.declare/
+    delete, basic.consume/get).  The codec decodes undecodable bytes to
+    lone surrogates, so such names never reach a queue, an exchange or the
+    store.
+    """
+    for name, t in zip(cls.FIELDS, cls.TYPES):
+        if t == "s":
+            value = getattr(m, name)
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise AMQPError(spec.FRAME_ERROR, "Malformed UTF-8 in shortstr") from None
 
 
 class Consumer:
@@ -210,6 +231,8 @@ class Channel:
         if handler is None:
             raise AMQPError(spec.COMMAND_INVALID, "%s not allowed on a channel" % (cls.NAME,), cls)
         m = cls.decode(payload, 4)
+        if "s" in cls.TYPES:
+            _checkShortStrings(cls, m)
         try:
             handler(m)
         except AMQPError as e:
@@ -896,6 +919,9 @@ class Channel:
         the store's ``sync()`` (fsync'd group commit), and later batches wait
         behind it so confirms stay in order
         (https://www.rabbitmq.com/docs/confirms#when-publishes-are-confirmed).
+        When the store could not write that batch (``StoreFailedError``),
+        every publish of the batch gets basic.nack ("the broker could not
+        take responsibility", same page) and the connection stays open.
         """
         confirms, self._confirms = self._confirms, []
         if self.closing or not confirms:
@@ -913,10 +939,15 @@ class Channel:
                 self._drainConfirms()
 
             def failed(f):
-                log.failure("store sync failed; confirms withheld", f)
-                self.connection.forceClose(
-                    spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
-                )
+                if not f.check(StoreFailedError):
+                    log.failure("store sync failed; confirms withheld", f)
+                    self.connection.forceClose(
+                        spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
+                    )
+                    return
+                slot[0] = [(seq, False) for seq, _ in confirms]
+                slot[1] = True
+                self._drainConfirms()
 
             self.broker.journal.store.sync().addCallbacks(synced, failed)
         else:

@@ -201,6 +201,41 @@ class Journal:
         """A persistent message left durable ``queue`` for good."""
         self.store.dequeue(self.queueKey(queue), entry.message.msgId)
 
+    def purged(self, queue, keep=None):
+        """
+        ``queue.purge`` of durable ``queue`` (AMQP 0-9-1 queue.purge: the
+        ready messages go, unacknowledged ones stay): remove exactly its
+        READY entries from the store with one ``purgeQueue`` call, whose
+        cost does not depend on the queue's length (the durable store
+        drops the entries in the background; ``docs/storage.md``).  Call
+        it instead of :meth:`removed` per purged entry.
+
+        :param keep: iterable of the msgIds of the queue's persistent
+            entries that are delivered and not yet settled; ``None`` (the
+            default) finds them in the broker's channels (nothing to look
+            for when ``queue.unackedCount`` is 0).
+        """
+        if keep is None:
+            keep = self._unackedIds(queue) if queue.unackedCount else ()
+        self.store.purgeQueue(self.queueKey(queue), keep)
+
+    def _unackedIds(self, queue):
+        """
+        The msgIds of ``queue``'s persistent entries held by a channel:
+        delivered and unacknowledged, or acknowledged inside a transaction
+        not committed yet.  O(unacknowledged deliveries in the broker).
+        """
+        ids = set()
+        for conn in list(self.broker.connections):
+            for channel in list(getattr(conn, "channels", {}).values()):
+                held = [record[:2] for record in getattr(channel, "unacked", {}).values()]
+                for _, taken, _ in getattr(channel, "_txAcks", ()):
+                    held.extend(record[:2] for record in taken)
+                for q, entry in held:
+                    if q is queue and entry.message.persistent:
+                        ids.add(entry.message.msgId)
+        return ids
+
     # --- boot ----------------------------------------------------------------------
 
     def recover(self, state):

@@ -327,19 +327,33 @@ class _HeldSyncStore(MemoryStore):
         for d in waiting:
             d.callback(None)
 
+    def failPending(self):
+        """Fail the waiting syncs as the durable store fails a batch it could not write."""
+        from otter_tx.store.interface import StoreFailedError
 
-class WaitForDiskTests(SynchronousTestCase):
-    """Confirms and tx.commit-ok for persistent messages in durable queues wait for the store's sync."""
+        waiting, self.waiting = self.waiting, []
+        for d in waiting:
+            d.errback(StoreFailedError("<test>", "OperationalError: database or disk is full"))
+
+
+class _ClientOnJournaledBroker:
+    """setUp: a journaled broker on ``makeStore()`` with a FakeClient on channel 1."""
 
     def setUp(self):
         from otter_tx.protocol import AMQPServerFactory
         from otter_tx.testing import FakeClient
 
         self.clock = Clock()
-        self.store = _HeldSyncStore()
+        self.store = self.makeStore()
         self.broker = journaledBroker(self.store, self.clock)
         self.client = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0))
         self.client.openChannel(1)
+
+
+class WaitForDiskTests(_ClientOnJournaledBroker, SynchronousTestCase):
+    """Confirms and tx.commit-ok for persistent messages in durable queues wait for the store's sync."""
+
+    makeStore = _HeldSyncStore
 
     def test_confirmAfterSync(self):
         """basic.ack for a persistent publish to a durable queue is sent only after sync; transient ones at once."""
@@ -358,6 +372,26 @@ class WaitForDiskTests(SynchronousTestCase):
         acks = c.methods()
         self.assertEqual([(type(m), m.delivery_tag) for m in acks], [(spec.BasicAck, 2), (spec.BasicAck, 3)])
 
+    def test_failedSyncNacks(self):
+        """Publishes whose store batch failed get basic.nack in order; the connection stays open and later ones are acked."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        c.send(1, spec.ConfirmSelect(False))
+        c.received()
+        c.publish(1, "", "d", b"p1", props={"delivery_mode": 2})
+        c.publish(1, "", "d", b"p2", props={"delivery_mode": 2})
+        self.assertEqual(c.methods(), [])
+        self.store.failPending()
+        nacks = c.methods()
+        self.assertEqual({type(m) for m in nacks}, {spec.BasicNack})
+        self.assertEqual(sorted(m.delivery_tag for m in nacks), [1, 2])
+        c.publish(1, "", "d", b"p3", props={"delivery_mode": 2})
+        self.store.release()
+        self.assertEqual([(type(m), m.delivery_tag) for m in c.methods()], [(spec.BasicAck, 3)])
+        self.assertFalse(c.transport.disconnecting)
+
     def test_txCommitAfterSync(self):
         """tx.commit-ok for persistent messages in a durable queue waits for sync."""
         from otter_tx.amqp import spec
@@ -371,3 +405,46 @@ class WaitForDiskTests(SynchronousTestCase):
         self.assertEqual(c.methods(), [])
         self.store.release()
         self.assertEqual([type(m) for m in c.methods()], [spec.TxCommitOk])
+
+
+class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
+    """Journal.purged removes exactly a durable queue's ready entries from the store, in one store call."""
+
+    makeStore = MemoryStore
+
+    def storedIds(self):
+        return sorted(self.store._queues.get("/\x00d", {}))
+
+    def test_purgedKeepsUnacked(self):
+        """Ready entries go, the one delivered by basic.get and not acked stays, and only one purgeQueue call is made."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        for i in range(5):
+            c.publish(1, "", "d", b"m%d" % i, props={"delivery_mode": 2})
+        c.send(1, spec.BasicGet(0, "d", False))
+        c.received()
+        queue = self.broker.vhosts["/"].queues["d"]
+        (held,) = [entry for _, entry, _, _ in c.protocol.channels[1].unacked.values()]
+        self.assertEqual(len(self.storedIds()), 5)
+        calls = []
+        original = self.store.purgeQueue
+        self.store.purgeQueue = lambda key, keep=(): (calls.append(key), original(key, keep))
+        self.broker.journal.purged(queue)
+        self.assertEqual(calls, ["/\x00d"])
+        self.assertEqual(self.storedIds(), [held.message.msgId])
+
+    def test_purgedWithoutUnacked(self):
+        """With nothing unacknowledged, every entry of the queue goes and no channel is searched."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        for i in range(3):
+            c.publish(1, "", "d", b"m%d" % i, props={"delivery_mode": 2})
+        c.received()
+        queue = self.broker.vhosts["/"].queues["d"]
+        self.broker.journal._unackedIds = None  # would raise if called
+        self.broker.journal.purged(queue)
+        self.assertEqual(self.storedIds(), [])
