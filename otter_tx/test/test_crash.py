@@ -2,8 +2,11 @@
 Crash test: the broker runs as a separate process (``twistd -n ottermq``),
 a real client (pika) publishes persistent messages with publisher confirms,
 the broker is killed with SIGKILL mid-stream several times and restarted on
-the same data dir; every confirmed message must still be there, unacked
-deliveries come back with ``redelivered`` set, and no message is duplicated.
+the same data dir; every confirmed message must still be there, and no
+message is duplicated.  After a SIGKILL every recovered message comes back
+with ``redelivered`` set, since any of them may have been delivered before
+the kill (the store marks them all after an unclean stop); after a clean
+stop only the delivered ones do.
 """
 
 import os
@@ -147,6 +150,104 @@ class CrashTests(TestCase):
         self.assertEqual(len(ids), len(set(ids)), "a message was duplicated")
         missing = set(confirmed) - set(ids)
         self.assertEqual(missing, set(), "confirmed messages lost: %d" % len(missing))
-        redelivered = {i for i, r in got if r}
-        self.assertEqual(redelivered, {int(b) for b in held})
+        self.assertTrue({int(b) for b in held} <= set(ids))
+        notRedelivered = [i for i, r in got if not r]
+        self.assertEqual(notRedelivered, [], "messages recovered after a SIGKILL without redelivered")
         self.assertIn(b"recovered", proc.output)
+
+    @defer.inlineCallbacks
+    def test_deliveredBeforeKillComeBackRedelivered(self):
+        """
+        Messages a consumer received (and acked) just before a SIGKILL that
+        come back all have redelivered set; after a clean stop a message that
+        was never delivered comes back with redelivered unset.
+        """
+        dataDir = os.path.abspath(self.mktemp())
+        proc, transport = _startBroker(dataDir)
+        port = yield proc.port
+        received = []
+        enough = threading.Event()
+
+        def fill():
+            c = pika.BlockingConnection(_params(port))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("crash", durable=True)
+            for i in range(3000):
+                ch.basic_publish("", "crash", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+            c.close()
+
+        def consume():
+            try:
+                c = pika.BlockingConnection(_params(port))
+                ch = c.channel()
+                ch.basic_qos(prefetch_count=50)
+                for method, props, body in ch.consume("crash", inactivity_timeout=5):
+                    if method is None:
+                        break
+                    received.append(int(body))
+                    ch.basic_ack(method.delivery_tag)
+                    if len(received) >= 1000:
+                        enough.set()
+            except Exception:
+                pass  # the broker was killed
+            enough.set()
+
+        yield threads.deferToThread(fill)
+        t = threading.Thread(target=consume)
+        t.start()
+        yield threads.deferToThread(enough.wait, 30)
+        transport.signalProcess(signal.SIGKILL)
+        yield proc.ended
+        yield threads.deferToThread(t.join, 10)
+        self.assertGreaterEqual(len(received), 1000)
+
+        def drain(port):
+            c = pika.BlockingConnection(_params(port))
+            ch = c.channel()
+            got = []
+            while True:
+                method, props, body = ch.basic_get("crash", auto_ack=True)
+                if method is None:
+                    break
+                got.append((int(body), method.redelivered))
+            c.close()
+            return got
+
+        def publishOne(port):
+            c = pika.BlockingConnection(_params(port))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", "crash", b"fresh", pika.BasicProperties(delivery_mode=2))
+            c.close()
+
+        proc, transport = _startBroker(dataDir)
+        port = yield proc.port
+        try:
+            got = yield threads.deferToThread(drain, port)
+            yield threads.deferToThread(publishOne, port)
+        finally:
+            transport.signalProcess(signal.SIGTERM)
+            yield proc.ended
+        ids = {i for i, _ in got}
+        self.assertEqual(ids | set(received), set(range(3000)))
+        duplicates = [(i, r) for i, r in got if i in set(received)]
+        # messages received whose ack was not durable yet: they must exist for
+        # this test to say anything (263 of 1,050 in a typical run)
+        self.assertGreater(len(duplicates), 0)
+        self.assertEqual([d for d in duplicates if not d[1]], [])
+
+        proc, transport = _startBroker(dataDir)
+        port = yield proc.port
+        try:
+            def getFresh(port):
+                c = pika.BlockingConnection(_params(port))
+                method, props, body = c.channel().basic_get("crash", auto_ack=True)
+                c.close()
+                return body, method.redelivered
+
+            fresh = yield threads.deferToThread(getFresh, port)
+        finally:
+            transport.signalProcess(signal.SIGTERM)
+            yield proc.ended
+        self.assertEqual(fresh, (b"fresh", False))
