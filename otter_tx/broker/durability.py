@@ -308,33 +308,54 @@ class Journal:
                 dest = vh.exchanges.get(rec["destination"])
             if src is not None and dest is not None:
                 vh.bind(src, dest, rec["routingKey"], textToTable(rec["arguments"]))
-        shared = {}
-        maxId = 0
-        count = 0
-        for qkey, recs in state.messages.items():
-            q = queues.get(qkey)
-            if q is None:
-                ex = delayed.get(qkey)
-                for r in recs if ex is not None else ():
-                    m = Message(r.exchange, r.routingKey, bytes(r.propsRaw), r.body)
-                    m.msgId = r.msgId
-                    m.stored = True
-                    maxId = max(maxId, r.msgId)
-                    ex.restore(m, r.seq, r.expiresAtMs)
-                continue
-            for r in recs:
-                m = shared.get(r.msgId)
-                if m is None:
-                    m = Message(r.exchange, r.routingKey, bytes(r.propsRaw), r.body)
-                    m.msgId = r.msgId
-                    m.stored = True
-                    shared[r.msgId] = m
-                    maxId = max(maxId, r.msgId)
-                q.restore(m, r.seq, r.expiresAtMs, r.redelivered)
-                count += 1
+        maxId = self._restoreMessages(state, queues, delayed)
         broker.reserveMessageIds(maxId)
         log.info("{summary}", summary=state.summary())
         return firstBoot
+
+    def _restoreMessages(self, state, queues, delayed):
+        """
+        Put the recovered messages back into their queues (and delayed
+        exchanges) in seq order; returns the highest msgId.  A message held
+        by several queues becomes one :class:`Message`.  Decoded properties
+        are shared between messages with identical property bytes (most
+        messages of a queue have the same few properties; nothing changes a
+        message's ``props`` in place, dead-lettering and the delayed exchange
+        copy them), which makes the broker's part of recovering 1M messages
+        about twice as fast (``bench/store_purge_bench.py recover``).
+        """
+        shared = {}
+        propsCache = {}
+        maxId = 0
+        for qkey, recs in state.messages.items():
+            q = queues.get(qkey)
+            ex = delayed.get(qkey) if q is None else None
+            if q is None and ex is None:
+                continue
+            restore = q.restore if q is not None else None
+            for r in recs:
+                msgId = r.msgId
+                m = shared.get(msgId) if restore is not None else None
+                if m is None:
+                    raw = r.propsRaw
+                    props = propsCache.get(raw)
+                    if props is None:
+                        m = Message(r.exchange, r.routingKey, raw, r.body)
+                        if len(propsCache) < 4096:
+                            propsCache[raw] = m.props
+                    else:
+                        m = Message(r.exchange, r.routingKey, raw, r.body, props)
+                    m.msgId = msgId
+                    m.stored = True
+                    if restore is not None:
+                        shared[msgId] = m
+                    if msgId > maxId:
+                        maxId = msgId
+                if restore is not None:
+                    restore(m, r.seq, r.expiresAtMs, r.redelivered)
+                else:
+                    ex.restore(m, r.seq, r.expiresAtMs)
+        return maxId
 
     def writeAll(self):
         """

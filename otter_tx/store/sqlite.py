@@ -46,7 +46,8 @@ The dead qid's entries and the messages only they referred to are then
 deleted :data:`GC_CHUNK` entries at a time, one chunk per transaction
 (appended to a regular batch, or alone when the store is idle), and freed
 pages are returned to the file system with ``PRAGMA incremental_vacuum``
-(``auto_vacuum = INCREMENTAL``) in steps of :data:`VACUUM_STEP` pages.
+(``auto_vacuum = INCREMENTAL``) in steps of :data:`VACUUM_STEP` pages
+while no batch is pending.
 Recovery reads only live qids, so a stop in the middle of that clean-up
 loses nothing and resurrects nothing; the clean-up resumes at the next
 open.
@@ -109,13 +110,14 @@ FORMAT = "otter_tx-store"
 SCHEMA_VERSION = 2
 
 #: queue entries of a purged or deleted queue deleted per transaction
-GC_CHUNK = 2000
+GC_CHUNK = 1000
 
 #: free pages above which the writer returns space to the file system
 VACUUM_THRESHOLD = 256
 
-#: pages returned per ``PRAGMA incremental_vacuum`` step (4 KiB pages)
-VACUUM_STEP = 512
+#: pages returned per ``PRAGMA incremental_vacuum`` step (4 KiB pages); a
+#: step runs only when no batch is pending
+VACUUM_STEP = 256
 
 #: seconds to wait before writing again after a failed commit; the last
 #: value repeats
@@ -782,7 +784,14 @@ class SQLiteStore:
             batches = self._retry + [batch] if batch.size else list(self._retry)
             failure = None
             waiters = batch.waiters
-            if batches or (self._hasBackgroundWork() and not closing):
+            if not batches and not closing and not self._dead and self._vacuumDue:
+                # idle: return free pages, one small step per loop turn
+                try:
+                    self._vacuum(conn)
+                except Exception as e:
+                    failure = self._writeFailed(conn, e, [])
+                    retryAt = time.monotonic() + self._retryDelay()
+            elif batches or (self._hasBackgroundWork() and not closing):
                 try:
                     self._write(conn, batches, closing)
                 except Exception as e:
@@ -895,8 +904,6 @@ class SQLiteStore:
                 conn.rollback()
             raise
         self.stats["commits"] += 1
-        if self._vacuumDue and not finish:
-            self._vacuum(conn)
 
     def _apply(self, conn, batch):
         """Apply one batch's net changes inside the open transaction."""
@@ -955,6 +962,7 @@ class SQLiteStore:
             for sql, params in _rows(_DELETE_ENTRIES, 2, "))", removals):
                 ex(sql, params)
             orphanCandidates.update(r[1] for r in removals)
+            self._vacuumDue = True
         if inserts:
             for sql, params in _rows(_INSERT_ENTRIES, 6, "", inserts):
                 ex(sql, params)
@@ -1016,11 +1024,10 @@ class SQLiteStore:
         """
         free = conn.execute("PRAGMA freelist_count").fetchone()[0]
         if free <= VACUUM_THRESHOLD:
-            self._vacuumDue = bool(self._dead)
+            self._vacuumDue = False
             return
         conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP})").fetchall()
         self.stats["vacuumedPages"] += min(free, VACUUM_STEP)
-        self._vacuumDue = True
 
     # --- opening and recovery (writer thread) ---------------------------------
 
