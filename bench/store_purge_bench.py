@@ -144,7 +144,7 @@ async def sizeAfterPurge(reactor, directory, n, body):
         running = fileBytes(store.path)
         await store.close()
         closed = fileBytes(store.path)
-        print(f"size: {n:,} messages of {body} B: {full / 1e6:.1f} MB; after purge and clean-up "
+        print(f"size: {n:,} messages of {len(body)} B: {full / 1e6:.1f} MB; after purge and clean-up "
               f"({cleaned:.1f} s, store open): {running / 1e6:.2f} MB (file + WAL); after close: "
               f"{closed / 1e6:.2f} MB", flush=True)
     finally:

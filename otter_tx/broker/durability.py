@@ -11,11 +11,14 @@ and absolute expiry deadline (a TTL keeps running across a restart).  A
 durable queue's ``x-expires`` lease restarts at boot.  Transient messages
 and non-durable entities are not written.
 
-Keys are joined with NUL (names cannot contain it).  Declare arguments are
+Keys are joined with NUL.  Names may contain NUL (AMQP short strings and
+RabbitMQ allow it), so records also carry the names they were made from
+(``names``, ``vhost``) and recovery reads those.  Declare arguments are
 kept as base64 of their AMQP field-table encoding so every type tag survives.
 """
 
 import base64
+import gc
 import hashlib
 import json
 import os
@@ -31,6 +34,19 @@ from otter_tx.broker.queue import Queue
 log = Logger()
 
 SEP = "\x00"
+
+
+def _names(key, record, count):
+    """
+    The ``count`` names a store key was joined from: the record's
+    ``names`` (written since names may contain NUL, which AMQP short strings
+    and RabbitMQ allow), else the key split at its first ``count - 1`` NULs
+    (records written before).
+    """
+    names = record.get("names")
+    if isinstance(names, list) and len(names) == count:
+        return names
+    return key.split(SEP, count - 1)
 
 
 def tableToText(table):
@@ -111,7 +127,8 @@ class Journal:
             if deleted or perms is None:
                 store.deleteEntity("permission", key)
             else:
-                store.putEntity("permission", key, {"configure": perms[0], "write": perms[1], "read": perms[2]})
+                store.putEntity("permission", key, {"configure": perms[0], "write": perms[1], "read": perms[2],
+                                                    "names": [user, vh]})
         elif kind == "policy":
             key = vhost.name + SEP + obj.name
             if deleted:
@@ -129,12 +146,13 @@ class Journal:
             else:
                 if obj.delayed:
                     obj.journal = self
-                    store.putEntity("queue", obj.storeKey(), {"delayedExchange": True})
+                    store.putEntity("queue", obj.storeKey(),
+                                    {"delayedExchange": True, "names": ["", vhost.name, obj.name]})
                 store.putEntity(
                     "exchange",
                     key,
                     {"type": obj.type, "autoDelete": obj.autoDelete, "internal": obj.internal,
-                     "arguments": tableToText(obj.arguments)},
+                     "arguments": tableToText(obj.arguments), "names": [vhost.name, obj.name]},
                 )
         elif kind == "queue":
             if not obj.durable:
@@ -145,7 +163,8 @@ class Journal:
             else:
                 obj.journal = self
                 store.putEntity(
-                    "queue", key, {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments)}
+                    "queue", key, {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments),
+                                   "names": [obj.vhost.name, obj.name]}
                 )
         elif kind == "binding":
             source, dest, routingKey, arguments = obj
@@ -161,7 +180,7 @@ class Journal:
                     "binding",
                     key,
                     {"source": source.name, "destinationKind": destKind, "destination": dest.name,
-                     "routingKey": routingKey, "arguments": args},
+                     "routingKey": routingKey, "arguments": args, "vhost": vhost.name},
                 )
 
     # --- message changes (called by durable queues) ----------------------------
@@ -260,7 +279,7 @@ class Journal:
                     u.salt, u.passwordHash = rec["salt"], rec["hash"]
             broker.permissions.clear()
             for key, rec in ents.get("permission", {}).items():
-                user, vh = key.split(SEP, 1)
+                user, vh = _names(key, rec, 2)
                 broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
         for key, rec in ents.get("policy", {}).items():
             vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
@@ -268,7 +287,7 @@ class Journal:
                 broker.setPolicy(vh.name, rec["name"], rec["pattern"], rec["definition"],
                                  rec.get("priority", 0), rec.get("apply-to", "all"))
         for key, rec in ents.get("exchange", {}).items():
-            vhName, name = key.split(SEP, 1)
+            vhName, name = _names(key, rec, 2)
             vh = broker.vhosts.get(vhName)
             if vh is None:
                 continue
@@ -283,13 +302,13 @@ class Journal:
         delayed = {}
         for key, rec in ents.get("queue", {}).items():
             if rec.get("delayedExchange"):
-                _, vhName, name = key.split(SEP, 2)
+                _, vhName, name = _names(key, rec, 3)
                 vh = broker.vhosts.get(vhName)
                 ex = vh.exchanges.get(name) if vh is not None else None
                 if ex is not None and ex.delayed:
                     delayed[key] = ex
                 continue
-            vhName, name = key.split(SEP, 1)
+            vhName, name = _names(key, rec, 2)
             vh = broker.vhosts.get(vhName)
             if vh is None:
                 continue
@@ -298,7 +317,7 @@ class Journal:
             q.journal = self
             queues[key] = q
         for key, rec in ents.get("binding", {}).items():
-            vh = broker.vhosts.get(key.split(SEP, 1)[0])
+            vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
             if vh is None:
                 continue
             src = vh.exchanges.get(rec["source"])
@@ -308,7 +327,15 @@ class Journal:
                 dest = vh.exchanges.get(rec["destination"])
             if src is not None and dest is not None:
                 vh.bind(src, dest, rec["routingKey"], textToTable(rec["arguments"]))
-        maxId = self._restoreMessages(state, queues, delayed)
+        # no cyclic garbage collection while a million messages and queue
+        # entries are made (its full passes over them would add seconds)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            maxId = self._restoreMessages(state, queues, delayed)
+        finally:
+            if collecting:
+                gc.enable()
         broker.reserveMessageIds(maxId)
         log.info("{summary}", summary=state.summary())
         return firstBoot

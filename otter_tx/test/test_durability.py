@@ -308,6 +308,35 @@ class JournalTests(SynchronousTestCase):
         self.assertEqual(vh.route(fanout, ea.message, [""]), {vh.queues["a"], vh.queues["b"]})
 
 
+class OddNameTests(SynchronousTestCase):
+    """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""
+
+    def test_namesWithNulAndSurrogates(self):
+        """A vhost, user, permission, exchange, queue, binding and message whose names hold NUL and lone surrogates all come back."""
+        clock = Clock()
+        store = MemoryStore()
+        b = journaledBroker(store, clock)
+        odd = b"x\x00y\xff".decode("utf-8", "surrogateescape")
+        b.addVHost("v" + odd)
+        b.addUser("u" + odd, "pw")
+        b.setPermissions("u" + odd, "v" + odd, "c", "w", "r")
+        vh = b.vhosts["v" + odd]
+        vh.declareExchange("e" + odd, "fanout", False, True, False, False, {})
+        q = vh.declareQueue("q" + odd, None, durable=True)
+        vh.bind(vh.exchanges["e" + odd], q, "k" + odd, {})
+        m = Message("e" + odd, "k" + odd, encodeProperties({"delivery_mode": 2}), b"body")
+        vh.publish(vh.exchanges["e" + odd], m)
+        b.stop()
+        self.successResultOf(store.close())
+        b = journaledBroker(store, clock)
+        vh = b.vhosts["v" + odd]
+        self.assertEqual(b.permissions[("u" + odd, "v" + odd)], ("c", "w", "r"))
+        self.assertIn("e" + odd, vh.exchanges)
+        (entry,) = vh.queues["q" + odd].readyEntries()
+        self.assertEqual((entry.message.exchange, entry.message.routingKey), ("e" + odd, "k" + odd))
+        self.assertEqual(vh.route(vh.exchanges["e" + odd], entry.message, ["k" + odd]), {vh.queues["q" + odd]})
+
+
 class _HeldSyncStore(MemoryStore):
     """A MemoryStore whose sync() waits until the test releases it."""
 
