@@ -787,11 +787,15 @@ class SQLiteStore:
             waiters = batch.waiters
             if not batches and not closing and not self._dead and self._vacuumDue:
                 # idle: return free pages, one small step per loop turn
+                # (the waiters of an empty batch have nothing to wait for: a
+                # failed vacuum step is not theirs to fail)
                 try:
                     self._vacuum(conn)
                 except Exception as e:
-                    failure = self._writeFailed(conn, e, [])
+                    self._writeFailed(conn, e, [])
                     retryAt = time.monotonic() + self._retryDelay()
+                else:
+                    self._wroteAgain()
             elif batches or (self._hasBackgroundWork() and not closing):
                 try:
                     self._write(conn, batches, closing)
@@ -800,9 +804,7 @@ class SQLiteStore:
                     retryAt = time.monotonic() + self._retryDelay()
                 else:
                     self._retry = []
-                    if self._failures:
-                        self._failures = 0
-                        self._reportHealth(True, None)
+                    self._wroteAgain()
             elif closing:
                 try:
                     self._markClean(conn)
@@ -826,6 +828,12 @@ class SQLiteStore:
                     self._state = "closed"
                 self._closeOutcome = result
                 return
+
+    def _wroteAgain(self):
+        """A write succeeded (writer thread): healthy again if it was not."""
+        if self._failures:
+            self._failures = 0
+            self._reportHealth(True, None)
 
     def _retryDelay(self):
         delays = self._retryDelays or (0.0,)
