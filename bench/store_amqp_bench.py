@@ -3,21 +3,23 @@
 Issue 8's store rows end to end: a real broker process (``twistd -n ottermq
 --data-dir``, or any broker at ``--url``, e.g. RabbitMQ) and pika clients.
 
-For each of ``ack``, ``delete`` and ``purge``: fill a durable queue with N
+``idle``: the second publisher's confirm latency with nothing else going
+on (the baseline).  For each of ``ack``, ``delete`` and ``purge``: fill a durable queue with N
 persistent messages (default 500,000; published without confirms, then one
 confirmed publish so all are on disk), then, while a second publisher
 publishes one persistent message every 10 ms into another durable queue
 with publisher confirms, either consume-and-ack the whole queue (prefetch
-1,000, ``multiple`` acks every 100), delete the queue, or purge it.  Printed:
+1,000, ``multiple`` acks every 100, in a separate process), delete the queue, or purge it.  Printed:
 how long the operation took and the second publisher's confirm latency
 (p50 / p99 / max) while it ran and for 2 s after.  ``stop`` then fills N,
 purges, and times a SIGTERM stop of the broker process.
 
-    .venv/bin/python bench/store_amqp_bench.py ack delete purge stop
+    .venv/bin/python bench/store_amqp_bench.py idle ack delete purge stop
     .venv/bin/python bench/store_amqp_bench.py ack --url amqp://guest:guest@127.0.0.1:5682/
 """
 
 import argparse
+import multiprocessing
 import os
 import re
 import signal
@@ -75,8 +77,9 @@ def fill(url, queue, n):
 class SecondPublisher(threading.Thread):
     """Publishes one confirmed persistent message every 10 ms; records confirm latencies (s)."""
 
-    def __init__(self, url, queue):
+    def __init__(self, url, queue, deliveryMode=2):
         threading.Thread.__init__(self, daemon=True)
+        self.deliveryMode = deliveryMode
         self.url = url
         self.queue = queue
         self.latencies = []
@@ -87,7 +90,7 @@ class SecondPublisher(threading.Thread):
         ch = c.channel()
         ch.queue_declare(self.queue, durable=True)
         ch.confirm_delivery()
-        props = pika.BasicProperties(delivery_mode=2)
+        props = pika.BasicProperties(delivery_mode=self.deliveryMode)
         while not self.stop.is_set():
             started = time.perf_counter()
             ch.basic_publish("", self.queue, b"second", props)
@@ -132,15 +135,22 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(len(values) * p))] * 1000
 
 
-def measure(url, what, n):
+def measure(url, what, n, deliveryMode):
     queue = "bench-big-" + what
-    fill(url, queue, n)
-    second = SecondPublisher(url, "bench-second-" + what)
+    if what != "idle":
+        fill(url, queue, n)
+    second = SecondPublisher(url, "bench-second-" + what, deliveryMode)
     second.start()
     time.sleep(1)
     started = time.perf_counter()
-    if what == "ack":
-        drain(url, queue, n)
+    if what == "idle":
+        time.sleep(3)
+    elif what == "ack":
+        # the consumer runs in its own process, so it does not take the GIL
+        # from the second publisher's thread
+        consumer = multiprocessing.Process(target=drain, args=(url, queue, n))
+        consumer.start()
+        consumer.join()
         operate(url, queue, "delete")
     else:
         operate(url, queue, what)
@@ -156,8 +166,11 @@ def measure(url, what, n):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", nargs="+", choices=["ack", "delete", "purge", "stop"])
+    p.add_argument("what", nargs="+", choices=["idle", "ack", "delete", "purge", "stop"])
     p.add_argument("-n", type=int, default=500_000)
+    p.add_argument("--transient", action="store_true",
+                   help="the second publisher sends transient messages (no store sync): "
+                        "what the broker itself adds to the latency")
     p.add_argument("--url", help="an external broker instead of a twistd child")
     args = p.parse_args()
     proc = None
@@ -169,7 +182,7 @@ def main():
     try:
         for what in args.what:
             if what != "stop":
-                measure(url, what, args.n)
+                measure(url, what, args.n, 1 if args.transient else 2)
         if "stop" in args.what and proc is not None:
             fill(url, "bench-stop", args.n)
             operate(url, "bench-stop", "purge")
