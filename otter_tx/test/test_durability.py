@@ -5,6 +5,8 @@ the in-process broker (SQLite store under a data dir), transient ones do not
 tests on a MemoryStore and task.Clock.
 """
 
+import os
+
 import pika
 from twisted.internet import reactor, threads
 from twisted.internet.defer import inlineCallbacks
@@ -477,3 +479,58 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
         self.broker.journal._unackedIds = None  # would raise if called
         self.broker.journal.purged(queue)
         self.assertEqual(self.storedIds(), [])
+
+
+class DiskFullTests(TestCase):
+    """A full disk under the real SQLite store: confirms become basic.nack, the connection lives, and it recovers."""
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_nackThenRecover(self):
+        """Publishes whose batch hits SQLITE_FULL are nacked and the store turns unhealthy; once space is back the next publish is acked."""
+        from otter_tx.amqp import spec
+        from otter_tx.broker.broker import Broker
+        from otter_tx.broker.durability import Journal
+        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.store.interface import StoreFailedError
+        from otter_tx.store.sqlite import SQLiteStore
+        from otter_tx.testing import FakeClient
+
+        store = SQLiteStore(self.mktemp(), reactor, retryDelays=(0.05,))
+        state = yield store.open()
+        self.addCleanup(lambda: store.close().addErrback(lambda f: None))
+        limit = [1 << 30]
+        original = store._write
+
+        def limited(conn, batches, finish=False):
+            conn.execute(f"PRAGMA max_page_count = {limit[0]}").fetchall()
+            return original(conn, batches, finish)
+
+        store._write = limited
+        clock = Clock()
+        broker = Broker(clock)
+        journal = Journal(broker, store)
+        journal.recover(state)
+        broker.journal = journal
+        broker.listeners.append(journal.entityChanged)
+        journal.writeAll()
+        health = []
+        store.addHealthObserver(lambda healthy, reason: health.append(healthy))
+        c = FakeClient(AMQPServerFactory(broker, clock, heartbeat=0))
+        c.openChannel(1)
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        c.send(1, spec.ConfirmSelect(False))
+        yield store.sync()
+        c.received()
+        limit[0] = os.path.getsize(store.path) // 4096 + 2
+        c.publish(1, "", "d", b"x" * 200000, props={"delivery_mode": 2})
+        yield self.assertFailure(store.sync(), StoreFailedError)
+        self.assertEqual([type(m) for m in c.methods()], [spec.BasicNack])
+        self.assertEqual(health, [False])
+        limit[0] = 1 << 30
+        c.publish(1, "", "d", b"small", props={"delivery_mode": 2})
+        yield store.sync()
+        self.assertEqual([(type(m), m.delivery_tag) for m in c.methods()], [(spec.BasicAck, 2)])
+        self.assertEqual(health, [False, True])
+        self.assertFalse(c.transport.disconnecting)
