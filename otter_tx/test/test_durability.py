@@ -495,19 +495,13 @@ class DiskFullTests(TestCase):
         from otter_tx.protocol import AMQPServerFactory
         from otter_tx.store.interface import StoreFailedError
         from otter_tx.store.sqlite import SQLiteStore
+        from otter_tx.test.test_store import limitStorePages
         from otter_tx.testing import FakeClient
 
         store = SQLiteStore(self.mktemp(), reactor, retryDelays=(0.05,))
         state = yield store.open()
         self.addCleanup(lambda: store.close().addErrback(lambda f: None))
-        limit = [1 << 30]
-        original = store._write
-
-        def limited(conn, batches, finish=False):
-            conn.execute(f"PRAGMA max_page_count = {limit[0]}").fetchall()
-            return original(conn, batches, finish)
-
-        store._write = limited
+        limit = limitStorePages(store)
         clock = Clock()
         broker = Broker(clock)
         journal = Journal(broker, store)

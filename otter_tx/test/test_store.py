@@ -36,6 +36,23 @@ from otter_tx.store.memory import MemoryStore
 from otter_tx.store.sqlite import STORE_FILENAME, SQLiteStore, resolvePath
 
 
+def limitStorePages(store):
+    """
+    Make ``store``'s writer run each write with ``PRAGMA max_page_count``
+    set to ``limit[0]`` (SQLite's own "database or disk is full", as on a
+    full disk); returns ``limit``, a one-item list the test changes.
+    """
+    limit = [1 << 30]
+    original = store._write
+
+    def limited(conn, batches, finish=False):
+        conn.execute(f"PRAGMA max_page_count = {limit[0]}").fetchall()
+        return original(conn, batches, finish)
+
+    store._write = limited
+    return limit
+
+
 class _CursorKeepingConnection(sqlite3.Connection):
     """
     A connection that keeps every cursor it hands out alive, as PyPy does
@@ -911,22 +928,6 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual(len(blocked), 1)
         self.assertIn("locked", blocked[0])
 
-    def _limitPages(self, store):
-        """
-        Make ``store``'s writer run each write with ``PRAGMA max_page_count``
-        set to ``limit[0]`` (SQLite's own "database or disk is full", as on a
-        full disk); returns ``limit``.
-        """
-        limit = [1 << 30]
-        original = store._write
-
-        def limited(conn, batches, finish=False):
-            conn.execute(f"PRAGMA max_page_count = {limit[0]}").fetchall()
-            return original(conn, batches, finish)
-
-        store._write = limited
-        return limit
-
     async def test_diskFullFailsOnlyThatBatchAndRecovers(self):
         """
         A batch that hits a full disk fails only its own syncs (StoreFailedError),
@@ -938,7 +939,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         health = []
         store.addHealthObserver(lambda healthy, reason: health.append((healthy, reason)))
         self.assertTrue(store.healthy)
-        limit = self._limitPages(store)
+        limit = limitStorePages(store)
         store.putEntity("queue", "q", {})
         store.addMessage(1, "", "q", b"", b"before")
         store.enqueue("q", 1, 1, 1.0, None, False)
@@ -980,7 +981,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         """close() fails with StoreFailedError when its last write fails, and the stop is not clean."""
         store = self.newStore(retryDelays=(0.05,))
         await store.open()
-        limit = self._limitPages(store)
+        limit = limitStorePages(store)
         store.putEntity("queue", "q", {})
         store.addMessage(1, "", "q", b"", b"synced")
         store.enqueue("q", 1, 1, 1.0, None, False)
