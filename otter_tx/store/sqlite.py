@@ -110,8 +110,13 @@ FORMAT = "otter_tx-store"
 #: files with a lower one are migrated when opened (see ``_migrate``)
 SCHEMA_VERSION = 2
 
-#: queue entries of a purged or deleted queue deleted per transaction
+#: queue entries of a purged or deleted queue deleted per transaction, in
+#: a transaction that also writes a batch
 GC_CHUNK = 1000
+
+#: the same in a transaction of its own (the store has nothing else to do;
+#: small, so a sync arriving meanwhile waits little)
+GC_CHUNK_IDLE = 250
 
 #: free pages above which the writer returns space to the file system
 VACUUM_THRESHOLD = 256
@@ -896,22 +901,33 @@ class SQLiteStore:
         """
         Apply ``batches`` in order, then one clean-up chunk, in ONE
         transaction and commit it (one fsync).  With ``finish`` (the close)
-        the transaction also marks the stop clean.
+        the transaction also marks the stop clean.  Without batches (a
+        clean-up chunk alone) the chunk is :data:`GC_CHUNK_IDLE` entries and
+        the commit is not fsync'd (``synchronous = NORMAL``): losing it in a
+        crash only means doing it again, and the next fsync'd commit makes
+        it durable anyway (WAL order).
         """
         ex = conn.execute
-        ex("BEGIN IMMEDIATE")
+        alone = not batches and not finish
+        if alone:
+            ex("PRAGMA synchronous = NORMAL")
         try:
-            for batch in batches:
-                self._apply(conn, batch)
-            if not finish:
-                self._collect(conn)
-            else:
-                self._markClean(conn)
-            ex("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
+            ex("BEGIN IMMEDIATE")
+            try:
+                for batch in batches:
+                    self._apply(conn, batch)
+                if not finish:
+                    self._collect(conn, GC_CHUNK_IDLE if alone else GC_CHUNK)
+                else:
+                    self._markClean(conn)
+                ex("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        finally:
+            if alone:
+                ex("PRAGMA synchronous = FULL")
         self.stats["commits"] += 1
 
     def _apply(self, conn, batch):
@@ -1008,16 +1024,16 @@ class SQLiteStore:
             ):
                 ex(sql, [new, old] + params)
 
-    def _collect(self, conn):
+    def _collect(self, conn, chunk):
         """
-        Delete up to :data:`GC_CHUNK` entries of the oldest dead qid and the
+        Delete up to ``chunk`` entries of the oldest dead qid and the
         messages only they referred to (inside the open transaction).
         """
         if not self._dead:
             return
         qid = self._dead[0]
-        removed = [r[0] for r in conn.execute(_COLLECT, (qid, qid, GC_CHUNK)).fetchall()]
-        if len(removed) < GC_CHUNK:
+        removed = [r[0] for r in conn.execute(_COLLECT, (qid, qid, chunk)).fetchall()]
+        if len(removed) < chunk:
             conn.execute("DELETE FROM dead_queues WHERE qid = ?", (qid,))
             self._dead.pop(0)
         if removed:
@@ -1035,7 +1051,12 @@ class SQLiteStore:
         if free <= VACUUM_THRESHOLD:
             self._vacuumDue = False
             return
-        conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP})").fetchall()
+        # not fsync'd, as a clean-up chunk alone (see _write)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP})").fetchall()
+        finally:
+            conn.execute("PRAGMA synchronous = FULL")
         self.stats["vacuumedPages"] += min(free, VACUUM_STEP)
 
     # --- opening and recovery (writer thread) ---------------------------------

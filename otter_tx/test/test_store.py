@@ -1038,10 +1038,11 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
     async def test_purgeIsBackgroundAndSpaceReturned(self):
         """
         A purge commits in one small transaction; its entries and messages are
-        removed in GC_CHUNK steps afterwards and the freed pages go back to the
+        removed in GC_CHUNK(_IDLE) steps afterwards and the freed pages go back to the
         file system; a message still held by another queue stays.
         """
         self.patch(sqliteModule, "GC_CHUNK", 100)
+        self.patch(sqliteModule, "GC_CHUNK_IDLE", 30)
         self.patch(sqliteModule, "VACUUM_THRESHOLD", 8)
         store = self.newStore()
         await store.open()
@@ -1070,6 +1071,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
     async def test_stopDuringCleanUp(self):
         """A stop before a purge's clean-up finished resurrects nothing; the clean-up resumes at the next open."""
         self.patch(sqliteModule, "GC_CHUNK", 10)
+        self.patch(sqliteModule, "GC_CHUNK_IDLE", 10)
         store = self.newStore()
         await store.open()
         store.putEntity("queue", "q", {})
