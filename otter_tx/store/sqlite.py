@@ -1254,7 +1254,8 @@ class SQLiteStore:
     def _loadMessages(self, conn, entities, stats):
         """
         Every live queue's entries with their messages, in one joined
-        query over the primary key (qid, msg_id); per queue the list is
+        query over the primary key (qid, msg_id), live qids only (the
+        entries of purged queues not cleaned up yet are not read); per queue the list is
         sorted by seq (msg_id order almost always is seq order, so the sort
         is a linear pass).  A message held by several queues is one set of
         objects; names are decoded once per distinct value.
@@ -1337,6 +1338,7 @@ _LOAD_MESSAGES = (
     "SELECT q.qid, q.msg_id, q.seq, q.enqueued_at, q.expires_at, q.redelivered, "
     "m.exchange, m.routing_key, m.props, m.body "
     "FROM queue_messages AS q JOIN messages AS m ON m.msg_id = q.msg_id "
+    "WHERE q.qid IN (SELECT qid FROM queues) "
     "ORDER BY q.qid, q.msg_id"
 )
 
