@@ -29,7 +29,7 @@ from otter_tx.amqp.codec import decodeTable, encodeTable
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
-from otter_tx.broker.queue import Queue
+from otter_tx.broker.queue import UNACKED, Queue
 
 log = Logger()
 
@@ -85,6 +85,9 @@ class Journal:
         self.broker = broker
         self.store = store
         self.clock = broker.clock
+        # {queue: {msgId: QueueEntry}}: persistent entries delivered and not
+        # removed yet (UNACKED, or READY again after a requeue), for purged()
+        self._held = {}
 
     # --- keys ------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class Journal:
                 return
             key = self.queueKey(obj)
             if deleted:
+                self._held.pop(obj, None)
                 store.deleteEntity("queue", key)
             else:
                 obj.journal = self
@@ -213,12 +217,24 @@ class Journal:
         self.store.dequeue(exchange.storeKey(), message.msgId)
 
     def delivered(self, queue, entry):
-        """A persistent message was delivered (redelivered after a restart)."""
-        self.store.markRedelivered(self.queueKey(queue), entry.message.msgId)
+        """
+        A persistent message was delivered and not acked yet (redelivered
+        after a restart); remembered until it is removed, for :meth:`purged`.
+        """
+        msgId = entry.message.msgId
+        held = self._held.get(queue)
+        if held is None:
+            held = self._held[queue] = {}
+        held[msgId] = entry
+        self.store.markRedelivered(self.queueKey(queue), msgId)
 
     def removed(self, queue, entry):
         """A persistent message left durable ``queue`` for good."""
-        self.store.dequeue(self.queueKey(queue), entry.message.msgId)
+        msgId = entry.message.msgId
+        held = self._held.get(queue)
+        if held is not None:
+            held.pop(msgId, None)
+        self.store.dequeue(self.queueKey(queue), msgId)
 
     def purged(self, queue, keep=None):
         """
@@ -231,29 +247,17 @@ class Journal:
 
         :param keep: iterable of the msgIds of the queue's persistent
             entries that are delivered and not yet settled; ``None`` (the
-            default) finds them in the broker's channels (nothing to look
-            for when ``queue.unackedCount`` is 0).
+            default): the entries :meth:`delivered` reported that are still
+            UNACKED (requeued ones are READY again and go).
         """
         if keep is None:
-            keep = self._unackedIds(queue) if queue.unackedCount else ()
+            held = self._held.pop(queue, None)
+            if held:
+                held = {i: e for i, e in held.items() if e.state == UNACKED}
+                if held:
+                    self._held[queue] = held
+            keep = list(held) if held else ()
         self.store.purgeQueue(self.queueKey(queue), keep)
-
-    def _unackedIds(self, queue):
-        """
-        The msgIds of ``queue``'s persistent entries held by a channel:
-        delivered and unacknowledged, or acknowledged inside a transaction
-        not committed yet.  O(unacknowledged deliveries in the broker).
-        """
-        ids = set()
-        for conn in list(self.broker.connections):
-            for channel in list(getattr(conn, "channels", {}).values()):
-                held = [record[:2] for record in getattr(channel, "unacked", {}).values()]
-                for _, taken, _ in getattr(channel, "_txAcks", ()):
-                    held.extend(record[:2] for record in taken)
-                for q, entry in held:
-                    if q is queue and entry.message.persistent:
-                        ids.add(entry.message.msgId)
-        return ids
 
     # --- boot ----------------------------------------------------------------------
 

@@ -466,8 +466,27 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
         self.assertEqual(calls, ["/\x00d"])
         self.assertEqual(self.storedIds(), [held.message.msgId])
 
+    def test_requeuedAreReadyAgain(self):
+        """A delivery that was requeued (basic.reject requeue=true) is ready again and goes with the purge."""
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        for i in range(3):
+            c.publish(1, "", "d", b"m%d" % i, props={"delivery_mode": 2})
+        c.send(1, spec.BasicGet(0, "d", False))
+        c.send(1, spec.BasicGet(0, "d", False))
+        c.received()
+        tags = sorted(c.protocol.channels[1].unacked)
+        c.send(1, spec.BasicReject(tags[0], True))
+        c.received()
+        (held,) = [entry for _, entry, _, _ in c.protocol.channels[1].unacked.values()]
+        queue = self.broker.vhosts["/"].queues["d"]
+        self.broker.journal.purged(queue)
+        self.assertEqual(self.storedIds(), [held.message.msgId])
+
     def test_purgedWithoutUnacked(self):
-        """With nothing unacknowledged, every entry of the queue goes and no channel is searched."""
+        """With nothing unacknowledged, every entry of the queue goes."""
         from otter_tx.amqp import spec
 
         c = self.client
@@ -476,7 +495,6 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
             c.publish(1, "", "d", b"m%d" % i, props={"delivery_mode": 2})
         c.received()
         queue = self.broker.vhosts["/"].queues["d"]
-        self.broker.journal._unackedIds = None  # would raise if called
         self.broker.journal.purged(queue)
         self.assertEqual(self.storedIds(), [])
 
