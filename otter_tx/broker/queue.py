@@ -725,16 +725,8 @@ class Queue:
             return 0
         journal = None if self.deleted else self.journal
         if journal is not None:
-            purged = getattr(journal, "purged", None)
-            if purged is not None:
-                purged(self)
-            elif not self.unackedCount:
-                # nothing unacknowledged: every store entry of the queue is ready
-                journal.store.purgeQueue(journal.queueKey(self))
-            else:
-                for entry in self.readyEntries():
-                    if entry.message.persistent:
-                        journal.removed(self, entry)
+            # one store call: the queue's ready entries, not its unacked ones
+            journal.purged(self)
         levels = self._levels
         self._levels = [deque() for _ in levels]
         freer = self.vhost.broker.freer
