@@ -99,6 +99,9 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
             pub.add_on_connection_unblocked_callback(lambda c, m: events.append("unblocked"))
             ch = pub.channel()
             ch.queue_declare(q)
+            # a freshly started RabbitMQ lists its node without disk_free until its
+            # first statistics emission (a few seconds): wait for it before the alarm
+            self.waitFor(lambda: "disk_free" in self.http("/api/nodes/%s" % (node,))[1], 30)
             try:
                 # against the shared RabbitMQ peer the alarm blocks everyone's publishers:
                 # keep it short (the nodes API, refreshed every few seconds there, is

@@ -719,10 +719,12 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         store.putEntity("queue", "q", {})
         await store.sync()
         gate = threading.Event()
+        entered = threading.Event()
         original = store._write
         written = []
 
         def recordingWrite(conn, batches, finish=False):
+            entered.set()
             gate.wait(10)
             for batch in batches:
                 written.append((dict(batch.adds), {q: dict(e) for q, e in batch.entries.items()}))
@@ -731,6 +733,10 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         store._write = recordingWrite
         store.putEntity("vhost", "/", {})
         blocker = store.sync()
+        # the writer holds the blocker's batch before the pairs are issued, so
+        # all of them meet in one pending batch (else a slow writer thread may
+        # take a batch between a message's add and its enqueue)
+        self.assertTrue(entered.wait(10))
         for i in range(10):
             store.addMessage(i, "", "q", b"", b"m")
             store.enqueue("q", i, i, 1.0, None, False)
