@@ -347,15 +347,23 @@ class Journal:
     def _restoreMessages(self, state, queues, delayed):
         """
         Put the recovered messages back into their queues (and delayed
-        exchanges) in seq order; returns the highest msgId.  A message held
-        by several queues becomes one :class:`Message`.  Decoded properties
+        exchanges) in seq order; returns the highest msgId.
+
+        ``state.messages`` holds one iterable per queue that the store may
+        read lazily (:class:`~otter_tx.store.sqlite.SQLiteStore` reads a row
+        at a time); each entry is restored as it is read and nothing here
+        keeps it, so with :meth:`Queue.restore <otter_tx.broker.queue.Queue.restore>`
+        paging beyond the queue's memory budget, recovering a backlog of
+        any size costs bounded memory (issue 8).  For the same reason a
+        message held by several queues becomes one :class:`Message` per
+        queue (equal content; the store still holds it once, and acking it
+        in one queue removes only that queue's entry).  Decoded properties
         are shared between messages with identical property bytes (most
         messages of a queue have the same few properties; nothing changes a
         message's ``props`` in place, dead-lettering and the delayed exchange
         copy them), which makes the broker's part of recovering 1M messages
         about twice as fast (``bench/store_purge_bench.py recover``).
         """
-        shared = {}
         propsCache = {}
         maxId = 0
         for qkey, recs in state.messages.items():
@@ -366,22 +374,18 @@ class Journal:
             restore = q.restore if q is not None else None
             for r in recs:
                 msgId = r.msgId
-                m = shared.get(msgId) if restore is not None else None
-                if m is None:
-                    raw = r.propsRaw
-                    props = propsCache.get(raw)
-                    if props is None:
-                        m = Message(r.exchange, r.routingKey, raw, r.body)
-                        if len(propsCache) < 4096:
-                            propsCache[raw] = m.props
-                    else:
-                        m = Message(r.exchange, r.routingKey, raw, r.body, props)
-                    m.msgId = msgId
-                    m.stored = True
-                    if restore is not None:
-                        shared[msgId] = m
-                    if msgId > maxId:
-                        maxId = msgId
+                raw = r.propsRaw
+                props = propsCache.get(raw)
+                if props is None:
+                    m = Message(r.exchange, r.routingKey, raw, r.body)
+                    if len(propsCache) < 4096:
+                        propsCache[raw] = m.props
+                else:
+                    m = Message(r.exchange, r.routingKey, raw, r.body, props)
+                m.msgId = msgId
+                m.stored = True
+                if msgId > maxId:
+                    maxId = msgId
                 if restore is not None:
                     restore(m, r.seq, r.expiresAtMs, r.redelivered)
                 else:

@@ -1253,66 +1253,99 @@ class SQLiteStore:
 
     def _loadMessages(self, conn, entities, stats):
         """
-        Every live queue's entries with their messages, in one joined
-        query over the primary key (qid, msg_id), live qids only (the
-        entries of purged queues not cleaned up yet are not read); per queue the list is
-        sorted by seq (msg_id order almost always is seq order, so the sort
-        is a linear pass).  A message held by several queues is one set of
-        objects; names are decoded once per distinct value.
+        The recovered messages as one lazy :class:`_QueueStream` per live
+        queue holding entries (nothing is read into memory here: a queue
+        of 10M messages is read back a row at a time while the broker
+        restores it, so recovery costs bounded memory, issue 8).  The
+        counts for the summary line are index scans; the body bytes a scan
+        of the message rows (no body is read for that: SQLite gets a
+        BLOB's length from its record header).
         """
-        keyOf = {qid: key for key, qid in self._qids.items()}
         messages = {}
-        names = {}
-        seen = {}
         queued = 0
-        bodyBytes = 0
-        current = None
-        recovered = None
-        ordered = True
-        lastSeq = None
-        Recovered = RecoveredMessage
-        for qid, msgId, seq, enq, exp, redelivered, exchange, routingKey, props, body in (
-            conn.execute(_LOAD_MESSAGES)
-        ):
-            if qid != current:
-                key = keyOf.get(qid)
-                if key is None:
-                    continue  # a dead qid not cleaned up yet
-                if recovered is not None and not ordered:
-                    recovered.sort(key=_bySeq)
-                current = qid
-                recovered = messages[key] = []
-                ordered = True
-                lastSeq = None
-            shared = seen.get(msgId)
-            if shared is None:
-                ex = names.get(exchange)
-                if ex is None:
-                    ex = names[exchange] = _s(exchange)
-                rk = names.get(routingKey)
-                if rk is None:
-                    rk = names[routingKey] = _s(routingKey)
-                seen[msgId] = (ex, rk, props, body)
-                bodyBytes += len(body)
-            else:
-                ex, rk, props, body = shared
-            if lastSeq is not None and seq < lastSeq:
-                ordered = False
-            lastSeq = seq
-            recovered.append(
-                Recovered(msgId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
-            )
-            queued += 1
-        if recovered is not None and not ordered:
-            recovered.sort(key=_bySeq)
-        stats["messages"] = len(seen)
+        for key, qid in self._qids.items():
+            count = conn.execute(_COUNT_ENTRIES, (qid,)).fetchone()[0]
+            if count:
+                messages[key] = _QueueStream(self.path, qid, count)
+                queued += count
+        if self._dead:
+            # entries of purged queues not cleaned up yet: count only the
+            # messages a live queue holds
+            row = conn.execute(_COUNT_LIVE_MESSAGES).fetchone()
+        else:
+            row = conn.execute("SELECT count(*), total(length(body)) FROM messages").fetchone()
+        stats["messages"] = row[0]
         stats["queuedMessages"] = queued
-        stats["bodyBytes"] = bodyBytes
+        stats["bodyBytes"] = int(row[1])
         return RecoveredState(entities, messages, stats, self.path)
 
 
-def _bySeq(message):
-    return message.seq
+#: distinct names decoded once per recovered queue, at most this many
+_NAME_CACHE = 4096
+
+
+class _QueueStream:
+    """
+    The recovered entries of one queue, as an iterable of
+    :class:`RecoveredMessage` in ``seq`` order that reads the store file
+    lazily: each iteration opens its own read-only connection on the
+    calling thread (the reactor thread at boot; the writer thread keeps
+    its own) and yields one row at a time, so only the rows not yet
+    consumed stay on disk.  The read is one SQLite snapshot (WAL), taken
+    when iteration starts: iterate before changing that queue.
+
+    Order: the rows are read along the primary key ``(qid, msg_id)``
+    (no sort) when msg_id order is seq order, which it almost always is;
+    otherwise (e.g. a delayed exchange enqueues old messages late)
+    ``ORDER BY seq``, which SQLite sorts in bounded memory (its sorter
+    spills to temporary files).
+
+    ``len()`` is the number of entries when the store was opened.
+    """
+
+    __slots__ = ("path", "qid", "count")
+
+    def __init__(self, path, qid, count):
+        self.path = path
+        self.qid = qid
+        self.count = count
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        return _streamQueue(self.path, self.qid)
+
+    def __repr__(self):
+        return f"<_QueueStream qid={self.qid} entries={self.count}>"
+
+
+def _streamQueue(path, qid):
+    """The generator behind :class:`_QueueStream`."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA query_only = 1").fetchall()
+        conn.execute("PRAGMA busy_timeout = 10000").fetchall()
+        conn.execute("BEGIN")  # one snapshot for both statements
+        disordered = conn.execute(_DISORDERED, (qid,)).fetchone() is not None
+        names = {}
+        Recovered = RecoveredMessage
+        for msgId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
+            _LOAD_BY_SEQ if disordered else _LOAD_MESSAGES, (qid,)
+        ):
+            ex = names.get(exchange)
+            if ex is None:
+                ex = _s(exchange)
+                if len(names) < _NAME_CACHE:
+                    names[exchange] = ex
+            rk = names.get(routingKey)
+            if rk is None:
+                rk = _s(routingKey)
+                if len(names) < _NAME_CACHE:
+                    names[routingKey] = rk
+            yield Recovered(msgId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
+    finally:
+        conn.close()
 
 
 _DELETE_ENTRIES = (
@@ -1334,12 +1367,27 @@ _COLLECT = (
     "DELETE FROM queue_messages WHERE qid = ? AND msg_id IN "
     "(SELECT msg_id FROM queue_messages WHERE qid = ? LIMIT ?) RETURNING msg_id"
 )
-_LOAD_MESSAGES = (
-    "SELECT q.qid, q.msg_id, q.seq, q.enqueued_at, q.expires_at, q.redelivered, "
+_LOAD_COLUMNS = (
+    "SELECT q.msg_id, q.seq, q.enqueued_at, q.expires_at, q.redelivered, "
     "m.exchange, m.routing_key, m.props, m.body "
     "FROM queue_messages AS q JOIN messages AS m ON m.msg_id = q.msg_id "
-    "WHERE q.qid IN (SELECT qid FROM queues) "
-    "ORDER BY q.qid, q.msg_id"
+    "WHERE q.qid = ? "
+)
+#: one queue's entries along the primary key (when msg_id order is seq order)
+_LOAD_MESSAGES = _LOAD_COLUMNS + "ORDER BY q.msg_id"
+#: one queue's entries sorted by seq (when it is not)
+_LOAD_BY_SEQ = _LOAD_COLUMNS + "ORDER BY q.seq, q.msg_id"
+#: a row if some entry of the queue has a lower seq than the one before it
+#: in msg_id order (an index-only scan, no body read)
+_DISORDERED = (
+    "SELECT 1 FROM (SELECT seq < lag(seq) OVER (ORDER BY msg_id) AS back "
+    "FROM queue_messages WHERE qid = ?) WHERE back LIMIT 1"
+)
+_COUNT_ENTRIES = "SELECT count(*) FROM queue_messages WHERE qid = ?"
+_COUNT_LIVE_MESSAGES = (
+    "SELECT count(*), total(length(m.body)) FROM messages AS m WHERE EXISTS "
+    "(SELECT 1 FROM queue_messages AS q WHERE q.msg_id = m.msg_id "
+    "AND q.qid IN (SELECT qid FROM queues))"
 )
 
 #: the statements the writer runs per batch and per clean-up chunk (the hot
@@ -1358,5 +1406,6 @@ HOT_STATEMENTS = {
         "UPDATE queue_messages SET qid = ? WHERE qid = ? AND msg_id IN (VALUES (?), (?))", 4),
     "purgeQueue": ("DELETE FROM queues WHERE key = ?", 1),
     "collect": (_COLLECT, 3),
-    "load": (_LOAD_MESSAGES, 0),
+    "load": (_LOAD_MESSAGES, 1),
+    "countEntries": (_COUNT_ENTRIES, 1),
 }

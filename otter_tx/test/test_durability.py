@@ -290,8 +290,12 @@ class JournalTests(SynchronousTestCase):
         self.assertEqual(b.vhosts["/"].queues["d"].messageCount, 0)
         self.assertNotIn("t", b.vhosts["/"].queues)
 
-    def test_sharedMessageStoredOnce(self):
-        """A message routed to two durable queues is one message in two queues after a restart."""
+    def test_sharedMessageRecoveredPerQueue(self):
+        """
+        A message routed to two durable queues comes back in both after a
+        restart, as one Message per queue (recovery streams and keeps no
+        map of shared messages); acking it in one leaves the other's.
+        """
         clock = Clock()
         store = MemoryStore()
         b = self.boot(store, clock)
@@ -305,9 +309,15 @@ class JournalTests(SynchronousTestCase):
         vh = b.vhosts["/"]
         (ea,) = vh.queues["a"].readyEntries()
         (eb,) = vh.queues["b"].readyEntries()
-        self.assertIs(ea.message, eb.message)
+        self.assertIsNot(ea.message, eb.message)
+        self.assertEqual((ea.message.msgId, ea.message.body), (eb.message.msgId, eb.message.body))
         fanout = vh.exchanges["amq.fanout"]
         self.assertEqual(vh.route(fanout, ea.message, [""]), {vh.queues["a"], vh.queues["b"]})
+        vh.queues["a"].purge()
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        self.assertEqual(vh.queues["a"].messageCount, 0)
+        self.assertEqual([e.message.body for e in vh.queues["b"].readyEntries()], [b"both"])
 
 
 class OddNameTests(SynchronousTestCase):
