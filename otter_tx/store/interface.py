@@ -5,7 +5,8 @@ The broker keeps every queue in memory and tells a store about the changes
 that must survive a restart: durable entities (vhosts, users, permissions,
 policies, durable exchanges and queues, bindings between durable objects)
 and persistent messages (delivery-mode 2) in durable queues.  At boot the
-store hands everything back in one :class:`RecoveredState`.
+store hands everything back in one :class:`RecoveredState` (its messages
+as per-queue iterables that may read the store lazily).
 
 Two implementations run the same contract suite
 (``otter_tx/test/test_store.py``):
@@ -114,8 +115,7 @@ class RecoveredMessage:
     :ivar exchange: ``str``, the exchange it was published to.
     :ivar routingKey: ``str``.
     :ivar propsRaw: ``bytes``, the encoded content-header properties.
-    :ivar body: ``bytes``; the same object for every queue holding the
-        message.
+    :ivar body: ``bytes``.
     """
 
     __slots__ = (
@@ -174,8 +174,14 @@ class RecoveredState:
     :ivar entities: ``{kind: {key: record}}`` for every kind in
         :data:`ENTITY_KINDS` (empty dicts included); ``record`` is the dict
         given to ``putEntity`` (after a JSON round trip).
-    :ivar messages: ``{queueKey: [RecoveredMessage, ...]}`` sorted by
-        ``seq``; only queues with at least one message appear.
+    :ivar messages: ``{queueKey: iterable of RecoveredMessage}`` in
+        ``seq`` order; only queues with at least one message appear.  The
+        iterable may be lazy and read the store as it is consumed (the
+        SQLite store's is, so a backlog of any size is recovered in bounded
+        memory, issue 8): consume it on the reactor thread before changing
+        that queue, and do not expect a list (``len()`` works; each
+        iteration reads again).  A message held by several queues appears
+        in each, as equal but possibly distinct objects.
     :ivar stats: ``{str: int}``: one count per entity kind, ``messages``
         (distinct messages), ``queuedMessages`` (queue entries),
         ``bodyBytes``, and the repairs done while opening:

@@ -902,6 +902,107 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         again.putEntity("queue", "q2", {"durable": True})
         await again.sync()
 
+    async def test_recoveryStreams(self):
+        """
+        Opening reads no message: each queue's messages are a lazy iterable
+        (not a list) that reads the rows one at a time as it is consumed,
+        so consuming 3,000 messages of 4 KiB (12 MiB) without keeping them
+        peaks far below their size; the summary counts are exact anyway.
+        """
+        import tracemalloc
+
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        for i in range(3000):
+            store.addMessage(i, "", "q", b"", b"%04d" % i + b"z" * 4092)
+            store.enqueue("q", i, i, 1.0, None, False)
+        await store.close()
+        again = self.newStore(store.path)
+        tracemalloc.start()
+        try:
+            recovered = await again.open()
+            stream = recovered.messages["q"]
+            self.assertNotIsInstance(stream, (list, tuple))
+            self.assertEqual(len(stream), 3000)
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            seen = 0
+            nbytes = 0
+            for message in stream:
+                self.assertEqual(message.body[:4], b"%04d" % seen)
+                seen += 1
+                nbytes += len(message.body)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        self.assertEqual((seen, nbytes), (3000, 3000 * 4096))
+        self.assertLess(peak, 1024 * 1024)
+        self.assertEqual(
+            (recovered.stats["messages"], recovered.stats["queuedMessages"],
+             recovered.stats["bodyBytes"]),
+            (3000, 3000, 3000 * 4096),
+        )
+        # a second iteration reads the queue again
+        self.assertEqual(sum(1 for _ in recovered.messages["q"]), 3000)
+        await again.close()
+
+    async def test_recoveryOrdersBySeq(self):
+        """
+        A queue whose msg_id order is not its seq order (a delayed
+        exchange enqueues old messages late) comes back in seq order; a
+        queue in order is read along the primary key.
+        """
+        store = self.newStore()
+        await store.open()
+        for key in ("mixed", "plain"):
+            store.putEntity("queue", key, {})
+        seqs = [5, 1, 3, 2, 6, 4]
+        for msgId, seq in enumerate(seqs, 1):
+            store.addMessage(msgId, "", "mixed", b"", b"%d" % seq)
+            store.enqueue("mixed", msgId, seq, 1.0, None, False)
+            store.enqueue("plain", msgId, msgId, 1.0, None, False)
+        recovered = await self._reopen(store)
+        self.assertEqual([m.seq for m in recovered.messages["mixed"]], [1, 2, 3, 4, 5, 6])
+        self.assertEqual([m.body for m in recovered.messages["mixed"]], [b"1", b"2", b"3", b"4", b"5", b"6"])
+        self.assertEqual([m.msgId for m in recovered.messages["plain"]], [1, 2, 3, 4, 5, 6])
+        conn = sqlite3.connect(recovered.path)
+        try:
+            for sql in (sqliteModule._LOAD_MESSAGES, sqliteModule._DISORDERED):
+                plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, (1,))]
+                self.assertFalse([p for p in plan if "TEMP B-TREE" in p], plan)
+        finally:
+            conn.close()
+
+    async def test_recoveryMultiQueueAndPurged(self):
+        """
+        A message held by two queues comes back in both and counts once;
+        entries of a purged queue not cleaned up yet are neither returned
+        nor counted.
+        """
+        self.patch(sqliteModule, "GC_CHUNK", 0)
+        self.patch(sqliteModule, "GC_CHUNK_IDLE", 0)
+        store = self.newStore()
+        await store.open()
+        for key in ("a", "b", "gone"):
+            store.putEntity("queue", key, {})
+        store.addMessage(1, "", "x", b"", b"both")
+        store.enqueue("a", 1, 1, 1.0, None, False)
+        store.enqueue("b", 1, 1, 1.0, None, False)
+        store.addMessage(2, "", "x", b"", b"purged")
+        store.enqueue("gone", 2, 2, 1.0, None, False)
+        await store.sync()
+        store.purgeQueue("gone")
+        recovered = await self._reopen(store)
+        self.assertEqual(sorted(recovered.messages), ["a", "b"])
+        self.assertEqual([m.body for m in recovered.messages["a"]], [b"both"])
+        self.assertEqual([m.body for m in recovered.messages["b"]], [b"both"])
+        self.assertEqual(
+            (recovered.stats["messages"], recovered.stats["queuedMessages"],
+             recovered.stats["bodyBytes"]),
+            (1, 2, 4),
+        )
+
     async def test_recoveryReadsOneSnapshot(self):
         """
         A queue's recovered messages are read lazily but from one snapshot:
