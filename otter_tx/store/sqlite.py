@@ -1321,7 +1321,21 @@ class _QueueStream:
 
 
 def _streamQueue(path, qid):
-    """The generator behind :class:`_QueueStream`."""
+    """
+    The generator behind :class:`_QueueStream`; an SQLite error while
+    reading (a file damaged after the open's checks) is raised as
+    :class:`StoreCorruptError`, which stops the broker's start as a
+    failed ``open()`` does.
+    """
+    try:
+        yield from _readQueue(path, qid)
+    except sqlite3.DatabaseError as e:
+        raise StoreCorruptError(
+            path, f"SQLite reports while reading the messages of queue id {qid}: {e}"
+        ) from e
+
+
+def _readQueue(path, qid):
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA query_only = 1").fetchall()

@@ -947,6 +947,30 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual(sum(1 for _ in recovered.messages["q"]), 3000)
         await again.close()
 
+    async def test_recoveryStreamFailsAsCorrupt(self):
+        """
+        A file damaged after the open's checks makes reading the stream fail
+        with StoreCorruptError naming the file (the broker's start then
+        fails as for a failed open), not with a raw sqlite3 error.
+        """
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.addMessage(1, "", "q", b"", b"one")
+        store.enqueue("q", 1, 1, 1.0, None, False)
+        await store.close()
+        again = self.newStore(store.path)
+        recovered = await again.open()
+        other = sqlite3.connect(store.path, isolation_level=None, timeout=5)
+        try:
+            other.execute("DROP TABLE messages")
+        finally:
+            other.close()
+        with self.assertRaises(StoreCorruptError) as caught:
+            list(recovered.messages["q"])
+        self.assertIn(store.path, str(caught.exception))
+        self.assertIn("no such table", str(caught.exception))
+
     async def test_recoveryOrdersBySeq(self):
         """
         A queue whose msg_id order is not its seq order (a delayed
