@@ -642,6 +642,17 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         os.makedirs(base + "/dir.db")
         self.assertEqual(resolvePath(base + "/dir.db"), base + "/dir.db/" + STORE_FILENAME)
 
+    async def closedStoreWith(self, bodies, queueKey="q"):
+        """A store holding ``bodies`` (msgIds and seqs 1, 2, ...) in ``queueKey``, closed; returns it."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", queueKey, {})
+        for msgId, body in enumerate(bodies, 1):
+            store.addMessage(msgId, "", queueKey, b"", body)
+            store.enqueue(queueKey, msgId, msgId, 1.0, None, False)
+        await store.close()
+        return store
+
     async def test_reopenAfterClose(self):
         """close() writes pending changes without a sync and leaves one checkpointed file with WAL mode on."""
         store = self.newStore()
@@ -953,12 +964,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         with StoreCorruptError naming the file (the broker's start then
         fails as for a failed open), not with a raw sqlite3 error.
         """
-        store = self.newStore()
-        await store.open()
-        store.putEntity("queue", "q", {})
-        store.addMessage(1, "", "q", b"", b"one")
-        store.enqueue("q", 1, 1, 1.0, None, False)
-        await store.close()
+        store = await self.closedStoreWith([b"one"])
         again = self.newStore(store.path)
         recovered = await again.open()
         other = sqlite3.connect(store.path, isolation_level=None, timeout=5)
@@ -1033,13 +1039,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         an entry committed by another writer while they are being read does
         not appear in them.
         """
-        first = self.newStore()
-        await first.open()
-        first.putEntity("queue", "q", {})
-        for i in (1, 2):
-            first.addMessage(i, "", "q", b"", b"m%d" % i)
-            first.enqueue("q", i, i, 1.0, None, False)
-        await first.close()
+        first = await self.closedStoreWith([b"m1", b"m2"])
         second = self.newStore(first.path)
         recovered = await second.open()
         stream = iter(recovered.messages["q"])
