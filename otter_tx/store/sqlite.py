@@ -8,7 +8,9 @@ segment log, the file layout and the guarantees are in ``docs/storage.md``.
 Threads.  The reactor thread only records changes: each mutating call
 updates an in-memory *pending batch* under a lock and returns.  One
 ``threading.Thread`` (the writer; not the reactor's threadpool) owns the
-SQLite connection and does all file I/O: it opens and recovers the store,
+SQLite connection and does all file I/O: it opens and recovers the store
+(the recovered messages are read later, a row at a time, by read-only
+connections of whoever iterates them: :class:`_QueueStream`),
 then loops taking the whole pending batch, applying it in ONE transaction
 and committing (one fsync), and fires the ``sync()`` Deferreds that were
 issued before it took the batch, through ``reactor.callFromThread``.  While
@@ -1405,7 +1407,8 @@ _COUNT_LIVE_MESSAGES = (
 )
 
 #: the statements the writer runs per batch and per clean-up chunk (the hot
-#: ones: publish, ack, dequeue, redelivered mark, purge, clean-up) as
+#: ones: publish, ack, dequeue, redelivered mark, purge, clean-up) and the
+#: recovery's per-queue read and count, as
 #: ``{name: (sql, parameter count)}``; ``test_store`` asserts that SQLite
 #: plans each as an index search, never a scan of a whole table
 HOT_STATEMENTS = {
