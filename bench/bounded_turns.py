@@ -63,7 +63,6 @@ def setup(n, directory):
     clock = Clock()
     clock.advance(1000)
     broker = Broker(clock, pagingDirectory=directory)
-    broker.paging.threaded = False
     vhost = broker.vhosts["/"]
     return clock, broker, vhost
 

@@ -20,12 +20,32 @@ Dispatch is bounded per reactor turn (:data:`DISPATCH_MESSAGES` messages or
 turn through the clock), so one deep queue with an eager consumer cannot
 hold the reactor; purge and delete answer at once and free the dropped
 messages a slice per turn (``Broker.freer``).
+
+Two more operations are bounded per turn the same way:
+
+* A requeue of more than :data:`REQUEUE_SLICE` entries (a channel closing
+  with a million unacked messages, ``basic.recover``, ``basic.nack``
+  multiple) reinserts :data:`REQUEUE_SLICE` entries per turn, newest
+  first.  Each entry counts as unacked until its slice is reinserted, then
+  as ready (``readyCount + unackedCount`` is right at every moment).  While
+  a requeue is pending the queue delivers nothing: dispatch resumes when
+  the last slice is in, so no consumer gets a later message before an
+  earlier requeued one; a ``basic.get`` meanwhile finishes the requeue
+  first (RabbitMQ's queue process also answers it only after the whole
+  requeue).  Length limits are enforced once the requeue is complete.
+  Requeued entries go back in memory (they were held there while unacked).
+* A length limit lowered far below the depth (a policy's ``max-length``):
+  the counts respect the new limit at once, as in RabbitMQ; the head
+  messages beyond it are taken out at once (whole paged segments without
+  reading them), and removing them from the store and dead-lettering them
+  (reason ``maxlen``) goes on :data:`DROP_SLICE` messages per turn.
 """
 
+import heapq
 from collections import deque
 
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
-from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager
+from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
 DISPATCH_MESSAGES = 256
@@ -33,6 +53,12 @@ DISPATCH_MESSAGES = 256
 DISPATCH_BYTES = 1024 * 1024
 #: a paging queue looks whether a segment fits back in memory every this many messages taken
 REFILL_EVERY = 64
+#: most entries a large requeue reinserts per reactor turn (a few ms)
+REQUEUE_SLICE = 16384
+#: most messages dropped by a length limit that are dead-lettered (and
+#: removed from the store) per reactor turn; dead-lettering costs tens of
+#: microseconds a message
+DROP_SLICE = 256
 
 READY = 0
 UNACKED = 1
@@ -137,6 +163,12 @@ class Queue:
         #: ready messages (and their body bytes) paged out to disk
         self.pagedCount = 0
         self.pagedBytes = 0
+        #: UNACKED entries of a large requeue not reinserted yet (list), or None
+        self._requeuePending = None
+        self._requeueCall = None
+        #: dropped by a length limit, still to dead-letter: entries and paged segments
+        self._dropPending = None
+        self._dropCall = None
         # counters (management / metrics)
         self.publishedCount = 0
         self.deliveredCount = 0
@@ -226,7 +258,7 @@ class Queue:
         entry = QueueEntry(message, self._seq, None if ttl is None else now + ttl, level)
         self.publishedCount += 1
         journal = self.journal if message.persistent else None
-        if not self.readyCount and self.consumers:
+        if not self.readyCount and self.consumers and self._requeuePending is None:
             consumer = self._pickConsumer()
             if consumer is not None:
                 if journal is not None and not consumer.noAck:
@@ -378,22 +410,126 @@ class Queue:
             self.vhost.deadLetter(self, dead, "expired")
 
     def _enforceLimits(self):
+        """
+        Drop head messages while over ``x-max-length`` / ``-bytes``
+        (drop-head; https://www.rabbitmq.com/docs/maxlength), dead-lettered
+        with reason ``maxlen``.  Up to :data:`DROP_SLICE` at once; beyond,
+        :meth:`_dropBulk`.  Waits while a requeue is pending (it runs when
+        the requeue is complete).
+        """
         s = self.settings
-        if s.maxLength is None and s.maxLengthBytes is None:
+        maxLen, maxBytes = s.maxLength, s.maxLengthBytes
+        if (maxLen is None and maxBytes is None) or self._requeuePending is not None:
             return
         dropped = []
         while self.readyCount and (
-            (s.maxLength is not None and self.readyCount > s.maxLength)
-            or (s.maxLengthBytes is not None and self.readyBytes > s.maxLengthBytes)
+            (maxLen is not None and self.readyCount > maxLen)
+            or (maxBytes is not None and self.readyBytes > maxBytes)
         ):
+            if len(dropped) >= DROP_SLICE:
+                self._dropBulk(dropped)
+                return
             entry = self._popHead()
             if entry is None:
                 break
             entry.state = GONE
-            self._removed(entry)
-            dropped.append(entry.message)
+            dropped.append(entry)
         if dropped:
-            self.vhost.deadLetter(self, dropped, "maxlen")
+            if self._dropPending is not None:
+                # keep the dead-letter order behind a bulk drop in progress
+                self._dropPending.append([None, dropped, 0])
+                return
+            for entry in dropped:
+                self._removed(entry)
+            self.vhost.deadLetter(self, [e.message for e in dropped], "maxlen")
+
+    def _dropBulk(self, dropped):
+        """
+        The rest of a big drop: take the head out now so the counts
+        respect the limit at once (whole paged segments are detached by
+        their counters, unread); ``dropped`` (entries already taken) and
+        the rest are removed from the store and dead-lettered
+        :data:`DROP_SLICE` messages per turn (:meth:`_dropTurn`).
+        """
+        s = self.settings
+        maxLen, maxBytes = s.maxLength, s.maxLengthBytes
+        work = self._dropPending
+        if work is None:
+            work = self._dropPending = deque()
+        work.append([None, dropped, 0])
+        levels = self._levels
+        pageExpiry = self._pageExpiry
+        for level in range(len(levels) - 1, -1, -1):
+            p = self._pagers[level] if self._pagers is not None else None
+            while self.readyCount and (
+                (maxLen is not None and self.readyCount > maxLen)
+                or (maxBytes is not None and self.readyBytes > maxBytes)
+            ):
+                dq = self._levels[level]
+                if dq:
+                    entry = self._popFrom(dq)
+                    if entry is not None:
+                        entry.state = GONE
+                        dropped.append(entry)
+                    continue
+                if not p:
+                    break
+                seg = p.head()
+                if ((maxLen is not None and self.readyCount - seg.count >= maxLen)
+                        or (maxBytes is not None and self.readyBytes - seg.bytes > maxBytes)):
+                    # every message of the segment goes: detach it unread
+                    p.segments.popleft()
+                    p._uncount(seg)
+                    if pageExpiry is not None:
+                        pageExpiry.remove(seg)
+                    self.pagedCount -= seg.count
+                    self.pagedBytes -= seg.bytes
+                    self.readyCount -= seg.count
+                    self.readyBytes -= seg.bytes
+                    dropped = []
+                    work.append([(p, seg), None, 0])
+                    work.append([None, dropped, 0])
+                else:
+                    self._pageIn(level, True)
+        if self._dropCall is None and not self._stopped:
+            self._dropCall = self.clock.callLater(0, self._dropTurn)
+
+    def _dropTurn(self, limit=DROP_SLICE):
+        """Dead-letter (and forget in the store) up to ``limit`` dropped messages; reschedule if more."""
+        self._dropCall = None
+        work = self._dropPending
+        messages = []
+        removed = self._removed if not self.deleted else None
+        while work and len(messages) < limit:
+            item = work[0]
+            if item[0] is not None:
+                p, seg = item[0]
+                try:
+                    item[1] = p.read(seg, self._makeEntry)
+                except OSError:
+                    item[1] = []  # its pager was purged or deleted meanwhile
+                if seg.file is not None:
+                    dropSegmentFile(seg.file)
+                item[0] = None
+            entries, start = item[1], item[2]
+            end = min(len(entries), start + limit - len(messages))
+            for i in range(start, end):
+                entry = entries[i]
+                entry.state = GONE
+                if removed is not None:
+                    removed(entry)
+                messages.append(entry.message)
+            if end == len(entries):
+                work.popleft()
+            else:
+                item[2] = end
+        if work:
+            if not self._stopped:
+                self._dropCall = self.clock.callLater(0, self._dropTurn)
+        else:
+            self._dropPending = None
+        if messages:
+            self.vhost.deadLetter(self, messages, "maxlen")
 
     # --- taking messages out ----------------------------------------------
 
@@ -457,6 +593,8 @@ class Queue:
         or None.  Renews the x-expires lease.
         """
         self.touch()
+        if self._requeuePending is not None:
+            self._finishRequeue()
         entry = self._popLive()
         if entry is None:
             return None
@@ -604,7 +742,7 @@ class Queue:
         reactor turn (``clock.callLater(0)``), so other queues and
         connections get their turn.  Re-entrant calls are ignored.
         """
-        if self._dispatching or self.deleted:
+        if self._dispatching or self.deleted or self._requeuePending is not None:
             return
         self._dispatching = True
         n = 0
@@ -664,16 +802,76 @@ class Queue:
 
     def requeue(self, entries, dispatch=True):
         """
-        Put UNACKED entries back in their original positions with
+        Put UNACKED entries back in their original positions (by seq) with
         ``redelivered`` set; an entry whose expiry passed while it was held
         expires now (RabbitMQ ttl.html: requeued messages keep their expiry).
+
+        Up to :data:`REQUEUE_SLICE` entries are reinserted at once; more
+        are reinserted that many per reactor turn (see the module
+        docstring: counts move from unacked to ready slice by slice and the
+        queue delivers nothing until the last slice is in).
         """
         if self.deleted:
             for entry in entries:
                 entry.state = GONE
             return
+        pending = self._requeuePending
+        if pending is None and len(entries) <= REQUEUE_SLICE:
+            self._reinsert(entries)
+            self._enforceLimits()
+            if dispatch:
+                self.dispatch()
+            return
+        if pending is None:
+            self._requeuePending = list(entries)
+        else:
+            pending.extend(entries)
+        if self._requeueCall is None and not self._stopped:
+            self._requeueCall = self.clock.callLater(0, self._requeueTurn)
+
+    def _requeueTurn(self):
+        """Reinsert the next :data:`REQUEUE_SLICE` entries (newest first); finish or reschedule."""
+        self._requeueCall = None
+        pending = self._requeuePending
+        if pending is None:
+            return
+        if self.deleted:
+            self._requeuePending = None
+            self.vhost.broker.freer.add(pending, _markGone)
+            return
+        chunk = pending[-REQUEUE_SLICE:]
+        del pending[-REQUEUE_SLICE:]
+        self._reinsert(chunk)
+        if pending:
+            if not self._stopped:
+                self._requeueCall = self.clock.callLater(0, self._requeueTurn)
+            return
+        self._requeuePending = None
+        self._enforceLimits()
+        self.dispatch()
+
+    def _finishRequeue(self):
+        """Reinsert everything still pending now (basic.get, broker stop)."""
+        if self._requeueCall is not None and self._requeueCall.active():
+            self._requeueCall.cancel()
+        self._requeueCall = None
+        pending, self._requeuePending = self._requeuePending, None
+        if pending:
+            self._reinsert(pending)
+        self._enforceLimits()
+
+    def _reinsert(self, entries):
+        """
+        Make the UNACKED ones of ``entries`` (any order) READY again at
+        their seq positions.  Entries before a level's head or after its
+        tail are appended (O(1) each); the others are merged into the level
+        in one pass (O(level + k log k)).
+        """
         now = nowMs(self.clock)
         expired = []
+        middle = None
+        levels = self._levels
+        expiry = self._expiry
         for entry in sorted(entries, key=_bySeqDesc):
             if entry.state != UNACKED:
                 continue
@@ -685,31 +883,25 @@ class Queue:
                 continue
             entry.state = READY
             entry.redelivered = True
-            dq = self._levels[entry.level]
+            dq = levels[entry.level]
             if not dq or entry.seq < dq[0].seq:
                 dq.appendleft(entry)
             elif entry.seq > dq[-1].seq:
                 dq.append(entry)
             else:
-                items = list(dq)
-                lo, hi = 0, len(items)
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if items[mid].seq < entry.seq:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                items.insert(lo, entry)
-                self._levels[entry.level] = deque(items)
+                if middle is None:
+                    middle = {}
+                middle.setdefault(entry.level, []).append(entry)
             self.readyCount += 1
             self.readyBytes += entry.message.size
             if entry.expiresAt is not None:
-                self._expiry.add(entry, entry.expiresAt)
+                expiry.add(entry, entry.expiresAt)
+        if middle:
+            for level, mids in middle.items():
+                mids.reverse()  # ascending seq
+                levels[level] = deque(heapq.merge(levels[level], mids, key=_bySeq))
         if expired:
             self.vhost.deadLetter(self, expired, "expired")
-        self._enforceLimits()
-        if dispatch:
-            self.dispatch()
 
     # --- purge / delete -------------------------------------------------------
 
@@ -781,7 +973,16 @@ class Queue:
         return n, b
 
     def stopTimers(self):
-        """Cancel the expiry timers (broker shutdown); state is kept."""
+        """
+        Cancel the expiry timers (broker shutdown); state is kept: a
+        pending requeue or length-limit drop is finished now.
+        """
+        if self._requeuePending is not None:
+            self._finishRequeue()
+        if self._dropPending is not None:
+            if self._dropCall is not None and self._dropCall.active():
+                self._dropCall.cancel()
+            self._dropTurn(limit=float("inf"))
         if self._idleTimer is not None and self._idleTimer.active():
             self._idleTimer.cancel()
         self._idleTimer = None
@@ -802,6 +1003,13 @@ class Queue:
         self._idleTimer = None
         self._expiry.clear()
         self._cancelDispatch()
+        if self._requeuePending is not None:
+            # still UNACKED: they go with the queue
+            if self._requeueCall is not None and self._requeueCall.active():
+                self._requeueCall.cancel()
+            self._requeueCall = None
+            pending, self._requeuePending = self._requeuePending, None
+            self.vhost.broker.freer.add(pending, _markGone)
         consumers, self.consumers = self.consumers, []
         for c in consumers:
             c.cancelledByBroker(self)
@@ -811,6 +1019,10 @@ class Queue:
 
 def _bySeqDesc(entry):
     return -entry.seq
+
+
+def _bySeq(entry):
+    return entry.seq
 
 
 def _markGone(entry):
