@@ -494,8 +494,13 @@ class Queue:
         if self._dropCall is None and not self._stopped:
             self._dropCall = self.clock.callLater(0, self._dropTurn)
 
-    def _dropTurn(self, limit=DROP_SLICE):
-        """Dead-letter (and forget in the store) up to ``limit`` dropped messages; reschedule if more."""
+    def _dropTurn(self, limit=None):
+        """
+        Dead-letter (and forget in the store) up to ``limit`` dropped
+        messages (default :data:`DROP_SLICE`); reschedule if more.
+        """
+        if limit is None:
+            limit = DROP_SLICE
         self._dropCall = None
         work = self._dropPending
         messages = []

@@ -77,11 +77,11 @@ class PagingTestCase(BrokerTestCase):
         for i in range(start, start + n):
             self.publish(rk, body(i), **props)
 
-    def drainEntries(self, q):
-        """basic.get (no-ack) until empty; the entries."""
+    def drainEntries(self, q, noAck=True):
+        """basic.get (no-ack unless told) until empty; the entries."""
         out = []
         while True:
-            e = q.basicGet(True)
+            e = q.basicGet(noAck)
             if e is None:
                 return out
             out.append(e)
