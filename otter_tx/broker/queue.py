@@ -432,7 +432,6 @@ class Queue:
             entry = self._popHead()
             if entry is None:
                 break
-            entry.state = GONE
             dropped.append(entry)
         if dropped:
             if self._dropPending is not None:
@@ -440,6 +439,7 @@ class Queue:
                 self._dropPending.append([None, dropped, 0])
                 return
             for entry in dropped:
+                entry.state = GONE
                 self._removed(entry)
             self.vhost.deadLetter(self, [e.message for e in dropped], "maxlen")
 
@@ -447,9 +447,11 @@ class Queue:
         """
         The rest of a big drop: take the head out now so the counts
         respect the limit at once (whole paged segments are detached by
-        their counters, unread); ``dropped`` (entries already taken) and
+        their counters, unread, and so is the whole in-memory part of a
+        queue without priorities); ``dropped`` (entries already taken) and
         the rest are removed from the store and dead-lettered
-        :data:`DROP_SLICE` messages per turn (:meth:`_dropTurn`).
+        :data:`DROP_SLICE` messages per turn (:meth:`_dropTurn`).  Taken
+        entries stay READY, out of every index, until then.
         """
         s = self.settings
         maxLen, maxBytes = s.maxLength, s.maxLengthBytes
@@ -467,9 +469,20 @@ class Queue:
             ):
                 dq = self._levels[level]
                 if dq:
+                    if len(levels) == 1 and self._dropsAllInMemory(maxLen, maxBytes):
+                        # detach the whole deque: O(1) however many a
+                        # requeue left in memory (holes are skipped later)
+                        self._levels = levels = [deque()]
+                        self.readyCount = self.pagedCount
+                        self.readyBytes = self.pagedBytes
+                        self._holes = 0
+                        self._expiry.clear()
+                        work.append([None, dq, 0])
+                        dropped = []
+                        work.append([None, dropped, 0])
+                        continue
                     entry = self._popFrom(dq)
                     if entry is not None:
-                        entry.state = GONE
                         dropped.append(entry)
                     continue
                 if not p:
@@ -494,6 +507,11 @@ class Queue:
         if self._dropCall is None and not self._stopped:
             self._dropCall = self.clock.callLater(0, self._dropTurn)
 
+    def _dropsAllInMemory(self, maxLen, maxBytes):
+        """True if every in-memory ready message is to be dropped (the paged rest is at or over the limit)."""
+        return ((maxLen is not None and self.pagedCount >= maxLen)
+                or (maxBytes is not None and self.pagedBytes > maxBytes))
+
     def _dropTurn(self, limit=None):
         """
         Dead-letter (and forget in the store) up to ``limit`` dropped
@@ -517,17 +535,30 @@ class Queue:
                     dropSegmentFile(seg.file)
                 item[0] = None
             entries, start = item[1], item[2]
-            end = min(len(entries), start + limit - len(messages))
-            for i in range(start, end):
-                entry = entries[i]
+            if isinstance(entries, deque):
+                # a detached level: popleft (indexing a deque is O(n))
+                n = min(len(entries), limit - len(messages))
+                pop = entries.popleft
+                batch = [pop() for _ in range(n)]
+                start = 0
+            else:
+                batch = entries
+                n = min(len(entries), start + limit - len(messages)) - start
+            for i in range(start, start + n):
+                entry = batch[i]
+                if entry.state != READY:
+                    continue  # a hole of a detached deque
                 entry.state = GONE
                 if removed is not None:
                     removed(entry)
                 messages.append(entry.message)
-            if end == len(entries):
+            if isinstance(entries, deque):
+                if not entries:
+                    work.popleft()
+            elif start + n == len(entries):
                 work.popleft()
             else:
-                item[2] = end
+                item[2] = start + n
         if work:
             if not self._stopped:
                 self._dropCall = self.clock.callLater(0, self._dropTurn)

@@ -10,6 +10,15 @@ from otter_tx.broker import paging, queue as queuemod
 from otter_tx.test.test_paging import PagingTestCase, Taker, body, oneTurn
 
 
+def runDue(clock, most=1000):
+    """Run turns while some call is due now (at most ``most`` turns, so a test never hangs)."""
+    for _ in range(most):
+        if not any(c.getTime() <= clock.seconds() for c in clock.getDelayedCalls()):
+            return
+        oneTurn(clock)
+    raise AssertionError("still busy after %d turns" % (most,))
+
+
 class SlicedTestCase(PagingTestCase):
     def setUp(self):
         PagingTestCase.setUp(self)
@@ -31,7 +40,7 @@ class BoundedRequeueTests(SlicedTestCase):
         taken = self.takeAll(q)
         q.requeue(taken)
         seen = []
-        while True:
+        for _ in range(100):
             self.assertEqual(q.readyCount + q.unackedCount, 35)
             seen.append(q.readyCount)
             if not self.clock.getDelayedCalls():
@@ -81,8 +90,7 @@ class BoundedRequeueTests(SlicedTestCase):
         q.requeue(back[7:] + back[:7][::-1])
         q.requeue(keep[::-1][5:])  # joins the pending one
         self.clock.advance(0)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual(q.unackedCount, 0)
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(40)])
 
@@ -96,8 +104,7 @@ class BoundedRequeueTests(SlicedTestCase):
         q.requeue(taken)
         oneTurn(self.clock)  # the newest 10 are back (and expire by the index)
         self.clock.advance(1.0)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual((q.readyCount, q.unackedCount), (0, 0))
         self.assertEqual(dlq.readyCount, 30)
         reasons = {e.message.props["headers"]["x-death"][0]["reason"] for e in dlq.readyEntries()}
@@ -110,8 +117,7 @@ class BoundedRequeueTests(SlicedTestCase):
         taken = self.takeAll(q)
         self.fill("q", 5, start=30)
         q.requeue(taken)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual(q.readyCount, 30)
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(5, 35)])
 
@@ -123,8 +129,7 @@ class BoundedRequeueTests(SlicedTestCase):
         q.requeue(taken)
         oneTurn(self.clock)
         self.vhost.deleteQueue(q)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual({e.state for e in taken}, {queuemod.GONE})
 
     def test_smallRequeueAtOnce(self):
@@ -142,16 +147,14 @@ class BoundedRequeueTests(SlicedTestCase):
         self.fill("q", 45)
         c = Taker(noAck=False)
         q.addConsumer(c)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         q.removeConsumer(c)
         q.requeue(list(c.delivered), dispatch=False)
         q.dispatch()
         self.assertEqual((q.readyCount, q.unackedCount), (0, 45))
         oneTurn(self.clock)
         self.assertEqual((q.readyCount, q.unackedCount), (10, 35))
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         got = [(e.message.body, e.redelivered) for e in self.drainEntries(q)]
         self.assertEqual(got, [(body(i), True) for i in range(45)])
 
@@ -181,7 +184,9 @@ class BoundedLimitTests(SlicedTestCase):
         q = self.deep(100)
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         counts = [self.dlq.readyCount]
-        while self.clock.getDelayedCalls():
+        for _ in range(100):
+            if q._dropCall is None:
+                break
             oneTurn(self.clock)
             counts.append(self.dlq.readyCount)
         self.assertEqual(counts[0], 0)  # none within the call
@@ -198,8 +203,7 @@ class BoundedLimitTests(SlicedTestCase):
         q = self.deep(100)
         self.broker.setPolicy("/", "short", "^q$", {"max-length-bytes": 16 * 7})
         self.assertEqual((q.readyCount, q.readyBytes), (7, 16 * 7))
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual(self.dlq.readyCount, 93)
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(93, 100)])
 
@@ -209,8 +213,7 @@ class BoundedLimitTests(SlicedTestCase):
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         self.fill("q", 3, start=100)
         self.assertEqual(q.readyCount, 5)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual([e.message.body for e in self.dlq.readyEntries()], [body(i) for i in range(98)])
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(98, 103)])
 
@@ -218,8 +221,7 @@ class BoundedLimitTests(SlicedTestCase):
         """The detached segment files are removed as they are dead-lettered."""
         self.deep(100)
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         # what is left paged belongs to the dead-letter queue alone
         qfiles = [f for f in self.files()]
         dlqPaged = self.dlq.pagedCount
@@ -231,8 +233,7 @@ class BoundedLimitTests(SlicedTestCase):
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         oneTurn(self.clock)
         self.vhost.deleteQueue(q)
-        while self.clock.getDelayedCalls():
-            oneTurn(self.clock)
+        runDue(self.clock)
         self.assertEqual(q.readyCount, 0)
         self.assertLessEqual(self.dlq.readyCount, 95)
 
@@ -242,3 +243,33 @@ class BoundedLimitTests(SlicedTestCase):
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         q.stopTimers()
         self.assertEqual(self.dlq.readyCount, 95)
+
+
+class RequeueThenLimitTests(SlicedTestCase):
+    """A limit lowered after a big requeue filled memory detaches the in-memory part at once."""
+
+    def test_detachInMemory(self):
+        """The requeued (in-memory) head is dropped by counts at once and dead-lettered in order, holes skipped."""
+        dlq = self.declare("dlq")
+        q = self.declare("q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq",
+                                 "x-message-ttl": 5000})
+        self.fill("q", 60)
+        taken = self.takeAll(q)
+        self.fill("q", 40, start=60)  # 10 in memory, 30 paged
+        q.requeue(taken)
+        runDue(self.clock)
+        self.assertEqual(q.readyCount - q.pagedCount, 70)
+        # a hole: one requeued message expires early by the index
+        q._expiry.remove(taken[3])
+        taken[3].expiresAt = self.clock.seconds() * 1000
+        q._expiry.add(taken[3], taken[3].expiresAt)
+        self.clock.advance(0.001)
+        self.assertEqual((q.readyCount, dlq.readyCount), (99, 1))
+        head = q._levels[0]
+        self.broker.setPolicy("/", "short", "^q$", {"max-length": 25})
+        self.assertIsNot(q._levels[0], head)  # detached whole, not popped one by one
+        self.assertEqual((q.readyCount, q.readyBytes), (25, 25 * 16))
+        runDue(self.clock)
+        bodies = [e.message.body for e in dlq.readyEntries()]
+        self.assertEqual(bodies, [body(3)] + [body(i) for i in range(75) if i != 3])
+        self.assertEqual(self.drainBodies(q), [body(i) for i in range(75, 100)])
