@@ -166,6 +166,8 @@ class Queue:
         #: UNACKED entries of a large requeue not reinserted yet (list), or None
         self._requeuePending = None
         self._requeueCall = None
+        #: feeders still handing entries to a requeue (holdRequeue), in hold order
+        self._requeueFeeders = []
         #: dropped by a length limit, still to dead-letter: entries and paged segments
         self._dropPending = None
         self._dropCall = None
@@ -882,12 +884,43 @@ class Queue:
             if not self._stopped:
                 self._requeueCall = self.clock.callLater(0, self._requeueTurn)
             return
+        if self._requeueFeeders:
+            return  # more to come: releaseRequeue finishes
         self._requeuePending = None
         self._enforceLimits()
         self.dispatch()
 
+    def holdRequeue(self, feeder):
+        """
+        A requeue of entries not handed over yet begins (a channel feeding
+        its unacked records a slice per turn): the queue delivers nothing
+        until :meth:`releaseRequeue`.  ``feeder.finish()`` must hand over
+        everything at once (called by a ``basic.get`` or a broker stop).
+        """
+        if self.deleted:
+            return
+        self._requeueFeeders.append(feeder)
+        if self._requeuePending is None:
+            self._requeuePending = []
+
+    def releaseRequeue(self, feeder):
+        """``feeder`` handed over its last entries (see :meth:`holdRequeue`)."""
+        try:
+            self._requeueFeeders.remove(feeder)
+        except ValueError:
+            return
+        if (not self._requeueFeeders and self._requeuePending is not None
+                and not self._requeuePending and self._requeueCall is None):
+            self._requeuePending = None
+            if not self.deleted:
+                self._enforceLimits()
+                self.dispatch()
+
     def _finishRequeue(self):
         """Reinsert everything still pending now (basic.get, broker stop)."""
+        for feeder in list(self._requeueFeeders):
+            feeder.finish()
+        self._requeueFeeders = []
         if self._requeueCall is not None and self._requeueCall.active():
             self._requeueCall.cancel()
         self._requeueCall = None
@@ -1046,6 +1079,7 @@ class Queue:
             self._requeueCall = None
             pending, self._requeuePending = self._requeuePending, None
             self.vhost.broker.freer.add(pending, _markGone)
+        self._requeueFeeders = []
         consumers, self.consumers = self.consumers, []
         for c in consumers:
             c.cancelledByBroker(self)

@@ -6,8 +6,16 @@ limit lowered far below the depth (Queue._enforceLimits, counts at once,
 dead-lettering DROP_SLICE messages per turn).
 """
 
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.amqp import spec
 from otter_tx.broker import paging, queue as queuemod
+from otter_tx.broker.broker import Broker
+from otter_tx.broker.message import Message
+from otter_tx.protocol import AMQPServerFactory
 from otter_tx.test.test_paging import PagingTestCase, Taker, body, oneTurn
+from otter_tx.testing import FakeClient
 
 
 def runDue(clock, most=1000):
@@ -273,3 +281,76 @@ class RequeueThenLimitTests(SlicedTestCase):
         bodies = [e.message.body for e in dlq.readyEntries()]
         self.assertEqual(bodies, [body(3)] + [body(i) for i in range(75) if i != 3])
         self.assertEqual(self.drainBodies(q), [body(i) for i in range(75, 100)])
+
+
+class ChannelRequeueTests(SynchronousTestCase):
+    """A channel closing or recovering with many unacked deliveries hands them back a slice per turn."""
+
+    def setUp(self):
+        self.patch(queuemod, "REQUEUE_SLICE", 10)
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None, queueMemoryBudget=2 ** 40)
+        self.factory = AMQPServerFactory(self.broker, self.clock, heartbeat=0, handshakeTimeout=10)
+        self.vhost = self.broker.vhosts["/"]
+        self.q = self.vhost.declareQueue("q", None)
+        for i in range(45):
+            self.vhost.publish(self.vhost.exchanges[""], Message("", "q", b"\x00\x00", body(i)))
+        self.c = FakeClient(self.factory)
+        self.c.openChannel(1)
+        self.c.send(1, spec.BasicConsume(0, "q", "t", False, False, False, False, {}))
+        runDue(self.clock)
+        self.assertEqual(self.q.unackedCount, 45)
+
+    def test_closeSliced(self):
+        """Channel close moves at most REQUEUE_SLICE unacked to ready per turn; another consumer waits, then gets all in order."""
+        other = FakeClient(self.factory)
+        other.openChannel(1)
+        other.send(1, spec.BasicConsume(0, "q", "t2", True, False, False, False, {}))
+        self.c.send(1, spec.ChannelClose(200, "bye", 0, 0))
+        counts = []
+        for _ in range(20):
+            counts.append((self.q.readyCount, self.q.unackedCount))
+            if not self.q._requeueFeeders and self.q._requeuePending is None:
+                break
+            self.assertFalse([m for _, m, _ in other.received() if isinstance(m, spec.BasicDeliver)])
+            oneTurn(self.clock)
+        self.assertEqual(counts[0], (0, 45))
+        self.assertEqual({r + u for r, u in counts}, {45})
+        # before the last turn (where the other consumer takes them all) ready grows 10 at most per turn
+        steps = [r for r, _ in counts[:-1]]
+        self.assertGreater(len(steps), 4)
+        self.assertTrue(all(0 <= b - a <= 10 for a, b in zip(steps, steps[1:])), counts)
+        runDue(self.clock)
+        got = [(m.redelivered, m.delivery_tag) for _, m, _ in other.received() if isinstance(m, spec.BasicDeliver)]
+        self.assertEqual(got, [(True, i) for i in range(1, 46)])
+
+    def test_closeOrder(self):
+        """After a sliced close the queue holds the messages in publish order, all redelivered."""
+        self.c.send(1, spec.ChannelClose(200, "bye", 0, 0))
+        runDue(self.clock)
+        got = []
+        while True:
+            e = self.q.basicGet(True)
+            if e is None:
+                break
+            got.append((e.message.body, e.redelivered))
+        self.assertEqual(got, [(body(i), True) for i in range(45)])
+
+    def test_basicGetDuringFeed(self):
+        """basic.get while the channel is still handing entries back returns the first message."""
+        self.c.send(1, spec.ChannelClose(200, "bye", 0, 0))
+        oneTurn(self.clock)
+        e = self.q.basicGet(True)
+        self.assertEqual((e.message.body, e.redelivered), (body(0), True))
+        self.assertEqual((self.q.readyCount, self.q.unackedCount), (44, 0))
+
+    def test_recoverSliced(self):
+        """basic.recover with many unacked redelivers them all, in order, redelivered, after the feed."""
+        self.c.transport.clear()
+        self.c.send(1, spec.BasicRecover(True))
+        oneTurn(self.clock)
+        self.assertEqual(self.q.unackedCount + self.q.readyCount, 45)
+        runDue(self.clock)
+        got = [(m.redelivered, m.delivery_tag) for _, m, _ in self.c.received() if isinstance(m, spec.BasicDeliver)]
+        self.assertEqual(got, [(True, i) for i in range(46, 91)])
+        self.assertEqual(self.q.unackedCount, 45)
