@@ -10,6 +10,9 @@ operation holds the reactor for more than about 50 ms"):
 * limit: N messages are queued, then a policy lowers ``max-length`` to 10
   (with a dead-letter exchange, so every dropped message is republished to
   a second queue, and without one).
+* close: the same through a channel's unacked records (``tag -> (queue,
+  entry, consumer, tag)``) handed to ``RequeueFeeder`` as a channel close
+  does (the old code grouped them by queue in one pass first).
 * small: requeue of 5 entries repeated, the hot path (us per call).
 
     .venv-test/bin/python bench/bounded_turns.py --messages 1000000
@@ -103,6 +106,35 @@ def benchRequeue(n, directory):
     assert q.readyCount == n and q.unackedCount == 0, (q.readyCount, q.unackedCount)
 
 
+def benchClose(n, directory):
+    from collections import OrderedDict
+
+    clock, broker, vhost = setup(n, directory)
+    q = fill(vhost, "q", n)
+    unacked = OrderedDict()
+    for tag in range(1, n + 1):
+        unacked[tag] = (q, q.basicGet(False), None, tag)
+    runTurns(clock)
+    try:
+        from otter_tx.channel import RequeueFeeder
+    except ImportError:
+        RequeueFeeder = None
+    t0 = time.perf_counter()
+    if RequeueFeeder is None:  # before: group in one pass, then requeue
+        byQueue = {}
+        for queue, entry, consumer, _ in unacked.values():
+            byQueue.setdefault(queue, []).append(entry)
+        unacked = None
+        for queue, entries in byQueue.items():
+            queue.requeue(entries, dispatch=False)
+    else:
+        RequeueFeeder(unacked).start()
+        unacked = None
+    call = time.perf_counter() - t0
+    show("channel close, %d unacked" % (n,), call, runTurns(clock))
+    assert q.readyCount == n and q.unackedCount == 0, (q.readyCount, q.unackedCount)
+
+
 def benchLimit(n, directory, dlx):
     clock, broker, vhost = setup(n, directory)
     args = {}
@@ -132,7 +164,7 @@ def benchSmall(directory, rounds=20000):
     print("%-34s %.2f us per round (5 basic.get + requeue of 5)" % ("small requeue", dt / rounds * 1e6))
 
 
-CASES = ("requeue", "limit", "limitdlx", "small")
+CASES = ("requeue", "close", "limit", "limitdlx", "small")
 
 
 def main():
@@ -150,6 +182,8 @@ def main():
         try:
             if case == "requeue":
                 benchRequeue(a.messages, d)
+            elif case == "close":
+                benchClose(a.messages, d)
             elif case == "limit":
                 benchLimit(a.messages, d, False)
             elif case == "limitdlx":
