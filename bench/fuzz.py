@@ -23,13 +23,9 @@ import argparse
 import collections
 import os
 import random
-import shutil
-import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from urllib.parse import urlparse
@@ -43,45 +39,7 @@ from otter_tx.amqp import spec  # noqa: E402
 from otter_tx.protocol import methodFrame  # noqa: E402
 from otter_tx.test.test_fuzz import closeCodes, mutate, mutateFrames, randomFrames, validSession  # noqa: E402
 
-from memory_broker import freePort  # noqa: E402
-
-
-def startBrokerProcess(python, prefix, *options):
-    """
-    Start ``twistd -n ottermq`` from ``python``'s venv on a free loopback
-    port with a fresh data directory and ``options``; wait until it
-    listens.  Returns ``(process, tmpDir, amqpUrl)``; the log is
-    ``tmpDir/twistd.log``.
-    """
-    twistd = os.path.join(os.path.dirname(os.path.abspath(python)), "twistd")
-    tmp = tempfile.mkdtemp(prefix=prefix)
-    port = freePort()
-    proc = subprocess.Popen(
-        [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
-         "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
-         "--data-dir", os.path.join(tmp, "data")] + list(options),
-        env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp)
-    for _ in range(120):
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            break
-        except OSError:
-            time.sleep(0.25)
-    return proc, tmp, "amqp://guest:guest@127.0.0.1:%d/" % port
-
-
-def stopBrokerProcess(proc, tmp, keep=False):
-    """SIGTERM the broker (kill after 15 s); remove ``tmp`` unless ``keep`` (then say where it is)."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if keep:
-        print("broker log kept in", tmp)
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
+from memory_broker import startBrokerProcess, stopBrokerProcess  # noqa: E402
 
 
 HANDSHAKE = [

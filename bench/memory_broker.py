@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from urllib.parse import urlparse
 
 import pika
 
@@ -64,6 +65,35 @@ def stopBroker(proc, seconds=30):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def startBrokerProcess(python, prefix, *options, root=ROOT, env=None):
+    """
+    Start ``twistd -n ottermq`` from ``python``'s venv, running the
+    otter_tx checkout at ``root``, on a free loopback port with a fresh
+    data directory and ``options``; ``env`` adds to the environment.
+    Waits until it listens.  Returns ``(process, tmpDir, amqpUrl)``; the
+    log is ``tmpDir/twistd.log``.
+    """
+    twistd = os.path.join(os.path.dirname(os.path.abspath(python)), "twistd")
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    port = freePort()
+    proc = subprocess.Popen(
+        [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
+         "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
+         "--data-dir", os.path.join(tmp, "data")] + list(options),
+        env=dict(os.environ, PYTHONPATH=os.path.abspath(root)) | (env or {}), cwd=tmp)
+    waitForPort(port)
+    return proc, tmp, "amqp://guest:guest@127.0.0.1:%d/" % port
+
+
+def stopBrokerProcess(proc, tmp, keep=False, seconds=15):
+    """:func:`stopBroker`, then remove ``tmp`` unless ``keep`` (then say where it is)."""
+    stopBroker(proc, seconds)
+    if keep:
+        print("broker log kept in", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _readFrame(sock):
@@ -110,21 +140,11 @@ def main():
     a = ap.parse_args()
     subprocess.run(["sh", os.path.join(HERE, "build-perf.sh")], check=True)
     perf = os.path.join(HERE, "amqp-perf")
-    twistd = os.path.join(os.path.dirname(os.path.abspath(a.otter_python)), "twistd")
-    tmp = tempfile.mkdtemp(prefix="ottermq-mem-")
-    port = freePort()
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    for kv in a.env:
-        k, v = kv.split("=", 1)
-        env[k] = v
-    proc = subprocess.Popen(
-        [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
-         "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
-         "--data-dir", os.path.join(tmp, "data")], env=env, cwd=tmp)
-    url = "amqp://guest:guest@127.0.0.1:%d/" % port
+    extra = dict(kv.split("=", 1) for kv in a.env)
+    proc, tmp, url = startBrokerProcess(a.otter_python, "ottermq-mem-", env=extra)
+    port = urlparse(url).port
     perfUri = url + "%2f"
     try:
-        waitForPort(port)
         version = subprocess.run([a.otter_python, "-c", "import platform; print(platform.python_implementation(),"
                                   " platform.python_version())"], capture_output=True, text=True).stdout.strip()
         print("broker on %s%s; %d messages of %d B; %d connections; idle %.0f s" % (

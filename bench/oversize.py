@@ -25,8 +25,8 @@ from urllib.parse import urlparse
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from fuzz import HANDSHAKE, ROOT, startBrokerProcess, stopBrokerProcess  # noqa: E402
-from memory_broker import rss  # noqa: E402
+from fuzz import HANDSHAKE, ROOT  # noqa: E402
+from memory_broker import rss, startBrokerProcess, stopBrokerProcess  # noqa: E402
 
 sys.path.insert(0, ROOT)
 from otter_tx.amqp import spec  # noqa: E402

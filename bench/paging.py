@@ -18,14 +18,11 @@ stall.  RSS is /proc/PID/statm.
 
 import argparse
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from urllib.parse import urlparse
 
 import pika
 
@@ -33,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from memory_broker import freePort, rss  # noqa: E402
+from memory_broker import rss, startBrokerProcess, stopBrokerProcess  # noqa: E402
 
 sys.path.insert(0, ROOT)
 from otter_tx.test.test_interop_flow import _rawConsumer  # noqa: E402
@@ -82,25 +79,11 @@ def main():
     a = ap.parse_args()
     subprocess.run(["sh", os.path.join(HERE, "build-perf.sh")], check=True)
     perf = os.path.join(HERE, "amqp-perf")
-    twistd = os.path.join(os.path.dirname(os.path.abspath(a.otter_python)), "twistd")
-    tmp = tempfile.mkdtemp(prefix="ottermq-paging-")
-    port = freePort()
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(a.otter_root))
-    args = [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
-            "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
-            "--data-dir", os.path.join(tmp, "data")]
-    if a.budget:
-        args += ["--queue-memory-budget", a.budget]
-    proc = subprocess.Popen(args, env=env, cwd=tmp)
-    url = "amqp://guest:guest@127.0.0.1:%d/" % port
+    options = ["--queue-memory-budget", a.budget] if a.budget else []
+    proc, tmp, url = startBrokerProcess(a.otter_python, "ottermq-paging-", *options, root=a.otter_root)
+    port = urlparse(url).port
     perfUri = url + "%2f"
     try:
-        for _ in range(120):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
         print("%d messages of %d B in one queue; budget %s; broker code from %s" % (
             a.messages, a.size, a.budget or "default", a.otter_root))
         base = rss(proc.pid)
@@ -165,13 +148,7 @@ def main():
         ch.queue_delete("paging-canary")
         conn.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        stopBrokerProcess(proc, tmp, seconds=30)
 
 
 if __name__ == "__main__":

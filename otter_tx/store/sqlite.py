@@ -78,7 +78,6 @@ before the crash, since a delivery is not made durable before it is sent
 https://www.rabbitmq.com/docs/reliability#consumer-side).
 """
 
-import gc
 import json
 import os
 import sqlite3
@@ -1220,16 +1219,9 @@ class SQLiteStore:
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('clean_shutdown', '0')"
             )
-            # read in the same transaction: one snapshot.  The cyclic garbage
-            # collector is paused while a million objects that cannot form
-            # cycles are made: its full passes over them would add seconds.
-            collecting = gc.isenabled()
-            gc.disable()
-            try:
-                recovered = self._loadMessages(conn, entities, stats)
-            finally:
-                if collecting:
-                    gc.enable()
+            # counted in the same transaction: one snapshot (the messages
+            # themselves are streamed later, see _QueueStream)
+            recovered = self._loadMessages(conn, entities, stats)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
