@@ -67,6 +67,20 @@ def _params(port):
                                      blocked_connection_timeout=5)
 
 
+def _drain(port):
+    """basic.get every message of queue "crash" with auto-ack: ``[(int(body), redelivered)]``."""
+    c = pika.BlockingConnection(_params(port))
+    ch = c.channel()
+    got = []
+    while True:
+        method, props, body = ch.basic_get("crash", auto_ack=True)
+        if method is None:
+            break
+        got.append((int(body), method.redelivered))
+    c.close()
+    return got
+
+
 def _publishUntilKilled(port, start, confirmed, stop):
     """Publish persistent messages ``start, start+1, ...``; record confirmed ids."""
     try:
@@ -128,21 +142,8 @@ class CrashTests(TestCase):
         self.assertGreater(len(confirmed), 300)
         proc, transport = _startBroker(dataDir)
         port = yield proc.port
-
-        def drain():
-            c = pika.BlockingConnection(_params(port))
-            ch = c.channel()
-            got = []
-            while True:
-                method, props, body = ch.basic_get("crash", auto_ack=True)
-                if method is None:
-                    break
-                got.append((int(body), method.redelivered))
-            c.close()
-            return got
-
         try:
-            got = yield threads.deferToThread(drain)
+            got = yield threads.deferToThread(_drain, port)
         finally:
             transport.signalProcess(signal.SIGTERM)
             yield proc.ended
@@ -202,18 +203,6 @@ class CrashTests(TestCase):
         yield threads.deferToThread(t.join, 10)
         self.assertGreaterEqual(len(received), 1000)
 
-        def drain(port):
-            c = pika.BlockingConnection(_params(port))
-            ch = c.channel()
-            got = []
-            while True:
-                method, props, body = ch.basic_get("crash", auto_ack=True)
-                if method is None:
-                    break
-                got.append((int(body), method.redelivered))
-            c.close()
-            return got
-
         def publishOne(port):
             c = pika.BlockingConnection(_params(port))
             ch = c.channel()
@@ -224,7 +213,7 @@ class CrashTests(TestCase):
         proc, transport = _startBroker(dataDir)
         port = yield proc.port
         try:
-            got = yield threads.deferToThread(drain, port)
+            got = yield threads.deferToThread(_drain, port)
             yield threads.deferToThread(publishOne, port)
         finally:
             transport.signalProcess(signal.SIGTERM)
