@@ -298,9 +298,11 @@ class OtterProcess:
     SIGKILL after a grace period.
     """
 
-    def __init__(self, twistd=TWISTD, startTimeout=30.0, extraArgs=(), python=None):
+    def __init__(self, twistd=TWISTD, startTimeout=30.0, extraArgs=(), python=None, repo=REPO):
         self.twistd = twistd
         self.python = python
+        #: the checkout put first on PYTHONPATH (another one compares before/after)
+        self.repo = repo
         self.startTimeout = startTimeout
         self.extraArgs = list(extraArgs)
         self.proc = None
@@ -333,7 +335,7 @@ class OtterProcess:
         env = dict(os.environ)
         # twistd finds plugins in twisted/plugins/ directories on sys.path;
         # an editable install does not put the repo root there.
-        env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"]
+        env["PYTHONPATH"] = self.repo + (os.pathsep + env["PYTHONPATH"]
                                     if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
         self._logFile = open(self.logPath, "wb")
@@ -629,7 +631,8 @@ def parseArgs(argv):
                    help="start otter_tx (twistd ottermq) as a subprocess and measure it")
     p.add_argument("--otter-python", action="append", default=[], metavar="PATH",
                    help="start otter_tx with this Python interpreter (twistd from its "
-                   "site-packages, the repo on PYTHONPATH); repeatable or a comma list, "
+                   "site-packages, the repo on PYTHONPATH; PATH=REPO puts another checkout there, "
+                   "to compare before and after); repeatable or a comma list, "
                    "one target per interpreter, labelled by it (otter/cpython3.11, otter/pypy3.9)")
     p.add_argument("--otter-url", metavar="URL", help="measure an otter_tx already running")
     p.add_argument("--otter-arg", action="append", default=[], metavar="ARG",
@@ -724,6 +727,10 @@ def main(argv=None):
         if args.otter:
             pythons.insert(0, None)  # --twistd
         for python in pythons:
+            repo = REPO
+            if python is not None and "=" in python:
+                # PATH=REPO: that interpreter on another checkout (before/after)
+                python, repo = python.split("=", 1)
             if python is None:
                 name, desc = "otter_tx", f"twistd {args.twistd}"
             else:
@@ -734,8 +741,12 @@ def main(argv=None):
                     name = f"otter/{label}#{k}"
                     k += 1
                 desc = f"{desc}: {python}"
+                if repo != REPO:
+                    name = f"{name}@{os.path.basename(repo.rstrip(os.sep))}"
+                    desc += f" on {repo}"
             interpreters[name] = desc
-            otter = OtterProcess(args.twistd, args.start_timeout, args.otter_arg, python=python)
+            otter = OtterProcess(args.twistd, args.start_timeout, args.otter_arg, python=python,
+                                 repo=repo)
             otters.append((name, otter))
             url = otter.start()
             targets.append((name, url, parseUrl(url), otter.cpuSeconds))
