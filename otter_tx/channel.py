@@ -337,6 +337,16 @@ class Channel:
         return self.session.prefetchCount
 
     @property
+    def deliveryTag(self):
+        """The last delivery tag used (int)."""
+        return self.session.deliveryTag
+
+    @property
+    def publishSeq(self):
+        """The last publish sequence number in confirm mode (int)."""
+        return self.session.publishSeq
+
+    @property
     def globalPrefetch(self):
         """basic.qos global prefetch (int)."""
         return self.session.globalPrefetch
