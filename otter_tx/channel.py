@@ -23,6 +23,7 @@ from otter_tx.amqp.errors import (
     notImplemented,
     replyText,
 )
+from otter_tx.broker.publish import publishTarget
 from otter_tx.broker.session import Session
 
 log = Logger()
@@ -266,8 +267,9 @@ class Channel:
         basic.publish's method frame: the checks that need no content
         (write permission, 404, internal exchange 403); the content follows.
         """
+        session = self.session
         try:
-            ex = self.session.publishTarget(exchange)
+            ex = publishTarget(session.vhost, session.access, exchange)
         except AMQPError as e:
             e.method = spec.BasicPublish
             raise
