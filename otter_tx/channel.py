@@ -227,6 +227,11 @@ HANDLERS = {
 }
 
 
+def _fromSession(name, doc):
+    """A read-only property showing the session's attribute ``name``."""
+    return property(lambda self: getattr(self.session, name), doc=doc)
+
+
 class Channel:
     """
     One open AMQP channel: the door between the wire (protocol.py) and its
@@ -301,57 +306,18 @@ class Channel:
         self._target = self._pending = self._header = self._bodyParts = None
         self.session.closed()
 
-    # --- what the management API reads -----------------------------------------------
+    # --- what the management API and the bench read (the session's state) ------------
 
-    @property
-    def closing(self):
-        """True once the channel is closing or closed."""
-        return self.session.closing
-
-    @property
-    def unacked(self):
-        """The session's ledger: delivery tag -> (queue, entry, consumer, tag)."""
-        return self.session.unacked
-
-    @property
-    def unackedCount(self):
-        """Deliveries not yet acknowledged (int)."""
-        return self.session.unackedCount
-
-    @property
-    def consumers(self):
-        """Consumer tag -> Consumer."""
-        return self.session.consumers
-
-    @property
-    def confirmMode(self):
-        """True after confirm.select."""
-        return self.session.confirmMode
-
-    @property
-    def txMode(self):
-        """True after tx.select."""
-        return self.session.txMode
-
-    @property
-    def prefetchCount(self):
-        """basic.qos per-consumer prefetch (int)."""
-        return self.session.prefetchCount
-
-    @property
-    def deliveryTag(self):
-        """The last delivery tag used (int)."""
-        return self.session.deliveryTag
-
-    @property
-    def publishSeq(self):
-        """The last publish sequence number in confirm mode (int)."""
-        return self.session.publishSeq
-
-    @property
-    def globalPrefetch(self):
-        """basic.qos global prefetch (int)."""
-        return self.session.globalPrefetch
+    closing = _fromSession("closing", "True once the channel is closing or closed.")
+    unacked = _fromSession("unacked", "The ledger: delivery tag -> (queue, entry, consumer, tag).")
+    unackedCount = _fromSession("unackedCount", "Deliveries not yet acknowledged (int).")
+    consumers = _fromSession("consumers", "Consumer tag -> Consumer.")
+    confirmMode = _fromSession("confirmMode", "True after confirm.select.")
+    txMode = _fromSession("txMode", "True after tx.select.")
+    prefetchCount = _fromSession("prefetchCount", "basic.qos per-consumer prefetch (int).")
+    globalPrefetch = _fromSession("globalPrefetch", "basic.qos global prefetch (int).")
+    deliveryTag = _fromSession("deliveryTag", "The last delivery tag used (int).")
+    publishSeq = _fromSession("publishSeq", "The last publish sequence number in confirm mode (int).")
 
     # --- wire shim: deleted when the wire engine lands ---------------------------------
     # protocol.py still hands raw frame payloads to the channel; this is
