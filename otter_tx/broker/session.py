@@ -14,9 +14,15 @@ purge / delete of its vhost), and queues reach it only through
 could stand behind the same seam.
 
 The connection a Session talks to provides ``IClientConnection`` and the
-outbound calls ``sendDeliver``, ``sendReturn``, ``sendConfirms``,
-``sendMethod``, ``closeChannel`` and ``noteConfirms`` (see
-``docs``/common brief, "The door").  Errors are
+outbound calls ``sendDeliver(number, consumerTagBytes, deliveryTag,
+redelivered, message)``, ``sendReturn(number, code, text, message)``,
+``sendConfirms(number, [(seq, ok)...])``, ``sendMethod(number, method)``,
+``closeChannel(number, error)`` and ``noteConfirms(session)`` (the
+connection calls ``session.flushConfirms()`` at the end of the chunk it is
+reading), plus ``capabilities``, ``heldCancels`` and ``exclusiveQueues``.
+The AMQP one is ``otter_tx.protocol.AMQPServerProtocol`` behind the door
+``otter_tx.channel.Channel``; the HTTP one is
+``otter_tx.web.door.HTTPRequestConnection``.  Errors are
 :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's codes and texts.
 """
 
@@ -137,10 +143,13 @@ class Session:
     :param vhost: the VHost.  :param user: the authenticated User.
     :param number: the channel number (int) the outbound calls carry.
 
-    The unacked ledger is :attr:`unacked`, ``delivery tag -> (queue, entry,
-    consumer or None, tag)`` in tag order, with :attr:`unackedCount` and
-    each consumer's ``unacked``; acknowledgements made in a transaction wait
-    in ``_txAcks`` as ``(kind, records, requeue)`` until commit.
+    The unacked ledger is the Session's alone: :attr:`unacked`, ``delivery
+    tag -> (queue, entry, consumer or None, tag)`` in tag order, with
+    :attr:`unackedCount` and each of its consumers' ``unacked`` count kept
+    in step by :meth:`deliver`, :meth:`get` and :meth:`_takeUnacked`;
+    acknowledgements made in a transaction wait in ``_txAcks`` as ``(kind,
+    records, requeue)`` until commit, and :class:`RequeueFeeder` hands a
+    large ledger back to the queues a slice per turn.
     """
 
     _needSync = False
@@ -525,7 +534,9 @@ class Session:
             # answers 541 INTERNAL_ERROR; docs/compatibility.md)
             raise AMQPError(spec.FRAME_ERROR, "cannot decode %s" % (erlBinary(propsRaw),))
         message.address = address
-        if message.props:
+        props = message.props
+        # hot path: most properties (delivery_mode, content_type...) need no rule
+        if props and ("user_id" in props or "headers" in props or "reply_to" in props):
             prepareMessage(message, self.user.name, self.replyTo)
         if self.confirmMode:
             self.publishSeq += 1
@@ -538,15 +549,15 @@ class Session:
         return self._route(ex, message, mandatory, seq)
 
     def _route(self, ex, message, mandatory, seq):
-        outcome = self.vhost.publish(ex, message)
-        if not outcome[0] and mandatory:
+        routed, rejected = self.vhost.publish(ex, message)
+        if not routed and mandatory:
             self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
         if seq:
-            self._confirms.append((seq, not outcome[1]))
+            self._confirms.append((seq, not rejected))
             if message.stored:
                 self._needSync = True
             self.connection.noteConfirms(self)
-        return outcome
+        return routed, rejected
 
     def _sync(self):
         """A Deferred that fires once the store has synced everything written so far."""
