@@ -137,13 +137,17 @@ class LoopbackTests(SynchronousTestCase):
         c.protocol.peer = address
         return not any(isinstance(m, spec.ConnectionClose) for _, m, _ in c.handshake())
 
-    def test_amqpDoor(self):
-        """guest (loopback-only) logs in over AMQP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
+    def _checkDoor(self, login):
+        """``login(address)`` is True exactly for the table's loopback addresses (the IP ones)."""
         for host, expected in LOOPBACK_TABLE:
-            if host is None or host == "" or host == "localhost":
+            if host in (None, "", "localhost"):
                 continue
             cls = IPv6Address if ":" in host else IPv4Address
-            self.assertEqual(self._amqpLogin(cls("TCP", host, 40000)), expected, host)
+            self.assertEqual(login(cls("TCP", host, 40000)), expected, host)
+
+    def test_amqpDoor(self):
+        """guest (loopback-only) logs in over AMQP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
+        self._checkDoor(self._amqpLogin)
 
     def _httpLogin(self, address):
         mgmt = ManagementApp(self.broker, self.clock)
@@ -163,8 +167,4 @@ class LoopbackTests(SynchronousTestCase):
 
     def test_httpDoor(self):
         """guest logs in over HTTP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
-        for host, expected in LOOPBACK_TABLE:
-            if host is None or host == "" or host == "localhost":
-                continue
-            cls = IPv6Address if ":" in host else IPv4Address
-            self.assertEqual(self._httpLogin(cls("TCP", host, 40000)), expected, host)
+        self._checkDoor(self._httpLogin)
