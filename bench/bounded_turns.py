@@ -116,7 +116,7 @@ def benchClose(n, directory):
         unacked[tag] = (q, q.basicGet(False), None, tag)
     runTurns(clock)
     try:
-        from otter_tx.channel import RequeueFeeder
+        from otter_tx.broker.session import RequeueFeeder
     except ImportError:
         RequeueFeeder = None
     t0 = time.perf_counter()

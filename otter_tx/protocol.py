@@ -30,6 +30,7 @@ from otter_tx import __version__
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, octetsSnippet, replyText
+from otter_tx.broker.access import isLoopback
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -37,6 +38,15 @@ log = Logger()
 _frameHeader = struct.Struct("!BHI")
 _unpack_frameHeader = _frameHeader.unpack_from
 _pack_frameHeader = _frameHeader.pack
+_pack_Q = struct.Struct("!Q").pack
+_pack_I = struct.Struct("!I").pack
+
+# the fixed starts of the hand-built method payloads: class 60 and method
+# 60 basic.deliver, 71 basic.get-ok, 80 basic.ack, 120 basic.nack
+_DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
+_GET_OK_PREFIX = b"\x00\x3c\x00\x47"
+_ACK_PREFIX = b"\x00\x3c\x00\x50"
+_NACK_PREFIX = b"\x00\x3c\x00\x78"
 _unpack_HH = struct.Struct("!HH").unpack_from
 
 #: frames handled per read before yielding to the reactor (publisher fairness)
@@ -77,8 +87,6 @@ SERVER_CAPABILITIES = {
     "per_consumer_qos": True,
     "direct_reply_to": True,
 }
-
-_LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
 
 # connection states
 _AWAIT_HEADER = 0
@@ -397,6 +405,62 @@ class AMQPServerProtocol(Protocol):
                     parts.append(piece)
                     parts.append(b"\xce")
         self.send(b"".join(parts))
+
+    def sendDeliver(self, channel, consumerTagBytes, deliveryTag, redelivered, message):
+        """
+        basic.deliver with the message's content: ``consumerTagBytes`` the
+        tag as an encoded shortstr (length octet included).
+        """
+        self.sendContent(channel, b"".join((
+            _DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag),
+            b"\x01" if redelivered else b"\x00", message.addressBytes(),
+        )), message)
+
+    def sendGetOk(self, channel, deliveryTag, redelivered, message, messageCount):
+        """basic.get-ok with the message's content; ``messageCount`` the messages left."""
+        self.sendContent(channel, b"".join((
+            _GET_OK_PREFIX, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
+            message.addressBytes(), _pack_I(messageCount),
+        )), message)
+
+    def sendReturn(self, channel, replyCode, replyText, message):
+        """basic.return (``replyCode`` e.g. 312, ``replyText`` ``NO_ROUTE``) with the message's content."""
+        payload = spec.BasicReturn(replyCode, replyText, message.exchange, message.routingKey).encode()
+        self.sendContent(channel, payload, message)
+
+    def sendConfirms(self, channel, confirms):
+        """
+        Publisher confirms ``confirms``, a list of ``(seq, ok)`` in seq order.
+        Runs of acks collapse into one ``basic.ack multiple=true`` (every
+        earlier publish is already settled: confirms go out in order); a
+        nack is multiple=false, requeue=false.
+        """
+        # hot path (every read with confirms): the frames are built here,
+        # not through the generic Method codec
+        header = _pack_frameHeader(1, channel, 13)
+        out = []
+        runEnd = None
+        for seq, ok in confirms:
+            if ok:
+                runEnd = seq
+            else:
+                if runEnd is not None:
+                    out.append(header + _ACK_PREFIX + _pack_Q(runEnd) + b"\x01\xce")
+                    runEnd = None
+                out.append(header + _NACK_PREFIX + _pack_Q(seq) + b"\x00\xce")
+        if runEnd is not None:
+            out.append(header + _ACK_PREFIX + _pack_Q(runEnd)
+                       + (b"\x01\xce" if len(confirms) > 1 else b"\x00\xce"))
+        self.send(out[0] if len(out) == 1 else b"".join(out))
+
+    def closeChannel(self, channel, error):
+        """
+        Close channel ``channel`` for ``error`` (AMQPError): channel.close
+        sent, the channel's door ``closed()``; only close-ok ends it.
+        """
+        ch = self.channels.get(channel)
+        if ch is not None:
+            ch.closeWithError(error)
 
     def _flush(self):
         if self._confirming:
@@ -731,7 +795,7 @@ class AMQPServerProtocol(Protocol):
         user = None
         if username is not None:
             user = self.broker.authenticate(username, password)
-            if user is not None and user.loopbackOnly and not self._isLoopback():
+            if user is not None and user.loopbackOnly and not isLoopback(getattr(self.peer, "host", None)):
                 log.warn(
                     "user {user!r} can only connect via localhost", user=loggable(replyText(username))
                 )
@@ -755,10 +819,6 @@ class AMQPServerProtocol(Protocol):
             spec.ConnectionTune(self.factory.channelMax, self.factory.frameMax, self.factory.heartbeat),
         )
         self._state = _AWAIT_TUNE_OK
-
-    def _isLoopback(self):
-        host = getattr(self.peer, "host", "")
-        return host.startswith(_LOOPBACK_PREFIXES) or host in ("localhost", "")
 
     def _tuneOk(self, m):
         fmax = m.frame_max or self.factory.frameMax

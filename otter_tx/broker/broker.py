@@ -6,74 +6,16 @@ durable changes reach a store.
 global reactor.
 """
 
-import re
-
 from twisted.logger import Logger
 
 from otter_tx.alarms import Alarms, MemoryMonitor
+from otter_tx.broker import access
+from otter_tx.broker.access import User
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
 
 log = Logger()
-
-
-def queueDeclareChecks(name, arguments):
-    """
-    The permission checks a (non-passive) declare of queue ``name`` with
-    ``arguments`` (dict) needs, as ``(perm, kind, resource)`` tuples for
-    :meth:`Broker.permits`: configure on the queue and, with an
-    ``x-dead-letter-exchange``, read on the queue and write on that exchange
-    (``rabbit_channel``'s ``queue.declare``; checked on the 3.10 peer, over
-    AMQP and HTTP alike).
-    """
-    checks = [(Broker.CONFIGURE, "queue", name)]
-    dlx = arguments.get("x-dead-letter-exchange")
-    if isinstance(dlx, str):
-        checks += [(Broker.READ, "queue", name), (Broker.WRITE, "exchange", dlx)]
-    return checks
-
-
-def exchangeDeclareChecks(name, arguments):
-    """
-    The permission checks a (non-passive) declare of exchange ``name`` with
-    ``arguments`` needs, as for :func:`queueDeclareChecks`: configure on the
-    exchange and, with an ``alternate-exchange``, read on the exchange and
-    write on the alternate (``rabbit_channel``'s ``exchange.declare``;
-    checked on the 3.10 peer).
-    """
-    checks = [(Broker.CONFIGURE, "exchange", name)]
-    alternate = arguments.get("alternate-exchange")
-    if isinstance(alternate, str):
-        checks += [(Broker.READ, "exchange", name), (Broker.WRITE, "exchange", alternate)]
-    return checks
-
-
-class User:
-    """
-    A broker user: ``name``, ``password`` (str), ``tags`` (list of str),
-    ``loopbackOnly`` (like RabbitMQ's ``loopback_users``: guest by default).
-    """
-
-    def __init__(self, name, password, tags=(), loopbackOnly=False):
-        from otter_tx.broker.durability import hashPassword
-
-        self.name = name
-        self.tags = list(tags)
-        self.loopbackOnly = loopbackOnly
-        self.salt = self.passwordHash = None
-        if password is not None:
-            self.salt, self.passwordHash = hashPassword(password)
-
-    def checkPassword(self, password):
-        """True if ``password`` (str) matches the stored salted SHA-256."""
-        import hmac
-
-        from otter_tx.broker.durability import hashPassword
-
-        if self.passwordHash is None or password is None:
-            return False
-        return hmac.compare_digest(hashPassword(password, self.salt)[1], self.passwordHash)
 
 
 class Broker:
@@ -211,26 +153,19 @@ class Broker:
         """True when ``user`` has permissions on ``vhost``."""
         return (user.name, vhost) in self.permissions
 
-    #: RabbitMQ's permission kinds, as indexes into a permissions tuple
-    CONFIGURE, WRITE, READ = 0, 1, 2
+    #: RabbitMQ's permission kinds (the same ints as access.CONFIGURE, WRITE, READ)
+    CONFIGURE, WRITE, READ = access.CONFIGURE, access.WRITE, access.READ
 
     def permits(self, userName, vhost, perm, kind, name):
         """
-        True when user ``userName``'s ``perm`` regex on ``vhost``
-        (:attr:`CONFIGURE`, :attr:`WRITE` or :attr:`READ`) matches resource
-        ``name`` of ``kind`` (``"queue"`` or ``"exchange"``; the default
-        exchange is matched as ``amq.default``).  No permissions on the
-        vhost, an empty regex or an invalid one permit nothing
-        (``rabbit_auth_backend_internal:check_resource_access``,
-        https://www.rabbitmq.com/docs/access-control).
+        True when user ``userName``'s ``perm`` regex on ``vhost`` matches
+        resource ``name`` of ``kind`` (:func:`otter_tx.broker.access.permits`).
         """
-        perms = self.permissions.get((userName, vhost))
-        pattern = perms[perm] if perms is not None else ""
-        checked = "amq.default" if kind == "exchange" and name == "" else name
-        try:
-            return bool(pattern) and re.search(pattern, checked) is not None
-        except re.error:
-            return False
+        return access.permits(self.permissions, userName, vhost, perm, kind, name)
+
+    def access(self, user, vhost):
+        """A cached :class:`~otter_tx.broker.access.Access` for ``user`` (User) in ``vhost`` (str)."""
+        return access.Access(self, user.name, vhost)
 
     def setPolicy(self, vhost, name, pattern, definition, priority=0, applyTo="all"):
         """

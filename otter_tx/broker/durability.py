@@ -19,9 +19,7 @@ kept as base64 of their AMQP field-table encoding so every type tag survives.
 
 import base64
 import gc
-import hashlib
 import json
-import os
 
 from twisted.logger import Logger
 
@@ -60,19 +58,6 @@ def textToTable(text):
     return decodeTable(raw, 0, len(raw))
 
 
-def hashPassword(password, salt=None):
-    """
-    ``(salt, hash)`` as base64 text: SHA-256 over salt + UTF-8 password,
-    like RabbitMQ's ``rabbit_password_hashing_sha256``.
-    """
-    if salt is None:
-        salt = os.urandom(4)
-    else:
-        salt = base64.b64decode(salt)
-    digest = hashlib.sha256(salt + password.encode("utf-8", "surrogateescape")).digest()
-    return base64.b64encode(salt).decode(), base64.b64encode(digest).decode()
-
-
 class Journal:
     """
     Writes broker changes to ``store`` and rebuilds the broker from it.
@@ -90,6 +75,14 @@ class Journal:
         self._held = {}
 
     # --- keys ------------------------------------------------------------------
+
+    def sync(self):
+        """
+        A Deferred that fires once everything written so far is durable
+        (the store's fsync'd group commit); fails with ``StoreFailedError``
+        when the store could not write it.
+        """
+        return self.store.sync()
 
     @staticmethod
     def queueKey(queue):

@@ -895,3 +895,150 @@ class MetricsTests(WebTestCase):
         self.assertIn("text/html", r.header("content-type"))
         self.assertIn("&lt;b&gt;", r.body)
         self.assertNotIn("<b>", r.body)
+
+
+class OnlyThisTests(WebTestCase):
+    """
+    The "security hole" of issue 9: a user whose permissions are
+    ``^only-this$`` is refused every HTTP operation a permission governs on
+    any other resource, exactly where AMQP refuses it, and allowed where
+    AMQP allows it (each operation runs through a Session acting as the user).
+    """
+
+    USER = ("only", "pw")
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        self.broker.addUser("only", "pw", ["management"])
+        self.broker.setPermissions("only", "/", "^only-this$", "^only-this$", "^only-this$")
+        for q in ("other", "only-this"):
+            self.put("/api/queues/%2F/" + q)
+        self.put("/api/exchanges/%2F/only-this", {"type": "fanout"})
+        self.publish("other")
+        self.publish("only-this")
+
+    def amqp(self):
+        """An AMQP connection of the same user with channel 1 open."""
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), user="only", password="pw")
+        c.openChannel(1)
+        c.received()
+        return c
+
+    def amqpRefuses(self, method, code=403):
+        """The same operation over AMQP closes the channel with ``code``."""
+        c = self.amqp()
+        c.send(1, method)
+        closes = [m.reply_code for m in c.methods() if isinstance(m, spec.ChannelClose)]
+        self.assertEqual(closes, [code])
+
+    def test_publish(self):
+        """Publishing to amq.direct is 400 with the 403 text (and nothing is delivered), to only-this it routes."""
+        body = {"routing_key": "other", "properties": {}, "payload": "x", "payload_encoding": "string"}
+        for x in ("amq.direct", "amq.default"):
+            self.assertError(self.post("/api/exchanges/%2F/" + x + "/publish", body, auth=self.USER), 400,
+                             "bad_request",
+                             "403 ACCESS_REFUSED - access to exchange '%s' in vhost '/' refused for user 'only'"
+                             % (x,))
+        self.assertEqual(self.vh.queues["other"].readyCount, 1)
+        self.post("/api/bindings/%2F/e/only-this/q/only-this", {})
+        self.assertEqual(self.post("/api/exchanges/%2F/only-this/publish", body, auth=self.USER).json(),
+                         {"routed": True})
+        self.assertEqual(self.vh.queues["only-this"].readyCount, 2)
+        c = self.amqp()
+        c.publish(1, "amq.direct", "other", b"x")
+        self.assertEqual([m.reply_code for m in c.methods() if isinstance(m, spec.ChannelClose)], [403])
+
+    def test_get(self):
+        """/get on another queue is 401 with the AMQP text and the message stays; on only-this it is allowed."""
+        body = {"count": 5, "ackmode": "ack_requeue_false", "encoding": "auto"}
+        self.assertError(self.post("/api/queues/%2F/other/get", body, auth=self.USER), 401, "not_authorised",
+                         "ACCESS_REFUSED - access to queue 'other' in vhost '/' refused for user 'only'")
+        self.assertEqual(self.vh.queues["other"].readyCount, 1)
+        self.assertEqual(len(self.post("/api/queues/%2F/only-this/get", body, auth=self.USER).json()), 1)
+        self.assertEqual(self.vh.queues["only-this"].readyCount, 0)
+        self.amqpRefuses(spec.BasicGet(0, "other", False))
+
+    def test_purge(self):
+        """Purging another queue is 401 Access refused. and the message stays; only-this is purged."""
+        self.assertError(self.delete("/api/queues/%2F/other/contents", auth=self.USER), 401, "not_authorised",
+                         "Access refused.")
+        self.assertEqual(self.vh.queues["other"].readyCount, 1)
+        self.assertEqual(self.delete("/api/queues/%2F/only-this/contents", auth=self.USER).code, 204)
+        self.assertEqual(self.vh.queues["only-this"].readyCount, 0)
+        self.amqpRefuses(spec.QueuePurge(0, "other", False))
+
+    def test_queueDeclareDelete(self):
+        """Declaring or deleting another queue is 401 Access refused.; only-this may be redeclared and deleted."""
+        self.assertError(self.put("/api/queues/%2F/new", auth=self.USER), 401, "not_authorised", "Access refused.")
+        self.assertError(self.delete("/api/queues/%2F/other", auth=self.USER), 401, "not_authorised",
+                         "Access refused.")
+        self.assertNotIn("new", self.vh.queues)
+        self.assertIn("other", self.vh.queues)
+        self.assertEqual(self.put("/api/queues/%2F/only-this", auth=self.USER).code, 204)
+        self.assertEqual(self.delete("/api/queues/%2F/only-this", auth=self.USER).code, 204)
+        self.amqpRefuses(spec.QueueDeclare(0, "new", False, False, False, False, False, {}))
+        self.amqpRefuses(spec.QueueDelete(0, "other", False, False, False))
+
+    def test_exchangeDeclareDelete(self):
+        """Declaring or deleting another exchange is 401 Access refused.; only-this may be."""
+        self.assertError(self.put("/api/exchanges/%2F/newx", {"type": "direct"}, auth=self.USER), 401,
+                         "not_authorised", "Access refused.")
+        self.assertError(self.delete("/api/exchanges/%2F/amq.direct", auth=self.USER), 401, "not_authorised",
+                         "Access refused.")
+        self.assertEqual(self.put("/api/exchanges/%2F/only-this", {"type": "fanout"}, auth=self.USER).code, 204)
+        self.assertEqual(self.delete("/api/exchanges/%2F/only-this", auth=self.USER).code, 204)
+        self.amqpRefuses(spec.ExchangeDeclare(0, "newx", "direct", False, False, False, False, False, {}))
+
+    def test_bindUnbind(self):
+        """Binding another queue or from another exchange is refused; only-this to only-this binds and unbinds."""
+        self.assertError(self.post("/api/bindings/%2F/e/amq.direct/q/other", {"routing_key": "k"}, auth=self.USER),
+                         401, "not_authorised", "Access refused.")
+        self.assertError(self.post("/api/bindings/%2F/e/amq.direct/q/only-this", {"routing_key": "k"},
+                                   auth=self.USER), 401, "not_authorised", "Access refused.")
+        self.post("/api/bindings/%2F/e/amq.direct/q/other", {"routing_key": "k"})
+        self.assertError(self.delete("/api/bindings/%2F/e/amq.direct/q/other/k", auth=self.USER),
+                         401, "not_authorised", "Access refused.")
+        r = self.post("/api/bindings/%2F/e/only-this/q/only-this", {"routing_key": "k"}, auth=self.USER)
+        self.assertEqual(r.code, 201)
+        self.assertEqual(self.delete("/api/bindings/%2F/e/only-this/q/only-this/k", auth=self.USER).code, 204)
+        self.amqpRefuses(spec.QueueBind(0, "other", "amq.direct", "k", False, {}))
+
+
+class PublishPipelineTests(WebTestCase):
+    """HTTP publish goes through the same pipeline as basic.publish."""
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        for q in ("a", "b", "c"):
+            self.put("/api/queues/%2F/" + q)
+
+    def send(self, props, key="a"):
+        body = {"routing_key": key, "properties": props, "payload": "x", "payload_encoding": "string"}
+        return self.post("/api/exchanges/%2F/amq.default/publish", body)
+
+    def test_senderSelected(self):
+        """CC and BCC headers add routing keys; BCC is not delivered."""
+        self.assertEqual(self.send({"headers": {"CC": ["b"], "BCC": ["c"]}}).json(), {"routed": True})
+        for q in ("a", "b", "c"):
+            entry = self.vh.queues[q].basicGet(True)
+            self.assertEqual(entry.message.props["headers"], {"CC": ["b"]}, q)
+
+    def test_userId(self):
+        """A user_id other than the authenticated user is 400 with the 406 text."""
+        self.assertError(self.send({"user_id": "someone"}), 400, "bad_request",
+                         "406 PRECONDITION_FAILED - user_id property set to 'someone' but authenticated "
+                         "user was 'guest'")
+        self.assertEqual(self.send({"user_id": "guest"}).json(), {"routed": True})
+
+    def test_replyToWithoutConsumer(self):
+        """reply_to amq.rabbitmq.reply-to has no reply consumer over HTTP: 400 with the 406 text."""
+        self.assertError(self.send({"reply_to": "amq.rabbitmq.reply-to"}), 400, "bad_request",
+                         "406 PRECONDITION_FAILED - fast reply consumer does not exist")
+        self.assertEqual(self.vh.queues["a"].readyCount, 0)
+
+    def test_internalExchange(self):
+        """Publishing to an internal exchange is 400 with the 403 text."""
+        self.put("/api/exchanges/%2F/ix", {"type": "fanout", "internal": True})
+        body = {"routing_key": "", "properties": {}, "payload": "x", "payload_encoding": "string"}
+        self.assertError(self.post("/api/exchanges/%2F/ix/publish", body), 400, "bad_request",
+                         "403 ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")

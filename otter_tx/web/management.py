@@ -32,7 +32,8 @@ module's ``is_authorized/2`` makes (:data:`_ANY` is ``is_authorized``,
 ``is_authorized_user``, see :meth:`ManagementApp._authoriseUser`), and the
 operations RabbitMQ performs over an AMQP channel check the user's
 configure / write / read regexes per resource, as a channel does
-(:meth:`ManagementApp._checkResource`).
+(each runs through a :class:`~otter_tx.broker.session.Session` acting as the
+user, :meth:`ManagementApp._session`).
 
 The app is an instance (``app = Klein()`` is a class attribute): built from
 the broker and the clock; it never imports the global reactor.
@@ -51,13 +52,13 @@ from twisted.web.resource import Resource
 
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
-from otter_tx.amqp.errors import AMQPError, resourceAccessRefused
-from otter_tx.broker.broker import Broker, exchangeDeclareChecks, queueDeclareChecks
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.access import CONFIGURE, READ, WRITE, User, bindChecks, isLoopback
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
-from otter_tx.broker.message import Message
 from otter_tx.broker.policy import Policy, PolicyError
 from otter_tx.web import _format as fmt
+from otter_tx.web.door import requestSession
 
 #: the RabbitMQ version whose API this app reproduces (reported as
 #: ``rabbitmq_version``; ``product_name`` / ``product_version`` say otter_tx)
@@ -409,10 +410,8 @@ class ManagementApp:
         user = self.broker.authenticate(name, password)
         if user is None:
             raise HTTPError(401, "not_authorized", "Login failed", challenge)
-        if getattr(user, "loopbackOnly", False):
-            host = getattr(request.getClientAddress(), "host", None)
-            if host not in ("127.0.0.1", "::1", "localhost", None) and not str(host).startswith("127."):
-                raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
+        if user.loopbackOnly and not isLoopback(getattr(request.getClientAddress(), "host", None)):
+            raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
         tags = set(user.tags)
         if not tags & MANAGEMENT_TAGS:
             raise notAuthorised("Not management user")
@@ -476,20 +475,16 @@ class ManagementApp:
             raise notFound()
         return vh
 
-    def _checkResource(self, user, vh, perm, kind, name):
+    def _session(self, user, vh):
         """
-        What RabbitMQ's AMQP channel checks when the plugin runs an
-        operation for ``user``: 401 ``Access refused.`` when the user has no
-        permissions on ``vh`` (the connection is refused), else
-        :class:`AMQPError` 403 unless the ``perm`` regex
-        (``Broker.CONFIGURE`` / ``WRITE`` / ``READ``) matches ``name``
-        (``kind`` ``"queue"`` or ``"exchange"``); the caller maps it as the
-        endpoint's RabbitMQ module does.
+        A :class:`~otter_tx.broker.session.Session` acting as ``user`` in
+        ``vh`` for this request, as RabbitMQ opens a channel for the
+        operation: 401 ``Access refused.`` when the user has no permissions
+        on the vhost (the connection is refused).
         """
         if not self.broker.canAccess(user, vh.name):
             raise notAuthorised("Access refused.")
-        if not self.broker.permits(user.name, vh.name, perm, kind, name):
-            raise resourceAccessRefused(kind, name, vh.name, user.name)
+        return requestSession(self.broker, user, vh)
 
     @staticmethod
     def _body(request):
@@ -648,7 +643,7 @@ class ManagementApp:
         (``?if-unused=true&if-empty=true``; 204, 404, 400 in use / not
         empty).  PUT and DELETE need configure permission on the queue, PUT
         with a dead-letter exchange also read on the queue and write on
-        that exchange (:func:`queueDeclareChecks`; 401 ``Access refused.``).
+        that exchange (:func:`~otter_tx.broker.access.queueDeclareChecks`; 401 ``Access refused.``).
         """
         vh = self._vhost(vhost)
         if request.method == b"PUT":
@@ -656,21 +651,17 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            for perm, kind, resource in queueDeclareChecks(name, args):
-                self._checkResource(user, vh, perm, kind, resource)
+            session = self._session(user, vh)
             existed = name in vh.queues
-            vh.declareQueue(
-                name, None, durable=_flag(body.get("durable")),
-                autoDelete=_flag(body.get("auto_delete")), arguments=args,
-            )
+            session.declareQueue(name, durable=_flag(body.get("durable")),
+                                 autoDelete=_flag(body.get("auto_delete")), arguments=args)
             return Response(204 if existed else 201)
         q = vh.queues.get(name)
         if q is None:
             raise notFound()
         if request.method == b"DELETE":
-            self._checkResource(user, vh, Broker.CONFIGURE, "queue", name)
-            vh.deleteQueue(q, ifUnused=_queryFlag(request, "if-unused"),
-                           ifEmpty=_queryFlag(request, "if-empty"))
+            self._session(user, vh).deleteQueue(
+                name, ifUnused=_queryFlag(request, "if-unused"), ifEmpty=_queryFlag(request, "if-empty"))
             return Response(204)
         return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True)
 
@@ -686,8 +677,7 @@ class ManagementApp:
         q = vh.queues.get(name)
         if q is None:
             raise notFound()
-        self._checkResource(user, vh, Broker.READ, "queue", name)
-        q.purge()
+        self._session(user, vh).purgeQueue(name)
         return Response(204)
 
     @app.route("/api/queues/<vhost>/<name>/bindings", methods=["GET", "OPTIONS"])
@@ -727,29 +717,30 @@ class ManagementApp:
             truncate = int(truncate) if truncate not in (None, "") else None
         except (TypeError, ValueError):
             raise badRequest("count and truncate must be integers")
-        try:
-            self._checkResource(user, vh, Broker.READ, "queue", name)
-        except AMQPError as e:
-            raise channelRefusal(e)
-        q = vh.queues.get(name)
-        if q is None:
-            raise HTTPError(404, "not_found", "NOT_FOUND - no queue '%s' in vhost '%s'" % (name, vhost))
-        entries = []
+        session = self._session(user, vh)
         out = []
-        for _ in range(max(0, count)):
-            entry = q.basicGet(False)
-            if entry is None:
-                break
-            entries.append(entry)
-            out.append(self._messageJson(entry, q.messageCount, encoding, truncate))
-        if entries:
-            if ackmode in ("ack_requeue_true", "reject_requeue_true"):
-                q.requeue(entries)
-            elif ackmode == "ack_requeue_false":
-                for e in entries:
-                    q.settle(e)
-            else:
-                q.discard(entries)
+        try:
+            session.readableQueue(name)
+            for _ in range(max(0, count)):
+                got = session.get(name)
+                if got is None:
+                    break
+                _, entry, q = got
+                out.append(self._messageJson(entry, q.messageCount, encoding, truncate))
+            if out:
+                # the fetched messages are settled together, as the plugin's channel does
+                if ackmode in ("ack_requeue_true", "reject_requeue_true"):
+                    session.nack(0, multiple=True, requeue=True)
+                elif ackmode == "ack_requeue_false":
+                    session.ack(0, multiple=True)
+                else:
+                    session.nack(0, multiple=True, requeue=False)
+        except AMQPError as e:
+            if e.code == 404:
+                raise HTTPError(404, "not_found", e.text)
+            raise channelRefusal(e)
+        finally:
+            session.closed()
         return out
 
     @staticmethod
@@ -805,7 +796,7 @@ class ManagementApp:
         ``amq.default`` names the default exchange.  PUT and DELETE need
         configure permission on the exchange, PUT with an alternate exchange
         also read on it and write on the alternate
-        (:func:`exchangeDeclareChecks`; 401 ``Access refused.``).
+        (:func:`~otter_tx.broker.access.exchangeDeclareChecks`; 401 ``Access refused.``).
         """
         vh = self._vhost(vhost)
         xname = self._exchangeName(name)
@@ -817,10 +808,9 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            for perm, kind, resource in exchangeDeclareChecks(xname, args):
-                self._checkResource(user, vh, perm, kind, resource)
+            session = self._session(user, vh)
             existed = xname in vh.exchanges
-            vh.declareExchange(
+            session.declareExchange(
                 xname, xtype, durable=_flag(body.get("durable")),
                 autoDelete=_flag(body.get("auto_delete")), internal=_flag(body.get("internal")),
                 arguments=args,
@@ -830,8 +820,7 @@ class ManagementApp:
         if ex is None:
             raise notFound()
         if request.method == b"DELETE":
-            self._checkResource(user, vh, Broker.CONFIGURE, "exchange", xname)
-            vh.deleteExchange(xname, ifUnused=_queryFlag(request, "if-unused"))
+            self._session(user, vh).deleteExchange(xname, ifUnused=_queryFlag(request, "if-unused"))
             return Response(204)
         d = fmt.exchangeDict(ex)
         d["incoming"] = []
@@ -881,23 +870,14 @@ class ManagementApp:
         else:
             raise badRequest(["unsupported_encoding", enc])
         xname = self._exchangeName(name)
-        ex = vh.exchanges.get(xname)
+        session = self._session(user, vh)
         try:
-            self._checkResource(user, vh, Broker.WRITE, "exchange", xname)
-            if ex is None:
-                raise AMQPError(404, "no exchange '%s' in vhost '%s'" % (xname, vhost))
-            if ex.internal:
-                raise AMQPError(403, "cannot publish to internal exchange '%s' in vhost '%s'" % (xname, vhost))
+            ex = session.publishTarget(xname)
             props = self._properties(body["properties"])
-            uid = props.get("user_id")
-            if uid is not None and uid != user.name:
-                raise AMQPError(
-                    406, "user_id property set to '%s' but authenticated user was '%s'" % (uid, user.name)
-                )
-            message = Message(xname, str(body["routing_key"]), encodeProperties(props), data, props)
+            routed, _ = session.publish(ex, str(body["routing_key"]), False, encodeProperties(props), data,
+                                        props=props)
         except AMQPError as e:
             raise badRequest(str(e))
-        routed, _ = vh.publish(ex, message)
         self.broker.checkMemory()
         return {"routed": routed > 0}
 
@@ -944,14 +924,15 @@ class ManagementApp:
 
     def _checkBinding(self, user, vh, source, dtype, dest):
         """
-        ``queue.bind`` / ``exchange.bind`` permissions (also for unbind):
-        write on the destination, read on the source exchange; 401
-        ``Access refused.``.
+        A Session for ``user`` after the ``queue.bind`` / ``exchange.bind``
+        permissions (also for unbind): write on the destination, read on the
+        source exchange; 401 ``Access refused.``.
         """
         kind = "queue" if dtype == "q" else "exchange"
         dname = dest if dtype == "q" else self._exchangeName(dest)
-        self._checkResource(user, vh, Broker.WRITE, kind, dname)
-        self._checkResource(user, vh, Broker.READ, "exchange", self._exchangeName(source))
+        session = self._session(user, vh)
+        session.access.checkAll(bindChecks(kind, dname, self._exchangeName(source)))
+        return session
 
     def _bindingEnds(self, vh, source, dtype, dest):
         """The source Exchange and destination (Queue or Exchange) or 404 ``not_found``."""
@@ -991,9 +972,12 @@ class ManagementApp:
         args = body.get("arguments") or {}
         if not isinstance(key, str) or not isinstance(args, dict):
             raise badRequest("routing_key must be a string and arguments an object")
-        self._checkBinding(user, vh, source, dtype, dest)
+        session = self._checkBinding(user, vh, source, dtype, dest)
         src, dst = self._bindingEnds(vh, source, dtype, dest)
-        vh.bind(src, dst, key, args)
+        if dtype == "q":
+            session.bindQueue(dst.name, src.name, key, args)
+        else:
+            session.bindExchange(dst.name, src.name, key, args)
         # the Location segment is the properties_key percent-encoded once more, as RabbitMQ sends it
         location = "%s/%s" % (quote(dest, safe=""), quote(fmt.propertiesKey(key, args), safe="~"))
         return Response(201, headers=[(b"location", location.encode("utf-8"))])
@@ -1014,11 +998,12 @@ class ManagementApp:
             raise notFound()
         if request.method == b"GET":
             return b
-        self._checkBinding(user, vh, source, dtype, dest)
+        session = self._checkBinding(user, vh, source, dtype, dest)
         src, dst = self._bindingEnds(vh, source, dtype, dest)
+        unbind = session.unbindQueue if dtype == "q" else session.unbindExchange
         for d, k, a in list(src.routing.bindings()):
             if d is dst and k == b["routing_key"] and fmt.propertiesKey(k, a) == b["properties_key"]:
-                vh.unbind(src, dst, k, a)
+                unbind(dst.name, src.name, k, a)
         return Response(204)
 
     # --- overview, vhosts, users, permissions ----------------------------------
@@ -1206,8 +1191,6 @@ class ManagementApp:
 
     def _replaceUser(self, name, tags, rawHash):
         """Install user ``name`` with a RabbitMQ ``password_hash`` (salt + SHA-256) or none."""
-        from otter_tx.broker.broker import User
-
         u = User(name, None, tags)
         if rawHash:
             u.salt = base64.b64encode(rawHash[:4]).decode()
@@ -1474,18 +1457,20 @@ class ManagementApp:
         on ``amq.default``): 401 with the full ``ACCESS_REFUSED`` text.
         """
         vh = self._vhost(vhost)
+        session = self._session(user, vh)
         try:
-            self._checkResource(user, vh, Broker.CONFIGURE, "queue", "aliveness-test")
-            self._checkResource(user, vh, Broker.WRITE, "exchange", "")
-            self._checkResource(user, vh, Broker.READ, "queue", "aliveness-test")
+            session.access.checkAll([
+                (CONFIGURE, "queue", "aliveness-test"), (WRITE, "exchange", ""), (READ, "queue", "aliveness-test"),
+            ])
         except AMQPError as e:
             raise channelRefusal(e)
-        q = vh.declareQueue("aliveness-test", None)
-        routed, _ = vh.publish(vh.exchanges[""], Message("", "aliveness-test", b"\x00\x00", b"test_message", {}))
-        entry = q.basicGet(False)
-        if entry is not None:
-            q.settle(entry)
-        if not routed or entry is None:
+        session.declareQueue("aliveness-test")
+        routed, _ = session.publish(session.publishTarget(""), "aliveness-test", False, b"\x00\x00",
+                                    b"test_message", props={})
+        got = session.get("aliveness-test")
+        if got is not None:
+            session.ack(got[0])
+        if not routed or got is None:
             return Response(503, {"status": "failed", "reason": "aliveness test failed"})
         return {"status": "ok"}
 
