@@ -499,7 +499,7 @@ class Channel:
             serverNamed=serverNamed,
         )
         self.lastQueue = q.name
-        self._reply(m, spec.QueueDeclareOk(q.name, q.messageCount, q.consumerCount))
+        self._reply(m, spec.QueueDeclareOk(q.name, q.readyCount, q.consumerCount))
 
     def _queueBind(self, m):
         qname = self._queueName(m.queue)
@@ -691,7 +691,7 @@ class Channel:
                 _pack_Q(tag),
                 b"\x01" if entry.redelivered else b"\x00",
                 message.addressBytes(),
-                struct.pack("!I", q.messageCount),
+                struct.pack("!I", q.readyCount),
             )
         )
         self.connection.sendContent(self.number, payload, message)
@@ -786,7 +786,7 @@ class Channel:
             if requeue:
                 queue.requeue(entries)
             else:
-                queue.discard(entries)
+                queue.reject(entries)
         self._afterSettle(byQueue)
 
     def _basicRecover(self, m):
@@ -866,7 +866,7 @@ class Channel:
             raise AMQPError(
                 spec.FRAME_ERROR, "cannot decode %s" % (erlBinary(propsRaw),), spec.BasicPublish
             )
-        message.address = address
+        message.addressCache = address
         props = message.props
         if props:
             uid = props.get("user_id")
@@ -957,7 +957,7 @@ class Channel:
             def failed(f):
                 if not f.check(StoreFailedError):
                     log.failure("store sync failed; confirms withheld", f)
-                    self.connection.forceClose(
+                    self.connection.close(
                         spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
                     )
                     return
@@ -1034,7 +1034,7 @@ class Channel:
 
             def failed(f):
                 log.failure("store sync failed; tx.commit not confirmed", f)
-                self.connection.forceClose(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
+                self.connection.close(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
             self.broker.journal.store.sync().addCallbacks(committed, failed)
             return

@@ -930,7 +930,7 @@ class AMQPServerProtocol(Protocol):
             wait = self.heartbeat
         self._closeTimer = self.clock.callLater(wait, self._closeNow)
 
-    def forceClose(self, code, text):
+    def close(self, code, text):
         """Close from the broker side (e.g. vhost deleted, management)."""
         self._connectionError(code, text)
 

@@ -908,7 +908,7 @@ class OtterService(MultiService):
             self.diskMonitor.stop()
         self._untuneGC()
         for conn in list(self.broker.connections):
-            conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+            conn.close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         stops = [maybeDeferred(child.stopService) for child in reversed(list(self)) if child.running]
         d = DeferredList(stops, consumeErrors=True)
 

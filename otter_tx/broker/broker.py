@@ -114,7 +114,7 @@ class Broker:
         #: bumped on every permission change (channels cache their checks)
         self.permissionsVersion = 0
         self.connections = set()
-        self._msgId = 0
+        self._storeId = 0
         #: the node's resource alarms (otter_tx.alarms.Alarms)
         self.alarms = Alarms(self)
         #: the memory alarm's monitor, None without a watermark
@@ -152,7 +152,7 @@ class Broker:
                 vh.deleteQueue(q)
             for conn in list(self.connections):
                 if conn.vhost is vh:
-                    conn.forceClose(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
+                    conn.close(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
                     closed.append(conn)
             for key in [k for k in self.permissions if k[1] == name]:
                 self.clearPermissions(*key)
@@ -250,15 +250,15 @@ class Broker:
 
     def nextMessageId(self, message):
         """Assign a broker-wide id to ``message``."""
-        self._msgId += 1
-        message.msgId = self._msgId
+        self._storeId += 1
+        message.storeId = self._storeId
 
     def reserveMessageIds(self, above):
         """
         Make every future message id larger than ``above`` and than any id
         used before a restart (ids start from the clock in microseconds).
         """
-        self._msgId = max(self._msgId, above, int(self.clock.seconds() * 1e6))
+        self._storeId = max(self._storeId, above, int(self.clock.seconds() * 1e6))
 
     def queuedBytes(self):
         """Body bytes of ready messages held in memory (paged ones excluded)."""

@@ -13,6 +13,8 @@ import re
 
 from zope.interface import Attribute, Interface, implementer
 
+from otter_tx.broker.arguments import frozenArguments
+
 
 class IExchangeType(Interface):
     """
@@ -37,12 +39,6 @@ class IExchangeType(Interface):
         """Drop every binding to ``destination``; return how many."""
 
 
-def _argsKey(arguments):
-    if not arguments:
-        return ()
-    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
-
-
 class _BindingSet:
     """
     Common binding bookkeeping: ``{(destination, key, argsKey): arguments}``.
@@ -59,14 +55,14 @@ class _BindingSet:
         return len(self._all)
 
     def _addRecord(self, destination, routingKey, arguments):
-        rec = (destination, routingKey, _argsKey(arguments))
+        rec = (destination, routingKey, frozenArguments(arguments))
         if rec in self._all:
             return None
         self._all[rec] = arguments or {}
         return rec
 
     def _removeRecord(self, destination, routingKey, arguments):
-        rec = (destination, routingKey, _argsKey(arguments))
+        rec = (destination, routingKey, frozenArguments(arguments))
         if rec not in self._all:
             return None
         del self._all[rec]
@@ -423,7 +419,10 @@ class Exchange:
         self.alternate = ae if isinstance(ae, str) and ae else None
         self.deleted = False
         self.inboundCount = 0  # bindings where this exchange is the destination
+        #: messages published into this exchange that reached a routing step
         self.publishIn = 0
+        #: messages this exchange routed onwards to at least one queue or exchange
+        #: (RabbitMQ's ``message_stats.publish_out``)
         self.publishOut = 0
 
     def __repr__(self):

@@ -139,7 +139,6 @@ class Queue:
         self._holes = 0
         self._seq = 0
         self.consumers = []
-        self.hadConsumers = False
         self.deleted = False
         self.exclusiveConsumer = None
         self.bindings = {}  # (exchange, routingKey, argsKey) -> arguments, for cleanup
@@ -218,11 +217,6 @@ class Queue:
             self.vhost.deleteQueue(self, reason="expired")
 
     # --- counts -----------------------------------------------------------
-
-    @property
-    def messageCount(self):
-        """Ready messages (int); never includes expired ones."""
-        return self.readyCount
 
     @property
     def consumerCount(self):
@@ -675,7 +669,6 @@ class Queue:
             while i > 0 and cs[i - 1].priority < consumer.priority:
                 i -= 1
             cs.insert(i, consumer)
-        self.hadConsumers = True
         if self._idleTimer is not None:
             self.touch()
         self.dispatch()
@@ -698,12 +691,6 @@ class Queue:
             self.touch()
         elif self.singleActive:
             self.dispatch()
-
-    def activeConsumer(self):
-        """
-        The single active consumer, or None (single-active-consumer queues).
-        """
-        return self.consumers[0] if self.singleActive and self.consumers else None
 
     def _pickConsumer(self):
         cs = self.consumers
@@ -823,10 +810,12 @@ class Queue:
             self.unackedCount -= 1
             self._removed(entry)
 
-    def discard(self, entries, deadLetter=True):
+    def reject(self, entries):
         """
-        basic.reject / basic.nack with requeue=false: the messages leave the
-        queue and are dead-lettered with reason ``rejected`` if a DLX is set.
+        basic.reject / basic.nack with requeue=false of UNACKED ``entries``
+        (list): the messages leave the queue and are dead-lettered with reason
+        ``rejected`` if a DLX is set, else dropped
+        (https://www.rabbitmq.com/docs/dlx).
         """
         messages = []
         for entry in entries:
@@ -835,7 +824,7 @@ class Queue:
                 self.unackedCount -= 1
                 self._removed(entry)
                 messages.append(entry.message)
-        if messages and deadLetter and not self.deleted:
+        if messages and not self.deleted:
             self.vhost.deadLetter(self, messages, "rejected")
 
     def requeue(self, entries, dispatch=True):

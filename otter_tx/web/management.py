@@ -741,7 +741,7 @@ class ManagementApp:
             if entry is None:
                 break
             entries.append(entry)
-            out.append(self._messageJson(entry, q.messageCount, encoding, truncate))
+            out.append(self._messageJson(entry, q.readyCount, encoding, truncate))
         if entries:
             if ackmode in ("ack_requeue_true", "reject_requeue_true"):
                 q.requeue(entries)
@@ -749,7 +749,7 @@ class ManagementApp:
                 for e in entries:
                     q.settle(e)
             else:
-                q.discard(entries)
+                q.reject(entries)
         return out
 
     @staticmethod
@@ -1321,7 +1321,7 @@ class ManagementApp:
             return fmt.connectionDict(conn)
         reason = request.getHeader(b"x-reason")
         reason = reason.decode("utf-8", "replace") if reason else "Closed via management plugin"
-        conn.forceClose(320, "CONNECTION_FORCED - " + reason)
+        conn.close(320, "CONNECTION_FORCED - " + reason)
         return Response(204)
 
     @app.route("/api/connections/<name>/channels", methods=["GET", "OPTIONS"])
