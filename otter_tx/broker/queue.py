@@ -241,7 +241,7 @@ class Queue:
             or (s.maxLengthBytes is not None and self.readyBytes + message.size > s.maxLengthBytes)
         ):
             if s.overflow == "reject-publish-dlx":
-                self.vhost.deadLetter(self, [message], "maxlen")
+                self.vhost.deadLetterer.deadLetter(self, [message], "maxlen")
             return False
         ttl = message.ttl
         qttl = s.messageTtl
@@ -263,7 +263,7 @@ class Queue:
                 return True
         if ttl is not None and ttl <= 0:
             # TTL 0: deliverable only to a consumer that can take it at once
-            self.vhost.deadLetter(self, [message], "expired")
+            self.vhost.deadLetterer.deadLetter(self, [message], "expired")
             return True
         if (
             self.pagedCount
@@ -403,7 +403,7 @@ class Queue:
             if left is not None and left.minExpiresAt is not None:
                 self._pageExpiry.add(left, left.minExpiresAt)
         if dead:
-            self.vhost.deadLetter(self, dead, "expired")
+            self.vhost.deadLetterer.deadLetter(self, dead, "expired")
 
     def _enforceLimits(self):
         """
@@ -437,7 +437,7 @@ class Queue:
             for entry in dropped:
                 entry.state = GONE
                 self._removed(entry)
-            self.vhost.deadLetter(self, [e.message for e in dropped], "maxlen")
+            self.vhost.deadLetterer.deadLetter(self, [e.message for e in dropped], "maxlen")
 
     def _dropBulk(self, dropped):
         """
@@ -561,7 +561,7 @@ class Queue:
         else:
             self._dropPending = None
         if messages:
-            self.vhost.deadLetter(self, messages, "maxlen")
+            self.vhost.deadLetterer.deadLetter(self, messages, "maxlen")
 
     # --- taking messages out ----------------------------------------------
 
@@ -616,7 +616,7 @@ class Queue:
                     continue
             break
         if expired:
-            self.vhost.deadLetter(self, expired, "expired")
+            self.vhost.deadLetterer.deadLetter(self, expired, "expired")
         return entry
 
     def basicGet(self, noAck):
@@ -646,7 +646,7 @@ class Queue:
         if self._holes > 1024 and self._holes > self.readyCount:
             self._compact()
         if messages:
-            self.vhost.deadLetter(self, messages, "expired")
+            self.vhost.deadLetterer.deadLetter(self, messages, "expired")
 
     def _compact(self):
         self._levels = [deque(e for e in dq if e.state == READY) for dq in self._levels]
@@ -825,7 +825,7 @@ class Queue:
                 self._removed(entry)
                 messages.append(entry.message)
         if messages and not self.deleted:
-            self.vhost.deadLetter(self, messages, "rejected")
+            self.vhost.deadLetterer.deadLetter(self, messages, "rejected")
 
     def requeue(self, entries, dispatch=True):
         """
@@ -959,7 +959,7 @@ class Queue:
                 mids.reverse()  # ascending seq
                 levels[level] = deque(heapq.merge(levels[level], mids, key=_bySeq))
         if expired:
-            self.vhost.deadLetter(self, expired, "expired")
+            self.vhost.deadLetterer.deadLetter(self, expired, "expired")
 
     # --- purge / delete -------------------------------------------------------
 
