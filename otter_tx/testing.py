@@ -214,17 +214,11 @@ def journaledBroker(store, clock, **brokerOptions):
     (``queueMemoryBudget``, ``pagingDirectory``, ...).
     """
     from otter_tx.broker.broker import Broker
-    from otter_tx.broker.durability import Journal
 
     broker = Broker(clock, **brokerOptions)
     result = []
     store.open().addCallback(result.append)
     if not result:
         raise RuntimeError("journaledBroker needs a store that opens synchronously")
-    journal = Journal(broker, store)
-    firstBoot = journal.recover(result[0])
-    broker.journal = journal
-    broker.listeners.append(journal.entityChanged)
-    if firstBoot:
-        journal.writeAll()
+    broker.attachJournal(store, result[0])
     return broker

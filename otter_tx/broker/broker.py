@@ -11,6 +11,7 @@ import re
 from twisted.logger import Logger
 
 from otter_tx.alarms import Alarms, MemoryMonitor
+from otter_tx.broker.durability import Journal
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
@@ -122,7 +123,7 @@ class Broker:
         self._memoryProbe = memoryProbe
         self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
-        #: the durability Journal once the store is open, else None
+        #: the durability Journal once the store is open (:meth:`attachJournal`), else None
         self.journal = None
         self.addVHost("/")
         self.addUser(defaultUser, defaultPass, tags=["administrator"],
@@ -361,6 +362,34 @@ class Broker:
                     ex.stopTimers()
 
     # --- durability hook ---------------------------------------------------
+
+    def attachJournal(self, store, state):
+        """
+        Make this broker durable through ``store`` (an opened
+        :class:`~otter_tx.store.interface.IMessageStore`), the one place
+        where a :class:`~otter_tx.broker.durability.Journal` is attached
+        (``OtterService`` at start, ``otter_tx.testing.journaledBroker``):
+        rebuild the broker from ``state`` (the ``RecoveredState`` the store's
+        ``open()`` gave), set :attr:`journal`, attach it to every durable
+        queue and durable x-delayed-message exchange already present (ones
+        declared later get it from their vhost), listen for entity changes,
+        and on a first boot (no stored vhost) write the configured vhosts,
+        users, permissions and policies.  Returns the Journal.
+        """
+        journal = Journal(self, store)
+        self.journal = journal
+        firstBoot = journal.recover(state)
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                if q.durable:
+                    q.journal = journal
+            for ex in vh.exchanges.values():
+                if ex.delayed and ex.durable:
+                    ex.journal = journal
+        self.listeners.append(journal.entityChanged)
+        if firstBoot:
+            journal.writeAll()
+        return journal
 
     def entityChanged(self, kind, vhost, obj, deleted=False):
         """

@@ -147,7 +147,6 @@ class Journal:
                     store.deleteEntity("queue", obj.storeKey())
             else:
                 if obj.delayed:
-                    obj.journal = self
                     store.putEntity("queue", obj.storeKey(),
                                     {"delayedExchange": True, "names": ["", vhost.name, obj.name]})
                 store.putEntity(
@@ -164,7 +163,6 @@ class Journal:
                 self._held.pop(obj, None)
                 store.deleteEntity("queue", key)
             else:
-                obj.journal = self
                 store.putEntity(
                     "queue", key, {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments),
                                    "names": [obj.vhost.name, obj.name]}
@@ -187,6 +185,16 @@ class Journal:
                 )
 
     # --- message changes (called by durable queues) ----------------------------
+
+    def sync(self):
+        """
+        A Deferred that fires (with None) once everything written so far is
+        durable (the store's fsync'd group commit), or fails with
+        :class:`~otter_tx.store.interface.StoreFailedError` as
+        ``IMessageStore.sync`` does.  Publisher confirms of persistent
+        messages wait for it.
+        """
+        return self.store.sync()
 
     def enqueued(self, queue, entry):
         """A persistent message entered durable ``queue``."""
@@ -262,8 +270,11 @@ class Journal:
 
     def recover(self, state):
         """
-        Rebuild the broker from a ``RecoveredState``.  Call before the
-        journal is attached as a listener (nothing is written back).
+        Rebuild the broker from a ``RecoveredState``; the restored durable
+        queues and delayed exchanges get this journal.  Returns True on a
+        first boot (no stored vhost).  Called by
+        :meth:`Broker.attachJournal <otter_tx.broker.broker.Broker.attachJournal>`
+        before the journal listens for changes (nothing is written back).
         """
         broker = self.broker
         ents = state.entities

@@ -142,6 +142,8 @@ class VHost:
         if type == DELAYED_TYPE:
             validateDelayedArguments(arguments)
             ex = DelayedExchange(self, name, type, durable, autoDelete, internal, arguments)
+            if durable:
+                ex.journal = self.broker.journal
             self.exchanges[name] = ex
             self.broker.entityChanged("exchange", self, ex)
             return ex
@@ -242,6 +244,8 @@ class VHost:
             arguments,
         )
         self.queues[name] = q
+        if q.durable:
+            q.journal = self.broker.journal
         self._applyPolicy(q)
         if connection is not None and exclusive:
             connection.exclusiveQueues.add(q)

@@ -276,6 +276,42 @@ class JournalTests(SynchronousTestCase):
         clock.advance(0.1)
         self.assertNotIn("q", b.vhosts["/"].queues)
 
+    def test_journalAttachedOnDeclareAndRestore(self):
+        """Durable queues and delayed exchanges get the journal when declared, restored, or present at attach; transient ones never."""
+        from otter_tx.broker.broker import Broker
+
+        clock = Clock()
+        store = MemoryStore()
+        b = Broker(clock)
+        early = b.vhosts["/"].declareQueue("early", None, durable=True)
+        self.assertIsNone(early.journal)
+        journal = b.attachJournal(store, self.successResultOf(store.open()))
+        self.assertIs(b.journal, journal)
+        self.assertIs(early.journal, journal)
+        vh = b.vhosts["/"]
+        self.assertIs(vh.declareQueue("d", None, durable=True).journal, journal)
+        self.assertIsNone(vh.declareQueue("t", None, durable=False).journal)
+        dx = vh.declareExchange("dx", "x-delayed-message", durable=True,
+                                arguments={"x-delayed-type": "direct"})
+        self.assertIs(dx.journal, journal)
+        self.assertIsNone(vh.declareExchange("tx", "x-delayed-message",
+                                             arguments={"x-delayed-type": "direct"}).journal)
+        self.assertEqual(b.listeners.count(journal.entityChanged), 1)
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        self.assertIs(vh.queues["d"].journal, b.journal)
+        self.assertIs(vh.exchanges["dx"].journal, b.journal)
+
+    def test_journalSync(self):
+        """``Journal.sync`` fires after the store's sync and fails with StoreFailedError as the store does."""
+        from otter_tx.store.interface import StoreFailedError
+
+        store = MemoryStore()
+        b = self.boot(store, Clock())
+        self.assertIsNone(self.successResultOf(b.journal.sync()))
+        store.failWrites()
+        self.failureResultOf(b.journal.sync(), StoreFailedError)
+
     def test_transientMessagesNotWritten(self):
         """Transient messages and non-durable queues never reach the store."""
         clock = Clock()
