@@ -497,6 +497,93 @@ class MemoryStoreFailureTests(SynchronousTestCase):
         self.assertEqual(calls, [(False, "store write failed: disk full"), (True, None)])
 
 
+class PendingBatchTests(SynchronousTestCase):
+    """The durable store's batch merging (``sqlite._Batch``) as plain code, without the writer thread."""
+
+    def batch(self, coalesce=True):
+        return sqliteModule._Batch(coalesce)
+
+    def enqueue(self, b, queueKey, storeId, redelivered=False):
+        b.enqueue(queueKey, storeId, storeId, 1.0, None, redelivered)
+
+    def test_enqueueThenDequeueCancels(self):
+        """A message added, enqueued and dequeued in one batch leaves nothing to write (3 changes cancelled)."""
+        b = self.batch()
+        b.addMessage(1, "ex", "rk", b"p", b"body")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.adds[1].liveEnqueues, 1)
+        self.assertEqual(b.dequeue("q", 1), 3)
+        self.assertEqual((b.adds, b.entries), ({}, {"q": {}}))
+
+    def test_sharedMessageKeptUntilLastEnqueueCancelled(self):
+        """A message enqueued in two queues stays pending until both enqueues are cancelled."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "a", 1)
+        self.enqueue(b, "b", 1)
+        self.assertEqual(b.dequeue("a", 1), 2)
+        self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (1, True))
+        self.assertEqual(b.dequeue("b", 1), 3)
+        self.assertNotIn(1, b.adds)
+
+    def test_enqueueOfStoredMessageReplaces(self):
+        """An enqueue of a message not added in this batch may be on disk: its dequeue stays a delete."""
+        b = self.batch()
+        self.enqueue(b, "q", 7)
+        self.assertTrue(b.entries["q"][7].replaces)
+        self.assertEqual(b.dequeue("q", 7), 2)
+        self.assertEqual(b.entries["q"][7], sqliteModule._DEQUEUE)
+
+    def test_markRedeliveredMerges(self):
+        """A mark after a pending enqueue sets its flag; alone it is a mark; after a dequeue it is dropped."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        b.markRedelivered("q", 1)
+        entry = b.entries["q"][1]
+        self.assertEqual((entry.op, entry.seq, entry.redelivered), (sqliteModule._ENQ, 1, True))
+        b.markRedelivered("q", 2)
+        self.assertEqual(b.entries["q"][2], sqliteModule._MARK_REDELIVERED)
+        b.dequeue("q", 3)
+        b.markRedelivered("q", 3)
+        self.assertEqual(b.entries["q"][3], sqliteModule._DEQUEUE)
+
+    def test_purgeKeepsOnlyKept(self):
+        """A purge forgets the queue's other pending entries, cancels their enqueues, and intersects repeated keeps."""
+        b = self.batch()
+        for i in (1, 2, 3):
+            b.addMessage(i, "", "rk", b"", b"m")
+            self.enqueue(b, "q", i)
+        self.assertEqual(b.purge("q", frozenset({2, 3})), 2)
+        self.assertEqual(sorted(b.entries["q"]), [2, 3])
+        self.assertEqual(sorted(b.adds), [2, 3])
+        b.purge("q", frozenset({3}))
+        self.assertEqual(b.purges["q"], frozenset({3}))
+        self.enqueue(b, "q", 9)
+        self.assertFalse(b.entries["q"][9].replaces)
+
+    def test_deleteQueueEntityPurges(self):
+        """Deleting a queue entity records the delete and purges the queue's pending entries."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.deleteEntity("queue", "q"), 2)
+        self.assertEqual((b.entities, b.purges, b.entries, b.adds),
+                         ({("queue", "q"): None}, {"q": frozenset()}, {}, {}))
+        b.putEntity("vhost", "/", "{}")
+        self.assertEqual(b.deleteEntity("vhost", "x"), 0)
+        self.assertEqual(b.entities[("vhost", "/")], "{}")
+
+    def test_noCoalesce(self):
+        """Without coalescing a dequeue after a pending enqueue is kept, and the message with it."""
+        b = self.batch(coalesce=False)
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.dequeue("q", 1), 0)
+        self.assertEqual(b.entries["q"][1], sqliteModule._DEQUEUE)
+        self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (0, True))
+
+
 class _SQLiteFixture:
     """
     Shared helpers of the SQLite test cases: a data dir per test and
