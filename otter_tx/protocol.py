@@ -30,6 +30,7 @@ from otter_tx import __version__
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, octetsSnippet, replyText
+from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -116,7 +117,7 @@ def methodFrame(channel, method):
 WRITE_HIGH_WATER = 256 * 1024
 
 
-@implementer(IPushProducer, IHalfCloseableProtocol)
+@implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection)
 class AMQPServerProtocol(Protocol):
     """
     One client connection.
@@ -966,6 +967,17 @@ class AMQPServerProtocol(Protocol):
 
     def writeConnectionLost(self):
         """Our sending side is shut (not used: we never half-close)."""
+
+    # --- acknowledgement timeout ----------------------------------------------------
+
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
+        """
+        :class:`~otter_tx.broker.interfaces.IClientConnection`: close (406)
+        each channel whose oldest unacknowledged delivery was made before
+        ``limitSeconds`` (clock seconds); ``timeoutMs`` is for the text.
+        """
+        for ch in list(self.channels.values()):
+            ch.checkAckTimeout(limitSeconds, timeoutMs)
 
     # --- resource alarms ----------------------------------------------------------
 

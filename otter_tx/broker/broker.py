@@ -336,13 +336,16 @@ class Broker:
         self._ackTimer.start(min(60.0, self.consumerTimeout / 2000.0), now=False)
 
     def checkAckTimeouts(self):
-        """Close channels whose oldest unacked delivery is older than the timeout."""
+        """
+        Ask every connection (:class:`~otter_tx.broker.interfaces.IClientConnection`)
+        to close its channels whose oldest unacked delivery is older than
+        :attr:`consumerTimeout`.
+        """
         if not self.consumerTimeout:
             return
         limit = self.clock.seconds() - self.consumerTimeout / 1000.0
         for conn in list(self.connections):
-            for ch in list(conn.channels.values()):
-                ch.checkAckTimeout(limit, self.consumerTimeout)
+            conn.checkAckTimeout(limit, self.consumerTimeout)
 
     def stop(self):
         """

@@ -11,32 +11,10 @@ follows exchange destinations and alternate exchanges.
 
 import re
 
-from zope.interface import Attribute, Interface, implementer
+from zope.interface import implementer
 
 from otter_tx.broker.arguments import frozenArguments
-
-
-class IExchangeType(Interface):
-    """
-    The routing table of one exchange type.
-    """
-
-    name = Attribute("The AMQP exchange type name (str).")
-
-    def add(destination, routingKey, arguments):
-        """Add a binding; return False if it already existed."""
-
-    def remove(destination, routingKey, arguments):
-        """Remove a binding; return False if it did not exist."""
-
-    def route(message, keys, out):
-        """Add the destinations matching ``message`` (with routing ``keys``) to the set ``out``."""
-
-    def bindings():
-        """Iterate ``(destination, routingKey, arguments)``."""
-
-    def removeDestination(destination):
-        """Drop every binding to ``destination``; return how many."""
+from otter_tx.broker.interfaces import IExchangeType
 
 
 class _BindingSet:
@@ -419,7 +397,9 @@ class Exchange:
         self.alternate = ae if isinstance(ae, str) and ae else None
         self.deleted = False
         self.inboundCount = 0  # bindings where this exchange is the destination
-        #: messages published into this exchange that reached a routing step
+        #: messages that reached this exchange and were routed somewhere or
+        #: offered to its alternate exchange (a message unroutable from the
+        #: published-to exchange with no alternate is not counted)
         self.publishIn = 0
         #: messages this exchange routed onwards to at least one queue or exchange
         #: (RabbitMQ's ``message_stats.publish_out``)

@@ -44,7 +44,10 @@ Two more operations are bounded per turn the same way:
 import heapq
 from collections import deque
 
+from zope.interface import implementer
+
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
+from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
@@ -110,6 +113,7 @@ class QueueSettings:
         self.overflow = "drop-head"
 
 
+@implementer(IQueue)
 class Queue:
     """
     One classic queue in a vhost.

@@ -227,18 +227,11 @@ class RecoveredState:
         return text
 
 
-class IMessageStore(Interface):
+class IStoreHealth(Interface):
     """
-    Durable state of a broker: entities and persistent queued messages.
-
-    Every method is called on the reactor thread.  Mutating methods return
-    ``None`` at once and raise :class:`StoreClosedError` unless the store is
-    open (``open()`` fired and ``close()`` not called).  Changes are applied
-    in the order they were issued; :meth:`sync` reports when they are
-    durable.
+    The health part of a store, all that the resource alarms
+    (:meth:`otter_tx.alarms.Alarms.watchStore`) use.
     """
-
-    path = Attribute("The store file (str), or None for a memory store.")
 
     healthy = Attribute(
         "bool: True while writes succeed; False from a failed commit until "
@@ -256,6 +249,20 @@ class IMessageStore(Interface):
         failed: OperationalError: database or disk is full"`` when it turns
         False, ``None`` when it turns True.  Not called at registration.
         """
+
+
+class IMessageStore(IStoreHealth):
+    """
+    Durable state of a broker: entities and persistent queued messages.
+
+    Every method is called on the reactor thread.  Mutating methods return
+    ``None`` at once and raise :class:`StoreClosedError` unless the store is
+    open (``open()`` fired and ``close()`` not called).  Changes are applied
+    in the order they were issued; :meth:`sync` reports when they are
+    durable.
+    """
+
+    path = Attribute("The store file (str), or None for a memory store.")
 
     def open():
         """

@@ -8,11 +8,13 @@ import os
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker import paging, queue as queuemod
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
 from otter_tx.protocol import WRITE_HIGH_WATER, AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
@@ -23,10 +25,12 @@ from otter_tx.testing import FakeClient, journaledBroker
 COST = 16 + paging.ENTRY_OVERHEAD
 
 
+@implementer(IConsumer)
 class Taker:
-    """A consumer that always has room and records deliveries."""
+    """A consumer that always has room (up to ``limit`` deliveries) and records deliveries."""
 
     def __init__(self, noAck=True, limit=None):
+        self.tag = "taker"
         self.noAck = noAck
         self.priority = 0
         self.limit = limit

@@ -17,9 +17,11 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, _FakePort
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
+from zope.interface import implementer
 
 from otter_tx import service as service_module
 from otter_tx.service import ListenFailed, OtterService, StartError
+from otter_tx.store.interface import IMessageStore
 from otter_tx.store.memory import MemoryStore
 from otter_tx.testing import FakeClient
 
@@ -776,6 +778,7 @@ class AlarmWiringTests(SynchronousTestCase):
         self.assertEqual(svc.broker.alarms.active, {})
 
 
+@implementer(IMessageStore)
 class _HealthStore:
     """A MemoryStore with the health contract of a fake (until every store has it)."""
 

@@ -7,31 +7,67 @@ dead-lettering, length limits and policies in otter_tx.broker
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from otter_tx.amqp.codec import TaggedInt, Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message, parseExpiration
 from otter_tx.broker.policy import PolicyError
 
 
-class FakeConsumer:
-    """A consumer with a prefetch limit that records deliveries."""
+class FakeChannel:
+    """
+    What the FakeConsumers of one channel share, as a real channel's
+    consumers do: the connection's ``paused`` (output backed up) and the
+    channel's global prefetch (``globalPrefetch``, 0 = unlimited) counted
+    against ``unackedCount``.
+    """
 
-    def __init__(self, prefetch=0, noAck=False, priority=0):
+    def __init__(self, globalPrefetch=0):
+        self.paused = False
+        self.globalPrefetch = globalPrefetch
+        self.unackedCount = 0
+
+
+@implementer(IConsumer)
+class FakeConsumer:
+    """
+    A consumer with a prefetch limit that records deliveries; it honours
+    ``canTake``'s contract (paused connection, consumer and global prefetch)
+    through its :class:`FakeChannel`.
+    """
+
+    _tags = 0
+
+    def __init__(self, prefetch=0, noAck=False, priority=0, channel=None, tag=None):
+        if tag is None:
+            FakeConsumer._tags += 1
+            tag = "ctag-%d" % (FakeConsumer._tags,)
+        self.tag = tag
         self.prefetch = prefetch
         self.noAck = noAck
         self.priority = priority
+        self.channel = channel if channel is not None else FakeChannel()
         self.delivered = []
         self.cancelled = False
 
     def canTake(self):
-        if self.noAck or not self.prefetch:
+        ch = self.channel
+        if ch.paused:
+            return False
+        if self.noAck:
             return True
-        return len(self.delivered) < self.prefetch
+        if self.prefetch and len(self.delivered) >= self.prefetch:
+            return False
+        g = ch.globalPrefetch
+        return not (g and ch.unackedCount >= g)
 
     def deliver(self, queue, entry):
         self.delivered.append(entry)
+        if not self.noAck:
+            self.channel.unackedCount += 1
 
     def cancelledByBroker(self, queue):
         self.cancelled = True
@@ -477,6 +513,60 @@ class DeadLetterTests(BrokerTestCase):
         q.requeue([e])
         self.assertEqual(self.bodies(q), [b"c", b"d"])
         self.assertEqual([m.body for m in self.drain(self.dlq)], [b"b"])
+
+
+class ConsumerContractTests(BrokerTestCase):
+    """A queue delivers only while its consumers' ``canTake`` allows (IConsumer)."""
+
+    def test_pausedConnectionTakesNothing(self):
+        """While the connection's output is backed up nothing is delivered; dispatch resumes after."""
+        q = self.declare("q")
+        c = FakeConsumer(noAck=True)
+        c.channel.paused = True
+        q.addConsumer(c)
+        self.publish("q")
+        self.assertEqual((len(c.delivered), q.readyCount), (0, 1))
+        c.channel.paused = False
+        q.dispatch()
+        self.assertEqual((len(c.delivered), q.readyCount), (1, 0))
+
+    def test_globalPrefetchSharedByChannel(self):
+        """Two consumers on one channel share its global prefetch; one on another channel is not limited."""
+        a, b = self.declare("a"), self.declare("b")
+        ch = FakeChannel(globalPrefetch=3)
+        ca, cb = FakeConsumer(channel=ch), FakeConsumer(channel=ch)
+        other = FakeConsumer()
+        a.addConsumer(ca)
+        b.addConsumer(cb)
+        for _ in range(5):
+            self.publish("a")
+            self.publish("b")
+        self.assertEqual(len(ca.delivered) + len(cb.delivered), 3)
+        b.addConsumer(other)
+        self.assertEqual(len(other.delivered), 5 - len(cb.delivered))
+
+
+class ExchangeCounterTests(BrokerTestCase):
+    """An exchange's publish_in / publish_out counters (management ``message_stats``)."""
+
+    def test_publishOutCountsRoutedMessages(self):
+        """publish_out counts the messages an exchange routed onwards, not the unroutable ones."""
+        ex = self.vhost.declareExchange("x", "direct")
+        self.vhost.bind(ex, self.declare("q"), "k", {})
+        self.publish("k", exchange="x")
+        self.publish("k", exchange="x")
+        self.publish("nowhere", exchange="x")
+        self.assertEqual(ex.publishOut, 2)
+        self.assertGreaterEqual(ex.publishIn, ex.publishOut)
+
+    def test_exchangeToExchange(self):
+        """Through an exchange-to-exchange binding both exchanges count the message out."""
+        src = self.vhost.declareExchange("src", "fanout")
+        dst = self.vhost.declareExchange("dst", "fanout")
+        self.vhost.bind(src, dst, "", {})
+        self.vhost.bind(dst, self.declare("q"), "", {})
+        self.publish("k", exchange="src")
+        self.assertEqual((src.publishIn, src.publishOut, dst.publishIn, dst.publishOut), (1, 1, 1, 1))
 
 
 class PolicyTests(BrokerTestCase):
