@@ -31,7 +31,7 @@ from otter_tx.amqp.errors import (
     rs,
 )
 from otter_tx.broker.arguments import isInteger
-from otter_tx.broker.broker import exchangeDeclareChecks, queueDeclareChecks
+from otter_tx.broker.broker import Broker, exchangeDeclareChecks, queueDeclareChecks
 from otter_tx.broker import queue as _queuemod
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
@@ -448,21 +448,21 @@ class Channel:
         self._reply(m, spec.ExchangeDeclareOk())
 
     def _exchangeDelete(self, m):
-        self._check(0, "exchange", m.exchange)
+        self._check(Broker.CONFIGURE, "exchange", m.exchange)
         self.vhost.deleteExchange(m.exchange, m.if_unused)
         self._reply(m, spec.ExchangeDeleteOk())
 
     def _exchangeBind(self, m):
-        self._check(1, "exchange", m.destination)
-        self._check(2, "exchange", m.source)
+        self._check(Broker.WRITE, "exchange", m.destination)
+        self._check(Broker.READ, "exchange", m.source)
         dest = self.vhost.getExchange(m.destination)
         src = self.vhost.getExchange(m.source)
         self.vhost.bind(src, dest, m.routing_key, m.arguments or {})
         self._reply(m, spec.ExchangeBindOk())
 
     def _exchangeUnbind(self, m):
-        self._check(1, "exchange", m.destination)
-        self._check(2, "exchange", m.source)
+        self._check(Broker.WRITE, "exchange", m.destination)
+        self._check(Broker.READ, "exchange", m.source)
         dest = self.vhost.exchanges.get(m.destination)
         src = self.vhost.exchanges.get(m.source)
         if dest is not None and src is not None:
@@ -503,8 +503,8 @@ class Channel:
 
     def _queueBind(self, m):
         qname = self._queueName(m.queue)
-        self._check(1, "queue", qname)
-        self._check(2, "exchange", m.exchange)
+        self._check(Broker.WRITE, "queue", qname)
+        self._check(Broker.READ, "exchange", m.exchange)
         q = self.vhost.getQueue(qname, self.connection)
         ex = self.vhost.getExchange(m.exchange)
         self.vhost.bind(ex, q, m.routing_key if m.routing_key or m.queue else qname, m.arguments or {})
@@ -512,8 +512,8 @@ class Channel:
 
     def _queueUnbind(self, m):
         qname = self._queueName(m.queue)
-        self._check(1, "queue", qname)
-        self._check(2, "exchange", m.exchange)
+        self._check(Broker.WRITE, "queue", qname)
+        self._check(Broker.READ, "exchange", m.exchange)
         q = self.vhost.queues.get(qname)
         ex = self.vhost.exchanges.get(m.exchange)
         if q is not None:
@@ -524,14 +524,14 @@ class Channel:
 
     def _queuePurge(self, m):
         qname = self._queueName(m.queue)
-        self._check(2, "queue", qname)
+        self._check(Broker.READ, "queue", qname)
         q = self.vhost.getQueue(qname, self.connection)
         n = q.purge()
         self._reply(m, spec.QueuePurgeOk(n))
 
     def _queueDelete(self, m):
         name = self._queueName(m.queue)
-        self._check(0, "queue", name)
+        self._check(Broker.CONFIGURE, "queue", name)
         q = self.vhost.queues.get(name)
         n = 0
         if q is not None:
@@ -567,7 +567,7 @@ class Channel:
         qname = self._queueName(m.queue)
         if qname == REPLY_TO:
             return self._replyToConsume(m)
-        self._check(2, "queue", qname)
+        self._check(Broker.READ, "queue", qname)
         q = self.vhost.getQueue(qname, self.connection)
         tag = m.consumer_tag
         if not tag:
@@ -673,7 +673,7 @@ class Channel:
 
     def _basicGet(self, m):
         qname = self._queueName(m.queue)
-        self._check(2, "queue", qname)
+        self._check(Broker.READ, "queue", qname)
         q = self.vhost.getQueue(qname, self.connection)
         entry = q.basicGet(m.no_ack)
         if entry is None:
@@ -829,7 +829,7 @@ class Channel:
         if bits & 2:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
         try:
-            self._check(1, "exchange", exchange)
+            self._check(Broker.WRITE, "exchange", exchange)
         except AMQPError as e:
             e.method = spec.BasicPublish
             raise

@@ -129,7 +129,8 @@ class Journal:
             if deleted or perms is None:
                 store.deleteEntity("permission", key)
             else:
-                store.putEntity("permission", key, {"configure": perms[0], "write": perms[1], "read": perms[2],
+                configure, write, read = perms
+                store.putEntity("permission", key, {"configure": configure, "write": write, "read": read,
                                                     "names": [user, vh]})
         elif kind == "policy":
             key = vhost.name + SEP + obj.name
