@@ -965,7 +965,7 @@ class Channel:
                 slot[1] = True
                 self._drainConfirms()
 
-            self.broker.journal.store.sync().addCallbacks(synced, failed)
+            self.broker.journal.sync().addCallbacks(synced, failed)
         else:
             outbox.append([confirms, True])
             self._drainConfirms()
@@ -1036,7 +1036,7 @@ class Channel:
                 log.failure("store sync failed; tx.commit not confirmed", f)
                 self.connection.close(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
-            self.broker.journal.store.sync().addCallbacks(committed, failed)
+            self.broker.journal.sync().addCallbacks(committed, failed)
             return
         self.connection.sendMethod(self.number, spec.TxCommitOk())
 
