@@ -85,6 +85,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import namedtuple
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
@@ -311,9 +312,10 @@ class _PendingMessage:
         self.enqueueCancelled = False
 
 
-class _EntryChange:
+class _EntryChange(namedtuple("_EntryChange", "op seq enqueuedAtMs expiresAtMs redelivered replaces")):
     """
-    The net pending change of one (queue, message) entry.
+    The net pending change of one (queue, message) entry (a tuple with
+    named fields; made with :data:`_tupleNew`).
 
     :ivar op: ``_ENQ``, ``_DEQ`` or ``_MARK``.
     :ivar seq: enqueue order in the queue (int; ``_ENQ`` only).
@@ -324,29 +326,17 @@ class _EntryChange:
         enqueue must still delete it (``_ENQ`` only).
     """
 
-    __slots__ = ("op", "seq", "enqueuedAtMs", "expiresAtMs", "redelivered", "replaces")
+    __slots__ = ()
 
-    def __init__(self, op, seq=None, enqueuedAtMs=None, expiresAtMs=None, redelivered=False,
-                 replaces=False):
-        self.op = op
-        self.seq = seq
-        self.enqueuedAtMs = enqueuedAtMs
-        self.expiresAtMs = expiresAtMs
-        self.redelivered = redelivered
-        self.replaces = replaces
 
-    def __eq__(self, other):
-        if not isinstance(other, _EntryChange):
-            return NotImplemented
-        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
-
-    def __repr__(self):
-        return "_EntryChange(%s)" % (", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__),)
+#: builds an _EntryChange from a 6-tuple in field order without the Python
+#: ``__new__`` of a namedtuple (an enqueue is on the hot path)
+_tupleNew = tuple.__new__
 
 
 #: the (shared, never changed) pending change of a dequeue and of a redelivered mark
-_DEQUEUE = _EntryChange(_DEQ)
-_MARK_REDELIVERED = _EntryChange(_MARK)
+_DEQUEUE = _EntryChange(_DEQ, None, None, None, False, False)
+_MARK_REDELIVERED = _EntryChange(_MARK, None, None, None, False, False)
 
 
 class _Batch:
@@ -414,7 +404,7 @@ class _Batch:
             replaces = storeId not in self.adds and queueKey not in self.purges
         else:
             replaces = previous.op != _ENQ or previous.replaces
-        entries[storeId] = _EntryChange(_ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered), replaces)
+        entries[storeId] = _tupleNew(_EntryChange, (_ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered), replaces))
         if previous is None or previous.op != _ENQ:
             add = self.adds.get(storeId)
             if add is not None:
@@ -448,7 +438,7 @@ class _Batch:
         if previous is None:
             entries[storeId] = _MARK_REDELIVERED
         elif previous.op == _ENQ:
-            previous.redelivered = True
+            entries[storeId] = _tupleNew(_EntryChange, previous[:4] + (True,) + previous[5:])
         # after a pending dequeue: nothing to mark
 
     def purge(self, queueKey, keep=frozenset()):
