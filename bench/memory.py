@@ -115,7 +115,7 @@ def main():
         stats = gc.get_stats()
         parts.append("(PyPy GC memory in use %s)" % (stats.total_gc_memory,))
     print(" ".join(parts))
-    assert q.messageCount == n
+    assert q.readyCount == n
 
 
 if __name__ == "__main__":

@@ -104,8 +104,8 @@ async def confirmsDuring(reactor, directory, n, body, what, ackRate):
         if what == "ack":
             step = 1000
             for i in range(0, n, step):
-                for msgId in range(i, min(n, i + step)):
-                    store.dequeue(QUEUE, msgId)
+                for storeId in range(i, min(n, i + step)):
+                    store.dequeue(QUEUE, storeId)
                 due = started + (i + step) / ackRate
                 await task.deferLater(reactor, max(0.0, due - time.perf_counter()), lambda: None)
             await store.sync()
@@ -167,7 +167,7 @@ async def recovery(reactor, directory, n, body):
         started = time.perf_counter()
         Journal(broker, store).recover(state)
         rebuilt = time.perf_counter() - started
-        count = broker.vhosts["/"].queues["big"].messageCount
+        count = broker.vhosts["/"].queues["big"].readyCount
         del state, broker
         print(f"recover: {count:,} messages: store open {opened:.2f} s "
               f"(integrity check included) + broker rebuild {rebuilt:.2f} s "

@@ -72,7 +72,7 @@ async def recover(reactor, d):
     t = time.perf_counter()
     Journal(b, s).recover(state)
     rebuilt = time.perf_counter() - t
-    count = b.vhosts["/"].queues["big"].messageCount
+    count = b.vhosts["/"].queues["big"].readyCount
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{ROOT} {count:,}: open {opened:.2f} s, rebuild {rebuilt:.2f} s, "
           f"total {opened + rebuilt:.2f} s, peak RSS {rss:.0f} MiB", flush=True)

@@ -94,7 +94,7 @@ def _exchangeUnbind(ch, m):
 
 def _queueDeclare(ch, m):
     q = ch.session.declareQueue(m.queue, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments)
-    _reply(ch, m, spec.QueueDeclareOk(q.name, q.messageCount, q.consumerCount))
+    _reply(ch, m, spec.QueueDeclareOk(q.name, q.readyCount, q.consumerCount))
 
 
 def _queueBind(ch, m):
@@ -156,7 +156,7 @@ def _basicGet(ch, m):
         ch.connection.sendMethod(ch.number, spec.BasicGetEmpty(""))
         return
     tag, entry, q = got
-    ch.connection.sendGetOk(ch.number, tag, entry.redelivered, entry.message, q.messageCount)
+    ch.connection.sendGetOk(ch.number, tag, entry.redelivered, entry.message, q.readyCount)
 
 
 def _basicReject(ch, m):

@@ -31,6 +31,7 @@ from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, octetsSnippet, replyText
 from otter_tx.broker.access import isLoopback
+from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.channel import Channel
 
 log = Logger()
@@ -124,7 +125,7 @@ def methodFrame(channel, method):
 WRITE_HIGH_WATER = 256 * 1024
 
 
-@implementer(IPushProducer, IHalfCloseableProtocol)
+@implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection)
 class AMQPServerProtocol(Protocol):
     """
     One client connection.
@@ -990,7 +991,7 @@ class AMQPServerProtocol(Protocol):
             wait = self.heartbeat
         self._closeTimer = self.clock.callLater(wait, self._closeNow)
 
-    def forceClose(self, code, text):
+    def close(self, code, text):
         """Close from the broker side (e.g. vhost deleted, management)."""
         self._connectionError(code, text)
 
@@ -1026,6 +1027,17 @@ class AMQPServerProtocol(Protocol):
 
     def writeConnectionLost(self):
         """Our sending side is shut (not used: we never half-close)."""
+
+    # --- acknowledgement timeout ----------------------------------------------------
+
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
+        """
+        :class:`~otter_tx.broker.interfaces.IClientConnection`: close (406)
+        each channel whose oldest unacknowledged delivery was made before
+        ``limitSeconds`` (clock seconds); ``timeoutMs`` is for the text.
+        """
+        for ch in list(self.channels.values()):
+            ch.checkAckTimeout(limitSeconds, timeoutMs)
 
     # --- resource alarms ----------------------------------------------------------
 

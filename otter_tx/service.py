@@ -533,18 +533,10 @@ class OtterService(MultiService):
 
     def _recovered(self, state):
         """Rebuild the broker from ``state`` merged with the pre-start declarations."""
-        from otter_tx.broker.durability import Journal
-
         if self._preStart in self.broker.listeners:
             self.broker.listeners.remove(self._preStart)
         preStart, state, storeDeletes = self._mergePreStart(state)
-        journal = Journal(self.broker, self.store)
-        firstBoot = journal.recover(state)
-        self.journal = journal
-        self.broker.journal = journal
-        self.broker.listeners.append(journal.entityChanged)
-        if firstBoot:
-            journal.writeAll()
+        journal = self.journal = self.broker.attachJournal(self.store, state)
         for kind, key in storeDeletes:
             self.store.deleteEntity(kind, key)
         self._replayPreStart(journal, preStart)
@@ -908,7 +900,7 @@ class OtterService(MultiService):
             self.diskMonitor.stop()
         self._untuneGC()
         for conn in list(self.broker.connections):
-            conn.forceClose(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+            conn.close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         stops = [maybeDeferred(child.stopService) for child in reversed(list(self)) if child.running]
         d = DeferredList(stops, consumeErrors=True)
 

@@ -4,8 +4,10 @@ Public test helpers: start a real otter_tx broker in-process on ``tcp:0``.
 
 import tempfile
 
-from twisted.internet.defer import inlineCallbacks, returnValue
+from twisted.internet.defer import Deferred, inlineCallbacks, returnValue
+from zope.interface import implementer
 
+from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.service import OtterService
 
 
@@ -214,17 +216,56 @@ def journaledBroker(store, clock, **brokerOptions):
     (``queueMemoryBudget``, ``pagingDirectory``, ...).
     """
     from otter_tx.broker.broker import Broker
-    from otter_tx.broker.durability import Journal
 
     broker = Broker(clock, **brokerOptions)
     result = []
     store.open().addCallback(result.append)
     if not result:
         raise RuntimeError("journaledBroker needs a store that opens synchronously")
-    journal = Journal(broker, store)
-    firstBoot = journal.recover(result[0])
-    broker.journal = journal
-    broker.listeners.append(journal.entityChanged)
-    if firstBoot:
-        journal.writeAll()
+    broker.attachJournal(store, result[0])
     return broker
+
+
+@implementer(IClientConnection)
+class FakeConnection:
+    """
+    A client connection as the broker core sees it
+    (:class:`~otter_tx.broker.interfaces.IClientConnection`), recording what
+    the core asks of it: ``closes`` (list of ``(code, text)``), ``alarms``
+    (list of bool), ``ackTimeoutChecks`` (list of ``(limitSeconds,
+    timeoutMs)``).  Set ``paused`` to back its output up.  Put it in
+    ``broker.connections`` to stand in for a protocol.
+    """
+
+    def __init__(self, name="127.0.0.1:50000 -> 127.0.0.1:5672", user=None, vhost=None):
+        self.name = name
+        self.user = user
+        self.vhost = vhost
+        self.paused = False
+        self.flowState = "running"
+        self.exclusiveQueues = set()
+        self.closes = []
+        self.alarms = []
+        self.ackTimeoutChecks = []
+        self._closed = Deferred()
+
+    def close(self, code, text):
+        """Record the close; :meth:`whenClosed` fires."""
+        self.closes.append((code, text))
+        if not self._closed.called:
+            self._closed.callback(None)
+
+    def alarmChanged(self, alarmed):
+        """Record the alarm state; ``flowState`` follows (``blocking`` while alarmed)."""
+        self.alarms.append(alarmed)
+        self.flowState = "blocking" if alarmed else "running"
+
+    def whenClosed(self):
+        """A Deferred that fires once :meth:`close` was called."""
+        d = Deferred()
+        self._closed.addBoth(lambda r: d.callback(None) or r)
+        return d
+
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
+        """Record the check (a fake has no channels to close)."""
+        self.ackTimeoutChecks.append((limitSeconds, timeoutMs))

@@ -64,7 +64,7 @@ def main(argv=None):
     root, otter = build(args.amqp, reactor, args.data_dir)
     print("otter_tx data directory:", otter.dataDir)
     depth = task.LoopingCall(
-        lambda: print("jobs ready:", otter.broker.vhosts["/"].queues["jobs"].messageCount)
+        lambda: print("jobs ready:", otter.broker.vhosts["/"].queues["jobs"].readyCount)
     )
 
     def ready(_):

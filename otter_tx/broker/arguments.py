@@ -31,6 +31,17 @@ _OTHER_TYPE_ARGS = frozenset(
     ]
 )
 
+def frozenArguments(arguments):
+    """
+    A hashable key for a binding's ``arguments`` (dict or None): a sorted
+    tuple of ``(name, repr(value))``; ``()`` for none.  Two bindings that
+    differ only in argument order share the key.
+    """
+    if not arguments:
+        return ()
+    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
+
+
 #: arguments compared on redeclare (rabbit_classic_queue capabilities, 3.10)
 EQUIVALENCE_ARGS = (
     "x-expires",

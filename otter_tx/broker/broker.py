@@ -11,6 +11,7 @@ from twisted.logger import Logger
 from otter_tx.alarms import Alarms, MemoryMonitor
 from otter_tx.broker import access
 from otter_tx.broker.access import User
+from otter_tx.broker.durability import Journal
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
@@ -56,7 +57,7 @@ class Broker:
         #: bumped on every permission change (channels cache their checks)
         self.permissionsVersion = 0
         self.connections = set()
-        self._msgId = 0
+        self._storeId = 0
         #: the node's resource alarms (otter_tx.alarms.Alarms)
         self.alarms = Alarms(self)
         #: the memory alarm's monitor, None without a watermark
@@ -64,7 +65,7 @@ class Broker:
         self._memoryProbe = memoryProbe
         self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
-        #: the durability Journal once the store is open, else None
+        #: the durability Journal once the store is open (:meth:`attachJournal`), else None
         self.journal = None
         self.addVHost("/")
         self.addUser(defaultUser, defaultPass, tags=["administrator"],
@@ -94,7 +95,7 @@ class Broker:
                 vh.deleteQueue(q)
             for conn in list(self.connections):
                 if conn.vhost is vh:
-                    conn.forceClose(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
+                    conn.close(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)
                     closed.append(conn)
             for key in [k for k in self.permissions if k[1] == name]:
                 self.clearPermissions(*key)
@@ -185,15 +186,15 @@ class Broker:
 
     def nextMessageId(self, message):
         """Assign a broker-wide id to ``message``."""
-        self._msgId += 1
-        message.msgId = self._msgId
+        self._storeId += 1
+        message.storeId = self._storeId
 
     def reserveMessageIds(self, above):
         """
         Make every future message id larger than ``above`` and than any id
         used before a restart (ids start from the clock in microseconds).
         """
-        self._msgId = max(self._msgId, above, int(self.clock.seconds() * 1e6))
+        self._storeId = max(self._storeId, above, int(self.clock.seconds() * 1e6))
 
     def queuedBytes(self):
         """Body bytes of ready messages held in memory (paged ones excluded)."""
@@ -270,13 +271,16 @@ class Broker:
         self._ackTimer.start(min(60.0, self.consumerTimeout / 2000.0), now=False)
 
     def checkAckTimeouts(self):
-        """Close channels whose oldest unacked delivery is older than the timeout."""
+        """
+        Ask every connection (:class:`~otter_tx.broker.interfaces.IClientConnection`)
+        to close its channels whose oldest unacked delivery is older than
+        :attr:`consumerTimeout`.
+        """
         if not self.consumerTimeout:
             return
         limit = self.clock.seconds() - self.consumerTimeout / 1000.0
         for conn in list(self.connections):
-            for ch in list(conn.channels.values()):
-                ch.checkAckTimeout(limit, self.consumerTimeout)
+            conn.checkAckTimeout(limit, self.consumerTimeout)
 
     def stop(self):
         """
@@ -296,6 +300,34 @@ class Broker:
                     ex.stopTimers()
 
     # --- durability hook ---------------------------------------------------
+
+    def attachJournal(self, store, state):
+        """
+        Make this broker durable through ``store`` (an opened
+        :class:`~otter_tx.store.interface.IMessageStore`), the one place
+        where a :class:`~otter_tx.broker.durability.Journal` is attached
+        (``OtterService`` at start, ``otter_tx.testing.journaledBroker``):
+        rebuild the broker from ``state`` (the ``RecoveredState`` the store's
+        ``open()`` gave), set :attr:`journal`, attach it to every durable
+        queue and durable x-delayed-message exchange already present (ones
+        declared later get it from their vhost), listen for entity changes,
+        and on a first boot (no stored vhost) write the configured vhosts,
+        users, permissions and policies.  Returns the Journal.
+        """
+        journal = Journal(self, store)
+        self.journal = journal
+        firstBoot = journal.recover(state)
+        for vh in self.vhosts.values():
+            for q in vh.queues.values():
+                if q.durable:
+                    q.journal = journal
+            for ex in vh.exchanges.values():
+                if ex.delayed and ex.durable:
+                    ex.journal = journal
+        self.listeners.append(journal.entityChanged)
+        if firstBoot:
+            journal.writeAll()
+        return journal
 
     def entityChanged(self, kind, vhost, obj, deleted=False):
         """

@@ -19,7 +19,6 @@ kept as base64 of their AMQP field-table encoding so every type tag survives.
 
 import base64
 import gc
-import json
 
 from twisted.logger import Logger
 
@@ -70,19 +69,11 @@ class Journal:
         self.broker = broker
         self.store = store
         self.clock = broker.clock
-        # {queue: {msgId: QueueEntry}}: persistent entries delivered and not
+        # {queue: {storeId: QueueEntry}}: persistent entries delivered and not
         # removed yet (UNACKED, or READY again after a requeue), for purged()
         self._held = {}
 
     # --- keys ------------------------------------------------------------------
-
-    def sync(self):
-        """
-        A Deferred that fires once everything written so far is durable
-        (the store's fsync'd group commit); fails with ``StoreFailedError``
-        when the store could not write it.
-        """
-        return self.store.sync()
 
     @staticmethod
     def queueKey(queue):
@@ -123,7 +114,8 @@ class Journal:
             if deleted or perms is None:
                 store.deleteEntity("permission", key)
             else:
-                store.putEntity("permission", key, {"configure": perms[0], "write": perms[1], "read": perms[2],
+                configure, write, read = perms
+                store.putEntity("permission", key, {"configure": configure, "write": write, "read": read,
                                                     "names": [user, vh]})
         elif kind == "policy":
             key = vhost.name + SEP + obj.name
@@ -141,7 +133,6 @@ class Journal:
                     store.deleteEntity("queue", obj.storeKey())
             else:
                 if obj.delayed:
-                    obj.journal = self
                     store.putEntity("queue", obj.storeKey(),
                                     {"delayedExchange": True, "names": ["", vhost.name, obj.name]})
                 store.putEntity(
@@ -158,7 +149,6 @@ class Journal:
                 self._held.pop(obj, None)
                 store.deleteEntity("queue", key)
             else:
-                obj.journal = self
                 store.putEntity(
                     "queue", key, {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments),
                                    "names": [obj.vhost.name, obj.name]}
@@ -182,15 +172,25 @@ class Journal:
 
     # --- message changes (called by durable queues) ----------------------------
 
+    def sync(self):
+        """
+        A Deferred that fires (with None) once everything written so far is
+        durable (the store's fsync'd group commit), or fails with
+        :class:`~otter_tx.store.interface.StoreFailedError` as
+        ``IMessageStore.sync`` does.  Publisher confirms of persistent
+        messages wait for it.
+        """
+        return self.store.sync()
+
     def enqueued(self, queue, entry):
         """A persistent message entered durable ``queue``."""
         m = entry.message
         store = self.store
         if not m.stored:
             m.stored = True
-            store.addMessage(m.msgId, m.exchange, m.routingKey, m.propsRaw, m.body)
+            store.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body)
         store.enqueue(
-            self.queueKey(queue), m.msgId, entry.seq, self.clock.seconds() * 1000.0,
+            self.queueKey(queue), m.storeId, entry.seq, self.clock.seconds() * 1000.0,
             entry.expiresAt, entry.redelivered,
         )
 
@@ -199,35 +199,35 @@ class Journal:
         store = self.store
         if not message.stored:
             message.stored = True
-            store.addMessage(message.msgId, message.exchange, message.routingKey, message.propsRaw,
+            store.addMessage(message.storeId, message.exchange, message.routingKey, message.propsRaw,
                              message.body)
         if now is None:
             now = self.clock.seconds() * 1000.0
-        store.enqueue(exchange.storeKey(), message.msgId, seq, now, fireAt, False)
+        store.enqueue(exchange.storeKey(), message.storeId, seq, now, fireAt, False)
 
     def released(self, exchange, message):
         """A held message's delay is over (or it was dropped)."""
-        self.store.dequeue(exchange.storeKey(), message.msgId)
+        self.store.dequeue(exchange.storeKey(), message.storeId)
 
     def delivered(self, queue, entry):
         """
         A persistent message was delivered and not acked yet (redelivered
         after a restart); remembered until it is removed, for :meth:`purged`.
         """
-        msgId = entry.message.msgId
+        storeId = entry.message.storeId
         held = self._held.get(queue)
         if held is None:
             held = self._held[queue] = {}
-        held[msgId] = entry
-        self.store.markRedelivered(self.queueKey(queue), msgId)
+        held[storeId] = entry
+        self.store.markRedelivered(self.queueKey(queue), storeId)
 
     def removed(self, queue, entry):
         """A persistent message left durable ``queue`` for good."""
-        msgId = entry.message.msgId
+        storeId = entry.message.storeId
         held = self._held.get(queue)
         if held is not None:
-            held.pop(msgId, None)
-        self.store.dequeue(self.queueKey(queue), msgId)
+            held.pop(storeId, None)
+        self.store.dequeue(self.queueKey(queue), storeId)
 
     def purged(self, queue, keep=None):
         """
@@ -238,7 +238,7 @@ class Journal:
         drops the entries in the background; ``docs/storage.md``).  Call
         it instead of :meth:`removed` per purged entry.
 
-        :param keep: iterable of the msgIds of the queue's persistent
+        :param keep: iterable of the storeIds of the queue's persistent
             entries that are delivered and not yet settled; ``None`` (the
             default): the entries :meth:`delivered` reported that are still
             UNACKED (requeued ones are READY again and go).
@@ -256,8 +256,11 @@ class Journal:
 
     def recover(self, state):
         """
-        Rebuild the broker from a ``RecoveredState``.  Call before the
-        journal is attached as a listener (nothing is written back).
+        Rebuild the broker from a ``RecoveredState``; the restored durable
+        queues and delayed exchanges get this journal.  Returns True on a
+        first boot (no stored vhost).  Called by
+        :meth:`Broker.attachJournal <otter_tx.broker.broker.Broker.attachJournal>`
+        before the journal listens for changes (nothing is written back).
         """
         broker = self.broker
         ents = state.entities
@@ -340,7 +343,7 @@ class Journal:
     def _restoreMessages(self, state, queues, delayed):
         """
         Put the recovered messages back into their queues (and delayed
-        exchanges) in seq order; returns the highest msgId.
+        exchanges) in seq order; returns the highest storeId.
 
         ``state.messages`` holds one iterable per queue that the store may
         read lazily (:class:`~otter_tx.store.sqlite.SQLiteStore` reads a row
@@ -366,7 +369,7 @@ class Journal:
                 continue
             restore = q.restore if q is not None else None
             for r in recs:
-                msgId = r.msgId
+                storeId = r.storeId
                 raw = r.propsRaw
                 props = propsCache.get(raw)
                 if props is None:
@@ -375,10 +378,10 @@ class Journal:
                         propsCache[raw] = m.props
                 else:
                     m = Message(r.exchange, r.routingKey, raw, r.body, props)
-                m.msgId = msgId
+                m.storeId = storeId
                 m.stored = True
-                if msgId > maxId:
-                    maxId = msgId
+                if storeId > maxId:
+                    maxId = storeId
                 if restore is not None:
                     restore(m, r.seq, r.expiresAtMs, r.redelivered)
                 else:
@@ -400,7 +403,3 @@ class Journal:
         for key in b.permissions:
             self.entityChanged("permission", None, key, False)
 
-
-def dumps(obj):
-    """JSON text (for logs and tests)."""
-    return json.dumps(obj, sort_keys=True)

@@ -11,36 +11,10 @@ follows exchange destinations and alternate exchanges.
 
 import re
 
-from zope.interface import Attribute, Interface, implementer
+from zope.interface import implementer
 
-
-class IExchangeType(Interface):
-    """
-    The routing table of one exchange type.
-    """
-
-    name = Attribute("The AMQP exchange type name (str).")
-
-    def add(destination, routingKey, arguments):
-        """Add a binding; return False if it already existed."""
-
-    def remove(destination, routingKey, arguments):
-        """Remove a binding; return False if it did not exist."""
-
-    def route(message, keys, out):
-        """Add the destinations matching ``message`` (with routing ``keys``) to the set ``out``."""
-
-    def bindings():
-        """Iterate ``(destination, routingKey, arguments)``."""
-
-    def removeDestination(destination):
-        """Drop every binding to ``destination``; return how many."""
-
-
-def _argsKey(arguments):
-    if not arguments:
-        return ()
-    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
+from otter_tx.broker.arguments import frozenArguments
+from otter_tx.broker.interfaces import IExchangeType
 
 
 class _BindingSet:
@@ -59,14 +33,14 @@ class _BindingSet:
         return len(self._all)
 
     def _addRecord(self, destination, routingKey, arguments):
-        rec = (destination, routingKey, _argsKey(arguments))
+        rec = (destination, routingKey, frozenArguments(arguments))
         if rec in self._all:
             return None
         self._all[rec] = arguments or {}
         return rec
 
     def _removeRecord(self, destination, routingKey, arguments):
-        rec = (destination, routingKey, _argsKey(arguments))
+        rec = (destination, routingKey, frozenArguments(arguments))
         if rec not in self._all:
             return None
         del self._all[rec]
@@ -423,7 +397,12 @@ class Exchange:
         self.alternate = ae if isinstance(ae, str) and ae else None
         self.deleted = False
         self.inboundCount = 0  # bindings where this exchange is the destination
+        #: messages that reached this exchange and were routed somewhere or
+        #: offered to its alternate exchange (a message unroutable from the
+        #: published-to exchange with no alternate is not counted)
         self.publishIn = 0
+        #: messages this exchange routed onwards to at least one queue or exchange
+        #: (RabbitMQ's ``message_stats.publish_out``)
         self.publishOut = 0
 
     def __repr__(self):

@@ -1,26 +1,31 @@
 """
 The declared seams of the broker core: what the core calls on the objects
 around it.  Every real implementation and every test fake is checked with
-``zope.interface.verify.verifyClass`` (``otter_tx/test/unit/test_seams.py``).
+``zope.interface.verify.verifyClass`` / ``verifyObject``
+(``otter_tx/test/test_seams.py``).
 
 - :class:`IClientConnection`: one client connection as the core sees it (an
   AMQP connection, or the HTTP app's per-request door): close it, tell it the
-  resource alarms changed, ask whether its output is backed up.
+  resource alarms changed, check its channels' acknowledgement timeout, ask
+  whether its output is backed up.
 - :class:`IConsumer`: one subscription as a queue sees it.
+- :class:`IConsumerSource`: what a consumer is registered on: a queue, or the
+  direct reply-to pseudo-queue (:class:`~otter_tx.broker.replyto.ReplyToQueue`).
 - :class:`IQueue`: the part of a queue a :class:`~otter_tx.broker.session.Session`
   uses.  A queue on another node of a later cluster would implement the same
   interface; no cluster code exists yet.
-- :class:`~otter_tx.broker.exchange.IExchangeType`: the routing table of one
-  exchange type (re-exported here).
+- :class:`IExchangeType`: the routing table of one exchange type.
 
-This module imports nothing from Twisted's reactor or from the AMQP wire.
+The store's seam is :class:`~otter_tx.store.interface.IMessageStore` (and
+its health part, :class:`~otter_tx.store.interface.IStoreHealth`).
+
+This module imports nothing from Twisted's reactor, from the AMQP wire, or
+from the rest of the broker.
 """
 
 from zope.interface import Attribute, Interface
 
-from otter_tx.broker.exchange import IExchangeType
-
-__all__ = ["IClientConnection", "IConsumer", "IQueue", "IExchangeType"]
+__all__ = ["IClientConnection", "IConsumer", "IConsumerSource", "IQueue", "IExchangeType"]
 
 
 class IClientConnection(Interface):
@@ -55,6 +60,18 @@ class IClientConnection(Interface):
     def whenClosed():
         """A Deferred that fires (with None) once the connection is gone."""
 
+    def checkAckTimeout(limitSeconds, timeoutMs):
+        """
+        Close, with channel-level 406 PRECONDITION_FAILED ``delivery
+        acknowledgement on channel N timed out. Timeout value used: T ms.
+        This timeout value can be configured, see consumers doc guide to
+        learn more``, every channel whose oldest unacknowledged delivery was
+        made before ``limitSeconds`` (float, clock seconds); ``timeoutMs``
+        (int) is the configured consumer timeout, for the text
+        (https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout).
+        Called periodically by ``Broker.checkAckTimeouts``.
+        """
+
 
 class IConsumer(Interface):
     """
@@ -80,15 +97,14 @@ class IConsumer(Interface):
         """``queue`` was deleted: the consumer is gone (consumer cancel notification)."""
 
 
-class IQueue(Interface):
+class IConsumerSource(Interface):
     """
-    A queue as a Session uses it: consume, get, settle, requeue, reject.
-    Entries are opaque to the Session except for ``message`` and
-    ``redelivered``.
+    What a Session registers consumers on and hands deliveries back to: a
+    queue (:class:`IQueue`) or the direct reply-to pseudo-queue, whose
+    consumers are always no-ack.
     """
 
-    name = Attribute("str: the queue name")
-    readyCount = Attribute("int: messages ready for delivery (queue.declare-ok's message_count)")
+    name = Attribute("str: the queue name (``amq.rabbitmq.reply-to`` for the pseudo-queue)")
 
     def addConsumer(consumer):
         """Register an :class:`IConsumer`; deliveries may start at once."""
@@ -96,14 +112,27 @@ class IQueue(Interface):
     def removeConsumer(consumer):
         """Unregister ``consumer`` (may auto-delete the queue)."""
 
+    def requeue(entries, dispatch=True):
+        """Put delivered ``entries`` (list) back in their places, redelivered."""
+
+    def dispatch():
+        """Consumers may have room again: deliver what can be delivered."""
+
+
+class IQueue(IConsumerSource):
+    """
+    A queue as a Session uses it: consume, get, settle, requeue, reject.
+    Entries are opaque to the Session except for ``message`` and
+    ``redelivered``.
+    """
+
+    readyCount = Attribute("int: messages ready for delivery (queue.declare-ok's message_count)")
+
     def basicGet(noAck):
         """The head entry taken for basic.get, or None when empty."""
 
     def settle(entry):
         """``entry`` was acknowledged: gone for good."""
-
-    def requeue(entries, dispatch=True):
-        """Put delivered ``entries`` (list) back in their places, redelivered."""
 
     def reject(entries):
         """
@@ -112,5 +141,30 @@ class IQueue(Interface):
         dropped (https://www.rabbitmq.com/docs/dlx).
         """
 
-    def dispatch():
-        """Consumers may have room again: deliver what can be delivered."""
+
+class IExchangeType(Interface):
+    """
+    The routing table of one exchange type (direct, fanout, topic, headers
+    in :mod:`otter_tx.broker.exchange`; an x-delayed-message exchange routes
+    with the table of its ``x-delayed-type``).
+    """
+
+    name = Attribute("The AMQP exchange type name (str).")
+
+    def add(destination, routingKey, arguments):
+        """Add a binding; return False if it already existed."""
+
+    def remove(destination, routingKey, arguments):
+        """Remove a binding; return False if it did not exist."""
+
+    def route(message, keys, out):
+        """Add the destinations matching ``message`` (with routing ``keys``) to the set ``out``."""
+
+    def bindings():
+        """Iterate ``(destination, routingKey, arguments)``."""
+
+    def removeDestination(destination):
+        """Drop every binding to ``destination``; return how many."""
+
+    def __len__():
+        """The number of bindings (int)."""

@@ -29,7 +29,12 @@ class Message:
     :ivar ttl: per-message TTL in ms from ``expiration`` (int) or ``None``.
     :ivar priority: the ``priority`` property or 0.
     :ivar persistent: True for delivery-mode 2.
-    :ivar msgId: a broker-wide id (int), assigned by the vhost.
+    :ivar storeId: a broker-wide id (int), assigned by the vhost when the
+        message is first routed; the durable store's key for it (not the
+        ``message_id`` property, which is the publisher's).
+    :ivar addressCache: the exchange and routing key as two AMQP short
+        strings (bytes) once :meth:`addressBytes` computed them or the
+        publish frame supplied them, else ``None``.
     """
 
     __slots__ = (
@@ -41,11 +46,11 @@ class Message:
         "ttl",
         "priority",
         "persistent",
-        "msgId",
+        "storeId",
         "size",
         "extraKeys",
         "stored",
-        "address",
+        "addressCache",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):
@@ -53,9 +58,9 @@ class Message:
         self.routingKey = routingKey
         self.body = body
         self.size = len(body)
-        self.msgId = 0
+        self.storeId = 0
         self.stored = False
-        self.address = None
+        self.addressCache = None
         if props is None:
             props = codec.decodeProperties(propsRaw) if propsRaw[:2] != _EMPTY_PROPS else {}
         self.propsRaw = propsRaw
@@ -93,11 +98,11 @@ class Message:
         basic.get-ok and basic.return carry them (cached; taken straight from
         the publish frame when possible).
         """
-        a = self.address
+        a = self.addressCache
         if a is None:
             ex = self.exchange.encode("utf-8", "surrogateescape")
             rk = self.routingKey.encode("utf-8", "surrogateescape")
-            a = self.address = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+            a = self.addressCache = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
         return a
 
     def contentHeader(self):

@@ -30,7 +30,7 @@ earliest expiry passes can be read and its expired messages dead-lettered
 wherever it sits in the queue.
 
 Record format (little-endian): ``seq`` u64, ``expiresAt`` f64 (ms; NaN for
-none), ``msgId`` u64, ``ttl`` i64 (ms; -1 for none), flags u8 (1
+none), ``storeId`` u64, ``ttl`` i64 (ms; -1 for none), flags u8 (1
 redelivered, 2 stored, 4 persistent), priority u8, property-bytes length
 u32, body length u32, then the exchange and the routing key as two AMQP
 short strings (as basic.deliver carries them, so they are reused as the
@@ -167,7 +167,7 @@ def encodeEntries(entries):
         flags = (1 if e.redelivered else 0) | (2 if m.stored else 0) | (4 if m.persistent else 0)
         exp = _NAN if e.expiresAt is None else e.expiresAt
         ttl = -1 if m.ttl is None else m.ttl
-        parts.append(pack(e.seq, exp, m.msgId, ttl, flags, min(m.priority, 255), len(m.propsRaw), m.size))
+        parts.append(pack(e.seq, exp, m.storeId, ttl, flags, min(m.priority, 255), len(m.propsRaw), m.size))
         parts.append(m.addressBytes())
         parts.append(m.propsRaw)
         parts.append(m.body)
@@ -187,7 +187,7 @@ def decodeEntries(data, makeEntry):
     new = Message.__new__
     isnan = math.isnan
     while off < end:
-        seq, exp, msgId, ttl, flags, priority, pl, bl = unpack(data, off)
+        seq, exp, storeId, ttl, flags, priority, pl, bl = unpack(data, off)
         off += hsize
         m = new(PagedMessage)
         start = off
@@ -199,13 +199,13 @@ def decodeEntries(data, makeEntry):
         off += 1
         m.routingKey = data[off:off + rkl].decode("utf-8", "surrogateescape")
         off += rkl
-        m.address = data[start:off]
+        m.addressCache = data[start:off]
         m.propsRaw = data[off:off + pl]
         off += pl
         m.body = data[off:off + bl]
         off += bl
         m.size = bl
-        m.msgId = msgId
+        m.storeId = storeId
         m.stored = bool(flags & 2)
         m.persistent = bool(flags & 4)
         m.priority = priority

@@ -44,7 +44,10 @@ Two more operations are bounded per turn the same way:
 import heapq
 from collections import deque
 
+from zope.interface import implementer
+
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
+from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
@@ -110,6 +113,7 @@ class QueueSettings:
         self.overflow = "drop-head"
 
 
+@implementer(IQueue)
 class Queue:
     """
     One classic queue in a vhost.
@@ -139,7 +143,6 @@ class Queue:
         self._holes = 0
         self._seq = 0
         self.consumers = []
-        self.hadConsumers = False
         self.deleted = False
         self.exclusiveConsumer = None
         self.bindings = {}  # (exchange, routingKey, argsKey) -> arguments, for cleanup
@@ -220,11 +223,6 @@ class Queue:
     # --- counts -----------------------------------------------------------
 
     @property
-    def messageCount(self):
-        """Ready messages (int); never includes expired ones."""
-        return self.readyCount
-
-    @property
     def consumerCount(self):
         """Consumers (int)."""
         return len(self.consumers)
@@ -247,7 +245,7 @@ class Queue:
             or (s.maxLengthBytes is not None and self.readyBytes + message.size > s.maxLengthBytes)
         ):
             if s.overflow == "reject-publish-dlx":
-                self.vhost.deadLetter(self, [message], "maxlen")
+                self.vhost.deadLetterer.deadLetter(self, [message], "maxlen")
             return False
         ttl = message.ttl
         qttl = s.messageTtl
@@ -269,7 +267,7 @@ class Queue:
                 return True
         if ttl is not None and ttl <= 0:
             # TTL 0: deliverable only to a consumer that can take it at once
-            self.vhost.deadLetter(self, [message], "expired")
+            self.vhost.deadLetterer.deadLetter(self, [message], "expired")
             return True
         if (
             self.pagedCount
@@ -409,7 +407,7 @@ class Queue:
             if left is not None and left.minExpiresAt is not None:
                 self._pageExpiry.add(left, left.minExpiresAt)
         if dead:
-            self.vhost.deadLetter(self, dead, "expired")
+            self.vhost.deadLetterer.deadLetter(self, dead, "expired")
 
     def _enforceLimits(self):
         """
@@ -443,7 +441,7 @@ class Queue:
             for entry in dropped:
                 entry.state = GONE
                 self._removed(entry)
-            self.vhost.deadLetter(self, [e.message for e in dropped], "maxlen")
+            self.vhost.deadLetterer.deadLetter(self, [e.message for e in dropped], "maxlen")
 
     def _dropBulk(self, dropped):
         """
@@ -567,7 +565,7 @@ class Queue:
         else:
             self._dropPending = None
         if messages:
-            self.vhost.deadLetter(self, messages, "maxlen")
+            self.vhost.deadLetterer.deadLetter(self, messages, "maxlen")
 
     # --- taking messages out ----------------------------------------------
 
@@ -622,7 +620,7 @@ class Queue:
                     continue
             break
         if expired:
-            self.vhost.deadLetter(self, expired, "expired")
+            self.vhost.deadLetterer.deadLetter(self, expired, "expired")
         return entry
 
     def basicGet(self, noAck):
@@ -652,7 +650,7 @@ class Queue:
         if self._holes > 1024 and self._holes > self.readyCount:
             self._compact()
         if messages:
-            self.vhost.deadLetter(self, messages, "expired")
+            self.vhost.deadLetterer.deadLetter(self, messages, "expired")
 
     def _compact(self):
         self._levels = [deque(e for e in dq if e.state == READY) for dq in self._levels]
@@ -675,7 +673,6 @@ class Queue:
             while i > 0 and cs[i - 1].priority < consumer.priority:
                 i -= 1
             cs.insert(i, consumer)
-        self.hadConsumers = True
         if self._idleTimer is not None:
             self.touch()
         self.dispatch()
@@ -698,12 +695,6 @@ class Queue:
             self.touch()
         elif self.singleActive:
             self.dispatch()
-
-    def activeConsumer(self):
-        """
-        The single active consumer, or None (single-active-consumer queues).
-        """
-        return self.consumers[0] if self.singleActive and self.consumers else None
 
     def _pickConsumer(self):
         cs = self.consumers
@@ -823,10 +814,12 @@ class Queue:
             self.unackedCount -= 1
             self._removed(entry)
 
-    def discard(self, entries, deadLetter=True):
+    def reject(self, entries):
         """
-        basic.reject / basic.nack with requeue=false: the messages leave the
-        queue and are dead-lettered with reason ``rejected`` if a DLX is set.
+        basic.reject / basic.nack with requeue=false of UNACKED ``entries``
+        (list): the messages leave the queue and are dead-lettered with reason
+        ``rejected`` if a DLX is set, else dropped
+        (https://www.rabbitmq.com/docs/dlx).
         """
         messages = []
         for entry in entries:
@@ -835,8 +828,8 @@ class Queue:
                 self.unackedCount -= 1
                 self._removed(entry)
                 messages.append(entry.message)
-        if messages and deadLetter and not self.deleted:
-            self.vhost.deadLetter(self, messages, "rejected")
+        if messages and not self.deleted:
+            self.vhost.deadLetterer.deadLetter(self, messages, "rejected")
 
     def requeue(self, entries, dispatch=True):
         """
@@ -970,7 +963,7 @@ class Queue:
                 mids.reverse()  # ascending seq
                 levels[level] = deque(heapq.merge(levels[level], mids, key=_bySeq))
         if expired:
-            self.vhost.deadLetter(self, expired, "expired")
+            self.vhost.deadLetterer.deadLetter(self, expired, "expired")
 
     # --- purge / delete -------------------------------------------------------
 

@@ -10,16 +10,21 @@ the consumer without a queue.
 import base64
 import os
 
+from zope.interface import implementer
+
+from otter_tx.broker.interfaces import IConsumerSource
 from otter_tx.broker.queue import QueueEntry
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_PREFIX = REPLY_TO + "."
 
 
+@implementer(IConsumerSource)
 class ReplyToQueue:
     """
     The pseudo-queue one direct reply-to consumer reads; it has the small
-    part of the Queue interface a channel uses for its consumers.
+    part of the Queue interface a channel uses for its consumers
+    (:class:`~otter_tx.broker.interfaces.IConsumerSource`).
     """
 
     def __init__(self, vhost):

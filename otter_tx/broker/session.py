@@ -477,7 +477,7 @@ class Session:
             if requeue:
                 queue.requeue(entries)
             else:
-                queue.discard(entries)
+                queue.reject(entries)
         self._afterSettle(byQueue)
 
     def recover(self, requeue=True):
@@ -533,7 +533,7 @@ class Session:
             # undecodable properties (RabbitMQ decodes them lazily and
             # answers 541 INTERNAL_ERROR; docs/compatibility.md)
             raise AMQPError(spec.FRAME_ERROR, "cannot decode %s" % (erlBinary(propsRaw),))
-        message.address = address
+        message.addressCache = address
         props = message.props
         # hot path: most properties (delivery_mode, content_type...) need no rule
         if props and ("user_id" in props or "headers" in props or "reply_to" in props):
@@ -592,7 +592,7 @@ class Session:
             def failed(f):
                 if not f.check(StoreFailedError):
                     log.failure("store sync failed; confirms withheld", f)
-                    self.connection.forceClose(
+                    self.connection.close(
                         spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
                     )
                     return
@@ -648,7 +648,7 @@ class Session:
 
             def failed(f):
                 log.failure("store sync failed; tx.commit not confirmed", f)
-                self.connection.forceClose(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
+                self.connection.close(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
             self._sync().addCallbacks(done, failed)
             return

@@ -1,6 +1,6 @@
 """
-A virtual host: its exchanges, queues, bindings and policies, routing, and
-dead-lettering.
+A virtual host: its exchanges, queues, bindings and policies, and routing;
+dead-lettering is :mod:`otter_tx.broker.deadletter`.
 
 Operations raise :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's
 reply codes and texts (../shared/reference/rabbitmq-semantics.md section 6;
@@ -11,20 +11,16 @@ I/O; time comes from the injected clock.
 import base64
 import os
 
-from twisted.logger import Logger
-
-from otter_tx.amqp.codec import TaggedInt, Timestamp
 from otter_tx.amqp.errors import (
     accessRefused,
     erlBinary,
-    loggable,
     notFound,
     preconditionFailed,
     resourceLocked,
     rs,
 )
-from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker import arguments as A
+from otter_tx.broker.deadletter import DeadLetterer
 from otter_tx.broker.delayed import (
     DELAYED_TYPE,
     DelayedExchange,
@@ -32,12 +28,9 @@ from otter_tx.broker.delayed import (
     validateDelayedArguments,
 )
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
-from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
-
-log = Logger()
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -82,9 +75,12 @@ class VHost:
         self.policies = {}
         #: direct reply-to token -> ReplyToQueue
         self.replyTo = {}
-        self._missingDlxLogged = set()
+        #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``)
         self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
+        #: messages dropped because their queue's dead-letter exchange is missing
         self.deadLetterDropped = 0
+        #: republishes dead-lettered messages (:mod:`otter_tx.broker.deadletter`)
+        self.deadLetterer = DeadLetterer(self)
         self._declareDefaults()
 
     def _declareDefaults(self):
@@ -146,6 +142,8 @@ class VHost:
         if type == DELAYED_TYPE:
             validateDelayedArguments(arguments)
             ex = DelayedExchange(self, name, type, durable, autoDelete, internal, arguments)
+            if durable:
+                ex.journal = self.broker.journal
             self.exchanges[name] = ex
             self.broker.entityChanged("exchange", self, ex)
             return ex
@@ -246,6 +244,8 @@ class VHost:
             arguments,
         )
         self.queues[name] = q
+        if q.durable:
+            q.journal = self.broker.journal
         self._applyPolicy(q)
         if connection is not None and exclusive:
             connection.exclusiveQueues.add(q)
@@ -295,7 +295,7 @@ class VHost:
                 )
         if source.routing.add(destination, routingKey, arguments):
             if isinstance(destination, Queue):
-                destination.bindings[(source, routingKey, _frozenArgs(arguments))] = arguments
+                destination.bindings[(source, routingKey, A.frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
             self.broker.entityChanged("binding", self, (source, destination, routingKey, arguments))
@@ -312,7 +312,7 @@ class VHost:
         args = arguments
         if source.routing.remove(destination, routingKey, args):
             if isinstance(destination, Queue):
-                destination.bindings.pop((source, routingKey, _frozenArgs(args)), None)
+                destination.bindings.pop((source, routingKey, A.frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
             self.broker.entityChanged(
@@ -357,7 +357,9 @@ class VHost:
                     self._routeOne(d, message, keys, sub)
                     pending.append((d, sub))
                     routedHere = True
-            if not routedHere and ex.alternate is not None:
+            if routedHere:
+                ex.publishOut += 1
+            elif ex.alternate is not None:
                 ae = self.exchanges.get(ex.alternate)
                 if ae is not None and ae not in visited:
                     visited.add(ae)
@@ -374,7 +376,7 @@ class VHost:
         if exchange.delayed:
             delay = messageDelay(message)
             if delay is not None:
-                if not message.msgId:
+                if not message.storeId:
                     self.broker.nextMessageId(message)
                 exchange.hold(message, delay)
                 return
@@ -397,128 +399,6 @@ class VHost:
             elif not q.enqueue(message):
                 rejected = True
         return len(queues), rejected
-
-    # --- dead-lettering ------------------------------------------------------
-
-    def deadLetter(self, queue, messages, reason):
-        """
-        Dead-letter ``messages`` (list of Message) that left ``queue`` for
-        ``reason`` (``expired``, ``rejected`` or ``maxlen``): republish a copy
-        with x-death headers to the queue's dead-letter exchange.  A missing
-        DLX drops them (logged once per queue and exchange); a fully
-        automatic cycle is dropped (RabbitMQ dlx.html, rabbit_dead_letter).
-        """
-        s = queue.settings
-        if s.dlx is None:
-            return
-        ex = self.exchanges.get(s.dlx)
-        if ex is None:
-            key = (queue.name, s.dlx)
-            if key not in self._missingDlxLogged:
-                self._missingDlxLogged.add(key)
-                log.warn(
-                    "Dead-letter exchange {dlx!r} of queue {queue!r} in vhost {vhost!r} does not "
-                    "exist; dead-lettered messages are dropped",
-                    dlx=loggable(s.dlx),
-                    queue=loggable(queue.name),
-                    vhost=loggable(self.name),
-                )
-            self.deadLetterDropped += len(messages)
-            return
-        self.deadLettered[reason] = self.deadLettered.get(reason, 0) + len(messages)
-        for m in messages:
-            try:
-                self._deadLetterOne(ex, queue, m, reason)
-            except Exception:
-                # a bug of ours: lose this one copy, not the rest of the
-                # batch, and never fail the operation (a publish pushing
-                # the message out of a full queue) that caused it
-                log.failure("dead-lettering a message from queue {queue!r} failed",
-                            queue=loggable(queue.name))
-
-    def _deadLetterOne(self, ex, queue, m, reason):
-        """Republish one dead-lettered ``m`` through ``ex`` (see :meth:`deadLetter`)."""
-        dlrk = queue.settings.dlrk
-        try:
-            copy, deaths = self._deadLetterCopy(m, queue, reason, dlrk)
-        except Exception:
-            # an x-death shape _deadLetterCopy did not foresee: dead-letter
-            # the message with a fresh x-death rather than lose it
-            log.failure("dead-lettering a message from queue {queue!r}: its x-death is ignored",
-                        queue=loggable(queue.name))
-            copy, deaths = self._deadLetterCopy(m, queue, reason, dlrk, ignoreDeaths=True)
-        keys = [dlrk] if dlrk is not None else m.routingKeys()
-        copy.extraKeys = None if dlrk is not None else m.extraKeys
-        targets = self.route(ex, copy, keys)
-        if not targets:
-            return
-        self.broker.nextMessageId(copy)
-        for q in list(targets):
-            if reason != "rejected" and _isCycle(q.name, deaths):
-                log.warn(
-                    "Message dropped. Dead-letter queues cycle detected: {queue!r}",
-                    queue=loggable(q.name),
-                )
-                continue
-            q.enqueue(copy)
-
-    def _deadLetterCopy(self, m, queue, reason, dlrk, ignoreDeaths=False):
-        """
-        The dead-lettered copy of ``m`` and its new x-death list (newest
-        first).  A malformed ``x-death`` from a publisher never raises
-        (docs/dead-lettering.md): a value that is not an array is replaced,
-        entries that are not tables are dropped, and a matching entry whose
-        ``count`` is not a non-negative integer counts from 0 again.
-        """
-        props = dict(m.props)
-        headers = dict(props.get("headers") or {})
-        expiration = props.pop("expiration", None)
-        routingKeys = [m.routingKey]
-        cc = headers.get("CC")
-        if isinstance(cc, list):
-            routingKeys.extend(k for k in cc if isinstance(k, str))
-            if dlrk is not None:
-                del headers["CC"]
-        deaths = None if ignoreDeaths else headers.get("x-death")
-        deaths = [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
-        found = None
-        for i, d in enumerate(deaths):
-            if d.get("queue") == queue.name and d.get("reason") == reason:
-                found = i
-                break
-        if found is not None:
-            d = dict(deaths.pop(found))
-            d["count"] = TaggedInt(_deathCount(d.get("count")) + 1, "l")
-            deaths.insert(0, d)
-        else:
-            d = {
-                "count": TaggedInt(1, "l"),
-                "reason": reason,
-                "queue": queue.name,
-                "time": Timestamp(int(self.clock.seconds())),
-                "exchange": m.exchange,
-                "routing-keys": routingKeys,
-            }
-            if expiration is not None:
-                d["original-expiration"] = expiration
-            deaths.insert(0, d)
-        if "x-first-death-reason" not in headers:
-            headers["x-first-death-reason"] = reason
-            headers["x-first-death-queue"] = queue.name
-            headers["x-first-death-exchange"] = m.exchange
-        headers["x-last-death-reason"] = reason
-        headers["x-last-death-queue"] = queue.name
-        headers["x-last-death-exchange"] = m.exchange
-        headers["x-death"] = deaths
-        props["headers"] = headers
-        copy = Message(
-            queue.settings.dlx,
-            dlrk if dlrk is not None else m.routingKey,
-            encodeProperties(props),
-            m.body,
-            props,
-        )
-        return copy, deaths
 
     # --- policies -------------------------------------------------------------
 
@@ -562,45 +442,8 @@ class VHost:
 class _ReplyToDeclared:
     """What a passive queue.declare of the reply-to pseudo-queue reports (as RabbitMQ 3.10: 0 messages, 1 consumer)."""
 
-    messageCount = 0
+    readyCount = 0
     consumerCount = 1
 
     def __init__(self, name):
         self.name = name
-
-
-def _frozenArgs(arguments):
-    if not arguments:
-        return ()
-    return tuple(sorted((k, repr(v)) for k, v in arguments.items()))
-
-
-#: largest x-death count kept (int64, the type RabbitMQ writes it as)
-_MAX_DEATH_COUNT = 2 ** 63 - 2
-
-
-def _deathCount(value):
-    """
-    An x-death entry's ``count`` as a non-negative int: 0 for anything a
-    publisher may have put there that is not one (``"abc"``, a float, a
-    table, a negative or out-of-range number, a boolean).
-    """
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_DEATH_COUNT:
-        return int(value)
-    return 0
-
-
-def _isCycle(qname, deaths):
-    """
-    RabbitMQ's ``is_cycle/2``: walking x-death newest first up to the first
-    entry for ``qname``, a cycle is fully automatic when no entry on the way
-    (including the match) has reason ``rejected``.
-    """
-    for d in deaths:
-        if not isinstance(d, dict):
-            return False
-        if d.get("reason") == "rejected":
-            return False
-        if d.get("queue") == qname:
-            return True
-    return False

@@ -106,7 +106,7 @@ class RecoveredMessage:
     """
     One queued copy of a persistent message, as recovered at boot.
 
-    :ivar msgId: ``int``, the broker's message id (unique per store).
+    :ivar storeId: ``int``, the broker's message id (unique per store).
     :ivar seq: ``int``, the queue's ordering key (lower is delivered first).
     :ivar enqueuedAtMs: ``float``, original enqueue time, ms since the epoch
         (TTL keeps running across a restart).
@@ -119,7 +119,7 @@ class RecoveredMessage:
     """
 
     __slots__ = (
-        "msgId",
+        "storeId",
         "seq",
         "enqueuedAtMs",
         "expiresAtMs",
@@ -132,7 +132,7 @@ class RecoveredMessage:
 
     def __init__(
         self,
-        msgId,
+        storeId,
         seq,
         enqueuedAtMs,
         expiresAtMs,
@@ -142,7 +142,7 @@ class RecoveredMessage:
         propsRaw,
         body,
     ):
-        self.msgId = msgId
+        self.storeId = storeId
         self.seq = seq
         self.enqueuedAtMs = enqueuedAtMs
         self.expiresAtMs = expiresAtMs
@@ -162,7 +162,7 @@ class RecoveredMessage:
 
     def __repr__(self):
         return (
-            f"RecoveredMessage(msgId={self.msgId!r}, seq={self.seq!r}, "
+            f"RecoveredMessage(storeId={self.storeId!r}, seq={self.seq!r}, "
             f"redelivered={self.redelivered!r}, bodyLen={len(self.body)})"
         )
 
@@ -227,18 +227,11 @@ class RecoveredState:
         return text
 
 
-class IMessageStore(Interface):
+class IStoreHealth(Interface):
     """
-    Durable state of a broker: entities and persistent queued messages.
-
-    Every method is called on the reactor thread.  Mutating methods return
-    ``None`` at once and raise :class:`StoreClosedError` unless the store is
-    open (``open()`` fired and ``close()`` not called).  Changes are applied
-    in the order they were issued; :meth:`sync` reports when they are
-    durable.
+    The health part of a store, all that the resource alarms
+    (:meth:`otter_tx.alarms.Alarms.watchStore`) use.
     """
-
-    path = Attribute("The store file (str), or None for a memory store.")
 
     healthy = Attribute(
         "bool: True while writes succeed; False from a failed commit until "
@@ -256,6 +249,20 @@ class IMessageStore(Interface):
         failed: OperationalError: database or disk is full"`` when it turns
         False, ``None`` when it turns True.  Not called at registration.
         """
+
+
+class IMessageStore(IStoreHealth):
+    """
+    Durable state of a broker: entities and persistent queued messages.
+
+    Every method is called on the reactor thread.  Mutating methods return
+    ``None`` at once and raise :class:`StoreClosedError` unless the store is
+    open (``open()`` fired and ``close()`` not called).  Changes are applied
+    in the order they were issued; :meth:`sync` reports when they are
+    durable.
+    """
+
+    path = Attribute("The store file (str), or None for a memory store.")
 
     def open():
         """
@@ -293,11 +300,11 @@ class IMessageStore(Interface):
         drops every message entry of that queue.
         """
 
-    def addMessage(msgId, exchange, routingKey, propsRaw, body):
+    def addMessage(storeId, exchange, routingKey, propsRaw, body):
         """
         Store one message once; it is placed in queues with :meth:`enqueue`.
 
-        :param msgId: ``int`` unique for the life of the store; the broker
+        :param storeId: ``int`` unique for the life of the store; the broker
             must not reuse an id.
         :param exchange: ``str``.
         :param routingKey: ``str``.
@@ -306,23 +313,23 @@ class IMessageStore(Interface):
         :param body: ``bytes``-like (copied if it is not ``bytes``).
         """
 
-    def enqueue(queueKey, msgId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+    def enqueue(queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """
-        Put message ``msgId`` (already given to :meth:`addMessage`) in queue
+        Put message ``storeId`` (already given to :meth:`addMessage`) in queue
         ``queueKey`` at position ``seq`` (``int``).  ``enqueuedAtMs`` and
         ``expiresAtMs`` (``float`` or ``None``) are absolute times in ms
-        since the epoch.  Enqueueing the same ``(queueKey, msgId)`` again
+        since the epoch.  Enqueueing the same ``(queueKey, storeId)`` again
         replaces the entry.
         """
 
-    def dequeue(queueKey, msgId):
+    def dequeue(queueKey, storeId):
         """
         Remove a message from a queue (ack, dead-lettering, expiry, drop).
         The message itself is deleted once no queue refers to it.  No error
         if absent.
         """
 
-    def markRedelivered(queueKey, msgId):
+    def markRedelivered(queueKey, storeId):
         """
         Set the redelivered flag of one queue entry (the message was
         delivered and then requeued).  No error if absent.
@@ -330,7 +337,7 @@ class IMessageStore(Interface):
 
     def purgeQueue(queueKey, keep=()):
         """
-        Remove every message entry of a queue except those of the msgIds in
+        Remove every message entry of a queue except those of the storeIds in
         ``keep`` (an iterable of ``int``; for ``queue.purge``, which keeps
         unacknowledged messages: AMQP 0-9-1 queue.purge).  The cost is
         O(len(keep)), not O(queue length): the durable store drops the

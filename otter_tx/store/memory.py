@@ -49,11 +49,11 @@ class MemoryStore:
         self._failReason = None
         # {kind: {key: json str}}
         self._entities = {kind: {} for kind in ENTITY_KINDS}
-        # {msgId: (exchange, routingKey, propsRaw, body)}
+        # {storeId: (exchange, routingKey, propsRaw, body)}
         self._messages = {}
-        # {msgId: number of queues holding it}
+        # {storeId: number of queues holding it}
         self._refs = {}
-        # {queueKey: {msgId: [seq, enqueuedAtMs, expiresAtMs, redelivered]}}
+        # {queueKey: {storeId: [seq, enqueuedAtMs, expiresAtMs, redelivered]}}
         self._queues = {}
 
     def _checkOpen(self):
@@ -74,13 +74,13 @@ class MemoryStore:
         for queueKey in [q for q in self._queues if q not in queueEntities]:
             entries = self._queues.pop(queueKey)
             stats["droppedDanglingEntries"] += len(entries)
-            for msgId in entries:
+            for storeId in entries:
                 # the message itself goes in the orphan sweep below (counted
                 # there, as the durable store counts it)
-                self._refs[msgId] -= 1
-        for msgId in [m for m in self._messages if self._refs.get(m, 0) == 0]:
-            del self._messages[msgId]
-            self._refs.pop(msgId, None)
+                self._refs[storeId] -= 1
+        for storeId in [m for m in self._messages if self._refs.get(m, 0) == 0]:
+            del self._messages[storeId]
+            self._refs.pop(storeId, None)
             stats["droppedOrphanMessages"] += 1
 
         entities = {
@@ -93,11 +93,11 @@ class MemoryStore:
             if not entries:
                 continue
             recovered = []
-            for msgId, (seq, enqueuedAtMs, expiresAtMs, redelivered) in entries.items():
-                exchange, routingKey, propsRaw, body = self._messages[msgId]
+            for storeId, (seq, enqueuedAtMs, expiresAtMs, redelivered) in entries.items():
+                exchange, routingKey, propsRaw, body = self._messages[storeId]
                 recovered.append(
                     RecoveredMessage(
-                        msgId,
+                        storeId,
                         seq,
                         enqueuedAtMs,
                         expiresAtMs,
@@ -191,51 +191,51 @@ class MemoryStore:
 
     # --- messages --------------------------------------------------------
 
-    def addMessage(self, msgId, exchange, routingKey, propsRaw, body):
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
         """
         Store a message once (see :meth:`IMessageStore.addMessage`).
         """
         self._checkOpen()
-        self._messages[msgId] = (exchange, routingKey, bytes(propsRaw), bytes(body))
-        self._refs.setdefault(msgId, 0)
+        self._messages[storeId] = (exchange, routingKey, bytes(propsRaw), bytes(body))
+        self._refs.setdefault(storeId, 0)
 
-    def enqueue(self, queueKey, msgId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """
         Put a stored message in a queue (replacing an entry for the same
-        ``(queueKey, msgId)``).
+        ``(queueKey, storeId)``).
         """
         self._checkOpen()
-        if msgId not in self._messages:
-            raise KeyError(f"enqueue of unknown message {msgId!r}")
+        if storeId not in self._messages:
+            raise KeyError(f"enqueue of unknown message {storeId!r}")
         entries = self._queues.setdefault(queueKey, {})
-        if msgId not in entries:
-            self._refs[msgId] = self._refs.get(msgId, 0) + 1
-        entries[msgId] = [seq, enqueuedAtMs, expiresAtMs, bool(redelivered)]
+        if storeId not in entries:
+            self._refs[storeId] = self._refs.get(storeId, 0) + 1
+        entries[storeId] = [seq, enqueuedAtMs, expiresAtMs, bool(redelivered)]
 
-    def dequeue(self, queueKey, msgId):
+    def dequeue(self, queueKey, storeId):
         """
         Remove a message from a queue; delete it when no queue holds it.
         """
         self._checkOpen()
         entries = self._queues.get(queueKey)
-        if entries is None or entries.pop(msgId, None) is None:
+        if entries is None or entries.pop(storeId, None) is None:
             return
         if not entries:
             del self._queues[queueKey]
-        self._unref(msgId)
+        self._unref(storeId)
 
-    def markRedelivered(self, queueKey, msgId):
+    def markRedelivered(self, queueKey, storeId):
         """
         Set the redelivered flag of one entry.
         """
         self._checkOpen()
-        entry = self._queues.get(queueKey, {}).get(msgId)
+        entry = self._queues.get(queueKey, {}).get(storeId)
         if entry is not None:
             entry[3] = True
 
     def purgeQueue(self, queueKey, keep=()):
         """
-        Remove every entry of a queue except those of the msgIds in
+        Remove every entry of a queue except those of the storeIds in
         ``keep``.
         """
         self._checkOpen()
@@ -244,20 +244,20 @@ class MemoryStore:
             self._dropQueue(queueKey)
             return
         entries = self._queues.get(queueKey, {})
-        for msgId in [m for m in entries if m not in keep]:
-            del entries[msgId]
-            self._unref(msgId)
+        for storeId in [m for m in entries if m not in keep]:
+            del entries[storeId]
+            self._unref(storeId)
         if not entries:
             self._queues.pop(queueKey, None)
 
     def _dropQueue(self, queueKey):
-        for msgId in self._queues.pop(queueKey, {}):
-            self._unref(msgId)
+        for storeId in self._queues.pop(queueKey, {}):
+            self._unref(storeId)
 
-    def _unref(self, msgId):
-        refs = self._refs.get(msgId, 0) - 1
+    def _unref(self, storeId):
+        refs = self._refs.get(storeId, 0) - 1
         if refs <= 0:
-            self._refs.pop(msgId, None)
-            self._messages.pop(msgId, None)
+            self._refs.pop(storeId, None)
+            self._messages.pop(storeId, None)
         else:
-            self._refs[msgId] = refs
+            self._refs[storeId] = refs

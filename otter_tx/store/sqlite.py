@@ -24,6 +24,8 @@ the same (queue, message) before the writer took them cancels out, and a
 message whose every enqueue cancelled out is never written (``stats``
 counts these).  With a consumer keeping up with a producer most messages
 never touch the disk.  ``coalesce=False`` turns this off (for the bench).
+The merging is plain code on :class:`_Batch` (named fields, no lock, no
+thread, unit-tested on its own); the store calls it with ``_lock`` held.
 
 Within one transaction the net changes are applied in this order, which is
 equivalent to the issue order: entity upserts and deletes; queue purges
@@ -83,6 +85,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import namedtuple
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
@@ -229,9 +232,9 @@ def _real(value):
 
 
 # --- pending batch entry kinds -------------------------------------------
-_ENQ = 1  # value: (seq, enqueuedAtMs, expiresAtMs, redelivered, replaces)
-_DEQ = 2
-_MARK = 3
+_ENQ = 1  # an enqueue, with its fields (see _EntryChange)
+_DEQ = 2  # a dequeue
+_MARK = 3  # set the redelivered flag of an entry already on disk
 
 
 #: most rows per multi-row statement (see _rows); a power of two
@@ -287,29 +290,193 @@ def resolvePath(pathOrDataDir):
     return os.path.abspath(os.path.join(path, STORE_FILENAME))
 
 
+class _PendingMessage:
+    """
+    A message given to ``addMessage`` in the pending batch.
+
+    :ivar exchange: str.  :ivar routingKey: str.
+    :ivar propsRaw: bytes.  :ivar body: bytes.
+    :ivar liveEnqueues: pending enqueues of it not cancelled (int).
+    :ivar enqueueCancelled: True once one of its pending enqueues was
+        cancelled (a dequeue or purge in the same batch).
+    """
+
+    __slots__ = ("exchange", "routingKey", "propsRaw", "body", "liveEnqueues", "enqueueCancelled")
+
+    def __init__(self, exchange, routingKey, propsRaw, body):
+        self.exchange = exchange
+        self.routingKey = routingKey
+        self.propsRaw = propsRaw
+        self.body = body
+        self.liveEnqueues = 0
+        self.enqueueCancelled = False
+
+
+class _EntryChange(namedtuple("_EntryChange", "op seq enqueuedAtMs expiresAtMs redelivered replaces")):
+    """
+    The net pending change of one (queue, message) entry (a tuple with
+    named fields; made with :data:`_tupleNew`).
+
+    :ivar op: ``_ENQ``, ``_DEQ`` or ``_MARK``.
+    :ivar seq: enqueue order in the queue (int; ``_ENQ`` only).
+    :ivar enqueuedAtMs: float ms since the epoch (``_ENQ`` only).
+    :ivar expiresAtMs: float ms since the epoch or None (``_ENQ`` only).
+    :ivar redelivered: bool (``_ENQ`` only).
+    :ivar replaces: the entry may already be on disk, so cancelling this
+        enqueue must still delete it (``_ENQ`` only).
+    """
+
+    __slots__ = ()
+
+
+#: builds an _EntryChange from a 6-tuple in field order without the Python
+#: ``__new__`` of a namedtuple (an enqueue is on the hot path)
+_tupleNew = tuple.__new__
+
+
+#: the (shared, never changed) pending change of a dequeue and of a redelivered mark
+_DEQUEUE = _EntryChange(_DEQ, None, None, None, False, False)
+_MARK_REDELIVERED = _EntryChange(_MARK, None, None, None, False, False)
+
+
 class _Batch:
     """
     The net effect of the changes issued since the writer last took a
     batch, plus the ``sync()`` Deferreds waiting for it.
+
+    The merge methods (:meth:`putEntity` .. :meth:`purge`) are plain code
+    with no lock and no thread: :class:`SQLiteStore` calls them with its
+    lock held, and the unit tests call them directly.  Those that can
+    cancel pending changes return how many they cancelled (int, for
+    ``stats["cancelled"]``).
+
+    :ivar entities: ``{(kind, key): json str, or None to delete}``.
+    :ivar purges: ``{queueKey: frozenset of storeIds kept}``: every other
+        entry of the queue on disk is removed before ``entries`` apply.
+    :ivar adds: ``{storeId: _PendingMessage}``.
+    :ivar entries: ``{queueKey: {storeId: _EntryChange}}``.
+    :ivar waiters: the ``sync()`` Deferreds waiting for this batch.
+    :ivar size: number of changes recorded (for "is there anything to write").
+    :ivar coalesce: cancel enqueue/dequeue pairs (``SQLiteStore(coalesce=)``).
     """
 
-    __slots__ = ("entities", "purges", "adds", "entries", "waiters", "size")
+    __slots__ = ("entities", "purges", "adds", "entries", "waiters", "size", "coalesce")
 
-    def __init__(self):
-        # {(kind, key): json str, or None to delete}
+    def __init__(self, coalesce=True):
         self.entities = {}
-        # {queueKey: frozenset of msgIds kept}: every other entry of the
-        # queue on disk is removed before `entries` apply
         self.purges = {}
-        # {msgId: [exchange, routingKey, props, body, liveEnqueues,
-        #          anEnqueueWasCancelled]}
         self.adds = {}
-        # {queueKey: {msgId: (_ENQ, seq, enq, exp, redelivered, replaces)
-        #                    | (_DEQ,) | (_MARK,)}}
         self.entries = {}
         self.waiters = []
-        # number of changes recorded (for "is there anything to write")
         self.size = 0
+        self.coalesce = coalesce
+
+    def putEntity(self, kind, key, raw):
+        """Insert or replace entity ``(kind, key)`` with JSON text ``raw``."""
+        self.entities[(kind, key)] = raw
+
+    def deleteEntity(self, kind, key):
+        """Delete entity ``(kind, key)``; a queue's entries go with it."""
+        self.entities[(kind, key)] = None
+        if kind == "queue":
+            return self.purge(key)
+        return 0
+
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
+        """Write message ``storeId`` (its enqueues follow)."""
+        self.adds[storeId] = _PendingMessage(exchange, routingKey, propsRaw, body)
+
+    def _queueEntries(self, queueKey):
+        entries = self.entries.get(queueKey)
+        if entries is None:
+            entries = self.entries[queueKey] = {}
+        return entries
+
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+        """Put message ``storeId`` in queue ``queueKey`` (replacing a pending change of that entry)."""
+        entries = self._queueEntries(queueKey)
+        previous = entries.get(storeId)
+        # `replaces`: the entry may already be on disk, so cancelling this
+        # enqueue must still delete it.  It cannot be when the message is
+        # new in this batch or the queue was purged in it (a purge forgets
+        # the pending entries, so `previous` is then from after it).
+        if previous is None:
+            replaces = storeId not in self.adds and queueKey not in self.purges
+        else:
+            replaces = previous.op != _ENQ or previous.replaces
+        entries[storeId] = _tupleNew(_EntryChange, (_ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered), replaces))
+        if previous is None or previous.op != _ENQ:
+            add = self.adds.get(storeId)
+            if add is not None:
+                add.liveEnqueues += 1
+
+    def dequeue(self, queueKey, storeId):
+        """
+        Remove message ``storeId`` from queue ``queueKey``; with coalescing
+        a pending enqueue of it cancels out (and the message, if that was
+        its last pending enqueue).  Returns the changes cancelled.
+        """
+        entries = self._queueEntries(queueKey)
+        previous = entries.get(storeId)
+        if previous is None or previous.op != _ENQ:
+            entries[storeId] = _DEQUEUE
+            return 0
+        if not self.coalesce:
+            self._cancelEnqueue(storeId, dropAdd=False)
+            entries[storeId] = _DEQUEUE
+            return 0
+        if previous.replaces:
+            entries[storeId] = _DEQUEUE
+        else:
+            del entries[storeId]
+        return 2 + self._cancelEnqueue(storeId)
+
+    def markRedelivered(self, queueKey, storeId):
+        """Set the redelivered flag of one entry (merged into a pending enqueue of it)."""
+        entries = self._queueEntries(queueKey)
+        previous = entries.get(storeId)
+        if previous is None:
+            entries[storeId] = _MARK_REDELIVERED
+        elif previous.op == _ENQ:
+            entries[storeId] = _tupleNew(_EntryChange, previous[:4] + (True,) + previous[5:])
+        # after a pending dequeue: nothing to mark
+
+    def purge(self, queueKey, keep=frozenset()):
+        """
+        Remove every entry of queue ``queueKey`` except those of the
+        storeIds in ``keep`` (frozenset): pending changes of the others are
+        forgotten (their enqueues cancelled).  Returns the changes cancelled.
+        """
+        cancelled = 0
+        entries = self.entries.pop(queueKey, None)
+        if entries:
+            kept = {}
+            for storeId, entry in entries.items():
+                if storeId in keep:
+                    kept[storeId] = entry
+                elif entry.op == _ENQ:
+                    cancelled += 1 + self._cancelEnqueue(storeId)
+            if kept:
+                self.entries[queueKey] = kept
+        previous = self.purges.get(queueKey)
+        self.purges[queueKey] = keep if previous is None else previous & keep
+        return cancelled
+
+    def _cancelEnqueue(self, storeId, dropAdd=True):
+        """
+        A pending enqueue of ``storeId`` went away; forget the pending
+        message too when that was its last pending enqueue (with
+        coalescing).  Returns 1 when the message was forgotten, else 0.
+        """
+        add = self.adds.get(storeId)
+        if add is None:
+            return 0
+        add.liveEnqueues -= 1
+        add.enqueueCancelled = True
+        if add.liveEnqueues <= 0 and dropAdd and self.coalesce:
+            del self.adds[storeId]
+            return 1
+        return 0
 
 
 @implementer(IMessageStore)
@@ -347,7 +514,7 @@ class SQLiteStore:
         self._coalesce = coalesce
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending = _Batch()
+        self._pending = _Batch(self._coalesce)
         # "new" -> "opening" -> "open" -> "closing" -> "closed"
         self._state = "new"
         self._thread = None
@@ -462,7 +629,7 @@ class SQLiteStore:
         raw = json.dumps(record)
         with self._lock:
             batch = self._pending
-            batch.entities[(kind, key)] = raw
+            batch.putEntity(kind, key, raw)
             self._changed(batch)
 
     def deleteEntity(self, kind, key):
@@ -474,12 +641,12 @@ class SQLiteStore:
             raise ValueError(f"unknown entity kind {kind!r}; expected one of {ENTITY_KINDS}")
         with self._lock:
             batch = self._pending
-            batch.entities[(kind, key)] = None
-            if kind == "queue":
-                self._purgeLocked(batch, key)
+            cancelled = batch.deleteEntity(kind, key)
+            if cancelled:
+                self.stats["cancelled"] += cancelled
             self._changed(batch)
 
-    def addMessage(self, msgId, exchange, routingKey, propsRaw, body):
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
         """
         Store a message once (see :meth:`IMessageStore.addMessage`).
         """
@@ -490,10 +657,10 @@ class SQLiteStore:
             body = bytes(body)
         with self._lock:
             batch = self._pending
-            batch.adds[msgId] = [exchange, routingKey, propsRaw, body, 0, False]
+            batch.addMessage(storeId, exchange, routingKey, propsRaw, body)
             self._changed(batch)
 
-    def enqueue(self, queueKey, msgId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """
         Put a stored message in a queue.  The message must have been given
         to :meth:`addMessage`; that is not checked here (it would need a
@@ -502,33 +669,10 @@ class SQLiteStore:
         self._checkOpen()
         with self._lock:
             batch = self._pending
-            entries = batch.entries.get(queueKey)
-            if entries is None:
-                entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
-            # `replaces`: the entry may already be on disk, so cancelling this
-            # enqueue must still delete it.  It cannot be when the message is
-            # new in this batch or the queue was purged in it (a purge forgets
-            # the pending entries, so `previous` is then from after it).
-            if previous is None:
-                replaces = msgId not in batch.adds and queueKey not in batch.purges
-            else:
-                replaces = previous[0] != _ENQ or previous[5]
-            entries[msgId] = (
-                _ENQ,
-                seq,
-                enqueuedAtMs,
-                expiresAtMs,
-                bool(redelivered),
-                replaces,
-            )
-            if previous is None or previous[0] != _ENQ:
-                add = batch.adds.get(msgId)
-                if add is not None:
-                    add[4] += 1
+            batch.enqueue(queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered)
             self._changed(batch)
 
-    def dequeue(self, queueKey, msgId):
+    def dequeue(self, queueKey, storeId):
         """
         Remove a message from a queue; the message row goes when no queue
         refers to it.  Cancels a pending enqueue of the same entry.
@@ -536,24 +680,12 @@ class SQLiteStore:
         self._checkOpen()
         with self._lock:
             batch = self._pending
-            entries = batch.entries.get(queueKey)
-            if entries is None:
-                entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
-            if self._coalesce and previous is not None and previous[0] == _ENQ:
-                self.stats["cancelled"] += 2
-                if previous[5]:
-                    entries[msgId] = (_DEQ,)
-                else:
-                    del entries[msgId]
-                self._cancelEnqueueLocked(batch, msgId)
-            else:
-                if previous is not None and previous[0] == _ENQ:
-                    self._cancelEnqueueLocked(batch, msgId, dropAdd=False)
-                entries[msgId] = (_DEQ,)
+            cancelled = batch.dequeue(queueKey, storeId)
+            if cancelled:
+                self.stats["cancelled"] += cancelled
             self._changed(batch)
 
-    def markRedelivered(self, queueKey, msgId):
+    def markRedelivered(self, queueKey, storeId):
         """
         Set the redelivered flag of one entry (merged into a pending
         enqueue of it).
@@ -561,20 +693,12 @@ class SQLiteStore:
         self._checkOpen()
         with self._lock:
             batch = self._pending
-            entries = batch.entries.get(queueKey)
-            if entries is None:
-                entries = batch.entries[queueKey] = {}
-            previous = entries.get(msgId)
-            if previous is None:
-                entries[msgId] = (_MARK,)
-            elif previous[0] == _ENQ:
-                entries[msgId] = previous[:4] + (True,) + previous[5:]
-            # after a pending dequeue: nothing to mark
+            batch.markRedelivered(queueKey, storeId)
             self._changed(batch)
 
     def purgeQueue(self, queueKey, keep=()):
         """
-        Remove every entry of a queue except those of the msgIds in
+        Remove every entry of a queue except those of the storeIds in
         ``keep`` (see :meth:`IMessageStore.purgeQueue`): O(len(keep)) index
         operations in the next batch; the entries themselves are deleted
         in the background.
@@ -583,37 +707,10 @@ class SQLiteStore:
         keep = frozenset(keep)
         with self._lock:
             batch = self._pending
-            self._purgeLocked(batch, queueKey, keep)
+            cancelled = batch.purge(queueKey, keep)
+            if cancelled:
+                self.stats["cancelled"] += cancelled
             self._changed(batch)
-
-    def _purgeLocked(self, batch, queueKey, keep=frozenset()):
-        entries = batch.entries.pop(queueKey, None)
-        if entries:
-            kept = {}
-            for msgId, entry in entries.items():
-                if msgId in keep:
-                    kept[msgId] = entry
-                elif entry[0] == _ENQ:
-                    self.stats["cancelled"] += 1
-                    self._cancelEnqueueLocked(batch, msgId)
-            if kept:
-                batch.entries[queueKey] = kept
-        previous = batch.purges.get(queueKey)
-        batch.purges[queueKey] = keep if previous is None else previous & keep
-
-    def _cancelEnqueueLocked(self, batch, msgId, dropAdd=True):
-        """
-        A pending enqueue of ``msgId`` went away; forget the pending
-        message too when that was its last pending enqueue.
-        """
-        add = batch.adds.get(msgId)
-        if add is None:
-            return
-        add[4] -= 1
-        add[5] = True
-        if add[4] <= 0 and dropAdd and self._coalesce:
-            del batch.adds[msgId]
-            self.stats["cancelled"] += 1
 
     def sync(self):
         """
@@ -787,7 +884,7 @@ class SQLiteStore:
                     conn.close()
                     return
                 batch = self._pending
-                self._pending = _Batch()
+                self._pending = _Batch(self._coalesce)
                 closing = self._state == "closing"
             batches = self._retry + [batch] if batch.size else list(self._retry)
             failure = None
@@ -956,7 +1053,8 @@ class SQLiteStore:
                 "(msg_id, exchange, routing_key, props, body) VALUES ",
                 5,
                 "",
-                [(msgId, _b(a[0]), _b(a[1]), a[2], a[3]) for msgId, a in batch.adds.items()],
+                [(storeId, _b(a.exchange), _b(a.routingKey), a.propsRaw, a.body)
+                 for storeId, a in batch.adds.items()],
             )
             for sql, params in rows:
                 ex(sql, params)
@@ -965,26 +1063,29 @@ class SQLiteStore:
             # message with no enqueue yet is kept: its enqueue may be in
             # the next batch; a stop in between leaves an orphan that
             # recovery removes.)
-            orphanCandidates.update(m for m, a in batch.adds.items() if a[4] <= 0 and a[5])
+            orphanCandidates.update(
+                m for m, a in batch.adds.items() if a.liveEnqueues <= 0 and a.enqueueCancelled
+            )
         inserts = []
         removals = []
         marks = []
         for queueKey, entries in batch.entries.items():
             qid = None
-            for msgId, entry in entries.items():
-                op = entry[0]
+            for storeId, entry in entries.items():
+                op = entry.op
                 if qid is None:
                     qid = self._qid(conn, queueKey, op == _ENQ)
                     if qid is None:
                         continue  # nothing of this queue is on disk
                 if op == _ENQ:
                     inserts.append(
-                        (qid, msgId, entry[1], _real(entry[2]), _real(entry[3]), int(entry[4]))
+                        (qid, storeId, entry.seq, _real(entry.enqueuedAtMs), _real(entry.expiresAtMs),
+                         int(entry.redelivered))
                     )
                 elif op == _DEQ:
-                    removals.append((qid, msgId))
+                    removals.append((qid, storeId))
                 else:
-                    marks.append((qid, msgId))
+                    marks.append((qid, storeId))
         if removals:
             for sql, params in _rows(_DELETE_ENTRIES, 2, "))", removals):
                 ex(sql, params)
@@ -999,9 +1100,9 @@ class SQLiteStore:
         if orphanCandidates:
             self._deleteOrphans(conn, orphanCandidates)
 
-    def _deleteOrphans(self, conn, msgIds):
-        """Delete the messages among ``msgIds`` that no queue entry refers to."""
-        for sql, params in _rows(_DELETE_ORPHANS, 1, _DELETE_ORPHANS_TAIL, [(m,) for m in msgIds]):
+    def _deleteOrphans(self, conn, storeIds):
+        """Delete the messages among ``storeIds`` that no queue entry refers to."""
+        for sql, params in _rows(_DELETE_ORPHANS, 1, _DELETE_ORPHANS_TAIL, [(m,) for m in storeIds]):
             conn.execute(sql, params)
 
     def _purge(self, conn, queueKey, keep):
@@ -1338,7 +1439,7 @@ def _readQueue(path, qid):
         disordered = conn.execute(_DISORDERED, (qid,)).fetchone() is not None
         names = {}
         Recovered = RecoveredMessage
-        for msgId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
+        for storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
             _LOAD_BY_SEQ if disordered else _LOAD_MESSAGES, (qid,)
         ):
             ex = names.get(exchange)
@@ -1351,7 +1452,7 @@ def _readQueue(path, qid):
                 rk = _s(routingKey)
                 if len(names) < _NAME_CACHE:
                     names[routingKey] = rk
-            yield Recovered(msgId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
+            yield Recovered(storeId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
     finally:
         conn.close()
 

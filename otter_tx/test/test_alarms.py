@@ -10,6 +10,7 @@ RabbitMQ 3.10 (the peer, with ``rabbitmqctl set_disk_free_limit 1000GB`` and
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from otter_tx.alarms import (
     CLEAR_FRACTION, OVERSHOOT_FRACTION, Alarms, DiskMonitor, MemoryMonitor, diskFreeBytes, diskFreeLimitBytes,
@@ -17,8 +18,9 @@ from otter_tx.alarms import (
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
 from otter_tx.protocol import AMQPServerFactory
+from otter_tx.store.interface import IStoreHealth
 from otter_tx.test.test_web import WebTestCase
-from otter_tx.testing import FakeClient
+from otter_tx.testing import FakeClient, FakeConnection
 
 
 class _Broker:
@@ -28,14 +30,15 @@ class _Broker:
         self.connections = set()
 
 
-class _Conn:
-    def __init__(self):
-        self.calls = []
+class _Conn(FakeConnection):
+    """A connection that records its ``alarmChanged`` calls (``calls``)."""
 
-    def alarmChanged(self, alarmed):
-        self.calls.append(alarmed)
+    @property
+    def calls(self):
+        return self.alarms
 
 
+@implementer(IStoreHealth)
 class FakeStore:
     """A store with the health contract: ``healthy`` and ``addHealthObserver(callback(healthy, reason))``."""
 

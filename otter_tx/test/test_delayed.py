@@ -55,9 +55,9 @@ class DelayedExchangeTests(SynchronousTestCase):
         self.assertEqual(self.vh.publish(self.ex, msg(500)), (0, False))
         self.assertEqual(self.ex.held, 1)
         self.clock.advance(0.499)
-        self.assertEqual(self.q.messageCount, 0)
+        self.assertEqual(self.q.readyCount, 0)
         self.clock.advance(0.001)
-        self.assertEqual(self.q.messageCount, 1)
+        self.assertEqual(self.q.readyCount, 1)
         (e,) = self.q.readyEntries()
         self.assertEqual(e.message.headers["x-delay"], -500)
         self.assertEqual(self.ex.held, 0)
@@ -73,7 +73,7 @@ class DelayedExchangeTests(SynchronousTestCase):
         late = self.vh.declareQueue("late", None)
         self.vh.bind(self.ex, late, "later", {})
         self.clock.advance(0.1)
-        self.assertEqual(late.messageCount, 1)
+        self.assertEqual(late.readyCount, 1)
 
     def test_orderByDueTime(self):
         """Messages fire in due order whatever the publish order."""
@@ -90,22 +90,22 @@ class DelayedExchangeTests(SynchronousTestCase):
         ex2 = self.vh.declareExchange("dx2", "x-delayed-message",
                                       arguments={"x-delayed-type": "fanout", "alternate-exchange": "ae"})
         self.vh.publish(ex2, msg(100, exchange="dx2"))
-        self.assertEqual(ae.messageCount, 1)
+        self.assertEqual(ae.readyCount, 1)
 
     def test_messageTTLStartsInQueue(self):
         """Per-message expiration counts from when the message enters the queue."""
         self.vh.publish(self.ex, msg(1000, expiration="500"))
         self.clock.advance(1.0)
-        self.assertEqual(self.q.messageCount, 1)
+        self.assertEqual(self.q.readyCount, 1)
         self.clock.advance(0.5)
-        self.assertEqual(self.q.messageCount, 0)
+        self.assertEqual(self.q.readyCount, 0)
 
     def test_deleteDropsHeld(self):
         """Deleting the exchange loses its held messages."""
         self.vh.publish(self.ex, msg(100))
         self.vh.deleteExchange("dx")
         self.clock.advance(1)
-        self.assertEqual(self.q.messageCount, 0)
+        self.assertEqual(self.q.readyCount, 0)
 
     def test_declareErrors(self):
         """x-delayed-type missing, recursive or unknown gives the plugin's errors."""
@@ -129,7 +129,7 @@ class DelayedExchangeTests(SynchronousTestCase):
             self.vh.publish(self.ex, msg(1 + (i * 7) % 60000))
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         self.clock.advance(60)
-        self.assertEqual(self.q.messageCount, 100000)
+        self.assertEqual(self.q.readyCount, 100000)
 
 
 class DelayedProtocolTests(SynchronousTestCase):
@@ -174,7 +174,7 @@ class DelayedDurabilityTests(SynchronousTestCase):
         vh.publish(ex, msg(1000, body=b"late", delivery_mode=2))
         vh.publish(ex, msg(5000, body=b"later", delivery_mode=2))
         clock.advance(0.1)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         b.stop()
         self.successResultOf(store.close())
         clock.advance(2)
@@ -185,6 +185,6 @@ class DelayedDurabilityTests(SynchronousTestCase):
         self.assertEqual([e.message.body for e in q.readyEntries()], [b"early", b"late"])
         self.assertEqual(vh.exchanges["dx"].held, 1)
         clock.advance(2.8)  # t = 4.9 s
-        self.assertEqual(q.messageCount, 2)
+        self.assertEqual(q.readyCount, 2)
         clock.advance(0.1)
-        self.assertEqual(q.messageCount, 3)
+        self.assertEqual(q.readyCount, 3)

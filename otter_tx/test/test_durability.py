@@ -131,7 +131,7 @@ class RestartTests(TestCase):
 
         def after(port, fixture):
             vh = fixture.broker.vhosts["/"]
-            return [e.message.body for e in vh.queues["q"].readyEntries()], vh.queues["q2"].messageCount
+            return [e.message.body for e in vh.queues["q"].readyEntries()], vh.queues["q2"].readyCount
 
         return self.restart(before, after).addCallback(self.assertEqual, ([b"3", b"4", b"5"], 0))
 
@@ -237,11 +237,11 @@ class JournalTests(SynchronousTestCase):
         clock.advance(0.7)
         b = self.restart(store, clock, b)
         q = b.vhosts["/"].queues["q"]
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         clock.advance(0.29)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         clock.advance(0.01)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_expiredDuringDowntimeIsDeadLettered(self):
         """A message whose deadline passed while the broker was down expires (and is dead-lettered) at boot."""
@@ -259,7 +259,7 @@ class JournalTests(SynchronousTestCase):
         b = self.boot(store, clock)
         clock.advance(0)
         vh = b.vhosts["/"]
-        self.assertEqual(vh.queues["q"].messageCount, 0)
+        self.assertEqual(vh.queues["q"].readyCount, 0)
         (e,) = list(vh.queues["dlq"].readyEntries())
         self.assertEqual(e.message.headers["x-death"][0]["reason"], "expired")
 
@@ -276,6 +276,42 @@ class JournalTests(SynchronousTestCase):
         clock.advance(0.1)
         self.assertNotIn("q", b.vhosts["/"].queues)
 
+    def test_journalAttachedOnDeclareAndRestore(self):
+        """Durable queues and delayed exchanges get the journal when declared, restored, or present at attach; transient ones never."""
+        from otter_tx.broker.broker import Broker
+
+        clock = Clock()
+        store = MemoryStore()
+        b = Broker(clock)
+        early = b.vhosts["/"].declareQueue("early", None, durable=True)
+        self.assertIsNone(early.journal)
+        journal = b.attachJournal(store, self.successResultOf(store.open()))
+        self.assertIs(b.journal, journal)
+        self.assertIs(early.journal, journal)
+        vh = b.vhosts["/"]
+        self.assertIs(vh.declareQueue("d", None, durable=True).journal, journal)
+        self.assertIsNone(vh.declareQueue("t", None, durable=False).journal)
+        dx = vh.declareExchange("dx", "x-delayed-message", durable=True,
+                                arguments={"x-delayed-type": "direct"})
+        self.assertIs(dx.journal, journal)
+        self.assertIsNone(vh.declareExchange("tx", "x-delayed-message",
+                                             arguments={"x-delayed-type": "direct"}).journal)
+        self.assertEqual(b.listeners.count(journal.entityChanged), 1)
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        self.assertIs(vh.queues["d"].journal, b.journal)
+        self.assertIs(vh.exchanges["dx"].journal, b.journal)
+
+    def test_journalSync(self):
+        """``Journal.sync`` fires after the store's sync and fails with StoreFailedError as the store does."""
+        from otter_tx.store.interface import StoreFailedError
+
+        store = MemoryStore()
+        b = self.boot(store, Clock())
+        self.assertIsNone(self.successResultOf(b.journal.sync()))
+        store.failWrites()
+        self.failureResultOf(b.journal.sync(), StoreFailedError)
+
     def test_transientMessagesNotWritten(self):
         """Transient messages and non-durable queues never reach the store."""
         clock = Clock()
@@ -287,7 +323,7 @@ class JournalTests(SynchronousTestCase):
         self.publish(vh, "d", b"transient", delivery_mode=1)
         self.publish(vh, "t", b"persistent-in-transient-queue")
         b = self.restart(store, clock, b)
-        self.assertEqual(b.vhosts["/"].queues["d"].messageCount, 0)
+        self.assertEqual(b.vhosts["/"].queues["d"].readyCount, 0)
         self.assertNotIn("t", b.vhosts["/"].queues)
 
     def test_sharedMessageRecoveredPerQueue(self):
@@ -310,13 +346,13 @@ class JournalTests(SynchronousTestCase):
         (ea,) = vh.queues["a"].readyEntries()
         (eb,) = vh.queues["b"].readyEntries()
         self.assertIsNot(ea.message, eb.message)
-        self.assertEqual((ea.message.msgId, ea.message.body), (eb.message.msgId, eb.message.body))
+        self.assertEqual((ea.message.storeId, ea.message.body), (eb.message.storeId, eb.message.body))
         fanout = vh.exchanges["amq.fanout"]
         self.assertEqual(vh.route(fanout, ea.message, [""]), {vh.queues["a"], vh.queues["b"]})
         vh.queues["a"].purge()
         b = self.restart(store, clock, b)
         vh = b.vhosts["/"]
-        self.assertEqual(vh.queues["a"].messageCount, 0)
+        self.assertEqual(vh.queues["a"].readyCount, 0)
         self.assertEqual([e.message.body for e in vh.queues["b"].readyEntries()], [b"both"])
 
 
@@ -474,7 +510,7 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
         self.store.purgeQueue = lambda key, keep=(): (calls.append(key), original(key, keep))
         self.broker.journal.purged(queue)
         self.assertEqual(calls, ["/\x00d"])
-        self.assertEqual(self.storedIds(), [held.message.msgId])
+        self.assertEqual(self.storedIds(), [held.message.storeId])
 
     def test_requeuedAreReadyAgain(self):
         """A delivery that was requeued (basic.reject requeue=true) is ready again and goes with the purge."""
@@ -493,7 +529,7 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
         (held,) = [entry for _, entry, _, _ in c.protocol.channels[1].unacked.values()]
         queue = self.broker.vhosts["/"].queues["d"]
         self.broker.journal.purged(queue)
-        self.assertEqual(self.storedIds(), [held.message.msgId])
+        self.assertEqual(self.storedIds(), [held.message.storeId])
 
     def test_purgedWithoutUnacked(self):
         """With nothing unacknowledged, every entry of the queue goes."""
@@ -602,7 +638,7 @@ class StreamedRecoveryTests(TestCase):
         for i in range(2000):
             vh.publish(vh.exchanges[""], Message("", "big", props, b"%06d" % i + b"x" * 500))
         vh.publish(vh.exchanges["amq.fanout"], Message("amq.fanout", "", props, b"both"))
-        top = max(e.message.msgId for e in vh.queues["a"].readyEntries())
+        top = max(e.message.storeId for e in vh.queues["a"].readyEntries())
         b.stop()
         await store.close()
         # a budget of 64 KiB: all but about a hundred of big's messages are paged as read
@@ -622,14 +658,14 @@ class StreamedRecoveryTests(TestCase):
         b, top = await self._restart()
         vh = b.vhosts["/"]
         big = vh.queues["big"]
-        self.assertEqual(big.messageCount, 2000)
+        self.assertEqual(big.readyCount, 2000)
         self.assertGreater(big.pagedCount, 1500)
         self.assertEqual([e.message.body for e in vh.queues["a"].readyEntries()], [b"both"])
         self.assertEqual([e.message.body for e in vh.queues["b"].readyEntries()], [b"both"])
         self.assertEqual(vh.exchanges["dx"].held, 1)
         m = Message("", "big", encodeProperties({}), b"new")
         b.nextMessageId(m)
-        self.assertGreater(m.msgId, top)
+        self.assertGreater(m.storeId, top)
         got = [e.message.body[:6] for e in big.readyEntries()]
         self.assertEqual(got, [b"%06d" % i for i in range(2000)])
 
@@ -638,13 +674,13 @@ class StreamedRecoveryTests(TestCase):
         A delayed message published first but released into a queue after
         2,000 later-published ones comes back after them, across a second
         restart of the streamed recovery.  (The release routes a copy with
-        a new msgId, so this queue is in msgId order too; the sort by seq
+        a new storeId, so this queue is in storeId order too; the sort by seq
         for queues that are not is tested in test_store.)
         """
         b, top = await self._restart()
         self.clock.advance(61)
         big = b.vhosts["/"].queues["big"]
-        self.assertEqual(big.messageCount, 2001)
+        self.assertEqual(big.readyCount, 2001)
         b.stop()
         await self.stores[-1].close()
         b, store = await self.boot(self.dataDir, self.clock, queueMemoryBudget=64 * 1024)

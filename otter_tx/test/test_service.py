@@ -17,9 +17,11 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, _FakePort
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
+from zope.interface import implementer
 
 from otter_tx import service as service_module
 from otter_tx.service import ListenFailed, OtterService, StartError
+from otter_tx.store.interface import IMessageStore
 from otter_tx.store.memory import MemoryStore
 from otter_tx.testing import FakeClient
 
@@ -497,13 +499,13 @@ class PreStartTests(SynchronousTestCase):
 
         svc = self.boot(declare)
         self.publish(svc, "job", b"one", exchange="work")
-        self.assertEqual(svc.broker.vhosts["/"].queues["jobs"].messageCount, 1)
+        self.assertEqual(svc.broker.vhosts["/"].queues["jobs"].readyCount, 1)
         self.stop(svc)
 
         svc = self.boot()
         b = svc.broker
         q = b.vhosts["/"].queues["jobs"]
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.assertTrue(q.durable)
         self.assertEqual(q.policy.name, "cap")
         self.assertEqual({(src.name, key) for (src, key, _) in q.bindings}, {("work", "job")})
@@ -511,7 +513,7 @@ class PreStartTests(SynchronousTestCase):
         self.assertTrue(b.users["app"].checkPassword("secret"))
         self.assertEqual(b.permissions[("app", "tenant")], ("^inbox", ".*", ".*"))
         self.publish(svc, "job", b"two", exchange="work")
-        self.assertEqual(q.messageCount, 2)
+        self.assertEqual(q.readyCount, 2)
         self.stop(svc)
 
     def test_redeclaredBeforeStartKeepsMessages(self):
@@ -532,12 +534,12 @@ class PreStartTests(SynchronousTestCase):
         ex, q = declared[-1]
         self.assertIs(svc.broker.vhosts["/"].queues["jobs"], q)
         self.assertIs(svc.broker.vhosts["/"].exchanges["work"], ex)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.publish(svc, "job.b", b"two", exchange="work")
-        self.assertEqual(q.messageCount, 2)
+        self.assertEqual(q.readyCount, 2)
         self.stop(svc)
         svc = self.boot(declare)
-        self.assertEqual(declared[-1][1].messageCount, 2)
+        self.assertEqual(declared[-1][1].readyCount, 2)
         self.assertEqual(len(self.store._entities["binding"]), 1)
         self.stop(svc)
 
@@ -563,7 +565,7 @@ class PreStartTests(SynchronousTestCase):
             b = svc.broker
             self.assertEqual(set(b.users), {"guest", "bob", "alice"})
             self.assertEqual(set(b.vhosts), {"/", "old", "new"})
-            self.assertEqual(b.vhosts["/"].queues["old-q"].messageCount, 1)
+            self.assertEqual(b.vhosts["/"].queues["old-q"].readyCount, 1)
             self.assertIn("new-q", b.vhosts["new"].queues)
         self.stop(svc)
 
@@ -595,7 +597,7 @@ class PreStartTests(SynchronousTestCase):
         self.stop(self.boot(declare(10)))
         svc = self.boot()
         q = svc.broker.vhosts["/"].queues["q"]
-        self.assertEqual((q.arguments["x-max-length"], q.messageCount), (10, 1))
+        self.assertEqual((q.arguments["x-max-length"], q.readyCount), (10, 1))
         self.stop(svc)
 
     def test_policyForStoredVHost(self):
@@ -776,6 +778,7 @@ class AlarmWiringTests(SynchronousTestCase):
         self.assertEqual(svc.broker.alarms.active, {})
 
 
+@implementer(IMessageStore)
 class _HealthStore:
     """A MemoryStore with the health contract of a fake (until every store has it)."""
 

@@ -40,7 +40,6 @@ class FakeConnection:
     def close(self, code, text):
         self.sent.append(("close", code, text))
 
-    forceClose = close
 
     def alarmChanged(self, alarmed):
         pass

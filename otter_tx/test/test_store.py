@@ -121,23 +121,23 @@ class StoreContractMixin:
         """Open ``self.store`` and return its RecoveredState."""
         return listed(await self.store.open())
 
-    def addQueueMessage(self, queueKey, msgId, seq=None, body=None, **kw):
-        """Add message ``msgId`` and enqueue it in ``queueKey``."""
+    def addQueueMessage(self, queueKey, storeId, seq=None, body=None, **kw):
+        """Add message ``storeId`` and enqueue it in ``queueKey``."""
         self.store.addMessage(
-            msgId, "ex", "rk.%d" % msgId, b"\x80\x00props", body or b"body-%d" % msgId
+            storeId, "ex", "rk.%d" % storeId, b"\x80\x00props", body or b"body-%d" % storeId
         )
         self.store.enqueue(
             queueKey,
-            msgId,
-            msgId if seq is None else seq,
+            storeId,
+            storeId if seq is None else seq,
             kw.get("enqueuedAtMs", 1000.5),
             kw.get("expiresAtMs"),
             kw.get("redelivered", False),
         )
 
     def ids(self, recovered, queueKey):
-        """The msgIds recovered for ``queueKey``, in order."""
-        return [m.msgId for m in recovered.messages.get(queueKey, [])]
+        """The storeIds recovered for ``queueKey``, in order."""
+        return [m.storeId for m in recovered.messages.get(queueKey, [])]
 
     async def test_providesInterface(self):
         """The store provides IMessageStore completely."""
@@ -246,8 +246,8 @@ class StoreContractMixin:
         """Recovered messages of a queue are sorted by seq, not by insertion order or id."""
         await self.openStore()
         self.store.putEntity("queue", "q", {})
-        for msgId, seq in [(1, 30), (2, 10), (3, 20), (4, -5)]:
-            self.addQueueMessage("q", msgId, seq=seq)
+        for storeId, seq in [(1, 30), (2, 10), (3, 20), (4, -5)]:
+            self.addQueueMessage("q", storeId, seq=seq)
         recovered = await self.reopen()
         self.assertEqual(self.ids(recovered, "q"), [4, 2, 3, 1])
 
@@ -353,7 +353,7 @@ class StoreContractMixin:
         self.assertEqual(recovered.stats["messages"], 2)
 
     async def test_purgeQueueKeeps(self):
-        """purgeQueue(key, keep) removes every entry of the queue except the kept msgIds, on disk and pending."""
+        """purgeQueue(key, keep) removes every entry of the queue except the kept storeIds, on disk and pending."""
         await self.openStore()
         self.store.putEntity("queue", "a", {})
         for i in range(1, 5):
@@ -495,6 +495,93 @@ class MemoryStoreFailureTests(SynchronousTestCase):
         self.assertTrue(store.healthy)
         self.successResultOf(store.sync())
         self.assertEqual(calls, [(False, "store write failed: disk full"), (True, None)])
+
+
+class PendingBatchTests(SynchronousTestCase):
+    """The durable store's batch merging (``sqlite._Batch``) as plain code, without the writer thread."""
+
+    def batch(self, coalesce=True):
+        return sqliteModule._Batch(coalesce)
+
+    def enqueue(self, b, queueKey, storeId, redelivered=False):
+        b.enqueue(queueKey, storeId, storeId, 1.0, None, redelivered)
+
+    def test_enqueueThenDequeueCancels(self):
+        """A message added, enqueued and dequeued in one batch leaves nothing to write (3 changes cancelled)."""
+        b = self.batch()
+        b.addMessage(1, "ex", "rk", b"p", b"body")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.adds[1].liveEnqueues, 1)
+        self.assertEqual(b.dequeue("q", 1), 3)
+        self.assertEqual((b.adds, b.entries), ({}, {"q": {}}))
+
+    def test_sharedMessageKeptUntilLastEnqueueCancelled(self):
+        """A message enqueued in two queues stays pending until both enqueues are cancelled."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "a", 1)
+        self.enqueue(b, "b", 1)
+        self.assertEqual(b.dequeue("a", 1), 2)
+        self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (1, True))
+        self.assertEqual(b.dequeue("b", 1), 3)
+        self.assertNotIn(1, b.adds)
+
+    def test_enqueueOfStoredMessageReplaces(self):
+        """An enqueue of a message not added in this batch may be on disk: its dequeue stays a delete."""
+        b = self.batch()
+        self.enqueue(b, "q", 7)
+        self.assertTrue(b.entries["q"][7].replaces)
+        self.assertEqual(b.dequeue("q", 7), 2)
+        self.assertEqual(b.entries["q"][7], sqliteModule._DEQUEUE)
+
+    def test_markRedeliveredMerges(self):
+        """A mark after a pending enqueue sets its flag; alone it is a mark; after a dequeue it is dropped."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        b.markRedelivered("q", 1)
+        entry = b.entries["q"][1]
+        self.assertEqual((entry.op, entry.seq, entry.redelivered), (sqliteModule._ENQ, 1, True))
+        b.markRedelivered("q", 2)
+        self.assertEqual(b.entries["q"][2], sqliteModule._MARK_REDELIVERED)
+        b.dequeue("q", 3)
+        b.markRedelivered("q", 3)
+        self.assertEqual(b.entries["q"][3], sqliteModule._DEQUEUE)
+
+    def test_purgeKeepsOnlyKept(self):
+        """A purge forgets the queue's other pending entries, cancels their enqueues, and intersects repeated keeps."""
+        b = self.batch()
+        for i in (1, 2, 3):
+            b.addMessage(i, "", "rk", b"", b"m")
+            self.enqueue(b, "q", i)
+        self.assertEqual(b.purge("q", frozenset({2, 3})), 2)
+        self.assertEqual(sorted(b.entries["q"]), [2, 3])
+        self.assertEqual(sorted(b.adds), [2, 3])
+        b.purge("q", frozenset({3}))
+        self.assertEqual(b.purges["q"], frozenset({3}))
+        self.enqueue(b, "q", 9)
+        self.assertFalse(b.entries["q"][9].replaces)
+
+    def test_deleteQueueEntityPurges(self):
+        """Deleting a queue entity records the delete and purges the queue's pending entries."""
+        b = self.batch()
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.deleteEntity("queue", "q"), 2)
+        self.assertEqual((b.entities, b.purges, b.entries, b.adds),
+                         ({("queue", "q"): None}, {"q": frozenset()}, {}, {}))
+        b.putEntity("vhost", "/", "{}")
+        self.assertEqual(b.deleteEntity("vhost", "x"), 0)
+        self.assertEqual(b.entities[("vhost", "/")], "{}")
+
+    def test_noCoalesce(self):
+        """Without coalescing a dequeue after a pending enqueue is kept, and the message with it."""
+        b = self.batch(coalesce=False)
+        b.addMessage(1, "", "rk", b"", b"m")
+        self.enqueue(b, "q", 1)
+        self.assertEqual(b.dequeue("q", 1), 0)
+        self.assertEqual(b.entries["q"][1], sqliteModule._DEQUEUE)
+        self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (0, True))
 
 
 class _SQLiteFixture:
@@ -643,13 +730,13 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual(resolvePath(base + "/dir.db"), base + "/dir.db/" + STORE_FILENAME)
 
     async def closedStoreWith(self, bodies, queueKey="q"):
-        """A store holding ``bodies`` (msgIds and seqs 1, 2, ...) in ``queueKey``, closed; returns it."""
+        """A store holding ``bodies`` (storeIds and seqs 1, 2, ...) in ``queueKey``, closed; returns it."""
         store = self.newStore()
         await store.open()
         store.putEntity("queue", queueKey, {})
-        for msgId, body in enumerate(bodies, 1):
-            store.addMessage(msgId, "", queueKey, b"", body)
-            store.enqueue(queueKey, msgId, msgId, 1.0, None, False)
+        for storeId, body in enumerate(bodies, 1):
+            store.addMessage(storeId, "", queueKey, b"", body)
+            store.enqueue(queueKey, storeId, storeId, 1.0, None, False)
         await store.close()
         return store
 
@@ -787,12 +874,12 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual(ids[:100], list(range(100)))
         self.assertEqual(ids, list(range(len(ids))))
         for message in recovered.messages["q"]:
-            prefix = b"synced-" if message.msgId < 100 else b"late-"
-            self.assertEqual(message.body, prefix + b"%d" % message.msgId)
+            prefix = b"synced-" if message.storeId < 100 else b"late-"
+            self.assertEqual(message.body, prefix + b"%d" % message.storeId)
 
     def ids(self, recovered, queueKey="q"):
-        """The msgIds recovered for ``queueKey``, in order."""
-        return [m.msgId for m in recovered.messages.get(queueKey, [])]
+        """The storeIds recovered for ``queueKey``, in order."""
+        return [m.storeId for m in recovered.messages.get(queueKey, [])]
 
     async def test_sigkillRecovery(self):
         """A store process killed with SIGKILL mid-stream three times loses nothing it reported durable."""
@@ -815,8 +902,8 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
             store = self.newStore(path)
             recovered = listed(await store.open())
             await store.close()
-            q1 = {m.msgId: m for m in recovered.messages.get("q1", [])}
-            q2 = {m.msgId: m for m in recovered.messages.get("q2", [])}
+            q1 = {m.storeId: m for m in recovered.messages.get("q1", [])}
+            q2 = {m.storeId: m for m in recovered.messages.get("q2", [])}
             for runStart, runTop in durable:
                 for n in range(runStart, runTop + 1):
                     self.assertIn(n, q1)
@@ -996,14 +1083,14 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         for key in ("mixed", "plain"):
             store.putEntity("queue", key, {})
         seqs = [5, 1, 3, 2, 6, 4]
-        for msgId, seq in enumerate(seqs, 1):
-            store.addMessage(msgId, "", "mixed", b"", b"%d" % seq)
-            store.enqueue("mixed", msgId, seq, 1.0, None, False)
-            store.enqueue("plain", msgId, msgId, 1.0, None, False)
+        for storeId, seq in enumerate(seqs, 1):
+            store.addMessage(storeId, "", "mixed", b"", b"%d" % seq)
+            store.enqueue("mixed", storeId, seq, 1.0, None, False)
+            store.enqueue("plain", storeId, storeId, 1.0, None, False)
         recovered = await self._reopen(store)
         self.assertEqual([m.seq for m in recovered.messages["mixed"]], [1, 2, 3, 4, 5, 6])
         self.assertEqual([m.body for m in recovered.messages["mixed"]], [b"1", b"2", b"3", b"4", b"5", b"6"])
-        self.assertEqual([m.msgId for m in recovered.messages["plain"]], [1, 2, 3, 4, 5, 6])
+        self.assertEqual([m.storeId for m in recovered.messages["plain"]], [1, 2, 3, 4, 5, 6])
         conn = sqlite3.connect(recovered.path)
         try:
             for sql in (sqliteModule._LOAD_MESSAGES, sqliteModule._DISORDERED):
@@ -1103,7 +1190,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertTrue(store.healthy)
         self.assertEqual(health[1:], [(True, None)])
         recovered = await self._reopen(store)
-        self.assertEqual([m.msgId for m in recovered.messages["q"]], list(range(2, 50)))
+        self.assertEqual([m.storeId for m in recovered.messages["q"]], list(range(2, 50)))
         self.assertGreaterEqual(store.stats["failedCommits"], 2)
 
     async def _reopen(self, store):
@@ -1127,7 +1214,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
             await store.close()
         again = self.newStore(store.path)
         recovered = listed(await again.open())
-        self.assertEqual([(m.msgId, m.redelivered) for m in recovered.messages["q"]], [(1, True)])
+        self.assertEqual([(m.storeId, m.redelivered) for m in recovered.messages["q"]], [(1, True)])
 
     async def test_writerBugFailsWaiters(self):
         """An exception in the write fails that batch's sync() with StoreFailedError naming the file and the cause."""
@@ -1199,8 +1286,8 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual(store.stats["gcEntries"], 1000)
         self.assertGreater(store.stats["vacuumedPages"], 0)
         recovered = await self._reopen(store)
-        self.assertEqual([m.msgId for m in recovered.messages["q"]], [5000])
-        self.assertEqual([m.msgId for m in recovered.messages["other"]], [7])
+        self.assertEqual([m.storeId for m in recovered.messages["q"]], [5000])
+        self.assertEqual([m.storeId for m in recovered.messages["other"]], [7])
         self.assertEqual(recovered.stats["messages"], 2)
         self.assertLess(os.path.getsize(store.path), full / 4)
 
@@ -1220,7 +1307,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         await store._abandon()
         again = self.newStore(store.path)
         recovered = listed(await again.open())
-        self.assertEqual([m.msgId for m in recovered.messages["q"]], [3, 4])
+        self.assertEqual([m.storeId for m in recovered.messages["q"]], [3, 4])
         await again._whenIdle()
         await again.close()
         conn = sqlite3.connect(store.path)
@@ -1268,16 +1355,16 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         recovered = listed(await store.open())
         self.assertEqual(recovered.entities["queue"], {"/\x00q": {"a": 1}, "/\x00r": {}})
         self.assertEqual(
-            [(m.msgId, m.seq, m.exchange, m.routingKey, m.body, m.expiresAtMs)
+            [(m.storeId, m.seq, m.exchange, m.routingKey, m.body, m.expiresAtMs)
              for m in recovered.messages["/\x00q"]],
             [(1, 10, "ex", "rk", b"body", None), (2, 11, "ex", "rk2", b"", 9.0)],
         )
-        self.assertEqual([m.msgId for m in recovered.messages["/\x00r"]], [2])
+        self.assertEqual([m.storeId for m in recovered.messages["/\x00r"]], [2])
         store.putEntity("queue", "/\x00s", {})
         store.addMessage(3, "", "s", b"", b"new")
         store.enqueue("/\x00s", 3, 1, 1.0, None, False)
         recovered = await self._reopen(store)
-        self.assertEqual([m.msgId for m in recovered.messages["/\x00s"]], [3])
+        self.assertEqual([m.storeId for m in recovered.messages["/\x00s"]], [3])
         conn = sqlite3.connect(path)
         self.addCleanup(conn.close)
         self.assertEqual(conn.execute("PRAGMA auto_vacuum").fetchone()[0], 2)

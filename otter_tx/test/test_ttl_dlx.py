@@ -7,31 +7,67 @@ dead-lettering, length limits and policies in otter_tx.broker
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from otter_tx.amqp.codec import TaggedInt, Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message, parseExpiration
 from otter_tx.broker.policy import PolicyError
 
 
-class FakeConsumer:
-    """A consumer with a prefetch limit that records deliveries."""
+class FakeChannel:
+    """
+    What the FakeConsumers of one channel share, as a real channel's
+    consumers do: the connection's ``paused`` (output backed up) and the
+    channel's global prefetch (``globalPrefetch``, 0 = unlimited) counted
+    against ``unackedCount``.
+    """
 
-    def __init__(self, prefetch=0, noAck=False, priority=0):
+    def __init__(self, globalPrefetch=0):
+        self.paused = False
+        self.globalPrefetch = globalPrefetch
+        self.unackedCount = 0
+
+
+@implementer(IConsumer)
+class FakeConsumer:
+    """
+    A consumer with a prefetch limit that records deliveries; it honours
+    ``canTake``'s contract (paused connection, consumer and global prefetch)
+    through its :class:`FakeChannel`.
+    """
+
+    _tags = 0
+
+    def __init__(self, prefetch=0, noAck=False, priority=0, channel=None, tag=None):
+        if tag is None:
+            FakeConsumer._tags += 1
+            tag = "ctag-%d" % (FakeConsumer._tags,)
+        self.tag = tag
         self.prefetch = prefetch
         self.noAck = noAck
         self.priority = priority
+        self.channel = channel if channel is not None else FakeChannel()
         self.delivered = []
         self.cancelled = False
 
     def canTake(self):
-        if self.noAck or not self.prefetch:
+        ch = self.channel
+        if ch.paused:
+            return False
+        if self.noAck:
             return True
-        return len(self.delivered) < self.prefetch
+        if self.prefetch and len(self.delivered) >= self.prefetch:
+            return False
+        g = ch.globalPrefetch
+        return not (g and ch.unackedCount >= g)
 
     def deliver(self, queue, entry):
         self.delivered.append(entry)
+        if not self.noAck:
+            self.channel.unackedCount += 1
 
     def cancelledByBroker(self, queue):
         self.cancelled = True
@@ -104,9 +140,9 @@ class MessageTTLTests(BrokerTestCase):
         q = self.declare("q", **{"x-message-ttl": 100})
         self.publish("q")
         self.clock.advance(0.099)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.clock.advance(0.001)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_promptReapingBehindHead(self):
         """A short-TTL message behind a long-TTL head is reaped on time (RabbitMQ waits for the head)."""
@@ -114,7 +150,7 @@ class MessageTTLTests(BrokerTestCase):
         self.publish("q", b"long", expiration="60000")
         self.publish("q", b"short", expiration="50")
         self.clock.advance(0.05)
-        self.assertEqual(q.messageCount, 1)
+        self.assertEqual(q.readyCount, 1)
         self.assertEqual(self.bodies(q), [b"long"])
 
     def test_lowerTTLWins(self):
@@ -125,7 +161,7 @@ class MessageTTLTests(BrokerTestCase):
         self.clock.advance(0.1)
         self.assertEqual(self.bodies(q), [b"b"])
         self.clock.advance(0.9)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_allIntegerTypesAccepted(self):
         """x-message-ttl accepts every AMQP integer type."""
@@ -154,7 +190,7 @@ class MessageTTLTests(BrokerTestCase):
         self.declare("dlq")
         q = self.declare("q", **{"x-message-ttl": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
         self.publish("q")
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         dead = self.drain(self.vhost.queues["dlq"])
         self.assertEqual(dead[0].headers["x-death"][0]["reason"], "expired")
 
@@ -166,7 +202,7 @@ class MessageTTLTests(BrokerTestCase):
         self.publish("q", b"1")
         self.publish("q", b"2")
         self.assertEqual([e.message.body for e in c.delivered], [b"1"])
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_unackedNeverExpires(self):
         """A delivered, unacked message does not expire while held."""
@@ -187,16 +223,16 @@ class MessageTTLTests(BrokerTestCase):
         ea = q.basicGet(False)
         self.clock.advance(0.25)
         q.requeue([ea])
-        self.assertEqual(q.messageCount, 2)
+        self.assertEqual(q.readyCount, 2)
         self.assertTrue(next(q.readyEntries()).redelivered)
         self.clock.advance(0.15)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         eb = None
         self.publish("q", b"c")
         eb = q.basicGet(False)
         self.clock.advance(0.5)
         q.requeue([eb])
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         self.assertEqual([m.body for m in self.drain(self.vhost.queues["dlq"])], [b"a", b"b", b"c"])
 
     def test_getNeverReturnsExpired(self):
@@ -217,7 +253,7 @@ class MessageTTLTests(BrokerTestCase):
         timers = [c for c in self.clock.getDelayedCalls()]
         self.assertEqual(len(timers), 1)
         self.clock.advance(5.001)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_millionMessagesReapedOnTime(self):
         """1,000,000 messages with random TTLs (1 ms to 60 s) are each reaped exactly at their deadline by one timer."""
@@ -232,7 +268,7 @@ class MessageTTLTests(BrokerTestCase):
             m = Message("", "q", b"\x00\x00", b"x")
             m.ttl = rnd.randint(1, 60000)
             self.vhost.publish(ex, m)
-        self.assertEqual(q.messageCount, 1000000)
+        self.assertEqual(q.readyCount, 1000000)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         worst = [0.0]
         reaped = [0]
@@ -246,7 +282,7 @@ class MessageTTLTests(BrokerTestCase):
             original(entries)
 
         q._expiry._onExpire = record
-        while q.messageCount:
+        while q.readyCount:
             calls = self.clock.getDelayedCalls()
             self.assertEqual(len(calls), 1)
             self.clock.advance(calls[0].getTime() - self.clock.seconds())
@@ -323,7 +359,7 @@ class QueueExpiryTests(BrokerTestCase):
         self.declare("q", **{"x-expires": 100, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
         self.publish("q")
         self.clock.advance(0.2)
-        self.assertEqual(self.vhost.queues["dlq"].messageCount, 0)
+        self.assertEqual(self.vhost.queues["dlq"].readyCount, 0)
 
 
 class DeadLetterTests(BrokerTestCase):
@@ -341,7 +377,7 @@ class DeadLetterTests(BrokerTestCase):
         self.publish("q", b"body", expiration="60000", delivery_mode=2, priority=3,
                      headers={"CC": ["cc1"], "mine": "keep"}, message_id="m1")
         e = q.basicGet(False)
-        q.discard([e])
+        q.reject([e])
         (m,) = self.drain(self.dlq)
         self.assertEqual(m.body, b"body")
         self.assertNotIn("expiration", m.props)
@@ -397,7 +433,7 @@ class DeadLetterTests(BrokerTestCase):
         self.assertEqual(self.publish("q", b"1"), (1, False))
         self.assertEqual(self.publish("q", b"2"), (1, True))
         self.assertEqual(self.bodies(q), [b"1"])
-        self.assertEqual(self.dlq.messageCount, 0)
+        self.assertEqual(self.dlq.readyCount, 0)
 
     def test_rejectPublishDlx(self):
         """reject-publish-dlx refuses and dead-letters the new message as maxlen."""
@@ -415,9 +451,9 @@ class DeadLetterTests(BrokerTestCase):
         for _ in range(3):
             e = q.basicGet(False)
             self.clock.advance(1)
-            q.discard([e])
+            q.reject([e])
             e = back.basicGet(False)
-            back.discard([e])
+            back.reject([e])
         e = q.basicGet(True)
         deaths = e.message.headers["x-death"]
         self.assertEqual([(d["queue"], d["count"]) for d in deaths], [("back", 3), ("q", 3)])
@@ -430,9 +466,9 @@ class DeadLetterTests(BrokerTestCase):
         q = self.declare("q", **{"x-dead-letter-exchange": "", "x-message-ttl": 50})
         self.publish("q")
         self.clock.advance(0.05)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
         self.clock.advance(1)
-        self.assertEqual(q.messageCount, 0)
+        self.assertEqual(q.readyCount, 0)
 
     def test_cycleWithRejectContinues(self):
         """A cycle that includes a rejection keeps circulating (count on the expiring queue grows)."""
@@ -442,7 +478,7 @@ class DeadLetterTests(BrokerTestCase):
         for _ in range(2):
             self.clock.advance(0.05)
             e = b2.basicGet(False)
-            b2.discard([e])
+            b2.reject([e])
         self.clock.advance(0.05)
         e = b2.basicGet(True)
         counts = {(d["queue"], d["reason"]): d["count"] for d in e.message.headers["x-death"]}
@@ -453,7 +489,7 @@ class DeadLetterTests(BrokerTestCase):
         q = self.declare("q", **{"x-dead-letter-exchange": "nope"})
         self.publish("q")
         e = q.basicGet(False)
-        q.discard([e])
+        q.reject([e])
         self.assertEqual(self.vhost.deadLetterDropped, 1)
 
     def test_dlrkWithoutDlx(self):
@@ -477,6 +513,60 @@ class DeadLetterTests(BrokerTestCase):
         q.requeue([e])
         self.assertEqual(self.bodies(q), [b"c", b"d"])
         self.assertEqual([m.body for m in self.drain(self.dlq)], [b"b"])
+
+
+class ConsumerContractTests(BrokerTestCase):
+    """A queue delivers only while its consumers' ``canTake`` allows (IConsumer)."""
+
+    def test_pausedConnectionTakesNothing(self):
+        """While the connection's output is backed up nothing is delivered; dispatch resumes after."""
+        q = self.declare("q")
+        c = FakeConsumer(noAck=True)
+        c.channel.paused = True
+        q.addConsumer(c)
+        self.publish("q")
+        self.assertEqual((len(c.delivered), q.readyCount), (0, 1))
+        c.channel.paused = False
+        q.dispatch()
+        self.assertEqual((len(c.delivered), q.readyCount), (1, 0))
+
+    def test_globalPrefetchSharedByChannel(self):
+        """Two consumers on one channel share its global prefetch; one on another channel is not limited."""
+        a, b = self.declare("a"), self.declare("b")
+        ch = FakeChannel(globalPrefetch=3)
+        ca, cb = FakeConsumer(channel=ch), FakeConsumer(channel=ch)
+        other = FakeConsumer()
+        a.addConsumer(ca)
+        b.addConsumer(cb)
+        for _ in range(5):
+            self.publish("a")
+            self.publish("b")
+        self.assertEqual(len(ca.delivered) + len(cb.delivered), 3)
+        b.addConsumer(other)
+        self.assertEqual(len(other.delivered), 5 - len(cb.delivered))
+
+
+class ExchangeCounterTests(BrokerTestCase):
+    """An exchange's publish_in / publish_out counters (management ``message_stats``)."""
+
+    def test_publishOutCountsRoutedMessages(self):
+        """publish_out counts the messages an exchange routed onwards, not the unroutable ones."""
+        ex = self.vhost.declareExchange("x", "direct")
+        self.vhost.bind(ex, self.declare("q"), "k", {})
+        self.publish("k", exchange="x")
+        self.publish("k", exchange="x")
+        self.publish("nowhere", exchange="x")
+        self.assertEqual(ex.publishOut, 2)
+        self.assertGreaterEqual(ex.publishIn, ex.publishOut)
+
+    def test_exchangeToExchange(self):
+        """Through an exchange-to-exchange binding both exchanges count the message out."""
+        src = self.vhost.declareExchange("src", "fanout")
+        dst = self.vhost.declareExchange("dst", "fanout")
+        self.vhost.bind(src, dst, "", {})
+        self.vhost.bind(dst, self.declare("q"), "", {})
+        self.publish("k", exchange="src")
+        self.assertEqual((src.publishIn, src.publishOut, dst.publishIn, dst.publishOut), (1, 1, 1, 1))
 
 
 class PolicyTests(BrokerTestCase):

@@ -204,10 +204,10 @@ class AuthorisationTests(WebTestCase):
         self.publish("c-q")
         self.assertError(self.delete("/api/queues/%2F/c-q/contents", auth=("mgmt", "pw")), 401, "not_authorised",
                          "Access refused.")
-        self.assertEqual(self.vh.queues["c-q"].messageCount, 1)
+        self.assertEqual(self.vh.queues["c-q"].readyCount, 1)
         self.publish("r-q")
         self.assertEqual(self.delete("/api/queues/%2F/r-q/contents", auth=("mgmt", "pw")).code, 204)
-        self.assertEqual(self.vh.queues["r-q"].messageCount, 0)
+        self.assertEqual(self.vh.queues["r-q"].readyCount, 0)
 
     def test_getNeedsRead(self):
         """/get needs read permission: 401 with the AMQP refusal text, and the message stays."""
@@ -216,7 +216,7 @@ class AuthorisationTests(WebTestCase):
                       auth=("mgmt", "pw"))
         self.assertError(r, 401, "not_authorised",
                          "ACCESS_REFUSED - access to queue 'w-q' in vhost '/' refused for user 'mgmt'")
-        self.assertEqual(self.vh.queues["w-q"].messageCount, 1)
+        self.assertEqual(self.vh.queues["w-q"].readyCount, 1)
 
     def test_publishNeedsWrite(self):
         """Publishing needs write permission on the exchange (the default one is amq.default): 400 with the 403."""
@@ -225,7 +225,7 @@ class AuthorisationTests(WebTestCase):
             self.assertError(self.post("/api/exchanges/%2F/" + x + "/publish", body, auth=("mgmt", "pw")), 400,
                              "bad_request",
                              "403 ACCESS_REFUSED - access to exchange '%s' in vhost '/' refused for user 'mgmt'" % (x,))
-        self.assertEqual(self.vh.queues["r-q"].messageCount, 0)
+        self.assertEqual(self.vh.queues["r-q"].readyCount, 0)
         self.assertEqual(self.post("/api/exchanges/%2F/w-x/publish", body, auth=("mgmt", "pw")).json(),
                          {"routed": False})
 

@@ -318,7 +318,7 @@ class MaxMessageSizeTests(WireTestCase):
         self.client.send(1, spec.QueueDeclare(0, "q"))
         self.client.publish(1, "", "q", b"x" * 1000)
         self.client.received()
-        self.assertEqual(self.broker.vhosts["/"].queues["q"].messageCount, 1)
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].readyCount, 1)
 
     def test_overLimit406(self):
         """One byte more is 406 on the channel with RabbitMQ's text naming basic.publish."""
@@ -470,7 +470,7 @@ class PoisonedHeaderTests(SynchronousTestCase):
         """A rejected poisoned message is dead-lettered."""
         q = self.vhost.declareQueue("q", None, arguments={"x-dead-letter-exchange": "dlx"})
         self.publish(b"p", {"x-death": "oops"})
-        q.discard([q.basicGet(False)])
+        q.reject([q.basicGet(False)])
         (m,) = self.drainDlq()
         self.assertEqual(m.headers["x-death"][0]["reason"], "rejected")
 

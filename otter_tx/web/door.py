@@ -40,7 +40,6 @@ class HTTPRequestConnection:
     def close(self, code, text):
         """Nothing to close: the request ends by itself."""
 
-    forceClose = close  # until the merge (core renames forceClose to close)
 
     def alarmChanged(self, alarmed):
         """Alarms do not concern a single request."""

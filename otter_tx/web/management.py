@@ -726,7 +726,7 @@ class ManagementApp:
                 if got is None:
                     break
                 _, entry, q = got
-                out.append(self._messageJson(entry, q.messageCount, encoding, truncate))
+                out.append(self._messageJson(entry, q.readyCount, encoding, truncate))
             if out:
                 # the fetched messages are settled together, as the plugin's channel does
                 if ackmode in ("ack_requeue_true", "reject_requeue_true"):
@@ -1304,7 +1304,7 @@ class ManagementApp:
             return fmt.connectionDict(conn)
         reason = request.getHeader(b"x-reason")
         reason = reason.decode("utf-8", "replace") if reason else "Closed via management plugin"
-        conn.forceClose(320, "CONNECTION_FORCED - " + reason)
+        conn.close(320, "CONNECTION_FORCED - " + reason)
         return Response(204)
 
     @app.route("/api/connections/<name>/channels", methods=["GET", "OPTIONS"])

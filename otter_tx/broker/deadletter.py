@@ -1,0 +1,211 @@
+"""
+Dead-lettering: the x-death copy, the cycle rule and the republish of
+messages that left a queue rejected, expired or pushed out by a length limit.
+
+Semantics follow RabbitMQ 3.10 classic queues (https://www.rabbitmq.com/docs/dlx,
+``rabbit_dead_letter``) plus 3.13's ``x-last-death-*`` headers; the rules,
+including the repair of a malformed ``x-death`` a publisher may send, are
+written down in docs/dead-lettering.md.
+
+- :func:`deadLetterCopy`: the republished copy and its new x-death list (pure).
+- :func:`isCycle`: RabbitMQ's ``is_cycle/2`` (pure).
+- :func:`deathCount`: an x-death ``count`` read defensively (pure).
+- :class:`DeadLetterer`: one per vhost; routes copies through the queue's
+  dead-letter exchange and keeps the vhost's dead-letter counters.
+
+Nothing here does I/O; time comes from the vhost's injected clock.
+"""
+
+from twisted.logger import Logger
+
+from otter_tx.amqp.codec import TaggedInt, Timestamp, encodeProperties
+from otter_tx.amqp.errors import loggable
+from otter_tx.broker.message import Message
+
+log = Logger()
+
+#: largest x-death count kept (int64, the type RabbitMQ writes it as)
+MAX_DEATH_COUNT = 2 ** 63 - 2
+
+
+def deathCount(value):
+    """
+    An x-death entry's ``count`` as a non-negative int: 0 for anything a
+    publisher may have put there that is not one (``"abc"``, a float, a
+    table, a negative or out-of-range number, a boolean).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DEATH_COUNT:
+        return int(value)
+    return 0
+
+
+def isCycle(qname, deaths):
+    """
+    RabbitMQ's ``is_cycle/2``: walking ``deaths`` (the x-death list, newest
+    first) up to the first entry for queue ``qname`` (str), a cycle is fully
+    automatic when no entry on the way (including the match) has reason
+    ``rejected``.  Returns bool; a fully automatic cycle is dropped.
+    """
+    for d in deaths:
+        if not isinstance(d, dict):
+            return False
+        if d.get("reason") == "rejected":
+            return False
+        if d.get("queue") == qname:
+            return True
+    return False
+
+
+def deadLetterCopy(message, queueName, dlx, reason, dlrk, nowSeconds, ignoreDeaths=False):
+    """
+    The dead-lettered copy of ``message`` and its new x-death list.
+
+    :param message: the :class:`~otter_tx.broker.message.Message` that left
+        queue ``queueName`` (str) for ``reason`` (``"expired"``,
+        ``"rejected"`` or ``"maxlen"``).
+    :param dlx: the dead-letter exchange name (str), the copy's exchange.
+    :param dlrk: the dead-letter routing key (str) or ``None`` to keep the
+        original keys.
+    :param nowSeconds: the clock's time in seconds (x-death ``time`` of a
+        first death).
+    :param ignoreDeaths: start a fresh x-death list, whatever the message
+        carries.
+    :return: ``(copy, deaths)``: the new Message and its x-death list (list
+        of dicts, newest first).
+
+    A malformed ``x-death`` from a publisher never raises
+    (docs/dead-lettering.md): a value that is not an array is replaced,
+    entries that are not tables are dropped, and a matching entry whose
+    ``count`` is not a non-negative integer counts from 0 again.
+    """
+    props = dict(message.props)
+    headers = dict(props.get("headers") or {})
+    expiration = props.pop("expiration", None)
+    routingKeys = [message.routingKey]
+    cc = headers.get("CC")
+    if isinstance(cc, list):
+        routingKeys.extend(k for k in cc if isinstance(k, str))
+        if dlrk is not None:
+            del headers["CC"]
+    deaths = None if ignoreDeaths else headers.get("x-death")
+    deaths = [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
+    found = None
+    for i, d in enumerate(deaths):
+        if d.get("queue") == queueName and d.get("reason") == reason:
+            found = i
+            break
+    if found is not None:
+        d = dict(deaths.pop(found))
+        d["count"] = TaggedInt(deathCount(d.get("count")) + 1, "l")
+        deaths.insert(0, d)
+    else:
+        d = {
+            "count": TaggedInt(1, "l"),
+            "reason": reason,
+            "queue": queueName,
+            "time": Timestamp(int(nowSeconds)),
+            "exchange": message.exchange,
+            "routing-keys": routingKeys,
+        }
+        if expiration is not None:
+            d["original-expiration"] = expiration
+        deaths.insert(0, d)
+    if "x-first-death-reason" not in headers:
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-queue"] = queueName
+        headers["x-first-death-exchange"] = message.exchange
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-queue"] = queueName
+    headers["x-last-death-exchange"] = message.exchange
+    headers["x-death"] = deaths
+    props["headers"] = headers
+    copy = Message(
+        dlx,
+        dlrk if dlrk is not None else message.routingKey,
+        encodeProperties(props),
+        message.body,
+        props,
+    )
+    return copy, deaths
+
+
+class DeadLetterer:
+    """
+    The dead-lettering of one vhost: republishes copies through a queue's
+    dead-letter exchange with :meth:`VHost.route
+    <otter_tx.broker.vhost.VHost.route>` and counts them in the vhost's
+    ``deadLettered`` (reason -> int) and ``deadLetterDropped`` (int).
+
+    :param vhost: the :class:`~otter_tx.broker.vhost.VHost`.
+    """
+
+    def __init__(self, vhost):
+        self.vhost = vhost
+        self._missingDlxLogged = set()
+
+    def deadLetter(self, queue, messages, reason):
+        """
+        Dead-letter ``messages`` (list of Message) that left ``queue`` for
+        ``reason`` (``expired``, ``rejected`` or ``maxlen``): republish a copy
+        with x-death headers to the queue's dead-letter exchange.  A queue
+        without one drops them; a missing DLX drops them (logged once per
+        queue and exchange); a fully automatic cycle is dropped (RabbitMQ
+        dlx.html, rabbit_dead_letter).  Never raises.
+        """
+        s = queue.settings
+        if s.dlx is None:
+            return
+        vhost = self.vhost
+        ex = vhost.exchanges.get(s.dlx)
+        if ex is None:
+            key = (queue.name, s.dlx)
+            if key not in self._missingDlxLogged:
+                self._missingDlxLogged.add(key)
+                log.warn(
+                    "Dead-letter exchange {dlx!r} of queue {queue!r} in vhost {vhost!r} does not "
+                    "exist; dead-lettered messages are dropped",
+                    dlx=loggable(s.dlx),
+                    queue=loggable(queue.name),
+                    vhost=loggable(vhost.name),
+                )
+            vhost.deadLetterDropped += len(messages)
+            return
+        vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + len(messages)
+        for m in messages:
+            try:
+                self._deadLetterOne(ex, queue, m, reason)
+            except Exception:
+                # a bug of ours: lose this one copy, not the rest of the
+                # batch, and never fail the operation (a publish pushing
+                # the message out of a full queue) that caused it
+                log.failure("dead-lettering a message from queue {queue!r} failed",
+                            queue=loggable(queue.name))
+
+    def _deadLetterOne(self, ex, queue, m, reason):
+        """Republish one dead-lettered ``m`` through ``ex`` (see :meth:`deadLetter`)."""
+        vhost = self.vhost
+        s = queue.settings
+        dlrk = s.dlrk
+        now = vhost.clock.seconds()
+        try:
+            copy, deaths = deadLetterCopy(m, queue.name, s.dlx, reason, dlrk, now)
+        except Exception:
+            # an x-death shape deadLetterCopy did not foresee: dead-letter
+            # the message with a fresh x-death rather than lose it
+            log.failure("dead-lettering a message from queue {queue!r}: its x-death is ignored",
+                        queue=loggable(queue.name))
+            copy, deaths = deadLetterCopy(m, queue.name, s.dlx, reason, dlrk, now, ignoreDeaths=True)
+        keys = [dlrk] if dlrk is not None else m.routingKeys()
+        copy.extraKeys = None if dlrk is not None else m.extraKeys
+        targets = vhost.route(ex, copy, keys)
+        if not targets:
+            return
+        vhost.broker.nextMessageId(copy)
+        for q in list(targets):
+            if reason != "rejected" and isCycle(q.name, deaths):
+                log.warn(
+                    "Message dropped. Dead-letter queues cycle detected: {queue!r}",
+                    queue=loggable(q.name),
+                )
+                continue
+            q.enqueue(copy)
