@@ -4,7 +4,7 @@ real Broker, talking to a fake connection that records what it is asked to
 send (no wire, no Twisted protocol).
 """
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -17,35 +17,25 @@ from otter_tx.broker.interfaces import IClientConnection, IConsumer
 from otter_tx.broker.session import Consumer, Session
 from otter_tx.store.interface import StoreFailedError
 from otter_tx.web.door import HTTPRequestConnection
+from otter_tx import testing
 
 
 @implementer(IClientConnection)
-class FakeConnection:
-    """A client connection that records the Session's outbound calls."""
+class FakeConnection(testing.FakeConnection):
+    """A client connection that also records the Session's outbound calls (``sent``)."""
 
-    name = "fake"
-    vhost = None
-    flowState = "running"
     heldCancels = None
     blocked = False
 
     def __init__(self, user):
-        self.user = user
-        self.paused = False
+        testing.FakeConnection.__init__(self, name="fake", user=user)
         self.capabilities = {"consumer_cancel_notify": True}
-        self.exclusiveQueues = set()
         self.sent = []
         self.noted = []
 
     def close(self, code, text):
+        testing.FakeConnection.close(self, code, text)
         self.sent.append(("close", code, text))
-
-
-    def alarmChanged(self, alarmed):
-        pass
-
-    def whenClosed(self):
-        return succeed(None)
 
     def sendMethod(self, number, method):
         self.sent.append(("method", method))

@@ -40,6 +40,8 @@ class HTTPRequestConnection:
     def close(self, code, text):
         """Nothing to close: the request ends by itself."""
 
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
+        """Nothing is held unacknowledged past the request."""
 
     def alarmChanged(self, alarmed):
         """Alarms do not concern a single request."""
