@@ -22,11 +22,9 @@ from otter_tx.amqp.errors import (
     AMQPError,
     accessRefused,
     erlBinary,
-    loggable,
     notFound,
     notImplemented,
     preconditionFailed,
-    replyText,
     resourceAccessRefused,
     rs,
 )
@@ -40,20 +38,7 @@ from otter_tx.store.interface import StoreFailedError
 
 log = Logger()
 
-_unpack_HH = struct.Struct("!HH").unpack_from
-_unpack_HHQ = struct.Struct("!HHQ").unpack_from
-_unpack_Q = struct.Struct("!Q").unpack_from
-_pack_Q = struct.Struct("!Q").pack
 _pack_B = struct.Struct("!B").pack
-
-_pack_frameHeader = struct.Struct("!BHI").pack
-
-_DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
-# basic.ack / basic.nack (publisher confirms) method payloads: class 60,
-# method 80 / 120, delivery tag, then the bits octet
-_ACK_PREFIX = b"\x00\x3c\x00\x50"
-_NACK_PREFIX = b"\x00\x3c\x00\x78"
-_GET_OK_PREFIX = b"\x00\x3c\x00\x47"
 
 
 def _shortstr(s):
@@ -64,26 +49,6 @@ def _shortstr(s):
 def _serverConsumerTag():
     """``amq.ctag-`` + 22 base64url characters, as RabbitMQ names consumers."""
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
-
-
-def _checkShortStrings(cls, m):
-    """
-    A method's short strings must be UTF-8, as RabbitMQ checks them in
-    every method but basic.publish: 501 "FRAME_ERROR - Malformed UTF-8 in
-    shortstr", a connection error with class and method 0 (checked on
-    RabbitMQ 3.10 for queue.declare/bind/purge/delete, exchange.declare/
-    delete, basic.consume/get).  The codec decodes undecodable bytes to
-    lone surrogates, so such names never reach a queue, an exchange or the
-    store.
-    """
-    for name, t in zip(cls.FIELDS, cls.TYPES):
-        if t == "s":
-            value = getattr(m, name)
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise AMQPError(spec.FRAME_ERROR, "Malformed UTF-8 in shortstr") from None
 
 
 class Consumer:
@@ -166,15 +131,9 @@ class Channel:
         self.lastQueue = None
         self._pending = None  # (exchange, routingKey, mandatory)
         self._header = None
-        self._bodyParts = None
-        self._bodySize = 0
-        self._bodyRemaining = 0
         self._handlers = {
-            spec.ChannelClose: self._channelClose,
-            spec.ChannelCloseOk: self._channelCloseOk,
             spec.ChannelFlow: self._channelFlow,
             spec.ChannelFlowOk: self._ignore,
-            spec.ChannelOpen: self._channelOpen,
             spec.ExchangeDeclare: self._exchangeDeclare,
             spec.ExchangeDelete: self._exchangeDelete,
             spec.ExchangeBind: self._exchangeBind,
@@ -200,41 +159,16 @@ class Channel:
 
     # --- frames -------------------------------------------------------------
 
-    def methodFrame(self, payload):
-        """Handle a method frame payload for this channel."""
-        classId, methodId = _unpack_HH(payload, 0)
-        if self.closing:
-            # we sent channel.close: only close-ok ends it; a crossing
-            # channel.close from the client is answered but the channel stays
-            # until our close is acknowledged (rabbit_reader, closing channel)
-            if classId == 20:
-                if methodId == 41:
-                    self._finishClose()
-                elif methodId == 40:
-                    self.connection.sendMethod(self.number, spec.ChannelCloseOk())
-            return
-        if self._pending is not None:
-            self._unexpectedInContent("content header" if self._header is None else "content body")
-        if classId == 60:
-            if methodId == 40:
-                return self._basicPublish(payload)
-            if methodId == 80:
-                # basic.ack is delivery-tag (8 octets) and the bits octet
-                if len(payload) != 13:
-                    raise FrameSyntaxError("basic.ack of %d octets" % (len(payload) - 4,))
-                tag = _unpack_Q(payload, 4)[0]
-                return self._basicAck(tag, bool(payload[12] & 1))
-        cls = spec.METHODS.get((classId, methodId))
-        if cls is None:
-            raise AMQPError(
-                spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId)
-            )
+    def method(self, m):
+        """
+        Handle a decoded method (a :class:`~otter_tx.amqp.spec.Method`) for
+        this channel: every channel method but channel.open/close/close-ok,
+        basic.publish and basic.ack, which the wire engine handles.
+        """
+        cls = type(m)
         handler = self._handlers.get(cls)
         if handler is None:
             raise AMQPError(spec.COMMAND_INVALID, "%s not allowed on a channel" % (cls.NAME,), cls)
-        m = cls.decode(payload, 4)
-        if "s" in cls.TYPES:
-            _checkShortStrings(cls, m)
         try:
             handler(m)
         except AMQPError as e:
@@ -242,108 +176,26 @@ class Channel:
                 e.method = cls
             raise
 
-    def _unexpectedInContent(self, expected):
-        """
-        505 for a frame of the wrong kind while basic.publish's content is
-        being assembled, with rabbit_command_assembler's text.
-        """
-        raise AMQPError(
-            spec.UNEXPECTED_FRAME,
-            "expected %s for class 60, got non %s frame instead" % (expected, expected)
-            if expected == "content header"
-            else "expected content body, got non content body frame instead",
-            spec.BasicPublish,
-        )
+    def ack(self, deliveryTag, multiple):
+        """basic.ack of ``deliveryTag`` (int), ``multiple`` (bool): the hot path."""
+        return self._basicAck(deliveryTag, multiple)
 
-    def headerFrame(self, payload):
+    def content(self, propsRaw, body):
         """
-        Handle a content-header frame (``payload`` of at least 14 octets,
-        checked by the connection).
+        The content of the basic.publish given to :meth:`publish` is
+        complete: ``propsRaw`` the content header's property flags and list
+        (bytes), ``body`` bytes.
+        """
+        self._header = propsRaw
+        self._completePublish(body)
 
-        Errors: 505 UNEXPECTED_FRAME when no basic.publish awaits its header
-        or its body is being read, or for a class other than 60 (RabbitMQ's
-        texts); 406 PRECONDITION_FAILED (channel) ``message size N is larger
-        than configured max size M`` when the body size exceeds the
-        connection's ``maxMessageSize`` (RabbitMQ's ``max_message_size``,
-        rabbit_channel ``check_msg_size/3``).  RabbitMQ answers that 406
-        once the whole body has arrived; we answer at the header and the
-        closing channel drops the body frames that follow as they arrive,
-        so a header claiming 2^64-1 octets buffers nothing.
-        """
-        if self.closing:
-            return
-        if self._pending is None:
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead",
-            )
-        if self._header is not None:
-            self._unexpectedInContent("content body")
-        classId, _, size = _unpack_HHQ(payload, 0)
-        if classId != 60:
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected content header for class 60, got one for class %d instead" % (classId,),
-                spec.BasicPublish,
-            )
-        maxSize = self.connection.maxMessageSize
-        if size > maxSize:
-            self._pending = None
-            raise AMQPError(
-                spec.PRECONDITION_FAILED,
-                "message size %d is larger than configured max size %d" % (size, maxSize),
-                spec.BasicPublish,
-            )
-        self._header = payload[12:]
-        self._bodySize = size
-        if size == 0:
-            self._completePublish(b"")
-        else:
-            self._bodyParts = []
-            self._bodyRemaining = size
-
-    def bodyFrame(self, payload):
-        """
-        Handle a content-body frame.  505 UNEXPECTED_FRAME when no content
-        header came first; 501 FRAME_ERROR for more octets than the header
-        announced (RabbitMQ 3.10 then waits forever for a negative
-        remainder; docs/compatibility.md).
-        """
-        if self.closing:
-            return
-        if self._header is None:
-            if self._pending is not None:
-                self._unexpectedInContent("content header")
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead",
-            )
-        self._bodyRemaining -= len(payload)
-        if self._bodyRemaining < 0:
-            raise AMQPError(spec.FRAME_ERROR, "content body larger than the size in its header")
-        if self._bodyRemaining == 0 and not self._bodyParts:
-            self._completePublish(payload)
-            return
-        self._bodyParts.append(payload)
-        if self._bodyRemaining == 0:
-            body = b"".join(self._bodyParts)
-            self._bodyParts = None
-            self._completePublish(body)
+    def closed(self):
+        """The channel is finished (closed either way, or the connection released): :meth:`cleanup`."""
+        self.cleanup()
 
     # --- channel class --------------------------------------------------------
 
     def _ignore(self, m):
-        pass
-
-    def _channelOpen(self, m):
-        raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen")
-
-    def _channelClose(self, m):
-        self.cleanup()
-        self.connection.sendMethod(self.number, spec.ChannelCloseOk())
-        self.connection.channelClosed(self.number)
-
-    def _channelCloseOk(self, m):
         pass
 
     def _channelFlow(self, m):
@@ -351,41 +203,13 @@ class Channel:
             raise notImplemented("active=false")
         self.connection.sendMethod(self.number, spec.ChannelFlowOk(True))
 
-    def closeWithError(self, error):
-        """
-        Close this channel for a channel-level ``error`` (AMQPError): send
-        channel.close and ignore everything until close-ok.
-        """
-        if self.closing:
-            return
-        m = error.method
-        log.info(
-            "closing channel {ch} of {peer}: {code} {text}",
-            ch=self.number, peer=self.connection.name, code=error.code,
-            text=loggable(replyText(error.text)),
-        )
-        self.cleanup()
-        self.closing = True
-        self.connection.sendMethod(
-            self.number,
-            spec.ChannelClose(
-                error.code,
-                replyText(error.text),
-                m.CLASS_ID if m is not None else 0,
-                m.METHOD_ID if m is not None else 0,
-            ),
-        )
-
-    def _finishClose(self):
-        self.connection.channelClosed(self.number)
-
     def cleanup(self):
         """
         Release everything this channel holds: cancel consumers and requeue
         unacknowledged messages (RabbitMQ requeues on channel close).
         """
         self.closing = True
-        self._pending = self._header = self._bodyParts = None
+        self._pending = self._header = None
         consumers, self.consumers = self.consumers, {}
         unacked, self.unacked = self.unacked, OrderedDict()
         self.unackedCount = 0
@@ -638,7 +462,8 @@ class Channel:
             return
         entry = next(iter(self.unacked.values()))[1]
         if entry.deliveredAt is not None and entry.deliveredAt < limit:
-            self.closeWithError(
+            self.connection.closeChannel(
+                self.number,
                 preconditionFailed(
                     "delivery acknowledgement on channel %d timed out. Timeout value used: %d ms. "
                     "This timeout value can be configured, see consumers doc guide to learn more"
@@ -660,16 +485,7 @@ class Channel:
             self.unacked[tag] = (queue, entry, consumer, tag)
             self.unackedCount += 1
             consumer.unacked += 1
-        payload = b"".join(
-            (
-                _DELIVER_PREFIX,
-                consumer.tagBytes,
-                _pack_Q(tag),
-                b"\x01" if entry.redelivered else b"\x00",
-                message.addressBytes(),
-            )
-        )
-        self.connection.sendContent(self.number, payload, message)
+        self.connection.sendDeliver(self.number, consumer.tagBytes, tag, entry.redelivered, message)
 
     def _basicGet(self, m):
         qname = self._queueName(m.queue)
@@ -685,16 +501,7 @@ class Channel:
             self.unacked[tag] = (q, entry, None, tag)
             self.unackedCount += 1
         message = entry.message
-        payload = b"".join(
-            (
-                _GET_OK_PREFIX,
-                _pack_Q(tag),
-                b"\x01" if entry.redelivered else b"\x00",
-                message.addressBytes(),
-                struct.pack("!I", q.messageCount),
-            )
-        )
-        self.connection.sendContent(self.number, payload, message)
+        self.connection.sendGetOk(self.number, tag, entry.redelivered, message, q.messageCount)
 
     # --- basic class: acknowledgements -------------------------------------------
 
@@ -812,22 +619,14 @@ class Channel:
 
     # --- basic class: publish -----------------------------------------------------
 
-    def _basicPublish(self, payload):
-        # hot path: decode basic.publish by hand (reserved short, exchange
-        # shortstr, routing-key shortstr, bits mandatory/immediate)
-        try:
-            n = payload[6]
-            exchange = payload[7 : 7 + n].decode("utf-8", "surrogateescape")
-            off = 7 + n
-            k = payload[off]
-            routingKey = payload[off + 1 : off + 1 + k].decode("utf-8", "surrogateescape")
-            bits = payload[off + 1 + k]
-        except IndexError:
-            raise FrameSyntaxError("truncated basic.publish")
-        if len(payload) != off + 2 + k:
-            raise FrameSyntaxError("octets after the basic.publish arguments")
-        if bits & 2:
-            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
+    def publish(self, exchange, routingKey, mandatory, address):
+        """
+        basic.publish (decoded by the wire engine; immediate=true was
+        refused there): ``exchange`` and ``routingKey`` str,
+        ``mandatory`` bool, ``address`` the exchange and routing key as the
+        two short strings deliveries repeat (bytes).  Its content follows
+        in :meth:`content`.
+        """
         try:
             self._check(1, "exchange", exchange)
         except AMQPError as e:
@@ -846,7 +645,7 @@ class Channel:
                 spec.BasicPublish,
             )
         # exchange and routing key as the short strings deliveries repeat
-        self._pending = (ex, routingKey, bool(bits & 1), payload[6 : off + 1 + k])
+        self._pending = (ex, routingKey, mandatory, address)
         self._header = None
         if self.connection.blocked:
             self.connection.publishedWhileBlocked()
@@ -918,8 +717,7 @@ class Channel:
     def _route(self, ex, message, mandatory, seq):
         routed, rejected = self.vhost.publish(ex, message)
         if not routed and mandatory:
-            payload = spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", ex.name, message.routingKey).encode()
-            self.connection.sendContent(self.number, payload, message)
+            self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
         if seq:
             self._confirms.append((seq, not rejected))
             if message.stored:
@@ -985,24 +783,7 @@ class Channel:
         Runs of acks collapse into one ``basic.ack multiple=true`` (every
         earlier publish is already settled: confirms go out in order).
         """
-        # hot path (every read with confirms): the frames are built here,
-        # not through the generic Method codec
-        header = _pack_frameHeader(1, self.number, 13)
-        out = []
-        runEnd = None
-        for seq, ok in confirms:
-            if ok:
-                runEnd = seq
-            else:
-                if runEnd is not None:
-                    out.append(header + _ACK_PREFIX + _pack_Q(runEnd) + b"\x01\xce")
-                    runEnd = None
-                # multiple=false, requeue=false
-                out.append(header + _NACK_PREFIX + _pack_Q(seq) + b"\x00\xce")
-        if runEnd is not None:
-            out.append(header + _ACK_PREFIX + _pack_Q(runEnd)
-                       + (b"\x01\xce" if len(confirms) > 1 else b"\x00\xce"))
-        self.connection.send(out[0] if len(out) == 1 else b"".join(out))
+        self.connection.sendConfirms(self.number, confirms)
 
     # --- tx / confirm ---------------------------------------------------------------
 
