@@ -176,10 +176,6 @@ class Channel:
                 e.method = cls
             raise
 
-    def ack(self, deliveryTag, multiple):
-        """basic.ack of ``deliveryTag`` (int), ``multiple`` (bool): the hot path."""
-        return self._basicAck(deliveryTag, multiple)
-
     def content(self, propsRaw, body):
         """
         The content of the basic.publish given to :meth:`publish` is
@@ -556,6 +552,10 @@ class Channel:
             self._txAcks.append(("ack", taken, False))
             return
         self._settle(taken)
+
+    #: basic.ack of ``deliveryTag`` (int), ``multiple`` (bool), decoded by the
+    #: wire engine: the hot path, so the door is the handler itself
+    ack = _basicAck
 
     def _settle(self, taken):
         queues = set()

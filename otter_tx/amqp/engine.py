@@ -119,6 +119,7 @@ TIMED_OUT = "timed-out"
 DEFAULT_MAX_MESSAGE_SIZE = 134217728
 
 _unpack_HH = struct.Struct("!HH").unpack_from
+_unpack_frameHeader = struct.Struct("!BHI").unpack_from
 _unpack_HHQ = struct.Struct("!HHQ").unpack_from
 _unpack_Q = struct.Struct("!Q").unpack_from
 _pack_Q = struct.Struct("!Q").pack
@@ -332,23 +333,42 @@ class ConnectionEngine:
             raise
 
     def _nextServerEvent(self):
-        nextFrame = self._reader.nextFrame
+        reader = self._reader
         channels = self.channels
         while True:
             state = self.state
-            if state is AWAIT_HEADER:
-                return self._readHeader()
-            if state is CLOSED:
-                return None
-            try:
-                f = nextFrame()
-            except AMQPError:
-                self._reader.clear()
-                raise
-            if f is None:
-                return None
-            ftype, chno, payload = f
-            if state is CLOSING:
+            if state is not OPEN:
+                if state is AWAIT_HEADER:
+                    return self._readHeader()
+                if state is CLOSED:
+                    return None
+            # the hot path parses a frame that is wholly buffered here, over
+            # the reader's buffer; FrameReader.nextFrame does the rest
+            # (errors, a frame still arriving)
+            buf = reader._buf
+            off = reader._off
+            n = len(buf)
+            if n - off < 7:
+                if reader._parts is None:
+                    return None
+                f = self._nextFrame()
+                if f is None:
+                    return None
+                ftype, chno, payload = f
+                size = len(payload)
+            else:
+                ftype, chno, size = _unpack_frameHeader(buf, off)
+                end = off + 7 + size
+                if size > reader.frameMax or end >= n or buf[end] != 0xCE:
+                    f = self._nextFrame()
+                    if f is None:
+                        return None
+                    ftype, chno, payload = f
+                    size = len(payload)
+                else:
+                    payload = buf[off + 7 : end]
+                    reader._off = end + 1
+            if state is not OPEN and state is CLOSING:
                 # only connection.close / close-ok matter now; the rest is
                 # dropped (rabbit_reader in its 'closed' state)
                 if ftype == 1 and chno == 0 and len(payload) >= 4:
@@ -362,8 +382,7 @@ class ConnectionEngine:
                         self._reader.clear()
                         return (CONNECTION_CLOSE_OK,)
                 continue
-            size = len(payload)
-            if (ftype == 1 and size < 4) or (ftype == 2 and size < 14) or (ftype == 8 and size):
+            if ftype != 3 and ((ftype == 1 and size < 4) or (ftype == 2 and size < 14) or (ftype == 8 and size)):
                 # too short to name a method / to be a content header, or a
                 # heartbeat with a payload: rabbit_reader cannot even
                 # analyse it (501, on any channel)
@@ -394,6 +413,8 @@ class ConnectionEngine:
                         ch.pending = ch.header = ch.bodyParts = None
                         return event
                     if ftype == 1:
+                        if payload[:4] == b"\x00\x3c\x00\x28" and ch.pending is None and not ch.closing:
+                            return self._publish(ch, payload)
                         event = self._channelMethod(ch, payload)
                         if event is None:
                             continue
@@ -401,6 +422,14 @@ class ConnectionEngine:
                     if ftype == 2:
                         if ch.closing:
                             continue
+                        if ch.pending is not None and ch.header is None:
+                            classId, _, bodySize = _unpack_HHQ(payload, 0)
+                            if classId == 60 and 0 < bodySize <= self.maxMessageSize:
+                                # the usual header: a body follows
+                                ch.header = payload[12:]
+                                ch.bodyParts = []
+                                ch.remaining = bodySize
+                                continue
                         event = self._contentHeader(ch, payload)
                         if event is None:
                             continue
@@ -818,10 +847,21 @@ class ConnectionEngine:
             property flags and list) as bytes.
         :param body: bytes, split by the negotiated frame_max.
         """
-        payload = b"".join(
-            (_DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00", address)
-        )
-        return contentFrames(number, payload, header, body, self.frameMax)
+        size = len(body)
+        if not 0 < size <= self.frameMax - 8:
+            payload = b"".join(
+                (_DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
+                 address)
+            )
+            return contentFrames(number, payload, header, body, self.frameMax)
+        # the hot path: one body frame, built in one join
+        return b"".join((
+            packFrameHeader(1, number, 13 + len(consumerTagBytes) + len(address)),
+            _DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
+            address, b"\xce",
+            packFrameHeader(2, number, len(header)), header, b"\xce",
+            packFrameHeader(3, number, size), body, b"\xce",
+        ))
 
     def getOk(self, number, deliveryTag, redelivered, address, messageCount, header, body):
         """basic.get-ok with its content (bytes); ``messageCount``: messages left in the queue."""
