@@ -31,9 +31,10 @@ from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.engine import ACK, CONTENT, METHOD, PUBLISH, ConnectionEngine
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
+from otter_tx.broker.interfaces import IClientConnection
+from otter_tx.channel import Channel
 
 __all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame", "methodFrame"]
-from otter_tx.channel import Channel
 
 log = Logger()
 
@@ -89,7 +90,7 @@ _CHANNEL_EVENTS = frozenset([
 WRITE_HIGH_WATER = 256 * 1024
 
 
-@implementer(IPushProducer, IHalfCloseableProtocol)
+@implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection)
 class AMQPServerProtocol(Protocol):
     """
     One client connection.
@@ -332,7 +333,7 @@ class AMQPServerProtocol(Protocol):
 
     def sendMethod(self, channel, method):
         """Send one method frame."""
-        self.send(methodFrame(channel, method))
+        self.send(self.engine.method(channel, method))
 
     def sendDeliver(self, number, consumerTagBytes, deliveryTag, redelivered, message):
         """

@@ -222,10 +222,7 @@ class ChannelEngine:
     def __init__(self, number):
         self.number = number
         self.closing = False
-        self.pending = None
-        self.header = None
-        self.bodyParts = None
-        self.remaining = 0
+        self.reset()
 
     def reset(self):
         """Forget a content being assembled."""
@@ -244,8 +241,8 @@ class ConnectionEngine:
     :param heartbeat: server: the heartbeat interval we propose (seconds, 0: none).
     :param maxMessageSize: server: largest body (bytes) a publish may
         announce; 406 on its channel above it, answered at the content
-        header (RabbitMQ's ``max_message_size``, rabbit_channel
-        ``check_msg_size/3``, answers once the body has arrived).
+        header (RabbitMQ's ``max_message_size``; its rabbit_channel
+        ``check_msg_size/3`` answers once the body has arrived).
     :ivar state: one of the module's state constants.
     :ivar frameMax: the negotiated frame_max (bytes).
     :ivar channelMax: the negotiated channel_max.
