@@ -436,6 +436,7 @@ class AMQPServerProtocol(Protocol):
         nextEvent = engine.nextEvent
         channels = self.channels
         budget = FRAMES_PER_SLICE
+        closed = _engine.CLOSED
         while True:
             event = None
             try:
@@ -445,11 +446,14 @@ class AMQPServerProtocol(Protocol):
                 kind = event[0]
                 # the hot path: publish, its content, ack
                 if kind is CONTENT:
-                    channels[event[1]].content(event[2], event[3])
+                    _, chno, propsRaw, body = event
+                    channels[chno].content(propsRaw, body)
                 elif kind is PUBLISH:
-                    channels[event[1]].publish(event[2], event[3], event[4], event[5])
+                    _, chno, exchange, routingKey, mandatory, address = event
+                    channels[chno].publish(exchange, routingKey, mandatory, address)
                 elif kind is ACK:
-                    channels[event[1]].ack(event[2], event[3])
+                    _, chno, tag, multiple = event
+                    channels[chno].ack(tag, multiple)
                 elif kind is METHOD:
                     channels[event[1]].method(event[2])
                 else:
@@ -477,7 +481,7 @@ class AMQPServerProtocol(Protocol):
                 log.failure("internal error handling a frame from {peer}", peer=self.name)
                 self._connectionError(spec.INTERNAL_ERROR, "INTERNAL_ERROR - internal error")
                 return
-            if engine.state is _engine.CLOSED:
+            if engine.state is closed:
                 return
             if self._readPaused:
                 # blocked by a resource alarm: stop after this publish

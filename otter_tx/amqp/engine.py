@@ -410,8 +410,12 @@ class ConnectionEngine:
                         ch.pending = ch.header = ch.bodyParts = None
                         return event
                     if ftype == 1:
-                        if payload[:4] == b"\x00\x3c\x00\x28" and ch.pending is None and not ch.closing:
-                            return self._publish(ch, payload)
+                        if ch.pending is None and not ch.closing:
+                            ids = payload[:4]
+                            if ids == b"\x00\x3c\x00\x28":
+                                return self._publish(ch, payload)
+                            if ids == _ACK_PREFIX and size == 13:
+                                return (ACK, chno, _unpack_Q(payload, 4)[0], bool(payload[12] & 1))
                         event = self._channelMethod(ch, payload)
                         if event is None:
                             continue
