@@ -345,26 +345,19 @@ class ConnectionEngine:
             buf = reader._buf
             off = reader._off
             n = len(buf)
-            if n - off < 7:
-                if reader._parts is None:
-                    return None
+            payload = None
+            if n - off >= 7:
+                ftype, chno, size = _unpack_frameHeader(buf, off)
+                end = off + 7 + size
+                if size <= reader.frameMax and end < n and buf[end] == 0xCE:
+                    payload = buf[off + 7 : end]
+                    reader._off = end + 1
+            if payload is None:
                 f = self._nextFrame()
                 if f is None:
                     return None
                 ftype, chno, payload = f
                 size = len(payload)
-            else:
-                ftype, chno, size = _unpack_frameHeader(buf, off)
-                end = off + 7 + size
-                if size > reader.frameMax or end >= n or buf[end] != 0xCE:
-                    f = self._nextFrame()
-                    if f is None:
-                        return None
-                    ftype, chno, payload = f
-                    size = len(payload)
-                else:
-                    payload = buf[off + 7 : end]
-                    reader._off = end + 1
             if state is not OPEN and state is CLOSING:
                 # only connection.close / close-ok matter now; the rest is
                 # dropped (rabbit_reader in its 'closed' state)
