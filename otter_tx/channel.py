@@ -11,46 +11,10 @@ connection turns channel-level codes (403, 404, 405, 406) into
 channel.close and the rest into connection.close, as RabbitMQ does.
 """
 
-import struct
-
-from twisted.logger import Logger
-
 from otter_tx.amqp import spec
-from otter_tx.amqp.codec import FrameSyntaxError
-from otter_tx.amqp.errors import (
-    AMQPError,
-    loggable,
-    notImplemented,
-    replyText,
-)
+from otter_tx.amqp.errors import AMQPError, notImplemented
 from otter_tx.broker.publish import publishTarget
 from otter_tx.broker.session import Session
-
-log = Logger()
-
-_unpack_HH = struct.Struct("!HH").unpack_from
-_unpack_HHQ = struct.Struct("!HHQ").unpack_from
-_unpack_Q = struct.Struct("!Q").unpack_from
-
-
-def _checkShortStrings(cls, m):
-    """
-    A method's short strings must be UTF-8, as RabbitMQ checks them in
-    every method but basic.publish: 501 "FRAME_ERROR - Malformed UTF-8 in
-    shortstr", a connection error with class and method 0 (checked on
-    RabbitMQ 3.10 for queue.declare/bind/purge/delete, exchange.declare/
-    delete, basic.consume/get).  The codec decodes undecodable bytes to
-    lone surrogates, so such names never reach a queue, an exchange or the
-    store.
-    """
-    for name, t in zip(cls.FIELDS, cls.TYPES):
-        if t == "s":
-            value = getattr(m, name)
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise AMQPError(spec.FRAME_ERROR, "Malformed UTF-8 in shortstr") from None
 
 
 # --- the method table: one small function per method ------------------------------
@@ -195,9 +159,6 @@ def _confirmSelect(ch, m):
     _reply(ch, m, spec.ConfirmSelectOk())
 
 
-#: the channel methods the wire answers itself (the shim below, until the engine lands)
-_CHANNEL_CLASS = (spec.ChannelOpen, spec.ChannelClose, spec.ChannelCloseOk)
-
 #: spec.Method class -> function(channel, method): every channel method the
 #: door takes through :meth:`Channel.method`
 HANDLERS = {
@@ -246,11 +207,6 @@ class Channel:
         self.number = number
         self.session = Session(connection.broker, connection, connection.vhost, connection.user, number)
         self._target = None  # (exchange, routingKey, mandatory, address) of the publish in flight
-        self._pending = None  # wire shim: the publish whose content is assembled
-        self._header = None
-        self._bodyParts = None
-        self._bodySize = 0
-        self._bodyRemaining = 0
 
     # --- the door (inbound) ----------------------------------------------------------
 
@@ -303,7 +259,7 @@ class Channel:
 
     def closed(self):
         """The channel is finished: cancel consumers, requeue unacked.  Idempotent."""
-        self._target = self._pending = self._header = self._bodyParts = None
+        self._target = None
         self.session.closed()
 
     # --- what the management API and the bench read (the session's state) ------------
@@ -319,9 +275,8 @@ class Channel:
     deliveryTag = _fromSession("deliveryTag", "The last delivery tag used (int).")
     publishSeq = _fromSession("publishSeq", "The last publish sequence number in confirm mode (int).")
 
-    # --- wire shim: deleted when the wire engine lands ---------------------------------
-    # protocol.py still hands raw frame payloads to the channel; this is
-    # today's decode and content assembly, calling the door above.
+    # --- what the connection calls besides the inbound door -------------------------
+
 
     def flushConfirms(self):
         """Send the pending publisher confirms (see Session.flushConfirms)."""
@@ -334,183 +289,3 @@ class Channel:
     def checkAckTimeout(self, limit, timeoutMs):
         """See Session.checkAckTimeout."""
         self.session.checkAckTimeout(limit, timeoutMs)
-
-    def cleanup(self):
-        """Release everything this channel holds (see :meth:`closed`)."""
-        self.closed()
-
-    def closeWithError(self, error):
-        """
-        Close this channel for a channel-level ``error`` (AMQPError): send
-        channel.close and ignore everything until close-ok.
-        """
-        if self.session.closing:
-            return
-        m = error.method
-        log.info(
-            "closing channel {ch} of {peer}: {code} {text}",
-            ch=self.number, peer=self.connection.name, code=error.code,
-            text=loggable(replyText(error.text)),
-        )
-        self.closed()
-        self.connection.sendMethod(
-            self.number,
-            spec.ChannelClose(
-                error.code,
-                replyText(error.text),
-                m.CLASS_ID if m is not None else 0,
-                m.METHOD_ID if m is not None else 0,
-            ),
-        )
-
-    def methodFrame(self, payload):
-        """Handle a method frame payload for this channel."""
-        classId, methodId = _unpack_HH(payload, 0)
-        if self.session.closing:
-            # we sent channel.close: only close-ok ends it; a crossing
-            # channel.close from the client is answered but the channel stays
-            # until our close is acknowledged (rabbit_reader, closing channel)
-            if classId == 20:
-                if methodId == 41:
-                    self.connection.channelClosed(self.number)
-                elif methodId == 40:
-                    self.connection.sendMethod(self.number, spec.ChannelCloseOk())
-            return
-        if self._pending is not None:
-            self._unexpectedInContent("content header" if self._header is None else "content body")
-        if classId == 60:
-            if methodId == 40:
-                return self._basicPublish(payload)
-            if methodId == 80:
-                # basic.ack is delivery-tag (8 octets) and the bits octet
-                if len(payload) != 13:
-                    raise FrameSyntaxError("basic.ack of %d octets" % (len(payload) - 4,))
-                return self.ack(_unpack_Q(payload, 4)[0], bool(payload[12] & 1))
-        cls = spec.METHODS.get((classId, methodId))
-        if cls is None:
-            raise AMQPError(
-                spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId)
-            )
-        if cls not in HANDLERS and cls not in _CHANNEL_CLASS:
-            raise AMQPError(spec.COMMAND_INVALID, "%s not allowed on a channel" % (cls.NAME,), cls)
-        m = cls.decode(payload, 4)
-        if "s" in cls.TYPES:
-            _checkShortStrings(cls, m)
-        if cls is spec.ChannelClose:
-            self.closed()
-            self.connection.sendMethod(self.number, spec.ChannelCloseOk())
-            self.connection.channelClosed(self.number)
-        elif cls is spec.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen", cls)
-        elif cls is not spec.ChannelCloseOk:
-            self.method(m)
-
-    def _unexpectedInContent(self, expected):
-        """
-        505 for a frame of the wrong kind while basic.publish's content is
-        being assembled, with rabbit_command_assembler's text.
-        """
-        raise AMQPError(
-            spec.UNEXPECTED_FRAME,
-            "expected %s for class 60, got non %s frame instead" % (expected, expected)
-            if expected == "content header"
-            else "expected content body, got non content body frame instead",
-            spec.BasicPublish,
-        )
-
-    def headerFrame(self, payload):
-        """
-        Handle a content-header frame (``payload`` of at least 14 octets,
-        checked by the connection).
-
-        Errors: 505 UNEXPECTED_FRAME when no basic.publish awaits its header
-        or its body is being read, or for a class other than 60 (RabbitMQ's
-        texts); 406 PRECONDITION_FAILED (channel) ``message size N is larger
-        than configured max size M`` when the body size exceeds the
-        connection's ``maxMessageSize`` (RabbitMQ's ``max_message_size``,
-        rabbit_channel ``check_msg_size/3``), answered at the header.
-        """
-        if self.session.closing:
-            return
-        if self._pending is None:
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead",
-            )
-        if self._header is not None:
-            self._unexpectedInContent("content body")
-        classId, _, size = _unpack_HHQ(payload, 0)
-        if classId != 60:
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected content header for class 60, got one for class %d instead" % (classId,),
-                spec.BasicPublish,
-            )
-        maxSize = self.connection.maxMessageSize
-        if size > maxSize:
-            self._pending = None
-            raise AMQPError(
-                spec.PRECONDITION_FAILED,
-                "message size %d is larger than configured max size %d" % (size, maxSize),
-                spec.BasicPublish,
-            )
-        self._header = payload[12:]
-        self._bodySize = size
-        if size == 0:
-            self._completePublish(b"")
-        else:
-            self._bodyParts = []
-            self._bodyRemaining = size
-
-    def bodyFrame(self, payload):
-        """
-        Handle a content-body frame.  505 UNEXPECTED_FRAME when no content
-        header came first; 501 FRAME_ERROR for more octets than the header
-        announced.
-        """
-        if self.session.closing:
-            return
-        if self._header is None:
-            if self._pending is not None:
-                self._unexpectedInContent("content header")
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME,
-                "expected method frame, got non method frame instead",
-            )
-        self._bodyRemaining -= len(payload)
-        if self._bodyRemaining < 0:
-            raise AMQPError(spec.FRAME_ERROR, "content body larger than the size in its header")
-        if self._bodyRemaining == 0 and not self._bodyParts:
-            self._completePublish(payload)
-            return
-        self._bodyParts.append(payload)
-        if self._bodyRemaining == 0:
-            body = b"".join(self._bodyParts)
-            self._bodyParts = None
-            self._completePublish(body)
-
-    def _completePublish(self, body):
-        propsRaw = self._header
-        self._pending = self._header = None
-        self.content(propsRaw, body)
-
-    def _basicPublish(self, payload):
-        # hot path: decode basic.publish by hand (reserved short, exchange
-        # shortstr, routing-key shortstr, bits mandatory/immediate)
-        try:
-            n = payload[6]
-            exchange = payload[7 : 7 + n].decode("utf-8", "surrogateescape")
-            off = 7 + n
-            k = payload[off]
-            routingKey = payload[off + 1 : off + 1 + k].decode("utf-8", "surrogateescape")
-            bits = payload[off + 1 + k]
-        except IndexError:
-            raise FrameSyntaxError("truncated basic.publish")
-        if len(payload) != off + 2 + k:
-            raise FrameSyntaxError("octets after the basic.publish arguments")
-        if bits & 2:
-            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
-        # exchange and routing key as the short strings deliveries repeat
-        self.publish(exchange, routingKey, bool(bits & 1), payload[6 : off + 1 + k])
-        self._pending = True
-        self._header = None

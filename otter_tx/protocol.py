@@ -1,23 +1,21 @@
 """
-The AMQP 0-9-1 server connection: a Twisted ``Protocol`` that frames bytes,
-runs the connection handshake (start / start-ok / tune / tune-ok / open),
-heartbeats, the handshake timeout and flow control, and hands channel
-frames to :class:`otter_tx.channel.Channel`.
+The AMQP 0-9-1 server connection: thin Twisted glue over the sans-IO wire
+engine (:class:`otter_tx.amqp.engine.ConnectionEngine` in the server role).
 
-Framing follows AMQP 0-9-1 section 4.2.3: ``type:octet channel:short
-size:long payload frame-end(0xCE)``; the frame size is checked against the
-negotiated ``frame_max`` as soon as the 7-byte header arrives.  Errors follow
-RabbitMQ ``rabbit_reader.erl``: frame errors are connection-level 501, a
-method on an unopened channel 504, content frames out of place 505.
-
-Why the connection engine lives in the protocol here (docs/style.md prefers a
-sans-IO engine): the hot path (publish in, deliver out) is one tight loop
-over the receive buffer, and keeping it in one object saves a layer of
-per-frame calls; every timer still runs on the injected clock and the unit
-tests drive it with ``StringTransport`` and ``task.Clock``.
+Bytes from the transport go into the engine; its events go to the broker
+(authentication and vhost access at start-ok / open) and to the door of
+each channel (:class:`otter_tx.channel.Channel`: ``method``, ``publish``,
+``content``, ``ack``, ``closed``); what the broker sends goes out through
+the engine's encoders (``sendMethod``, ``sendDeliver``, ``sendGetOk``,
+``sendReturn``, ``sendConfirms``, ``closeChannel``).  This module owns what
+needs Twisted: the transport and ``IPushProducer`` back-pressure, the
+fairness slices, write batching (per chunk and across connections), the
+eager socket write, the timers on the injected clock (handshake timeout,
+the engine's heartbeat deadlines, the closing delays), resource-alarm read
+pausing and the log lines.  Errors follow RabbitMQ ``rabbit_reader.erl``;
+the engine raises them, this module closes the channel (4xx) or the
+connection (the rest).
 """
-
-import struct
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
@@ -27,30 +25,22 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from otter_tx import __version__
+from otter_tx.amqp import engine as _engine
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
-from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, octetsSnippet, replyText
+from otter_tx.amqp.engine import ACK, CONTENT, METHOD, PUBLISH, ConnectionEngine
+from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
+from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
 from otter_tx.broker.access import isLoopback
 from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.channel import Channel
 
+__all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame", "methodFrame"]
+
 log = Logger()
 
-_frameHeader = struct.Struct("!BHI")
-_unpack_frameHeader = _frameHeader.unpack_from
-_pack_frameHeader = _frameHeader.pack
-_pack_Q = struct.Struct("!Q").pack
-_pack_I = struct.Struct("!I").pack
-
-# the fixed starts of the hand-built method payloads: class 60 and method
-# 60 basic.deliver, 71 basic.get-ok, 80 basic.ack, 120 basic.nack
-_DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
-_GET_OK_PREFIX = b"\x00\x3c\x00\x47"
-_ACK_PREFIX = b"\x00\x3c\x00\x50"
-_NACK_PREFIX = b"\x00\x3c\x00\x78"
-_unpack_HH = struct.Struct("!HH").unpack_from
-
-#: frames handled per read before yielding to the reactor (publisher fairness)
+#: engine events (a publish with its content counts two, an ack one)
+#: handled per read before yielding to the reactor (publisher fairness)
 FRAMES_PER_SLICE = 300
 
 #: seconds a closed connection's socket is kept for the client to close it
@@ -69,12 +59,11 @@ CLOSE_OK_DELAY = 0.002
 SILENT_CLOSE_DELAY = 3
 
 #: RabbitMQ's default ``max_message_size``: 128 MiB in bytes (rabbit.app.src)
-DEFAULT_MAX_MESSAGE_SIZE = 134217728
+DEFAULT_MAX_MESSAGE_SIZE = _engine.DEFAULT_MAX_MESSAGE_SIZE
 
 #: RabbitMQ's ceiling on ``max_message_size``: 512 MiB in bytes (?MAX_MSG_SIZE)
 MAX_MESSAGE_SIZE_LIMIT = 536870912
 
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 #: capabilities we really implement (RabbitMQ names, rabbit_reader:server_capabilities/1)
 SERVER_CAPABILITIES = {
@@ -89,35 +78,11 @@ SERVER_CAPABILITIES = {
     "direct_reply_to": True,
 }
 
-# connection states
-_AWAIT_HEADER = 0
-_AWAIT_START_OK = 1
-_AWAIT_TUNE_OK = 2
-_AWAIT_OPEN = 3
-_OPEN = 4
-_CLOSING = 5
-_CLOSED = 6
-_STATE_NAMES = {
-    _AWAIT_START_OK: "starting",
-    _AWAIT_TUNE_OK: "tuning",
-    _AWAIT_OPEN: "opening",
-    _OPEN: "running",
-}
 
-
-def frame(frameType, channel, payload):
-    """
-    One wire frame (bytes).
-    """
-    return _pack_frameHeader(frameType, channel, len(payload)) + payload + b"\xce"
-
-
-def methodFrame(channel, method):
-    """
-    A method frame for ``method`` (a :class:`otter_tx.amqp.spec.Method`).
-    """
-    return frame(spec.FRAME_METHOD, channel, method.encode())
-
+#: engine events whose second item is a channel number
+_CHANNEL_EVENTS = frozenset([
+    _engine.CHANNEL_OPEN, _engine.CHANNEL_CLOSE, _engine.CHANNEL_CLOSED, METHOD, PUBLISH, CONTENT, ACK,
+])
 
 #: bytes batched for one connection within one reactor turn above which its
 #: consumers stop taking messages until the batch is written (see ``send``);
@@ -132,6 +97,7 @@ class AMQPServerProtocol(Protocol):
 
     :ivar vhost: the opened :class:`~otter_tx.broker.vhost.VHost` or None.
     :ivar user: the authenticated :class:`~otter_tx.broker.broker.User`.
+    :ivar engine: the :class:`~otter_tx.amqp.engine.ConnectionEngine` (server role).
     :ivar frameMax: negotiated frame_max in bytes.
     :ivar exclusiveQueues: queues this connection owns (deleted on close).
     :ivar paused: True while the transport asked us to stop producing, or
@@ -145,16 +111,13 @@ class AMQPServerProtocol(Protocol):
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
-        self._buf = b""
-        self._state = _AWAIT_HEADER
+        self.engine = ConnectionEngine(
+            _engine.SERVER, frameMax=factory.frameMax, channelMax=factory.channelMax,
+            heartbeat=factory.heartbeat, maxMessageSize=factory.maxMessageSize,
+        )
         self.channels = {}
         self.vhost = None
         self.user = None
-        self.frameMax = factory.frameMax
-        self.channelMax = factory.channelMax
-        #: largest body size in bytes a publish may announce (406 above it)
-        self.maxMessageSize = factory.maxMessageSize
-        self.heartbeat = 0
         self.exclusiveQueues = set()
         self.clientProperties = {}
         self.capabilities = {}
@@ -167,9 +130,7 @@ class AMQPServerProtocol(Protocol):
         self._readPaused = False
         self._heartbeatTimer = None
         self._handshakeTimer = None
-        self._lastRecv = 0.0
         self._sent = False
-        self._lastSend = 0.0
         self._out = None
         self._confirming = set()
         self._closeTimer = None
@@ -208,7 +169,7 @@ class AMQPServerProtocol(Protocol):
             getattr(local, "host", "?"), getattr(local, "port", 0),
         )
         log.info("accepting AMQP connection {name}", name=self.name)
-        self._lastRecv = self.clock.seconds()
+        self.engine.lastReceived = self.clock.seconds()
         if self.factory.handshakeTimeout:
             self._handshakeTimer = self.clock.callLater(
                 self.factory.handshakeTimeout, self._handshakeTimedOut
@@ -217,7 +178,7 @@ class AMQPServerProtocol(Protocol):
 
     def connectionLost(self, reason=None):
         """Release channels (requeue unacked), delete exclusive queues, stop timers."""
-        if self._state not in (_CLOSING, _CLOSED):
+        if self.engine.state not in (_engine.CLOSING, _engine.CLOSED):
             if reason is not None and reason.check("OpenSSL.SSL.Error"):
                 log.warn(
                     "closing AMQP connection {name}{who}: TLS handshake failed: {why}",
@@ -228,7 +189,8 @@ class AMQPServerProtocol(Protocol):
                     "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
                     name=self.name, who=self._who(),
                 )
-        self._state = _CLOSED
+        self._dropped = True
+        self.engine.connectionLost()
         self._cancelTimers()
         self.broker.connections.discard(self)
         self._release()
@@ -262,7 +224,7 @@ class AMQPServerProtocol(Protocol):
         """
         channels, self.channels = self.channels, {}
         for ch in channels.values():
-            ch.cleanup()
+            ch.closed()
         if self.vhost is not None:
             self.vhost.connectionClosed(self)
         self.exclusiveQueues.clear()
@@ -271,16 +233,13 @@ class AMQPServerProtocol(Protocol):
         for name in ("_heartbeatTimer", "_handshakeTimer", "_closeTimer", "_resumeCall"):
             t = getattr(self, name)
             if t is not None:
-                if hasattr(t, "running"):
-                    if t.running:
-                        t.stop()
-                elif t.active():
+                if t.active():
                     t.cancel()
                 setattr(self, name, None)
 
     def _handshakeTimedOut(self):
         self._handshakeTimer = None
-        if self._state < _OPEN:
+        if self.engine.state not in (_engine.OPEN, _engine.CLOSING, _engine.CLOSED):
             log.info("closing {peer}: handshake timeout", peer=self.name)
             self.transport.abortConnection()
 
@@ -297,7 +256,7 @@ class AMQPServerProtocol(Protocol):
     def resumeProducing(self):
         """The write buffer drained: let this connection's consumers take messages again."""
         self._transportPaused = False
-        if self._batchFull or self._state == _CLOSED:
+        if self._batchFull or self.engine.state is _engine.CLOSED:
             return
         self.paused = False
         for ch in list(self.channels.values()):
@@ -374,94 +333,35 @@ class AMQPServerProtocol(Protocol):
 
     def sendMethod(self, channel, method):
         """Send one method frame."""
-        self.send(methodFrame(channel, method))
+        self.send(self.engine.method(channel, method))
 
-    def sendContent(self, channel, methodPayload, message):
+    def sendDeliver(self, number, consumerTagBytes, deliveryTag, redelivered, message):
         """
-        Send a content-bearing method (payload already encoded) with the
-        message's content header (publisher's property bytes forwarded) and
-        body frames split by frame_max.
+        basic.deliver of ``message`` (a broker Message: its content header
+        from ``message.contentHeader()``, the publisher's property bytes
+        forwarded) on channel ``number``; ``consumerTagBytes`` the tag as an
+        encoded shortstr, length octet included.
         """
-        header = message.contentHeader()
-        body = message.body
-        parts = [
-            _pack_frameHeader(1, channel, len(methodPayload)),
-            methodPayload,
-            b"\xce",
-            _pack_frameHeader(2, channel, len(header)),
-            header,
-            b"\xce",
-        ]
-        size = message.size
-        if size:
-            chunk = self.frameMax - 8
-            if size <= chunk:
-                parts.append(_pack_frameHeader(3, channel, size))
-                parts.append(body)
-                parts.append(b"\xce")
-            else:
-                for i in range(0, size, chunk):
-                    piece = body[i : i + chunk]
-                    parts.append(_pack_frameHeader(3, channel, len(piece)))
-                    parts.append(piece)
-                    parts.append(b"\xce")
-        self.send(b"".join(parts))
+        self.send(self.engine.deliver(number, consumerTagBytes, deliveryTag, redelivered,
+                                      message.addressBytes(), message.contentHeader(), message.body))
 
-    def sendDeliver(self, channel, consumerTagBytes, deliveryTag, redelivered, message):
-        """
-        basic.deliver with the message's content: ``consumerTagBytes`` the
-        tag as an encoded shortstr (length octet included).
-        """
-        self.sendContent(channel, b"".join((
-            _DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag),
-            b"\x01" if redelivered else b"\x00", message.addressBytes(),
-        )), message)
+    def sendGetOk(self, number, deliveryTag, redelivered, message, messageCount):
+        """basic.get-ok of ``message`` on channel ``number``; ``messageCount``: messages left."""
+        self.send(self.engine.getOk(number, deliveryTag, redelivered, message.addressBytes(), messageCount,
+                                    message.contentHeader(), message.body))
 
-    def sendGetOk(self, channel, deliveryTag, redelivered, message, messageCount):
-        """basic.get-ok with the message's content; ``messageCount`` the messages left."""
-        self.sendContent(channel, b"".join((
-            _GET_OK_PREFIX, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
-            message.addressBytes(), _pack_I(messageCount),
-        )), message)
+    def sendReturn(self, number, replyCode, replyText, message):
+        """basic.return of ``message`` (to its exchange and routing key) on channel ``number``."""
+        self.send(self.engine.basicReturn(number, replyCode, replyText, message.exchange, message.routingKey,
+                                          message.contentHeader(), message.body))
 
-    def sendReturn(self, channel, replyCode, replyText, message):
-        """basic.return (``replyCode`` e.g. 312, ``replyText`` ``NO_ROUTE``) with the message's content."""
-        payload = spec.BasicReturn(replyCode, replyText, message.exchange, message.routingKey).encode()
-        self.sendContent(channel, payload, message)
-
-    def sendConfirms(self, channel, confirms):
+    def sendConfirms(self, number, confirms):
         """
-        Publisher confirms ``confirms``, a list of ``(seq, ok)`` in seq order.
-        Runs of acks collapse into one ``basic.ack multiple=true`` (every
-        earlier publish is already settled: confirms go out in order); a
-        nack is multiple=false, requeue=false.
+        Publisher confirms on channel ``number``: ``confirms`` a list of
+        ``(seq, ok)`` in seq order; runs of acks collapse into one
+        ``basic.ack multiple=true``, a nack is ``multiple=false``.
         """
-        # hot path (every read with confirms): the frames are built here,
-        # not through the generic Method codec
-        header = _pack_frameHeader(1, channel, 13)
-        out = []
-        runEnd = None
-        for seq, ok in confirms:
-            if ok:
-                runEnd = seq
-            else:
-                if runEnd is not None:
-                    out.append(header + _ACK_PREFIX + _pack_Q(runEnd) + b"\x01\xce")
-                    runEnd = None
-                out.append(header + _NACK_PREFIX + _pack_Q(seq) + b"\x00\xce")
-        if runEnd is not None:
-            out.append(header + _ACK_PREFIX + _pack_Q(runEnd)
-                       + (b"\x01\xce" if len(confirms) > 1 else b"\x00\xce"))
-        self.send(out[0] if len(out) == 1 else b"".join(out))
-
-    def closeChannel(self, channel, error):
-        """
-        Close channel ``channel`` for ``error`` (AMQPError): channel.close
-        sent, the channel's door ``closed()``; only close-ok ends it.
-        """
-        ch = self.channels.get(channel)
-        if ch is not None:
-            ch.closeWithError(error)
+        self.send(self.engine.confirms(number, confirms))
 
     def _flush(self):
         if self._confirming:
@@ -480,14 +380,14 @@ class AMQPServerProtocol(Protocol):
             # write; if the socket did not take it all, the transport has
             # paused us and resumes us when it drains
             self._batchFull = False
-            if self._resumeCall is None and self._state != _CLOSED:
+            if self._resumeCall is None and self.engine.state is not _engine.CLOSED:
                 self._resumeCall = self.clock.callLater(0, self._afterBatch)
 
     _confirming = None
 
     def flushBatched(self):
         """Write what was batched for this connection while another connection's chunk was processed."""
-        if self._state == _CLOSED:
+        if self.engine.state is _engine.CLOSED:
             self._out = None
             self._outBytes = 0
         elif self._out is not None:
@@ -496,35 +396,24 @@ class AMQPServerProtocol(Protocol):
     # --- input ------------------------------------------------------------------
 
     def dataReceived(self, data):
-        """Parse the protocol header, then frames (offset-based, frame_max checked on each header)."""
-        if self._state == _CLOSED:
+        """Hand received bytes to the engine and handle its events (see :meth:`_process`)."""
+        engine = self.engine
+        if engine.state is _engine.CLOSED:
             return
-        self._lastRecv = self.clock.seconds()
         self.bytesIn += len(data)
         meter = self.broker.memoryMonitor
         if meter is not None:
             # the memory alarm reads RSS every so many received bytes (otter_tx.alarms)
             meter.received(len(data))
-        if self._buf:
-            data = self._buf + data
-            self._buf = b""
-        if self._state == _AWAIT_HEADER:
-            if len(data) < 8:
-                if not spec.PROTOCOL_HEADER.startswith(data[:8]) and not data.startswith(b"AMQP"[: len(data)]):
-                    self._badHeader()
-                    return
-                self._buf = data
-                return
-            header = data[:8]
-            if header not in (
-                spec.PROTOCOL_HEADER,
-                spec.PROTOCOL_HEADER_0_9,
-                spec.PROTOCOL_HEADER_0_9_ALT,
-            ):
-                self._badHeader()
-                return
-            data = data[8:]
-            self._sendStart()
+        engine.receiveData(data, self.clock.seconds())
+        self._process()
+
+    def _process(self):
+        """
+        Handle the engine's events for what is buffered, with this
+        connection's writes (and other connections' writes caused by them)
+        batched until the end.
+        """
         if self._out is None:
             self._out = []
         if self._confirming is None:
@@ -532,107 +421,55 @@ class AMQPServerProtocol(Protocol):
         factory = self.factory
         factory._batchDepth += 1
         try:
-            self._processFrames(data)
+            self._handleEvents()
         finally:
             factory._batchDepth -= 1
-            if self._state != _CLOSED:
+            if self.engine.state is not _engine.CLOSED:
                 self._flush()
             else:
                 self._out = None
             if not factory._batchDepth and factory._dirty:
                 factory.flushDirty()
 
-    def _badHeader(self):
-        # AMQP 0-9-1 section 4.2.2: answer with our header and close
-        self.transport.write(spec.PROTOCOL_HEADER)
-        self._state = _CLOSED
-        self.transport.loseConnection()
-
-    def _processFrames(self, data):
-        off = 0
-        n = len(data)
-        maxPayload = self.frameMax - 8
+    def _handleEvents(self):
+        engine = self.engine
+        nextEvent = engine.nextEvent
         channels = self.channels
         budget = FRAMES_PER_SLICE
-        while n - off >= 7:
-            ftype, chno, size = _unpack_frameHeader(data, off)
-            # RabbitMQ lets a payload of up to frame_max through but reports
-            # frame_max - 8 as the limit in its error text
-            if size > maxPayload + 8:
-                self._connectionError(
-                    spec.FRAME_ERROR,
-                    "FRAME_ERROR - type %d, all octets = <<>>: {frame_too_large,%d,%d}"
-                    % (ftype, size, maxPayload),
-                )
-                return
-            end = off + 7 + size
-            if end >= n:
-                break
-            if data[end] != 0xCE:
-                self._connectionError(
-                    spec.FRAME_ERROR,
-                    "FRAME_ERROR - %s: {invalid_frame_end_marker,%d}"
-                    % (octetsSnippet("type %d, " % (ftype,), data[off + 7 : end]), data[end]),
-                )
-                return
-            payload = data[off + 7 : end]
-            off = end + 1
-            if self._state == _CLOSING:
-                # only connection.close / close-ok matter now; the rest is
-                # dropped (rabbit_reader in its 'closed' state)
-                if ftype == 1 and chno == 0 and len(payload) >= 4:
-                    ids = _unpack_HH(payload, 0)
-                    if ids == (10, 50):
-                        # crossing closes: answer, and wait for the client's
-                        # close-ok or for it to drop the socket
-                        self.sendMethod(0, spec.ConnectionCloseOk())
-                    elif ids == (10, 51):
-                        self._closeNow()
-                if self._state == _CLOSED:
-                    return
-                continue
-            if (ftype == 1 and size < 4) or (ftype == 2 and size < 14) or (ftype == 8 and size):
-                # too short to name a method / to be a content header, or a
-                # heartbeat with a payload: rabbit_reader cannot even
-                # analyse it (501, on any channel)
-                self._connectionError(
-                    spec.FRAME_ERROR,
-                    "FRAME_ERROR - %s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
-                )
-                return
+        closed = _engine.CLOSED
+        while True:
+            event = None
             try:
-                ch = channels.get(chno) if chno else None
-                if ch is not None and self._state == _OPEN:
-                    # the hot path: frames on an open channel
-                    if ftype == 3:
-                        ch.bodyFrame(payload)
-                    elif ftype == 1:
-                        ch.methodFrame(payload)
-                    elif ftype == 2:
-                        ch.headerFrame(payload)
-                    else:
-                        self._otherFrame(ftype, chno, payload)
+                event = nextEvent()
+                if event is None:
+                    return
+                kind = event[0]
+                # the hot path: publish, its content, ack
+                if kind is CONTENT:
+                    _, chno, propsRaw, body = event
+                    channels[chno].content(propsRaw, body)
+                elif kind is PUBLISH:
+                    _, chno, exchange, routingKey, mandatory, address = event
+                    channels[chno].publish(exchange, routingKey, mandatory, address)
+                elif kind is ACK:
+                    _, chno, tag, multiple = event
+                    channels[chno].ack(tag, multiple)
+                elif kind is METHOD:
+                    channels[event[1]].method(event[2])
                 else:
-                    self._otherFrame(ftype, chno, payload)
+                    self._otherEvent(event)
             except AMQPError as e:
+                chno = event[1] if event is not None and event[0] in _CHANNEL_EVENTS else e.channel
                 if e.channelLevel and chno != 0 and chno in channels:
-                    channels[chno].closeWithError(e)
+                    self.closeChannel(chno, e)
                 else:
-                    self._connectionError(e.code, e.text, e.method)
+                    self._connectionError(e.code, e.text, e.method, detail=e.detail)
                     return
             except FrameSyntaxError as e:
-                # RabbitMQ: rabbit_misc:frame_error(Method, Args), "cannot
-                # decode" and the method's arguments; a content header's
-                # properties are named with basic.publish (RabbitMQ decodes
-                # them lazily and answers 541; docs/compatibility.md)
-                method = None
-                args = b""
-                if ftype == 1:
-                    method = spec.METHODS.get(_unpack_HH(payload, 0))
-                    args = payload[4:]
-                elif ftype == 2:
-                    method = spec.BasicPublish
-                    args = payload[12:]
+                # a decoder below the engine (RabbitMQ: rabbit_misc:frame_error,
+                # "cannot decode" and the method's arguments)
+                method = type(event[2]) if event is not None and event[0] is METHOD else None
+                args = event[2].encode()[4:] if method is not None else b""
                 self._connectionError(
                     spec.FRAME_ERROR, "FRAME_ERROR - cannot decode %s" % (erlBinary(args),), method,
                     detail=str(e),
@@ -644,71 +481,67 @@ class AMQPServerProtocol(Protocol):
                 log.failure("internal error handling a frame from {peer}", peer=self.name)
                 self._connectionError(spec.INTERNAL_ERROR, "INTERNAL_ERROR - internal error")
                 return
-            if self._state == _CLOSED:
+            if engine.state is closed:
                 return
             if self._readPaused:
                 # blocked by a resource alarm: stop after this publish
-                self._buf = data[off:]
                 return
             budget -= 1
-            if not budget and off < n:
+            if not budget and engine.buffered():
                 # fairness: let the reactor serve other connections (consumers
                 # acking, say) before the rest of this publisher's bytes
-                self._buf = data[off:]
                 self._sliced = True
                 self.transport.pauseProducing()
                 self.clock.callLater(0, self._continueSlice)
                 return
-        if off < n:
-            self._buf = data[off:]
 
     _sliced = False
+    _opened = False  # connection.open-ok was sent
+    _dropped = False  # the socket is being dropped (_closeNow)
 
-    def _otherFrame(self, ftype, chno, payload):
-        if chno == 0:
-            if ftype == 1:
-                self._connectionMethod(payload)
-            elif ftype == 8:
-                pass
-            elif ftype in (2, 3):
-                # rabbit_reader: content frames on channel 0
-                raise AMQPError(
-                    spec.UNEXPECTED_FRAME, octetsSnippet("type %d, " % (ftype,), payload)
-                )
-            else:
-                raise AMQPError(
-                    spec.FRAME_ERROR,
-                    "%s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
-                )
-            return
-        if self._state != _OPEN:
-            raise AMQPError(spec.CHANNEL_ERROR, "channel %d used before connection.open" % chno)
-        if ftype == 1:
-            self._openChannel(chno, payload)
-        elif ftype in (2, 3):
-            # content frames on a channel that is not open: RabbitMQ's
-            # command assembler expects a method first
-            raise AMQPError(
-                spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
-        elif ftype == 8:
-            raise AMQPError(spec.UNEXPECTED_FRAME, octetsSnippet("type 8, ", payload))
-        else:
-            raise AMQPError(
-                spec.FRAME_ERROR,
-                "%s: unknown_frame" % (octetsSnippet("type %d, " % (ftype,), payload),),
-            )
+    def _otherEvent(self, event):
+        """The engine's cold events: the handshake, closes, channel open and close."""
+        kind = event[0]
+        engine = self.engine
+        if kind is _engine.CHANNEL_OPEN:
+            chno = event[1]
+            self.channels[chno] = Channel(self, chno)
+            self.send(engine.channelOpenOk(chno))
+        elif kind is _engine.CHANNEL_CLOSE:
+            ch = self.channels.pop(event[1], None)
+            if ch is not None:
+                ch.closed()
+            self.send(engine.channelCloseOk(event[1]))
+        elif kind is _engine.CHANNEL_CLOSED:
+            self.channels.pop(event[1], None)
+        elif kind is _engine.SEND:
+            self.send(event[1])
+        elif kind is _engine.PROTOCOL_HEADER:
+            self._sendStart()
+        elif kind is _engine.BAD_HEADER:
+            # AMQP 0-9-1 section 4.2.2: answer with our header and close
+            self._dropped = True
+            self.transport.write(spec.PROTOCOL_HEADER)
+            self.transport.loseConnection()
+        elif kind is _engine.START_OK:
+            self._startOk(event[1])
+        elif kind is _engine.TUNE_OK:
+            self._tuneOk(event[1])
+        elif kind is _engine.OPEN_CONNECTION:
+            self._open(event[1])
+        elif kind is _engine.CONNECTION_CLOSE:
+            self._clientClosed()
+        elif kind is _engine.CONNECTION_CLOSE_OK:
+            self._closeNow()
 
     def _continueSlice(self):
         self._sliced = False
-        if self._state == _CLOSED:
+        if self.engine.state is _engine.CLOSED:
             return
         if not self._readPaused:
             self.transport.resumeProducing()
-        buf, self._buf = self._buf, b""
-        if buf:
-            self.bytesIn -= len(buf)
-            self.dataReceived(buf)
+        if self.engine.buffered():
+            self._process()
 
     # --- connection class -------------------------------------------------------
 
@@ -723,48 +556,7 @@ class AMQPServerProtocol(Protocol):
             "version": __version__,
         }
         props.update(self.factory.serverProperties)
-        self.transport.write(
-            methodFrame(
-                0,
-                spec.ConnectionStart(
-                    0, 9, props, b"PLAIN AMQPLAIN", b"en_US"
-                ),
-            )
-        )
-        self._state = _AWAIT_START_OK
-
-    def _connectionMethod(self, payload):
-        classId, methodId = _unpack_HH(payload, 0)
-        cls = spec.METHODS.get((classId, methodId))
-        if cls is None:
-            raise AMQPError(
-                spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId)
-            )
-        m = cls.decode(payload, 4)
-        state = self._state
-        if cls is spec.ConnectionClose:
-            self._clientClosed()
-            return
-        if state == _CLOSING:
-            if cls is spec.ConnectionCloseOk:
-                self._closeNow()
-            return
-        if state == _AWAIT_START_OK and cls is spec.ConnectionStartOk:
-            self._startOk(m)
-        elif state == _AWAIT_TUNE_OK and cls is spec.ConnectionTuneOk:
-            self._tuneOk(m)
-        elif state == _AWAIT_OPEN and cls is spec.ConnectionOpen:
-            self._open(m)
-        elif state == _OPEN and cls is spec.ConnectionUpdateSecret:
-            self.sendMethod(0, spec.ConnectionUpdateSecretOk())
-        elif state == _OPEN and cls in (spec.ConnectionBlocked, spec.ConnectionUnblocked):
-            pass
-        else:
-            raise AMQPError(
-                spec.CHANNEL_ERROR,
-                "unexpected method in connection state %s" % (_STATE_NAMES.get(state, "running"),),
-                cls,
-            )
+        self.transport.write(self.engine.start(props))
 
     def _startOk(self, m):
         self.clientProperties = m.client_properties or {}
@@ -815,60 +607,53 @@ class AMQPServerProtocol(Protocol):
             )
             return
         self.user = user
-        self.sendMethod(
-            0,
-            spec.ConnectionTune(self.factory.channelMax, self.factory.frameMax, self.factory.heartbeat),
-        )
-        self._state = _AWAIT_TUNE_OK
+        self.send(self.engine.tune())
 
     def _tuneOk(self, m):
-        fmax = m.frame_max or self.factory.frameMax
-        if fmax < spec.FRAME_MIN_SIZE:
-            raise AMQPError(
-                spec.NOT_ALLOWED,
-                "frame_max=%d < %d min size" % (fmax, spec.FRAME_MIN_SIZE),
-            )
-        if fmax > self.factory.frameMax:
-            raise AMQPError(
-                spec.NOT_ALLOWED,
-                "frame_max=%d > %d max size" % (fmax, self.factory.frameMax),
-            )
-        self.frameMax = fmax
-        cmax = m.channel_max or self.factory.channelMax or 65535
-        if self.factory.channelMax and cmax > self.factory.channelMax:
-            raise AMQPError(
-                spec.NOT_ALLOWED,
-                "channel_max=%d > %d max size" % (cmax, self.factory.channelMax),
-            )
-        self.channelMax = cmax
-        self.heartbeat = m.heartbeat
-        self._state = _AWAIT_OPEN
-        if self.heartbeat:
-            from twisted.internet.task import LoopingCall
+        """The engine checked and took the client's tune-ok: arm the heartbeat checks."""
+        self.engine.startHeartbeat(self.clock.seconds())
+        self._scheduleHeartbeat()
 
-            self._heartbeatTimer = LoopingCall(self._heartbeatTick)
-            self._heartbeatTimer.clock = self.clock
-            # like RabbitMQ: check (and send) every half interval
-            self._heartbeatTimer.start(self.heartbeat / 2.0, now=False)
+    @property
+    def frameMax(self):
+        """The negotiated frame_max (bytes)."""
+        return self.engine.frameMax
+
+    @property
+    def channelMax(self):
+        """The negotiated channel_max."""
+        return self.engine.channelMax
+
+    @property
+    def heartbeat(self):
+        """The negotiated heartbeat interval (seconds, 0: none)."""
+        return self.engine.heartbeat
+
+    @property
+    def maxMessageSize(self):
+        """Largest body size in bytes a publish may announce (406 above it)."""
+        return self.engine.maxMessageSize
+
+    def _scheduleHeartbeat(self):
+        deadline = self.engine.nextDeadline()
+        if deadline is not None:
+            self._heartbeatTimer = self.clock.callLater(
+                max(0, deadline - self.clock.seconds()), self._heartbeatTick
+            )
 
     def _heartbeatTick(self):
-        now = self.clock.seconds()
-        if self._readPaused:
-            # blocked by an alarm we read nothing, heartbeats included: as
-            # RabbitMQ (rabbit_heartbeat:pause_monitor), do not time it out
-            self._lastRecv = now
-        if now - self._lastRecv > 2 * self.heartbeat:
+        self._heartbeatTimer = None
+        sent, self._sent = self._sent, False
+        outcome = self.engine.tick(self.clock.seconds(), sent, self._readPaused)
+        if outcome is _engine.TIMED_OUT:
+            self._dropped = True
             log.info("closing {peer}: missed heartbeats from client, timeout: {t}s",
                      peer=self.name, t=self.heartbeat)
-            self._heartbeatTimer.stop()
-            self._heartbeatTimer = None
-            self._state = _CLOSED
             self.transport.abortConnection()
             return
-        if not self._sent or now - self._lastSend >= self.heartbeat:
-            self.transport.write(HEARTBEAT_FRAME)
-            self._lastSend = now
-        self._sent = False
+        if outcome is not None:
+            self.transport.write(outcome)
+        self._scheduleHeartbeat()
 
     def _open(self, m):
         vhostName = m.virtual_host
@@ -884,8 +669,8 @@ class AMQPServerProtocol(Protocol):
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()
         self._handshakeTimer = None
-        self.sendMethod(0, spec.ConnectionOpenOk(""))
-        self._state = _OPEN
+        self.send(self.engine.openOk())
+        self._opened = True
         log.info(
             "connection {name}: user '{user}' authenticated and granted access to vhost '{vhost}'",
             name=self.name, user=loggable(self.user.name), vhost=loggable(vhostName),
@@ -893,26 +678,26 @@ class AMQPServerProtocol(Protocol):
         if self.broker.alarmed:
             self.alarmChanged(True)
 
-    def _openChannel(self, chno, payload):
-        classId, methodId = _unpack_HH(payload, 0)
-        if (classId, methodId) != (20, 10):
-            raise AMQPError(
-                spec.CHANNEL_ERROR, "expected 'channel.open'", spec.METHODS.get((classId, methodId))
-            )
-        # RabbitMQ limits how many channels are open, not the channel number
-        if len(self.channels) >= self.channelMax:
-            raise AMQPError(
-                spec.NOT_ALLOWED,
-                "number of channels opened (%d) has reached the negotiated channel_max (%d)"
-                % (len(self.channels), self.channelMax),
-            )
-        ch = Channel(self, chno)
-        self.channels[chno] = ch
-        self.sendMethod(chno, spec.ChannelOpenOk(b""))
-
-    def channelClosed(self, chno):
-        """Forget channel ``chno`` (after close / close-ok)."""
-        self.channels.pop(chno, None)
+    def closeChannel(self, number, error):
+        """
+        Close channel ``number`` for a channel-level ``error`` (AMQPError):
+        the door releases what it holds (``closed()``), channel.close is
+        sent, and the channel drops everything until close-ok (a crossing
+        channel.close is answered with close-ok).  Nothing happens for a
+        channel that is not open or already closing.
+        """
+        text = replyText(error.text)
+        data = self.engine.closeChannel(number, error.code, text, error.method)
+        if data is None:
+            return
+        log.info(
+            "closing channel {ch} of {peer}: {code} {text}",
+            ch=number, peer=self.name, code=error.code, text=loggable(text),
+        )
+        ch = self.channels.get(number)
+        if ch is not None:
+            ch.closed()
+        self.send(data)
 
     def noteConfirms(self, channel):
         """``channel`` has publisher confirms to send when this chunk is done."""
@@ -935,7 +720,8 @@ class AMQPServerProtocol(Protocol):
         :param detail: optional short str for the log line only (what the
             decoder found wrong).
         """
-        if self._state in (_CLOSING, _CLOSED):
+        engine = self.engine
+        if engine.state is _engine.CLOSING or engine.state is _engine.CLOSED:
             return
         text = replyText(text)
         log.warn(
@@ -943,9 +729,7 @@ class AMQPServerProtocol(Protocol):
             name=self.name, who=self._who(), code=code, text=loggable(text),
             detail=" (%s)" % (detail,) if detail else "",
         )
-        classId = method.CLASS_ID if method is not None else 0
-        methodId = method.METHOD_ID if method is not None else 0
-        self.sendMethod(0, spec.ConnectionClose(code, text, classId, methodId))
+        self.send(engine.closeConnection(code, text, method))
         self._enterClosing()
 
     def _clientClosed(self):
@@ -961,8 +745,9 @@ class AMQPServerProtocol(Protocol):
         self.clock.callLater(CLOSE_OK_DELAY, self._sendCloseOk)
 
     def _sendCloseOk(self):
-        if self._state == _CLOSING:
-            self.sendMethod(0, spec.ConnectionCloseOk())
+        data = self.engine.closeOk()
+        if data is not None:
+            self.send(data)
 
     def _enterClosing(self):
         """
@@ -972,10 +757,10 @@ class AMQPServerProtocol(Protocol):
         socket is dropped after the heartbeat interval, at most
         :data:`CLOSING_TIMEOUT` seconds.
         """
-        opened = self._state >= _OPEN
-        self._state = _CLOSING
+        opened = self._opened
         if self._heartbeatTimer is not None:
-            self._heartbeatTimer.stop()
+            if self._heartbeatTimer.active():
+                self._heartbeatTimer.cancel()
             self._heartbeatTimer = None
         self._release()
         if self._readPaused:
@@ -992,8 +777,21 @@ class AMQPServerProtocol(Protocol):
         self._closeTimer = self.clock.callLater(wait, self._closeNow)
 
     def close(self, code, text):
-        """Close from the broker side (e.g. vhost deleted, management)."""
+        """
+        Close politely from the broker side (e.g. vhost deleted, management):
+        connection.close with ``code`` / ``text`` (the full reply text), then
+        wait for close-ok.
+        """
         self._connectionError(code, text)
+
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
+        """
+        :class:`~otter_tx.broker.interfaces.IClientConnection`: close (406)
+        each channel whose oldest unacknowledged delivery was made before
+        ``limitSeconds`` (clock seconds); ``timeoutMs`` is for the text.
+        """
+        for ch in list(self.channels.values()):
+            ch.checkAckTimeout(limitSeconds, timeoutMs)
 
     def _closeNow(self):
         """
@@ -1001,9 +799,10 @@ class AMQPServerProtocol(Protocol):
         (RST), as RabbitMQ's sockets with their default ``{linger, {true,
         0}}``: clients such as aio-pika tell a reset from an orderly EOF.
         """
-        if self._state == _CLOSED:
+        if self._dropped:
             return
-        self._state = _CLOSED
+        self._dropped = True
+        self.engine.connectionLost()
         if self._out:
             data = b"".join(self._out)
             self._out = None
@@ -1017,27 +816,17 @@ class AMQPServerProtocol(Protocol):
         The client shut down its sending side (EOF): as RabbitMQ's reader
         on ``tcp_closed``, end the connection (abortively, see _closeNow).
         """
-        if self._state not in (_CLOSING, _CLOSED):
+        if self.engine.state not in (_engine.CLOSING, _engine.CLOSED):
             log.warn(
                 "closing AMQP connection {name}{who}: client unexpectedly closed TCP connection",
                 name=self.name, who=self._who(),
             )
-        self._state = _CLOSED
+        self._dropped = True
+        self.engine.connectionLost()
         self.transport.abortConnection()
 
     def writeConnectionLost(self):
         """Our sending side is shut (not used: we never half-close)."""
-
-    # --- acknowledgement timeout ----------------------------------------------------
-
-    def checkAckTimeout(self, limitSeconds, timeoutMs):
-        """
-        :class:`~otter_tx.broker.interfaces.IClientConnection`: close (406)
-        each channel whose oldest unacknowledged delivery was made before
-        ``limitSeconds`` (clock seconds); ``timeoutMs`` is for the text.
-        """
-        for ch in list(self.channels.values()):
-            ch.checkAckTimeout(limitSeconds, timeoutMs)
 
     # --- resource alarms ----------------------------------------------------------
 
@@ -1051,7 +840,7 @@ class AMQPServerProtocol(Protocol):
         On clearing, a connection that was told gets ``connection.unblocked``
         and is read again (https://www.rabbitmq.com/docs/connection-blocked).
         """
-        if self._state != _OPEN:
+        if self.engine.state is not _engine.OPEN:
             return
         if alarmed:
             self.blocked = True
@@ -1067,9 +856,8 @@ class AMQPServerProtocol(Protocol):
             if self._sliced:
                 return
             self.transport.resumeProducing()
-            if self._buf:
-                buf, self._buf = self._buf, b""
-                self.dataReceived(buf)
+            if self.engine.buffered():
+                self._process()
 
     _blockedSent = False
 

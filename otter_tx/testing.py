@@ -90,6 +90,9 @@ class FakeClient:
     ``received()`` decodes everything the server wrote since the last call
     into ``(channel, method, message)`` tuples (``message`` is a
     ``(propsDict, body)`` pair for content-bearing methods, else None).
+    Decoding is the wire engine in the client role
+    (:class:`otter_tx.amqp.engine.ConnectionEngine`), the same code the
+    server runs.
     """
 
     def __init__(self, factory, handshake=True, peerHost="127.0.0.1", vhost="/",
@@ -98,15 +101,17 @@ class FakeClient:
         from twisted.internet.testing import StringTransport
 
         from otter_tx.amqp import spec
+        from otter_tx.amqp.engine import CLIENT, ConnectionEngine
 
         self.spec = spec
         self.factory = factory
+        # accepts whatever the server sends (frame_max is the server's to enforce)
+        self.engine = ConnectionEngine(CLIENT, frameMax=2 ** 32 - 1)
         self.transport = StringTransport(
             peerAddress=IPv4Address("TCP", peerHost, 40000),
         )
         self.protocol = factory.buildProtocol(None)
         self.protocol.makeConnection(self.transport)
-        self._pending = b""
         if handshake:
             self.handshake(vhost, user, password, capabilities)
 
@@ -131,26 +136,16 @@ class FakeClient:
 
     def send(self, channel, method):
         """Send one method frame."""
-        from otter_tx.protocol import methodFrame
-
-        self.feed(methodFrame(channel, method))
+        self.feed(self.engine.method(channel, method))
 
     def publish(self, channel, exchange, routingKey, body=b"", props=None, mandatory=False,
                 frameMax=131072):
-        """Send basic.publish with a content header and body frames."""
-        import struct
-
+        """Send basic.publish with a content header and body frames (split by ``frameMax``)."""
         from otter_tx.amqp.codec import encodeProperties
-        from otter_tx.protocol import frame, methodFrame
 
-        spec = self.spec
-        data = [methodFrame(channel, spec.BasicPublish(0, exchange, routingKey, mandatory, False))]
-        header = struct.pack("!HHQ", 60, 0, len(body)) + encodeProperties(props or {})
-        data.append(frame(2, channel, header))
-        chunk = frameMax - 8
-        for i in range(0, len(body), chunk):
-            data.append(frame(3, channel, body[i : i + chunk]))
-        self.feed(b"".join(data))
+        engine = self.engine
+        engine.frameMax = frameMax
+        self.feed(engine.publish(channel, exchange, routingKey, encodeProperties(props or {}), body, mandatory))
 
     def openChannel(self, channel=1):
         """channel.open; returns what came back."""
@@ -159,48 +154,26 @@ class FakeClient:
 
     def received(self):
         """Decode and return the frames written since the last call."""
-        import struct
-
+        from otter_tx.amqp import engine as wire
         from otter_tx.amqp.codec import decodeProperties
 
-        spec = self.spec
-        data = self._pending + self.transport.value()
+        engine = self.engine
+        engine.receiveData(self.transport.value())
         self.transport.clear()
         out = []
-        off = 0
-        current = None
-        if data.startswith(b"AMQP"):
-            out.append((None, "header", data[:8]))
-            off = 8
-        while len(data) - off >= 8:
-            ftype, ch, size = struct.unpack_from("!BHI", data, off)
-            if len(data) - off < size + 8:
-                break
-            payload = data[off + 7 : off + 7 + size]
-            off += size + 8
-            if ftype == 1:
-                cid, mid = struct.unpack_from("!HH", payload, 0)
-                m = spec.METHODS[(cid, mid)].decode(payload, 4)
-                if m.CONTENT:
-                    current = [ch, m, None, b"", 0]
-                else:
-                    out.append((ch, m, None))
-            elif ftype == 2:
-                size_ = struct.unpack_from("!Q", payload, 4)[0]
-                current[2] = decodeProperties(payload, 12)
-                current[4] = size_
-                if size_ == 0:
-                    out.append((current[0], current[1], (current[2], b"")))
-                    current = None
-            elif ftype == 3:
-                current[3] += payload
-                if len(current[3]) >= current[4]:
-                    out.append((current[0], current[1], (current[2], current[3])))
-                    current = None
-            elif ftype == 8:
-                out.append((ch, "heartbeat", None))
-        self._pending = data[off:]
-        return out
+        while True:
+            event = engine.nextEvent()
+            if event is None:
+                return out
+            kind = event[0]
+            if kind is wire.METHOD:
+                out.append((event[1], event[2], None))
+            elif kind is wire.CONTENT:
+                out.append((event[1], event[2], (decodeProperties(event[3], 0), event[4])))
+            elif kind is wire.HEARTBEAT:
+                out.append((event[1], "heartbeat", None))
+            elif kind is wire.PROTOCOL_HEADER:
+                out.append((None, "header", event[1]))
 
     def methods(self):
         """Just the method objects received since the last call."""

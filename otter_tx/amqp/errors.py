@@ -20,6 +20,12 @@ class AMQPError(Exception):
     :ivar method: the method class that caused it, or ``None``.
     """
 
+    #: the channel number of the frame that caused it (0: the connection),
+    #: set by the wire engine
+    channel = 0
+    #: a short str for the log line only (what the decoder found wrong), or None
+    detail = None
+
     def __init__(self, code, text, method=None):
         Exception.__init__(self, code, text)
         self.code = code

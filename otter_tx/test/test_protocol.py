@@ -5,6 +5,7 @@ StringTransport and task.Clock (otter_tx.testing.FakeClient).
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyClass, verifyObject
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
@@ -36,6 +37,18 @@ class ProtocolTestCase(SynchronousTestCase):
         c.send(0, spec.ConnectionOpen("/", "", False))
         c.received()
         return c
+
+
+class SeamTests(ProtocolTestCase):
+    """The connection implements what the broker core calls on it."""
+
+    def test_clientConnection(self):
+        """AMQPServerProtocol provides IClientConnection."""
+        from otter_tx.broker.interfaces import IClientConnection
+
+        c = self.ready()
+        self.assertTrue(verifyClass(IClientConnection, type(c.protocol)))
+        self.assertTrue(verifyObject(IClientConnection, c.protocol))
 
 
 class HandshakeTests(ProtocolTestCase):

@@ -329,12 +329,12 @@ class MaxMessageSizeTests(WireTestCase):
     def test_hugeClaimBuffersNothing(self):
         """A header claiming 2^63-1 bytes is refused at once; the body frames after it are dropped as they come."""
         self.assertEqual(self.closeOf(publishFrame(1) + contentHeader(1, 2 ** 63 - 1))[1], 406)
-        ch = self.client.protocol.channels[1]
+        ch = self.client.protocol.engine.channels[1]
         chunk = frame(3, 1, b"z" * 131064)
         for _ in range(40):  # 5 MB of body frames
             self.client.feed(chunk)
-            self.assertIsNone(ch._bodyParts)
-            self.assertLess(len(self.client.protocol._buf), 131072 + 8)
+            self.assertIsNone(ch.bodyParts)
+            self.assertLess(self.client.protocol.engine.buffered(), 131072 + 8)
         # the client acknowledges the close; the channel can be opened again and works
         self.client.send(1, spec.ChannelCloseOk())
         self.client.openChannel(1)
