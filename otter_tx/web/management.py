@@ -141,11 +141,14 @@ def channelRefusal(e):
     An AMQP 403 from an operation RabbitMQ runs over an AMQP channel
     (``rabbit_mgmt_util:with_channel``: ``/get``, the aliveness test) as
     401 with the full reply text, ``ACCESS_REFUSED - access to queue 'q' in
-    vhost '/' refused for user 'u'``; other codes as :func:`amqpHTTPError`.
+    vhost '/' refused for user 'u'``; any other code as 400 with the code
+    and the full reply text, ``405 RESOURCE_LOCKED - cannot obtain exclusive
+    access to locked queue ...`` (checked on RabbitMQ 3.10 for ``/get`` on
+    another connection's exclusive queue).
     """
     if e.code == 403:
         return notAuthorised(e.text)
-    return amqpHTTPError(e)
+    return badRequest(str(e))
 
 
 def amqpHTTPError(e):
