@@ -29,7 +29,6 @@ from twisted.internet.task import Clock
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.broker.durability import Journal
 from otter_tx.protocol import AMQPServerFactory, frame, methodFrame
 
 
@@ -109,12 +108,7 @@ def main():
         from otter_tx.store.memory import MemoryStore
 
         store = MemoryStore()
-        state = store.open().result
-        journal = Journal(broker, store)
-        journal.recover(state)
-        broker.journal = journal
-        broker.listeners.append(journal.entityChanged)
-        journal.writeAll()
+        broker.attachJournal(store, store.open().result)
     factory = AMQPServerFactory(broker, clock, heartbeat=0)
     pub, pt = connect(factory)
     con, ct = connect(factory)

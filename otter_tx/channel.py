@@ -249,6 +249,23 @@ class Channel:
             e.method = spec.BasicPublish
             raise
 
+    def message(self, exchange, routingKey, mandatory, address, propsRaw, body):
+        """
+        basic.publish and its whole content at once (the hot path): the
+        checks of :meth:`publish`, then the Session's publish as in
+        :meth:`content`.
+        """
+        session = self.session
+        try:
+            ex = publishTarget(session.vhost, session.access, exchange)
+            session.publish(ex, routingKey, mandatory, propsRaw, body, address)
+        except AMQPError as e:
+            e.method = spec.BasicPublish
+            raise
+        conn = self.connection
+        if conn.blocked:
+            conn.publishedWhileBlocked()
+
     def ack(self, deliveryTag, multiple):
         """basic.ack (the hot path)."""
         try:

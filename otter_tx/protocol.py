@@ -28,7 +28,7 @@ from otter_tx import __version__
 from otter_tx.amqp import engine as _engine
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
-from otter_tx.amqp.engine import ACK, CONTENT, METHOD, PUBLISH, ConnectionEngine
+from otter_tx.amqp.engine import ACK, CONTENT, MESSAGE, METHOD, PUBLISH, ConnectionEngine
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
 from otter_tx.broker.access import isLoopback
@@ -39,8 +39,9 @@ __all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame"
 
 log = Logger()
 
-#: engine events (a publish with its content counts two, an ack one)
-#: handled per read before yielding to the reactor (publisher fairness)
+#: frames handled per read before yielding to the reactor (publisher
+#: fairness), counted by engine events: a whole message (MESSAGE) counts
+#: three, any other event one
 FRAMES_PER_SLICE = 300
 
 #: seconds a closed connection's socket is kept for the client to close it
@@ -81,7 +82,7 @@ SERVER_CAPABILITIES = {
 
 #: engine events whose second item is a channel number
 _CHANNEL_EVENTS = frozenset([
-    _engine.CHANNEL_OPEN, _engine.CHANNEL_CLOSE, _engine.CHANNEL_CLOSED, METHOD, PUBLISH, CONTENT, ACK,
+    _engine.CHANNEL_OPEN, _engine.CHANNEL_CLOSE, _engine.CHANNEL_CLOSED, METHOD, MESSAGE, PUBLISH, CONTENT, ACK,
 ])
 
 #: bytes batched for one connection within one reactor turn above which its
@@ -444,8 +445,13 @@ class AMQPServerProtocol(Protocol):
                 if event is None:
                     return
                 kind = event[0]
-                # the hot path: publish, its content, ack
-                if kind is CONTENT:
+                # the hot path: a whole message, publish, its content, ack
+                if kind is MESSAGE:
+                    _, chno, exchange, routingKey, mandatory, address, propsRaw, body = event
+                    channels[chno].message(exchange, routingKey, mandatory, address, propsRaw, body)
+                    # three frames: a slice stays about FRAMES_PER_SLICE frames
+                    budget -= 2
+                elif kind is CONTENT:
                     _, chno, propsRaw, body = event
                     channels[chno].content(propsRaw, body)
                 elif kind is PUBLISH:
@@ -487,7 +493,7 @@ class AMQPServerProtocol(Protocol):
                 # blocked by a resource alarm: stop after this publish
                 return
             budget -= 1
-            if not budget and engine.buffered():
+            if budget <= 0 and engine.buffered():
                 # fairness: let the reactor serve other connections (consumers
                 # acking, say) before the rest of this publisher's bytes
                 self._sliced = True

@@ -37,9 +37,13 @@ Events are tuples, the kind first (compare with ``is``):
                        channel (answer :meth:`channelCloseOk`)
 ``CHANNEL_CLOSED``     ``(kind, channel)``: close-ok for our channel.close
 ``METHOD``             ``(kind, channel, method)``: any other method
+``MESSAGE``            ``(kind, channel, exchange, routingKey, mandatory,
+                       address, propsRaw, body)``: basic.publish whose
+                       content header and single body frame were buffered
+                       with it (server; the usual case, one event)
 ``PUBLISH``            ``(kind, channel, exchange, routingKey, mandatory,
-                       address)``: basic.publish (server); its content
-                       follows as ``CONTENT``
+                       address)``: basic.publish (server) whose content was
+                       not all buffered; it follows as ``CONTENT``
 ``CONTENT``            server: ``(kind, channel, propsRaw, body)``; client:
                        ``(kind, channel, method, propsRaw, body)`` for
                        basic.deliver / get-ok / return
@@ -107,6 +111,7 @@ CHANNEL_OPEN = "channel-open"
 CHANNEL_CLOSE = "channel-close"
 CHANNEL_CLOSED = "channel-closed"
 METHOD = "method"
+MESSAGE = "message"
 PUBLISH = "publish"
 CONTENT = "content"
 ACK = "ack"
@@ -498,10 +503,39 @@ class ConnectionEngine:
             )
         if bits & 2:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", spec.BasicPublish)
+        # exchange and routing key as the short strings deliveries repeat
+        address = payload[6 : off + 1 + k]
+        # the usual case: the content header and the one body frame are
+        # buffered too, well formed and within the limits: one event for
+        # the whole message (anything else takes the frame-by-frame path,
+        # with its errors)
+        reader = self._reader
+        buf = reader._buf
+        o = reader._off
+        n = len(buf)
+        if n - o >= 21:
+            ftype, chno, hsize = _unpack_frameHeader(buf, o)
+            hend = o + 7 + hsize
+            if (ftype == 2 and chno == ch.number and 14 <= hsize <= reader.frameMax and hend < n
+                    and buf[hend] == 0xCE):
+                classId, _, bodySize = _unpack_HHQ(buf, o + 7)
+                if classId == 60 and bodySize <= self.maxMessageSize:
+                    if not bodySize:
+                        reader._off = hend + 1
+                        return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
+                                buf[o + 19 : hend], b"")
+                    b = hend + 1
+                    if n - b >= 7:
+                        ftype, bch, bsize = _unpack_frameHeader(buf, b)
+                        bend = b + 7 + bsize
+                        if (ftype == 3 and bch == chno and bsize == bodySize and bsize <= reader.frameMax
+                                and bend < n and buf[bend] == 0xCE):
+                            reader._off = bend + 1
+                            return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
+                                    buf[o + 19 : hend], buf[b + 7 : bend])
         ch.pending = True
         ch.header = None
-        # exchange and routing key as the short strings deliveries repeat
-        return (PUBLISH, ch.number, exchange, routingKey, bool(bits & 1), payload[6 : off + 1 + k])
+        return (PUBLISH, ch.number, exchange, routingKey, bool(bits & 1), address)
 
     def _contentHeader(self, ch, payload):
         """

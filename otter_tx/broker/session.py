@@ -126,8 +126,18 @@ class Consumer:
         return True
 
     def deliver(self, queue, entry):
-        """Send basic.deliver for ``entry`` (called by the queue)."""
-        self.session.deliver(self, queue, entry)
+        """
+        Hand ``entry`` of ``queue`` to the client (called by the queue): the
+        next delivery tag of the session, recorded in its ledger unless
+        no-ack, and basic.deliver sent.
+        """
+        s = self.session
+        tag = s.deliveryTag = s.deliveryTag + 1
+        if not self.noAck:
+            s.unacked[tag] = (queue, entry, self, tag)
+            s.unackedCount += 1
+            self.unacked += 1
+        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered, entry.message)
 
     def cancelledByBroker(self, queue):
         """The queue was deleted: consumer cancel notification."""
@@ -363,16 +373,6 @@ class Session:
         """Consumers may have room again: let their queues dispatch."""
         for q in {c.queue for c in self.consumers.values()}:
             q.dispatch()
-
-    def deliver(self, consumer, queue, entry):
-        """Record ``entry`` in the ledger (unless no-ack) and send basic.deliver."""
-        self.deliveryTag += 1
-        tag = self.deliveryTag
-        if not consumer.noAck:
-            self.unacked[tag] = (queue, entry, consumer, tag)
-            self.unackedCount += 1
-            consumer.unacked += 1
-        self.connection.sendDeliver(self.number, consumer.tagBytes, tag, entry.redelivered, entry.message)
 
     def get(self, queue, noAck=False):
         """

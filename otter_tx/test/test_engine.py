@@ -273,10 +273,44 @@ class ContentTests(unittest.TestCase):
         ])
 
     def test_emptyBody(self):
-        """A header announcing no body completes the content at once."""
+        """A header announcing no body completes the message at once."""
         e = openServer()
         out = events(e, methodFrame(1, spec.BasicPublish(0, "", "q", False, False)) + frame(2, 1, header(0)))
-        self.assertEqual(out[1], (wire.CONTENT, 1, b"\x00\x00", b""))
+        self.assertEqual(out, [(wire.MESSAGE, 1, "", "q", False, b"\x00\x01q", b"\x00\x00", b"")])
+
+    def test_emptyBodyArrivingLater(self):
+        """A header announcing no body, after its publish was handled, completes the content at once."""
+        e = openServer()
+        events(e, methodFrame(1, spec.BasicPublish(0, "", "q", False, False)))
+        self.assertEqual(events(e, frame(2, 1, header(0))), [(wire.CONTENT, 1, b"\x00\x00", b"")])
+
+    def test_wholeMessageOneEvent(self):
+        """A publish buffered with its header and its single body frame is one MESSAGE event."""
+        e = openServer()
+        data = (methodFrame(1, spec.BasicPublish(0, "ex", "rk", True, False)) + frame(2, 1, header(5, b"\x10\x00\x02"))
+                + frame(3, 1, b"hello"))
+        self.assertEqual(events(e, data + data), [
+            (wire.MESSAGE, 1, "ex", "rk", True, b"\x02ex\x02rk", b"\x10\x00\x02", b"hello"),
+        ] * 2)
+
+    def test_partialMessageFrameByFrame(self):
+        """A publish whose content is not all buffered yet is PUBLISH, then CONTENT once the body is in."""
+        e = openServer()
+        data = (methodFrame(1, spec.BasicPublish(0, "ex", "rk", False, False)) + frame(2, 1, header(5))
+                + frame(3, 1, b"hello"))
+        self.assertEqual(events(e, data[:-3]), [(wire.PUBLISH, 1, "ex", "rk", False, b"\x02ex\x02rk")])
+        self.assertEqual(events(e, data[-3:]), [(wire.CONTENT, 1, b"\x00\x00", b"hello")])
+
+    def test_wholeMessageChecksKeptOnTheFramePath(self):
+        """A buffered message that breaks a rule (here: its size over the maximum) is not one event."""
+        e = openServer(maxMessageSize=4)
+        data = (methodFrame(1, spec.BasicPublish(0, "", "q", False, False)) + frame(2, 1, header(5))
+                + frame(3, 1, b"hello"))
+        e.receiveData(data, 0)
+        self.assertEqual(e.nextEvent()[0], wire.PUBLISH)
+        with self.assertRaises(AMQPError) as caught:
+            e.nextEvent()
+        self.assertEqual(caught.exception.code, spec.PRECONDITION_FAILED)
 
     def test_publishDecodeMatchesCodec(self):
         """The hand decode of basic.publish agrees with the generic codec, odd bytes included."""
@@ -378,7 +412,7 @@ class EncoderTests(unittest.TestCase):
         client = ConnectionEngine(CLIENT)
         props = encodeProperties({"content_type": "a/b"})
         out = events(openServer(), client.publish(1, "ex", "rk", props, b"body", mandatory=True))
-        self.assertEqual(out, [(wire.PUBLISH, 1, "ex", "rk", True, b"\x02ex\x02rk"), (wire.CONTENT, 1, props, b"body")])
+        self.assertEqual(out, [(wire.MESSAGE, 1, "ex", "rk", True, b"\x02ex\x02rk", props, b"body")])
 
 
 class HeartbeatTests(unittest.TestCase):
