@@ -27,11 +27,11 @@ from zope.interface import implementer
 from otter_tx import __version__
 from otter_tx.amqp import engine as _engine
 from otter_tx.amqp import spec
-from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
-from otter_tx.amqp.engine import ACK, CONTENT, MESSAGE, METHOD, PUBLISH, ConnectionEngine
+from otter_tx.amqp.codec import FrameSyntaxError
+from otter_tx.amqp.engine import ACK, CONTENT, MESSAGE, METHOD, PUBLISH, ConnectionEngine, saslCredentials
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
-from otter_tx.broker.access import isLoopback
+from otter_tx.broker.access import LOOPBACK_ONLY, login
 from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.channel import Channel
 
@@ -569,36 +569,17 @@ class AMQPServerProtocol(Protocol):
         caps = self.clientProperties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         mechanism = m.mechanism
-        username = password = None
-        resp = m.response
-        if mechanism == "PLAIN":
-            parts = resp.split(b"\x00")
-            if len(parts) == 3:
-                username = parts[1].decode("utf-8", "replace")
-                password = parts[2].decode("utf-8", "replace")
-        elif mechanism == "AMQPLAIN":
-            try:
-                t = decodeTable(resp, 0, len(resp))
-            except FrameSyntaxError:
-                t = {}
-            username = t.get("LOGIN")
-            password = t.get("PASSWORD")
-            if not isinstance(username, str) or not isinstance(password, str):
-                username = password = None
-        else:
+        credentials = saslCredentials(mechanism, m.response)
+        if credentials is None:
             self._connectionError(
                 spec.ACCESS_REFUSED,
                 "ACCESS_REFUSED - unsupported authentication mechanism '%s'" % (mechanism,),
             )
             return
-        user = None
-        if username is not None:
-            user = self.broker.authenticate(username, password)
-            if user is not None and user.loopbackOnly and not isLoopback(getattr(self.peer, "host", None)):
-                log.warn(
-                    "user {user!r} can only connect via localhost", user=loggable(replyText(username))
-                )
-                user = None
+        username, password = credentials
+        user, refusal = login(self.broker.users, username, password, getattr(self.peer, "host", None))
+        if refusal == LOOPBACK_ONLY:
+            log.warn("user {user!r} can only connect via localhost", user=loggable(replyText(username)))
         if user is None:
             log.warn(
                 "AMQP connection {name}: {mechanism} login refused: user '{user}' - invalid credentials",

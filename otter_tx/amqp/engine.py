@@ -68,7 +68,7 @@ basic.deliver out) is decoded and encoded by hand, measured with
 import struct
 
 from otter_tx.amqp import spec
-from otter_tx.amqp.codec import FrameSyntaxError
+from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, octetsSnippet
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, FrameReader, contentFrames, methodFrame, packFrameHeader
 
@@ -171,6 +171,37 @@ def _cannotDecode(cls, args, e):
     err = AMQPError(spec.FRAME_ERROR, "cannot decode %s" % (erlBinary(args),), cls)
     err.detail = str(e)
     return err
+
+
+#: the SASL mechanisms connection.start offers (and :func:`saslCredentials` reads)
+MECHANISMS = b"PLAIN AMQPLAIN"
+
+
+def saslCredentials(mechanism, response):
+    """
+    The ``(username, password)`` (str, str) in a connection.start-ok
+    ``response`` (bytes) for ``mechanism`` (str): ``PLAIN`` is
+    ``authzid NUL authcid NUL password`` (RFC 4616), ``AMQPLAIN`` a field
+    table with ``LOGIN`` and ``PASSWORD`` (AMQP 0-8).  ``(None, None)`` when
+    the response cannot be read (RabbitMQ then refuses the login as for bad
+    credentials); None when the mechanism is not one of :data:`MECHANISMS`
+    (RabbitMQ: 403 ``unsupported authentication mechanism``).
+    """
+    if mechanism == "PLAIN":
+        parts = response.split(b"\x00")
+        if len(parts) == 3:
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        return None, None
+    if mechanism == "AMQPLAIN":
+        try:
+            t = decodeTable(response, 0, len(response))
+        except FrameSyntaxError:
+            return None, None
+        username, password = t.get("LOGIN"), t.get("PASSWORD")
+        if isinstance(username, str) and isinstance(password, str):
+            return username, password
+        return None, None
+    return None
 
 
 def checkShortStrings(m):
@@ -732,7 +763,7 @@ class ConnectionEngine:
         if self.role != role or self.state not in states:
             raise LocalProtocolError("not allowed as %s in state %s" % (self.role, self.state))
 
-    def start(self, serverProperties, mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"):
+    def start(self, serverProperties, mechanisms=MECHANISMS, locales=b"en_US"):
         """
         connection.start (bytes) after the peer's protocol header;
         ``serverProperties`` a dict.  The engine then awaits start-ok.

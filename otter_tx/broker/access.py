@@ -74,6 +74,30 @@ def isLoopback(host):
     return addr.is_loopback
 
 
+#: :func:`login` refusals (the reason, for the log line)
+INVALID_CREDENTIALS = "invalid credentials"
+LOOPBACK_ONLY = "can only connect via localhost"
+
+
+def login(users, username, password, host):
+    """
+    The login rule of both doors (AMQP connection.start-ok, HTTP Basic
+    auth): ``(user, None)`` for the :class:`User` of ``users`` (dict name ->
+    User) named ``username`` (str or None) whose password is ``password``,
+    connecting from ``host`` (see :func:`isLoopback`); else ``(None,
+    reason)`` with :data:`INVALID_CREDENTIALS` or :data:`LOOPBACK_ONLY` for a
+    ``loopbackOnly`` user (RabbitMQ's ``loopback_users``, guest by default)
+    from elsewhere.  Each door answers with its own refusal (AMQP 403
+    ``ACCESS_REFUSED - Login was refused ...``, HTTP 401).
+    """
+    user = users.get(username) if username is not None else None
+    if user is None or not user.checkPassword(password):
+        return None, INVALID_CREDENTIALS
+    if user.loopbackOnly and not isLoopback(host):
+        return None, LOOPBACK_ONLY
+    return user, None
+
+
 def permits(permissions, userName, vhost, perm, kind, name):
     """
     True when user ``userName``'s ``perm`` regex (:data:`CONFIGURE`,

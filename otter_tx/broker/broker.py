@@ -144,11 +144,12 @@ class Broker:
         self.entityChanged("permission", None, (user, vhost))
 
     def authenticate(self, username, password):
-        """The :class:`User` or None."""
-        u = self.users.get(username)
-        if u is not None and u.checkPassword(password):
-            return u
-        return None
+        """
+        The :class:`User` named ``username`` whose password is ``password``,
+        or None (the password check of :func:`access.login`, without its
+        loopback rule, which needs the peer's address).
+        """
+        return access.login(self.users, username, password, None)[0]
 
     def canAccess(self, user, vhost):
         """True when ``user`` has permissions on ``vhost``."""

@@ -168,3 +168,33 @@ class LoopbackTests(SynchronousTestCase):
     def test_httpDoor(self):
         """guest logs in over HTTP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
         self._checkDoor(self._httpLogin)
+
+
+class LoginTests(SynchronousTestCase):
+    """access.login, the one login rule of both doors."""
+
+    def setUp(self):
+        self.broker = Broker(Clock())
+
+    def test_goodPasswordFromLoopback(self):
+        """The right password from a loopback address logs in."""
+        user, refusal = access.login(self.broker.users, "guest", "guest", "127.0.0.1")
+        self.assertEqual((user.name, refusal), ("guest", None))
+
+    def test_refusals(self):
+        """A wrong password, an unknown or unreadable user are invalid credentials; a loopback-only user from elsewhere is refused as such."""
+        cases = [
+            (("guest", "wrong", "127.0.0.1"), access.INVALID_CREDENTIALS),
+            (("nobody", "guest", "127.0.0.1"), access.INVALID_CREDENTIALS),
+            ((None, None, "127.0.0.1"), access.INVALID_CREDENTIALS),
+            (("guest", "guest", "10.0.0.1"), access.LOOPBACK_ONLY),
+            (("guest", "wrong", "10.0.0.1"), access.INVALID_CREDENTIALS),
+        ]
+        for args, reason in cases:
+            self.assertEqual(access.login(self.broker.users, *args), (None, reason), args)
+
+    def test_otherUsersFromAnywhere(self):
+        """A user that is not loopback-only logs in from any address."""
+        self.broker.addUser("alice", "secret")
+        user, refusal = access.login(self.broker.users, "alice", "secret", "10.0.0.1")
+        self.assertEqual((user.name, refusal), ("alice", None))

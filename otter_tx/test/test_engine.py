@@ -8,7 +8,7 @@ import unittest
 
 from otter_tx.amqp import engine as wire
 from otter_tx.amqp import spec
-from otter_tx.amqp.codec import encodeProperties
+from otter_tx.amqp.codec import encodeProperties, encodeTable
 from otter_tx.amqp.engine import CLIENT, SERVER, ConnectionEngine, LocalProtocolError
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, FrameReader, contentFrames, frame, methodFrame
@@ -116,6 +116,27 @@ class HandshakeTests(unittest.TestCase):
         e = ConnectionEngine(SERVER)
         self.assertRaises(LocalProtocolError, e.openOk)
         self.assertRaises(LocalProtocolError, ConnectionEngine(CLIENT).start, {})
+
+
+class SASLTests(unittest.TestCase):
+    """The credentials of connection.start-ok's response."""
+
+    def test_plain(self):
+        """PLAIN is authzid NUL authcid NUL password; other shapes are unreadable."""
+        self.assertEqual(wire.saslCredentials("PLAIN", b"\0guest\0pw"), ("guest", "pw"))
+        self.assertEqual(wire.saslCredentials("PLAIN", b"guest\0pw"), (None, None))
+
+    def test_amqplain(self):
+        """AMQPLAIN is a table with LOGIN and PASSWORD strings; a bad table or missing keys are unreadable."""
+        table = encodeTable({"LOGIN": "guest", "PASSWORD": "pw"})[4:]
+        self.assertEqual(wire.saslCredentials("AMQPLAIN", table), ("guest", "pw"))
+        self.assertEqual(wire.saslCredentials("AMQPLAIN", encodeTable({"LOGIN": "guest"})[4:]), (None, None))
+        self.assertEqual(wire.saslCredentials("AMQPLAIN", b"\xff"), (None, None))
+
+    def test_unsupported(self):
+        """A mechanism connection.start did not offer is None."""
+        self.assertIsNone(wire.saslCredentials("EXTERNAL", b""))
+        self.assertEqual(wire.MECHANISMS, b"PLAIN AMQPLAIN")
 
 
 class TuneTests(unittest.TestCase):

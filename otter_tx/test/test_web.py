@@ -10,6 +10,7 @@ import base64
 import json
 
 from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -292,6 +293,9 @@ class AuthorisationTests(WebTestCase):
         class Req:
             def getHeader(self, name):
                 return b"Basic " + base64.b64encode(("%s:pw" % (user,)).encode())
+
+            def getClientAddress(self):
+                return IPv4Address("TCP", "127.0.0.1", 40000)
 
         try:
             return self.mgmt._authenticate(Req(), access).name

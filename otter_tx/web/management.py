@@ -53,7 +53,7 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, READ, WRITE, User, bindChecks, isLoopback
+from otter_tx.broker.access import CONFIGURE, LOOPBACK_ONLY, READ, WRITE, User, bindChecks, login
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.policy import Policy, PolicyError
@@ -410,11 +410,11 @@ class ManagementApp:
             name, password = raw.split(":", 1)
         except Exception:
             raise HTTPError(401, "not_authorized", "Login failed", challenge)
-        user = self.broker.authenticate(name, password)
+        user, refusal = login(self.broker.users, name, password, getattr(request.getClientAddress(), "host", None))
+        if refusal == LOOPBACK_ONLY:
+            raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
         if user is None:
             raise HTTPError(401, "not_authorized", "Login failed", challenge)
-        if user.loopbackOnly and not isLoopback(getattr(request.getClientAddress(), "host", None)):
-            raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
         tags = set(user.tags)
         if not tags & MANAGEMENT_TAGS:
             raise notAuthorised("Not management user")
