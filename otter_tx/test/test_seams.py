@@ -78,17 +78,18 @@ class RealImplementationTests(SynchronousTestCase):
         self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))
 
     def test_consumer(self):
-        """The AMQP consumer has every IConsumer method (the Session's Consumer declares it)."""
-        try:
-            from otter_tx.broker.session import Consumer
-        except ImportError:
-            # before the Session exists the channel's Consumer is the real one;
-            # it does not declare IConsumer, so only its methods are checked
-            from otter_tx.channel import Consumer
+        """The Session's Consumer is an IConsumer."""
+        from otter_tx.broker.session import Consumer
 
-            self.assertTrue(verifyClass(IConsumer, Consumer, tentative=True))
-        else:
-            self.assertTrue(verifyClass(IConsumer, Consumer))
+        self.assertTrue(verifyClass(IConsumer, Consumer))
+
+    def test_clientConnections(self):
+        """The AMQP connection and the HTTP door are IClientConnections."""
+        from otter_tx.protocol import AMQPServerProtocol
+        from otter_tx.web.door import HTTPRequestConnection
+
+        self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))
+        self.assertTrue(verifyClass(IClientConnection, HTTPRequestConnection))
 
 
 class FakeTests(SynchronousTestCase):
