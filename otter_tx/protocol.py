@@ -831,10 +831,12 @@ class AMQPServerProtocol(Protocol):
             return
         if alarmed:
             self.blocked = True
+            self.engine.joinContent = False
             return
         if not self.blocked:
             return
         self.blocked = False
+        self.engine.joinContent = True
         if self._blockedSent:
             self._blockedSent = False
             self.sendMethod(0, spec.ConnectionUnblocked())

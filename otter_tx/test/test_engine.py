@@ -314,6 +314,17 @@ class ContentTests(unittest.TestCase):
             (wire.MESSAGE, 1, "ex", "rk", True, b"\x02ex\x02rk", b"\x10\x00\x02", b"hello"),
         ] * 2)
 
+    def test_joinContentOff(self):
+        """With joinContent off (a blocked connection) a wholly buffered publish is PUBLISH, then CONTENT."""
+        e = openServer()
+        e.joinContent = False
+        data = (methodFrame(1, spec.BasicPublish(0, "ex", "rk", False, False)) + frame(2, 1, header(5))
+                + frame(3, 1, b"hello"))
+        self.assertEqual(events(e, data), [
+            (wire.PUBLISH, 1, "ex", "rk", False, b"\x02ex\x02rk"),
+            (wire.CONTENT, 1, b"\x00\x00", b"hello"),
+        ])
+
     def test_partialMessageFrameByFrame(self):
         """A publish whose content is not all buffered yet is PUBLISH, then CONTENT once the body is in."""
         e = openServer()
