@@ -16,7 +16,7 @@ Usage (from the repository root)::
 
 It prints one summary line (frames, connections, 541 count, other close
 codes, tracebacks in the log, canary round trips and failures) and exits 1
-on failure.  The generators come from ``otter_tx.test.test_fuzz``.
+on failure.  The generators come from ``otter_tx.test.unit.test_fuzz``.
 """
 
 import argparse
@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 
 from otter_tx.amqp import spec  # noqa: E402
 from otter_tx.protocol import methodFrame  # noqa: E402
-from otter_tx.test.test_fuzz import closeCodes, mutate, mutateFrames, randomFrames, validSession  # noqa: E402
+from otter_tx.test.unit.test_fuzz import closeCodes, mutate, mutateFrames, randomFrames, validSession  # noqa: E402
 
 from memory_broker import startBrokerProcess, stopBrokerProcess  # noqa: E402
 

@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)
 from memory_broker import rss, startBrokerProcess, stopBrokerProcess  # noqa: E402
 
 sys.path.insert(0, ROOT)
-from otter_tx.test.test_interop_flow import _rawConsumer  # noqa: E402
+from otter_tx.test.interop.test_interop_flow import _rawConsumer  # noqa: E402
 
 
 class Canary(threading.Thread):

@@ -2,7 +2,7 @@
 The declared seams of the broker core: what the core calls on the objects
 around it.  Every real implementation and every test fake is checked with
 ``zope.interface.verify.verifyClass`` / ``verifyObject``
-(``otter_tx/test/test_seams.py``).
+(``otter_tx/test/unit/test_seams.py``).
 
 - :class:`IClientConnection`: one client connection as the core sees it (an
   AMQP connection, or the HTTP app's per-request door): close it, tell it the

@@ -9,7 +9,7 @@ store hands everything back in one :class:`RecoveredState` (its messages
 as per-queue iterables that may read the store lazily).
 
 Two implementations run the same contract suite
-(``otter_tx/test/test_store.py``):
+(``otter_tx/test/unit/test_store.py``):
 
 - :class:`otter_tx.store.memory.MemoryStore`: nothing reaches disk; for
   tests and ``--data-dir`` not given.

@@ -1,0 +1,133 @@
+"""
+SIGKILL of a process writing to a :class:`SQLiteStore`: a child process
+streams messages into the store and reports each ``sync()`` that fired; it is
+killed with SIGKILL three times mid-stream, and every message it reported
+durable must be recovered.  The store contract and the other SQLite tests
+are in ``otter_tx.test.unit.test_store``.
+"""
+
+import os
+import sys
+
+from twisted.internet import defer, protocol, reactor
+from twisted.trial.unittest import TestCase
+
+from otter_tx.test.unit.test_store import _SQLiteFixture, listed
+
+
+# a child process for the SIGKILL test: writes until killed and prints
+# "durable N" each time a sync() covering messages up to N has fired
+_CRASH_CHILD = r"""
+import sys
+from twisted.internet import reactor
+from otter_tx.store.sqlite import SQLiteStore
+
+path, start = sys.argv[1], int(sys.argv[2])
+store = SQLiteStore(path, reactor)
+nextId = [start]
+
+def report(_, top):
+    sys.stdout.write("durable %d\n" % top)
+    sys.stdout.flush()
+
+def step():
+    for _ in range(40):
+        n = nextId[0]
+        nextId[0] += 1
+        store.addMessage(n, "ex", "rk%d" % n, b"props%d" % n, b"body-%d-" % n * 20)
+        store.enqueue("q1", n, n, 1000.0 + n, None, False)
+        store.enqueue("q2", n, n, 1000.0 + n, 9000.0 + n, False)
+        if n - 25 >= start:
+            store.dequeue("q2", n - 25)
+    store.sync().addCallback(report, nextId[0] - 1)
+    reactor.callLater(0, step)
+
+def opened(recovered):
+    store.putEntity("queue", "q1", {})
+    store.putEntity("queue", "q2", {})
+    sys.stdout.write("opened\n")
+    sys.stdout.flush()
+    step()
+
+def failed(f):
+    f.printTraceback()
+    reactor.stop()
+
+store.open().addCallbacks(opened, failed)
+reactor.run()
+"""
+
+
+class _KillAfter(protocol.ProcessProtocol):
+    """
+    Reads the child's "durable N" lines and SIGKILLs it after ``lines`` of
+    them; ``ended`` fires with (last durable N, stderr) when it has exited.
+    """
+
+    def __init__(self, lines):
+        self.lines = lines
+        self.buffer = b""
+        self.durable = []
+        self.stderr = b""
+        self.ended = defer.Deferred()
+        self.killed = False
+
+    def outReceived(self, data):
+        self.buffer += data
+        *complete, self.buffer = self.buffer.split(b"\n")
+        for line in complete:
+            if line.startswith(b"durable "):
+                self.durable.append(int(line.split()[1]))
+        if len(self.durable) >= self.lines and not self.killed:
+            self.killed = True
+            self.transport.signalProcess("KILL")
+
+    def errReceived(self, data):
+        self.stderr += data
+
+    def processEnded(self, reason):
+        self.ended.callback((self.durable[-1] if self.durable else None, self.stderr))
+
+
+class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
+    """A store process killed with SIGKILL loses nothing it reported durable."""
+
+    async def test_sigkillRecovery(self):
+        """A store process killed with SIGKILL mid-stream three times loses nothing it reported durable."""
+        path = os.path.abspath(self.mktemp()) + ".sqlite3"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        start = 0
+        durable = []
+        for round_ in range(3):
+            child = _KillAfter(lines=2 + round_)
+            reactor.spawnProcess(
+                child,
+                sys.executable,
+                [sys.executable, "-c", _CRASH_CHILD, path, str(start)],
+                env=env,
+            )
+            top, stderr = await child.ended
+            self.assertIsNotNone(top, stderr.decode("utf-8", "replace"))
+            self.assertTrue(child.killed)
+            durable.append((start, top))
+            store = self.newStore(path)
+            recovered = listed(await store.open())
+            await store.close()
+            q1 = {m.storeId: m for m in recovered.messages.get("q1", [])}
+            q2 = {m.storeId: m for m in recovered.messages.get("q2", [])}
+            for runStart, runTop in durable:
+                for n in range(runStart, runTop + 1):
+                    self.assertIn(n, q1)
+                for n in range(runStart, runTop - 25 + 1):
+                    self.assertNotIn(n, q2)
+            for n, message in q1.items():
+                self.assertEqual(
+                    (message.body, message.propsRaw, message.routingKey, message.enqueuedAtMs),
+                    (b"body-%d-" % n * 20, b"props%d" % n, "rk%d" % n, 1000.0 + n),
+                )
+            for n, message in q2.items():
+                self.assertEqual(message.expiresAtMs, 9000.0 + n)
+                self.assertIn(n, q1)
+            self.assertEqual(recovered.stats["messages"], len(q1))
+            self.assertEqual(sorted(q1), list(range(len(q1))))
+            start = max(q1) + 1

@@ -1,0 +1,122 @@
+"""
+The layer rules of docs/architecture.md, checked on the source:
+
+- ``otter_tx/amqp/`` (the wire) imports nothing from Twisted and nothing of
+  the broker: only the standard library and its own modules;
+- ``otter_tx/broker/`` and ``otter_tx/store/`` never import the global
+  reactor (time and threads come from an injected reactor);
+- the unit tests import without any AMQP client library installed.
+
+Imports are read with :mod:`ast`, so imports inside functions count too.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+
+from twisted.trial.unittest import SynchronousTestCase
+
+import otter_tx
+
+PACKAGE = os.path.dirname(os.path.abspath(otter_tx.__file__))
+
+#: the client libraries the interop tests drive; unit tests must not need them
+CLIENT_LIBRARIES = ("pika", "aio_pika", "aiormq", "kombu", "amqp", "rabbitpy", "txamqp", "pamqp")
+
+
+def _modules(sub):
+    """Paths of the ``.py`` files under ``otter_tx/<sub>``."""
+    top = os.path.join(PACKAGE, sub)
+    for dirpath, _, files in os.walk(top):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                yield os.path.join(dirpath, f)
+
+
+def _imports(path):
+    """
+    Every import in the file at ``path``, as ``(module, names)`` with the
+    absolute module name (``""`` for a relative import's own package is
+    resolved against otter_tx's layout) and the imported names (tuple).
+    """
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    rel = os.path.relpath(path, os.path.dirname(PACKAGE))[: -len(".py")].split(os.sep)
+    package = rel[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([module] if module else []))
+            yield module, tuple(a.name for a in node.names)
+
+
+class LayerTests(SynchronousTestCase):
+    """The dependency direction of the layers."""
+
+    def test_wireImportsNoTwistedNoBroker(self):
+        """No module of otter_tx/amqp imports Twisted or any otter_tx module outside otter_tx.amqp."""
+        bad = []
+        for path in _modules("amqp"):
+            for module, _ in _imports(path):
+                top = module.split(".")[0]
+                if top in ("twisted", "zope", "klein", "treq", "txaio"):
+                    bad.append((os.path.basename(path), module))
+                elif top == "otter_tx" and not (module + ".").startswith("otter_tx.amqp."):
+                    bad.append((os.path.basename(path), module))
+        self.assertEqual(bad, [])
+
+    def test_coreNeverImportsTheGlobalReactor(self):
+        """No module of otter_tx/broker or otter_tx/store imports twisted.internet.reactor."""
+        bad = []
+        for sub in ("broker", "store"):
+            for path in _modules(sub):
+                for module, names in _imports(path):
+                    if module == "twisted.internet.reactor" or (
+                        module == "twisted.internet" and "reactor" in names
+                    ):
+                        bad.append(os.path.relpath(path, PACKAGE))
+        self.assertEqual(bad, [])
+
+    def test_rulesSeeAViolation(self):
+        """The import reader finds a global reactor import, relative imports resolved."""
+        path = os.path.join(self.mktemp() + ".py")
+        with open(path, "w") as f:
+            f.write("def f():\n    from twisted.internet import reactor\nfrom . import codec\n")
+        found = list(_imports(path))
+        self.assertIn(("twisted.internet", ("reactor",)), found)
+        self.assertEqual(len(found), 2)
+
+    def test_unitTestsNeedNoClientLibrary(self):
+        """Every otter_tx.test.unit module imports with the AMQP client libraries made unimportable."""
+        unit = os.path.join(PACKAGE, "test", "unit")
+        if not os.path.isdir(unit):
+            self.fail("otter_tx/test/unit is missing")
+        names = sorted(
+            "otter_tx.test.unit." + f[: -len(".py")]
+            for f in os.listdir(unit) if f.startswith("test_") and f.endswith(".py")
+        )
+        self.assertTrue(names)
+        code = (
+            "import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in %r:\n"
+            "            raise ImportError('client library ' + name + ' is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import importlib\n"
+            "for n in %r:\n"
+            "    importlib.import_module(n)\n"
+            "print('ok', len(%r))\n" % (CLIENT_LIBRARIES, names, names)
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+            cwd=os.path.dirname(PACKAGE),
+        )
+        self.assertEqual((out.returncode, out.stderr[-2000:]), (0, ""))
+        self.assertEqual(out.stdout.strip(), "ok %d" % (len(names),))
