@@ -338,3 +338,69 @@ class ManagementInteropTests(ManagementHTTPCase):
         code, _, resp = yield self.call("POST", "/api/policies/%2F/" + self.name("p"), {})
         self.assertEqual(code, 405)
         self.assertIn(b"PUT", resp.headers.getRawHeaders(b"allow")[0])
+
+
+EXTERNAL_AMQP = os.environ.get("OTTER_TEST_AMQP_URL")
+
+_LOCKED = ("cannot obtain exclusive access to locked queue '%s' in vhost '/'. It could be originally "
+           "declared on another connection or the exclusive property value does not match that of the "
+           "original declaration.")
+
+
+class ExclusiveQueueTests(ManagementHTTPCase):
+    """
+    Another connection's exclusive queue over HTTP: every operation is
+    refused with AMQP's 405 RESOURCE_LOCKED text, as RabbitMQ's management
+    plugin runs them over a channel of its own (the HTTP door goes through a
+    Session with the AMQP rules).
+    """
+
+    @inlineCallbacks
+    def setUp(self):
+        from twisted.internet.threads import deferToThread
+        from twisted.trial.unittest import SkipTest
+
+        if EXTERNAL_MGMT and not EXTERNAL_AMQP:
+            raise SkipTest("against an external broker this needs OTTER_TEST_AMQP_URL as well")
+        try:
+            import pika  # noqa: F401
+        except ImportError:
+            raise SkipTest("pika is not installed")
+        yield ManagementHTTPCase.setUp(self)
+        self.queue = self.name("exclusive")
+        self.conn = yield deferToThread(self._declare)
+        self.addCleanup(deferToThread, self.conn.close)
+
+    def _declare(self):
+        """A pika connection owning the exclusive queue, bound to amq.direct with ``k2``, one message in it."""
+        import pika
+
+        if self.fixture is not None:
+            params = pika.ConnectionParameters("127.0.0.1", self.fixture.amqpPort, heartbeat=0)
+        else:
+            params = pika.URLParameters(EXTERNAL_AMQP)
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.queue_declare(self.queue, exclusive=True)
+        ch.queue_bind(self.queue, "amq.direct", "k2")
+        ch.basic_publish("", self.queue, b"mine")
+        ch.queue_declare(self.queue, passive=True)  # a round trip: the publish is in
+        return conn
+
+    @inlineCallbacks
+    def test_operationsRefused(self):
+        """get, purge, bind, unbind, declare and delete on it answer 400 with RabbitMQ's texts."""
+        q = quote(self.queue, safe="")
+        locked = _LOCKED % (self.queue,)
+        cases = [
+            ("POST", "/api/queues/%2F/" + q + "/get",
+             {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}, "405 RESOURCE_LOCKED - " + locked),
+            ("DELETE", "/api/queues/%2F/" + q + "/contents", None, locked),
+            ("POST", "/api/bindings/%2F/e/amq.direct/q/" + q, {"routing_key": "k"}, locked),
+            ("DELETE", "/api/bindings/%2F/e/amq.direct/q/" + q + "/k2", None, locked),
+            ("PUT", "/api/queues/%2F/" + q, {"durable": False}, locked),
+            ("DELETE", "/api/queues/%2F/" + q, None, locked),
+        ]
+        for method, path, body, reason in cases:
+            code, data, _ = yield self.call(method, path, body)
+            self.assertEqual((code, data), (400, {"error": "bad_request", "reason": reason}), (method, path))
