@@ -386,15 +386,11 @@ class _Batch:
         """Write message ``storeId`` (its enqueues follow)."""
         self.adds[storeId] = _PendingMessage(exchange, routingKey, propsRaw, body)
 
-    def _queueEntries(self, queueKey):
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
+        """Put message ``storeId`` in queue ``queueKey`` (replacing a pending change of that entry)."""
         entries = self.entries.get(queueKey)
         if entries is None:
             entries = self.entries[queueKey] = {}
-        return entries
-
-    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
-        """Put message ``storeId`` in queue ``queueKey`` (replacing a pending change of that entry)."""
-        entries = self._queueEntries(queueKey)
         previous = entries.get(storeId)
         # `replaces`: the entry may already be on disk, so cancelling this
         # enqueue must still delete it.  It cannot be when the message is
@@ -416,7 +412,9 @@ class _Batch:
         a pending enqueue of it cancels out (and the message, if that was
         its last pending enqueue).  Returns the changes cancelled.
         """
-        entries = self._queueEntries(queueKey)
+        entries = self.entries.get(queueKey)
+        if entries is None:
+            entries = self.entries[queueKey] = {}
         previous = entries.get(storeId)
         if previous is None or previous.op != _ENQ:
             entries[storeId] = _DEQUEUE
@@ -433,7 +431,9 @@ class _Batch:
 
     def markRedelivered(self, queueKey, storeId):
         """Set the redelivered flag of one entry (merged into a pending enqueue of it)."""
-        entries = self._queueEntries(queueKey)
+        entries = self.entries.get(queueKey)
+        if entries is None:
+            entries = self.entries[queueKey] = {}
         previous = entries.get(storeId)
         if previous is None:
             entries[storeId] = _MARK_REDELIVERED
