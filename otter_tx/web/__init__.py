@@ -1,1 +1,1 @@
-"""The Klein management app."""
+"""The Klein management app and its door onto the broker's Session (door.py)."""
