@@ -207,6 +207,8 @@ class Channel:
         self.number = number
         self.session = Session(connection.broker, connection, connection.vhost, connection.user, number)
         self._target = None  # (exchange, routingKey, mandatory, address) of the publish in flight
+        self._open = True
+        connection.broker.counters.channelsOpened += 1
 
     # --- the door (inbound) ----------------------------------------------------------
 
@@ -277,6 +279,9 @@ class Channel:
     def closed(self):
         """The channel is finished: cancel consumers, requeue unacked.  Idempotent."""
         self._target = None
+        if self._open:
+            self._open = False
+            self.session.counters.channelsClosed += 1
         self.session.closed()
 
     # --- what the management API and the bench read (the session's state) ------------

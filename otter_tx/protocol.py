@@ -176,6 +176,7 @@ class AMQPServerProtocol(Protocol):
                 self.factory.handshakeTimeout, self._handshakeTimedOut
             )
         self.broker.connections.add(self)
+        self.broker.counters.connectionsOpened += 1
 
     def connectionLost(self, reason=None):
         """Release channels (requeue unacked), delete exclusive queues, stop timers."""
@@ -193,7 +194,9 @@ class AMQPServerProtocol(Protocol):
         self._dropped = True
         self.engine.connectionLost()
         self._cancelTimers()
-        self.broker.connections.discard(self)
+        if self in self.broker.connections:
+            self.broker.connections.discard(self)
+            self.broker.counters.connectionsClosed += 1
         self._release()
         waiters, self._closedWaiters = self._closedWaiters, None
         for d in waiters:

@@ -111,7 +111,7 @@ class ListenFailed(Exception):
     """
     A listener could not bind (port in use, permission denied, ...).
 
-    :ivar kind: ``"AMQP"`` or ``"management"``.
+    :ivar kind: ``"AMQP"``, ``"management"`` or ``"Prometheus"``.
     :ivar endpoint: the endpoint string (str), e.g. ``"tcp:5672"``.
     :ivar reason: the operating system's reason (str), e.g.
         ``"Address already in use"``.
@@ -154,7 +154,7 @@ class Listener(Service):
     makes it listen (:meth:`listen`) after recovery; it is not meant to be
     started on its own.
 
-    :ivar kind: ``"AMQP"`` or ``"management"``.
+    :ivar kind: ``"AMQP"``, ``"management"`` or ``"Prometheus"``.
     :ivar description: the endpoint string (str).
     :ivar endpoint: the ``IStreamServerEndpoint``.
     :ivar factory: the protocol factory it serves.
@@ -278,6 +278,11 @@ class OtterService(MultiService):
         amqps.  Default ``("tcp:5672",)``.
     :param management: endpoint strings (list of str) for the HTTP management
         app; default none.
+    :param prometheus: endpoint strings (list of str) for the Prometheus
+        listener (``/metrics``, ``/metrics/per-object``,
+        ``/metrics/detailed``; no authentication, as RabbitMQ's
+        ``rabbitmq_prometheus`` on 15692; :mod:`otter_tx.web.metrics`);
+        default none.
     :param reactor: the reactor (default: the global one, imported lazily).
     :param dataDir: directory for durable state (str); created if missing.
         Without ``dataDir`` and without ``store`` nothing is stored: the
@@ -340,7 +345,7 @@ class OtterService(MultiService):
     the store, exactly as if it had been declared afterwards.
     """
 
-    def __init__(self, amqp=("tcp:5672",), management=(), reactor=None, dataDir=None,
+    def __init__(self, amqp=("tcp:5672",), management=(), prometheus=(), reactor=None, dataDir=None,
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
@@ -355,6 +360,8 @@ class OtterService(MultiService):
             amqp = [amqp]
         if isinstance(management, str):
             management = [management]
+        if isinstance(prometheus, str):
+            prometheus = [prometheus]
         if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
             raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
                              % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
@@ -385,6 +392,7 @@ class OtterService(MultiService):
         #: after ready: the URLs served (lists of str), as in the ready log line
         self.amqpURLs = []
         self.managementURLs = []
+        self.prometheusURLs = []
         self._foreignPorts = {}
         if memoryHighWatermark is None:
             memoryHighWatermark = defaultHighWatermark()
@@ -442,6 +450,22 @@ class OtterService(MultiService):
                 svc = Listener("management", desc, self._endpoint("management", desc), site)
                 svc.setServiceParent(self)
                 self.managementServices.append(svc)
+        self.prometheusServices = []
+        if prometheus:
+            self._listenPrometheus(prometheus)
+
+    def _listenPrometheus(self, endpoints):
+        """The Prometheus listeners (:class:`otter_tx.web.metrics.PrometheusResource`)."""
+        from twisted.web.server import Site
+
+        from otter_tx.web.metrics import PrometheusResource
+
+        site = Site(PrometheusResource(self.broker, self.reactor, self.diskMonitor))
+        site.noisy = False
+        for desc in endpoints:
+            svc = Listener("Prometheus", desc, self._endpoint("prometheus", desc), site)
+            svc.setServiceParent(self)
+            self.prometheusServices.append(svc)
 
     def _endpoint(self, option, desc):
         if not isinstance(desc, str):
@@ -753,25 +777,29 @@ class OtterService(MultiService):
 
     def _logReady(self):
         """One line: ``otter_tx ready: AMQP amqp://127.0.0.1:5672; management http://127.0.0.1:15672/``."""
-        amqp, management = [], []
+        amqp, management, prometheus = [], [], []
         for child in self:
             if isinstance(child, Listener) and child.port is not None:
                 tls = _isTLS(child.endpoint, child.description)
                 if child.kind == "AMQP":
                     amqp.append(_hostURL("amqps" if tls else "amqp", child.port.getHost()))
+                elif child.kind == "Prometheus":
+                    prometheus.append(_hostURL("https" if tls else "http", child.port.getHost(), "/metrics"))
                 else:
                     management.append(_hostURL("https" if tls else "http", child.port.getHost(), "/"))
             elif child in self._foreignPorts and child.factory is self.factory:
                 tls = _isTLS(child.endpoint)
                 amqp.append(_hostURL("amqps" if tls else "amqp", self._foreignPorts[child].getHost()))
-        self.amqpURLs, self.managementURLs = amqp, management
+        self.amqpURLs, self.managementURLs, self.prometheusURLs = amqp, management, prometheus
         parts = []
         if amqp:
             parts.append("AMQP " + ", ".join(amqp))
         if management:
             parts.append("management " + ", ".join(management))
+        if prometheus:
+            parts.append("prometheus " + ", ".join(prometheus))
         log.info("otter_tx ready: {urls}", urls="; ".join(parts) or "no listeners",
-                 amqpURLs=amqp, managementURLs=management)
+                 amqpURLs=amqp, managementURLs=management, prometheusURLs=prometheus)
 
     #: raise the soft RLIMIT_NOFILE to the hard limit at start (see raiseFileLimit)
     raiseFileLimitAtStart = True

@@ -36,6 +36,7 @@ EX_USAGE = 64
 _DEFAULTS = {
     "amqp": ["tcp:5672"],
     "management": ["tcp:15672"],
+    "prometheus": ["tcp:15692"],
     "data-dir": "./ottermq-data",
     "default-user": "guest",
     "default-pass": "guest",
@@ -343,6 +344,19 @@ def _errorText(e):
     return text.splitlines()[0] if text.splitlines() else text
 
 
+def _optionalEndpoints(value, cli=False):
+    """
+    Like :func:`_endpoints`, but ``"none"`` and ``""`` (any case) mean no
+    listener: ``--prometheus none``, ``prometheus = ""`` or ``[]`` give an
+    empty list.
+    """
+    items = value if isinstance(value, list) else [value]
+    kept = [v for v in items if not (isinstance(v, str) and v.strip().lower() in ("", "none"))]
+    if not kept:
+        return []
+    return _endpoints(kept, cli)
+
+
 def _endpoints(value, cli=False):
     """A string or a list of strings, each a valid endpoint."""
     if isinstance(value, str):
@@ -472,6 +486,7 @@ def _dataDir(value, cli=False):
 _VALIDATORS = {
     "amqp": _endpoints,
     "management": _endpoints,
+    "prometheus": _optionalEndpoints,
     "data-dir": _dataDir,
     "default-user": _string(),
     "default-pass": _string(nonEmpty=False),
@@ -544,6 +559,7 @@ class Options(usage.Options):
         usage.Options.__init__(self)
         self["amqp"] = []
         self["management"] = []
+        self["prometheus"] = []
         self["server-property"] = []
 
     def getSynopsis(self):
@@ -565,6 +581,12 @@ class Options(usage.Options):
     def opt_management(self, endpoint):
         """Management HTTP endpoint (repeatable) [default: tcp:15672]."""
         self["management"].append(endpoint)
+
+    def opt_prometheus(self, endpoint):
+        """
+        Prometheus metrics endpoint (repeatable; 'none' or '' disables it) [default: tcp:15692].
+        """
+        self["prometheus"].append(endpoint)
 
     def opt_server_property(self, keyValue):
         """
@@ -657,8 +679,9 @@ def _readConfig(path):
 def resolveSettings(options):
     """
     Merge defaults, the config file and the command line into one dict of
-    checked values, keyed by long option name: ``amqp``/``management``
-    (list of endpoint strings), ``data-dir`` (str), ``heartbeat`` (s, int),
+    checked values, keyed by long option name: ``amqp``/``management``/
+    ``prometheus`` (list of endpoint strings; ``prometheus`` empty when
+    disabled), ``data-dir`` (str), ``heartbeat`` (s, int),
     ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
@@ -678,7 +701,7 @@ def resolveSettings(options):
         settings["server-properties"].update(conf["server-properties"])
     for key in _DEFAULTS:
         given = options.get(key)
-        if key in ("amqp", "management", "server-property"):
+        if key in ("amqp", "management", "prometheus", "server-property"):
             if not given:
                 continue
         elif given is None:
@@ -714,6 +737,7 @@ def makeService(options, reactor=None):
     svc = OtterService(
         amqp=s["amqp"],
         management=s["management"],
+        prometheus=s["prometheus"],
         reactor=reactor,
         dataDir=dataDir,
         heartbeat=s["heartbeat"],

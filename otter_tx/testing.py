@@ -16,14 +16,16 @@ class BrokerFixture:
     A running broker: ``amqpPort`` (int, the first AMQP listener's port),
     ``amqpPorts`` (list of int, one per AMQP listener in the order given to
     :func:`startBroker`), ``service`` (OtterService), ``broker`` (Broker);
-    ``stop()`` returns a Deferred.
+    ``managementPort`` / ``prometheusPort`` (int, or None without that
+    listener); ``stop()`` returns a Deferred.
     """
 
-    def __init__(self, service, amqpPort, managementPort=None, amqpPorts=None):
+    def __init__(self, service, amqpPort, managementPort=None, amqpPorts=None, prometheusPort=None):
         self.service = service
         self.broker = service.broker
         self.amqpPort = amqpPort
         self.managementPort = managementPort
+        self.prometheusPort = prometheusPort
         self.amqpPorts = list(amqpPorts) if amqpPorts is not None else [amqpPort]
 
     def stop(self):
@@ -32,7 +34,7 @@ class BrokerFixture:
 
 
 @inlineCallbacks
-def startBroker(reactor, management=False, dataDir=None, amqp=None, **options):
+def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=False, **options):
     """
     Start OtterService on 127.0.0.1 port 0; fires with a :class:`BrokerFixture`.
     ``options`` are OtterService keyword arguments (heartbeat, frameMax,
@@ -48,6 +50,9 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, **options):
     service's AMQP factory from a ``StreamServerEndpointService`` added to the
     service, as an embedder would do it.  The fixture's ``amqpPorts`` follow
     the order of ``amqp``.
+
+    ``prometheus=True`` adds the Prometheus listener on
+    ``tcp:0:interface=127.0.0.1``; its port is the fixture's ``prometheusPort``.
     """
     from twisted.application.internet import StreamServerEndpointService
 
@@ -58,6 +63,7 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, **options):
     svc = OtterService(
         amqp=[a for a in amqp if isinstance(a, str)],
         management=["tcp:0:interface=127.0.0.1"] if management else [],
+        prometheus=["tcp:0:interface=127.0.0.1"] if prometheus else [],
         reactor=reactor,
         dataDir=dataDir,
         **options
@@ -77,8 +83,12 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, **options):
     if management:
         mports = yield svc.listeningPorts(svc.managementServices)
         mport = mports[0].getHost().port
+    pport = None
+    if prometheus:
+        pports = yield svc.listeningPorts(svc.prometheusServices)
+        pport = pports[0].getHost().port
     amqpPorts = [p.getHost().port for p in ports]
-    returnValue(BrokerFixture(svc, amqpPorts[0] if amqpPorts else None, mport, amqpPorts))
+    returnValue(BrokerFixture(svc, amqpPorts[0] if amqpPorts else None, mport, amqpPorts, pport))
 
 
 class FakeClient:

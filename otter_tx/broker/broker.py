@@ -11,6 +11,7 @@ from twisted.logger import Logger
 from otter_tx.alarms import Alarms, MemoryMonitor
 from otter_tx.broker import access
 from otter_tx.broker.access import User
+from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.durability import Journal
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
@@ -60,6 +61,8 @@ class Broker:
         self._storeId = 0
         #: the node's resource alarms (otter_tx.alarms.Alarms)
         self.alarms = Alarms(self)
+        #: totals since start for the Prometheus endpoint (otter_tx.broker.counters)
+        self.counters = GlobalCounters()
         #: the memory alarm's monitor, None without a watermark
         self.memoryMonitor = None
         self._memoryProbe = memoryProbe

@@ -153,9 +153,12 @@ class DeadLetterer:
         dlx.html, rabbit_dead_letter).  Never raises.
         """
         s = queue.settings
-        if s.dlx is None:
-            return
         vhost = self.vhost
+        if s.dlx is None:
+            # RabbitMQ's dead_letter_strategy="disabled" counters
+            counts = vhost.deadLetterDisabled
+            counts[reason] = counts.get(reason, 0) + len(messages)
+            return
         ex = vhost.exchanges.get(s.dlx)
         if ex is None:
             key = (queue.name, s.dlx)

@@ -137,6 +137,11 @@ class Consumer:
             s.unacked[tag] = (queue, entry, self, tag)
             s.unackedCount += 1
             self.unacked += 1
+            s.counters.deliveredConsumeManualAck += 1
+        else:
+            s.counters.deliveredConsumeAutoAck += 1
+        if entry.redelivered:
+            s.counters.redelivered += 1
         s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered, entry.message)
 
     def cancelledByBroker(self, queue):
@@ -165,6 +170,8 @@ class Session:
     _needSync = False
     _confirmOutbox = None
     replyTo = None
+    #: True once this session published (RabbitMQ's rabbitmq_global_publishers)
+    publisher = False
 
     def __init__(self, broker, connection, vhost, user, number=0):
         self.broker = broker
@@ -173,6 +180,8 @@ class Session:
         self.user = user
         self.number = number
         self.access = Access(broker, user.name, vhost.name)
+        #: the broker's GlobalCounters (plain increments on the hot path)
+        self.counters = broker.counters
         self.closing = False
         self.consumers = {}
         self.unacked = OrderedDict()
@@ -238,10 +247,15 @@ class Session:
                 name = serverNamedQueue()
                 serverNamed = True
             self.access.checkAll(queueDeclareChecks(name, args))
+        existed = name in self.vhost.queues
         q = self.vhost.declareQueue(
             name, self.connection, passive, durable, exclusive, autoDelete, args,
             serverNamed=serverNamed,
         )
+        if not passive:
+            self.counters.queuesDeclared += 1
+            if not existed:
+                self.counters.queuesCreated += 1
         self.lastQueue = q.name
         return q
 
@@ -381,13 +395,20 @@ class Session:
         """
         q = self.readableQueue(queue)
         entry = q.basicGet(noAck)
+        counters = self.counters
         if entry is None:
+            counters.getEmpty += 1
             return None
         self.deliveryTag += 1
         tag = self.deliveryTag
         if not noAck:
             self.unacked[tag] = (q, entry, None, tag)
             self.unackedCount += 1
+            counters.deliveredGetManualAck += 1
+        else:
+            counters.deliveredGetAutoAck += 1
+        if entry.redelivered:
+            counters.redelivered += 1
         return tag, entry, q
 
     # --- acknowledgements -----------------------------------------------------------
@@ -427,6 +448,7 @@ class Session:
             if rec is not None:
                 queue, entry, consumer, _ = rec
                 self.unackedCount -= 1
+                self.counters.acknowledged += 1
                 if consumer is not None:
                     consumer.unacked -= 1
                 queue.settle(entry)
@@ -442,6 +464,7 @@ class Session:
         self._settle(taken)
 
     def _settle(self, taken):
+        self.counters.acknowledged += len(taken)
         queues = set()
         for queue, entry, consumer, _ in taken:
             queue.settle(entry)
@@ -550,9 +573,19 @@ class Session:
 
     def _route(self, ex, message, mandatory, seq):
         routed, rejected = self.vhost.publish(ex, message)
-        if not routed and mandatory:
+        if not self.publisher:
+            self.publisher = True
+        counters = self.counters
+        counters.received += 1
+        if routed:
+            counters.routed += 1
+        elif mandatory:
+            counters.unroutableReturned += 1
             self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
+        else:
+            counters.unroutableDropped += 1
         if seq:
+            counters.receivedConfirm += 1
             self._confirms.append((seq, not rejected))
             if message.stored:
                 self._needSync = True
@@ -611,6 +644,8 @@ class Session:
             confirms = outbox.popleft()[0]
             if self.closing:
                 continue
+            # RabbitMQ counts the basic.acks, not the nacks
+            self.counters.confirmed += sum(1 for c in confirms if c[1])
             self.connection.sendConfirms(self.number, confirms)
 
     # --- tx / confirm ------------------------------------------------------------------

@@ -77,6 +77,8 @@ class VHost:
         self.replyTo = {}
         #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``)
         self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
+        #: messages that left a queue without a dead-letter exchange, by reason (dropped)
+        self.deadLetterDisabled = {"expired": 0, "rejected": 0, "maxlen": 0}
         #: messages dropped because their queue's dead-letter exchange is missing
         self.deadLetterDropped = 0
         #: republishes dead-lettered messages (:mod:`otter_tx.broker.deadletter`)
@@ -272,6 +274,7 @@ class VHost:
         for (ex, key, _), args in list(q.bindings.items()):
             self._unbind(ex, q, key, args)
         n = q.shutdown()
+        self.broker.counters.queuesDeleted += 1
         self.broker.entityChanged("queue", self, q, deleted=True)
         return n
 

@@ -1542,22 +1542,23 @@ class ManagementApp:
         """
         ``GET /metrics``: Prometheus text format (version 0.0.4) with
         rabbitmq_prometheus names; unauthenticated like RabbitMQ's port
-        15692.  See :mod:`otter_tx.web.metrics`.
+        15692.  The same text as the Prometheus listener's (``--prometheus``);
+        see :mod:`otter_tx.web.metrics`.
         """
-        from otter_tx.web.metrics import renderMetrics
+        from otter_tx.web.metrics import CONTENT_TYPE, renderMetrics
 
-        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        request.setHeader(b"content-type", CONTENT_TYPE)
         perObject = _queryFlag(request, "per_object")
-        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, perObject).encode("utf-8")
+        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, perObject)
 
     @app.route("/metrics/per-object", methods=["GET"])
     @endpoint(_NONE)
     def metricsPerObject(self, request, user):
         """``GET /metrics/per-object``: the queue and connection metrics with labels."""
-        from otter_tx.web.metrics import renderMetrics
+        from otter_tx.web.metrics import CONTENT_TYPE, renderMetrics
 
-        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
-        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, True).encode("utf-8")
+        request.setHeader(b"content-type", CONTENT_TYPE)
+        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, True)
 
     @app.route("/", methods=["GET"])
     @endpoint()

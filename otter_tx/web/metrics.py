@@ -1,123 +1,563 @@
 """
-Prometheus text exposition (format 0.0.4) of broker state under the names
-RabbitMQ's ``rabbitmq_prometheus`` plugin uses
-(../shared/reference/rabbitmq-semantics.md sections 8.9, 1.13 and 3.12;
+The Prometheus endpoint, as RabbitMQ 3.10's ``rabbitmq_prometheus`` plugin
+serves it: metric names, types, help texts and labels from its
 ``prometheus_rabbitmq_core_metrics_collector.erl``,
-``prometheus_rabbitmq_global_metrics_collector.erl``).
+``prometheus_rabbitmq_global_metrics_collector.erl`` (the
+``rabbit_global_counters`` families, prefixed ``rabbitmq_global_``) and
+``prometheus_rabbitmq_alarm_metrics_collector.erl``; exposition by the
+``prometheus_client`` library (text format 0.0.4) on a registry of our own
+(no global registry, no library process collector: RabbitMQ names its own
+process metrics).
 
-``/metrics`` gives aggregated values (no per-object labels), like
-RabbitMQ's endpoint of that name; ``/metrics/per-object`` adds
-``vhost``/``queue`` labelled queue metrics.  Dead-letter counters come
-from ``VHost.deadLettered`` (``{"expired", "rejected", "maxlen"}``) and
-are labelled ``queue_type="rabbit_classic_queue"`` and
-``dead_letter_strategy="at_most_once"``; messages whose dead-letter
-exchange is missing (``VHost.deadLetterDropped``) are reported under
-``otter_dead_letter_dropped_total`` since RabbitMQ has no counter for them.
+Three views, as RabbitMQ's three paths:
+
+* ``/metrics`` (:func:`renderMetrics`): aggregated values, no per-object
+  labels;
+* ``/metrics/per-object``: the same families, queue metrics labelled
+  ``vhost``/``queue`` and connection metrics ``vhost``/``connection``;
+* ``/metrics/detailed?family=F&vhost=V`` (:func:`renderDetailed`): only the
+  asked families (:data:`DETAILED_FAMILIES`), per object, with the
+  ``rabbitmq_detailed_`` prefix; ``vhost`` (repeatable) limits the queue and
+  exchange families to those vhosts.
+
+Our own additions are named ``otter_`` (see :data:`OTTER_FAMILIES`).  The
+listener is :class:`PrometheusResource` (``--prometheus``, default
+``tcp:15692``), served without authentication like RabbitMQ's.
 """
 
+import os
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
+from twisted.web.resource import Resource
+
 from otter_tx import __version__
+from otter_tx.memory import rssBytes
 from otter_tx.web._format import NODE
 
+#: the text exposition format generate_latest writes (newer prometheus_client
+#: versions name 1.0.0 in their CONTENT_TYPE_LATEST; the text is the same)
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
-def _escape(v):
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+#: the families ``/metrics/detailed?family=...`` knows (RabbitMQ 3.10 names);
+#: others are ignored, as RabbitMQ ignores families it has no data for
+DETAILED_FAMILIES = (
+    "queue_coarse_metrics",
+    "queue_consumer_count",
+    "queue_metrics",
+    "connection_churn_metrics",
+    "connection_coarse_metrics",
+    "connection_metrics",
+    "channel_metrics",
+    "node_coarse_metrics",
+    "node_metrics",
+    "exchange_names",
+    "exchange_bindings",
+)
+
+#: our families (name without ``_total``, type, help); not in RabbitMQ
+OTTER_FAMILIES = (
+    ("otter_dead_letter_dropped", "counter",
+     "Messages dropped because their queue's dead-letter exchange does not exist"),
+    ("otter_messages_dead_lettered", "counter",
+     "Messages that left a queue as dead letters, by vhost, reason (expired, rejected, maxlen) "
+     "and dead_letter_strategy (disabled: the queue has no dead-letter exchange)"),
+    ("otter_delayed_messages", "gauge",
+     "Messages held by an x-delayed-message exchange until their delay is over"),
+    ("otter_queue_messages_published", "counter",
+     "Total number of messages published to a queue"),
+)
+
+_REASONS = ("expired", "rejected", "maxlen")
+_REASON_HELP = {
+    "expired": "Total number of messages dead-lettered due to message TTL exceeded",
+    "rejected": "Total number of messages dead-lettered due to basic.reject or basic.nack",
+    "maxlen": "Total number of messages dead-lettered due to overflow drop-head or reject-publish-dlx",
+}
+_CLASSIC = "rabbit_classic_queue"
+_AMQP = "amqp091"
 
 
-def _labels(labels):
-    if not labels:
-        return ""
-    return "{" + ",".join('%s="%s"' % (k, _escape(v)) for k, v in labels) + "}"
+def _counter(prefix, name, help, labels=()):
+    # prometheus_client takes the name without _total and writes it back
+    return CounterMetricFamily(prefix + name, help, labels=list(labels))
 
 
-class _Writer:
-    def __init__(self):
-        self.lines = []
-
-    def family(self, name, kind, help, samples):
-        """``samples``: iterable of ``(labels, value)``; labels a list of pairs."""
-        self.lines.append("# TYPE %s %s" % (name, kind))
-        self.lines.append("# HELP %s %s" % (name, help))
-        for labels, value in samples:
-            self.lines.append("%s%s %s" % (name, _labels(labels), value))
-
-    def text(self):
-        return "\n".join(self.lines) + "\n"
+def _gauge(prefix, name, help, labels=()):
+    return GaugeMetricFamily(prefix + name, help, labels=list(labels))
 
 
-def renderMetrics(broker, uptimeSeconds, perObject=False):
+def openFds():
+    """Open file descriptors of this process (int), None where ``/proc/self/fd`` is missing."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def maxFds():
+    """The soft ``RLIMIT_NOFILE`` (int), None where unknown."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == getattr(resource, "RLIM_INFINITY", -1) else soft
+
+
+class _Snapshot:
+    """The broker objects one scrape reads, in a stable order."""
+
+    def __init__(self, broker, vhostNames=None):
+        self.broker = broker
+        self.vhosts = [vh for _, vh in sorted(broker.vhosts.items())]
+        shown = self.vhosts
+        if vhostNames:
+            shown = [vh for vh in self.vhosts if vh.name in vhostNames]
+        self.shownVhosts = shown
+        self.queues = [q for vh in shown for _, q in sorted(vh.queues.items())]
+        self.allQueues = [q for vh in self.vhosts for _, q in sorted(vh.queues.items())]
+        self.conns = sorted(broker.connections, key=lambda c: getattr(c, "name", ""))
+        self.channels = [ch for c in self.conns for _, ch in sorted(c.channels.items())]
+
+
+def _connLabels(c):
+    return [c.vhost.name if getattr(c, "vhost", None) is not None else "", getattr(c, "name", "")]
+
+
+class BrokerCollector:
     """
-    The exposition text (str) for ``broker``; ``uptimeSeconds`` (float)
-    since the management app started.
+    A ``prometheus_client`` custom collector over a broker: :meth:`collect`
+    yields the metric families of one view.
+
+    :param broker: the :class:`~otter_tx.broker.broker.Broker`.
+    :param uptime: a callable returning seconds (float) since start.
+    :param perObject: label queue and connection metrics per object.
+    :param diskMonitor: the service's :class:`~otter_tx.alarms.DiskMonitor`
+        or None (no disk metrics then).
     """
-    w = _Writer()
-    vhosts = [vh for _, vh in sorted(broker.vhosts.items())]
-    queues = [q for vh in vhosts for _, q in sorted(vh.queues.items())]
-    conns = list(broker.connections)
 
-    w.family("rabbitmq_identity_info", "untyped", "RabbitMQ node & cluster identity info",
-             [([("rabbitmq_node", NODE), ("rabbitmq_cluster", NODE),
-                ("rabbitmq_cluster_permanent_id", NODE)], 1)])
-    w.family("rabbitmq_build_info", "untyped", "RabbitMQ & Erlang/OTP version info",
-             [([("rabbitmq_version", "3.10.8"), ("product_name", "otter_tx"),
-                ("product_version", __version__), ("prometheus_plugin_version", __version__)], 1)])
-    w.family("rabbitmq_connections", "gauge", "Connections currently open", [([], len(conns))])
-    w.family("rabbitmq_channels", "gauge", "Channels currently open",
-             [([], sum(len(c.channels) for c in conns))])
-    w.family("rabbitmq_consumers", "gauge", "Consumers currently connected",
-             [([], sum(len(q.consumers) for q in queues))])
-    w.family("rabbitmq_queues", "gauge", "Queues available", [([], len(queues))])
-    w.family("rabbitmq_erlang_uptime_seconds", "gauge", "Node uptime", [([], "%.3f" % uptimeSeconds)])
-    w.family("rabbitmq_alarms_free_disk_space_watermark", "gauge",
-             "is 1 if free disk space watermark alarm is in effect",
-             [([], 1 if "disk" in broker.alarms.active else 0)])
-    w.family("rabbitmq_alarms_memory_used_watermark", "gauge",
-             "is 1 if VM memory watermark alarm is in effect",
-             [([], 1 if "memory" in broker.alarms.active else 0)])
+    def __init__(self, broker, uptime, perObject=False, diskMonitor=None):
+        self.broker = broker
+        self.uptime = uptime
+        self.perObject = perObject
+        self.diskMonitor = diskMonitor
 
-    def queueFamily(name, help, value):
+    def describe(self):
+        """Nothing to describe ahead (the registry must not collect at registration)."""
+        return []
+
+    def collect(self):
+        """The families of ``/metrics`` (or ``/metrics/per-object``)."""
+        snap = _Snapshot(self.broker)
+        prefix = "rabbitmq_"
+        for family in (
+            self._queueCoarse, self._queueMetrics, self._connectionChurn,
+            self._connectionCoarse, self._connectionMetrics, self._channelMetrics,
+            self._nodeCoarse, self._nodeMetrics,
+        ):
+            for f in family(snap, prefix, self.perObject):
+                yield f
+        for f in self._totals(snap):
+            yield f
+        for f in self._info():
+            yield f
+        for f in self._global(snap):
+            yield f
+        for f in self._alarms():
+            yield f
+        for f in self._otter(snap):
+            yield f
+
+    # --- RabbitMQ's ?TOTALS, build and identity info ---------------------------------
+
+    def _totals(self, snap):
+        yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open", value=len(snap.conns))
+        yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=len(snap.channels))
+        yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected",
+                                value=sum(len(q.consumers) for q in snap.allQueues))
+        yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=len(snap.allQueues))
+
+    def _info(self):
+        f = UnknownMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+                                labels=["rabbitmq_version", "prometheus_plugin_version",
+                                        "prometheus_client_version", "erlang_version",
+                                        "product_name", "product_version"])
+        f.add_metric(["3.10.8", __version__, _clientVersion(), "", "otter_tx", __version__], 1)
+        yield f
+        f = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
+                                labels=["rabbitmq_node", "rabbitmq_cluster"])
+        f.add_metric([NODE, NODE], 1)
+        yield f
+
+    # --- the families (also the detailed ones) ---------------------------------------
+
+    def _queueFamilies(self, snap, prefix, perObject, specs):
+        for name, kind, help, value in specs:
+            make = _counter if kind == "counter" else _gauge
+            if perObject:
+                f = make(prefix, name, help, ("vhost", "queue"))
+                for q in snap.queues:
+                    f.add_metric([q.vhost.name, q.name], value(q))
+            else:
+                f = make(prefix, name, help)
+                f.add_metric([], sum(value(q) for q in snap.queues))
+            yield f
+
+    def _queueCoarse(self, snap, prefix, perObject):
+        return self._queueFamilies(snap, prefix, perObject, (
+            ("queue_messages_ready", "gauge", "Messages ready to be delivered to consumers",
+             lambda q: q.readyCount),
+            ("queue_messages_unacked", "gauge", "Messages delivered to consumers but not yet acknowledged",
+             lambda q: q.unackedCount),
+            ("queue_messages", "gauge", "Sum of ready and unacknowledged messages - total queue depth",
+             lambda q: q.readyCount + q.unackedCount),
+        ))
+
+    def _queueConsumerCount(self, snap, prefix, perObject):
+        return self._queueFamilies(snap, prefix, perObject, (
+            ("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+        ))
+
+    def _queueMetrics(self, snap, prefix, perObject):
+        return self._queueFamilies(snap, prefix, perObject, (
+            ("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+            ("queue_messages_ready_bytes", "gauge", "Size in bytes of ready messages",
+             lambda q: q.readyBytes),
+            ("queue_messages_paged_out", "gauge", "Messages paged out to disk", lambda q: q.pagedCount),
+            ("queue_messages_paged_out_bytes", "gauge", "Size in bytes of messages paged out to disk",
+             lambda q: q.pagedBytes),
+        ))
+
+    def _connectionChurn(self, snap, prefix, perObject):
+        c = self.broker.counters
+        for name, help, value in (
+            ("connections_opened_total", "Total number of connections opened", c.connectionsOpened),
+            ("connections_closed_total", "Total number of connections closed or terminated",
+             c.connectionsClosed),
+            ("channels_opened_total", "Total number of channels opened", c.channelsOpened),
+            ("channels_closed_total", "Total number of channels closed", c.channelsClosed),
+            ("queues_declared_total", "Total number of queues declared", c.queuesDeclared),
+            ("queues_created_total", "Total number of queues created", c.queuesCreated),
+            ("queues_deleted_total", "Total number of queues deleted", c.queuesDeleted),
+        ):
+            f = _counter(prefix, name, help)
+            f.add_metric([], value)
+            yield f
+
+    def _connectionCoarse(self, snap, prefix, perObject):
+        for name, help, value in (
+            ("connection_incoming_bytes_total", "Total number of bytes received on a connection",
+             lambda c: c.bytesIn),
+            ("connection_outgoing_bytes_total", "Total number of bytes sent on a connection",
+             lambda c: c.bytesOut),
+        ):
+            if perObject:
+                f = _counter(prefix, name, help, ("vhost", "connection"))
+                for c in snap.conns:
+                    f.add_metric(_connLabels(c), value(c))
+            else:
+                f = _counter(prefix, name, help)
+                f.add_metric([], sum(value(c) for c in snap.conns))
+            yield f
+
+    def _connectionMetrics(self, snap, prefix, perObject):
+        help = "Channels on a connection"
         if perObject:
-            samples = [([("vhost", q.vhost.name), ("queue", q.name)], value(q)) for q in queues]
+            f = _gauge(prefix, "connection_channels", help, ("vhost", "connection"))
+            for c in snap.conns:
+                f.add_metric(_connLabels(c), len(c.channels))
         else:
-            samples = [([], sum(value(q) for q in queues))]
-        w.family(name, "gauge", help, samples)
+            f = _gauge(prefix, "connection_channels", help)
+            f.add_metric([], len(snap.channels))
+        yield f
 
-    queueFamily("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers",
-                lambda q: q.readyCount)
-    queueFamily("rabbitmq_queue_messages_unacked",
-                "Messages delivered to consumers but not yet acknowledged", lambda q: q.unackedCount)
-    queueFamily("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
-                lambda q: q.readyCount + q.unackedCount)
-    queueFamily("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages",
-                lambda q: q.readyBytes)
-    queueFamily("rabbitmq_queue_consumers", "Consumers on a queue", lambda q: len(q.consumers))
-    queueFamily("rabbitmq_queue_messages_published_total", "Total number of messages published to queues",
-                lambda q: q.publishedCount)
+    def _channelMetrics(self, snap, prefix, perObject):
+        for name, help, value in (
+            ("channel_consumers", "Consumers on a channel", lambda ch: len(ch.consumers)),
+            ("channel_messages_unacked", "Delivered but not yet acknowledged messages",
+             lambda ch: ch.unackedCount),
+            ("consumer_prefetch", "Limit of unacknowledged messages for each consumer",
+             lambda ch: ch.prefetchCount),
+            ("channel_prefetch", "Total limit of unacknowledged messages for all consumers on a channel",
+             lambda ch: ch.globalPrefetch),
+        ):
+            if perObject:
+                f = _gauge(prefix, name, help, ("vhost", "channel"))
+                for ch in snap.channels:
+                    f.add_metric([_connLabels(ch.connection)[0],
+                                  "%s (%d)" % (getattr(ch.connection, "name", ""), ch.number)], value(ch))
+            else:
+                f = _gauge(prefix, name, help)
+                f.add_metric([], sum(value(ch) for ch in snap.channels))
+            yield f
 
-    if perObject:
-        w.family("rabbitmq_connection_incoming_bytes_total", "counter",
-                 "Total number of bytes received on a connection",
-                 [([("vhost", c.vhost.name if c.vhost else ""), ("connection", c.name)], c.bytesIn)
-                  for c in conns])
-        w.family("rabbitmq_connection_outgoing_bytes_total", "counter",
-                 "Total number of bytes sent on a connection",
-                 [([("vhost", c.vhost.name if c.vhost else ""), ("connection", c.name)], c.bytesOut)
-                  for c in conns])
-    else:
-        w.family("rabbitmq_connection_incoming_bytes_total", "counter",
-                 "Total number of bytes received on a connection", [([], sum(c.bytesIn for c in conns))])
-        w.family("rabbitmq_connection_outgoing_bytes_total", "counter",
-                 "Total number of bytes sent on a connection", [([], sum(c.bytesOut for c in conns))])
+    def _nodeCoarse(self, snap, prefix, perObject):
+        fds = openFds()
+        if fds is not None:
+            yield GaugeMetricFamily(prefix + "process_open_fds", "Open file descriptors", value=fds)
+        yield GaugeMetricFamily(prefix + "process_open_tcp_sockets", "Open TCP sockets",
+                                value=len(snap.conns))
+        rss = rssBytes()
+        if rss is not None:
+            yield GaugeMetricFamily(prefix + "process_resident_memory_bytes", "Memory used in bytes",
+                                    value=rss)
+        free = self._diskFree()
+        if free is not None:
+            yield GaugeMetricFamily(prefix + "disk_space_available_bytes", "Disk space available in bytes",
+                                    value=free)
 
-    for reason in ("expired", "rejected", "maxlen"):
-        total = sum(vh.deadLettered.get(reason, 0) for vh in vhosts)
-        w.family(
-            "rabbitmq_global_messages_dead_lettered_%s_total" % (reason,), "counter",
-            "Total number of messages dead-lettered due to %s" % (
-                {"expired": "message TTL exceeded", "rejected": "basic.reject or basic.nack",
-                 "maxlen": "overflow drop-head or reject-publish-dlx"}[reason],),
-            [([("queue_type", "rabbit_classic_queue"), ("dead_letter_strategy", "at_most_once")], total)],
-        )
-    w.family("otter_dead_letter_dropped_total", "counter",
-             "Messages dropped because their queue's dead-letter exchange does not exist",
-             [([], sum(vh.deadLetterDropped for vh in vhosts))])
-    return w.text()
+    def _nodeMetrics(self, snap, prefix, perObject):
+        limit = maxFds()
+        if limit is not None:
+            yield GaugeMetricFamily(prefix + "process_max_fds", "Open file descriptors limit", value=limit)
+            yield GaugeMetricFamily(prefix + "process_max_tcp_sockets", "Open TCP sockets limit",
+                                    value=limit)
+        watermark = self.broker.memoryHighWatermark
+        if watermark is not None:
+            yield GaugeMetricFamily(prefix + "resident_memory_limit_bytes", "Memory high watermark in bytes",
+                                    value=watermark)
+        if self.diskMonitor is not None:
+            yield GaugeMetricFamily(prefix + "disk_space_available_limit_bytes",
+                                    "Free disk space low watermark in bytes", value=self.diskMonitor.limit)
+        yield GaugeMetricFamily(prefix + "erlang_uptime_seconds", "Node uptime", value=self.uptime())
+
+    def _diskFree(self):
+        m = self.diskMonitor
+        if m is None:
+            return None
+        return m.free
+
+    def _exchangeNames(self, snap, prefix, perObject):
+        f = UnknownMetricFamily(prefix + "exchange_name", "Enumerates exchanges without any additional info. "
+                                "This value is cluster-wide. A cheaper alternative to `exchange_bindings`",
+                                labels=["vhost", "exchange", "type"])
+        for vh in snap.shownVhosts:
+            for name, ex in sorted(vh.exchanges.items()):
+                f.add_metric([vh.name, name, ex.type], 1)
+        yield f
+
+    def _exchangeBindings(self, snap, prefix, perObject):
+        f = UnknownMetricFamily(prefix + "exchange_bindings", "Number of bindings for an exchange. "
+                                "This value is cluster-wide.", labels=["vhost", "exchange", "type"])
+        counts = {}
+        for vh in snap.shownVhosts:
+            for q in vh.queues.values():
+                for (ex, _, _) in q.bindings:
+                    counts[(vh.name, ex.name)] = counts.get((vh.name, ex.name), 0) + 1
+        for vh in snap.shownVhosts:
+            for name, ex in sorted(vh.exchanges.items()):
+                if name == "":
+                    continue
+                f.add_metric([vh.name, name, ex.type], counts.get((vh.name, name), 0))
+        yield f
+
+    # --- rabbit_global_counters ------------------------------------------------------
+
+    def _global(self, snap):
+        c = self.broker.counters
+        proto = [_AMQP]
+        for name, help, value in (
+            ("messages_received_total", "Total number of messages received from publishers", c.received),
+            ("messages_received_confirm_total",
+             "Total number of messages received from publishers expecting confirmations", c.receivedConfirm),
+            ("messages_routed_total", "Total number of messages routed to queues or streams", c.routed),
+            ("messages_unroutable_dropped_total",
+             "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+             c.unroutableDropped),
+            ("messages_unroutable_returned_total",
+             "Total number of messages published as mandatory into an exchange and returned to the "
+             "publisher as unroutable", c.unroutableReturned),
+            ("messages_confirmed_total", "Total number of messages confirmed to publishers", c.confirmed),
+        ):
+            f = _counter("rabbitmq_global_", name, help, ("protocol",))
+            f.add_metric(proto, value)
+            yield f
+        sessions = [ch.session for ch in snap.channels if getattr(ch, "session", None) is not None]
+        f = _gauge("rabbitmq_global_", "publishers", "Current number of publishers", ("protocol",))
+        f.add_metric(proto, sum(1 for s in sessions if s.publisher))
+        yield f
+        f = _gauge("rabbitmq_global_", "consumers", "Current number of consumers", ("protocol",))
+        f.add_metric(proto, sum(len(s.consumers) for s in sessions))
+        yield f
+        pq = [_AMQP, _CLASSIC]
+        for name, help, value in (
+            ("messages_delivered_total", "Total number of messages delivered to consumers", c.delivered),
+            ("messages_delivered_consume_manual_ack_total",
+             "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
+             c.deliveredConsumeManualAck),
+            ("messages_delivered_consume_auto_ack_total",
+             "Total number of messages delivered to consumers using basic.consume with automatic "
+             "acknowledgment", c.deliveredConsumeAutoAck),
+            ("messages_delivered_get_manual_ack_total",
+             "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
+             c.deliveredGetManualAck),
+            ("messages_delivered_get_auto_ack_total",
+             "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
+             c.deliveredGetAutoAck),
+            ("messages_get_empty_total", "Total number of times basic.get operations fetched no message",
+             c.getEmpty),
+            ("messages_redelivered_total", "Total number of messages redelivered to consumers", c.redelivered),
+            ("messages_acknowledged_total", "Total number of messages acknowledged by consumers",
+             c.acknowledged),
+        ):
+            f = _counter("rabbitmq_global_", name, help, ("protocol", "queue_type"))
+            f.add_metric(pq, value)
+            yield f
+        for reason in _REASONS:
+            f = _counter("rabbitmq_global_", "messages_dead_lettered_%s_total" % (reason,), _REASON_HELP[reason],
+                         ("queue_type", "dead_letter_strategy"))
+            f.add_metric([_CLASSIC, "disabled"], sum(vh.deadLetterDisabled.get(reason, 0) for vh in snap.vhosts))
+            f.add_metric([_CLASSIC, "at_most_once"], sum(vh.deadLettered.get(reason, 0) for vh in snap.vhosts))
+            yield f
+
+    def _alarms(self):
+        active = self.broker.alarms.active
+        for name, help, on in (
+            ("alarms_file_descriptor_limit", "is 1 if file descriptor limit alarm is in effect", False),
+            ("alarms_free_disk_space_watermark", "is 1 if free disk space watermark alarm is in effect",
+             "disk" in active),
+            ("alarms_memory_used_watermark", "is 1 if VM memory watermark alarm is in effect", "memory" in active),
+        ):
+            yield GaugeMetricFamily("rabbitmq_" + name, help, value=1 if on else 0)
+
+    # --- ours ------------------------------------------------------------------------
+
+    def _otter(self, snap):
+        (dropped, _, dropHelp), (dl, _, dlHelp), (delayed, _, delayedHelp), (pub, _, pubHelp) = OTTER_FAMILIES
+        f = CounterMetricFamily(dropped, dropHelp)
+        f.add_metric([], sum(vh.deadLetterDropped for vh in snap.vhosts))
+        yield f
+        f = CounterMetricFamily(dl, dlHelp, labels=["vhost", "reason", "dead_letter_strategy"])
+        for vh in snap.vhosts:
+            for reason in _REASONS:
+                f.add_metric([vh.name, reason, "disabled"], vh.deadLetterDisabled.get(reason, 0))
+                f.add_metric([vh.name, reason, "at_most_once"], vh.deadLettered.get(reason, 0))
+        yield f
+        f = GaugeMetricFamily(delayed, delayedHelp, labels=["vhost", "exchange"])
+        for vh in snap.vhosts:
+            for name, ex in sorted(vh.exchanges.items()):
+                if ex.delayed:
+                    f.add_metric([vh.name, name], ex.held)
+        yield f
+        if self.perObject:
+            f = CounterMetricFamily(pub, pubHelp, labels=["vhost", "queue"])
+            for q in snap.queues:
+                f.add_metric([q.vhost.name, q.name], q.publishedCount)
+        else:
+            f = CounterMetricFamily(pub, pubHelp)
+            f.add_metric([], sum(q.publishedCount for q in snap.queues))
+        yield f
+
+
+class _DetailedCollector:
+    """The ``/metrics/detailed`` view: only the asked families, per object, ``rabbitmq_detailed_``."""
+
+    def __init__(self, base, families, vhosts):
+        self.base = base
+        self.families = families
+        self.vhosts = vhosts
+
+    def describe(self):
+        """Nothing to describe ahead."""
+        return []
+
+    def collect(self):
+        """The asked families, in :data:`DETAILED_FAMILIES` order."""
+        b = self.base
+        snap = _Snapshot(b.broker, self.vhosts)
+        table = {
+            "queue_coarse_metrics": b._queueCoarse,
+            "queue_consumer_count": b._queueConsumerCount,
+            "queue_metrics": b._queueMetrics,
+            "connection_churn_metrics": b._connectionChurn,
+            "connection_coarse_metrics": b._connectionCoarse,
+            "connection_metrics": b._connectionMetrics,
+            "channel_metrics": b._channelMetrics,
+            "node_coarse_metrics": b._nodeCoarse,
+            "node_metrics": b._nodeMetrics,
+            "exchange_names": b._exchangeNames,
+            "exchange_bindings": b._exchangeBindings,
+        }
+        for name in DETAILED_FAMILIES:
+            if name in self.families:
+                for f in table[name](snap, "rabbitmq_detailed_", True):
+                    yield f
+
+
+def _clientVersion():
+    try:
+        from importlib.metadata import version
+
+        return version("prometheus_client")
+    except Exception:
+        return ""
+
+
+def _render(collector):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)
+
+
+def renderMetrics(broker, uptimeSeconds, perObject=False, diskMonitor=None):
+    """
+    The exposition text (bytes, format 0.0.4) of ``/metrics`` (or
+    ``/metrics/per-object`` with ``perObject``) for ``broker``;
+    ``uptimeSeconds`` (float) since start.
+    """
+    return _render(BrokerCollector(broker, lambda: uptimeSeconds, perObject, diskMonitor))
+
+
+def renderDetailed(broker, uptimeSeconds, families, vhosts=(), diskMonitor=None):
+    """
+    The exposition text (bytes) of ``/metrics/detailed``: ``families``
+    (names from :data:`DETAILED_FAMILIES`; others ignored) per object under
+    ``rabbitmq_detailed_`` names; ``vhosts`` (names) limits the queue and
+    exchange families to those vhosts (all when empty).
+    """
+    base = BrokerCollector(broker, lambda: uptimeSeconds, True, diskMonitor)
+    return _render(_DetailedCollector(base, set(families), set(vhosts)))
+
+
+class PrometheusResource(Resource):
+    """
+    The Prometheus listener's site root: ``GET /metrics``,
+    ``/metrics/per-object`` and ``/metrics/detailed`` (200,
+    ``text/plain; version=0.0.4; charset=utf-8``), no authentication (as
+    rabbitmq_prometheus); 404 for any other path, 405 for other methods.
+
+    :param broker: the Broker.
+    :param clock: ``IReactorTime`` (uptime is measured from construction).
+    :param diskMonitor: the service's DiskMonitor or None.
+    """
+
+    isLeaf = True
+
+    def __init__(self, broker, clock, diskMonitor=None):
+        Resource.__init__(self)
+        self.broker = broker
+        self.clock = clock
+        self.diskMonitor = diskMonitor
+        self.startedAt = clock.seconds()
+
+    def render(self, request):
+        """Dispatch on the path; see the class docstring."""
+        path = request.path.rstrip(b"/") or b"/"
+        if path not in (b"/metrics", b"/metrics/per-object", b"/metrics/detailed"):
+            request.setResponseCode(404)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            return b"Not Found\n"
+        if request.method not in (b"GET", b"HEAD"):
+            request.setResponseCode(405)
+            request.setHeader(b"allow", b"GET, HEAD")
+            return b""
+        uptime = self.clock.seconds() - self.startedAt
+        request.setHeader(b"content-type", CONTENT_TYPE)
+        if path == b"/metrics/detailed":
+            args = request.args or {}
+            families = [v.decode("utf-8", "replace") for v in args.get(b"family", [])]
+            vhosts = [v.decode("utf-8", "replace") for v in args.get(b"vhost", [])]
+            return renderDetailed(self.broker, uptime, families, vhosts, self.diskMonitor)
+        return renderMetrics(self.broker, uptime, path == b"/metrics/per-object", self.diskMonitor)

@@ -136,6 +136,7 @@ class ProcessTests(TestCase):
         port = busy.getsockname()[1]
         endpoint = "tcp:%d:interface=127.0.0.1" % (port,)
         proc = self.spawn("ottermq", "--amqp", endpoint, "--management", "tcp:0:interface=127.0.0.1",
+                          "--prometheus", "none",
                           "--data-dir", os.path.abspath(self.mktemp()))
         status = yield proc.ended
         text = proc.text()
@@ -149,19 +150,28 @@ class ProcessTests(TestCase):
 
     @defer.inlineCallbacks
     def test_readyLineAndServerProperties(self):
-        """One 'otter_tx ready' line gives the real ports; a client sees --server-property values."""
+        """One 'otter_tx ready' line gives the real ports; a client sees --server-property values; /metrics answers."""
+        import treq
+
         proc = self.spawn("ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
                           "--management", "tcp:0:interface=127.0.0.1",
+                          "--prometheus", "tcp:0:interface=127.0.0.1",
                           "--data-dir", os.path.abspath(self.mktemp()),
                           "--server-property", "product=RabbitMQ", "--server-property", "version=3.10.8")
-        m = yield proc.seen(rb"otter_tx ready: AMQP amqp://127\.0\.0\.1:(\d+); management http://127\.0\.0\.1:(\d+)/\n")
-        amqpPort, httpPort = int(m.group(1)), int(m.group(2))
+        m = yield proc.seen(rb"otter_tx ready: AMQP amqp://127\.0\.0\.1:(\d+); management http://127\.0\.0\.1:(\d+)/; "
+                            rb"prometheus http://127\.0\.0\.1:(\d+)/metrics\n")
+        amqpPort, httpPort, promPort = int(m.group(1)), int(m.group(2)), int(m.group(3))
         self.assertNotEqual(amqpPort, 0)
         self.assertNotEqual(httpPort, 0)
+        self.assertNotEqual(promPort, 0)
         self.assertEqual(proc.text().count("otter_tx ready"), 1)
         props = yield _serverProperties(amqpPort)
         self.assertEqual((props["product"], props["version"], props["platform"]),
                          ("RabbitMQ", "3.10.8", "Python/Twisted"))
+        r = yield treq.get("http://127.0.0.1:%d/metrics" % (promPort,), persistent=False)
+        body = yield r.text()
+        self.assertEqual(r.code, 200)
+        self.assertIn("\nrabbitmq_connections_opened_total 1.0\n", body)
         os.kill(proc.transport.pid, 15)
         status = yield proc.ended
         # twistd ends itself with the signal it got, so the status says "SIGTERM"

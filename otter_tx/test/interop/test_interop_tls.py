@@ -676,6 +676,7 @@ class ConfigFileTests(TLSTestCase):
             f.write(
                 "amqp = ['tcp:0:interface=127.0.0.1', '%s']\n"
                 "management = []\n"
+                "prometheus = []\n"
                 "data-dir = '%s'\n"
                 % (self.tomlListener(), os.path.join(os.path.dirname(config), "data"))
             )

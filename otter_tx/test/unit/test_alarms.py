@@ -547,8 +547,8 @@ class HealthAndNodesTests(WebTestCase):
         """The Prometheus alarm gauges follow their own alarm."""
         self.broker.alarms.set("disk")
         text = self.get("/metrics", auth=None).body
-        self.assertIn("rabbitmq_alarms_free_disk_space_watermark 1", text)
-        self.assertIn("rabbitmq_alarms_memory_used_watermark 0", text)
+        self.assertIn("rabbitmq_alarms_free_disk_space_watermark 1.0\n", text)
+        self.assertIn("rabbitmq_alarms_memory_used_watermark 0.0\n", text)
 
 
 class BlockedHeartbeatTests(SynchronousTestCase):

@@ -56,6 +56,28 @@ class OptionsTests(_Parsing, SynchronousTestCase):
         self.assertEqual(s["server-properties"], {})
         self.assertIsNone(s["memory-high-watermark"])
 
+    def test_prometheus(self):
+        """--prometheus defaults to tcp:15692; 'none' or '' (option or file) disables it; bad ones name it."""
+        self.assertEqual(self.parse()["prometheus"], ["tcp:15692"])
+        self.assertEqual(self.parse("--prometheus", "tcp:0", "--prometheus", "tcp:9419")["prometheus"],
+                         ["tcp:0", "tcp:9419"])
+        self.assertEqual(self.parse("--prometheus", "none")["prometheus"], [])
+        self.assertEqual(self.parse("--prometheus", "")["prometheus"], [])
+        for text in ('prometheus = ""\n', 'prometheus = "none"\n', "prometheus = []\n"):
+            self.assertEqual(self.parse("--config", self.config(text))["prometheus"], [], text)
+        self.assertEqual(self.parse("--config", self.config('prometheus = "tcp:9419"\n'))["prometheus"],
+                         ["tcp:9419"])
+        self.assertEqual(self.refused("--prometheus", "tcp:abc"),
+                         "--prometheus: invalid endpoint 'tcp:abc': invalid literal for int() with base 10: 'abc'")
+        path = self.config("prometheus = 15692\n")
+        self.assertIn("prometheus: must be an endpoint string like 'tcp:5672', got 15692",
+                      self.refused("--config", path))
+        o = tap.Options()
+        o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--prometheus", "tcp:0",
+                        "--data-dir", self.mktemp()])
+        svc = tap.makeService(o, reactor=reactor)
+        self.assertEqual([l.description for l in svc.prometheusServices], ["tcp:0"])
+
     def test_repeatableEndpoints(self):
         """--amqp may be given several times."""
         s = self.parse("--amqp", "tcp:0", "--amqp", "tcp:5673")

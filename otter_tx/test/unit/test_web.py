@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
 from otter_tx.protocol import AMQPServerFactory
+from otter_tx.test.unit.test_metrics import families, value
 from otter_tx.testing import FakeClient
 from otter_tx.web.management import ManagementApp
 
@@ -879,18 +880,18 @@ class MetricsTests(WebTestCase):
         r = self.get("/metrics", auth=None)
         self.assertEqual(r.code, 200)
         self.assertIn("text/plain", r.header("content-type"))
-        lines = r.body.splitlines()
-        self.assertIn("rabbitmq_queue_messages_ready 1", lines)
-        self.assertIn("rabbitmq_queues 1", lines)
-        self.assertIn('rabbitmq_global_messages_dead_lettered_maxlen_total{queue_type="rabbit_classic_queue",'
-                      'dead_letter_strategy="at_most_once"} 1', lines)
+        fams = families(r.body)
+        self.assertEqual(value(fams, "rabbitmq_queue_messages_ready"), 1)
+        self.assertEqual(value(fams, "rabbitmq_queues"), 1)
+        self.assertEqual(value(fams, "rabbitmq_global_messages_dead_lettered_maxlen_total",
+                               queue_type="rabbit_classic_queue", dead_letter_strategy="at_most_once"), 1)
 
     def test_perObject(self):
         """/metrics/per-object labels queue metrics with vhost and queue."""
         self.put("/api/queues/%2F/q1")
         self.publish("q1")
-        self.assertIn('rabbitmq_queue_messages_ready{vhost="/",queue="q1"} 1',
-                      self.get("/metrics/per-object", auth=None).body.splitlines())
+        fams = families(self.get("/metrics/per-object", auth=None).body)
+        self.assertEqual(value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue="q1"), 1)
 
     def test_indexPage(self):
         """/ is an HTML page listing queues with names escaped."""
