@@ -126,7 +126,37 @@ def _connLabels(c):
     return [c.vhost.name if getattr(c, "vhost", None) is not None else "", getattr(c, "name", "")]
 
 
-class BrokerCollector:
+def _channelLabels(ch):
+    return [_connLabels(ch.connection)[0], "%s (%d)" % (getattr(ch.connection, "name", ""), ch.number)]
+
+
+def _objectFamilies(prefix, perObject, objects, labelNames, labelsOf, specs):
+    """
+    One family per ``(name, kind, help, value)`` of ``specs``: a sample per
+    object labelled ``labelsOf(obj)`` when ``perObject``, else one sample,
+    the sum of ``value(obj)`` over ``objects``.
+    """
+    for name, kind, help, value in specs:
+        make = _counter if kind == "counter" else _gauge
+        if perObject:
+            f = make(prefix, name, help, labelNames)
+            for o in objects:
+                f.add_metric(labelsOf(o), value(o))
+        else:
+            f = make(prefix, name, help)
+            f.add_metric([], sum(value(o) for o in objects))
+        yield f
+
+
+class _Collector:
+    """A ``prometheus_client`` collector that collects only when asked."""
+
+    def describe(self):
+        """Nothing to describe ahead (the registry must not collect at registration)."""
+        return []
+
+
+class BrokerCollector(_Collector):
     """
     A ``prometheus_client`` custom collector over a broker: :meth:`collect`
     yields the metric families of one view.
@@ -143,10 +173,6 @@ class BrokerCollector:
         self.uptime = uptime
         self.perObject = perObject
         self.diskMonitor = diskMonitor
-
-    def describe(self):
-        """Nothing to describe ahead (the registry must not collect at registration)."""
-        return []
 
     def collect(self):
         """The families of ``/metrics`` (or ``/metrics/per-object``)."""
@@ -194,16 +220,8 @@ class BrokerCollector:
     # --- the families (also the detailed ones) ---------------------------------------
 
     def _queueFamilies(self, snap, prefix, perObject, specs):
-        for name, kind, help, value in specs:
-            make = _counter if kind == "counter" else _gauge
-            if perObject:
-                f = make(prefix, name, help, ("vhost", "queue"))
-                for q in snap.queues:
-                    f.add_metric([q.vhost.name, q.name], value(q))
-            else:
-                f = make(prefix, name, help)
-                f.add_metric([], sum(value(q) for q in snap.queues))
-            yield f
+        return _objectFamilies(prefix, perObject, snap.queues, ("vhost", "queue"),
+                               lambda q: [q.vhost.name, q.name], specs)
 
     def _queueCoarse(self, snap, prefix, perObject):
         return self._queueFamilies(snap, prefix, perObject, (
@@ -247,51 +265,28 @@ class BrokerCollector:
             yield f
 
     def _connectionCoarse(self, snap, prefix, perObject):
-        for name, help, value in (
-            ("connection_incoming_bytes_total", "Total number of bytes received on a connection",
+        return _objectFamilies(prefix, perObject, snap.conns, ("vhost", "connection"), _connLabels, (
+            ("connection_incoming_bytes_total", "counter", "Total number of bytes received on a connection",
              lambda c: c.bytesIn),
-            ("connection_outgoing_bytes_total", "Total number of bytes sent on a connection",
+            ("connection_outgoing_bytes_total", "counter", "Total number of bytes sent on a connection",
              lambda c: c.bytesOut),
-        ):
-            if perObject:
-                f = _counter(prefix, name, help, ("vhost", "connection"))
-                for c in snap.conns:
-                    f.add_metric(_connLabels(c), value(c))
-            else:
-                f = _counter(prefix, name, help)
-                f.add_metric([], sum(value(c) for c in snap.conns))
-            yield f
+        ))
 
     def _connectionMetrics(self, snap, prefix, perObject):
-        help = "Channels on a connection"
-        if perObject:
-            f = _gauge(prefix, "connection_channels", help, ("vhost", "connection"))
-            for c in snap.conns:
-                f.add_metric(_connLabels(c), len(c.channels))
-        else:
-            f = _gauge(prefix, "connection_channels", help)
-            f.add_metric([], len(snap.channels))
-        yield f
+        return _objectFamilies(prefix, perObject, snap.conns, ("vhost", "connection"), _connLabels, (
+            ("connection_channels", "gauge", "Channels on a connection", lambda c: len(c.channels)),
+        ))
 
     def _channelMetrics(self, snap, prefix, perObject):
-        for name, help, value in (
-            ("channel_consumers", "Consumers on a channel", lambda ch: len(ch.consumers)),
-            ("channel_messages_unacked", "Delivered but not yet acknowledged messages",
+        return _objectFamilies(prefix, perObject, snap.channels, ("vhost", "channel"), _channelLabels, (
+            ("channel_consumers", "gauge", "Consumers on a channel", lambda ch: len(ch.consumers)),
+            ("channel_messages_unacked", "gauge", "Delivered but not yet acknowledged messages",
              lambda ch: ch.unackedCount),
-            ("consumer_prefetch", "Limit of unacknowledged messages for each consumer",
+            ("consumer_prefetch", "gauge", "Limit of unacknowledged messages for each consumer",
              lambda ch: ch.prefetchCount),
-            ("channel_prefetch", "Total limit of unacknowledged messages for all consumers on a channel",
+            ("channel_prefetch", "gauge", "Total limit of unacknowledged messages for all consumers on a channel",
              lambda ch: ch.globalPrefetch),
-        ):
-            if perObject:
-                f = _gauge(prefix, name, help, ("vhost", "channel"))
-                for ch in snap.channels:
-                    f.add_metric([_connLabels(ch.connection)[0],
-                                  "%s (%d)" % (getattr(ch.connection, "name", ""), ch.number)], value(ch))
-            else:
-                f = _gauge(prefix, name, help)
-                f.add_metric([], sum(value(ch) for ch in snap.channels))
-            yield f
+        ))
 
     def _nodeCoarse(self, snap, prefix, perObject):
         fds = openFds()
@@ -441,27 +436,19 @@ class BrokerCollector:
                 if ex.delayed:
                     f.add_metric([vh.name, name], ex.held)
         yield f
-        if self.perObject:
-            f = CounterMetricFamily(pub, pubHelp, labels=["vhost", "queue"])
-            for q in snap.queues:
-                f.add_metric([q.vhost.name, q.name], q.publishedCount)
-        else:
-            f = CounterMetricFamily(pub, pubHelp)
-            f.add_metric([], sum(q.publishedCount for q in snap.queues))
-        yield f
+        for f in self._queueFamilies(snap, "", self.perObject, (
+            (pub + "_total", "counter", pubHelp, lambda q: q.publishedCount),
+        )):
+            yield f
 
 
-class _DetailedCollector:
+class _DetailedCollector(_Collector):
     """The ``/metrics/detailed`` view: only the asked families, per object, ``rabbitmq_detailed_``."""
 
     def __init__(self, base, families, vhosts):
         self.base = base
         self.families = families
         self.vhosts = vhosts
-
-    def describe(self):
-        """Nothing to describe ahead."""
-        return []
 
     def collect(self):
         """The asked families, in :data:`DETAILED_FAMILIES` order."""
