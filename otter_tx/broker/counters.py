@@ -23,8 +23,9 @@ class GlobalCounters:
     :ivar routed: messages that reached at least one queue.
     :ivar unroutableDropped: non-mandatory messages that reached no queue.
     :ivar unroutableReturned: mandatory messages returned (312 NO_ROUTE).
-    :ivar confirmed: publisher confirms sent (``basic.ack`` and
-        ``basic.nack``, each message counted once).
+    :ivar confirmed: messages confirmed to publishers with ``basic.ack``
+        (each message once, also when acked ``multiple``; nacks are not
+        counted, as RabbitMQ).
     :ivar deliveredConsumeManualAck: ``basic.deliver`` to consumers in
         manual acknowledgement mode.
     :ivar deliveredConsumeAutoAck: ``basic.deliver`` to no-ack consumers.
