@@ -20,7 +20,6 @@ class GlobalCounters:
         the HTTP API's publish), counted when routed (at ``tx.commit`` in a
         transaction).
     :ivar receivedConfirm: of those, published on a confirm-mode channel.
-    :ivar routed: messages that reached at least one queue.
     :ivar unroutableDropped: non-mandatory messages that reached no queue.
     :ivar unroutableReturned: mandatory messages returned (312 NO_ROUTE).
     :ivar confirmed: messages confirmed to publishers with ``basic.ack``
@@ -51,7 +50,6 @@ class GlobalCounters:
     def __init__(self):
         self.received = 0
         self.receivedConfirm = 0
-        self.routed = 0
         self.unroutableDropped = 0
         self.unroutableReturned = 0
         self.confirmed = 0
@@ -69,6 +67,11 @@ class GlobalCounters:
         self.queuesDeclared = 0
         self.queuesCreated = 0
         self.queuesDeleted = 0
+
+    @property
+    def routed(self):
+        """Messages that reached at least one queue (int): received less the unroutable ones."""
+        return self.received - self.unroutableDropped - self.unroutableReturned
 
     @property
     def delivered(self):

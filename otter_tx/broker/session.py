@@ -575,17 +575,16 @@ class Session:
         routed, rejected = self.vhost.publish(ex, message)
         if not self.publisher:
             self.publisher = True
-        counters = self.counters
-        counters.received += 1
-        if routed:
-            counters.routed += 1
-        elif mandatory:
-            counters.unroutableReturned += 1
-            self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
-        else:
-            counters.unroutableDropped += 1
+        # hot path: one increment (routed is derived, see GlobalCounters)
+        self.counters.received += 1
+        if not routed:
+            if mandatory:
+                self.counters.unroutableReturned += 1
+                self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
+            else:
+                self.counters.unroutableDropped += 1
         if seq:
-            counters.receivedConfirm += 1
+            self.counters.receivedConfirm += 1
             self._confirms.append((seq, not rejected))
             if message.stored:
                 self._needSync = True
