@@ -652,6 +652,7 @@ class AMQPServerProtocol(Protocol):
                 spec.NOT_ALLOWED,
                 "access to vhost '%s' refused for user '%s'" % (vhostName, self.user.name),
             )
+        vhost.checkConnectionLimit(self.user.name)
         self.vhost = vhost
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()

@@ -96,7 +96,7 @@ class Journal:
             if deleted:
                 store.deleteEntity("vhost", key)
             else:
-                store.putEntity("vhost", key, {})
+                store.putEntity("vhost", key, {} if obj.limits is None else {"limits": obj.limits})
         elif kind == "user":
             if deleted:
                 store.deleteEntity("user", obj.name)
@@ -266,8 +266,8 @@ class Journal:
         ents = state.entities
         firstBoot = not ents.get("vhost")
         if not firstBoot:
-            for name in ents.get("vhost", {}):
-                broker.addVHost(name)
+            for name, rec in ents.get("vhost", {}).items():
+                broker.addVHost(name).limits = (rec or {}).get("limits")
             for name in list(broker.vhosts):
                 if name not in ents["vhost"]:
                     broker.vhosts.pop(name)

@@ -57,6 +57,7 @@ from otter_tx.broker.access import CONFIGURE, LOOPBACK_ONLY, READ, WRITE, User, 
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.policy import Policy, PolicyError
+from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.door import requestSession
 
@@ -79,6 +80,8 @@ _MONITOR = "is_authorized_monitor"  # monitoring or administrator; else 401 "Not
 #: missing vhost passes, the handler answers 404); else 401 "User not
 #: authorised to access virtual host"
 _VHOST = "is_authorized_vhost"
+#: as _VHOST, but ``monitoring`` users see every vhost (``list_visible_vhosts``)
+_VHOST_VISIBLE = "is_authorized_vhost_visible"
 #: administrator, or policymaker as for _VHOST; else 401 "User not authorised to access object"
 _POLICIES = "is_authorized_policies"
 _NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
@@ -424,6 +427,8 @@ class ManagementApp:
             raise notAuthorised("Not monitor user")
         if access == _VHOST and not self._matchesVHost(user, vhost):
             raise notAuthorised("User not authorised to access virtual host")
+        if access == _VHOST_VISIBLE and not (tags & MONITOR_TAGS or self._matchesVHost(user, vhost)):
+            raise notAuthorised("User not authorised to access virtual host")
         if access == _POLICIES and not (
             self._isAdmin(user) or tags & POLICYMAKER_TAGS and self._matchesVHost(user, vhost)
         ):
@@ -614,6 +619,62 @@ class ManagementApp:
             return Policy(name, pattern, definition, priority, applyTo, vhost)
         except PolicyError as e:
             raise failed(str(e))
+
+    # --- vhost limits ---------------------------------------------------------
+
+    @staticmethod
+    def _vhostLimits(vhosts):
+        """``[{"vhost", "value": {name: int}}]`` (an emptied set shows ``[]``)."""
+        return [
+            {"vhost": vh.name, "value": dict(vh.limits) if vh.limits else []}
+            for vh in vhosts if vh.limits is not None
+        ]
+
+    @app.route("/api/vhost-limits", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST_VISIBLE)
+    def vhostLimitsAll(self, request, user):
+        """
+        ``GET /api/vhost-limits``: ``[{"vhost": "v", "value":
+        {"max-connections": 10, "max-queues": 5}}]`` for every vhost the
+        user sees that ever had a limit (``value`` is ``[]`` once all were
+        deleted, as RabbitMQ 3.10 lists it).
+        """
+        return self._vhostLimits(self._visibleVHosts(user))
+
+    @app.route("/api/vhost-limits/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST_VISIBLE)
+    def vhostLimits(self, request, user, vhost):
+        """
+        ``GET /api/vhost-limits/{vhost}``: as the list, for one vhost
+        (``[]`` without limits; 404 for a missing vhost).
+        """
+        vh = self._vhost(vhost)
+        return self._vhostLimits([vh]) if vh.limits else []
+
+    @app.route("/api/vhost-limits/<vhost>/<name>", methods=["PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def vhostLimit(self, request, user, vhost, name):
+        """
+        ``PUT /api/vhost-limits/{vhost}/{name}`` with ``{"value": N}`` (an
+        integer; negative means no limit) and ``DELETE``: 204; administrators
+        only.  ``name`` is ``max-connections`` or ``max-queues``; 400
+        ``Validation failed`` with RabbitMQ's texts otherwise, 400
+        ``[{key_missing,value}]`` without ``value``, 404 ``vhost_not_found``
+        for a missing vhost.
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if vh is None:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        if request.method == b"DELETE":
+            vh.clearLimit(name)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        try:
+            vh.setLimit(name, body["value"])
+        except LimitError as e:
+            raise badRequest("Validation failed\n\n%s\n" % (e,))
+        return Response(204)
 
     # --- queues -------------------------------------------------------------
 

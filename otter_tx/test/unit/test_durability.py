@@ -159,6 +159,20 @@ class JournalTests(SynchronousTestCase):
         self.assertEqual(vh.queues["a"].readyCount, 0)
         self.assertEqual([e.message.body for e in vh.queues["b"].readyEntries()], [b"both"])
 
+    def test_vhostLimitsSurviveRestart(self):
+        """Vhost limits are stored with their vhost and come back after a restart, deletions too."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.addVHost("v").setLimit("max-queues", 3)
+        b.vhosts["/"].setLimit("max-connections", 2)
+        b = self.restart(store, clock, b)
+        self.assertEqual((b.vhosts["v"].limits, b.vhosts["/"].limits),
+                         ({"max-queues": 3}, {"max-connections": 2}))
+        b.vhosts["v"].clearLimit("max-queues")
+        b = self.restart(store, clock, b)
+        self.assertEqual((b.vhosts["v"].limits, b.vhosts["/"].limits), ({}, {"max-connections": 2}))
+
 
 class OddNameTests(SynchronousTestCase):
     """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""

@@ -1046,3 +1046,98 @@ class PublishPipelineTests(WebTestCase):
         body = {"routing_key": "", "properties": {}, "payload": "x", "payload_encoding": "string"}
         self.assertError(self.post("/api/exchanges/%2F/ix/publish", body), 400, "bad_request",
                          "403 ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")
+
+
+class VHostLimitTests(WebTestCase):
+    """/api/vhost-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""
+
+    def limit(self, name, value, vhost="%2F", **kw):
+        return self.put("/api/vhost-limits/%s/%s" % (vhost, name), {"value": value}, **kw)
+
+    def client(self, vhost="/"):
+        """An in-memory AMQP connection to ``vhost`` as guest, and its connection.close replies."""
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), handshake=False)
+        closes = [(m.reply_code, m.reply_text) for _, m, _ in c.handshake(vhost)
+                  if isinstance(m, spec.ConnectionClose)]
+        return c, closes
+
+    def test_putListDelete(self):
+        """PUT sets (204), both lists show the value, DELETE leaves an empty set listed as []."""
+        self.assertEqual(self.limit("max-queues", 5).code, 204)
+        self.assertEqual(self.limit("max-connections", -1).code, 204)
+        expected = [{"vhost": "/", "value": {"max-queues": 5, "max-connections": -1}}]
+        self.assertEqual(self.get("/api/vhost-limits").json(), expected)
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), expected)
+        self.assertEqual(self.delete("/api/vhost-limits/%2F/max-queues").code, 204)
+        self.assertEqual(self.delete("/api/vhost-limits/%2F/max-connections").code, 204)
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), [])
+        self.assertEqual(self.get("/api/vhost-limits").json(), [{"vhost": "/", "value": []}])
+
+    def test_noLimits(self):
+        """Without limits both lists are empty; a missing vhost is 404."""
+        self.assertEqual(self.get("/api/vhost-limits").json(), [])
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), [])
+        self.assertError(self.get("/api/vhost-limits/nope"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.limit("max-queues", 1, vhost="nope"), 404, "not_found", "vhost_not_found")
+
+    def test_validation(self):
+        """Bad values and names answer 400 with RabbitMQ's texts."""
+        for value, shown in (("x", '<<"x">>'), (1.5, "1.5"), (True, "true")):
+            self.assertError(self.limit("max-queues", value), 400, "bad_request",
+                             "Validation failed\n\nmax-queues should be a number, actually was %s\n" % (shown,))
+        self.assertError(self.limit("foo", 1), 400, "bad_request",
+                         'Validation failed\n\nUnrecognised terms [{<<"foo">>,1}] in limits\n')
+        self.assertError(self.put("/api/vhost-limits/%2F/max-queues", {}), 400, "bad_request",
+                         "[{key_missing,value}]")
+        self.assertIsNone(self.vh.limits)
+
+    def test_adminOnly(self):
+        """PUT needs the administrator tag: 401 Not administrator user."""
+        self.broker.addUser("mgmt", "pw", ["management"])
+        self.broker.setPermissions("mgmt", "/")
+        self.assertEqual(self.limit("max-queues", 1, auth=("mgmt", "pw")).code, 401)
+        self.assertIsNone(self.vh.limits)
+
+    def test_visibleVHosts(self):
+        """Reads follow is_authorized_vhost_visible: monitoring sees every vhost, management only its own."""
+        self.broker.addVHost("other")
+        self.limit("max-queues", 1, vhost="other")
+        self.limit("max-queues", 2)
+        for name, tag in (("mgmt", "management"), ("mon", "monitoring")):
+            self.broker.addUser(name, "pw", [tag])
+            self.broker.setPermissions(name, "/")
+        self.assertEqual([e["vhost"] for e in self.get("/api/vhost-limits", auth=("mgmt", "pw")).json()], ["/"])
+        self.assertEqual([e["vhost"] for e in self.get("/api/vhost-limits", auth=("mon", "pw")).json()],
+                         ["/", "other"])
+        self.assertError(self.get("/api/vhost-limits/other", auth=("mgmt", "pw")), 401, "not_authorised",
+                         "User not authorised to access virtual host")
+        self.assertEqual(self.get("/api/vhost-limits/other", auth=("mon", "pw")).json(),
+                         [{"vhost": "other", "value": {"max-queues": 1}}])
+
+    def test_queueLimitHTTP(self):
+        """An HTTP queue PUT over max-queues is 400 with RabbitMQ's text; redeclaring an existing queue passes."""
+        self.put("/api/queues/%2F/q1")
+        self.limit("max-queues", 1)
+        self.assertError(self.put("/api/queues/%2F/q2"), 400, "bad_request",
+                         "cannot declare queue 'q2': queue limit in vhost '/' (1) is reached")
+        self.assertEqual(self.put("/api/queues/%2F/q1").code, 204)
+        self.limit("max-queues", -1)
+        self.assertEqual(self.put("/api/queues/%2F/q2").code, 201)
+
+    def test_queueLimitAMQP(self):
+        """queue.declare over max-queues closes the channel with 406 PRECONDITION_FAILED."""
+        self.limit("max-queues", 0)
+        c, _ = self.client()
+        c.send(1, spec.ChannelOpen())
+        c.send(1, spec.QueueDeclare(queue="q"))
+        closes = [(m.reply_code, m.reply_text) for m in c.methods() if isinstance(m, spec.ChannelClose)]
+        self.assertEqual(closes, [(406, "PRECONDITION_FAILED - cannot declare queue 'q': "
+                                        "queue limit in vhost '/' (0) is reached")])
+        self.assertNotIn("q", self.vh.queues)
+
+    def test_connectionLimit(self):
+        """connection.open over max-connections is 530 NOT_ALLOWED with RabbitMQ's text."""
+        self.limit("max-connections", 1)
+        self.assertEqual(self.client()[1], [])
+        self.assertEqual(self.client()[1], [(530, "NOT_ALLOWED - access to vhost '/' refused for user 'guest': "
+                                        "connection limit (1) is reached")])
