@@ -346,6 +346,9 @@ class ManagementApp:
         self.broker = broker
         self.clock = clock
         self.startedAt = clock.seconds()
+        #: the node's listeners (:mod:`otter_tx.web.health` records), set by
+        #: the service once they are bound; empty for an app built alone
+        self.listeners = []
 
     # --- plumbing -------------------------------------------------------------
 
@@ -1119,9 +1122,41 @@ class ManagementApp:
                 "queues": len(queues),
             },
             "statistics_db_event_queue": 0,
-            "listeners": [],
-            "contexts": [],
+            "listeners": self._listenersList(),
+            "contexts": self._contexts(),
         }
+
+    def _listenersList(self):
+        """
+        The overview's ``listeners``: ``[{"node","protocol","ip_address",
+        "port","socket_opts"}]`` (``socket_opts`` ``{}``: Twisted's defaults).
+        """
+        node = self.broker.alarms.nodeName
+        return [
+            {"node": node, "protocol": listener["protocol"], "ip_address": listener["ip_address"],
+             "port": listener["port"], "socket_opts": {}}
+            for listener in self.listeners
+        ]
+
+    def _contexts(self):
+        """
+        The overview's ``contexts``, one per management listener as 3.10:
+        ``{"ssl_opts":[],"node","description":"RabbitMQ Management",
+        "path":"/","cowboy_opts":"[{sendfile,false}]","ip","port":"15672"}``
+        (``port`` a string; ``ip`` only for a listener on one address).
+        """
+        node = self.broker.alarms.nodeName
+        out = []
+        for listener in self.listeners:
+            if listener["protocol"] not in ("http", "https"):
+                continue
+            ctx = {"ssl_opts": [], "node": node, "description": "RabbitMQ Management", "path": "/",
+                   "cowboy_opts": "[{sendfile,false}]"}
+            if listener["ip_address"] not in ("0.0.0.0", "::", ""):
+                ctx["ip"] = listener["ip_address"]
+            ctx["port"] = str(listener["port"])
+            out.append(ctx)
+        return out
 
     def _vhostDict(self, vh):
         queues = list(vh.queues.values())
@@ -1423,6 +1458,9 @@ class ManagementApp:
         ``{resource_limit,disk|memory,Node}`` per alarm; the store's as
         ``{message_store_unavailable,Node}`` followed by why).
         """
+        return self._nodeHealth()
+
+    def _nodeHealth(self):
         alarms = self.broker.alarms
         if not alarms.active:
             return {"status": "ok"}
@@ -1459,6 +1497,134 @@ class ManagementApp:
     def healthLocalAlarms(self, request, user):
         """``GET /api/health/checks/local-alarms``: as ``alarms``, "...in effect on the node"."""
         return self._alarmsHealth("on the node")
+
+    @app.route("/api/healthchecks/node/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthcheckSlash(self, request, user):
+        """``GET /api/healthchecks/node/``: as without the slash."""
+        return self._nodeHealth()
+
+    @app.route("/api/healthchecks/node/<node>", methods=["GET", "OPTIONS"])
+    @app.route("/api/healthchecks/node/<node>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthcheckNode(self, request, user, node):
+        """``GET /api/healthchecks/node/{node}``: as ``/api/healthchecks/node`` for this node, else 404."""
+        if node != self.broker.alarms.nodeName:
+            raise notFound()
+        return self._nodeHealth()
+
+    @app.route("/api/health/checks/alarms/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthAlarmsSlash(self, request, user):
+        """``GET /api/health/checks/alarms/``: as without the slash."""
+        return self._alarmsHealth("in the cluster")
+
+    @app.route("/api/health/checks/local-alarms/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthLocalAlarmsSlash(self, request, user):
+        """``GET /api/health/checks/local-alarms/``: as without the slash."""
+        return self._alarmsHealth("on the node")
+
+    @staticmethod
+    def _healthFailed(body):
+        """503 with ``{"status":"failed", ...body}``."""
+        return Response(503, dict({"status": "failed"}, **body))
+
+    @app.route("/api/health/checks/certificate-expiration/<within>/<unit>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/certificate-expiration/<within>/<unit>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthCertificates(self, request, user, within, unit):
+        """
+        ``GET /api/health/checks/certificate-expiration/{within}/{unit}``
+        (unit ``days``, ``weeks``, ``months``, ``years``): 200
+        ``{"status":"ok"}``, or 503 ``{"status":"failed","reason":
+        "Certificates expiring","expired":[{"node","protocol","interface",
+        "port","certfile","cacertfile","certfile_expires_on":
+        ["2027-01-05 3:04:05"],"cacertfile_expires_on":[]}]}`` for the TLS
+        listeners whose certificate or CA file has a certificate expiring
+        within that time (by the app's clock); 400 ``Invalid expiration
+        value.`` / ``Time unit not recognised. Supported units: days,
+        weeks, months, years.``.  Reads the PEM files on each request.
+        """
+        from otter_tx.web.health import expiringIn, parseWithin
+
+        try:
+            seconds = parseWithin(within, unit)
+        except ValueError as e:
+            raise badRequest(str(e))
+        now = self.clock.seconds()
+        expired = []
+        for listener in self.listeners:
+            cert = expiringIn(listener.get("certfile"), now, now + seconds)
+            ca = expiringIn(listener.get("cacertfile"), now, now + seconds)
+            if cert or ca:
+                expired.append({
+                    "node": self.broker.alarms.nodeName, "protocol": listener["protocol"],
+                    "interface": listener["ip_address"], "port": listener["port"],
+                    "certfile": listener.get("certfile"), "cacertfile": listener.get("cacertfile"),
+                    "certfile_expires_on": cert, "cacertfile_expires_on": ca,
+                })
+        if expired:
+            return self._healthFailed({"reason": "Certificates expiring", "expired": expired})
+        return {"status": "ok"}
+
+    @app.route("/api/health/checks/port-listener/<port>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/port-listener/<port>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthPort(self, request, user, port):
+        """
+        ``GET /api/health/checks/port-listener/{port}``: 200
+        ``{"status":"ok","port":N}`` when a listener of this node is bound
+        to it, else 503 ``{"status":"failed","reason":"No active
+        listener","missing":N,"ports":[...]}``; 400 ``Invalid port``.
+        """
+        if not re.match(r"^[+-]?[0-9]+$", port):
+            raise badRequest("Invalid port")
+        number = int(port)
+        ports = sorted(listener["port"] for listener in self.listeners)
+        if number in ports:
+            return {"status": "ok", "port": number}
+        return self._healthFailed({"reason": "No active listener", "missing": number, "ports": ports})
+
+    @app.route("/api/health/checks/protocol-listener/<protocol>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/protocol-listener/<protocol>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthProtocol(self, request, user, protocol):
+        """
+        ``GET /api/health/checks/protocol-listener/{protocol}``: 200
+        ``{"status":"ok","protocol":"amqp"}`` when this node listens for it
+        (RabbitMQ's aliases: ``amqp091``, ``amqp0-9-1``... are ``amqp``,
+        ``amqps`` is ``amqp/ssl``, ``management`` is ``http``), else 503
+        ``{"status":"failed","reason":"No active listener","missing":
+        "amqp/ssl","protocols":["amqp","http"]}``.
+        """
+        from otter_tx.web.health import normalizeProtocol
+
+        name = normalizeProtocol(protocol)
+        protocols = [listener["protocol"] for listener in self.listeners]
+        if name in protocols:
+            return {"status": "ok", "protocol": name}
+        return self._healthFailed({"reason": "No active listener", "missing": name, "protocols": protocols})
+
+    @app.route("/api/health/checks/virtual-hosts", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/virtual-hosts/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthVHosts(self, request, user):
+        """``GET /api/health/checks/virtual-hosts``: 200 ``{"status":"ok"}`` (every vhost runs in the one process)."""
+        return {"status": "ok"}
+
+    @app.route("/api/health/checks/node-is-mirror-sync-critical", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-mirror-sync-critical/", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-quorum-critical", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-quorum-critical/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthCritical(self, request, user):
+        """
+        ``GET /api/health/checks/node-is-mirror-sync-critical`` and
+        ``.../node-is-quorum-critical``: 200 ``{"status":"ok","reason":
+        "single node cluster"}``, as RabbitMQ 3.10 answers on one node.
+        """
+        return {"status": "ok", "reason": "single node cluster"}
 
     def _nodeDict(self):
         import os

@@ -1141,3 +1141,97 @@ class VHostLimitTests(WebTestCase):
         self.assertEqual(self.client()[1], [])
         self.assertEqual(self.client()[1], [(530, "NOT_ALLOWED - access to vhost '/' refused for user 'guest': "
                                         "connection limit (1) is reached")])
+
+
+class HealthCheckTests(WebTestCase):
+    """/api/health/checks/* and /api/healthchecks/node[/{node}] as RabbitMQ 3.10 answers them."""
+
+    def setUp(self):
+        import os
+
+        from twisted.test import __file__ as twistedTests
+
+        WebTestCase.setUp(self)
+        self.pem = os.path.join(os.path.dirname(twistedTests), "server.pem")
+        self.mgmt.listeners = [
+            {"protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672, "certfile": None, "cacertfile": None},
+            {"protocol": "amqp/ssl", "ip_address": "0.0.0.0", "port": 5671, "certfile": self.pem,
+             "cacertfile": None},
+            {"protocol": "http", "ip_address": "127.0.0.1", "port": 15672, "certfile": None, "cacertfile": None},
+        ]
+
+    def check(self, path):
+        reply = self.get("/api/" + path)
+        return reply.code, reply.json()
+
+    def test_trailingSlash(self):
+        """Every check answers the same with and without a trailing slash."""
+        self.clock.advance(1700000000)
+        for path in ("healthchecks/node", "health/checks/alarms", "health/checks/local-alarms",
+                     "health/checks/virtual-hosts", "health/checks/node-is-quorum-critical",
+                     "health/checks/node-is-mirror-sync-critical", "health/checks/port-listener/5672",
+                     "health/checks/protocol-listener/amqp", "health/checks/certificate-expiration/1/days",
+                     "healthchecks/node/otter_tx@localhost"):
+            self.assertEqual(self.check(path), self.check(path + "/"), path)
+            self.assertEqual(self.check(path)[0], 200, path)
+
+    def test_nodeByName(self):
+        """/api/healthchecks/node/{node} answers for this node and 404 for another."""
+        self.assertEqual(self.check("healthchecks/node/otter_tx@localhost"), (200, {"status": "ok"}))
+        self.assertEqual(self.check("healthchecks/node/rabbit@elsewhere"),
+                         (404, {"error": "Object Not Found", "reason": "Not Found"}))
+
+    def test_singleNode(self):
+        """virtual-hosts is ok; the critical checks say single node cluster."""
+        self.assertEqual(self.check("health/checks/virtual-hosts"), (200, {"status": "ok"}))
+        for name in ("node-is-mirror-sync-critical", "node-is-quorum-critical"):
+            self.assertEqual(self.check("health/checks/" + name),
+                             (200, {"status": "ok", "reason": "single node cluster"}))
+
+    def test_portListener(self):
+        """A bound port is ok with the port; another is 503 listing the ports; a non-number is 400."""
+        self.assertEqual(self.check("health/checks/port-listener/5671"), (200, {"status": "ok", "port": 5671}))
+        self.assertEqual(self.check("health/checks/port-listener/5673"), (503, {
+            "status": "failed", "reason": "No active listener", "missing": 5673, "ports": [5671, 5672, 15672]}))
+        self.assertEqual(self.check("health/checks/port-listener/abc"),
+                         (400, {"error": "bad_request", "reason": "Invalid port"}))
+
+    def test_protocolListener(self):
+        """RabbitMQ's aliases name the protocol; a missing one is 503 listing the protocols."""
+        for alias, name in (("amqp091", "amqp"), ("AMQP0-9-1", "amqp"), ("amqps", "amqp/ssl"),
+                            ("management", "http")):
+            self.assertEqual(self.check("health/checks/protocol-listener/" + alias),
+                             (200, {"status": "ok", "protocol": name}))
+        self.assertEqual(self.check("health/checks/protocol-listener/mqtt"), (503, {
+            "status": "failed", "reason": "No active listener", "missing": "mqtt",
+            "protocols": ["amqp", "amqp/ssl", "http"]}))
+
+    def test_certificateExpiration(self):
+        """A TLS listener's certificate expiring within the time is 503 with its expiry date; bad arguments are 400."""
+        self.clock.advance(1700000000)  # 2023-11-14; the certificate runs to 2123-05-21 13:40:28 UTC
+        self.assertEqual(self.check("health/checks/certificate-expiration/1/years"), (200, {"status": "ok"}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/100/YEARS"), (503, {
+            "status": "failed", "reason": "Certificates expiring", "expired": [{
+                "node": "otter_tx@localhost", "protocol": "amqp/ssl", "interface": "0.0.0.0", "port": 5671,
+                "certfile": self.pem, "cacertfile": None,
+                "certfile_expires_on": ["2123-05-21 13:40:28"], "cacertfile_expires_on": []}]}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/x/days"),
+                         (400, {"error": "bad_request", "reason": "Invalid expiration value."}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/1/fortnights"), (400, {
+            "error": "bad_request",
+            "reason": "Time unit not recognised. Supported units: days, weeks, months, years."}))
+
+    def test_certificateNotYetValid(self):
+        """A certificate whose validity has not begun is reported as an error entry."""
+        code, body = self.check("health/checks/certificate-expiration/1/days")
+        self.assertEqual((code, body["expired"][0]["certfile_expires_on"]),
+                         (503, [{"error": "Certificate is not yet valid"}]))
+
+    def test_overviewListenersAndContexts(self):
+        """The overview lists the listeners and one context per management listener, port as a string."""
+        overview = self.get("/api/overview").json()
+        self.assertEqual([(l["protocol"], l["port"]) for l in overview["listeners"]],
+                         [("amqp", 5672), ("amqp/ssl", 5671), ("http", 15672)])
+        self.assertEqual(overview["contexts"], [{
+            "ssl_opts": [], "node": "otter_tx@localhost", "description": "RabbitMQ Management", "path": "/",
+            "cowboy_opts": "[{sendfile,false}]", "ip": "127.0.0.1", "port": "15672"}])
