@@ -258,6 +258,8 @@ class _PreStartRecorder:
             return (kind, obj.name)
         if kind == "permission":
             return (kind,) + tuple(obj)
+        if kind == "global_parameter":
+            return (kind, obj)
         if kind == "binding":
             from otter_tx.broker.durability import tableToText
             from otter_tx.broker.queue import Queue

@@ -104,8 +104,10 @@ class Journal:
                 store.putEntity(
                     "user",
                     obj.name,
-                    {"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
-                     "loopbackOnly": obj.loopbackOnly},
+                    dict({"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
+                          "loopbackOnly": obj.loopbackOnly},
+                         **({"limits": self.broker.userLimits[obj.name]}
+                            if obj.name in self.broker.userLimits else {})),
                 )
         elif kind == "permission":
             user, vh = obj
@@ -117,6 +119,11 @@ class Journal:
                 configure, write, read = perms
                 store.putEntity("permission", key, {"configure": configure, "write": write, "read": read,
                                                     "names": [user, vh]})
+        elif kind == "global_parameter":
+            if deleted or obj not in self.broker.globalParameters:
+                store.deleteEntity("global_parameter", obj)
+            else:
+                store.putEntity("global_parameter", obj, {"value": self.broker.globalParameters[obj]})
         elif kind == "policy":
             key = vhost.name + SEP + obj.name
             if deleted:
@@ -277,10 +284,14 @@ class Journal:
                 for name, rec in users.items():
                     u = broker.addUser(name, None, rec.get("tags", ()), rec.get("loopbackOnly", False))
                     u.salt, u.passwordHash = rec["salt"], rec["hash"]
+                    if rec.get("limits"):
+                        broker.userLimits[name] = dict(rec["limits"])
             broker.permissions.clear()
             for key, rec in ents.get("permission", {}).items():
                 user, vh = _names(key, rec, 2)
                 broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
+        for name, rec in ents.get("global_parameter", {}).items():
+            broker.globalParameters[name] = rec["value"]
         for key, rec in ents.get("policy", {}).items():
             vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
             if vh is not None and rec["name"] not in vh.policies:
@@ -390,8 +401,8 @@ class Journal:
 
     def writeAll(self):
         """
-        First boot: write the vhosts, users, permissions and policies the
-        broker was configured with.
+        First boot: write the vhosts, users, permissions, policies and
+        global parameters the broker was configured with.
         """
         b = self.broker
         for vh in b.vhosts.values():
@@ -400,6 +411,8 @@ class Journal:
                 self.entityChanged("policy", vh, p, False)
         for u in b.users.values():
             self.entityChanged("user", None, u, False)
+        for name in b.globalParameters:
+            self.entityChanged("global_parameter", None, name, False)
         for key in b.permissions:
             self.entityChanged("permission", None, key, False)
 

@@ -44,22 +44,25 @@ PREDECLARED = (
 #: the vhost limits RabbitMQ 3.10 knows (``rabbit_vhost_limit``); values
 #: are integers, a negative one means no limit
 LIMIT_NAMES = ("max-connections", "max-queues")
+#: the user limits RabbitMQ 3.10 knows (``rabbit_auth_backend_internal``)
+USER_LIMIT_NAMES = ("max-connections", "max-channels")
 
 
 class LimitError(ValueError):
     """A vhost limit RabbitMQ rejects; ``str()`` is its validation text."""
 
 
-def validateLimit(name, value):
+def validateLimit(name, value, names=LIMIT_NAMES, what="limits"):
     """
     Check one vhost limit as ``rabbit_vhost_limit`` does: an unknown
     ``name`` -> ``Unrecognised terms [{<<"foo">>,1}] in limits``; a value
     that is not an integer -> ``max-queues should be a number, actually
     was <<"x">>`` (strings), ``... was 1.5`` / ``true`` (others).  Raises
-    :class:`LimitError`.
+    :class:`LimitError`.  User limits pass ``names=USER_LIMIT_NAMES,
+    what="user-limits"``.
     """
-    if name not in LIMIT_NAMES:
-        raise LimitError('Unrecognised terms [{<<"%s">>,%s}] in limits' % (name, _erlTerm(value)))
+    if name not in names:
+        raise LimitError('Unrecognised terms [{<<"%s">>,%s}] in %s' % (name, _erlTerm(value), what))
     if not isinstance(value, int) or isinstance(value, bool):
         raise LimitError("%s should be a number, actually was %s" % (name, _erlTerm(value)))
 
@@ -458,6 +461,18 @@ class VHost:
         """
         validateLimit(name, value)
         self.limits = dict(self.limits or {}, **{name: value})
+        self.broker.entityChanged("vhost", self, self)
+
+    def setLimits(self, limits):
+        """
+        Replace every limit (a dict, each checked by :func:`validateLimit`),
+        or drop them all with None (the ``vhost-limits`` runtime parameter).
+        """
+        if limits is not None:
+            for name, value in limits.items():
+                validateLimit(name, value)
+            limits = dict(limits)
+        self.limits = limits
         self.broker.entityChanged("vhost", self, self)
 
     def clearLimit(self, name):

@@ -43,6 +43,7 @@ ENTITY_KINDS = (
     "exchange",
     "queue",
     "binding",
+    "global_parameter",
 )
 
 

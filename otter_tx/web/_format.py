@@ -263,14 +263,14 @@ def passwordHash(user):
     return base64.b64encode(base64.b64decode(user.salt) + base64.b64decode(user.passwordHash)).decode()
 
 
-def userDict(user):
-    """A user as ``GET /api/users/{name}`` shows it."""
+def userDict(user, limits=None):
+    """A user as ``GET /api/users/{name}`` shows it (``limits``: its user limits, a dict)."""
     return {
         "name": user.name,
         "password_hash": passwordHash(user),
         "hashing_algorithm": "rabbit_password_hashing_sha256",
         "tags": list(user.tags),
-        "limits": {},
+        "limits": dict(limits or {}),
     }
 
 

@@ -84,6 +84,8 @@ _VHOST = "is_authorized_vhost"
 _VHOST_VISIBLE = "is_authorized_vhost_visible"
 #: administrator, or policymaker as for _VHOST; else 401 "User not authorised to access object"
 _POLICIES = "is_authorized_policies"
+#: administrator or policymaker (any vhost); else 401 "User not authorised to access object"
+_GLOBAL_PARAMETERS = "is_authorized_global_parameters"
 _NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
 
 _EXCHANGE_TYPE_DESCRIPTIONS = (
@@ -432,6 +434,8 @@ class ManagementApp:
             raise notAuthorised("User not authorised to access virtual host")
         if access == _VHOST_VISIBLE and not (tags & MONITOR_TAGS or self._matchesVHost(user, vhost)):
             raise notAuthorised("User not authorised to access virtual host")
+        if access == _GLOBAL_PARAMETERS and not tags & POLICYMAKER_TAGS:
+            raise notAuthorisedObject()
         if access == _POLICIES and not (
             self._isAdmin(user) or tags & POLICYMAKER_TAGS and self._matchesVHost(user, vhost)
         ):
@@ -678,6 +682,180 @@ class ManagementApp:
         except LimitError as e:
             raise badRequest("Validation failed\n\n%s\n" % (e,))
         return Response(204)
+
+    # --- user limits ----------------------------------------------------------
+
+    def _userLimits(self, user, names):
+        """``[{"user","value"}]`` for ``names`` with limits; a non-administrator sees only itself."""
+        limits = self.broker.userLimits
+        return [
+            {"user": name, "value": dict(limits[name])}
+            for name in sorted(names)
+            if name in limits and (self._isAdmin(user) or name == user.name)
+        ]
+
+    @app.route("/api/user-limits", methods=["GET", "OPTIONS"])
+    @endpoint(_ANY)
+    def userLimitsAll(self, request, user):
+        """
+        ``GET /api/user-limits``: ``[{"user": "u", "value":
+        {"max-connections": N, "max-channels": N}}]`` of the users with limits
+        (a non-administrator sees only its own).
+        """
+        return self._userLimits(user, self.broker.userLimits)
+
+    @app.route("/api/user-limits/<name>", methods=["GET", "OPTIONS"])
+    @endpoint(_ANY)
+    def userLimits(self, request, user, name):
+        """``GET /api/user-limits/{user}``: as the list for one user (``[]`` without limits; 404 for no such user)."""
+        if name not in self.broker.users:
+            raise notFound()
+        return self._userLimits(user, [name])
+
+    @app.route("/api/user-limits/<name>/<limit>", methods=["PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def userLimit(self, request, user, name, limit):
+        """
+        ``PUT /api/user-limits/{user}/{limit}`` with ``{"value": N}`` and
+        ``DELETE``: 204; administrators only.  ``max-connections`` and
+        ``max-channels`` (negative: no limit), enforced on AMQP with 530
+        NOT_ALLOWED as RabbitMQ 3.10.  400 ``max-channels should be a
+        number, actually was <<"x">>`` / ``Unrecognised terms
+        [{<<"foo">>,1}] in user-limits`` (no ``Validation failed`` prefix,
+        as 3.10), 400 ``[{key_missing,value}]``, 400 ``["no_such_user","u"]``
+        for a PUT to a missing user (404 for DELETE).  Stored with the user.
+        """
+        if name not in self.broker.users:
+            if request.method == b"DELETE":
+                raise notFound()
+            raise badRequest(["no_such_user", name])
+        if request.method == b"DELETE":
+            self.broker.clearUserLimit(name, limit)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        try:
+            self.broker.setUserLimit(name, limit, body["value"])
+        except LimitError as e:
+            raise badRequest(str(e))
+        return Response(204)
+
+    # --- global parameters and parameters --------------------------------------
+
+    @app.route("/api/global-parameters", methods=["GET", "OPTIONS"])
+    @endpoint(_GLOBAL_PARAMETERS)
+    def globalParameters(self, request, user):
+        """``GET /api/global-parameters``: ``[{"name","value"}]`` (administrators and policymakers)."""
+        params = self.broker.globalParameters
+        return [{"name": name, "value": params[name]} for name in sorted(params)]
+
+    @app.route("/api/global-parameters/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_GLOBAL_PARAMETERS)
+    def globalParameter(self, request, user, name):
+        """
+        ``GET /api/global-parameters/{name}`` (``{"value","name"}``, 404),
+        ``PUT`` with ``{"value": any JSON}`` (201 new, 204 replaced; 400
+        ``[{key_missing,value}]``), ``DELETE`` (204, 404).  Stored durably;
+        ``cluster_name`` is the overview's ``cluster_name``.
+        Administrators and policymakers (``is_authorized_global_parameters``).
+        """
+        params = self.broker.globalParameters
+        if request.method == b"GET":
+            if name not in params:
+                raise notFound()
+            return {"value": params[name], "name": name}
+        if request.method == b"DELETE":
+            if not self.broker.clearGlobalParameter(name):
+                raise notFound()
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        return Response(201 if self.broker.setGlobalParameter(name, body["value"]) else 204)
+
+    @staticmethod
+    def _parameters(vhosts, component=None):
+        """
+        The runtime parameters of ``vhosts``: RabbitMQ 3.10 without plugins
+        has only the ``vhost-limits`` component, one ``limits`` parameter
+        per vhost that has limits.
+        """
+        if component not in (None, "vhost-limits"):
+            return []
+        return [
+            {"value": dict(vh.limits) if vh.limits else [], "vhost": vh.name,
+             "component": "vhost-limits", "name": "limits"}
+            for vh in vhosts if vh.limits is not None
+        ]
+
+    @app.route("/api/parameters", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersAll(self, request, user):
+        """
+        ``GET /api/parameters``: ``[{"value","vhost","component","name"}]``
+        of the vhosts the user has (``vhost-limits`` only: no plugin here
+        defines other components).  Administrators and policymakers.
+        """
+        return self._parameters(self._loginVHosts(user))
+
+    @app.route("/api/parameters/<component>", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersComponent(self, request, user, component):
+        """``GET /api/parameters/{component}``: as the list, one component (``[]`` for an unknown one)."""
+        return self._parameters(self._loginVHosts(user), component)
+
+    @app.route("/api/parameters/<component>/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersVHost(self, request, user, component, vhost):
+        """``GET /api/parameters/{component}/{vhost}``: one component in one vhost (404 for a missing vhost)."""
+        return self._parameters([self._vhost(vhost)], component)
+
+    @app.route("/api/parameters/<component>/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parameter(self, request, user, component, vhost, name):
+        """
+        ``GET|PUT|DELETE /api/parameters/{component}/{vhost}/{name}``.
+        ``vhost-limits``/``{v}``/``limits`` is the vhost's limits: PUT
+        ``{"value": {"max-queues": N, ...}}`` replaces them all (201 new, 204
+        replaced; 400 ``Validation failed`` with ``<``/``>`` HTML-escaped as
+        3.10 does), DELETE drops them (204).  Any other component is 400
+        ``Validation failed\n\ncomponent foo not found\n`` on PUT, 404 on
+        GET and DELETE, as RabbitMQ 3.10 without plugins; 404
+        ``vhost_not_found`` for a PUT to a missing vhost.
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if request.method == b"PUT":
+            if vh is None:
+                raise HTTPError(404, "not_found", "vhost_not_found")
+            body = self._body(request)
+            self._require(body, "value")
+            return self._putLimitsParameter(vh, component, name, body["value"])
+        found = vh is not None and component == "vhost-limits" and name == "limits" and vh.limits is not None
+        if not found:
+            raise notFound()
+        if request.method == b"DELETE":
+            vh.setLimits(None)
+            return Response(204)
+        return self._parameters([vh])[0]
+
+    @staticmethod
+    def _putLimitsParameter(vh, component, name, value):
+        def failed(text):
+            text = text.replace("<", "&lt;").replace(">", "&gt;")
+            return badRequest("Validation failed\n\n%s\n" % (text,))
+
+        if component != "vhost-limits":
+            raise failed("component %s not found" % (component,))
+        if name != "limits":
+            # RabbitMQ 3.10 stores it under that name and answers 500
+            raise failed("vhost-limits parameters are named limits, not %s" % (name,))
+        if not isinstance(value, dict):
+            raise failed("limits should be an object")
+        new = vh.limits is None
+        try:
+            vh.setLimits(value)
+        except LimitError as e:
+            raise failed(str(e))
+        return Response(201 if new else 204)
 
     # --- queues -------------------------------------------------------------
 
@@ -1095,7 +1273,7 @@ class ManagementApp:
             "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
             "management_version": RABBITMQ_COMPAT_VERSION,
             "rates_mode": "none",
-            "cluster_name": fmt.NODE,
+            "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
             "node": fmt.NODE,
             "erlang_version": None,
             "erlang_full_version": None,
@@ -1242,7 +1420,28 @@ class ManagementApp:
     @endpoint(_ADMIN)
     def users(self, request, user):
         """``GET /api/users``."""
-        return [fmt.userDict(u) for _, u in sorted(self.broker.users.items())]
+        return [fmt.userDict(u, self.broker.userLimits.get(u.name)) for _, u in sorted(self.broker.users.items())]
+
+    @app.route("/api/users/bulk-delete", methods=["POST", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def usersBulkDelete(self, request, user):
+        """
+        ``POST /api/users/bulk-delete`` with ``{"users": ["a", "b"]}``: deletes
+        them in order (permissions too), 204.  At the first missing one it
+        stops with 400 ``{"error":"bad_request","reason":["no_such_user",
+        "x"]}`` (the ones before it are gone), as RabbitMQ 3.10; 400
+        ``[{key_missing,users}]`` without ``users``.  Administrators only.
+        """
+        body = self._body(request)
+        self._require(body, "users")
+        names = body["users"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise badRequest("users must be a list of names")  # RabbitMQ 3.10 answers 500
+        for name in names:
+            if name not in self.broker.users:
+                raise badRequest(["no_such_user", name])
+            self.broker.deleteUser(name)
+        return Response(204)
 
     @app.route("/api/users/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_ADMIN)
@@ -1258,7 +1457,7 @@ class ManagementApp:
         if request.method == b"GET":
             if existing is None:
                 raise notFound()
-            return fmt.userDict(existing)
+            return fmt.userDict(existing, self.broker.userLimits.get(name))
         if request.method == b"DELETE":
             if existing is None:
                 raise notFound()

@@ -6,10 +6,6 @@ against the in-process broker or, with ``OTTER_TEST_AMQP_URL`` and
 free of alarms.
 """
 
-import base64
-import json
-import urllib.error
-import urllib.request
 from urllib.parse import urlparse
 
 from otter_tx.test.interop.support import InteropTestCase, ManagementMixin
@@ -20,13 +16,7 @@ class HealthCheckTests(ManagementMixin, InteropTestCase):
 
     def http(self, path):
         """``(status, JSON)`` of ``GET path`` as guest."""
-        req = urllib.request.Request(self.mgmtBase() + path)
-        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+        return self.mgmtCall("GET", path)
 
     def test_listeners(self):
         """The AMQP port and protocol pass (with and without a slash); a missing protocol is 503 naming it."""

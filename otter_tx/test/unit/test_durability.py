@@ -174,6 +174,32 @@ class JournalTests(SynchronousTestCase):
         self.assertEqual((b.vhosts["v"].limits, b.vhosts["/"].limits), ({}, {"max-connections": 2}))
 
 
+    def test_globalParametersSurviveRestart(self):
+        """Global parameters are stored; a deleted one stays deleted after a restart."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.setGlobalParameter("cluster_name", "blue")
+        b.setGlobalParameter("other", {"a": [1, 2]})
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.globalParameters, {"cluster_name": "blue", "other": {"a": [1, 2]}})
+        b.clearGlobalParameter("other")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.globalParameters, {"cluster_name": "blue"})
+
+    def test_userLimitsSurviveRestart(self):
+        """User limits are stored with their user and come back after a restart."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.addUser("u", "pw")
+        b.setUserLimit("u", "max-channels", 5)
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.userLimits, {"u": {"max-channels": 5}})
+        b.clearUserLimit("u", "max-channels")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.userLimits, {})
+
 class OddNameTests(SynchronousTestCase):
     """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""
 

@@ -1235,3 +1235,163 @@ class HealthCheckTests(WebTestCase):
         self.assertEqual(overview["contexts"], [{
             "ssl_opts": [], "node": "otter_tx@localhost", "description": "RabbitMQ Management", "path": "/",
             "cowboy_opts": "[{sendfile,false}]", "ip": "127.0.0.1", "port": "15672"}])
+
+
+class ParameterTests(WebTestCase):
+    """/api/global-parameters and /api/parameters as RabbitMQ 3.10 without plugins answers them."""
+
+    def test_globalParameters(self):
+        """PUT creates (201) and replaces (204), GET lists and reads, DELETE removes (204, then 404)."""
+        self.assertEqual(self.get("/api/global-parameters").json(), [])
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": {"a": 1}}).code, 201)
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": {"a": 2}}).code, 204)
+        self.assertEqual(self.get("/api/global-parameters/g").json(), {"value": {"a": 2}, "name": "g"})
+        self.assertEqual(self.get("/api/global-parameters").json(), [{"name": "g", "value": {"a": 2}}])
+        self.assertError(self.put("/api/global-parameters/h", {}), 400, "bad_request", "[{key_missing,value}]")
+        self.assertEqual(self.delete("/api/global-parameters/g").code, 204)
+        self.assertError(self.delete("/api/global-parameters/g"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.get("/api/global-parameters/g"), 404, "Object Not Found", "Not Found")
+
+    def test_clusterName(self):
+        """The cluster_name global parameter is the overview's cluster_name."""
+        self.put("/api/global-parameters/cluster_name", {"value": "blue"})
+        self.assertEqual(self.get("/api/overview").json()["cluster_name"], "blue")
+
+    def test_globalParametersAuthorisation(self):
+        """Policymakers may use global parameters; management and monitoring users get 401."""
+        for name, tag in (("pol", "policymaker"), ("mgmt", "management"), ("mon", "monitoring")):
+            self.broker.addUser(name, "pw", [tag])
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": 1}, auth=("pol", "pw")).code, 201)
+        for name in ("mgmt", "mon"):
+            self.assertError(self.get("/api/global-parameters", auth=(name, "pw")), 401, "not_authorised",
+                             "User not authorised to access object")
+
+    def test_unknownComponent(self):
+        """PUT of an unknown component is 400 component not found; GET lists nothing, one is 404."""
+        self.assertError(self.put("/api/parameters/foo/%2F/x", {"value": 1}), 400, "bad_request",
+                         "Validation failed\n\ncomponent foo not found\n")
+        self.assertError(self.put("/api/parameters/foo/nope/x", {"value": 1}), 404, "not_found",
+                         "vhost_not_found")
+        self.assertEqual(self.get("/api/parameters/foo").json(), [])
+        self.assertEqual(self.get("/api/parameters/foo/%2F").json(), [])
+        self.assertError(self.get("/api/parameters/foo/%2F/x"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.delete("/api/parameters/foo/%2F/x"), 404, "Object Not Found", "Not Found")
+
+    def test_vhostLimitsComponent(self):
+        """Vhost limits are the vhost-limits/{v}/limits parameter: listed, set and deleted through it."""
+        self.put("/api/vhost-limits/%2F/max-queues", {"value": 4})
+        entry = {"value": {"max-queues": 4}, "vhost": "/", "component": "vhost-limits", "name": "limits"}
+        self.assertEqual(self.get("/api/parameters").json(), [entry])
+        self.assertEqual(self.get("/api/parameters/vhost-limits/%2F").json(), [entry])
+        self.assertEqual(self.get("/api/parameters/vhost-limits/%2F/limits").json(), entry)
+        self.assertEqual(self.put("/api/parameters/vhost-limits/%2F/limits",
+                                  {"value": {"max-connections": 2}}).code, 204)
+        self.assertEqual(self.vh.limits, {"max-connections": 2})
+        self.assertError(self.put("/api/parameters/vhost-limits/%2F/limits", {"value": {"max-queues": "x"}}),
+                         400, "bad_request",
+                         'Validation failed\n\nmax-queues should be a number, actually was &lt;&lt;"x"&gt;&gt;\n')
+        self.assertEqual(self.delete("/api/parameters/vhost-limits/%2F/limits").code, 204)
+        self.assertEqual((self.vh.limits, self.get("/api/vhost-limits").json()), (None, []))
+
+    def test_parametersAuthorisation(self):
+        """Parameters need a policymaker with the vhost (is_authorized_policies); others get 401."""
+        self.put("/api/vhost-limits/%2F/max-queues", {"value": 4})
+        for name, tag in (("pol", "policymaker"), ("mgmt", "management")):
+            self.broker.addUser(name, "pw", [tag])
+            self.broker.setPermissions(name, "/")
+        self.assertEqual(len(self.get("/api/parameters/vhost-limits/%2F", auth=("pol", "pw")).json()), 1)
+        self.assertError(self.get("/api/parameters/vhost-limits/%2F", auth=("mgmt", "pw")), 401,
+                         "not_authorised", "User not authorised to access object")
+
+
+class UserBulkDeleteTests(WebTestCase):
+    """POST /api/users/bulk-delete as RabbitMQ 3.10."""
+
+    def test_deletesInOrder(self):
+        """Listed users go (204) with their permissions."""
+        for name in ("a", "b", "c"):
+            self.broker.addUser(name, "pw")
+            self.broker.setPermissions(name, "/")
+        self.assertEqual(self.post("/api/users/bulk-delete", {"users": ["a", "b"]}).code, 204)
+        self.assertEqual(sorted(self.broker.users), ["c", "guest"])
+        self.assertNotIn(("a", "/"), self.broker.permissions)
+
+    def test_stopsAtMissing(self):
+        """The first missing user is 400 ["no_such_user", name]; users before it are deleted, after it kept."""
+        for name in ("a", "b"):
+            self.broker.addUser(name, "pw")
+        self.assertError(self.post("/api/users/bulk-delete", {"users": ["a", "nobody", "b"]}), 400,
+                         "bad_request", ["no_such_user", "nobody"])
+        self.assertEqual(sorted(self.broker.users), ["b", "guest"])
+
+    def test_validation(self):
+        """No users key is 400 key_missing; non-administrators get 401."""
+        self.assertError(self.post("/api/users/bulk-delete", {}), 400, "bad_request", "[{key_missing,users}]")
+        self.broker.addUser("mgmt", "pw", ["management"])
+        self.assertError(self.post("/api/users/bulk-delete", {"users": []}, auth=("mgmt", "pw")), 401,
+                         "not_authorised", "Not administrator user")
+
+
+class UserLimitTests(WebTestCase):
+    """/api/user-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        self.broker.addUser("u", "pw")
+        self.broker.setPermissions("u", "/")
+
+    def limit(self, name, value, user="u"):
+        return self.put("/api/user-limits/%s/%s" % (user, name), {"value": value})
+
+    def handshake(self):
+        """An in-memory AMQP connection as u, and the connection.close replies of its handshake."""
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), handshake=False)
+        return c, [(m.reply_code, m.reply_text) for _, m, _ in c.handshake(user="u", password="pw")
+                   if isinstance(m, spec.ConnectionClose)]
+
+    def test_putListDelete(self):
+        """PUT sets (204), the lists and the user show it, DELETE removes it."""
+        self.assertEqual(self.limit("max-channels", 3).code, 204)
+        self.assertEqual(self.limit("max-connections", 1).code, 204)
+        expected = [{"user": "u", "value": {"max-channels": 3, "max-connections": 1}}]
+        self.assertEqual(self.get("/api/user-limits").json(), expected)
+        self.assertEqual(self.get("/api/user-limits/u").json(), expected)
+        self.assertEqual(self.get("/api/users/u").json()["limits"], {"max-channels": 3, "max-connections": 1})
+        self.assertEqual(self.delete("/api/user-limits/u/max-channels").code, 204)
+        self.delete("/api/user-limits/u/max-connections")
+        self.assertEqual(self.get("/api/user-limits/u").json(), [])
+        self.assertError(self.get("/api/user-limits/nobody"), 404, "Object Not Found", "Not Found")
+
+    def test_validation(self):
+        """Bad values, names and users answer 400 with RabbitMQ's texts."""
+        self.assertError(self.limit("max-channels", "x"), 400, "bad_request",
+                         'max-channels should be a number, actually was <<"x">>')
+        self.assertError(self.limit("foo", 1), 400, "bad_request",
+                         'Unrecognised terms [{<<"foo">>,1}] in user-limits')
+        self.assertError(self.limit("max-channels", 1, user="nobody"), 400, "bad_request",
+                         ["no_such_user", "nobody"])
+        self.assertEqual(self.broker.userLimits, {})
+
+    def test_deletedWithUser(self):
+        """Deleting the user drops its limits."""
+        self.limit("max-channels", 3)
+        self.delete("/api/users/u")
+        self.assertEqual(self.broker.userLimits, {})
+
+    def test_connectionLimit(self):
+        """A connection over the user's max-connections is 530 with RabbitMQ's text."""
+        self.limit("max-connections", 1)
+        self.assertEqual(self.handshake()[1], [])
+        self.assertEqual(self.handshake()[1], [(530, "NOT_ALLOWED - connection refused for user 'u': "
+                                                     "user connection limit (1) is reached")])
+
+    def test_channelLimit(self):
+        """channel.open over the user's max-channels (across its connections) closes the connection with 530."""
+        self.limit("max-channels", 1)
+        first, _ = self.handshake()
+        first.openChannel(1)
+        second, _ = self.handshake()
+        closes = [(m.reply_code, m.reply_text) for _, m, _ in second.openChannel(1)
+                  if isinstance(m, spec.ConnectionClose)]
+        self.assertEqual(closes, [(530, "NOT_ALLOWED - number of channels opened for user 'u' has reached "
+                                        "the maximum allowed user limit of (1)")])
