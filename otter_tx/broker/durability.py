@@ -26,6 +26,7 @@ from otter_tx.amqp.codec import decodeTable, encodeTable
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
+from otter_tx.broker.policy import OperatorPolicy
 from otter_tx.broker.queue import UNACKED, Queue
 
 log = Logger()
@@ -124,6 +125,12 @@ class Journal:
                 store.deleteEntity("global_parameter", obj)
             else:
                 store.putEntity("global_parameter", obj, {"value": self.broker.globalParameters[obj]})
+        elif kind == "operator_policy":
+            key = vhost.name + SEP + obj.name
+            if deleted:
+                store.deleteEntity("operator_policy", key)
+            else:
+                store.putEntity("operator_policy", key, obj.asDict())
         elif kind == "policy":
             key = vhost.name + SEP + obj.name
             if deleted:
@@ -292,6 +299,12 @@ class Journal:
                 broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
         for name, rec in ents.get("global_parameter", {}).items():
             broker.globalParameters[name] = rec["value"]
+        for key, rec in ents.get("operator_policy", {}).items():
+            vh = broker.vhosts.get(rec["vhost"])
+            if vh is not None:
+                vh.operatorPolicies[rec["name"]] = OperatorPolicy(
+                    rec["name"], rec["pattern"], rec["definition"], rec.get("priority", 0),
+                    rec.get("apply-to", "all"), vh.name)
         for key, rec in ents.get("policy", {}).items():
             vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
             if vh is not None and rec["name"] not in vh.policies:
@@ -409,6 +422,8 @@ class Journal:
             self.entityChanged("vhost", vh, vh, False)
             for p in vh.policies.values():
                 self.entityChanged("policy", vh, p, False)
+            for p in vh.operatorPolicies.values():
+                self.entityChanged("operator_policy", vh, p, False)
         for u in b.users.values():
             self.entityChanged("user", None, u, False)
         for name in b.globalParameters:

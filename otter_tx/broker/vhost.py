@@ -29,7 +29,7 @@ from otter_tx.broker.delayed import (
     validateDelayedArguments,
 )
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
-from otter_tx.broker.policy import effectiveSettings, matchPolicy
+from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
 
@@ -110,6 +110,8 @@ class VHost:
         self.exchanges = {}
         self.queues = {}
         self.policies = {}
+        #: name -> :class:`~otter_tx.broker.policy.OperatorPolicy`
+        self.operatorPolicies = {}
         #: limit name -> int (:data:`LIMIT_NAMES`), None until one was set
         #: (RabbitMQ keeps an emptied ``limits`` parameter: listed as ``[]``)
         self.limits = None
@@ -521,9 +523,26 @@ class VHost:
         for q in list(self.queues.values()):
             self._applyPolicy(q)
 
+    def setOperatorPolicy(self, policy):
+        """Add or replace an :class:`~otter_tx.broker.policy.OperatorPolicy` and re-apply; stored durably."""
+        self.operatorPolicies[policy.name] = policy
+        self._reapplyPolicies()
+        self.broker.entityChanged("operator_policy", self, policy)
+
+    def clearOperatorPolicy(self, name):
+        """Remove an operator policy (no error if missing) and re-apply."""
+        p = self.operatorPolicies.pop(name, None)
+        if p is not None:
+            self._reapplyPolicies()
+            self.broker.entityChanged("operator_policy", self, p, deleted=True)
+
     def _applyPolicy(self, q):
         policy = matchPolicy(self.policies.values(), q.name, "queues")
-        q.applySettings(effectiveSettings(q.arguments, policy), policy)
+        operator = matchPolicy(self.operatorPolicies.values(), q.name, "queues")
+        effective = mergeOperatorPolicy(policy, operator)
+        q.operatorPolicy = operator
+        q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
+        q.applySettings(effectiveSettings(q.arguments, effective), policy)
 
     # --- connection cleanup -----------------------------------------------------
 

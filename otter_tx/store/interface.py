@@ -44,6 +44,7 @@ ENTITY_KINDS = (
     "queue",
     "binding",
     "global_parameter",
+    "operator_policy",
 )
 
 

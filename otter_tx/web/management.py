@@ -56,7 +56,7 @@ from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.access import CONFIGURE, LOOPBACK_ONLY, READ, WRITE, User, bindChecks, login
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
-from otter_tx.broker.policy import Policy, PolicyError
+from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
 from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.door import requestSession
@@ -626,6 +626,62 @@ class ManagementApp:
             return Policy(name, pattern, definition, priority, applyTo, vhost)
         except PolicyError as e:
             raise failed(str(e))
+
+    # --- operator policies ----------------------------------------------------
+
+    @staticmethod
+    def _operatorPolicies(vhosts):
+        return [p.asDict() for vh in vhosts for p in sorted(vh.operatorPolicies.values(), key=lambda p: p.name)]
+
+    @app.route("/api/operator-policies", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPoliciesAll(self, request, user):
+        """``GET /api/operator-policies``: every vhost's operator policies, as policies are shown (administrators)."""
+        return self._operatorPolicies([vh for _, vh in sorted(self.broker.vhosts.items())])
+
+    @app.route("/api/operator-policies/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPoliciesVHost(self, request, user, vhost):
+        """``GET /api/operator-policies/{vhost}`` (404 for a missing vhost)."""
+        return self._operatorPolicies([self._vhost(vhost)])
+
+    @app.route("/api/operator-policies/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPolicy(self, request, user, vhost, name):
+        """
+        ``GET|PUT|DELETE /api/operator-policies/{vhost}/{name}``: as
+        ``/api/policies``, administrators only.  Definition keys:
+        ``expires``, ``message-ttl``, ``max-length``, ``max-length-bytes``;
+        others are 400 ``Validation failed\n\n[{<<"k">>,v}] are not
+        recognised policy settings\n`` (not HTML-escaped, as 3.10).  A queue
+        matched by a policy and an operator policy gets both definitions,
+        the lower value for a key both set (``operator_policy`` and
+        ``effective_policy_definition`` in the queue's JSON).
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if request.method != b"PUT":
+            p = vh.operatorPolicies.get(name) if vh is not None else None
+            if p is None:
+                raise notFound()
+            if request.method == b"DELETE":
+                vh.clearOperatorPolicy(name)
+                return Response(204)
+            return p.asDict()
+        if vh is None:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        body = self._body(request)
+        self._require(body, "pattern", "definition")
+        if isinstance(body["definition"], dict):
+            try:
+                checkOperatorKeys(body["definition"])
+            except PolicyError as e:
+                raise badRequest("Validation failed\n\n%s\n" % (e,))
+        generic = self._validatePolicy(vhost, name, body)
+        policy = OperatorPolicy(name, generic.pattern, generic.definition, generic.priority,
+                                generic.applyTo, vhost)
+        existed = name in vh.operatorPolicies
+        vh.setOperatorPolicy(policy)
+        return Response(204 if existed else 201)
 
     # --- vhost limits ---------------------------------------------------------
 

@@ -200,6 +200,23 @@ class JournalTests(SynchronousTestCase):
         b = self.restart(store, clock, b)
         self.assertEqual(b.userLimits, {})
 
+    def test_operatorPoliciesSurviveRestart(self):
+        """Operator policies are stored and applied again to the recovered queues."""
+        from otter_tx.broker.policy import OperatorPolicy
+
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        vh.setOperatorPolicy(OperatorPolicy("op", "^q", {"max-length": 3}, applyTo="queues"))
+        vh.declareQueue("q", None, durable=True)
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        self.assertEqual((sorted(vh.operatorPolicies), vh.queues["q"].settings.maxLength), (["op"], 3))
+        vh.clearOperatorPolicy("op")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.vhosts["/"].operatorPolicies, {})
+
 class OddNameTests(SynchronousTestCase):
     """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""
 

@@ -1395,3 +1395,51 @@ class UserLimitTests(WebTestCase):
                   if isinstance(m, spec.ConnectionClose)]
         self.assertEqual(closes, [(530, "NOT_ALLOWED - number of channels opened for user 'u' has reached "
                                         "the maximum allowed user limit of (1)")])
+
+
+class OperatorPolicyTests(WebTestCase):
+    """/api/operator-policies and RabbitMQ's merge with user policies (checked on 3.10)."""
+
+    def test_createListDelete(self):
+        """PUT 201 then 204, listed and read as policies are, DELETE 204 then 404."""
+        body = {"pattern": "^q", "definition": {"max-length": 10}, "apply-to": "queues", "priority": 0}
+        self.assertEqual(self.put("/api/operator-policies/%2F/op", body).code, 201)
+        self.assertEqual(self.put("/api/operator-policies/%2F/op", body).code, 204)
+        expected = {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues",
+                    "definition": {"max-length": 10}, "priority": 0}
+        self.assertEqual(self.get("/api/operator-policies").json(), [expected])
+        self.assertEqual(self.get("/api/operator-policies/%2F").json(), [expected])
+        self.assertEqual(self.get("/api/operator-policies/%2F/op").json(), expected)
+        self.assertEqual(self.delete("/api/operator-policies/%2F/op").code, 204)
+        self.assertError(self.delete("/api/operator-policies/%2F/op"), 404, "Object Not Found", "Not Found")
+
+    def test_onlyOperatorKeys(self):
+        """A key operator policies cannot set is 400 not recognised, not HTML-escaped; non-administrators get 401."""
+        self.assertError(self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {
+            "dead-letter-exchange": "x"}}), 400, "bad_request",
+            'Validation failed\n\n[{<<"dead-letter-exchange">>,<<"x">>}] are not recognised policy settings\n')
+        self.broker.addUser("pol", "pw", ["policymaker"])
+        self.broker.setPermissions("pol", "/")
+        self.assertEqual(self.get("/api/operator-policies", auth=("pol", "pw")).code, 401)
+
+    def test_mergedWithPolicy(self):
+        """A queue gets both definitions, the lower value for a key both set, as RabbitMQ merges them."""
+        self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {
+            "max-length": 10, "message-ttl": 5000}, "apply-to": "queues"})
+        self.put("/api/policies/%2F/p", {"pattern": "^q", "definition": {
+            "max-length": 5, "message-ttl": 9000, "expires": 100000}})
+        self.put("/api/queues/%2F/q1")
+        q = self.get("/api/queues/%2F/q1").json()
+        self.assertEqual((q["policy"], q["operator_policy"], q["effective_policy_definition"]), (
+            "p", "op", {"expires": 100000, "max-length": 5, "message-ttl": 5000}))
+        settings = self.vh.queues["q1"].settings
+        self.assertEqual((settings.maxLength, settings.messageTtl, settings.expires), (5, 5000, 100000))
+
+    def test_aloneApplies(self):
+        """Without a user policy the operator policy's values apply; deleting it lifts them."""
+        self.put("/api/queues/%2F/q1")
+        self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {"max-length": 2}})
+        self.assertEqual(self.vh.queues["q1"].settings.maxLength, 2)
+        self.delete("/api/operator-policies/%2F/op")
+        self.assertIsNone(self.vh.queues["q1"].settings.maxLength)
+        self.assertIsNone(self.get("/api/queues/%2F/q1").json()["operator_policy"])
