@@ -125,18 +125,12 @@ class Journal:
                 store.deleteEntity("global_parameter", obj)
             else:
                 store.putEntity("global_parameter", obj, {"value": self.broker.globalParameters[obj]})
-        elif kind == "operator_policy":
+        elif kind in ("policy", "operator_policy"):
             key = vhost.name + SEP + obj.name
             if deleted:
-                store.deleteEntity("operator_policy", key)
+                store.deleteEntity(kind, key)
             else:
-                store.putEntity("operator_policy", key, obj.asDict())
-        elif kind == "policy":
-            key = vhost.name + SEP + obj.name
-            if deleted:
-                store.deleteEntity("policy", key)
-            else:
-                store.putEntity("policy", key, obj.asDict())
+                store.putEntity(kind, key, obj.asDict())
         elif kind == "exchange":
             if not obj.durable or obj.name == "" or obj.name.startswith("amq."):
                 return
