@@ -226,3 +226,31 @@ class DirectTests(SynchronousTestCase):
         self.assertEqual(problems, [])
         self.assertIn("p", broker.vhosts["/"].policies)
         self.assertTrue(any("ha-mode" in str(e.get("keys")) for e in events))
+
+
+class ImportDurabilityTests(SynchronousTestCase):
+    """What an import creates survives a restart through the journal."""
+
+    def test_restart(self):
+        """Imported users (with their RabbitMQ hash and algorithm), permissions, queues and bindings survive a restart."""
+        from twisted.internet.task import Clock
+
+        from otter_tx.store.memory import MemoryStore
+        from otter_tx.testing import journaledBroker
+
+        clock, store = Clock(), MemoryStore()
+        broker = journaledBroker(store, clock)
+        doc = fixture(WHOLE)
+        doc["users"].append({"name": "defs-md5", "hashing_algorithm": "rabbit_password_hashing_md5", "tags": [],
+                             "password_hash": base64.b64encode(b"salt" + hashlib.md5(b"saltmd5-pw").digest()).decode()})
+        importDefinitions(broker, doc)
+        broker.stop()
+        self.successResultOf(store.close())
+        broker = journaledBroker(store, clock)
+        self.assertIsNotNone(broker.authenticate("defs-alice", "alice-pw"))
+        self.assertIsNotNone(broker.authenticate("defs-md5", "md5-pw"))
+        self.assertEqual(broker.users["defs-md5"].hashingAlgorithm, "rabbit_password_hashing_md5")
+        self.assertEqual(broker.permissions[("defs-alice", "defs-v")], ("^a-", ".*", ".*"))
+        vh = broker.vhosts["defs-v"]
+        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
+        self.assertEqual(len(importDefinitions(broker, doc)), 3)
