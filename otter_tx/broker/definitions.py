@@ -68,15 +68,24 @@ class _Import:
         self.problems.append(text)
         log.warn("definitions import: {text}", text=text)
 
-    def vhostOf(self, item):
-        """The VHost an item goes to, or None (reported)."""
-        name = self.vhost if self.vhost is not None else item.get("vhost", "/")
-        vh = self.broker.vhosts.get(name)
-        return vh
+    def vhostName(self, item):
+        """The name of the vhost an item goes to: the import's, else its ``vhost`` field."""
+        return self.vhost if self.vhost is not None else item.get("vhost", "/")
 
-    @staticmethod
-    def label(item, vhostName):
-        return "'%s' in vhost '%s'" % (item.get("name"), vhostName)
+    def target(self, kind, item):
+        """
+        ``(vhost, label)`` for a named item of ``kind`` (policy, queue,
+        exchange); ``(None, label)`` after reporting a missing vhost or name.
+        """
+        vname = self.vhostName(item)
+        label = "'%s' in vhost '%s'" % (item.get("name"), vname)
+        vh = self.broker.vhosts.get(vname)
+        if vh is None:
+            self.report(kind, label, "vhost_not_found")
+        elif not isinstance(item.get("name"), str):
+            self.report(kind, label, "no name")
+            vh = None
+        return vh, label
 
     # --- the sections, in RabbitMQ's order --------------------------------------
 
@@ -133,8 +142,8 @@ class _Import:
 
     def parameters(self, items):
         for item in items:
-            vhost = self.vhost if self.vhost is not None else item.get("vhost")
-            self.report("parameter", "%s/%s in vhost '%s'" % (item.get("component"), item.get("name"), vhost),
+            self.report("parameter", "%s/%s in vhost '%s'"
+                        % (item.get("component"), item.get("name"), self.vhostName(item)),
                         "component %s is not supported" % (item.get("component"),))
 
     def globalParameters(self, items):
@@ -148,19 +157,17 @@ class _Import:
     def policies(self, items):
         broker = self.broker
         for item in items:
-            vh = self.vhostOf(item)
-            vname = self.vhost if self.vhost is not None else item.get("vhost", "/")
+            vh, label = self.target("policy", item)
             if vh is None:
-                self.report("policy", self.label(item, vname), "vhost_not_found")
                 continue
             definition = item.get("definition") or {}
             if not isinstance(definition, dict):
-                self.report("policy", self.label(item, vname), "definition must be an object")
+                self.report("policy", label, "definition must be an object")
                 continue
             ha = haKeys(definition)
             if ha:
                 log.warn("definitions import: policy {policy} keys {keys} accepted without effect "
-                         "(no mirroring on a single node)", policy=self.label(item, vname), keys=ha)
+                         "(no mirroring on a single node)", policy=label, keys=ha)
             applyTo = item.get("apply-to", "all")
             priority = item.get("priority", 0)
             old = vh.policies.get(item.get("name"))
@@ -171,38 +178,28 @@ class _Import:
                 broker.setPolicy(vh.name, item.get("name"), item.get("pattern"), definition,
                                  priority, applyTo)
             except (PolicyError, TypeError) as e:
-                self.report("policy", self.label(item, vname), str(e))
+                self.report("policy", label, str(e))
 
     def queues(self, items):
         for item in items:
-            vh = self.vhostOf(item)
-            vname = self.vhost if self.vhost is not None else item.get("vhost", "/")
+            vh, label = self.target("queue", item)
             if vh is None:
-                self.report("queue", self.label(item, vname), "vhost_not_found")
-                continue
-            if not isinstance(item.get("name"), str):
-                self.report("queue", self.label(item, vname), "no name")
                 continue
             args = item.get("arguments") or {}
             qtype = args.get("x-queue-type", "classic") if isinstance(args, dict) else "classic"
             if qtype != "classic":
-                self.report("queue", self.label(item, vname), "%s queues are not supported" % (qtype,))
+                self.report("queue", label, "%s queues are not supported" % (qtype,))
                 continue
             try:
                 vh.declareQueue(item.get("name"), None, durable=_flag(item.get("durable")),
                                 autoDelete=_flag(item.get("auto_delete")), arguments=args)
             except AMQPError as e:
-                self.report("queue", self.label(item, vname), e.text)
+                self.report("queue", label, e.text)
 
     def exchanges(self, items):
         for item in items:
-            vh = self.vhostOf(item)
-            vname = self.vhost if self.vhost is not None else item.get("vhost", "/")
+            vh, label = self.target("exchange", item)
             if vh is None:
-                self.report("exchange", self.label(item, vname), "vhost_not_found")
-                continue
-            if not isinstance(item.get("name"), str):
-                self.report("exchange", self.label(item, vname), "no name")
                 continue
             try:
                 vh.declareExchange(item.get("name"), item.get("type", "direct"),
@@ -211,15 +208,15 @@ class _Import:
                                    internal=_flag(item.get("internal")),
                                    arguments=item.get("arguments") or {})
             except AMQPError as e:
-                self.report("exchange", self.label(item, vname), e.text)
+                self.report("exchange", label, e.text)
 
     def bindings(self, items):
         for item in items:
-            vname = self.vhost if self.vhost is not None else item.get("vhost", "/")
+            vname = self.vhostName(item)
             label = "from '%s' to %s '%s' with key '%s' in vhost '%s'" % (
                 item.get("source"), item.get("destination_type"), item.get("destination"),
                 item.get("routing_key"), vname)
-            vh = self.vhostOf(item)
+            vh = self.broker.vhosts.get(vname)
             if vh is None:
                 self.report("binding", label, "vhost_not_found")
                 continue

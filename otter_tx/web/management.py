@@ -1495,13 +1495,7 @@ class ManagementApp:
         """
         if request.method == b"POST":
             return self._importDefinitions(request, None)
-        out = self._exportDefinitions(None)
-        download = _query(request, "download")
-        if download:
-            request.setHeader(
-                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
-            )
-        return out
+        return self._exportDefinitions(request, None)
 
     @app.route("/api/definitions/<vhost>", methods=["GET", "POST", "OPTIONS"])
     @endpoint(_ADMIN)
@@ -1517,13 +1511,7 @@ class ManagementApp:
             raise HTTPError(404, "not_found", "vhost_not_found")
         if request.method == b"POST":
             return self._importDefinitions(request, vhost)
-        out = self._exportDefinitions(vhost)
-        download = _query(request, "download")
-        if download:
-            request.setHeader(
-                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
-            )
-        return out
+        return self._exportDefinitions(request, vhost)
 
     def _importDefinitions(self, request, vhost):
         """The import behind both POST routes: 204, or 400 with the items not imported."""
@@ -1546,11 +1534,17 @@ class ManagementApp:
             raise badRequest("; ".join(problems))
         return Response(204)
 
-    def _exportDefinitions(self, vhost):
+    def _exportDefinitions(self, request, vhost):
         """
         The export document: the whole broker (``vhost`` None) or one
-        vhost's objects in the per-vhost form (no ``vhost`` fields).
+        vhost's objects in the per-vhost form (no ``vhost`` fields);
+        ``?download=NAME`` sets ``Content-Disposition: attachment``.
         """
+        download = _query(request, "download")
+        if download:
+            request.setHeader(
+                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
+            )
         b = self.broker
         if vhost is None:
             out = {

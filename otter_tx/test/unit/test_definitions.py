@@ -161,6 +161,25 @@ class ImportTests(WebTestCase):
         self.assertIn("queue 'a' in vhost '/' not imported: PRECONDITION_FAILED", r.json()["reason"])
         self.assertEqual(sorted(self.vh.queues), ["b"])
 
+    def test_otherReports(self):
+        """Topic permissions, user limits, unknown permission users and dangling bindings are each named."""
+        r = self.post("/api/definitions", {
+            "users": [{"name": "l", "password_hash": "", "tags": [], "limits": {"max-connections": 1}}],
+            "permissions": [{"user": "nobody", "vhost": "/", "configure": "", "write": "", "read": ""}],
+            "topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": ".*",
+                                   "read": ".*"}],
+            "bindings": [{"source": "nox", "vhost": "/", "destination": "q", "destination_type": "queue",
+                          "routing_key": "k", "arguments": {}}]})
+        self.assertEqual(r.json()["reason"].split("; "), [
+            "user limits of 'l' not imported: user limits are not supported",
+            "permissions of user 'nobody' in vhost '/' not imported: vhost_or_user_not_found",
+            "topic permissions of user 'guest' in vhost '/' on exchange 'amq.topic' not imported: "
+            "topic permissions are not supported",
+            "binding from 'nox' to queue 'q' with key 'k' in vhost '/' not imported: "
+            "source or destination not found",
+        ])
+        self.assertIn("l", self.broker.users)
+
     def test_multipart(self):
         """The UI's multipart/form-data upload (field ``file``) imports too."""
         doc = json.dumps({"vhosts": [{"name": "mp"}]}).encode()
