@@ -239,7 +239,8 @@ def importDefinitions(broker, doc, vhost=None):
     ``broker``: the whole-broker form, or with ``vhost`` (str, an existing
     vhost) the per-vhost form (``GET /api/definitions/{vhost}``: policies,
     parameters, queues, exchanges and bindings, their ``vhost`` fields
-    ignored).  Returns the list of texts naming each item not imported
+    ignored; users, vhosts, permissions and global parameters there are
+    reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not imported
     (empty when all were); each is also logged.  Raises
     :class:`DefinitionsError` when ``doc`` is not a definitions object.
     """
@@ -254,6 +255,9 @@ def importDefinitions(broker, doc, vhost=None):
         imp.parameters(_list(doc, "parameters"))
         imp.globalParameters(_list(doc, "global_parameters"))
     else:
+        for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters"):
+            if _list(doc, key):
+                imp.report(key, "(%d)" % (len(_list(doc, key)),), "not part of a per-vhost import")
         imp.parameters(_list(doc, "parameters"))
     imp.policies(_list(doc, "policies"))
     imp.queues(_list(doc, "queues"))

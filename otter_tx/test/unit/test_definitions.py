@@ -137,6 +137,14 @@ class ImportTests(WebTestCase):
         self.assertIn("defs-ttl", vh.policies)
         self.assertNotIn("defs-v", self.broker.vhosts)
 
+    def test_perVHostWholeFile(self):
+        """The whole-broker file posted to a vhost: its users, vhosts and permissions are reported, not applied."""
+        reason = self.post("/api/definitions/%2F", fixture(WHOLE)).json()["reason"]
+        self.assertIn("users (3) not imported: not part of a per-vhost import", reason)
+        self.assertIn("permissions (3) not imported", reason)
+        self.assertNotIn("defs-alice", self.broker.users)
+        self.assertIn("defs-q", self.vh.queues)
+
     def test_perVHostMissing(self):
         """Import into a missing vhost: 404 vhost_not_found, as RabbitMQ 3.10."""
         self.assertError(self.post("/api/definitions/nope", {"queues": []}), 404, "not_found", "vhost_not_found")
