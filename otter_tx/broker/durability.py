@@ -23,6 +23,7 @@ import gc
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable, encodeTable
+from otter_tx.broker.access import DEFAULT_HASHING
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
@@ -106,7 +107,7 @@ class Journal:
                     "user",
                     obj.name,
                     dict({"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
-                          "loopbackOnly": obj.loopbackOnly},
+                          "loopbackOnly": obj.loopbackOnly, "algorithm": obj.hashingAlgorithm},
                          **({"limits": self.broker.userLimits[obj.name]}
                             if obj.name in self.broker.userLimits else {})),
                 )
@@ -285,6 +286,7 @@ class Journal:
                 for name, rec in users.items():
                     u = broker.addUser(name, None, rec.get("tags", ()), rec.get("loopbackOnly", False))
                     u.salt, u.passwordHash = rec["salt"], rec["hash"]
+                    u.hashingAlgorithm = rec.get("algorithm", DEFAULT_HASHING)
                     if rec.get("limits"):
                         broker.userLimits[name] = dict(rec["limits"])
             broker.permissions.clear()

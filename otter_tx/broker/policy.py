@@ -4,7 +4,8 @@ https://www.rabbitmq.com/docs/parameters#policies).
 
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
-``max-length-bytes``, ``overflow``.  The highest-priority policy whose
+``max-length-bytes``, ``overflow``; the ``ha-*`` mirroring keys are accepted
+without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
 numeric keys take the lower of argument and policy (RabbitMQ
@@ -25,6 +26,19 @@ POLICY_KEYS = {
     "max-length-bytes",
     "overflow",
 }
+
+
+#: classic mirroring keys: accepted and without effect, as on a single
+#: RabbitMQ node (there is nothing to mirror to)
+HA_KEYS = frozenset({
+    "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
+    "ha-promote-on-shutdown", "ha-promote-on-failure",
+})
+
+
+def haKeys(definition):
+    """The :data:`HA_KEYS` in policy ``definition`` (dict), sorted."""
+    return sorted(k for k in definition if k in HA_KEYS)
 
 
 class PolicyError(ValueError):
@@ -76,6 +90,8 @@ def validateDefinition(d):
     if not d:
         raise PolicyError("no policy provided")
     for k, v in d.items():
+        if k in HA_KEYS:
+            continue
         if k not in POLICY_KEYS:
             raise PolicyError("[{<<\"%s\">>,%r}] are not recognised policy settings" % (k, v))
         if k == "message-ttl" and not (isInteger(v) and v >= 0):

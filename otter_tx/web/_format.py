@@ -256,11 +256,9 @@ def vhostBindings(vh, includeDefault=True):
 def passwordHash(user):
     """
     RabbitMQ's ``password_hash``: base64 of the 4-byte salt followed by
-    SHA-256(salt + password); ``""`` for a user without a password.
+    DIGEST(salt + password); ``""`` for a user without a password.
     """
-    if user.passwordHash is None:
-        return ""
-    return base64.b64encode(base64.b64decode(user.salt) + base64.b64decode(user.passwordHash)).decode()
+    return user.exportHash()
 
 
 def userDict(user, limits=None):
@@ -268,7 +266,7 @@ def userDict(user, limits=None):
     return {
         "name": user.name,
         "password_hash": passwordHash(user),
-        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "hashing_algorithm": user.hashingAlgorithm,
         "tags": list(user.tags),
         "limits": dict(limits or {}),
     }

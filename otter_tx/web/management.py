@@ -53,7 +53,9 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, LOOPBACK_ONLY, READ, WRITE, User, bindChecks, login
+from otter_tx.broker.access import (
+    CONFIGURE, LOOPBACK_ONLY, READ, WRITE, PasswordHashError, User, bindChecks, login,
+)
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
@@ -1530,25 +1532,24 @@ class ManagementApp:
         if password is not None:
             broker.addUser(name, str(password), tags, loopbackOnly=False)
         elif phash is not None:
-            try:
-                raw = base64.b64decode(phash, validate=True)
-            except ValueError:
-                raise badRequest("invalid password_hash")
-            if phash and len(raw) != 36:
-                raise badRequest("invalid password_hash")
-            self._replaceUser(name, tags, raw)
+            self._replaceUser(name, tags, phash, body.get("hashing_algorithm"))
         elif existing is not None:
             broker.setUserTags(name, tags)
         else:
-            self._replaceUser(name, tags, b"")
+            self._replaceUser(name, tags, "", None)
         return Response(204 if existing is not None else 201)
 
-    def _replaceUser(self, name, tags, rawHash):
-        """Install user ``name`` with a RabbitMQ ``password_hash`` (salt + SHA-256) or none."""
+    def _replaceUser(self, name, tags, passwordHash, algorithm):
+        """
+        Install user ``name`` with a RabbitMQ ``password_hash`` made with
+        ``hashing_algorithm`` (sha256 when None; ``""``: no password); 400
+        ``invalid password_hash`` / ``unknown hashing_algorithm ...``.
+        """
         u = User(name, None, tags)
-        if rawHash:
-            u.salt = base64.b64encode(rawHash[:4]).decode()
-            u.passwordHash = base64.b64encode(rawHash[4:]).decode()
+        try:
+            u.setPasswordHash(passwordHash, algorithm)
+        except PasswordHashError as e:
+            raise badRequest(str(e))
         self.broker.putUser(u)
 
     def _permissionList(self):
@@ -1959,32 +1960,93 @@ class ManagementApp:
             return Response(503, {"status": "failed", "reason": "aliveness test failed"})
         return {"status": "ok"}
 
-    @app.route("/api/definitions", methods=["GET", "OPTIONS"])
+    @app.route("/api/definitions", methods=["GET", "POST", "OPTIONS"])
     @endpoint(_ADMIN)
     def definitions(self, request, user):
         """
-        ``GET /api/definitions``: the export (section 8.4): non-exclusive
-        queues, exchanges except ``""`` and ``amq.*``, bindings whose source
-        is not ``""`` and whose destination queue is exported.
+        ``GET /api/definitions``: the export in RabbitMQ 3.10's format
+        (``?download=NAME`` as an attachment): non-exclusive queues,
+        exchanges except ``""`` and ``amq.*``, bindings whose source is not
+        ``""`` and whose destination queue is exported; users with their
+        ``password_hash`` and ``hashing_algorithm``, which RabbitMQ imports.
+        ``POST``: import (:func:`~otter_tx.broker.definitions.importDefinitions`),
+        a JSON body or the ``file`` field of a ``multipart/form-data`` upload
+        (RabbitMQ's UI, rabbitmqadmin): 204; 400 ``failed_to_parse_json``;
+        400 ``bad_request`` naming every item not imported (the others are
+        applied, as RabbitMQ 3.10 does).
         """
+        if request.method == b"POST":
+            return self._importDefinitions(request, None)
+        return self._exportDefinitions(request, None)
+
+    @app.route("/api/definitions/<vhost>", methods=["GET", "POST", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def definitionsVHost(self, request, user, vhost):
+        """
+        ``GET /api/definitions/{vhost}``: the per-vhost export
+        (``rabbit_version``, ``parameters``, ``policies``, ``queues``,
+        ``exchanges``, ``bindings``, without ``vhost`` fields); ``POST``
+        imports that form into ``vhost`` as ``POST /api/definitions``.  404
+        ``vhost_not_found`` for a missing vhost (RabbitMQ 3.10's answer).
+        """
+        if vhost not in self.broker.vhosts:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        if request.method == b"POST":
+            return self._importDefinitions(request, vhost)
+        return self._exportDefinitions(request, vhost)
+
+    def _importDefinitions(self, request, vhost):
+        """The import behind both POST routes: 204, or 400 with the items not imported."""
+        from otter_tx.broker.definitions import DefinitionsError, importDefinitions
+
+        ctype = (request.getHeader(b"content-type") or b"").lower()
+        if ctype.startswith(b"multipart/form-data"):
+            raw = (request.args.get(b"file") or [b""])[0]
+        else:
+            raw = request.content.read() if request.content is not None else b""
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise badRequest("failed_to_parse_json")
+        try:
+            problems = importDefinitions(self.broker, doc, vhost)
+        except DefinitionsError as e:
+            raise badRequest(str(e))
+        if problems:
+            raise badRequest("; ".join(problems))
+        return Response(204)
+
+    def _exportDefinitions(self, request, vhost):
+        """
+        The export document: the whole broker (``vhost`` None) or one
+        vhost's objects in the per-vhost form (no ``vhost`` fields);
+        ``?download=NAME`` sets ``Content-Disposition: attachment``.
+        """
+        download = _query(request, "download")
+        if download:
+            request.setHeader(
+                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
+            )
         b = self.broker
-        out = {
-            "rabbit_version": RABBITMQ_COMPAT_VERSION,
-            "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
-            "product_name": "otter_tx",
-            "product_version": __version__,
-            "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
-            "vhosts": [{"name": n} for n in sorted(b.vhosts)],
-            "permissions": self._permissionList(),
-            "topic_permissions": [],
-            "parameters": [],
-            "global_parameters": [],
-            "policies": [],
-            "queues": [],
-            "exchanges": [],
-            "bindings": [],
-        }
-        for vname, vh in sorted(b.vhosts.items()):
+        if vhost is None:
+            out = {
+                "rabbit_version": RABBITMQ_COMPAT_VERSION,
+                "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+                "product_name": "otter_tx",
+                "product_version": __version__,
+                "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
+                "vhosts": [{"name": n} for n in sorted(b.vhosts)],
+                "permissions": self._permissionList(),
+                "topic_permissions": [],
+                "parameters": [],
+                "global_parameters": [],
+            }
+            vhosts = sorted(b.vhosts.items())
+        else:
+            out = {"rabbit_version": RABBITMQ_COMPAT_VERSION, "parameters": []}
+            vhosts = [(vhost, b.vhosts[vhost])]
+        out.update({"policies": [], "queues": [], "exchanges": [], "bindings": []})
+        for vname, vh in vhosts:
             out["policies"].extend(p.asDict() for p in sorted(vh.policies.values(), key=lambda p: p.name))
             exported = set()
             for qname, q in sorted(vh.queues.items()):
@@ -2009,11 +2071,10 @@ class ManagementApp:
                 bd = dict(bd)
                 del bd["properties_key"]
                 out["bindings"].append(bd)
-        download = _query(request, "download")
-        if download:
-            request.setHeader(
-                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
-            )
+        if vhost is not None:
+            for key in ("queues", "exchanges", "bindings"):
+                for item in out[key]:
+                    del item["vhost"]
         return out
 
     # --- Prometheus and the HTML page --------------------------------------------
