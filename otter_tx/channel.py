@@ -299,7 +299,6 @@ class Channel:
 
     # --- what the connection calls besides the inbound door -------------------------
 
-
     def flushConfirms(self):
         """Send the pending publisher confirms (see Session.flushConfirms)."""
         self.session.flushConfirms()

@@ -258,6 +258,8 @@ class _PreStartRecorder:
             return (kind, obj.name)
         if kind == "permission":
             return (kind,) + tuple(obj)
+        if kind == "global_parameter":
+            return (kind, obj)
         if kind == "binding":
             from otter_tx.broker.durability import tableToText
             from otter_tx.broker.queue import Queue
@@ -791,6 +793,8 @@ class OtterService(MultiService):
                 tls = _isTLS(child.endpoint)
                 amqp.append(_hostURL("amqps" if tls else "amqp", self._foreignPorts[child].getHost()))
         self.amqpURLs, self.managementURLs, self.prometheusURLs = amqp, management, prometheus
+        if getattr(self, "management", None) is not None:
+            self.management.listeners = self._listenerRecords()
         parts = []
         if amqp:
             parts.append("AMQP " + ", ".join(amqp))
@@ -800,6 +804,39 @@ class OtterService(MultiService):
             parts.append("prometheus " + ", ".join(prometheus))
         log.info("otter_tx ready: {urls}", urls="; ".join(parts) or "no listeners",
                  amqpURLs=amqp, managementURLs=management, prometheusURLs=prometheus)
+
+    def _listenerRecords(self):
+        """
+        The bound AMQP, management and Prometheus listeners as
+        :mod:`otter_tx.web.health` records (``protocol`` ``amqp``/``amqp/ssl``/
+        ``http``/``https``/``http/prometheus``/``https/prometheus``,
+        ``ip_address``, ``port``, the TLS ``certfile``/``cacertfile``), for
+        the health checks and the overview's ``listeners``.
+        """
+        from otter_tx.web.health import endpointFiles
+
+        records = []
+        for child in self:
+            if isinstance(child, Listener) and child.port is not None:
+                endpoint, description, port = child.endpoint, child.description, child.port
+                plain = {"AMQP": "amqp", "Prometheus": "http/prometheus"}.get(child.kind, "http")
+            elif child in self._foreignPorts and child.factory is self.factory:
+                endpoint, description, port = child.endpoint, None, self._foreignPorts[child]
+                plain = "amqp"
+            else:
+                continue
+            host = port.getHost()
+            if getattr(host, "port", None) is None:
+                continue
+            tls = _isTLS(endpoint, description)
+            certfile, cacertfile = endpointFiles(description) if tls else (None, None)
+            records.append({
+                "protocol": ((plain + "/ssl" if plain == "amqp" else "https" + plain[4:]) if tls
+                             else plain),
+                "ip_address": host.host, "port": host.port,
+                "certfile": certfile, "cacertfile": cacertfile,
+            })
+        return records
 
     #: raise the soft RLIMIT_NOFILE to the hard limit at start (see raiseFileLimit)
     raiseFileLimitAtStart = True

@@ -19,25 +19,45 @@ from otter_tx.amqp.errors import resourceAccessRefused
 CONFIGURE, WRITE, READ = 0, 1, 2
 
 
-def hashPassword(password, salt=None):
+#: RabbitMQ's password hashing modules (``hashing_algorithm`` in users and
+#: definitions) and their digests: ``password_hash`` is base64 of a 4-octet
+#: salt followed by DIGEST(salt + UTF-8 password)
+HASHING_ALGORITHMS = {
+    "rabbit_password_hashing_sha256": hashlib.sha256,
+    "rabbit_password_hashing_sha512": hashlib.sha512,
+    "rabbit_password_hashing_md5": hashlib.md5,
+}
+
+#: the algorithm of users created with a password (RabbitMQ 3.10's default)
+DEFAULT_HASHING = "rabbit_password_hashing_sha256"
+
+
+def hashPassword(password, salt=None, algorithm=DEFAULT_HASHING):
     """
-    ``(salt, hash)`` as base64 text: SHA-256 over salt + UTF-8 password,
-    like RabbitMQ's ``rabbit_password_hashing_sha256``.  ``salt`` (base64
-    text) or None for 4 fresh random octets.
+    ``(salt, hash)`` as base64 text: DIGEST over salt + UTF-8 password,
+    like RabbitMQ's ``rabbit_password_hashing_sha256`` (or the ``_sha512``
+    / ``_md5`` ``algorithm``).  ``salt`` (base64 text) or None for 4 fresh
+    random octets.
     """
     if salt is None:
         salt = os.urandom(4)
     else:
         salt = base64.b64decode(salt)
-    digest = hashlib.sha256(salt + password.encode("utf-8", "surrogateescape")).digest()
+    digest = HASHING_ALGORITHMS[algorithm](salt + password.encode("utf-8", "surrogateescape")).digest()
     return base64.b64encode(salt).decode(), base64.b64encode(digest).decode()
+
+
+class PasswordHashError(ValueError):
+    """An unusable ``password_hash`` / ``hashing_algorithm``; the message says why."""
 
 
 class User:
     """
     A broker user: ``name``, ``password`` (str, stored as a salted hash; None
     for no password), ``tags`` (list of str), ``loopbackOnly`` (like
-    RabbitMQ's ``loopback_users``: guest by default).
+    RabbitMQ's ``loopback_users``: guest by default).  ``salt`` and
+    ``passwordHash`` are base64 text (salt and digest apart, as the journal
+    keeps them), ``hashingAlgorithm`` one of :data:`HASHING_ALGORITHMS`.
     """
 
     def __init__(self, name, password, tags=(), loopbackOnly=False):
@@ -45,14 +65,48 @@ class User:
         self.tags = list(tags)
         self.loopbackOnly = loopbackOnly
         self.salt = self.passwordHash = None
+        self.hashingAlgorithm = DEFAULT_HASHING
         if password is not None:
             self.salt, self.passwordHash = hashPassword(password)
 
     def checkPassword(self, password):
-        """True if ``password`` (str) matches the stored salted SHA-256."""
+        """True if ``password`` (str) matches the stored salted digest."""
         if self.passwordHash is None or password is None:
             return False
-        return hmac.compare_digest(hashPassword(password, self.salt)[1], self.passwordHash)
+        computed = hashPassword(password, self.salt, self.hashingAlgorithm)[1]
+        return hmac.compare_digest(computed, self.passwordHash)
+
+    def setPasswordHash(self, passwordHash, algorithm=DEFAULT_HASHING):
+        """
+        Install RabbitMQ's ``password_hash`` (base64 of the 4-octet salt and
+        the digest; ``""`` for no password, so no password login) made with
+        ``algorithm`` (a :data:`HASHING_ALGORITHMS` name; None for the
+        default).  Raises :class:`PasswordHashError`.
+        """
+        algorithm = algorithm or DEFAULT_HASHING
+        digest = HASHING_ALGORITHMS.get(algorithm)
+        if digest is None:
+            raise PasswordHashError("unknown hashing_algorithm %s" % (algorithm,))
+        if not isinstance(passwordHash, str):
+            raise PasswordHashError("invalid password_hash")
+        try:
+            raw = base64.b64decode(passwordHash, validate=True)
+        except ValueError:
+            raise PasswordHashError("invalid password_hash")
+        if raw and len(raw) != 4 + digest().digest_size:
+            raise PasswordHashError("invalid password_hash")
+        self.hashingAlgorithm = algorithm
+        if raw:
+            self.salt = base64.b64encode(raw[:4]).decode()
+            self.passwordHash = base64.b64encode(raw[4:]).decode()
+        else:
+            self.salt = self.passwordHash = None
+
+    def exportHash(self):
+        """RabbitMQ's ``password_hash`` text of this user (``""`` without a password)."""
+        if self.passwordHash is None:
+            return ""
+        return base64.b64encode(base64.b64decode(self.salt) + base64.b64decode(self.passwordHash)).decode()
 
 
 def isLoopback(host):

@@ -68,6 +68,11 @@ class Broker:
         self._memoryProbe = memoryProbe
         self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
+        #: global runtime parameters, name -> JSON value (``/api/global-parameters``;
+        #: ``cluster_name`` names the cluster in the overview); stored durably
+        self.globalParameters = {}
+        #: user name -> {limit name: int} (``/api/user-limits``), stored with the user
+        self.userLimits = {}
         #: the durability Journal once the store is open (:meth:`attachJournal`), else None
         self.journal = None
         self.addVHost("/")
@@ -105,6 +110,48 @@ class Broker:
             self.entityChanged("vhost", vh, vh, deleted=True)
         return closed
 
+    def setGlobalParameter(self, name, value):
+        """Set global parameter ``name`` to the JSON ``value``; True when it is new."""
+        new = name not in self.globalParameters
+        self.globalParameters[name] = value
+        self.entityChanged("global_parameter", None, name)
+        return new
+
+    def clearGlobalParameter(self, name):
+        """Delete global parameter ``name``; False when there was none."""
+        if name not in self.globalParameters:
+            return False
+        del self.globalParameters[name]
+        self.entityChanged("global_parameter", None, name, deleted=True)
+        return True
+
+    def setUserLimit(self, name, limit, value):
+        """
+        Set user limit ``limit`` (``max-connections``, ``max-channels``) of
+        existing user ``name``; :class:`~otter_tx.broker.vhost.LimitError`
+        with RabbitMQ's text for a bad name or value.
+        """
+        from otter_tx.broker.vhost import USER_LIMIT_NAMES, validateLimit
+
+        validateLimit(limit, value, USER_LIMIT_NAMES, "user-limits")
+        self.userLimits[name] = dict(self.userLimits.get(name, {}), **{limit: value})
+        self.entityChanged("user", None, self.users[name])
+
+    def clearUserLimit(self, name, limit):
+        """Remove user limit ``limit`` of user ``name`` (no error if unset)."""
+        limits = self.userLimits.get(name)
+        if limits is not None and limit in limits:
+            del limits[limit]
+            if not limits:
+                del self.userLimits[name]
+            if name in self.users:
+                self.entityChanged("user", None, self.users[name])
+
+    def userLimit(self, name, limit):
+        """The enforced user limit (an int >= 0), or None (unset or negative)."""
+        value = self.userLimits.get(name, {}).get(limit)
+        return None if value is None or value < 0 else value
+
     def addUser(self, name, password, tags=(), loopbackOnly=False):
         """Create or replace a user; return it."""
         u = self.users[name] = User(name, password, tags, loopbackOnly)
@@ -114,6 +161,7 @@ class Broker:
     def deleteUser(self, name):
         """Delete user ``name`` and its permissions (no error if missing)."""
         u = self.users.pop(name, None)
+        self.userLimits.pop(name, None)
         for key in [k for k in self.permissions if k[0] == name]:
             self.clearPermissions(*key)
         if u is not None:

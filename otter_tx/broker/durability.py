@@ -23,9 +23,11 @@ import gc
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable, encodeTable
+from otter_tx.broker.access import DEFAULT_HASHING
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
+from otter_tx.broker.policy import OperatorPolicy
 from otter_tx.broker.queue import UNACKED, Queue
 
 log = Logger()
@@ -96,7 +98,7 @@ class Journal:
             if deleted:
                 store.deleteEntity("vhost", key)
             else:
-                store.putEntity("vhost", key, {})
+                store.putEntity("vhost", key, {} if obj.limits is None else {"limits": obj.limits})
         elif kind == "user":
             if deleted:
                 store.deleteEntity("user", obj.name)
@@ -104,8 +106,10 @@ class Journal:
                 store.putEntity(
                     "user",
                     obj.name,
-                    {"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
-                     "loopbackOnly": obj.loopbackOnly},
+                    dict({"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
+                          "loopbackOnly": obj.loopbackOnly, "algorithm": obj.hashingAlgorithm},
+                         **({"limits": self.broker.userLimits[obj.name]}
+                            if obj.name in self.broker.userLimits else {})),
                 )
         elif kind == "permission":
             user, vh = obj
@@ -117,12 +121,17 @@ class Journal:
                 configure, write, read = perms
                 store.putEntity("permission", key, {"configure": configure, "write": write, "read": read,
                                                     "names": [user, vh]})
-        elif kind == "policy":
+        elif kind == "global_parameter":
+            if deleted or obj not in self.broker.globalParameters:
+                store.deleteEntity("global_parameter", obj)
+            else:
+                store.putEntity("global_parameter", obj, {"value": self.broker.globalParameters[obj]})
+        elif kind in ("policy", "operator_policy"):
             key = vhost.name + SEP + obj.name
             if deleted:
-                store.deleteEntity("policy", key)
+                store.deleteEntity(kind, key)
             else:
-                store.putEntity("policy", key, obj.asDict())
+                store.putEntity(kind, key, obj.asDict())
         elif kind == "exchange":
             if not obj.durable or obj.name == "" or obj.name.startswith("amq."):
                 return
@@ -266,8 +275,8 @@ class Journal:
         ents = state.entities
         firstBoot = not ents.get("vhost")
         if not firstBoot:
-            for name in ents.get("vhost", {}):
-                broker.addVHost(name)
+            for name, rec in ents.get("vhost", {}).items():
+                broker.addVHost(name).limits = (rec or {}).get("limits")
             for name in list(broker.vhosts):
                 if name not in ents["vhost"]:
                     broker.vhosts.pop(name)
@@ -277,10 +286,21 @@ class Journal:
                 for name, rec in users.items():
                     u = broker.addUser(name, None, rec.get("tags", ()), rec.get("loopbackOnly", False))
                     u.salt, u.passwordHash = rec["salt"], rec["hash"]
+                    u.hashingAlgorithm = rec.get("algorithm", DEFAULT_HASHING)
+                    if rec.get("limits"):
+                        broker.userLimits[name] = dict(rec["limits"])
             broker.permissions.clear()
             for key, rec in ents.get("permission", {}).items():
                 user, vh = _names(key, rec, 2)
                 broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
+        for name, rec in ents.get("global_parameter", {}).items():
+            broker.globalParameters[name] = rec["value"]
+        for key, rec in ents.get("operator_policy", {}).items():
+            vh = broker.vhosts.get(rec["vhost"])
+            if vh is not None:
+                vh.operatorPolicies[rec["name"]] = OperatorPolicy(
+                    rec["name"], rec["pattern"], rec["definition"], rec.get("priority", 0),
+                    rec.get("apply-to", "all"), vh.name)
         for key, rec in ents.get("policy", {}).items():
             vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
             if vh is not None and rec["name"] not in vh.policies:
@@ -390,16 +410,20 @@ class Journal:
 
     def writeAll(self):
         """
-        First boot: write the vhosts, users, permissions and policies the
-        broker was configured with.
+        First boot: write the vhosts, users, permissions, policies and
+        global parameters the broker was configured with.
         """
         b = self.broker
         for vh in b.vhosts.values():
             self.entityChanged("vhost", vh, vh, False)
             for p in vh.policies.values():
                 self.entityChanged("policy", vh, p, False)
+            for p in vh.operatorPolicies.values():
+                self.entityChanged("operator_policy", vh, p, False)
         for u in b.users.values():
             self.entityChanged("user", None, u, False)
+        for name in b.globalParameters:
+            self.entityChanged("global_parameter", None, name, False)
         for key in b.permissions:
             self.entityChanged("permission", None, key, False)
 

@@ -4,7 +4,8 @@ https://www.rabbitmq.com/docs/parameters#policies).
 
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
-``max-length-bytes``, ``overflow``.  The highest-priority policy whose
+``max-length-bytes``, ``overflow``; the ``ha-*`` mirroring keys are accepted
+without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
 numeric keys take the lower of argument and policy (RabbitMQ
@@ -25,6 +26,19 @@ POLICY_KEYS = {
     "max-length-bytes",
     "overflow",
 }
+
+
+#: classic mirroring keys: accepted and without effect, as on a single
+#: RabbitMQ node (there is nothing to mirror to)
+HA_KEYS = frozenset({
+    "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size",
+    "ha-promote-on-shutdown", "ha-promote-on-failure",
+})
+
+
+def haKeys(definition):
+    """The :data:`HA_KEYS` in policy ``definition`` (dict), sorted."""
+    return sorted(k for k in definition if k in HA_KEYS)
 
 
 class PolicyError(ValueError):
@@ -76,6 +90,8 @@ def validateDefinition(d):
     if not d:
         raise PolicyError("no policy provided")
     for k, v in d.items():
+        if k in HA_KEYS:
+            continue
         if k not in POLICY_KEYS:
             raise PolicyError("[{<<\"%s\">>,%r}] are not recognised policy settings" % (k, v))
         if k == "message-ttl" and not (isInteger(v) and v >= 0):
@@ -90,6 +106,54 @@ def validateDefinition(d):
             raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
+
+
+#: the keys an operator policy may set (RabbitMQ 3.10's classic-queue ones;
+#: ``max-in-memory-*`` and ``delivery-limit`` are for quorum queues, which
+#: otter_tx does not have)
+OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes")
+
+
+class OperatorPolicy(Policy):
+    """
+    An operator policy (``/api/operator-policies``): as :class:`Policy`, but
+    only :data:`OPERATOR_POLICY_KEYS`, and merged with the user policy by
+    :func:`mergeOperatorPolicy` instead of replacing it.
+    """
+
+    def __init__(self, name, pattern, definition, priority=0, applyTo="all", vhost="/"):
+        checkOperatorKeys(definition)
+        Policy.__init__(self, name, pattern, definition, priority, applyTo, vhost)
+
+
+def checkOperatorKeys(definition):
+    """PolicyError ``[{<<"k">>,v}] are not recognised policy settings`` for a key not in :data:`OPERATOR_POLICY_KEYS`."""
+    for k, v in dict(definition).items():
+        if k not in OPERATOR_POLICY_KEYS:
+            raise PolicyError("[{<<\"%s\">>,%s}] are not recognised policy settings"
+                              % (k, '<<"%s">>' % (v,) if isinstance(v, str) else v))
+
+
+class _Merged:
+    """The definition a queue gets from its policy and operator policy together."""
+
+    def __init__(self, definition):
+        self.definition = definition
+
+
+def mergeOperatorPolicy(policy, operatorPolicy):
+    """
+    The effective definition holder (``.definition``) of ``policy`` and
+    ``operatorPolicy`` (either None), as RabbitMQ's
+    ``rabbit_policy:merge_policy_value``: for a key both set the lower
+    value wins, otherwise whichever sets it.  None when neither applies.
+    """
+    if operatorPolicy is None:
+        return policy
+    merged = dict(policy.definition) if policy is not None else {}
+    for k, v in operatorPolicy.definition.items():
+        merged[k] = min(merged[k], v) if k in merged else v
+    return _Merged(merged)
 
 
 def matchPolicy(policies, name, kind):

@@ -148,6 +148,9 @@ class Queue:
         self.bindings = {}  # (exchange, routingKey, argsKey) -> arguments, for cleanup
         self.settings = QueueSettings()
         self.policy = None
+        #: the matching OperatorPolicy, and the merged definition in effect (vhost._applyPolicy)
+        self.operatorPolicy = None
+        self.effectiveDefinition = {}
         self._expiry = ExpiryIndex(self.clock, self._expired)
         #: the durability journal for a durable queue (set by the journal), else None
         self.journal = None

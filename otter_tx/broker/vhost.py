@@ -15,6 +15,7 @@ from otter_tx.amqp.errors import (
     accessRefused,
     erlBinary,
     notFound,
+    notAllowed,
     preconditionFailed,
     resourceLocked,
     rs,
@@ -28,7 +29,7 @@ from otter_tx.broker.delayed import (
     validateDelayedArguments,
 )
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
-from otter_tx.broker.policy import effectiveSettings, matchPolicy
+from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
 
@@ -39,6 +40,42 @@ PREDECLARED = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
+
+#: the vhost limits RabbitMQ 3.10 knows (``rabbit_vhost_limit``); values
+#: are integers, a negative one means no limit
+LIMIT_NAMES = ("max-connections", "max-queues")
+#: the user limits RabbitMQ 3.10 knows (``rabbit_auth_backend_internal``)
+USER_LIMIT_NAMES = ("max-connections", "max-channels")
+
+
+class LimitError(ValueError):
+    """A vhost limit RabbitMQ rejects; ``str()`` is its validation text."""
+
+
+def validateLimit(name, value, names=LIMIT_NAMES, what="limits"):
+    """
+    Check one vhost limit as ``rabbit_vhost_limit`` does: an unknown
+    ``name`` -> ``Unrecognised terms [{<<"foo">>,1}] in limits``; a value
+    that is not an integer -> ``max-queues should be a number, actually
+    was <<"x">>`` (strings), ``... was 1.5`` / ``true`` (others).  Raises
+    :class:`LimitError`.  User limits pass ``names=USER_LIMIT_NAMES,
+    what="user-limits"``.
+    """
+    if name not in names:
+        raise LimitError('Unrecognised terms [{<<"%s">>,%s}] in %s' % (name, _erlTerm(value), what))
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise LimitError("%s should be a number, actually was %s" % (name, _erlTerm(value)))
+
+
+def _erlTerm(value):
+    """``value`` as RabbitMQ prints the JSON value it decoded."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '<<"%s">>' % (value,)
+    if value is None:
+        return "null"
+    return str(value)
 
 
 def _lockedText(qname, vhost):
@@ -73,6 +110,11 @@ class VHost:
         self.exchanges = {}
         self.queues = {}
         self.policies = {}
+        #: name -> :class:`~otter_tx.broker.policy.OperatorPolicy`
+        self.operatorPolicies = {}
+        #: limit name -> int (:data:`LIMIT_NAMES`), None until one was set
+        #: (RabbitMQ keeps an emptied ``limits`` parameter: listed as ``[]``)
+        self.limits = None
         #: direct reply-to token -> ReplyToQueue
         self.replyTo = {}
         #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``)
@@ -237,6 +279,11 @@ class VHost:
             q.touch()
             return q
         A.validateQueueArguments(arguments, name, self.name)
+        limit = self.limit("max-queues")
+        if limit is not None and len(self.queues) >= limit:
+            raise preconditionFailed(
+                "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached"
+                % (name, self.name, limit))
         q = Queue(
             self,
             name,
@@ -403,6 +450,58 @@ class VHost:
                 rejected = True
         return len(queues), rejected
 
+    # --- limits ---------------------------------------------------------------
+
+    def limit(self, name):
+        """The enforced limit ``name`` (an int >= 0), or None (unset or negative)."""
+        value = (self.limits or {}).get(name)
+        if value is None or value < 0:
+            return None
+        return value
+
+    def setLimit(self, name, value):
+        """
+        Set limit ``name`` to ``value`` (checked by :func:`validateLimit`,
+        :class:`LimitError`); stored with the vhost.
+        """
+        validateLimit(name, value)
+        self.limits = dict(self.limits or {}, **{name: value})
+        self.broker.entityChanged("vhost", self, self)
+
+    def setLimits(self, limits):
+        """
+        Replace every limit (a dict, each checked by :func:`validateLimit`),
+        or drop them all with None (the ``vhost-limits`` runtime parameter).
+        """
+        if limits is not None:
+            for name, value in limits.items():
+                validateLimit(name, value)
+            limits = dict(limits)
+        self.limits = limits
+        self.broker.entityChanged("vhost", self, self)
+
+    def clearLimit(self, name):
+        """Remove limit ``name`` (no error if unset)."""
+        if self.limits is not None:
+            self.limits = {k: v for k, v in self.limits.items() if k != name}
+            self.broker.entityChanged("vhost", self, self)
+
+    def checkConnectionLimit(self, user):
+        """
+        Before connection.open-ok: 530 ``access to vhost 'V' refused for
+        user 'U': connection limit (N) is reached`` when the vhost's open
+        connections reach ``max-connections`` (``rabbit_reader``, checked
+        on RabbitMQ 3.10).
+        """
+        limit = self.limit("max-connections")
+        if limit is None:
+            return
+        opened = sum(1 for c in self.broker.connections if getattr(c, "vhost", None) is self)
+        if opened >= limit:
+            raise notAllowed(
+                "access to vhost '%s' refused for user '%s': connection limit (%d) is reached"
+                % (self.name, user, limit))
+
     # --- policies -------------------------------------------------------------
 
     def setPolicy(self, policy):
@@ -427,9 +526,26 @@ class VHost:
         for q in list(self.queues.values()):
             self._applyPolicy(q)
 
+    def setOperatorPolicy(self, policy):
+        """Add or replace an :class:`~otter_tx.broker.policy.OperatorPolicy` and re-apply; stored durably."""
+        self.operatorPolicies[policy.name] = policy
+        self._reapplyPolicies()
+        self.broker.entityChanged("operator_policy", self, policy)
+
+    def clearOperatorPolicy(self, name):
+        """Remove an operator policy (no error if missing) and re-apply."""
+        p = self.operatorPolicies.pop(name, None)
+        if p is not None:
+            self._reapplyPolicies()
+            self.broker.entityChanged("operator_policy", self, p, deleted=True)
+
     def _applyPolicy(self, q):
         policy = matchPolicy(self.policies.values(), q.name, "queues")
-        q.applySettings(effectiveSettings(q.arguments, policy), policy)
+        operator = matchPolicy(self.operatorPolicies.values(), q.name, "queues")
+        effective = mergeOperatorPolicy(policy, operator)
+        q.operatorPolicy = operator
+        q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
+        q.applySettings(effectiveSettings(q.arguments, effective), policy)
 
     # --- connection cleanup -----------------------------------------------------
 

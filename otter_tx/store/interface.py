@@ -43,6 +43,8 @@ ENTITY_KINDS = (
     "exchange",
     "queue",
     "binding",
+    "global_parameter",
+    "operator_policy",
 )
 
 

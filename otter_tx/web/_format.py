@@ -144,8 +144,8 @@ def queueDict(q, unacked=None, detail=False):
         "type": "classic",
         "state": "running",
         "policy": policy.name if policy is not None else None,
-        "operator_policy": None,
-        "effective_policy_definition": dict(policy.definition) if policy is not None else {},
+        "operator_policy": q.operatorPolicy.name if q.operatorPolicy is not None else None,
+        "effective_policy_definition": dict(q.effectiveDefinition),
         "consumers": len(q.consumers),
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else 0,
@@ -256,21 +256,19 @@ def vhostBindings(vh, includeDefault=True):
 def passwordHash(user):
     """
     RabbitMQ's ``password_hash``: base64 of the 4-byte salt followed by
-    SHA-256(salt + password); ``""`` for a user without a password.
+    DIGEST(salt + password); ``""`` for a user without a password.
     """
-    if user.passwordHash is None:
-        return ""
-    return base64.b64encode(base64.b64decode(user.salt) + base64.b64decode(user.passwordHash)).decode()
+    return user.exportHash()
 
 
-def userDict(user):
-    """A user as ``GET /api/users/{name}`` shows it."""
+def userDict(user, limits=None):
+    """A user as ``GET /api/users/{name}`` shows it (``limits``: its user limits, a dict)."""
     return {
         "name": user.name,
         "password_hash": passwordHash(user),
-        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "hashing_algorithm": user.hashingAlgorithm,
         "tags": list(user.tags),
-        "limits": {},
+        "limits": dict(limits or {}),
     }
 
 

@@ -53,10 +53,13 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, LOOPBACK_ONLY, READ, WRITE, User, bindChecks, login
+from otter_tx.broker.access import (
+    CONFIGURE, LOOPBACK_ONLY, READ, WRITE, PasswordHashError, User, bindChecks, login,
+)
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
-from otter_tx.broker.policy import Policy, PolicyError
+from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
+from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.door import requestSession
 
@@ -79,8 +82,12 @@ _MONITOR = "is_authorized_monitor"  # monitoring or administrator; else 401 "Not
 #: missing vhost passes, the handler answers 404); else 401 "User not
 #: authorised to access virtual host"
 _VHOST = "is_authorized_vhost"
+#: as _VHOST, but ``monitoring`` users see every vhost (``list_visible_vhosts``)
+_VHOST_VISIBLE = "is_authorized_vhost_visible"
 #: administrator, or policymaker as for _VHOST; else 401 "User not authorised to access object"
 _POLICIES = "is_authorized_policies"
+#: administrator or policymaker (any vhost); else 401 "User not authorised to access object"
+_GLOBAL_PARAMETERS = "is_authorized_global_parameters"
 _NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
 
 _EXCHANGE_TYPE_DESCRIPTIONS = (
@@ -343,6 +350,9 @@ class ManagementApp:
         self.broker = broker
         self.clock = clock
         self.startedAt = clock.seconds()
+        #: the node's listeners (:mod:`otter_tx.web.health` records), set by
+        #: the service once they are bound; empty for an app built alone
+        self.listeners = []
 
     # --- plumbing -------------------------------------------------------------
 
@@ -424,6 +434,10 @@ class ManagementApp:
             raise notAuthorised("Not monitor user")
         if access == _VHOST and not self._matchesVHost(user, vhost):
             raise notAuthorised("User not authorised to access virtual host")
+        if access == _VHOST_VISIBLE and not (tags & MONITOR_TAGS or self._matchesVHost(user, vhost)):
+            raise notAuthorised("User not authorised to access virtual host")
+        if access == _GLOBAL_PARAMETERS and not tags & POLICYMAKER_TAGS:
+            raise notAuthorisedObject()
         if access == _POLICIES and not (
             self._isAdmin(user) or tags & POLICYMAKER_TAGS and self._matchesVHost(user, vhost)
         ):
@@ -614,6 +628,292 @@ class ManagementApp:
             return Policy(name, pattern, definition, priority, applyTo, vhost)
         except PolicyError as e:
             raise failed(str(e))
+
+    # --- operator policies ----------------------------------------------------
+
+    @staticmethod
+    def _operatorPolicies(vhosts):
+        return [p.asDict() for vh in vhosts for p in sorted(vh.operatorPolicies.values(), key=lambda p: p.name)]
+
+    @app.route("/api/operator-policies", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPoliciesAll(self, request, user):
+        """``GET /api/operator-policies``: every vhost's operator policies, as policies are shown (administrators)."""
+        return self._operatorPolicies([vh for _, vh in sorted(self.broker.vhosts.items())])
+
+    @app.route("/api/operator-policies/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPoliciesVHost(self, request, user, vhost):
+        """``GET /api/operator-policies/{vhost}`` (404 for a missing vhost)."""
+        return self._operatorPolicies([self._vhost(vhost)])
+
+    @app.route("/api/operator-policies/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def operatorPolicy(self, request, user, vhost, name):
+        """
+        ``GET|PUT|DELETE /api/operator-policies/{vhost}/{name}``: as
+        ``/api/policies``, administrators only.  Definition keys:
+        ``expires``, ``message-ttl``, ``max-length``, ``max-length-bytes``;
+        others are 400 ``Validation failed\n\n[{<<"k">>,v}] are not
+        recognised policy settings\n`` (not HTML-escaped, as 3.10).  A queue
+        matched by a policy and an operator policy gets both definitions,
+        the lower value for a key both set (``operator_policy`` and
+        ``effective_policy_definition`` in the queue's JSON).
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if request.method != b"PUT":
+            p = vh.operatorPolicies.get(name) if vh is not None else None
+            if p is None:
+                raise notFound()
+            if request.method == b"DELETE":
+                vh.clearOperatorPolicy(name)
+                return Response(204)
+            return p.asDict()
+        if vh is None:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        body = self._body(request)
+        self._require(body, "pattern", "definition")
+        if isinstance(body["definition"], dict):
+            try:
+                checkOperatorKeys(body["definition"])
+            except PolicyError as e:
+                raise badRequest("Validation failed\n\n%s\n" % (e,))
+        generic = self._validatePolicy(vhost, name, body)
+        policy = OperatorPolicy(name, generic.pattern, generic.definition, generic.priority,
+                                generic.applyTo, vhost)
+        existed = name in vh.operatorPolicies
+        vh.setOperatorPolicy(policy)
+        return Response(204 if existed else 201)
+
+    # --- vhost limits ---------------------------------------------------------
+
+    @staticmethod
+    def _vhostLimits(vhosts):
+        """``[{"vhost", "value": {name: int}}]`` (an emptied set shows ``[]``)."""
+        return [
+            {"vhost": vh.name, "value": dict(vh.limits) if vh.limits else []}
+            for vh in vhosts if vh.limits is not None
+        ]
+
+    @app.route("/api/vhost-limits", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST_VISIBLE)
+    def vhostLimitsAll(self, request, user):
+        """
+        ``GET /api/vhost-limits``: ``[{"vhost": "v", "value":
+        {"max-connections": 10, "max-queues": 5}}]`` for every vhost the
+        user sees that ever had a limit (``value`` is ``[]`` once all were
+        deleted, as RabbitMQ 3.10 lists it).
+        """
+        return self._vhostLimits(self._visibleVHosts(user))
+
+    @app.route("/api/vhost-limits/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST_VISIBLE)
+    def vhostLimits(self, request, user, vhost):
+        """
+        ``GET /api/vhost-limits/{vhost}``: as the list, for one vhost
+        (``[]`` without limits; 404 for a missing vhost).
+        """
+        vh = self._vhost(vhost)
+        return self._vhostLimits([vh]) if vh.limits else []
+
+    @app.route("/api/vhost-limits/<vhost>/<name>", methods=["PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def vhostLimit(self, request, user, vhost, name):
+        """
+        ``PUT /api/vhost-limits/{vhost}/{name}`` with ``{"value": N}`` (an
+        integer; negative means no limit) and ``DELETE``: 204; administrators
+        only.  ``name`` is ``max-connections`` or ``max-queues``; 400
+        ``Validation failed`` with RabbitMQ's texts otherwise, 400
+        ``[{key_missing,value}]`` without ``value``, 404 ``vhost_not_found``
+        for a missing vhost.
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if vh is None:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        if request.method == b"DELETE":
+            vh.clearLimit(name)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        try:
+            vh.setLimit(name, body["value"])
+        except LimitError as e:
+            raise badRequest("Validation failed\n\n%s\n" % (e,))
+        return Response(204)
+
+    # --- user limits ----------------------------------------------------------
+
+    def _userLimits(self, user, names):
+        """``[{"user","value"}]`` for ``names`` with limits; a non-administrator sees only itself."""
+        limits = self.broker.userLimits
+        return [
+            {"user": name, "value": dict(limits[name])}
+            for name in sorted(names)
+            if name in limits and (self._isAdmin(user) or name == user.name)
+        ]
+
+    @app.route("/api/user-limits", methods=["GET", "OPTIONS"])
+    @endpoint(_ANY)
+    def userLimitsAll(self, request, user):
+        """
+        ``GET /api/user-limits``: ``[{"user": "u", "value":
+        {"max-connections": N, "max-channels": N}}]`` of the users with limits
+        (a non-administrator sees only its own).
+        """
+        return self._userLimits(user, self.broker.userLimits)
+
+    @app.route("/api/user-limits/<name>", methods=["GET", "OPTIONS"])
+    @endpoint(_ANY)
+    def userLimits(self, request, user, name):
+        """``GET /api/user-limits/{user}``: as the list for one user (``[]`` without limits; 404 for no such user)."""
+        if name not in self.broker.users:
+            raise notFound()
+        return self._userLimits(user, [name])
+
+    @app.route("/api/user-limits/<name>/<limit>", methods=["PUT", "DELETE", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def userLimit(self, request, user, name, limit):
+        """
+        ``PUT /api/user-limits/{user}/{limit}`` with ``{"value": N}`` and
+        ``DELETE``: 204; administrators only.  ``max-connections`` and
+        ``max-channels`` (negative: no limit), enforced on AMQP with 530
+        NOT_ALLOWED as RabbitMQ 3.10.  400 ``max-channels should be a
+        number, actually was <<"x">>`` / ``Unrecognised terms
+        [{<<"foo">>,1}] in user-limits`` (no ``Validation failed`` prefix,
+        as 3.10), 400 ``[{key_missing,value}]``, 400 ``["no_such_user","u"]``
+        for a PUT to a missing user (404 for DELETE).  Stored with the user.
+        """
+        if name not in self.broker.users:
+            if request.method == b"DELETE":
+                raise notFound()
+            raise badRequest(["no_such_user", name])
+        if request.method == b"DELETE":
+            self.broker.clearUserLimit(name, limit)
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        try:
+            self.broker.setUserLimit(name, limit, body["value"])
+        except LimitError as e:
+            raise badRequest(str(e))
+        return Response(204)
+
+    # --- global parameters and parameters --------------------------------------
+
+    @app.route("/api/global-parameters", methods=["GET", "OPTIONS"])
+    @endpoint(_GLOBAL_PARAMETERS)
+    def globalParameters(self, request, user):
+        """``GET /api/global-parameters``: ``[{"name","value"}]`` (administrators and policymakers)."""
+        params = self.broker.globalParameters
+        return [{"name": name, "value": params[name]} for name in sorted(params)]
+
+    @app.route("/api/global-parameters/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_GLOBAL_PARAMETERS)
+    def globalParameter(self, request, user, name):
+        """
+        ``GET /api/global-parameters/{name}`` (``{"value","name"}``, 404),
+        ``PUT`` with ``{"value": any JSON}`` (201 new, 204 replaced; 400
+        ``[{key_missing,value}]``), ``DELETE`` (204, 404).  Stored durably;
+        ``cluster_name`` is the overview's ``cluster_name``.
+        Administrators and policymakers (``is_authorized_global_parameters``).
+        """
+        params = self.broker.globalParameters
+        if request.method == b"GET":
+            if name not in params:
+                raise notFound()
+            return {"value": params[name], "name": name}
+        if request.method == b"DELETE":
+            if not self.broker.clearGlobalParameter(name):
+                raise notFound()
+            return Response(204)
+        body = self._body(request)
+        self._require(body, "value")
+        return Response(201 if self.broker.setGlobalParameter(name, body["value"]) else 204)
+
+    @staticmethod
+    def _parameters(vhosts, component=None):
+        """
+        The runtime parameters of ``vhosts``: RabbitMQ 3.10 without plugins
+        has only the ``vhost-limits`` component, one ``limits`` parameter
+        per vhost that has limits.
+        """
+        if component not in (None, "vhost-limits"):
+            return []
+        return [
+            {"value": dict(vh.limits) if vh.limits else [], "vhost": vh.name,
+             "component": "vhost-limits", "name": "limits"}
+            for vh in vhosts if vh.limits is not None
+        ]
+
+    @app.route("/api/parameters", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersAll(self, request, user):
+        """
+        ``GET /api/parameters``: ``[{"value","vhost","component","name"}]``
+        of the vhosts the user has (``vhost-limits`` only: no plugin here
+        defines other components).  Administrators and policymakers.
+        """
+        return self._parameters(self._loginVHosts(user))
+
+    @app.route("/api/parameters/<component>", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersComponent(self, request, user, component):
+        """``GET /api/parameters/{component}``: as the list, one component (``[]`` for an unknown one)."""
+        return self._parameters(self._loginVHosts(user), component)
+
+    @app.route("/api/parameters/<component>/<vhost>", methods=["GET", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parametersVHost(self, request, user, component, vhost):
+        """``GET /api/parameters/{component}/{vhost}``: one component in one vhost (404 for a missing vhost)."""
+        return self._parameters([self._vhost(vhost)], component)
+
+    @app.route("/api/parameters/<component>/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
+    @endpoint(_POLICIES)
+    def parameter(self, request, user, component, vhost, name):
+        """
+        ``GET|PUT|DELETE /api/parameters/{component}/{vhost}/{name}``.
+        ``vhost-limits``/``{v}``/``limits`` is the vhost's limits: PUT
+        ``{"value": {"max-queues": N, ...}}`` replaces them all (201 new, 204
+        replaced; 400 ``Validation failed`` with ``<``/``>`` HTML-escaped as
+        3.10 does), DELETE drops them (204).  Any other component is 400
+        ``Validation failed\n\ncomponent foo not found\n`` on PUT, 404 on
+        GET and DELETE, as RabbitMQ 3.10 without plugins; 404
+        ``vhost_not_found`` for a PUT to a missing vhost.
+        """
+        vh = self.broker.vhosts.get(vhost)
+        if request.method == b"PUT":
+            if vh is None:
+                raise HTTPError(404, "not_found", "vhost_not_found")
+            body = self._body(request)
+            self._require(body, "value")
+            return self._putLimitsParameter(vh, component, name, body["value"])
+        found = vh is not None and component == "vhost-limits" and name == "limits" and vh.limits is not None
+        if not found:
+            raise notFound()
+        if request.method == b"DELETE":
+            vh.setLimits(None)
+            return Response(204)
+        return self._parameters([vh])[0]
+
+    @staticmethod
+    def _putLimitsParameter(vh, component, name, value):
+        def failed(text):
+            text = text.replace("<", "&lt;").replace(">", "&gt;")
+            return badRequest("Validation failed\n\n%s\n" % (text,))
+
+        if component != "vhost-limits":
+            raise failed("component %s not found" % (component,))
+        if name != "limits":
+            # RabbitMQ 3.10 stores it under that name and answers 500
+            raise failed("vhost-limits parameters are named limits, not %s" % (name,))
+        if not isinstance(value, dict):
+            raise failed("limits should be an object")
+        new = vh.limits is None
+        try:
+            vh.setLimits(value)
+        except LimitError as e:
+            raise failed(str(e))
+        return Response(201 if new else 204)
 
     # --- queues -------------------------------------------------------------
 
@@ -1031,7 +1331,7 @@ class ManagementApp:
             "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
             "management_version": RABBITMQ_COMPAT_VERSION,
             "rates_mode": "none",
-            "cluster_name": fmt.NODE,
+            "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
             "node": fmt.NODE,
             "erlang_version": None,
             "erlang_full_version": None,
@@ -1058,9 +1358,41 @@ class ManagementApp:
                 "queues": len(queues),
             },
             "statistics_db_event_queue": 0,
-            "listeners": [],
-            "contexts": [],
+            "listeners": self._listenersList(),
+            "contexts": self._contexts(),
         }
+
+    def _listenersList(self):
+        """
+        The overview's ``listeners``: ``[{"node","protocol","ip_address",
+        "port","socket_opts"}]`` (``socket_opts`` ``{}``: Twisted's defaults).
+        """
+        node = self.broker.alarms.nodeName
+        return [
+            {"node": node, "protocol": listener["protocol"], "ip_address": listener["ip_address"],
+             "port": listener["port"], "socket_opts": {}}
+            for listener in self.listeners
+        ]
+
+    def _contexts(self):
+        """
+        The overview's ``contexts``, one per management listener as 3.10:
+        ``{"ssl_opts":[],"node","description":"RabbitMQ Management",
+        "path":"/","cowboy_opts":"[{sendfile,false}]","ip","port":"15672"}``
+        (``port`` a string; ``ip`` only for a listener on one address).
+        """
+        node = self.broker.alarms.nodeName
+        out = []
+        for listener in self.listeners:
+            if listener["protocol"] not in ("http", "https"):
+                continue
+            ctx = {"ssl_opts": [], "node": node, "description": "RabbitMQ Management", "path": "/",
+                   "cowboy_opts": "[{sendfile,false}]"}
+            if listener["ip_address"] not in ("0.0.0.0", "::", ""):
+                ctx["ip"] = listener["ip_address"]
+            ctx["port"] = str(listener["port"])
+            out.append(ctx)
+        return out
 
     def _vhostDict(self, vh):
         queues = list(vh.queues.values())
@@ -1146,7 +1478,28 @@ class ManagementApp:
     @endpoint(_ADMIN)
     def users(self, request, user):
         """``GET /api/users``."""
-        return [fmt.userDict(u) for _, u in sorted(self.broker.users.items())]
+        return [fmt.userDict(u, self.broker.userLimits.get(u.name)) for _, u in sorted(self.broker.users.items())]
+
+    @app.route("/api/users/bulk-delete", methods=["POST", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def usersBulkDelete(self, request, user):
+        """
+        ``POST /api/users/bulk-delete`` with ``{"users": ["a", "b"]}``: deletes
+        them in order (permissions too), 204.  At the first missing one it
+        stops with 400 ``{"error":"bad_request","reason":["no_such_user",
+        "x"]}`` (the ones before it are gone), as RabbitMQ 3.10; 400
+        ``[{key_missing,users}]`` without ``users``.  Administrators only.
+        """
+        body = self._body(request)
+        self._require(body, "users")
+        names = body["users"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise badRequest("users must be a list of names")  # RabbitMQ 3.10 answers 500
+        for name in names:
+            if name not in self.broker.users:
+                raise badRequest(["no_such_user", name])
+            self.broker.deleteUser(name)
+        return Response(204)
 
     @app.route("/api/users/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_ADMIN)
@@ -1162,7 +1515,7 @@ class ManagementApp:
         if request.method == b"GET":
             if existing is None:
                 raise notFound()
-            return fmt.userDict(existing)
+            return fmt.userDict(existing, self.broker.userLimits.get(name))
         if request.method == b"DELETE":
             if existing is None:
                 raise notFound()
@@ -1179,25 +1532,24 @@ class ManagementApp:
         if password is not None:
             broker.addUser(name, str(password), tags, loopbackOnly=False)
         elif phash is not None:
-            try:
-                raw = base64.b64decode(phash, validate=True)
-            except ValueError:
-                raise badRequest("invalid password_hash")
-            if phash and len(raw) != 36:
-                raise badRequest("invalid password_hash")
-            self._replaceUser(name, tags, raw)
+            self._replaceUser(name, tags, phash, body.get("hashing_algorithm"))
         elif existing is not None:
             broker.setUserTags(name, tags)
         else:
-            self._replaceUser(name, tags, b"")
+            self._replaceUser(name, tags, "", None)
         return Response(204 if existing is not None else 201)
 
-    def _replaceUser(self, name, tags, rawHash):
-        """Install user ``name`` with a RabbitMQ ``password_hash`` (salt + SHA-256) or none."""
+    def _replaceUser(self, name, tags, passwordHash, algorithm):
+        """
+        Install user ``name`` with a RabbitMQ ``password_hash`` made with
+        ``hashing_algorithm`` (sha256 when None; ``""``: no password); 400
+        ``invalid password_hash`` / ``unknown hashing_algorithm ...``.
+        """
         u = User(name, None, tags)
-        if rawHash:
-            u.salt = base64.b64encode(rawHash[:4]).decode()
-            u.passwordHash = base64.b64encode(rawHash[4:]).decode()
+        try:
+            u.setPasswordHash(passwordHash, algorithm)
+        except PasswordHashError as e:
+            raise badRequest(str(e))
         self.broker.putUser(u)
 
     def _permissionList(self):
@@ -1362,6 +1714,9 @@ class ManagementApp:
         ``{resource_limit,disk|memory,Node}`` per alarm; the store's as
         ``{message_store_unavailable,Node}`` followed by why).
         """
+        return self._nodeHealth()
+
+    def _nodeHealth(self):
         alarms = self.broker.alarms
         if not alarms.active:
             return {"status": "ok"}
@@ -1398,6 +1753,134 @@ class ManagementApp:
     def healthLocalAlarms(self, request, user):
         """``GET /api/health/checks/local-alarms``: as ``alarms``, "...in effect on the node"."""
         return self._alarmsHealth("on the node")
+
+    @app.route("/api/healthchecks/node/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthcheckSlash(self, request, user):
+        """``GET /api/healthchecks/node/``: as without the slash."""
+        return self._nodeHealth()
+
+    @app.route("/api/healthchecks/node/<node>", methods=["GET", "OPTIONS"])
+    @app.route("/api/healthchecks/node/<node>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthcheckNode(self, request, user, node):
+        """``GET /api/healthchecks/node/{node}``: as ``/api/healthchecks/node`` for this node, else 404."""
+        if node != self.broker.alarms.nodeName:
+            raise notFound()
+        return self._nodeHealth()
+
+    @app.route("/api/health/checks/alarms/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthAlarmsSlash(self, request, user):
+        """``GET /api/health/checks/alarms/``: as without the slash."""
+        return self._alarmsHealth("in the cluster")
+
+    @app.route("/api/health/checks/local-alarms/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthLocalAlarmsSlash(self, request, user):
+        """``GET /api/health/checks/local-alarms/``: as without the slash."""
+        return self._alarmsHealth("on the node")
+
+    @staticmethod
+    def _healthFailed(body):
+        """503 with ``{"status":"failed", ...body}``."""
+        return Response(503, dict({"status": "failed"}, **body))
+
+    @app.route("/api/health/checks/certificate-expiration/<within>/<unit>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/certificate-expiration/<within>/<unit>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthCertificates(self, request, user, within, unit):
+        """
+        ``GET /api/health/checks/certificate-expiration/{within}/{unit}``
+        (unit ``days``, ``weeks``, ``months``, ``years``): 200
+        ``{"status":"ok"}``, or 503 ``{"status":"failed","reason":
+        "Certificates expiring","expired":[{"node","protocol","interface",
+        "port","certfile","cacertfile","certfile_expires_on":
+        ["2027-01-05 3:04:05"],"cacertfile_expires_on":[]}]}`` for the TLS
+        listeners whose certificate or CA file has a certificate expiring
+        within that time (by the app's clock); 400 ``Invalid expiration
+        value.`` / ``Time unit not recognised. Supported units: days,
+        weeks, months, years.``.  Reads the PEM files on each request.
+        """
+        from otter_tx.web.health import expiringIn, parseWithin
+
+        try:
+            seconds = parseWithin(within, unit)
+        except ValueError as e:
+            raise badRequest(str(e))
+        now = self.clock.seconds()
+        expired = []
+        for listener in self.listeners:
+            cert = expiringIn(listener.get("certfile"), now, now + seconds)
+            ca = expiringIn(listener.get("cacertfile"), now, now + seconds)
+            if cert or ca:
+                expired.append({
+                    "node": self.broker.alarms.nodeName, "protocol": listener["protocol"],
+                    "interface": listener["ip_address"], "port": listener["port"],
+                    "certfile": listener.get("certfile"), "cacertfile": listener.get("cacertfile"),
+                    "certfile_expires_on": cert, "cacertfile_expires_on": ca,
+                })
+        if expired:
+            return self._healthFailed({"reason": "Certificates expiring", "expired": expired})
+        return {"status": "ok"}
+
+    @app.route("/api/health/checks/port-listener/<port>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/port-listener/<port>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthPort(self, request, user, port):
+        """
+        ``GET /api/health/checks/port-listener/{port}``: 200
+        ``{"status":"ok","port":N}`` when a listener of this node is bound
+        to it, else 503 ``{"status":"failed","reason":"No active
+        listener","missing":N,"ports":[...]}``; 400 ``Invalid port``.
+        """
+        if not re.match(r"^[+-]?[0-9]+$", port):
+            raise badRequest("Invalid port")
+        number = int(port)
+        ports = sorted(listener["port"] for listener in self.listeners)
+        if number in ports:
+            return {"status": "ok", "port": number}
+        return self._healthFailed({"reason": "No active listener", "missing": number, "ports": ports})
+
+    @app.route("/api/health/checks/protocol-listener/<protocol>", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/protocol-listener/<protocol>/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthProtocol(self, request, user, protocol):
+        """
+        ``GET /api/health/checks/protocol-listener/{protocol}``: 200
+        ``{"status":"ok","protocol":"amqp"}`` when this node listens for it
+        (RabbitMQ's aliases: ``amqp091``, ``amqp0-9-1``... are ``amqp``,
+        ``amqps`` is ``amqp/ssl``, ``management`` is ``http``), else 503
+        ``{"status":"failed","reason":"No active listener","missing":
+        "amqp/ssl","protocols":["amqp","http"]}``.
+        """
+        from otter_tx.web.health import normalizeProtocol
+
+        name = normalizeProtocol(protocol)
+        protocols = [listener["protocol"] for listener in self.listeners]
+        if name in protocols:
+            return {"status": "ok", "protocol": name}
+        return self._healthFailed({"reason": "No active listener", "missing": name, "protocols": protocols})
+
+    @app.route("/api/health/checks/virtual-hosts", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/virtual-hosts/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthVHosts(self, request, user):
+        """``GET /api/health/checks/virtual-hosts``: 200 ``{"status":"ok"}`` (every vhost runs in the one process)."""
+        return {"status": "ok"}
+
+    @app.route("/api/health/checks/node-is-mirror-sync-critical", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-mirror-sync-critical/", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-quorum-critical", methods=["GET", "OPTIONS"])
+    @app.route("/api/health/checks/node-is-quorum-critical/", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def healthCritical(self, request, user):
+        """
+        ``GET /api/health/checks/node-is-mirror-sync-critical`` and
+        ``.../node-is-quorum-critical``: 200 ``{"status":"ok","reason":
+        "single node cluster"}``, as RabbitMQ 3.10 answers on one node.
+        """
+        return {"status": "ok", "reason": "single node cluster"}
 
     def _nodeDict(self):
         import os
@@ -1477,32 +1960,93 @@ class ManagementApp:
             return Response(503, {"status": "failed", "reason": "aliveness test failed"})
         return {"status": "ok"}
 
-    @app.route("/api/definitions", methods=["GET", "OPTIONS"])
+    @app.route("/api/definitions", methods=["GET", "POST", "OPTIONS"])
     @endpoint(_ADMIN)
     def definitions(self, request, user):
         """
-        ``GET /api/definitions``: the export (section 8.4): non-exclusive
-        queues, exchanges except ``""`` and ``amq.*``, bindings whose source
-        is not ``""`` and whose destination queue is exported.
+        ``GET /api/definitions``: the export in RabbitMQ 3.10's format
+        (``?download=NAME`` as an attachment): non-exclusive queues,
+        exchanges except ``""`` and ``amq.*``, bindings whose source is not
+        ``""`` and whose destination queue is exported; users with their
+        ``password_hash`` and ``hashing_algorithm``, which RabbitMQ imports.
+        ``POST``: import (:func:`~otter_tx.broker.definitions.importDefinitions`),
+        a JSON body or the ``file`` field of a ``multipart/form-data`` upload
+        (RabbitMQ's UI, rabbitmqadmin): 204; 400 ``failed_to_parse_json``;
+        400 ``bad_request`` naming every item not imported (the others are
+        applied, as RabbitMQ 3.10 does).
         """
+        if request.method == b"POST":
+            return self._importDefinitions(request, None)
+        return self._exportDefinitions(request, None)
+
+    @app.route("/api/definitions/<vhost>", methods=["GET", "POST", "OPTIONS"])
+    @endpoint(_ADMIN)
+    def definitionsVHost(self, request, user, vhost):
+        """
+        ``GET /api/definitions/{vhost}``: the per-vhost export
+        (``rabbit_version``, ``parameters``, ``policies``, ``queues``,
+        ``exchanges``, ``bindings``, without ``vhost`` fields); ``POST``
+        imports that form into ``vhost`` as ``POST /api/definitions``.  404
+        ``vhost_not_found`` for a missing vhost (RabbitMQ 3.10's answer).
+        """
+        if vhost not in self.broker.vhosts:
+            raise HTTPError(404, "not_found", "vhost_not_found")
+        if request.method == b"POST":
+            return self._importDefinitions(request, vhost)
+        return self._exportDefinitions(request, vhost)
+
+    def _importDefinitions(self, request, vhost):
+        """The import behind both POST routes: 204, or 400 with the items not imported."""
+        from otter_tx.broker.definitions import DefinitionsError, importDefinitions
+
+        ctype = (request.getHeader(b"content-type") or b"").lower()
+        if ctype.startswith(b"multipart/form-data"):
+            raw = (request.args.get(b"file") or [b""])[0]
+        else:
+            raw = request.content.read() if request.content is not None else b""
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise badRequest("failed_to_parse_json")
+        try:
+            problems = importDefinitions(self.broker, doc, vhost)
+        except DefinitionsError as e:
+            raise badRequest(str(e))
+        if problems:
+            raise badRequest("; ".join(problems))
+        return Response(204)
+
+    def _exportDefinitions(self, request, vhost):
+        """
+        The export document: the whole broker (``vhost`` None) or one
+        vhost's objects in the per-vhost form (no ``vhost`` fields);
+        ``?download=NAME`` sets ``Content-Disposition: attachment``.
+        """
+        download = _query(request, "download")
+        if download:
+            request.setHeader(
+                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
+            )
         b = self.broker
-        out = {
-            "rabbit_version": RABBITMQ_COMPAT_VERSION,
-            "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
-            "product_name": "otter_tx",
-            "product_version": __version__,
-            "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
-            "vhosts": [{"name": n} for n in sorted(b.vhosts)],
-            "permissions": self._permissionList(),
-            "topic_permissions": [],
-            "parameters": [],
-            "global_parameters": [],
-            "policies": [],
-            "queues": [],
-            "exchanges": [],
-            "bindings": [],
-        }
-        for vname, vh in sorted(b.vhosts.items()):
+        if vhost is None:
+            out = {
+                "rabbit_version": RABBITMQ_COMPAT_VERSION,
+                "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+                "product_name": "otter_tx",
+                "product_version": __version__,
+                "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
+                "vhosts": [{"name": n} for n in sorted(b.vhosts)],
+                "permissions": self._permissionList(),
+                "topic_permissions": [],
+                "parameters": [],
+                "global_parameters": [],
+            }
+            vhosts = sorted(b.vhosts.items())
+        else:
+            out = {"rabbit_version": RABBITMQ_COMPAT_VERSION, "parameters": []}
+            vhosts = [(vhost, b.vhosts[vhost])]
+        out.update({"policies": [], "queues": [], "exchanges": [], "bindings": []})
+        for vname, vh in vhosts:
             out["policies"].extend(p.asDict() for p in sorted(vh.policies.values(), key=lambda p: p.name))
             exported = set()
             for qname, q in sorted(vh.queues.items()):
@@ -1527,11 +2071,10 @@ class ManagementApp:
                 bd = dict(bd)
                 del bd["properties_key"]
                 out["bindings"].append(bd)
-        download = _query(request, "download")
-        if download:
-            request.setHeader(
-                b"content-disposition", ('attachment; filename="%s"' % (download,)).encode("utf-8")
-            )
+        if vhost is not None:
+            for key in ("queues", "exchanges", "bindings"):
+                for item in out[key]:
+                    del item["vhost"]
         return out
 
     # --- Prometheus and the HTML page --------------------------------------------

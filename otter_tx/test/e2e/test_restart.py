@@ -166,6 +166,27 @@ class RestartTests(TestCase):
 
         return run().addCallback(self.assertEqual, (True, True, True, True, {"message-ttl": 500}))
 
+    def test_limitsAndGlobalParametersSurvive(self):
+        """Vhost limits, user limits and global parameters come back from the SQLite store."""
+
+        @inlineCallbacks
+        def run():
+            dataDir = self.mktemp()
+            f = yield startBroker(reactor, dataDir=dataDir)
+            f.broker.addVHost("v2").setLimit("max-queues", 7)
+            f.broker.addUser("alice", "secret")
+            f.broker.setUserLimit("alice", "max-channels", 3)
+            f.broker.setGlobalParameter("cluster_name", "blue")
+            yield f.stop()
+            f = yield startBroker(reactor, dataDir=dataDir)
+            b = f.broker
+            result = (b.vhosts["v2"].limits, b.userLimits, b.globalParameters)
+            yield f.stop()
+            return result
+
+        return run().addCallback(self.assertEqual, (
+            {"max-queues": 7}, {"alice": {"max-channels": 3}}, {"cluster_name": "blue"}))
+
 
 class CorruptStoreTests(TestCase):
     """A damaged store file stops the start with an error naming the file."""

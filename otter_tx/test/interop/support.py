@@ -175,6 +175,27 @@ class ManagementMixin:
             return EXTERNAL_MGMT_URL.rstrip("/")
         return "http://127.0.0.1:%d" % (self.fixture.managementPort,)
 
+    def mgmtCall(self, method, path, body=None):
+        """
+        ``(status, decoded JSON or None)`` of one blocking request as guest
+        (call it in a worker thread); ``body`` is sent as JSON.
+        """
+        import base64
+        import json
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(
+            self.mgmtBase() + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"content-type": "application/json",
+                     "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
 
 def requireModule(name):
     """

@@ -11,15 +11,11 @@ they need ``OTTER_TEST_MGMT_URL`` and a ``rabbitmqctl`` that can reach the
 node (as for the peer started by tools/rabbitmq-peer.sh).
 """
 
-import base64
-import json
 import os
 import shutil
 import struct
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 from twisted.internet import reactor, threads
 from twisted.trial.unittest import SkipTest
@@ -45,13 +41,7 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
 
     def http(self, path):
         """``(status, JSON)`` of ``GET path`` as guest."""
-        req = urllib.request.Request(self.mgmtBase() + path)
-        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+        return self.mgmtCall("GET", path)
 
     def node(self):
         """The node name the alarms are reported under."""

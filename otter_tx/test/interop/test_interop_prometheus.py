@@ -19,7 +19,7 @@ _PEER = "the suite knows no rabbitmq_prometheus URL of the peer (it has no OTTER
 class PrometheusListenerTests(InteropTestCase):
     """The real listener: names, counters after a workload, 404s."""
 
-    brokerOptions = {"prometheus": True}
+    brokerOptions = {"prometheus": True, "management": True}
 
     def setUp(self):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
@@ -81,6 +81,16 @@ class PrometheusListenerTests(InteropTestCase):
         for path in ("/", "/api/overview", "/metrics/other"):
             code, _, _ = yield self.fetch(path)
             self.assertEqual(code, 404, path)
+
+    @inProcessOnly(_PEER)
+    @inlineCallbacks
+    def test_overviewListener(self):
+        """/api/overview lists the Prometheus port as an http/prometheus listener, as RabbitMQ does."""
+        r = yield treq.get("http://127.0.0.1:%d/api/overview" % (self.fixture.managementPort,),
+                           auth=("guest", "guest"), pool=self.pool)
+        overview = yield r.json()
+        self.assertIn(("http/prometheus", self.fixture.prometheusPort),
+                      [(l["protocol"], l["port"]) for l in overview["listeners"]])
 
     def tearDown(self):
         return self.pool.closeCachedConnections()

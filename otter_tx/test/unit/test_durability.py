@@ -159,6 +159,63 @@ class JournalTests(SynchronousTestCase):
         self.assertEqual(vh.queues["a"].readyCount, 0)
         self.assertEqual([e.message.body for e in vh.queues["b"].readyEntries()], [b"both"])
 
+    def test_vhostLimitsSurviveRestart(self):
+        """Vhost limits are stored with their vhost and come back after a restart, deletions too."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.addVHost("v").setLimit("max-queues", 3)
+        b.vhosts["/"].setLimit("max-connections", 2)
+        b = self.restart(store, clock, b)
+        self.assertEqual((b.vhosts["v"].limits, b.vhosts["/"].limits),
+                         ({"max-queues": 3}, {"max-connections": 2}))
+        b.vhosts["v"].clearLimit("max-queues")
+        b = self.restart(store, clock, b)
+        self.assertEqual((b.vhosts["v"].limits, b.vhosts["/"].limits), ({}, {"max-connections": 2}))
+
+
+    def test_globalParametersSurviveRestart(self):
+        """Global parameters are stored; a deleted one stays deleted after a restart."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.setGlobalParameter("cluster_name", "blue")
+        b.setGlobalParameter("other", {"a": [1, 2]})
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.globalParameters, {"cluster_name": "blue", "other": {"a": [1, 2]}})
+        b.clearGlobalParameter("other")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.globalParameters, {"cluster_name": "blue"})
+
+    def test_userLimitsSurviveRestart(self):
+        """User limits are stored with their user and come back after a restart."""
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.addUser("u", "pw")
+        b.setUserLimit("u", "max-channels", 5)
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.userLimits, {"u": {"max-channels": 5}})
+        b.clearUserLimit("u", "max-channels")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.userLimits, {})
+
+    def test_operatorPoliciesSurviveRestart(self):
+        """Operator policies are stored and applied again to the recovered queues."""
+        from otter_tx.broker.policy import OperatorPolicy
+
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        vh = b.vhosts["/"]
+        vh.setOperatorPolicy(OperatorPolicy("op", "^q", {"max-length": 3}, applyTo="queues"))
+        vh.declareQueue("q", None, durable=True)
+        b = self.restart(store, clock, b)
+        vh = b.vhosts["/"]
+        self.assertEqual((sorted(vh.operatorPolicies), vh.queues["q"].settings.maxLength), (["op"], 3))
+        vh.clearOperatorPolicy("op")
+        b = self.restart(store, clock, b)
+        self.assertEqual(b.vhosts["/"].operatorPolicies, {})
 
 class OddNameTests(SynchronousTestCase):
     """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""

@@ -353,6 +353,25 @@ class ListenTests(_Logged, SynchronousTestCase):
         self.assertIn("otter_tx ready: AMQP amqps://127.0.0.1:5671", [self.text(e) for e in events])
         svc.stopService()
 
+    def test_listenerRecords(self):
+        """Once bound, the management app knows each listener's protocol, address, port and TLS files."""
+        from twisted.test import __file__ as here
+
+        pem = os.path.join(os.path.dirname(here), "server.pem")
+        escaped = pem.replace(":", "\\:")
+        svc = _service(_Reactor(), amqp=["tcp:5672:interface=127.0.0.1",
+                                         "ssl:5671:interface=127.0.0.1:privateKey=%s" % escaped],
+                       management=["tcp:15672:interface=127.0.0.1"])
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        self.assertEqual(svc.management.listeners, [
+            {"protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672, "certfile": None, "cacertfile": None},
+            {"protocol": "amqp/ssl", "ip_address": "127.0.0.1", "port": 5671, "certfile": pem,
+             "cacertfile": None},
+            {"protocol": "http", "ip_address": "127.0.0.1", "port": 15672, "certfile": None, "cacertfile": None},
+        ])
+        svc.stopService()
+
     def test_listenFailure(self):
         """A port in use fails whenReady with ListenFailed; the ports that did bind are closed."""
         events = self.captureLog()

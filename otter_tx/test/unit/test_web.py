@@ -1047,3 +1047,400 @@ class PublishPipelineTests(WebTestCase):
         body = {"routing_key": "", "properties": {}, "payload": "x", "payload_encoding": "string"}
         self.assertError(self.post("/api/exchanges/%2F/ix/publish", body), 400, "bad_request",
                          "403 ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")
+
+
+class VHostLimitTests(WebTestCase):
+    """/api/vhost-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""
+
+    def limit(self, name, value, vhost="%2F", **kw):
+        return self.put("/api/vhost-limits/%s/%s" % (vhost, name), {"value": value}, **kw)
+
+    def client(self, vhost="/"):
+        """An in-memory AMQP connection to ``vhost`` as guest, and its connection.close replies."""
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), handshake=False)
+        closes = [(m.reply_code, m.reply_text) for _, m, _ in c.handshake(vhost)
+                  if isinstance(m, spec.ConnectionClose)]
+        return c, closes
+
+    def test_putListDelete(self):
+        """PUT sets (204), both lists show the value, DELETE leaves an empty set listed as []."""
+        self.assertEqual(self.limit("max-queues", 5).code, 204)
+        self.assertEqual(self.limit("max-connections", -1).code, 204)
+        expected = [{"vhost": "/", "value": {"max-queues": 5, "max-connections": -1}}]
+        self.assertEqual(self.get("/api/vhost-limits").json(), expected)
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), expected)
+        self.assertEqual(self.delete("/api/vhost-limits/%2F/max-queues").code, 204)
+        self.assertEqual(self.delete("/api/vhost-limits/%2F/max-connections").code, 204)
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), [])
+        self.assertEqual(self.get("/api/vhost-limits").json(), [{"vhost": "/", "value": []}])
+
+    def test_noLimits(self):
+        """Without limits both lists are empty; a missing vhost is 404."""
+        self.assertEqual(self.get("/api/vhost-limits").json(), [])
+        self.assertEqual(self.get("/api/vhost-limits/%2F").json(), [])
+        self.assertError(self.get("/api/vhost-limits/nope"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.limit("max-queues", 1, vhost="nope"), 404, "not_found", "vhost_not_found")
+
+    def test_validation(self):
+        """Bad values and names answer 400 with RabbitMQ's texts."""
+        for value, shown in (("x", '<<"x">>'), (1.5, "1.5"), (True, "true")):
+            self.assertError(self.limit("max-queues", value), 400, "bad_request",
+                             "Validation failed\n\nmax-queues should be a number, actually was %s\n" % (shown,))
+        self.assertError(self.limit("foo", 1), 400, "bad_request",
+                         'Validation failed\n\nUnrecognised terms [{<<"foo">>,1}] in limits\n')
+        self.assertError(self.put("/api/vhost-limits/%2F/max-queues", {}), 400, "bad_request",
+                         "[{key_missing,value}]")
+        self.assertIsNone(self.vh.limits)
+
+    def test_adminOnly(self):
+        """PUT needs the administrator tag: 401 Not administrator user."""
+        self.broker.addUser("mgmt", "pw", ["management"])
+        self.broker.setPermissions("mgmt", "/")
+        self.assertEqual(self.limit("max-queues", 1, auth=("mgmt", "pw")).code, 401)
+        self.assertIsNone(self.vh.limits)
+
+    def test_visibleVHosts(self):
+        """Reads follow is_authorized_vhost_visible: monitoring sees every vhost, management only its own."""
+        self.broker.addVHost("other")
+        self.limit("max-queues", 1, vhost="other")
+        self.limit("max-queues", 2)
+        for name, tag in (("mgmt", "management"), ("mon", "monitoring")):
+            self.broker.addUser(name, "pw", [tag])
+            self.broker.setPermissions(name, "/")
+        self.assertEqual([e["vhost"] for e in self.get("/api/vhost-limits", auth=("mgmt", "pw")).json()], ["/"])
+        self.assertEqual([e["vhost"] for e in self.get("/api/vhost-limits", auth=("mon", "pw")).json()],
+                         ["/", "other"])
+        self.assertError(self.get("/api/vhost-limits/other", auth=("mgmt", "pw")), 401, "not_authorised",
+                         "User not authorised to access virtual host")
+        self.assertEqual(self.get("/api/vhost-limits/other", auth=("mon", "pw")).json(),
+                         [{"vhost": "other", "value": {"max-queues": 1}}])
+
+    def test_queueLimitHTTP(self):
+        """An HTTP queue PUT over max-queues is 400 with RabbitMQ's text; redeclaring an existing queue passes."""
+        self.put("/api/queues/%2F/q1")
+        self.limit("max-queues", 1)
+        self.assertError(self.put("/api/queues/%2F/q2"), 400, "bad_request",
+                         "cannot declare queue 'q2': queue limit in vhost '/' (1) is reached")
+        self.assertEqual(self.put("/api/queues/%2F/q1").code, 204)
+        self.limit("max-queues", -1)
+        self.assertEqual(self.put("/api/queues/%2F/q2").code, 201)
+
+    def test_queueLimitAMQP(self):
+        """queue.declare over max-queues closes the channel with 406 PRECONDITION_FAILED."""
+        self.limit("max-queues", 0)
+        c, _ = self.client()
+        c.send(1, spec.ChannelOpen())
+        c.send(1, spec.QueueDeclare(queue="q"))
+        closes = [(m.reply_code, m.reply_text) for m in c.methods() if isinstance(m, spec.ChannelClose)]
+        self.assertEqual(closes, [(406, "PRECONDITION_FAILED - cannot declare queue 'q': "
+                                        "queue limit in vhost '/' (0) is reached")])
+        self.assertNotIn("q", self.vh.queues)
+
+    def test_connectionLimit(self):
+        """connection.open over max-connections is 530 NOT_ALLOWED with RabbitMQ's text."""
+        self.limit("max-connections", 1)
+        self.assertEqual(self.client()[1], [])
+        self.assertEqual(self.client()[1], [(530, "NOT_ALLOWED - access to vhost '/' refused for user 'guest': "
+                                        "connection limit (1) is reached")])
+
+
+class HealthCheckTests(WebTestCase):
+    """/api/health/checks/* and /api/healthchecks/node[/{node}] as RabbitMQ 3.10 answers them."""
+
+    def setUp(self):
+        import os
+
+        from twisted.test import __file__ as twistedTests
+
+        WebTestCase.setUp(self)
+        self.pem = os.path.join(os.path.dirname(twistedTests), "server.pem")
+        self.mgmt.listeners = [
+            {"protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672, "certfile": None, "cacertfile": None},
+            {"protocol": "amqp/ssl", "ip_address": "0.0.0.0", "port": 5671, "certfile": self.pem,
+             "cacertfile": None},
+            {"protocol": "http", "ip_address": "127.0.0.1", "port": 15672, "certfile": None, "cacertfile": None},
+        ]
+
+    def check(self, path):
+        reply = self.get("/api/" + path)
+        return reply.code, reply.json()
+
+    def test_trailingSlash(self):
+        """Every check answers the same with and without a trailing slash."""
+        self.clock.advance(1700000000)
+        for path in ("healthchecks/node", "health/checks/alarms", "health/checks/local-alarms",
+                     "health/checks/virtual-hosts", "health/checks/node-is-quorum-critical",
+                     "health/checks/node-is-mirror-sync-critical", "health/checks/port-listener/5672",
+                     "health/checks/protocol-listener/amqp", "health/checks/certificate-expiration/1/days",
+                     "healthchecks/node/otter_tx@localhost"):
+            self.assertEqual(self.check(path), self.check(path + "/"), path)
+            self.assertEqual(self.check(path)[0], 200, path)
+
+    def test_nodeByName(self):
+        """/api/healthchecks/node/{node} answers for this node and 404 for another."""
+        self.assertEqual(self.check("healthchecks/node/otter_tx@localhost"), (200, {"status": "ok"}))
+        self.assertEqual(self.check("healthchecks/node/rabbit@elsewhere"),
+                         (404, {"error": "Object Not Found", "reason": "Not Found"}))
+
+    def test_singleNode(self):
+        """virtual-hosts is ok; the critical checks say single node cluster."""
+        self.assertEqual(self.check("health/checks/virtual-hosts"), (200, {"status": "ok"}))
+        for name in ("node-is-mirror-sync-critical", "node-is-quorum-critical"):
+            self.assertEqual(self.check("health/checks/" + name),
+                             (200, {"status": "ok", "reason": "single node cluster"}))
+
+    def test_portListener(self):
+        """A bound port is ok with the port; another is 503 listing the ports; a non-number is 400."""
+        self.assertEqual(self.check("health/checks/port-listener/5671"), (200, {"status": "ok", "port": 5671}))
+        self.assertEqual(self.check("health/checks/port-listener/5673"), (503, {
+            "status": "failed", "reason": "No active listener", "missing": 5673, "ports": [5671, 5672, 15672]}))
+        self.assertEqual(self.check("health/checks/port-listener/abc"),
+                         (400, {"error": "bad_request", "reason": "Invalid port"}))
+
+    def test_protocolListener(self):
+        """RabbitMQ's aliases name the protocol; a missing one is 503 listing the protocols."""
+        for alias, name in (("amqp091", "amqp"), ("AMQP0-9-1", "amqp"), ("amqps", "amqp/ssl"),
+                            ("management", "http")):
+            self.assertEqual(self.check("health/checks/protocol-listener/" + alias),
+                             (200, {"status": "ok", "protocol": name}))
+        self.assertEqual(self.check("health/checks/protocol-listener/mqtt"), (503, {
+            "status": "failed", "reason": "No active listener", "missing": "mqtt",
+            "protocols": ["amqp", "amqp/ssl", "http"]}))
+
+    def test_certificateExpiration(self):
+        """A TLS listener's certificate expiring within the time is 503 with its expiry date; bad arguments are 400."""
+        self.clock.advance(1700000000)  # 2023-11-14; the certificate runs to 2123-05-21 13:40:28 UTC
+        self.assertEqual(self.check("health/checks/certificate-expiration/1/years"), (200, {"status": "ok"}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/100/YEARS"), (503, {
+            "status": "failed", "reason": "Certificates expiring", "expired": [{
+                "node": "otter_tx@localhost", "protocol": "amqp/ssl", "interface": "0.0.0.0", "port": 5671,
+                "certfile": self.pem, "cacertfile": None,
+                "certfile_expires_on": ["2123-05-21 13:40:28"], "cacertfile_expires_on": []}]}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/x/days"),
+                         (400, {"error": "bad_request", "reason": "Invalid expiration value."}))
+        self.assertEqual(self.check("health/checks/certificate-expiration/1/fortnights"), (400, {
+            "error": "bad_request",
+            "reason": "Time unit not recognised. Supported units: days, weeks, months, years."}))
+
+    def test_certificateNotYetValid(self):
+        """A certificate whose validity has not begun is reported as an error entry."""
+        code, body = self.check("health/checks/certificate-expiration/1/days")
+        self.assertEqual((code, body["expired"][0]["certfile_expires_on"]),
+                         (503, [{"error": "Certificate is not yet valid"}]))
+
+    def test_overviewListenersAndContexts(self):
+        """The overview lists the listeners and one context per management listener, port as a string."""
+        overview = self.get("/api/overview").json()
+        self.assertEqual([(l["protocol"], l["port"]) for l in overview["listeners"]],
+                         [("amqp", 5672), ("amqp/ssl", 5671), ("http", 15672)])
+        self.assertEqual(overview["contexts"], [{
+            "ssl_opts": [], "node": "otter_tx@localhost", "description": "RabbitMQ Management", "path": "/",
+            "cowboy_opts": "[{sendfile,false}]", "ip": "127.0.0.1", "port": "15672"}])
+
+
+class ParameterTests(WebTestCase):
+    """/api/global-parameters and /api/parameters as RabbitMQ 3.10 without plugins answers them."""
+
+    def test_globalParameters(self):
+        """PUT creates (201) and replaces (204), GET lists and reads, DELETE removes (204, then 404)."""
+        self.assertEqual(self.get("/api/global-parameters").json(), [])
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": {"a": 1}}).code, 201)
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": {"a": 2}}).code, 204)
+        self.assertEqual(self.get("/api/global-parameters/g").json(), {"value": {"a": 2}, "name": "g"})
+        self.assertEqual(self.get("/api/global-parameters").json(), [{"name": "g", "value": {"a": 2}}])
+        self.assertError(self.put("/api/global-parameters/h", {}), 400, "bad_request", "[{key_missing,value}]")
+        self.assertEqual(self.delete("/api/global-parameters/g").code, 204)
+        self.assertError(self.delete("/api/global-parameters/g"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.get("/api/global-parameters/g"), 404, "Object Not Found", "Not Found")
+
+    def test_clusterName(self):
+        """The cluster_name global parameter is the overview's cluster_name."""
+        self.put("/api/global-parameters/cluster_name", {"value": "blue"})
+        self.assertEqual(self.get("/api/overview").json()["cluster_name"], "blue")
+
+    def test_globalParametersAuthorisation(self):
+        """Policymakers may use global parameters; management and monitoring users get 401."""
+        for name, tag in (("pol", "policymaker"), ("mgmt", "management"), ("mon", "monitoring")):
+            self.broker.addUser(name, "pw", [tag])
+        self.assertEqual(self.put("/api/global-parameters/g", {"value": 1}, auth=("pol", "pw")).code, 201)
+        for name in ("mgmt", "mon"):
+            self.assertError(self.get("/api/global-parameters", auth=(name, "pw")), 401, "not_authorised",
+                             "User not authorised to access object")
+
+    def test_unknownComponent(self):
+        """PUT of an unknown component is 400 component not found; GET lists nothing, one is 404."""
+        self.assertError(self.put("/api/parameters/foo/%2F/x", {"value": 1}), 400, "bad_request",
+                         "Validation failed\n\ncomponent foo not found\n")
+        self.assertError(self.put("/api/parameters/foo/nope/x", {"value": 1}), 404, "not_found",
+                         "vhost_not_found")
+        self.assertEqual(self.get("/api/parameters/foo").json(), [])
+        self.assertEqual(self.get("/api/parameters/foo/%2F").json(), [])
+        self.assertError(self.get("/api/parameters/foo/%2F/x"), 404, "Object Not Found", "Not Found")
+        self.assertError(self.delete("/api/parameters/foo/%2F/x"), 404, "Object Not Found", "Not Found")
+
+    def test_vhostLimitsComponent(self):
+        """Vhost limits are the vhost-limits/{v}/limits parameter: listed, set and deleted through it."""
+        self.put("/api/vhost-limits/%2F/max-queues", {"value": 4})
+        entry = {"value": {"max-queues": 4}, "vhost": "/", "component": "vhost-limits", "name": "limits"}
+        self.assertEqual(self.get("/api/parameters").json(), [entry])
+        self.assertEqual(self.get("/api/parameters/vhost-limits/%2F").json(), [entry])
+        self.assertEqual(self.get("/api/parameters/vhost-limits/%2F/limits").json(), entry)
+        self.assertEqual(self.put("/api/parameters/vhost-limits/%2F/limits",
+                                  {"value": {"max-connections": 2}}).code, 204)
+        self.assertEqual(self.vh.limits, {"max-connections": 2})
+        self.assertError(self.put("/api/parameters/vhost-limits/%2F/limits", {"value": {"max-queues": "x"}}),
+                         400, "bad_request",
+                         'Validation failed\n\nmax-queues should be a number, actually was &lt;&lt;"x"&gt;&gt;\n')
+        self.assertEqual(self.delete("/api/parameters/vhost-limits/%2F/limits").code, 204)
+        self.assertEqual((self.vh.limits, self.get("/api/vhost-limits").json()), (None, []))
+
+    def test_parametersAuthorisation(self):
+        """Parameters need a policymaker with the vhost (is_authorized_policies); others get 401."""
+        self.put("/api/vhost-limits/%2F/max-queues", {"value": 4})
+        for name, tag in (("pol", "policymaker"), ("mgmt", "management")):
+            self.broker.addUser(name, "pw", [tag])
+            self.broker.setPermissions(name, "/")
+        self.assertEqual(len(self.get("/api/parameters/vhost-limits/%2F", auth=("pol", "pw")).json()), 1)
+        self.assertError(self.get("/api/parameters/vhost-limits/%2F", auth=("mgmt", "pw")), 401,
+                         "not_authorised", "User not authorised to access object")
+
+
+class UserBulkDeleteTests(WebTestCase):
+    """POST /api/users/bulk-delete as RabbitMQ 3.10."""
+
+    def test_deletesInOrder(self):
+        """Listed users go (204) with their permissions."""
+        for name in ("a", "b", "c"):
+            self.broker.addUser(name, "pw")
+            self.broker.setPermissions(name, "/")
+        self.assertEqual(self.post("/api/users/bulk-delete", {"users": ["a", "b"]}).code, 204)
+        self.assertEqual(sorted(self.broker.users), ["c", "guest"])
+        self.assertNotIn(("a", "/"), self.broker.permissions)
+
+    def test_stopsAtMissing(self):
+        """The first missing user is 400 ["no_such_user", name]; users before it are deleted, after it kept."""
+        for name in ("a", "b"):
+            self.broker.addUser(name, "pw")
+        self.assertError(self.post("/api/users/bulk-delete", {"users": ["a", "nobody", "b"]}), 400,
+                         "bad_request", ["no_such_user", "nobody"])
+        self.assertEqual(sorted(self.broker.users), ["b", "guest"])
+
+    def test_validation(self):
+        """No users key is 400 key_missing; non-administrators get 401."""
+        self.assertError(self.post("/api/users/bulk-delete", {}), 400, "bad_request", "[{key_missing,users}]")
+        self.broker.addUser("mgmt", "pw", ["management"])
+        self.assertError(self.post("/api/users/bulk-delete", {"users": []}, auth=("mgmt", "pw")), 401,
+                         "not_authorised", "Not administrator user")
+
+
+class UserLimitTests(WebTestCase):
+    """/api/user-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""
+
+    def setUp(self):
+        WebTestCase.setUp(self)
+        self.broker.addUser("u", "pw")
+        self.broker.setPermissions("u", "/")
+
+    def limit(self, name, value, user="u"):
+        return self.put("/api/user-limits/%s/%s" % (user, name), {"value": value})
+
+    def handshake(self):
+        """An in-memory AMQP connection as u, and the connection.close replies of its handshake."""
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), handshake=False)
+        return c, [(m.reply_code, m.reply_text) for _, m, _ in c.handshake(user="u", password="pw")
+                   if isinstance(m, spec.ConnectionClose)]
+
+    def test_putListDelete(self):
+        """PUT sets (204), the lists and the user show it, DELETE removes it."""
+        self.assertEqual(self.limit("max-channels", 3).code, 204)
+        self.assertEqual(self.limit("max-connections", 1).code, 204)
+        expected = [{"user": "u", "value": {"max-channels": 3, "max-connections": 1}}]
+        self.assertEqual(self.get("/api/user-limits").json(), expected)
+        self.assertEqual(self.get("/api/user-limits/u").json(), expected)
+        self.assertEqual(self.get("/api/users/u").json()["limits"], {"max-channels": 3, "max-connections": 1})
+        self.assertEqual(self.delete("/api/user-limits/u/max-channels").code, 204)
+        self.delete("/api/user-limits/u/max-connections")
+        self.assertEqual(self.get("/api/user-limits/u").json(), [])
+        self.assertError(self.get("/api/user-limits/nobody"), 404, "Object Not Found", "Not Found")
+
+    def test_validation(self):
+        """Bad values, names and users answer 400 with RabbitMQ's texts."""
+        self.assertError(self.limit("max-channels", "x"), 400, "bad_request",
+                         'max-channels should be a number, actually was <<"x">>')
+        self.assertError(self.limit("foo", 1), 400, "bad_request",
+                         'Unrecognised terms [{<<"foo">>,1}] in user-limits')
+        self.assertError(self.limit("max-channels", 1, user="nobody"), 400, "bad_request",
+                         ["no_such_user", "nobody"])
+        self.assertEqual(self.broker.userLimits, {})
+
+    def test_deletedWithUser(self):
+        """Deleting the user drops its limits."""
+        self.limit("max-channels", 3)
+        self.delete("/api/users/u")
+        self.assertEqual(self.broker.userLimits, {})
+
+    def test_connectionLimit(self):
+        """A connection over the user's max-connections is 530 with RabbitMQ's text."""
+        self.limit("max-connections", 1)
+        self.assertEqual(self.handshake()[1], [])
+        self.assertEqual(self.handshake()[1], [(530, "NOT_ALLOWED - connection refused for user 'u': "
+                                                     "user connection limit (1) is reached")])
+
+    def test_channelLimit(self):
+        """channel.open over the user's max-channels (across its connections) closes the connection with 530."""
+        self.limit("max-channels", 1)
+        first, _ = self.handshake()
+        first.openChannel(1)
+        second, _ = self.handshake()
+        closes = [(m.reply_code, m.reply_text) for _, m, _ in second.openChannel(1)
+                  if isinstance(m, spec.ConnectionClose)]
+        self.assertEqual(closes, [(530, "NOT_ALLOWED - number of channels opened for user 'u' has reached "
+                                        "the maximum allowed user limit of (1)")])
+
+
+class OperatorPolicyTests(WebTestCase):
+    """/api/operator-policies and RabbitMQ's merge with user policies (checked on 3.10)."""
+
+    def test_createListDelete(self):
+        """PUT 201 then 204, listed and read as policies are, DELETE 204 then 404."""
+        body = {"pattern": "^q", "definition": {"max-length": 10}, "apply-to": "queues", "priority": 0}
+        self.assertEqual(self.put("/api/operator-policies/%2F/op", body).code, 201)
+        self.assertEqual(self.put("/api/operator-policies/%2F/op", body).code, 204)
+        expected = {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues",
+                    "definition": {"max-length": 10}, "priority": 0}
+        self.assertEqual(self.get("/api/operator-policies").json(), [expected])
+        self.assertEqual(self.get("/api/operator-policies/%2F").json(), [expected])
+        self.assertEqual(self.get("/api/operator-policies/%2F/op").json(), expected)
+        self.assertEqual(self.delete("/api/operator-policies/%2F/op").code, 204)
+        self.assertError(self.delete("/api/operator-policies/%2F/op"), 404, "Object Not Found", "Not Found")
+
+    def test_onlyOperatorKeys(self):
+        """A key operator policies cannot set is 400 not recognised, not HTML-escaped; non-administrators get 401."""
+        self.assertError(self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {
+            "dead-letter-exchange": "x"}}), 400, "bad_request",
+            'Validation failed\n\n[{<<"dead-letter-exchange">>,<<"x">>}] are not recognised policy settings\n')
+        self.broker.addUser("pol", "pw", ["policymaker"])
+        self.broker.setPermissions("pol", "/")
+        self.assertEqual(self.get("/api/operator-policies", auth=("pol", "pw")).code, 401)
+
+    def test_mergedWithPolicy(self):
+        """A queue gets both definitions, the lower value for a key both set, as RabbitMQ merges them."""
+        self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {
+            "max-length": 10, "message-ttl": 5000}, "apply-to": "queues"})
+        self.put("/api/policies/%2F/p", {"pattern": "^q", "definition": {
+            "max-length": 5, "message-ttl": 9000, "expires": 100000}})
+        self.put("/api/queues/%2F/q1")
+        q = self.get("/api/queues/%2F/q1").json()
+        self.assertEqual((q["policy"], q["operator_policy"], q["effective_policy_definition"]), (
+            "p", "op", {"expires": 100000, "max-length": 5, "message-ttl": 5000}))
+        settings = self.vh.queues["q1"].settings
+        self.assertEqual((settings.maxLength, settings.messageTtl, settings.expires), (5, 5000, 100000))
+
+    def test_aloneApplies(self):
+        """Without a user policy the operator policy's values apply; deleting it lifts them."""
+        self.put("/api/queues/%2F/q1")
+        self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {"max-length": 2}})
+        self.assertEqual(self.vh.queues["q1"].settings.maxLength, 2)
+        self.delete("/api/operator-policies/%2F/op")
+        self.assertIsNone(self.vh.queues["q1"].settings.maxLength)
+        self.assertIsNone(self.get("/api/queues/%2F/q1").json()["operator_policy"])
