@@ -1,20 +1,23 @@
 """
 Definitions import in RabbitMQ 3.10's format (``POST /api/definitions``,
 ``rabbitmqctl import_definitions``): users (with their RabbitMQ password
-hashes), vhosts, permissions, policies, queues, exchanges and bindings,
-applied in RabbitMQ's order through the broker's normal operations, so
-declares get their argument validation and redeclares are no-ops (a second
-import of the same file changes nothing).
+hashes and ``limits``), vhosts, permissions, ``vhost-limits`` parameters,
+global parameters, policies, operator policies, queues, exchanges and
+bindings, applied in RabbitMQ's order through the broker's normal
+operations (the ones the HTTP API uses), so declares and limits get their
+validation and redeclares are no-ops (a second import of the same file
+changes nothing).
 
 What otter_tx lacks is not imported and is reported, never silently
 dropped: each such item gives one text in the list :func:`importDefinitions`
 returns and one log line.  As RabbitMQ 3.10 does for a failing item, the
 other items are still applied.  Reported: queues with an ``x-queue-type``
-other than ``classic`` (quorum, stream), topic permissions, user limits,
-runtime parameters (``vhost-limits``, shovels, federation...) and global
-parameters other than ``internal_cluster_id`` (the node's identity, left
-alone), and any item the broker refuses (invalid arguments, inequivalent
-redeclare, missing vhost, user or binding end).  ``ha-*`` policy keys are
+other than ``classic`` (quorum, stream), topic permissions, runtime
+parameters of components other than ``vhost-limits`` (shovels,
+federation...), and any item the broker refuses (invalid arguments or
+limits, inequivalent redeclare, missing vhost, user or binding end).  The
+global parameter ``internal_cluster_id`` (the node's identity) is skipped
+with an info log line, not reported.  ``ha-*`` policy keys are
 accepted with a warning: on a single node they have no effect, as on a
 single RabbitMQ node.
 """
@@ -23,7 +26,8 @@ from twisted.logger import Logger
 
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.access import PasswordHashError, User
-from otter_tx.broker.policy import PolicyError, haKeys
+from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, haKeys
+from otter_tx.broker.vhost import LimitError
 
 log = Logger()
 
@@ -111,8 +115,23 @@ class _Import:
             if old is None or (old.salt, old.passwordHash, old.hashingAlgorithm, old.tags) != (
                     u.salt, u.passwordHash, u.hashingAlgorithm, u.tags):
                 broker.putUser(u)
-            if item.get("limits"):
-                self.report("user limits of", "'%s'" % (name,), "user limits are not supported")
+            self.userLimits(name, item.get("limits"))
+
+    def userLimits(self, name, limits):
+        """Set each of ``limits`` (a user's ``limits`` field) that differs, through Broker.setUserLimit."""
+        if limits in (None, [], {}):
+            return
+        if not isinstance(limits, dict):
+            self.report("user limits of", "'%s'" % (name,), "limits must be an object")
+            return
+        current = self.broker.userLimits.get(name, {})
+        for limit, value in sorted(limits.items()):
+            if limit in current and current[limit] == value and type(current[limit]) is type(value):
+                continue
+            try:
+                self.broker.setUserLimit(name, limit, value)
+            except LimitError as e:
+                self.report("user limit %s of" % (limit,), "'%s'" % (name,), str(e))
 
     def vhosts(self, items):
         for item in items:
@@ -142,9 +161,31 @@ class _Import:
 
     def parameters(self, items):
         for item in items:
-            self.report("parameter", "%s/%s in vhost '%s'"
-                        % (item.get("component"), item.get("name"), self.vhostName(item)),
-                        "component %s is not supported" % (item.get("component"),))
+            component, name, vname = item.get("component"), item.get("name"), self.vhostName(item)
+            label = "%s/%s in vhost '%s'" % (component, name, vname)
+            if component != "vhost-limits":
+                self.report("parameter", label, "component %s is not supported" % (component,))
+                continue
+            vh = self.broker.vhosts.get(vname)
+            if vh is None:
+                self.report("parameter", label, "vhost_not_found")
+                continue
+            if name != "limits":
+                self.report("parameter", label, "vhost-limits parameters are named limits, not %s" % (name,))
+                continue
+            value = item.get("value")
+            if value == []:  # an emptied limits parameter, as RabbitMQ exports it
+                value = {}
+            if not isinstance(value, dict):
+                self.report("parameter", label, "limits should be an object")
+                continue
+            if vh.limits is not None and vh.limits == value and all(
+                    type(vh.limits[k]) is type(v) for k, v in value.items()):
+                continue
+            try:
+                vh.setLimits(value)
+            except LimitError as e:
+                self.report("parameter", label, str(e))
 
     def globalParameters(self, items):
         for item in items:
@@ -152,33 +193,48 @@ class _Import:
             if name in NODE_GLOBAL_PARAMETERS:
                 log.info("definitions import: global parameter {name} skipped (node identity)", name=name)
                 continue
-            self.report("global parameter", "'%s'" % (name,), "global parameters are not supported")
+            if not isinstance(name, str) or not name:
+                self.report("global parameter", repr(name), "no name")
+                continue
+            if "value" not in item:
+                self.report("global parameter", "'%s'" % (name,), "no value")
+                continue
+            value = item["value"]
+            params = self.broker.globalParameters
+            if name in params and params[name] == value and type(params[name]) is type(value):
+                continue
+            self.broker.setGlobalParameter(name, value)
 
-    def policies(self, items):
-        broker = self.broker
+    def policies(self, items, operator=False):
+        kind = "operator policy" if operator else "policy"
         for item in items:
-            vh, label = self.target("policy", item)
+            vh, label = self.target(kind, item)
             if vh is None:
                 continue
             definition = item.get("definition") or {}
             if not isinstance(definition, dict):
-                self.report("policy", label, "definition must be an object")
+                self.report(kind, label, "definition must be an object")
                 continue
             ha = haKeys(definition)
-            if ha:
+            if ha and not operator:
                 log.warn("definitions import: policy {policy} keys {keys} accepted without effect "
                          "(no mirroring on a single node)", policy=label, keys=ha)
             applyTo = item.get("apply-to", "all")
             priority = item.get("priority", 0)
-            old = vh.policies.get(item.get("name"))
+            old = (vh.operatorPolicies if operator else vh.policies).get(item.get("name"))
             if old is not None and (old.pattern, old.definition, old.priority, old.applyTo) == (
                     item.get("pattern"), definition, priority, applyTo):
                 continue
             try:
-                broker.setPolicy(vh.name, item.get("name"), item.get("pattern"), definition,
-                                 priority, applyTo)
+                cls = OperatorPolicy if operator else Policy
+                policy = cls(item.get("name"), item.get("pattern"), definition, priority, applyTo, vh.name)
             except (PolicyError, TypeError) as e:
-                self.report("policy", label, str(e))
+                self.report(kind, label, str(e))
+                continue
+            if operator:
+                vh.setOperatorPolicy(policy)
+            else:
+                vh.setPolicy(policy)
 
     def queues(self, items):
         for item in items:
@@ -239,8 +295,8 @@ def importDefinitions(broker, doc, vhost=None):
     ``broker``: the whole-broker form, or with ``vhost`` (str, an existing
     vhost) the per-vhost form (``GET /api/definitions/{vhost}``: policies,
     parameters, queues, exchanges and bindings, their ``vhost`` fields
-    ignored; users, vhosts, permissions and global parameters there are
-    reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not imported
+    ignored; users, vhosts, permissions, global parameters and operator
+    policies there are reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not imported
     (empty when all were); each is also logged.  Raises
     :class:`DefinitionsError` when ``doc`` is not a definitions object.
     """
@@ -255,11 +311,14 @@ def importDefinitions(broker, doc, vhost=None):
         imp.parameters(_list(doc, "parameters"))
         imp.globalParameters(_list(doc, "global_parameters"))
     else:
-        for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters"):
+        for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters",
+                    "operator_policies"):
             if _list(doc, key):
                 imp.report(key, "(%d)" % (len(_list(doc, key)),), "not part of a per-vhost import")
         imp.parameters(_list(doc, "parameters"))
     imp.policies(_list(doc, "policies"))
+    if vhost is None:
+        imp.policies(_list(doc, "operator_policies"), operator=True)
     imp.queues(_list(doc, "queues"))
     imp.exchanges(_list(doc, "exchanges"))
     imp.bindings(_list(doc, "bindings"))

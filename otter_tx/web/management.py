@@ -1968,7 +1968,9 @@ class ManagementApp:
         (``?download=NAME`` as an attachment): non-exclusive queues,
         exchanges except ``""`` and ``amq.*``, bindings whose source is not
         ``""`` and whose destination queue is exported; users with their
-        ``password_hash`` and ``hashing_algorithm``, which RabbitMQ imports.
+        ``password_hash``, ``hashing_algorithm`` and ``limits``, which
+        RabbitMQ imports; ``vhost-limits`` parameters, global parameters
+        and ``operator_policies`` (only when there are some).
         ``POST``: import (:func:`~otter_tx.broker.definitions.importDefinitions`),
         a JSON body or the ``file`` field of a ``multipart/form-data`` upload
         (RabbitMQ's UI, rabbitmqadmin): 204; 400 ``failed_to_parse_json``;
@@ -2034,16 +2036,20 @@ class ManagementApp:
                 "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
                 "product_name": "otter_tx",
                 "product_version": __version__,
-                "users": [fmt.userDict(u) for _, u in sorted(b.users.items())],
+                "users": [fmt.userDict(u, b.userLimits.get(u.name)) for _, u in sorted(b.users.items())],
                 "vhosts": [{"name": n} for n in sorted(b.vhosts)],
                 "permissions": self._permissionList(),
                 "topic_permissions": [],
-                "parameters": [],
-                "global_parameters": [],
+                "parameters": self._parameters([vh for _, vh in sorted(b.vhosts.items())]),
+                "global_parameters": [{"name": n, "value": b.globalParameters[n]}
+                                      for n in sorted(b.globalParameters)],
             }
+            operator = self._operatorPolicies([vh for _, vh in sorted(b.vhosts.items())])
+            if operator:  # absent when empty: the key set of RabbitMQ 3.10's export
+                out["operator_policies"] = operator
             vhosts = sorted(b.vhosts.items())
         else:
-            out = {"rabbit_version": RABBITMQ_COMPAT_VERSION, "parameters": []}
+            out = {"rabbit_version": RABBITMQ_COMPAT_VERSION, "parameters": self._parameters([b.vhosts[vhost]])}
             vhosts = [(vhost, b.vhosts[vhost])]
         out.update({"policies": [], "queues": [], "exchanges": [], "bindings": []})
         for vname, vh in vhosts:

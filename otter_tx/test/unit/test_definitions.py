@@ -97,13 +97,56 @@ class ImportTests(WebTestCase):
                                     ("defs-x", "defs-ae", "b.*")})
 
     def test_reported(self):
-        """The quorum queue, the vhost limit and cluster_name are named in the 400 reason."""
+        """Only the quorum queue is named in the 400 reason (the vhost limit and cluster_name import)."""
         reason = self.importWhole().json()["reason"]
-        self.assertIn("queue 'defs-qq' in vhost 'defs-v' not imported: quorum queues are not supported", reason)
-        self.assertIn("parameter vhost-limits/limits in vhost 'defs-v' not imported", reason)
-        self.assertIn("global parameter 'cluster_name' not imported", reason)
-        self.assertNotIn("internal_cluster_id", reason)
-        self.assertEqual(reason.count("not imported"), 3)
+        self.assertEqual(reason, "queue 'defs-qq' in vhost 'defs-v' not imported: quorum queues are not supported")
+
+    def test_limitsAndGlobalParameters(self):
+        """The fixture's vhost limit and cluster_name are applied; internal_cluster_id is skipped."""
+        self.importWhole()
+        self.assertEqual(self.broker.vhosts["defs-v"].limits, {"max-connections": 10})
+        self.assertEqual(self.get("/api/vhost-limits/defs-v").json(),
+                         [{"vhost": "defs-v", "value": {"max-connections": 10}}])
+        self.assertEqual(self.broker.globalParameters, {"cluster_name": "defs-cluster"})
+        self.assertEqual(self.get("/api/overview").json()["cluster_name"], "defs-cluster")
+
+    def test_userLimits(self):
+        """A user's ``limits`` are set as PUT /api/user-limits does; an invalid one is reported."""
+        r = self.post("/api/definitions", {"users": [
+            {"name": "l", "password_hash": "", "tags": [], "limits": {"max-connections": 2, "max-channels": 5}},
+            {"name": "m", "password_hash": "", "tags": [], "limits": {"max-queues": 1}}]})
+        self.assertEqual(r.json()["reason"],
+                         "user limit max-queues of 'm' not imported: Unrecognised terms [{<<\"max-queues\">>,1}]"
+                         " in user-limits")
+        self.assertEqual(self.get("/api/user-limits/l").json(),
+                         [{"user": "l", "value": {"max-connections": 2, "max-channels": 5}}])
+        self.assertNotIn("m", self.broker.userLimits)
+
+    def test_vhostLimitsInvalid(self):
+        """An invalid vhost-limits value, another component or a missing vhost is reported."""
+        r = self.post("/api/definitions", {"parameters": [
+            {"vhost": "/", "component": "vhost-limits", "name": "limits", "value": {"max-queues": "x"}},
+            {"vhost": "/", "component": "federation-upstream", "name": "u", "value": {}},
+            {"vhost": "nope", "component": "vhost-limits", "name": "limits", "value": {"max-queues": 1}}]})
+        reason = r.json()["reason"].split("; ")
+        self.assertEqual(len(reason), 3)
+        self.assertTrue(reason[0].startswith("parameter vhost-limits/limits in vhost '/' not imported: "))
+        self.assertIn("component federation-upstream is not supported", reason[1])
+        self.assertIn("vhost_not_found", reason[2])
+        self.assertIsNone(self.vh.limits)
+
+    def test_operatorPolicies(self):
+        """operator_policies are applied as PUT /api/operator-policies does; a non-operator key is reported."""
+        r = self.post("/api/definitions", {"operator_policies": [
+            {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "priority": 1,
+             "definition": {"max-length": 3}},
+            {"vhost": "/", "name": "bad", "pattern": "^q", "apply-to": "queues", "priority": 0,
+             "definition": {"dead-letter-exchange": "x"}}]})
+        self.assertEqual(r.code, 400)
+        self.assertIn("operator policy 'bad' in vhost '/' not imported: ", r.json()["reason"])
+        self.assertEqual(self.get("/api/operator-policies/%2F").json(), [
+            {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 3},
+             "priority": 1}])
 
     def test_loginAMQP(self):
         """defs-alice logs in over AMQP with alice-pw after the import, not with another password."""
@@ -126,12 +169,28 @@ class ImportTests(WebTestCase):
         self.assertEqual(self.importWhole().code, 400)
         self.assertEqual(changes, [])
 
+    def test_secondImportNoOpLimits(self):
+        """User limits, vhost limits, global parameters and operator policies: a second import announces nothing."""
+        doc = {"users": [{"name": "l", "password_hash": "", "tags": [], "limits": {"max-channels": 3}}],
+               "parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
+                               "value": {"max-queues": 4}}],
+               "global_parameters": [{"name": "cluster_name", "value": "c"}],
+               "operator_policies": [{"vhost": "/", "name": "op", "pattern": ".*", "apply-to": "queues",
+                                      "priority": 0, "definition": {"expires": 1000}}]}
+        self.assertEqual(self.post("/api/definitions", doc).code, 204)
+        changes = []
+        self.broker.listeners.append(lambda *a: changes.append(a))
+        self.assertEqual(self.post("/api/definitions", doc).code, 204)
+        self.assertEqual(changes, [])
+
     def test_perVHost(self):
-        """The per-vhost export imports into another vhost name."""
+        """The per-vhost export imports into another vhost name (its vhost limit too)."""
         self.put("/api/vhosts/other")
         r = self.post("/api/definitions/other", fixture(PER_VHOST))
-        self.assertIn("defs-qq", r.json()["reason"])
+        self.assertEqual(r.json()["reason"],
+                         "queue 'defs-qq' in vhost 'other' not imported: quorum queues are not supported")
         vh = self.broker.vhosts["other"]
+        self.assertEqual(vh.limits, {"max-connections": 10})
         self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
         self.assertEqual(sorted(x for x in vh.exchanges if x.startswith("defs-")), ["defs-ae", "defs-x"])
         self.assertIn("defs-ttl", vh.policies)
@@ -170,7 +229,7 @@ class ImportTests(WebTestCase):
         self.assertEqual(sorted(self.vh.queues), ["b"])
 
     def test_otherReports(self):
-        """Topic permissions, user limits, unknown permission users and dangling bindings are each named."""
+        """Topic permissions, unknown permission users and dangling bindings are each named."""
         r = self.post("/api/definitions", {
             "users": [{"name": "l", "password_hash": "", "tags": [], "limits": {"max-connections": 1}}],
             "permissions": [{"user": "nobody", "vhost": "/", "configure": "", "write": "", "read": ""}],
@@ -179,7 +238,6 @@ class ImportTests(WebTestCase):
             "bindings": [{"source": "nox", "vhost": "/", "destination": "q", "destination_type": "queue",
                           "routing_key": "k", "arguments": {}}]})
         self.assertEqual(r.json()["reason"].split("; "), [
-            "user limits of 'l' not imported: user limits are not supported",
             "permissions of user 'nobody' in vhost '/' not imported: vhost_or_user_not_found",
             "topic permissions of user 'guest' in vhost '/' on exchange 'amq.topic' not imported: "
             "topic permissions are not supported",
@@ -187,6 +245,7 @@ class ImportTests(WebTestCase):
             "source or destination not found",
         ])
         self.assertIn("l", self.broker.users)
+        self.assertEqual(self.broker.userLimits["l"], {"max-connections": 1})
 
     def test_multipart(self):
         """The UI's multipart/form-data upload (field ``file``) imports too."""
@@ -206,6 +265,43 @@ class ImportTests(WebTestCase):
 
 class ExportTests(WebTestCase):
     """GET /api/definitions round trips."""
+
+    def test_fixtureShapes(self):
+        """The vhost limit, user limits and cluster_name export in the shapes of RabbitMQ 3.10's export."""
+        doc = fixture(WHOLE)
+        self.post("/api/definitions", doc)
+        exported = self.get("/api/definitions").json()
+        self.assertEqual(sorted(exported), sorted(doc))
+        self.assertEqual(exported["parameters"], doc["parameters"])
+        self.assertEqual(exported["global_parameters"],
+                         [p for p in doc["global_parameters"] if p["name"] != "internal_cluster_id"])
+        users = {u["name"]: u for u in exported["users"]}
+        for u in doc["users"]:
+            self.assertEqual(users[u["name"]], u)
+        self.assertEqual(self.get("/api/definitions/defs-v").json()["parameters"], doc["parameters"])
+
+    def test_roundTripLimits(self):
+        """User limits, vhost limits, global parameters and operator policies round-trip through an export."""
+        self.put("/api/users/l", {"password": "pw", "tags": ""})
+        self.put("/api/user-limits/l/max-channels", {"value": 7})
+        self.put("/api/vhost-limits/%2F/max-queues", {"value": 9})
+        self.put("/api/global-parameters/cluster_name", {"value": "rt"})
+        self.put("/api/operator-policies/%2F/op", {"pattern": "^q", "definition": {"max-length": 2},
+                                                   "apply-to": "queues", "priority": 3})
+        exported = self.get("/api/definitions").json()
+        self.assertEqual([u["limits"] for u in exported["users"] if u["name"] == "l"], [{"max-channels": 7}])
+        self.assertEqual(exported["parameters"], [{"value": {"max-queues": 9}, "vhost": "/",
+                                                   "component": "vhost-limits", "name": "limits"}])
+        self.assertEqual(exported["global_parameters"], [{"name": "cluster_name", "value": "rt"}])
+        self.assertEqual(exported["operator_policies"], [
+            {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 2},
+             "priority": 3}])
+        self.setUp()
+        self.assertEqual(self.post("/api/definitions", exported).code, 204)
+        self.assertEqual(self.get("/api/definitions").json(), exported)
+        self.assertEqual(self.broker.userLimits["l"], {"max-channels": 7})
+        self.assertEqual(self.vh.limits, {"max-queues": 9})
+        self.assertIn("op", self.vh.operatorPolicies)
 
     def test_roundTrip(self):
         """An export imported into a fresh broker gives the same export (users keep their passwords)."""
@@ -280,4 +376,6 @@ class ImportDurabilityTests(SynchronousTestCase):
         self.assertEqual(broker.permissions[("defs-alice", "defs-v")], ("^a-", ".*", ".*"))
         vh = broker.vhosts["defs-v"]
         self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
-        self.assertEqual(len(importDefinitions(broker, doc)), 3)
+        self.assertEqual(vh.limits, {"max-connections": 10})
+        self.assertEqual(broker.globalParameters, {"cluster_name": "defs-cluster"})
+        self.assertEqual(len(importDefinitions(broker, doc)), 1)
