@@ -163,6 +163,11 @@ class _Import:
         for item in items:
             component, name, vname = item.get("component"), item.get("name"), self.vhostName(item)
             label = "%s/%s in vhost '%s'" % (component, name, vname)
+            if component == "operator_policy" and isinstance(item.get("value"), dict):
+                # RabbitMQ 3.10 exports operator policies as parameters of this component
+                value = item["value"]
+                self.policies([dict(value, vhost=vname, name=name)], operator=True)
+                continue
             if component != "vhost-limits":
                 self.report("parameter", label, "component %s is not supported" % (component,))
                 continue
@@ -311,14 +316,11 @@ def importDefinitions(broker, doc, vhost=None):
         imp.parameters(_list(doc, "parameters"))
         imp.globalParameters(_list(doc, "global_parameters"))
     else:
-        for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters",
-                    "operator_policies"):
+        for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters"):
             if _list(doc, key):
                 imp.report(key, "(%d)" % (len(_list(doc, key)),), "not part of a per-vhost import")
         imp.parameters(_list(doc, "parameters"))
     imp.policies(_list(doc, "policies"))
-    if vhost is None:
-        imp.policies(_list(doc, "operator_policies"), operator=True)
     imp.queues(_list(doc, "queues"))
     imp.exchanges(_list(doc, "exchanges"))
     imp.bindings(_list(doc, "bindings"))

@@ -1970,7 +1970,7 @@ class ManagementApp:
         ``""`` and whose destination queue is exported; users with their
         ``password_hash``, ``hashing_algorithm`` and ``limits``, which
         RabbitMQ imports; ``vhost-limits`` parameters, global parameters
-        and ``operator_policies`` (only when there are some).
+        with operator policies as parameters of component ``operator_policy``.
         ``POST``: import (:func:`~otter_tx.broker.definitions.importDefinitions`),
         a JSON body or the ``file`` field of a ``multipart/form-data`` upload
         (RabbitMQ's UI, rabbitmqadmin): 204; 400 ``failed_to_parse_json``;
@@ -2044,13 +2044,17 @@ class ManagementApp:
                 "global_parameters": [{"name": n, "value": b.globalParameters[n]}
                                       for n in sorted(b.globalParameters)],
             }
-            operator = self._operatorPolicies([vh for _, vh in sorted(b.vhosts.items())])
-            if operator:  # absent when empty: the key set of RabbitMQ 3.10's export
-                out["operator_policies"] = operator
             vhosts = sorted(b.vhosts.items())
         else:
             out = {"rabbit_version": RABBITMQ_COMPAT_VERSION, "parameters": self._parameters([b.vhosts[vhost]])}
             vhosts = [(vhost, b.vhosts[vhost])]
+        # operator policies are runtime parameters of component operator_policy
+        # in RabbitMQ 3.10's export (checked on the peer), not a key of their own
+        out["parameters"].extend(
+            {"value": {k: v for k, v in d.items() if k not in ("vhost", "name")}, "vhost": d["vhost"],
+             "component": "operator_policy", "name": d["name"]}
+            for d in self._operatorPolicies([vh for _, vh in vhosts])
+        )
         out.update({"policies": [], "queues": [], "exchanges": [], "bindings": []})
         for vname, vh in vhosts:
             out["policies"].extend(p.asDict() for p in sorted(vh.policies.values(), key=lambda p: p.name))

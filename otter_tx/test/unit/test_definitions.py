@@ -136,12 +136,13 @@ class ImportTests(WebTestCase):
         self.assertIsNone(self.vh.limits)
 
     def test_operatorPolicies(self):
-        """operator_policies are applied as PUT /api/operator-policies does; a non-operator key is reported."""
-        r = self.post("/api/definitions", {"operator_policies": [
-            {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "priority": 1,
-             "definition": {"max-length": 3}},
-            {"vhost": "/", "name": "bad", "pattern": "^q", "apply-to": "queues", "priority": 0,
-             "definition": {"dead-letter-exchange": "x"}}]})
+        """Operator policies, parameters of component operator_policy as RabbitMQ 3.10 exports them, are applied as PUT /api/operator-policies does; a non-operator key is reported."""
+        r = self.post("/api/definitions", {"parameters": [
+            {"vhost": "/", "component": "operator_policy", "name": "op",
+             "value": {"pattern": "^q", "apply-to": "queues", "priority": 1, "definition": {"max-length": 3}}},
+            {"vhost": "/", "component": "operator_policy", "name": "bad",
+             "value": {"pattern": "^q", "apply-to": "queues", "priority": 0,
+                       "definition": {"dead-letter-exchange": "x"}}}]})
         self.assertEqual(r.code, 400)
         self.assertIn("operator policy 'bad' in vhost '/' not imported: ", r.json()["reason"])
         self.assertEqual(self.get("/api/operator-policies/%2F").json(), [
@@ -174,9 +175,9 @@ class ImportTests(WebTestCase):
         doc = {"users": [{"name": "l", "password_hash": "", "tags": [], "limits": {"max-channels": 3}}],
                "parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
                                "value": {"max-queues": 4}}],
-               "global_parameters": [{"name": "cluster_name", "value": "c"}],
-               "operator_policies": [{"vhost": "/", "name": "op", "pattern": ".*", "apply-to": "queues",
-                                      "priority": 0, "definition": {"expires": 1000}}]}
+               "global_parameters": [{"name": "cluster_name", "value": "c"}]}
+        doc["parameters"].append({"vhost": "/", "component": "operator_policy", "name": "op", "value": {
+            "pattern": ".*", "apply-to": "queues", "priority": 0, "definition": {"expires": 1000}}})
         self.assertEqual(self.post("/api/definitions", doc).code, 204)
         changes = []
         self.broker.listeners.append(lambda *a: changes.append(a))
@@ -290,12 +291,12 @@ class ExportTests(WebTestCase):
                                                    "apply-to": "queues", "priority": 3})
         exported = self.get("/api/definitions").json()
         self.assertEqual([u["limits"] for u in exported["users"] if u["name"] == "l"], [{"max-channels": 7}])
-        self.assertEqual(exported["parameters"], [{"value": {"max-queues": 9}, "vhost": "/",
-                                                   "component": "vhost-limits", "name": "limits"}])
+        self.assertEqual(exported["parameters"], [
+            {"value": {"max-queues": 9}, "vhost": "/", "component": "vhost-limits", "name": "limits"},
+            {"value": {"pattern": "^q", "apply-to": "queues", "definition": {"max-length": 2}, "priority": 3},
+             "vhost": "/", "component": "operator_policy", "name": "op"}])
         self.assertEqual(exported["global_parameters"], [{"name": "cluster_name", "value": "rt"}])
-        self.assertEqual(exported["operator_policies"], [
-            {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 2},
-             "priority": 3}])
+        self.assertNotIn("operator_policies", exported)
         self.setUp()
         self.assertEqual(self.post("/api/definitions", exported).code, 204)
         self.assertEqual(self.get("/api/definitions").json(), exported)
