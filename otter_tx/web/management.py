@@ -542,12 +542,15 @@ class ManagementApp:
     # --- policies -------------------------------------------------------------
 
     @staticmethod
-    def _policies(vhosts):
-        out = []
-        for vh in vhosts:
-            for p in sorted(vh.policies.values(), key=lambda p: p.name):
-                out.append(p.asDict())
-        return out
+    def _policies(vhosts, operator=False):
+        """
+        The policies of ``vhosts`` (their operator policies with
+        ``operator``) as RabbitMQ shows them: per vhost in order, by name.
+        """
+        return [
+            p.asDict() for vh in vhosts
+            for p in sorted((vh.operatorPolicies if operator else vh.policies).values(), key=lambda p: p.name)
+        ]
 
     @app.route("/api/policies", methods=["GET", "OPTIONS"])
     @endpoint()
@@ -631,21 +634,17 @@ class ManagementApp:
 
     # --- operator policies ----------------------------------------------------
 
-    @staticmethod
-    def _operatorPolicies(vhosts):
-        return [p.asDict() for vh in vhosts for p in sorted(vh.operatorPolicies.values(), key=lambda p: p.name)]
-
     @app.route("/api/operator-policies", methods=["GET", "OPTIONS"])
     @endpoint(_ADMIN)
     def operatorPoliciesAll(self, request, user):
         """``GET /api/operator-policies``: every vhost's operator policies, as policies are shown (administrators)."""
-        return self._operatorPolicies([vh for _, vh in sorted(self.broker.vhosts.items())])
+        return self._policies([vh for _, vh in sorted(self.broker.vhosts.items())], operator=True)
 
     @app.route("/api/operator-policies/<vhost>", methods=["GET", "OPTIONS"])
     @endpoint(_ADMIN)
     def operatorPoliciesVHost(self, request, user, vhost):
         """``GET /api/operator-policies/{vhost}`` (404 for a missing vhost)."""
-        return self._operatorPolicies([self._vhost(vhost)])
+        return self._policies([self._vhost(vhost)], operator=True)
 
     @app.route("/api/operator-policies/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_ADMIN)
@@ -2053,11 +2052,11 @@ class ManagementApp:
         out["parameters"].extend(
             {"value": {k: v for k, v in d.items() if k not in ("vhost", "name")}, "vhost": d["vhost"],
              "component": "operator_policy", "name": d["name"]}
-            for d in self._operatorPolicies([vh for _, vh in vhosts])
+            for d in self._policies([vh for _, vh in vhosts], operator=True)
         )
-        out.update({"policies": [], "queues": [], "exchanges": [], "bindings": []})
+        out.update({"policies": self._policies([vh for _, vh in vhosts]), "queues": [], "exchanges": [],
+                    "bindings": []})
         for vname, vh in vhosts:
-            out["policies"].extend(p.asDict() for p in sorted(vh.policies.values(), key=lambda p: p.name))
             exported = set()
             for qname, q in sorted(vh.queues.items()):
                 if q.exclusive:
