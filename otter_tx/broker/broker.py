@@ -194,14 +194,6 @@ class Broker:
         self.permissionsVersion += 1
         self.entityChanged("permission", None, (user, vhost))
 
-    def authenticate(self, username, password):
-        """
-        The :class:`User` named ``username`` whose password is ``password``,
-        or None (the password check of :func:`access.login`, without its
-        loopback rule, which needs the peer's address).
-        """
-        return access.login(self.users, username, password, None)[0]
-
     def canAccess(self, user, vhost):
         """True when ``user`` has permissions on ``vhost``."""
         return (user.name, vhost) in self.permissions

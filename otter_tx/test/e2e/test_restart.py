@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
 from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker import access
 from otter_tx.broker.message import Message
 from otter_tx.testing import startBroker
 
@@ -156,8 +157,8 @@ class RestartTests(TestCase):
             b = f.broker
             result = (
                 "v2" in b.vhosts,
-                b.authenticate("alice", "secret") is not None,
-                b.authenticate("alice", "wrong") is None,
+                access.login(b.users, "alice", "secret", None)[0] is not None,
+                access.login(b.users, "alice", "wrong", None)[0] is None,
                 b.canAccess(b.users["alice"], "v2"),
                 b.vhosts["v2"].policies["ttl"].definition,
             )

@@ -12,6 +12,7 @@ import os
 from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
+from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.definitions import importDefinitions
 from otter_tx.protocol import AMQPServerFactory
@@ -371,8 +372,8 @@ class ImportDurabilityTests(SynchronousTestCase):
         broker.stop()
         self.successResultOf(store.close())
         broker = journaledBroker(store, clock)
-        self.assertIsNotNone(broker.authenticate("defs-alice", "alice-pw"))
-        self.assertIsNotNone(broker.authenticate("defs-md5", "md5-pw"))
+        self.assertIsNotNone(access.login(broker.users, "defs-alice", "alice-pw", None)[0])
+        self.assertIsNotNone(access.login(broker.users, "defs-md5", "md5-pw", None)[0])
         self.assertEqual(broker.users["defs-md5"].hashingAlgorithm, "rabbit_password_hashing_md5")
         self.assertEqual(broker.permissions[("defs-alice", "defs-v")], ("^a-", ".*", ".*"))
         vh = broker.vhosts["defs-v"]
