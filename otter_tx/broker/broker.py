@@ -198,9 +198,6 @@ class Broker:
         """True when ``user`` has permissions on ``vhost``."""
         return (user.name, vhost) in self.permissions
 
-    #: RabbitMQ's permission kinds (the same ints as access.CONFIGURE, WRITE, READ)
-    CONFIGURE, WRITE, READ = access.CONFIGURE, access.WRITE, access.READ
-
     def permits(self, userName, vhost, perm, kind, name):
         """
         True when user ``userName``'s ``perm`` regex on ``vhost`` matches

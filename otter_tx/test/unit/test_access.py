@@ -42,9 +42,8 @@ class ConstantsTests(SynchronousTestCase):
     """The permission kinds."""
 
     def test_kinds(self):
-        """CONFIGURE, WRITE and READ index a (configure, write, read) tuple, as Broker's names do."""
+        """CONFIGURE, WRITE and READ index a (configure, write, read) permissions tuple."""
         self.assertEqual((access.CONFIGURE, access.WRITE, access.READ), (0, 1, 2))
-        self.assertEqual((Broker.CONFIGURE, Broker.WRITE, Broker.READ), (0, 1, 2))
 
 
 class PasswordTests(SynchronousTestCase):
