@@ -8,7 +8,12 @@ client (an AMQP ``basic.publish`` or the HTTP app's ``/publish``):
    sender-selected routing (``CC`` / ``BCC`` headers, ``BCC`` removed), the
    direct reply-to rewrite of ``reply_to`` (406 ``fast reply consumer does
    not exist`` without one);
-3. :func:`route`: routed to the exchange's queues; the outcome.
+3. routing: :meth:`VHost.publish <otter_tx.broker.vhost.VHost.publish>`
+   routes it to the exchange's queues and returns the outcome, ``(routed,
+   rejected)``: the number of queues it reached (0: unroutable, a mandatory
+   publish is returned 312 NO_ROUTE) and whether a queue at its
+   ``reject-publish`` limit refused it (a confirm is then basic.nack);
+   the Session calls it directly, on the hot path.
 
 Errors are :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's
 reply codes and texts (``rabbit_channel``'s ``basic.publish``); the caller
@@ -95,12 +100,3 @@ def _senderSelected(message, headers):
         message.props = props
         message.propsRaw = codec.encodeProperties(props)
 
-
-def route(vhost, exchange, message):
-    """
-    Route ``message`` through ``exchange`` of ``vhost``: ``(routed,
-    rejected)``, the number of queues it reached (0: unroutable, a
-    mandatory publish is returned 312 NO_ROUTE) and whether a queue at its
-    ``reject-publish`` limit refused it (a confirm is then basic.nack).
-    """
-    return vhost.publish(exchange, message)

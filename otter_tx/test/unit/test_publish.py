@@ -85,6 +85,6 @@ class RouteTests(SynchronousTestCase):
         vh.declareQueue("q", None)
         vh.declareQueue("full", None, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
         ex = vh.exchanges[""]
-        self.assertEqual(publish.route(vh, ex, _message({}, "q"))[0], 1)
-        self.assertEqual(publish.route(vh, ex, _message({}, "nowhere"))[0], 0)
-        self.assertTrue(publish.route(vh, ex, _message({}, "full"))[1])
+        self.assertEqual(vh.publish(ex, _message({}, "q"))[0], 1)
+        self.assertEqual(vh.publish(ex, _message({}, "nowhere"))[0], 0)
+        self.assertTrue(vh.publish(ex, _message({}, "full"))[1])
