@@ -296,6 +296,7 @@ class Channel:
     globalPrefetch = _fromSession("globalPrefetch", "basic.qos global prefetch (int).")
     deliveryTag = _fromSession("deliveryTag", "The last delivery tag used (int).")
     publishSeq = _fromSession("publishSeq", "The last publish sequence number in confirm mode (int).")
+    stats = _fromSession("stats", "The channel's message counters (a stats.MessageCounts).")
 
     # --- what the connection calls besides the inbound door -------------------------
 

@@ -12,6 +12,7 @@ from otter_tx.alarms import Alarms, MemoryMonitor
 from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
+from otter_tx.broker.stats import MessageCounts, vhostMessageCounts
 from otter_tx.broker.durability import Journal
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
@@ -62,7 +63,9 @@ class Broker:
         #: the node's resource alarms (otter_tx.alarms.Alarms)
         self.alarms = Alarms(self)
         #: totals since start for the Prometheus endpoint (otter_tx.broker.counters)
-        self.counters = GlobalCounters()
+        self.counters = GlobalCounters(self.messageTotals)
+        #: channel message counts of deleted vhosts (they stay in the broker's totals)
+        self.deletedVHostStats = MessageCounts()
         #: the memory alarm's monitor, None without a watermark
         self.memoryMonitor = None
         self._memoryProbe = memoryProbe
@@ -108,7 +111,14 @@ class Broker:
             for key in [k for k in self.permissions if k[1] == name]:
                 self.clearPermissions(*key)
             self.entityChanged("vhost", vh, vh, deleted=True)
+            self.deletedVHostStats.add(vhostMessageCounts(vh))
         return closed
+
+    def messageTotals(self):
+        """Every channel's message counts since start, summed (a new MessageCounts)."""
+        total = MessageCounts.total(vhostMessageCounts(vh) for vh in self.vhosts.values())
+        total.add(self.deletedVHostStats)
+        return total
 
     def setGlobalParameter(self, name, value):
         """Set global parameter ``name`` to the JSON ``value``; True when it is new."""

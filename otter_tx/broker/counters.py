@@ -3,18 +3,28 @@ Broker-wide totals since start, the counters behind the Prometheus
 endpoint's ``rabbitmq_global_*`` and churn families (RabbitMQ's
 ``rabbit_global_counters`` and ``connection_churn_metrics``).
 
-One :class:`GlobalCounters` per broker (``Broker.counters``); the publish,
-deliver and ack paths reach it through ``Session.counters`` and do plain
-integer increments, nothing else, so the hot path stays as it was
-(docs/performance.md).
+One :class:`GlobalCounters` per broker (``Broker.counters``).  The message
+counters are each channel's own (``Session.stats``, a
+:class:`~otter_tx.broker.stats.MessageCounts` the publish, deliver and ack
+paths increment, nothing else, so the hot path stays as it was;
+docs/performance.md); the broker-wide message totals here are their sum,
+read when asked (``messages``).  The churn counters are plain ints here.
 """
+
+from otter_tx.broker.stats import MessageCounts
+
+
+def _message(name, doc):
+    """A read-only property: attribute ``name`` of :meth:`GlobalCounters.messages`."""
+    return property(lambda self: getattr(self.messages(), name), doc=doc)
 
 
 class GlobalCounters:
     """
     Totals since the broker started (all ints, never reset).
 
-    Messages (RabbitMQ's ``protocol="amqp091"`` global counters):
+    Messages (RabbitMQ's ``protocol="amqp091"`` global counters; read-only,
+    summed over every channel, open or closed, by ``totals``):
 
     :ivar received: messages published by clients (``basic.publish`` and
         the HTTP API's publish), counted when routed (at ``tx.commit`` in a
@@ -47,19 +57,9 @@ class GlobalCounters:
         auto-delete, exclusive owner gone, ``x-expires``).
     """
 
-    def __init__(self):
-        self.received = 0
-        self.receivedConfirm = 0
-        self.unroutableDropped = 0
-        self.unroutableReturned = 0
-        self.confirmed = 0
-        self.deliveredConsumeManualAck = 0
-        self.deliveredConsumeAutoAck = 0
-        self.deliveredGetManualAck = 0
-        self.deliveredGetAutoAck = 0
-        self.getEmpty = 0
-        self.redelivered = 0
-        self.acknowledged = 0
+    def __init__(self, totals=None):
+        #: a callable returning the broker's MessageCounts total, or None (all zero)
+        self._totals = totals
         self.connectionsOpened = 0
         self.connectionsClosed = 0
         self.channelsOpened = 0
@@ -67,6 +67,23 @@ class GlobalCounters:
         self.queuesDeclared = 0
         self.queuesCreated = 0
         self.queuesDeleted = 0
+
+    def messages(self):
+        """The broker-wide :class:`~otter_tx.broker.stats.MessageCounts` (a new object)."""
+        return self._totals() if self._totals is not None else MessageCounts()
+
+    received = _message("publish", "Messages published (int).")
+    receivedConfirm = _message("publishConfirm", "Of those, on confirm-mode channels (int).")
+    unroutableDropped = _message("dropUnroutable", "Non-mandatory messages routed nowhere (int).")
+    unroutableReturned = _message("returnUnroutable", "Mandatory messages returned (int).")
+    confirmed = _message("confirm", "Messages confirmed with basic.ack (int).")
+    deliveredConsumeManualAck = _message("deliver", "basic.deliver, manual acks (int).")
+    deliveredConsumeAutoAck = _message("deliverNoAck", "basic.deliver, no-ack (int).")
+    deliveredGetManualAck = _message("get", "basic.get-ok, manual acks (int).")
+    deliveredGetAutoAck = _message("getNoAck", "basic.get-ok, no-ack (int).")
+    getEmpty = _message("getEmpty", "basic.get-empty answers (int).")
+    redelivered = _message("redeliver", "Deliveries flagged redelivered (int).")
+    acknowledged = _message("ack", "Deliveries acknowledged (int).")
 
     @property
     def routed(self):

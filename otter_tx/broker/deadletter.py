@@ -154,6 +154,10 @@ class DeadLetterer:
         """
         s = queue.settings
         vhost = self.vhost
+        n = len(messages)
+        # message rates (otter_tx.broker.stats): what left, by reason
+        queue.leftBy[reason] = queue.leftBy.get(reason, 0) + n
+        vhost.leftBy[reason] = vhost.leftBy.get(reason, 0) + n
         if s.dlx is None:
             # RabbitMQ's dead_letter_strategy="disabled" counters
             counts = vhost.deadLetterDisabled
@@ -173,7 +177,8 @@ class DeadLetterer:
                 )
             vhost.deadLetterDropped += len(messages)
             return
-        vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + len(messages)
+        vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + n
+        queue.deadLetteredBy[reason] = queue.deadLetteredBy.get(reason, 0) + n
         for m in messages:
             try:
                 self._deadLetterOne(ex, queue, m, reason)

@@ -93,6 +93,8 @@ class DelayedExchange(Exchange):
     """
 
     delayed = True
+    #: messages taken into hold since the exchange was declared (message rates)
+    delayedCount = 0
 
     def __init__(self, vhost, name, type, durable, autoDelete, internal, arguments):
         Exchange.__init__(self, vhost, name, arguments["x-delayed-type"], durable, autoDelete,
@@ -115,6 +117,8 @@ class DelayedExchange(Exchange):
     def hold(self, message, delay):
         """Keep ``message`` until ``delay`` ms from now."""
         now = nowMs(self.vhost.clock)
+        self.delayedCount += 1
+        self.vhost.delayedCount += 1
         self._add(message, now + delay, now)
 
     def _add(self, message, fireAt, now=None):

@@ -177,9 +177,21 @@ class Queue:
         #: dropped by a length limit, still to dead-letter: entries and paged segments
         self._dropPending = None
         self._dropCall = None
-        # counters (management / metrics)
+        # counters (management / metrics; message rates, otter_tx.broker.stats)
         self.publishedCount = 0
+        #: every delivery, consume or get (deliver_get)
         self.deliveredCount = 0
+        #: of those, no-ack ones (consume or get), and the gets by mode
+        self.noAckCount = 0
+        self.getCount = 0
+        self.getNoAckCount = 0
+        self.getEmptyCount = 0
+        self.ackCount = 0
+        self.redeliverCount = 0
+        #: messages that left by dead-letter reason (str -> int), whatever became of
+        #: them, and of those the ones republished to a dead-letter exchange
+        self.leftBy = {}
+        self.deadLetteredBy = {}
 
     def __repr__(self):
         return "<Queue %r in %r>" % (self.name, self.vhost.name)
@@ -636,7 +648,12 @@ class Queue:
             self._finishRequeue()
         entry = self._popLive()
         if entry is None:
+            self.getEmptyCount += 1
             return None
+        if noAck:
+            self.getNoAckCount += 1
+        else:
+            self.getCount += 1
         self._take(entry, noAck)
         return entry
 
@@ -726,6 +743,7 @@ class Queue:
         """
         self.deliveredCount += 1
         if noAck:
+            self.noAckCount += 1
             entry.state = GONE
             if entry.message.stored:
                 self._removed(entry)
@@ -815,6 +833,7 @@ class Queue:
         if entry.state == UNACKED:
             entry.state = GONE
             self.unackedCount -= 1
+            self.ackCount += 1
             self._removed(entry)
 
     def reject(self, entries):

@@ -27,6 +27,9 @@ class ReplyToQueue:
     (:class:`~otter_tx.broker.interfaces.IConsumerSource`).
     """
 
+    #: message rates: deliveries flagged redelivered (never, here)
+    redeliverCount = 0
+
     def __init__(self, vhost):
         self.vhost = vhost
         self.name = REPLY_TO

@@ -58,6 +58,7 @@ from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
 from otter_tx.broker.publish import prepareMessage, publishTarget
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
+from otter_tx.broker.stats import MessageCounts
 from otter_tx.broker.vhost import serverNamedQueue
 from otter_tx.store.interface import StoreFailedError
 
@@ -137,11 +138,12 @@ class Consumer:
             s.unacked[tag] = (queue, entry, self, tag)
             s.unackedCount += 1
             self.unacked += 1
-            s.counters.deliveredConsumeManualAck += 1
+            s.stats.deliver += 1
         else:
-            s.counters.deliveredConsumeAutoAck += 1
+            s.stats.deliverNoAck += 1
         if entry.redelivered:
-            s.counters.redelivered += 1
+            s.stats.redeliver += 1
+            queue.redeliverCount += 1
         s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered, entry.message)
 
     def cancelledByBroker(self, queue):
@@ -173,15 +175,22 @@ class Session:
     #: True once this session published (RabbitMQ's rabbitmq_global_publishers)
     publisher = False
 
-    def __init__(self, broker, connection, vhost, user, number=0):
+    def __init__(self, broker, connection, vhost, user, number=0, stats=None):
         self.broker = broker
         self.connection = connection
         self.vhost = vhost
         self.user = user
         self.number = number
         self.access = Access(broker, user.name, vhost.name)
-        #: the broker's GlobalCounters (plain increments on the hot path)
+        #: the broker's GlobalCounters (churn counters)
         self.counters = broker.counters
+        #: this channel's message counters (plain increments on the hot path):
+        #: its own MessageCounts, registered with the vhost until closed, or
+        #: ``stats`` (an HTTP request counts straight into its vhost's)
+        if stats is None:
+            stats = MessageCounts()
+            vhost.sessions.add(self)
+        self.stats = stats
         self.closing = False
         self.consumers = {}
         self.unacked = OrderedDict()
@@ -395,20 +404,21 @@ class Session:
         """
         q = self.readableQueue(queue)
         entry = q.basicGet(noAck)
-        counters = self.counters
+        stats = self.stats
         if entry is None:
-            counters.getEmpty += 1
+            stats.getEmpty += 1
             return None
         self.deliveryTag += 1
         tag = self.deliveryTag
         if not noAck:
             self.unacked[tag] = (q, entry, None, tag)
             self.unackedCount += 1
-            counters.deliveredGetManualAck += 1
+            stats.get += 1
         else:
-            counters.deliveredGetAutoAck += 1
+            stats.getNoAck += 1
         if entry.redelivered:
-            counters.redelivered += 1
+            stats.redeliver += 1
+            q.redeliverCount += 1
         return tag, entry, q
 
     # --- acknowledgements -----------------------------------------------------------
@@ -448,7 +458,7 @@ class Session:
             if rec is not None:
                 queue, entry, consumer, _ = rec
                 self.unackedCount -= 1
-                self.counters.acknowledged += 1
+                self.stats.ack += 1
                 if consumer is not None:
                     consumer.unacked -= 1
                 queue.settle(entry)
@@ -464,7 +474,7 @@ class Session:
         self._settle(taken)
 
     def _settle(self, taken):
-        self.counters.acknowledged += len(taken)
+        self.stats.ack += len(taken)
         queues = set()
         for queue, entry, consumer, _ in taken:
             queue.settle(entry)
@@ -576,15 +586,16 @@ class Session:
         if not self.publisher:
             self.publisher = True
         # hot path: one increment (routed is derived, see GlobalCounters)
-        self.counters.received += 1
+        stats = self.stats
+        stats.publish += 1
         if not routed:
             if mandatory:
-                self.counters.unroutableReturned += 1
+                stats.returnUnroutable += 1
                 self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
             else:
-                self.counters.unroutableDropped += 1
+                stats.dropUnroutable += 1
         if seq:
-            self.counters.receivedConfirm += 1
+            stats.publishConfirm += 1
             self._confirms.append((seq, not rejected))
             if message.stored:
                 self._needSync = True
@@ -644,7 +655,7 @@ class Session:
             if self.closing:
                 continue
             # RabbitMQ counts the basic.acks, not the nacks
-            self.counters.confirmed += sum(1 for c in confirms if c[1])
+            self.stats.confirm += sum(1 for c in confirms if c[1])
             self.connection.sendConfirms(self.number, confirms)
 
     # --- tx / confirm ------------------------------------------------------------------
@@ -720,6 +731,11 @@ class Session:
         (RabbitMQ requeues on channel close).  Idempotent.
         """
         self.closing = True
+        vhost = self.vhost
+        if self in vhost.sessions:
+            # its counts stay in the vhost's totals (RabbitMQ keeps them too)
+            vhost.sessions.discard(self)
+            vhost.channelStats.add(self.stats)
         consumers, self.consumers = self.consumers, {}
         unacked, self.unacked = self.unacked, OrderedDict()
         self.unackedCount = 0

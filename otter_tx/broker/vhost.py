@@ -32,6 +32,7 @@ from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
 from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
+from otter_tx.broker.stats import MessageCounts
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -125,6 +126,14 @@ class VHost:
         self.deadLetterDropped = 0
         #: republishes dead-lettered messages (:mod:`otter_tx.broker.deadletter`)
         self.deadLetterer = DeadLetterer(self)
+        #: message rates (:mod:`otter_tx.broker.stats`): the open Sessions (AMQP
+        #: channels), and the counts of closed ones and of HTTP requests
+        self.sessions = set()
+        self.channelStats = MessageCounts()
+        #: messages that left a queue, by dead-letter reason, whatever became of them
+        self.leftBy = {}
+        #: messages taken into hold by x-delayed-message exchanges
+        self.delayedCount = 0
         self._declareDefaults()
 
     def _declareDefaults(self):

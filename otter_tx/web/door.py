@@ -74,4 +74,5 @@ class HTTPRequestConnection:
 
 def requestSession(broker, user, vhost):
     """A :class:`Session` for one HTTP request of ``user`` in ``vhost`` (VHost)."""
-    return Session(broker, HTTPRequestConnection(broker, user, vhost), vhost, user)
+    return Session(broker, HTTPRequestConnection(broker, user, vhost), vhost, user,
+                   stats=vhost.channelStats)
