@@ -18,7 +18,7 @@ connection (the rest).
 """
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.tcp import Connection as _TCPConnection
 from twisted.logger import Logger
@@ -137,9 +137,13 @@ class AMQPServerProtocol(Protocol):
         self._closeTimer = None
         self.connectedAt = 0.0
         self.peer = None
+        self.local = None
         self.name = ""
         self.bytesIn = 0
         self.bytesOut = 0
+        #: reads and writes of the socket (RabbitMQ's recv_cnt / send_cnt)
+        self.recvCount = 0
+        self.sendCount = 0
         #: while a queue.delete runs: [(channel, consumer tag)] of basic.cancel
         #: to send after its delete-ok (Channel._queueDelete)
         self.heldCancels = None
@@ -164,6 +168,7 @@ class AMQPServerProtocol(Protocol):
         peer = self.transport.getPeer()
         self.peer = peer
         local = self.transport.getHost()
+        self.local = local
         # RabbitMQ's connection name, used in every log line about it
         self.name = "%s:%s -> %s:%s" % (
             getattr(peer, "host", "?"), getattr(peer, "port", 0),
@@ -310,6 +315,7 @@ class AMQPServerProtocol(Protocol):
                 self._batchIsFull()
         else:
             self.bytesOut += len(data)
+            self.sendCount += 1
             self._write(data)
 
     _eagerWrites = False
@@ -378,6 +384,7 @@ class AMQPServerProtocol(Protocol):
         if out:
             data = b"".join(out)
             self.bytesOut += len(data)
+            self.sendCount += 1
             self._write(data)
         if self._batchFull:
             # resume on a later turn, once the reactor had a chance to
@@ -405,6 +412,7 @@ class AMQPServerProtocol(Protocol):
         if engine.state is _engine.CLOSED:
             return
         self.bytesIn += len(data)
+        self.recvCount += 1
         meter = self.broker.memoryMonitor
         if meter is not None:
             # the memory alarm reads RSS every so many received bytes (otter_tx.alarms)
@@ -604,6 +612,11 @@ class AMQPServerProtocol(Protocol):
         """The engine checked and took the client's tune-ok: arm the heartbeat checks."""
         self.engine.startHeartbeat(self.clock.seconds())
         self._scheduleHeartbeat()
+
+    @property
+    def ssl(self):
+        """True when the transport is TLS (``ISSLTransport``)."""
+        return ISSLTransport.providedBy(self.transport)
 
     @property
     def frameMax(self):

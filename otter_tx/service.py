@@ -34,6 +34,7 @@ from twisted.logger import Logger
 
 from otter_tx.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 
 log = Logger()
@@ -338,8 +339,12 @@ class OtterService(MultiService):
         announcing more gets 406 PRECONDITION_FAILED ``message size N is
         larger than configured max size M`` on its channel.  Default
         134217728 (128 MiB).
+    :param collectStatisticsInterval: ms between two samples of the message
+        rates (RabbitMQ's ``collect_statistics_interval``, a positive int,
+        default 5000; :mod:`otter_tx.broker.stats`).
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
-        ``serverProperties`` entry or a ``maxMessageSize`` out of range.
+        ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
+        ``collectStatisticsInterval`` that is not a positive int.
 
     Anything declared through ``service.broker`` before ``startService``
     (vhosts, users, permissions, policies, durable exchanges, queues and
@@ -352,7 +357,7 @@ class OtterService(MultiService):
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
-                 queueMemoryBudget=None):
+                 queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -367,6 +372,10 @@ class OtterService(MultiService):
         if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
             raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
                              % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
+        if not (isinstance(collectStatisticsInterval, int) and not isinstance(collectStatisticsInterval, bool)
+                and collectStatisticsInterval > 0):
+            raise ValueError("collectStatisticsInterval: must be a positive number of ms, got %r"
+                             % (collectStatisticsInterval,))
         serverProperties = dict(serverProperties or {})
         for key, value in serverProperties.items():
             if not isinstance(key, str) or not key:
@@ -408,6 +417,7 @@ class OtterService(MultiService):
             queueMemoryBudget=queueMemoryBudget,
             pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
         )
+        self.broker.sampler.intervalMs = collectStatisticsInterval
         #: the disk alarm's monitor (otter_tx.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
         if dataDir is not None:
@@ -575,6 +585,7 @@ class OtterService(MultiService):
         if self.diskMonitor is not None:
             self.diskMonitor.start()
         self.broker.startAckTimeoutChecks()
+        self.broker.startStatistics()
 
     def _mergePreStart(self, state):
         """

@@ -50,6 +50,7 @@ _DEFAULTS = {
     "queue-memory-budget": 8 * 1024 * 1024,
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
+    "collect-statistics-interval": 5000,
     "server-property": [],
 }
 
@@ -500,6 +501,7 @@ _VALIDATORS = {
     "max-message-size": _maxMessageSize,
     "disk-free-limit": _diskFree,
     "queue-memory-budget": _amount,
+    "collect-statistics-interval": _integer(1),
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
@@ -553,6 +555,9 @@ class Options(usage.Options):
         ["queue-memory-budget", None, None,
          "Bytes of ready messages each queue keeps in memory (bodies plus about 350 bytes each); "
          "the rest is paged to <data-dir>/paging (8MiB, 64MB, 0 pages all but one) [default: 8MiB]."],
+        ["collect-statistics-interval", None, None,
+         "Milliseconds between two samples of the message rates, like RabbitMQ's "
+         "collect_statistics_interval; a positive integer [default: 5000]."],
     ]
 
     def __init__(self):
@@ -686,6 +691,7 @@ def resolveSettings(options):
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
     ``disk-free-limit`` (bytes), ``queue-memory-budget`` (bytes),
+    ``collect-statistics-interval`` (ms),
     ``loopback-users`` (list of str),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
@@ -754,6 +760,7 @@ def makeService(options, reactor=None):
         consumerTimeout=s["consumer-timeout"],
         serverProperties=s["server-properties"],
         maxMessageSize=s["max-message-size"],
+        collectStatisticsInterval=s["collect-statistics-interval"],
     )
     svc.exitOnFailure = True
     return svc

@@ -231,6 +231,20 @@ class FakeConnection:
         self.alarms = []
         self.ackTimeoutChecks = []
         self._closed = Deferred()
+        # what the management views read
+        self.peer = None
+        self.local = None
+        self.ssl = False
+        self.channels = {}
+        self.clientProperties = {}
+        self.connectedAt = 0.0
+        self.channelMax = 2047
+        self.frameMax = 131072
+        self.heartbeat = 0
+        self.bytesIn = 0
+        self.bytesOut = 0
+        self.recvCount = 0
+        self.sendCount = 0
 
     def close(self, code, text):
         """Record the close; :meth:`whenClosed` fires."""

@@ -12,7 +12,7 @@ from otter_tx.alarms import Alarms, MemoryMonitor
 from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
-from otter_tx.broker.stats import MessageCounts, vhostMessageCounts
+from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
 from otter_tx.broker.durability import Journal
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
@@ -66,6 +66,9 @@ class Broker:
         self.counters = GlobalCounters(self.messageTotals)
         #: channel message counts of deleted vhosts (they stay in the broker's totals)
         self.deletedVHostStats = MessageCounts()
+        #: message rates: samples every object's counters (started by the service,
+        #: :meth:`startStatistics`; ``sampler.intervalMs`` is the setting)
+        self.sampler = Sampler(self, clock)
         #: the memory alarm's monitor, None without a watermark
         self.memoryMonitor = None
         self._memoryProbe = memoryProbe
@@ -321,6 +324,10 @@ class Broker:
         self._ackTimer.clock = self.clock
         self._ackTimer.start(min(60.0, self.consumerTimeout / 2000.0), now=False)
 
+    def startStatistics(self):
+        """Start sampling message rates every ``sampler.intervalMs`` ms (:mod:`otter_tx.broker.stats`)."""
+        self.sampler.start()
+
     def checkAckTimeouts(self):
         """
         Ask every connection (:class:`~otter_tx.broker.interfaces.IClientConnection`)
@@ -340,6 +347,7 @@ class Broker:
         """
         if self.memoryMonitor is not None:
             self.memoryMonitor.stop()
+        self.sampler.stop()
         if self._ackTimer is not None and self._ackTimer.running:
             self._ackTimer.stop()
         self._ackTimer = None

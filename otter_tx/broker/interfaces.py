@@ -44,6 +44,21 @@ class IClientConnection(Interface):
         "str: ``'running'``, ``'blocking'`` or ``'blocked'``, as RabbitMQ's connection ``state``"
     )
 
+    # what the management views read (otter_tx.web._format.connectionDict / channelDict)
+    peer = Attribute("the client's address (``host``, ``port``), or None")
+    local = Attribute("the address the client connected to (``host``, ``port``), or None")
+    ssl = Attribute("bool: the connection is TLS")
+    channels = Attribute("dict: channel number -> open channel (with ``session``, ``number``)")
+    clientProperties = Attribute("dict: the client's connection.start-ok properties")
+    connectedAt = Attribute("float: clock seconds when the connection was accepted")
+    channelMax = Attribute("int: negotiated channel_max")
+    frameMax = Attribute("int: negotiated frame_max, bytes")
+    heartbeat = Attribute("int: negotiated heartbeat interval, seconds (0: none)")
+    bytesIn = Attribute("int: bytes received (RabbitMQ's ``recv_oct``)")
+    bytesOut = Attribute("int: bytes sent (``send_oct``)")
+    recvCount = Attribute("int: socket reads (``recv_cnt``)")
+    sendCount = Attribute("int: socket writes (``send_cnt``)")
+
     def close(code, text):
         """
         Close the connection politely from the broker side: AMQP sends

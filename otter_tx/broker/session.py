@@ -716,6 +716,18 @@ class Session:
             self.unacked = OrderedDict((rec[3], rec) for rec in merged)
             self.unackedCount = len(self.unacked)
 
+    def pendingCounts(self):
+        """
+        ``(unconfirmed, uncommitted, acksUncommitted)`` (ints), RabbitMQ's
+        channel ``messages_unconfirmed``, ``messages_uncommitted`` and
+        ``acks_uncommitted``: publishes not confirmed yet, publishes and
+        acknowledgements held by an open transaction.
+        """
+        unconfirmed = len(self._confirms)
+        for slot in self._confirmOutbox or ():
+            unconfirmed += len(slot[0])
+        return unconfirmed, len(self._txPublishes), sum(len(a[1]) for a in self._txAcks)
+
     def confirmSelect(self):
         """confirm.select; 406 on a tx-mode channel."""
         if self.txMode:

@@ -391,6 +391,7 @@ class Sampler:
             put("vhost-data", vh, data)
             dataRows.append(data)
         for conn in list(broker.connections):
+            # IClientConnection's byte counts
             put("connection", conn, (conn.bytesIn, conn.bytesOut))
         put("overview", broker, sumValues(vhostRows, len(VHOST_KEYS)))
         put("overview-lengths", broker, sumValues(lengthRows, len(LENGTH_KEYS)))

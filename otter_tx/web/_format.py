@@ -4,9 +4,11 @@ API (``rabbit_mgmt_format``; ../shared/reference/rabbitmq-semantics.md
 section 8.3).  Plain functions of broker state: no HTTP here.
 
 Fields RabbitMQ fills from its Erlang runtime (``memory``, ``reductions``,
-``garbage_collection``) or from its rate sampler (``*_details``) are not
-invented; rates are reported as ``{"rate": 0.0}`` where exporters require
-the key.
+``garbage_collection``) are not invented.  ``message_stats`` and every
+``*_details`` come from the broker's sampler (:mod:`otter_tx.broker.stats`)
+through a :class:`RateView`, which carries the request's ranges
+(``msg_rates_age``/``_incr``, ``lengths_age``/``_incr``,
+``data_rates_age``/``_incr``).
 """
 
 import base64
@@ -14,9 +16,8 @@ import hashlib
 from decimal import Decimal
 from urllib.parse import quote
 
-from twisted.internet.interfaces import ISSLTransport
-
 from otter_tx.amqp.codec import ByteArray, TaggedFloat
+from otter_tx.broker import stats as S
 from otter_tx.broker.queue import Queue
 
 #: the value of ``node`` everywhere (otter_tx is a single node)
@@ -47,25 +48,58 @@ def jsonable(v):
 
 
 def rate():
-    """A ``*_details`` object (no rate sampling in otter_tx)."""
+    """A ``*_details`` object of a figure otter_tx does not sample: ``{"rate": 0.0}``."""
     return {"rate": 0.0}
+
+
+class RateView:
+    """
+    How one request sees the rates: the broker's
+    :class:`~otter_tx.broker.stats.Sampler`, the time of the request, and
+    the requested ranges (:class:`~otter_tx.broker.stats.Range` or None):
+    ``msg`` for ``message_stats`` and churn, ``lengths`` for queue lengths,
+    ``data`` for ``recv_oct``/``send_oct``.
+    """
+
+    def __init__(self, sampler, msg=None, lengths=None, data=None):
+        self.sampler = sampler
+        self.nowMs = sampler.nowMs() if sampler is not None else 0
+        self.msg = msg
+        self.lengths = lengths
+        self.data = data
+
+    def stats(self, kind, obj, keys, values, rng, ceil=False):
+        """``{key: value, key_details: {...}}`` of ``obj``'s series ``kind``."""
+        sampler = self.sampler
+        if sampler is None:
+            return S.statsDict(keys, values, None, 0, S.DEFAULT_INTERVAL_MS, rng, ceil)
+        return S.statsDict(keys, values, sampler.series(kind, obj), self.nowMs,
+                           sampler.intervalMs, rng, ceil)
+
+    def messageStats(self, kind, obj, keys, values):
+        """A ``message_stats`` object (``msg_rates`` range)."""
+        return self.stats(kind, obj, keys, values, self.msg)
+
+    def lengthStats(self, kind, obj, values):
+        """``messages``, ``messages_ready``, ``messages_unacknowledged`` with details (``lengths``)."""
+        return self.stats(kind, obj, S.LENGTH_KEYS, values, self.lengths, ceil=True)
+
+    def dataStats(self, kind, obj, values):
+        """``recv_oct``/``send_oct`` with details (``data_rates`` range)."""
+        return self.stats(kind, obj, S.DATA_KEYS, values, self.data)
+
+
+def defaultView(broker):
+    """A :class:`RateView` of ``broker`` (or None: every rate 0.0) without ranges."""
+    return RateView(getattr(broker, "sampler", None))
 
 
 def connectionName(conn):
     """
-    RabbitMQ's connection name ``"PEERHOST:PEERPORT -> HOST:PORT"``.
+    RabbitMQ's connection name ``"PEERHOST:PEERPORT -> HOST:PORT"``
+    (``IClientConnection.name``).
     """
-    peer = conn.peer
-    host = None
-    transport = getattr(conn, "transport", None)
-    if transport is not None:
-        try:
-            host = transport.getHost()
-        except Exception:
-            host = None
-    left = "%s:%s" % (getattr(peer, "host", "?"), getattr(peer, "port", 0))
-    right = "%s:%s" % (getattr(host, "host", "?"), getattr(host, "port", 0))
-    return "%s -> %s" % (left, right)
+    return conn.name
 
 
 def channelName(ch):
@@ -116,11 +150,15 @@ def unackedBytes(broker):
     return out
 
 
-def queueDict(q, unacked=None, detail=False):
+def queueDict(q, unacked=None, detail=False, view=None):
     """
     A queue as ``GET /api/queues/{vhost}/{name}`` shows it.  ``unacked``
-    is :func:`unackedBytes` (computed once per request).
+    is :func:`unackedBytes` (computed once per request); ``view`` a
+    :class:`RateView` (default: no ranges).  ``message_stats``: what
+    arrived and what left this queue (:data:`~otter_tx.broker.stats.QUEUE_KEYS`).
     """
+    if view is None:
+        view = defaultView(q.vhost.broker)
     ready = q.readyCount
     una = q.unackedCount
     ubytes = (unacked or {}).get(q, 0)
@@ -151,12 +189,6 @@ def queueDict(q, unacked=None, detail=False):
         "consumer_utilisation": 1.0 if q.consumers else 0,
         "exclusive_consumer_tag": q.exclusiveConsumer.tag if q.exclusiveConsumer is not None else None,
         "single_active_consumer_tag": sac,
-        "messages": ready + una,
-        "messages_details": rate(),
-        "messages_ready": ready,
-        "messages_ready_details": rate(),
-        "messages_unacknowledged": una,
-        "messages_unacknowledged_details": rate(),
         "messages_ram": ready - q.pagedCount + una,
         "messages_ready_ram": ready - q.pagedCount,
         "messages_unacknowledged_ram": una,
@@ -167,13 +199,9 @@ def queueDict(q, unacked=None, detail=False):
         "message_bytes_ram": q.readyBytes - q.pagedBytes + ubytes,
         "message_bytes_paged_out": q.pagedBytes,
         "head_message_timestamp": head,
-        "message_stats": {
-            "publish": q.publishedCount,
-            "publish_details": rate(),
-            "deliver_get": q.deliveredCount,
-            "deliver_get_details": rate(),
-        },
+        "message_stats": view.messageStats("queue", q, S.QUEUE_KEYS, S.queueValues(q)),
     }
+    d.update(view.lengthStats("queue-lengths", q, (ready + una, ready, una)))
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
@@ -182,8 +210,15 @@ def queueDict(q, unacked=None, detail=False):
     return d
 
 
-def exchangeDict(ex):
-    """An exchange as ``GET /api/exchanges/{vhost}/{name}`` shows it."""
+def exchangeDict(ex, view=None):
+    """
+    An exchange as ``GET /api/exchanges/{vhost}/{name}`` shows it;
+    ``message_stats``: ``publish_in``, ``publish_out`` and on an
+    x-delayed-message exchange ``delayed`` (messages taken into hold).
+    """
+    if view is None:
+        view = defaultView(ex.vhost.broker)
+    keys = S.DELAYED_EXCHANGE_KEYS if ex.delayed else S.EXCHANGE_KEYS
     d = {
         "name": ex.name,
         "vhost": ex.vhost.name,
@@ -193,12 +228,7 @@ def exchangeDict(ex):
         "internal": ex.internal,
         "arguments": jsonable(ex.arguments),
         "user_who_performed_action": "rmq-internal" if ex.name == "" or ex.name.startswith("amq.") else "",
-        "message_stats": {
-            "publish_in": ex.publishIn,
-            "publish_in_details": rate(),
-            "publish_out": ex.publishOut,
-            "publish_out_details": rate(),
-        },
+        "message_stats": view.messageStats("exchange", ex, keys, S.exchangeValues(ex)),
     }
     if ex.delayed:
         d["messages_delayed"] = ex.held
@@ -272,47 +302,56 @@ def userDict(user, limits=None):
     }
 
 
-def connectionDict(conn):
-    """A connection as ``GET /api/connections/{name}`` shows it."""
-    host = None
-    transport = getattr(conn, "transport", None)
-    if transport is not None:
-        try:
-            host = transport.getHost()
-        except Exception:
-            host = None
-    return {
+def connectionDict(conn, view=None):
+    """
+    A connection as ``GET /api/connections/{name}`` shows it; ``recv_oct``
+    / ``send_oct`` (bytes) with their rates (``data_rates`` range of
+    ``view``), ``recv_cnt`` / ``send_cnt`` (socket reads and writes).
+    """
+    if view is None:
+        view = defaultView(conn.vhost.broker if conn.vhost is not None else None)
+    host = conn.local
+    d = {
         "name": connectionName(conn),
         "node": NODE,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
         "user": conn.user.name if conn.user is not None else None,
         "user_who_performed_action": conn.user.name if conn.user is not None else None,
-        "state": getattr(conn, "flowState", "running"),
+        "state": conn.flowState,
         "protocol": "AMQP 0-9-1",
         "type": "network",
         "auth_mechanism": "PLAIN",
         "channels": len(conn.channels),
-        "channel_max": getattr(conn, "channelMax", 0),
-        "frame_max": getattr(conn, "frameMax", 0),
-        "timeout": getattr(conn, "heartbeat", 0),
+        "channel_max": conn.channelMax,
+        "frame_max": conn.frameMax,
+        "timeout": conn.heartbeat,
         "host": getattr(host, "host", None),
         "port": getattr(host, "port", None),
         "peer_host": getattr(conn.peer, "host", None),
         "peer_port": getattr(conn.peer, "port", None),
-        "ssl": ISSLTransport.providedBy(transport),
+        "ssl": conn.ssl,
         "client_properties": jsonable(conn.clientProperties or {}),
         "connected_at": int(conn.connectedAt * 1000),
-        "recv_oct": conn.bytesIn,
-        "recv_oct_details": rate(),
-        "send_oct": conn.bytesOut,
-        "send_oct_details": rate(),
+        "recv_cnt": conn.recvCount,
+        "send_cnt": conn.sendCount,
         "send_pend": 0,
     }
+    d.update(view.dataStats("connection", conn, (conn.bytesIn, conn.bytesOut)))
+    return d
 
 
-def channelDict(ch):
-    """A channel as ``GET /api/channels`` shows it."""
+def channelDict(ch, view=None):
+    """
+    A channel as ``GET /api/channels`` shows it, with ``message_stats``
+    (:data:`~otter_tx.broker.stats.CHANNEL_KEYS`, ``msg_rates`` range of
+    ``view``) and ``messages_unconfirmed`` / ``_uncommitted`` /
+    ``acks_uncommitted``.
+    """
     conn = ch.connection
+    session = ch.session
+    if view is None:
+        view = defaultView(session.broker)
+    unconfirmed, uncommitted, acksUncommitted = session.pendingCounts()
     return {
         "name": channelName(ch),
         "number": ch.number,
@@ -326,14 +365,16 @@ def channelDict(ch):
         "user_who_performed_action": conn.user.name if conn.user is not None else None,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
         "state": "running",
-        "confirm": bool(getattr(ch, "confirmMode", False)),
-        "transactional": bool(getattr(ch, "txMode", False)),
-        "prefetch_count": getattr(ch, "prefetchCount", 0),
-        "global_prefetch_count": getattr(ch, "globalPrefetch", 0),
-        "consumer_count": len(getattr(ch, "consumers", {})),
-        "messages_unacknowledged": getattr(ch, "unackedCount", 0),
-        "messages_unconfirmed": 0,
-        "messages_uncommitted": 0,
-        "acks_uncommitted": 0,
+        "confirm": session.confirmMode,
+        "transactional": session.txMode,
+        "prefetch_count": session.prefetchCount,
+        "global_prefetch_count": session.globalPrefetch,
+        "consumer_count": len(session.consumers),
+        "messages_unacknowledged": session.unackedCount,
+        "messages_unconfirmed": unconfirmed,
+        "messages_uncommitted": uncommitted,
+        "acks_uncommitted": acksUncommitted,
         "pending_raft_commands": 0,
+        "message_stats": view.messageStats("channel", session, S.CHANNEL_KEYS,
+                                           S.channelValues(session.stats)),
     }

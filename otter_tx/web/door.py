@@ -29,6 +29,20 @@ class HTTPRequestConnection:
     flowState = "running"
     heldCancels = None
     capabilities = {}
+    # the management views' attributes (IClientConnection); a request is never listed
+    peer = None
+    local = None
+    ssl = False
+    channels = {}
+    clientProperties = {}
+    connectedAt = 0.0
+    channelMax = 0
+    frameMax = 0
+    heartbeat = 0
+    bytesIn = 0
+    bytesOut = 0
+    recvCount = 0
+    sendCount = 0
 
     def __init__(self, broker, user, vhost):
         self.broker = broker

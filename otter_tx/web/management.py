@@ -56,6 +56,7 @@ from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.access import (
     CONFIGURE, LOOPBACK_ONLY, READ, WRITE, PasswordHashError, User, bindChecks, login,
 )
+from otter_tx.broker import stats as S
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
@@ -289,6 +290,75 @@ def listQuery(request, items):
     return items
 
 
+#: what a queue list keeps with ``?disable_stats=true`` (RabbitMQ 3.10's
+#: basic queue fields; ``enable_queue_totals=true`` adds the three lengths)
+_BASIC_QUEUE_KEYS = ("arguments", "auto_delete", "durable", "exclusive", "name", "node", "policy",
+                     "state", "type", "vhost", "leader", "members", "online")
+_QUEUE_TOTAL_KEYS = ("messages", "messages_ready", "messages_unacknowledged")
+
+#: overview keys RabbitMQ leaves out with ``?disable_stats=true``
+_OVERVIEW_STATS_KEYS = ("message_stats", "churn_rates", "queue_totals", "statistics_db_event_queue",
+                        "listeners", "contexts")
+
+
+def withoutStats(result):
+    """
+    ``result`` (a JSON-able value) as ``?disable_stats=true`` shows it:
+    without ``message_stats``, any ``*_details`` and the overview's
+    statistics (RabbitMQ's ``rabbit_mgmt_util:disable_stats``).
+    """
+    if isinstance(result, list):
+        return [withoutStats(i) for i in result]
+    if isinstance(result, dict):
+        out = {}
+        overview = "rates_mode" in result
+        for k, v in result.items():
+            if k == "message_stats" or k.endswith("_details") or (overview and k in _OVERVIEW_STATS_KEYS):
+                continue
+            out[k] = withoutStats(v) if isinstance(v, (list, dict)) and k == "items" else v
+        return out
+    return result
+
+
+def _queueList(request, queues):
+    """
+    A queue list (dicts) as ``?disable_stats=true`` (and
+    ``enable_queue_totals=true``) asks: only the basic fields (and the
+    lengths); unchanged without it.
+    """
+    if not _queryFlag(request, "disable_stats"):
+        return queues
+    keep = _BASIC_QUEUE_KEYS
+    if _queryFlag(request, "enable_queue_totals"):
+        keep = keep + _QUEUE_TOTAL_KEYS
+    return [{k: q[k] for k in keep if k in q} for q in queues]
+
+
+def _sumStats(parts):
+    """
+    The sum of several stats objects of the same keys (``{key: int,
+    key_details: {...}}``): values, rates, samples, ``avg`` and
+    ``avg_rate`` added up (the overview of a user who sees some vhosts).
+    """
+    out = {}
+    for part in parts:
+        for k, v in part.items():
+            if not k.endswith("_details"):
+                out[k] = out.get(k, 0) + v
+                continue
+            d = out.get(k)
+            if d is None:
+                out[k] = {x: ([dict(s) for s in y] if x == "samples" else y) for x, y in v.items()}
+                continue
+            for x, y in v.items():
+                if x == "samples":
+                    for mine, theirs in zip(d["samples"], y):
+                        mine["sample"] += theirs["sample"]
+                else:
+                    d[x] = d.get(x, 0.0) + y
+    return out
+
+
 def endpoint(access=_ANY):
     """
     Wrap a route handler ``f(self, request, user, **pathArgs)``: Basic auth
@@ -390,6 +460,8 @@ class ManagementApp:
                 result = listQuery(request, result)
             except HTTPError as e:
                 return self._renderError(request, e)
+        if _queryFlag(request, "disable_stats"):
+            result = withoutStats(result)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-cache")
         return json.dumps(result).encode()
@@ -502,6 +574,23 @@ class ManagementApp:
         if not self.broker.canAccess(user, vh.name):
             raise notAuthorised("Access refused.")
         return requestSession(self.broker, user, vh)
+
+    def _rateView(self, request):
+        """
+        The request's :class:`~otter_tx.web._format.RateView`: the ranges of
+        ``msg_rates_age``/``_incr``, ``lengths_age``/``_incr`` and
+        ``data_rates_age``/``_incr`` (seconds; ignored unless both are
+        integers, as RabbitMQ); 400 ``bad_request`` ``Invalid range
+        parameters: age A, incr I`` when one is not positive or asks for
+        more than 500 samples.
+        """
+        ranges = []
+        for prefix in ("msg_rates", "lengths", "data_rates"):
+            try:
+                ranges.append(S.parseRange(_query(request, prefix + "_age"), _query(request, prefix + "_incr")))
+            except S.InvalidRange as e:
+                raise badRequest(str(e))
+        return fmt.RateView(self.broker.sampler, *ranges)
 
     @staticmethod
     def _body(request):
@@ -921,11 +1010,12 @@ class ManagementApp:
     def queuesAll(self, request, user):
         """``GET /api/queues``: the queues of the user's vhosts (RabbitMQ's list fields)."""
         unacked = fmt.unackedBytes(self.broker)
-        return [
-            fmt.queueDict(q, unacked)
+        view = self._rateView(request)
+        return _queueList(request, [
+            fmt.queueDict(q, unacked, view=view)
             for vh in self._loginVHosts(user)
             for _, q in sorted(vh.queues.items())
-        ]
+        ])
 
     @app.route("/api/queues/<vhost>", methods=["GET", "OPTIONS"])
     @endpoint(_VHOST)
@@ -933,7 +1023,8 @@ class ManagementApp:
         """``GET /api/queues/{vhost}``."""
         vh = self._vhost(vhost)
         unacked = fmt.unackedBytes(self.broker)
-        return [fmt.queueDict(q, unacked) for _, q in sorted(vh.queues.items())]
+        view = self._rateView(request)
+        return _queueList(request, [fmt.queueDict(q, unacked, view=view) for _, q in sorted(vh.queues.items())])
 
     @app.route("/api/queues/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_VHOST)
@@ -965,7 +1056,7 @@ class ManagementApp:
             self._session(user, vh).deleteQueue(
                 name, ifUnused=_queryFlag(request, "if-unused"), ifEmpty=_queryFlag(request, "if-empty"))
             return Response(204)
-        return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True)
+        return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True, view=self._rateView(request))
 
     @app.route("/api/queues/<vhost>/<name>/contents", methods=["DELETE", "OPTIONS"])
     @endpoint(_VHOST)
@@ -1073,8 +1164,9 @@ class ManagementApp:
     @endpoint()
     def exchangesAll(self, request, user):
         """``GET /api/exchanges``."""
+        view = self._rateView(request)
         return [
-            fmt.exchangeDict(ex)
+            fmt.exchangeDict(ex, view)
             for vh in self._loginVHosts(user)
             for _, ex in sorted(vh.exchanges.items())
         ]
@@ -1084,7 +1176,8 @@ class ManagementApp:
     def exchangesVHost(self, request, user, vhost):
         """``GET /api/exchanges/{vhost}``."""
         vh = self._vhost(vhost)
-        return [fmt.exchangeDict(ex) for _, ex in sorted(vh.exchanges.items())]
+        view = self._rateView(request)
+        return [fmt.exchangeDict(ex, view) for _, ex in sorted(vh.exchanges.items())]
 
     @app.route("/api/exchanges/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_VHOST)
@@ -1124,7 +1217,7 @@ class ManagementApp:
         if request.method == b"DELETE":
             self._session(user, vh).deleteExchange(xname, ifUnused=_queryFlag(request, "if-unused"))
             return Response(204)
-        d = fmt.exchangeDict(ex)
+        d = fmt.exchangeDict(ex, self._rateView(request))
         d["incoming"] = []
         d["outgoing"] = []
         return d
@@ -1322,33 +1415,38 @@ class ManagementApp:
         vhosts = self._visibleVHosts(user)
         queues = [q for vh in vhosts for q in vh.queues.values()]
         conns = [c for c in self._visibleConnections(user) if c.vhost in vhosts or c.vhost is None]
-        ready = sum(q.readyCount for q in queues)
-        unacked = sum(q.unackedCount for q in queues)
+        view = self._rateView(request)
+        broker = self.broker
+        if len(vhosts) == len(broker.vhosts):
+            # the node's own series (what the sampler recorded for every vhost)
+            values = S.sumValues([S.vhostValues(vh) for vh in vhosts], len(S.VHOST_KEYS))
+            messageStats = view.messageStats("overview", broker, S.VHOST_KEYS, values)
+            queueTotals = view.lengthStats("overview-lengths", broker, S.lengthValues(queues))
+        else:
+            # a user who sees some vhosts: the sum of theirs, rates included
+            messageStats = _sumStats([view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh))
+                                      for vh in vhosts])
+            queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, S.lengthValues(vh.queues.values()))
+                                     for vh in vhosts])
         return {
             "product_name": "otter_tx",
             "product_version": __version__,
             "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
             "management_version": RABBITMQ_COMPAT_VERSION,
-            "rates_mode": "none",
+            "rates_mode": "basic",
+            "sample_retention_policies": S.SAMPLE_RETENTION_POLICIES,
             "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
             "node": fmt.NODE,
             "erlang_version": None,
             "erlang_full_version": None,
-            "disable_stats": False,
-            "enable_queue_totals": False,
+            "disable_stats": _queryFlag(request, "disable_stats"),
+            "enable_queue_totals": _queryFlag(request, "enable_queue_totals"),
             "exchange_types": [
                 {"name": n, "description": d, "enabled": True} for n, d in _EXCHANGE_TYPE_DESCRIPTIONS
             ],
-            "message_stats": {},
-            "churn_rates": {},
-            "queue_totals": {
-                "messages": ready + unacked,
-                "messages_details": fmt.rate(),
-                "messages_ready": ready,
-                "messages_ready_details": fmt.rate(),
-                "messages_unacknowledged": unacked,
-                "messages_unacknowledged_details": fmt.rate(),
-            },
+            "message_stats": messageStats,
+            "churn_rates": view.messageStats("churn", broker, S.CHURN_KEYS, S.churnValues(broker.counters)),
+            "queue_totals": queueTotals,
             "object_totals": {
                 "channels": sum(len(c.channels) for c in conns),
                 "connections": len(conns),
@@ -1393,11 +1491,15 @@ class ManagementApp:
             out.append(ctx)
         return out
 
-    def _vhostDict(self, vh):
+    def _vhostDict(self, vh, view):
+        """
+        A vhost as ``GET /api/vhosts/{name}`` shows it: queue lengths,
+        ``message_stats`` (:data:`~otter_tx.broker.stats.VHOST_KEYS`, closed
+        channels included) and ``recv_oct``/``send_oct`` of its connections,
+        each with details as ``view`` asks.
+        """
         queues = list(vh.queues.values())
-        ready = sum(q.readyCount for q in queues)
-        unacked = sum(q.unackedCount for q in queues)
-        return {
+        d = {
             "name": vh.name,
             "description": "Default virtual host" if vh.name == "/" else "",
             "tags": [],
@@ -1405,19 +1507,18 @@ class ManagementApp:
             "default_queue_type": "undefined",
             "tracing": False,
             "cluster_state": {fmt.NODE: "running"},
-            "messages": ready + unacked,
-            "messages_details": fmt.rate(),
-            "messages_ready": ready,
-            "messages_ready_details": fmt.rate(),
-            "messages_unacknowledged": unacked,
-            "messages_unacknowledged_details": fmt.rate(),
+            "message_stats": view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh)),
         }
+        d.update(view.lengthStats("vhost-lengths", vh, S.lengthValues(queues)))
+        d.update(view.dataStats("vhost-data", vh, S.vhostData(self.broker, vh)))
+        return d
 
     @app.route("/api/vhosts", methods=["GET", "OPTIONS"])
     @endpoint()
     def vhosts(self, request, user):
         """``GET /api/vhosts``."""
-        return [self._vhostDict(vh) for vh in self._visibleVHosts(user)]
+        view = self._rateView(request)
+        return [self._vhostDict(vh, view) for vh in self._visibleVHosts(user)]
 
     @app.route("/api/vhosts/<vhost>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_ADMIN)
@@ -1430,7 +1531,7 @@ class ManagementApp:
         ``rabbit_mgmt_wm_vhost`` (``is_authorized_admin``).
         """
         if request.method == b"GET":
-            return self._vhostDict(self._vhost(vhost))
+            return self._vhostDict(self._vhost(vhost), self._rateView(request))
         if request.method == b"PUT":
             self._body(request)
             existed = vhost in self.broker.vhosts
@@ -1616,14 +1717,16 @@ class ManagementApp:
     @endpoint()
     def connections(self, request, user):
         """``GET /api/connections``: all for monitoring users and administrators, else the user's own."""
-        return [fmt.connectionDict(c) for c in self._visibleConnections(user)]
+        view = self._rateView(request)
+        return [fmt.connectionDict(c, view) for c in self._visibleConnections(user)]
 
     @app.route("/api/vhosts/<vhost>/connections", methods=["GET", "OPTIONS"])
     @endpoint(_VHOST)
     def vhostConnections(self, request, user, vhost):
         """``GET /api/vhosts/{vhost}/connections``, filtered as ``/api/connections``."""
         vh = self._vhost(vhost)
-        return [fmt.connectionDict(c) for c in self._visibleConnections(user) if c.vhost is vh]
+        view = self._rateView(request)
+        return [fmt.connectionDict(c, view) for c in self._visibleConnections(user) if c.vhost is vh]
 
     def _authoriseUser(self, request, user, name):
         """
@@ -1655,7 +1758,7 @@ class ManagementApp:
         """
         conn = self._authoriseUser(request, user, name)
         if request.method == b"GET":
-            return fmt.connectionDict(conn)
+            return fmt.connectionDict(conn, self._rateView(request))
         reason = request.getHeader(b"x-reason")
         reason = reason.decode("utf-8", "replace") if reason else "Closed via management plugin"
         conn.close(320, "CONNECTION_FORCED - " + reason)
@@ -1666,14 +1769,16 @@ class ManagementApp:
     def connectionChannels(self, request, user, name):
         """``GET /api/connections/{name}/channels`` (authorised as :meth:`_authoriseUser`)."""
         conn = self._authoriseUser(request, user, name)
-        return [fmt.channelDict(ch) for _, ch in sorted(conn.channels.items())]
+        view = self._rateView(request)
+        return [fmt.channelDict(ch, view) for _, ch in sorted(conn.channels.items())]
 
     @app.route("/api/channels", methods=["GET", "OPTIONS"])
     @endpoint()
     def channels(self, request, user):
         """``GET /api/channels``: the channels of the connections the user sees."""
+        view = self._rateView(request)
         return [
-            fmt.channelDict(ch)
+            fmt.channelDict(ch, view)
             for c in self._visibleConnections(user)
             for _, ch in sorted(c.channels.items())
         ]
