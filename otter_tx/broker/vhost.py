@@ -398,6 +398,8 @@ class VHost:
         found = set()
         self._routeOne(exchange, message, keys, found)
         if not found and exchange.alternate is None:
+            # unroutable: still published into the exchange (RabbitMQ's publish_in)
+            exchange.publishIn += 1
             return found
         queues = set()
         visited = {exchange}
