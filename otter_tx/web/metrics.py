@@ -49,6 +49,9 @@ DETAILED_FAMILIES = (
     "connection_coarse_metrics",
     "connection_metrics",
     "channel_metrics",
+    "channel_exchange_metrics",
+    "channel_queue_metrics",
+    "channel_queue_exchange_metrics",
     "node_coarse_metrics",
     "node_metrics",
     "exchange_names",
@@ -181,6 +184,7 @@ class BrokerCollector(_Collector):
         for family in (
             self._queueCoarse, self._queueMetrics, self._connectionChurn,
             self._connectionCoarse, self._connectionMetrics, self._channelMetrics,
+            self._channelExchangeMetrics, self._channelQueueMetrics, self._channelQueueExchangeMetrics,
             self._nodeCoarse, self._nodeMetrics,
         ):
             for f in family(snap, prefix, self.perObject):
@@ -286,6 +290,68 @@ class BrokerCollector(_Collector):
              lambda ch: ch.prefetchCount),
             ("channel_prefetch", "gauge", "Total limit of unacknowledged messages for all consumers on a channel",
              lambda ch: ch.globalPrefetch),
+            ("channel_messages_unconfirmed", "gauge", "Published but not yet confirmed messages",
+             lambda ch: ch.session.pendingCounts()[0]),
+            ("channel_messages_uncommitted", "gauge", "Messages received in a transaction but not yet committed",
+             lambda ch: ch.session.pendingCounts()[1]),
+            ("channel_acks_uncommitted", "gauge", "Message acknowledgements in a transaction not yet committed",
+             lambda ch: ch.session.pendingCounts()[2]),
+        ))
+
+    # --- message counters per channel (message rates, otter_tx.broker.stats) ---------
+    #
+    # RabbitMQ keys channel_exchange_metrics by (channel, exchange),
+    # channel_queue_metrics by (channel, queue) and
+    # channel_queue_exchange_metrics by (channel, (queue, exchange)); otter_tx
+    # counts per channel (and publishes per queue), so the per-object samples
+    # carry the channel's ``vhost``/``channel`` labels (the queue's
+    # ``vhost``/``queue`` for queue_messages_published_total).  Aggregated, the
+    # values are the sums over the open channels, as RabbitMQ's tables hold
+    # only those.
+
+    def _channelExchangeMetrics(self, snap, prefix, perObject):
+        return _objectFamilies(prefix, perObject, snap.channels, ("vhost", "channel"), _channelLabels, (
+            ("channel_messages_published_total", "counter",
+             "Total number of messages published into an exchange on a channel",
+             lambda ch: ch.session.stats.publish),
+            ("channel_messages_confirmed_total", "counter",
+             "Total number of messages published into an exchange and confirmed on the channel",
+             lambda ch: ch.session.stats.confirm),
+            ("channel_messages_unroutable_returned_total", "counter",
+             "Total number of messages published as mandatory into an exchange and returned to the "
+             "publisher as unroutable", lambda ch: ch.session.stats.returnUnroutable),
+            ("channel_messages_unroutable_dropped_total", "counter",
+             "Total number of messages published as non-mandatory into an exchange and dropped as "
+             "unroutable", lambda ch: ch.session.stats.dropUnroutable),
+        ))
+
+    def _channelQueueMetrics(self, snap, prefix, perObject):
+        return _objectFamilies(prefix, perObject, snap.channels, ("vhost", "channel"), _channelLabels, (
+            ("channel_get_ack_total", "counter",
+             "Total number of messages fetched with basic.get in manual acknowledgement mode",
+             lambda ch: ch.session.stats.get),
+            ("channel_get_total", "counter",
+             "Total number of messages fetched with basic.get in automatic acknowledgement mode",
+             lambda ch: ch.session.stats.getNoAck),
+            ("channel_messages_delivered_ack_total", "counter",
+             "Total number of messages delivered to consumers in manual acknowledgement mode",
+             lambda ch: ch.session.stats.deliver),
+            ("channel_messages_delivered_total", "counter",
+             "Total number of messages delivered to consumers in automatic acknowledgement mode",
+             lambda ch: ch.session.stats.deliverNoAck),
+            ("channel_messages_redelivered_total", "counter", "Total number of messages redelivered to consumers",
+             lambda ch: ch.session.stats.redeliver),
+            ("channel_messages_acked_total", "counter", "Total number of messages acknowledged by consumers",
+             lambda ch: ch.session.stats.ack),
+            ("channel_get_empty_total", "counter",
+             "Total number of times basic.get operations fetched no message",
+             lambda ch: ch.session.stats.getEmpty),
+        ))
+
+    def _channelQueueExchangeMetrics(self, snap, prefix, perObject):
+        return self._queueFamilies(snap, prefix, perObject, (
+            ("queue_messages_published_total", "counter", "Total number of messages published to queues",
+             lambda q: q.publishedCount),
         ))
 
     def _nodeCoarse(self, snap, prefix, perObject):
@@ -462,6 +528,9 @@ class _DetailedCollector(_Collector):
             "connection_coarse_metrics": b._connectionCoarse,
             "connection_metrics": b._connectionMetrics,
             "channel_metrics": b._channelMetrics,
+            "channel_exchange_metrics": b._channelExchangeMetrics,
+            "channel_queue_metrics": b._channelQueueMetrics,
+            "channel_queue_exchange_metrics": b._channelQueueExchangeMetrics,
             "node_coarse_metrics": b._nodeCoarse,
             "node_metrics": b._nodeMetrics,
             "exchange_names": b._exchangeNames,

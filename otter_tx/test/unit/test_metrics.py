@@ -57,6 +57,24 @@ RABBITMQ_310 = {
     "rabbitmq_channel_messages_unacked": "gauge",
     "rabbitmq_consumer_prefetch": "gauge",
     "rabbitmq_channel_prefetch": "gauge",
+    "rabbitmq_channel_messages_unconfirmed": "gauge",
+    "rabbitmq_channel_messages_uncommitted": "gauge",
+    "rabbitmq_channel_acks_uncommitted": "gauge",
+    # channel_exchange_metrics
+    "rabbitmq_channel_messages_published_total": "counter",
+    "rabbitmq_channel_messages_confirmed_total": "counter",
+    "rabbitmq_channel_messages_unroutable_returned_total": "counter",
+    "rabbitmq_channel_messages_unroutable_dropped_total": "counter",
+    # channel_queue_metrics
+    "rabbitmq_channel_get_ack_total": "counter",
+    "rabbitmq_channel_get_total": "counter",
+    "rabbitmq_channel_messages_delivered_ack_total": "counter",
+    "rabbitmq_channel_messages_delivered_total": "counter",
+    "rabbitmq_channel_messages_redelivered_total": "counter",
+    "rabbitmq_channel_messages_acked_total": "counter",
+    "rabbitmq_channel_get_empty_total": "counter",
+    # channel_queue_exchange_metrics
+    "rabbitmq_queue_messages_published_total": "counter",
     # node_coarse_metrics, node_metrics
     "rabbitmq_process_open_fds": "gauge",
     "rabbitmq_process_open_tcp_sockets": "gauge",

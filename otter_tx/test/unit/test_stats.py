@@ -43,8 +43,8 @@ class _Workload(WebTestCase):
         self.broker.sampler.sample()
 
 
-class CounterTests(_Workload):
-    """Every object's counters after a known workload."""
+class _KnownWorkload(_Workload):
+    """The known workload of the counter tests."""
 
     def workload(self):
         """
@@ -73,6 +73,10 @@ class CounterTests(_Workload):
         c.send(2, spec.BasicCancel("ct", False))
         c.send(2, spec.BasicGet(0, "q", False))
         c.received()
+
+
+class CounterTests(_KnownWorkload):
+    """Every object's counters after a known workload."""
 
     def test_channel(self):
         """A channel counts its publishes, confirms, returns, drops, deliveries, gets, acks and redeliveries."""
@@ -456,3 +460,63 @@ class SettingTests(SynchronousTestCase):
         for bad in (0, -1, 2.5, True):
             self.assertRaises(ValueError, OtterService, amqp=[], reactor=Clock(),
                               collectStatisticsInterval=bad)
+
+
+class PrometheusTests(_KnownWorkload):
+    """The per-channel Prometheus families of rabbitmq_prometheus 3.10, after the same workload."""
+
+    def test_aggregated(self):
+        """/metrics sums the open channels' counters under 3.10's names and types."""
+        from otter_tx.test.unit.test_metrics import RABBITMQ_310, families, value
+        from otter_tx.web.metrics import renderMetrics
+
+        self.workload()
+        fams = families(renderMetrics(self.broker, 1.0))
+        expected = {
+            "rabbitmq_channel_messages_published_total": 7,
+            "rabbitmq_channel_messages_confirmed_total": 7,
+            "rabbitmq_channel_messages_unroutable_returned_total": 1,
+            "rabbitmq_channel_messages_unroutable_dropped_total": 1,
+            "rabbitmq_channel_get_ack_total": 1,
+            "rabbitmq_channel_get_total": 1,
+            "rabbitmq_channel_get_empty_total": 1,
+            "rabbitmq_channel_messages_delivered_ack_total": 4,
+            "rabbitmq_channel_messages_delivered_total": 0,
+            "rabbitmq_channel_messages_redelivered_total": 1,
+            "rabbitmq_channel_messages_acked_total": 4,
+            "rabbitmq_queue_messages_published_total": 5,
+            "rabbitmq_channel_messages_unconfirmed": 0,
+        }
+        for name, v in expected.items():
+            self.assertEqual((fams[name][0], value(fams, name)), (RABBITMQ_310[name], v), name)
+
+    def test_perObject(self):
+        """/metrics/per-object labels the channel families by vhost and channel, the queue's by vhost and queue."""
+        from otter_tx.test.unit.test_metrics import families, value
+        from otter_tx.web.metrics import renderMetrics
+
+        self.workload()
+        fams = families(renderMetrics(self.broker, 1.0, perObject=True))
+        name = self.broker.connections.copy().pop().name
+        self.assertEqual(value(fams, "rabbitmq_channel_messages_published_total",
+                               vhost="/", channel="%s (1)" % (name,)), 7)
+        self.assertEqual(value(fams, "rabbitmq_channel_messages_acked_total",
+                               vhost="/", channel="%s (2)" % (name,)), 4)
+        self.assertEqual(value(fams, "rabbitmq_queue_messages_published_total", vhost="/", queue="q"), 5)
+
+    def test_detailed(self):
+        """/metrics/detailed serves channel_exchange/queue/queue_exchange_metrics per object when asked."""
+        from otter_tx.test.unit.test_metrics import families, value
+        from otter_tx.web.metrics import renderDetailed
+
+        self.workload()
+        fams = families(renderDetailed(self.broker, 1.0, ["channel_queue_metrics",
+                                                          "channel_queue_exchange_metrics"]))
+        self.assertEqual(sorted(fams), sorted([
+            "rabbitmq_detailed_channel_get_ack_total", "rabbitmq_detailed_channel_get_total",
+            "rabbitmq_detailed_channel_messages_delivered_ack_total",
+            "rabbitmq_detailed_channel_messages_delivered_total",
+            "rabbitmq_detailed_channel_messages_redelivered_total",
+            "rabbitmq_detailed_channel_messages_acked_total", "rabbitmq_detailed_channel_get_empty_total",
+            "rabbitmq_detailed_queue_messages_published_total"]))
+        self.assertEqual(value(fams, "rabbitmq_detailed_queue_messages_published_total", vhost="/", queue="q"), 5)
