@@ -1783,6 +1783,33 @@ class ManagementApp:
             for _, ch in sorted(c.channels.items())
         ]
 
+    @app.route("/api/channels/<name>", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def channel(self, request, user, name):
+        """
+        ``GET /api/channels/{name}`` (``"<connection name> (N)"``): the
+        channel as listed, plus ``consumer_details`` and RabbitMQ's
+        ``deliveries`` / ``publishes`` (empty: otter_tx keeps no per-queue
+        or per-exchange breakdown of a channel's counts).  404 when there is
+        no such channel; 401 ``User not authorised to access object`` for a
+        user who neither owns it nor has the monitoring tag.
+        """
+        for conn in self.broker.connections:
+            found = [ch for ch in conn.channels.values() if fmt.channelName(ch) == name]
+            if found:
+                break
+        else:
+            raise notFound()
+        if not (self._isMonitor(user) or self._owns(user, conn)):
+            raise notAuthorisedObject()
+        ch = found[0]
+        d = fmt.channelDict(ch, self._rateView(request))
+        d["consumer_details"] = [fmt.consumerDict(c.queue, c) for _, c in sorted(ch.session.consumers.items())
+                                 if c.queue.vhost.queues.get(c.queue.name) is c.queue]
+        d["deliveries"] = []
+        d["publishes"] = []
+        return d
+
     def _consumers(self, user, vhosts):
         """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
         seesAll = self._isMonitor(user)

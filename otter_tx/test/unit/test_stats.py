@@ -180,6 +180,25 @@ class CounterTests(_KnownWorkload):
                           ch["message_stats"]["publish_details"], ch["messages_unconfirmed"]),
                          (1, 1, {"rate": 0.0}, 0))
 
+    def test_oneChannel(self):
+        """GET /api/channels/{name} shows the channel with its consumers; 404 for no such channel; 401 for others'."""
+        from urllib.parse import quote
+
+        self.client.send(1, spec.BasicConsume(0, "q", "ct", False, False, False, False, {}))
+        self.client.received()
+        [listed] = self.get("/api/channels").json()
+        path = "/api/channels/" + quote(listed["name"], safe="")
+        d = self.get(path).json()
+        self.assertEqual((d["name"], d["number"], [c["consumer_tag"] for c in d["consumer_details"]],
+                          d["deliveries"], d["publishes"]), (listed["name"], 1, ["ct"], [], []))
+        self.assertIn("publish_details", d["message_stats"])
+        self.assertError(self.get("/api/channels/" + quote("nope (1)", safe="")), 404, "Object Not Found",
+                         "Not Found")
+        self.broker.addUser("mgmt", "pw", ["management"])
+        self.broker.setPermissions("mgmt", "/")
+        self.assertError(self.get(path, auth=("mgmt", "pw")), 401, "not_authorised",
+                         "User not authorised to access object")
+
     def test_txUncommitted(self):
         """A transactional channel shows its held publishes and acks as uncommitted."""
         self.client.publish(1, "ex", "k", b"x")
