@@ -220,6 +220,35 @@ class CounterTests(_KnownWorkload):
         self.assertEqual(c["recv_oct_details"], {"rate": 0.0})
 
 
+class InterfaceViewTests(WebTestCase):
+    """The connection views read only what IClientConnection declares."""
+
+    def test_fakeConnectionListed(self):
+        """A testing.FakeConnection in broker.connections is listed with its declared attributes and rates."""
+        from twisted.internet.address import IPv4Address
+        from zope.interface.verify import verifyObject
+
+        from otter_tx.broker.interfaces import IClientConnection
+        from otter_tx.testing import FakeConnection
+
+        conn = FakeConnection(user=self.broker.users["guest"], vhost=self.vh)
+        conn.peer = IPv4Address("TCP", "10.0.0.1", 40000)
+        conn.local = IPv4Address("TCP", "10.0.0.2", 5672)
+        conn.bytesIn, conn.bytesOut, conn.recvCount, conn.sendCount = 100, 200, 3, 4
+        self.assertTrue(verifyObject(IClientConnection, conn))
+        self.broker.connections.add(conn)
+        self.broker.sampler.sample()
+        conn.bytesIn += 500
+        self.clock.advance(5)
+        self.broker.sampler.sample()
+        [c] = self.get("/api/connections").json()
+        self.assertEqual(
+            (c["name"], c["peer_host"], c["port"], c["recv_oct"], c["send_oct"], c["recv_cnt"], c["send_cnt"],
+             c["recv_oct_details"], c["channel_max"], c["ssl"]),
+            (conn.name, "10.0.0.1", 5672, 600, 200, 3, 4, {"rate": 100.0}, 2047, False))
+        self.assertEqual(self.get("/api/vhosts/%2F").json()["recv_oct_details"], {"rate": 100.0})
+
+
 class RateTests(_Workload):
     """Rates and samples after advancing the clock."""
 
