@@ -84,3 +84,41 @@ class PublishRateTests(ManagementHTTPCase):
         # a shared external broker's overview also counts other clients' publishes
         oHigh = float("inf") if EXTERNAL_MGMT else RATE * 1.2
         self.assertTrue(RATE * 0.8 <= oRate <= oHigh, (qRate, oRate))
+
+
+class RangeShapeTests(ManagementHTTPCase):
+    """The shape of sampled details and the range errors, as RabbitMQ 3.10 answers them."""
+
+    @inlineCallbacks
+    def test_overviewSamples(self):
+        """msg_rates and lengths ranges give 13 samples 5 s apart, newest first, with rate, avg and avg_rate."""
+        status, o, _ = yield self.call(
+            "GET", "/api/overview?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5")
+        self.assertEqual(status, 200)
+        details = [o["queue_totals"]["messages_details"]] + [
+            v for k, v in sorted(o["churn_rates"].items()) if k.endswith("_details")]
+        for d in details:
+            self.assertEqual(sorted(d), ["avg", "avg_rate", "rate", "samples"])
+            stamps = [s["timestamp"] for s in d["samples"]]
+            self.assertEqual(len(stamps), 13)
+            self.assertEqual(stamps, sorted(stamps, reverse=True))
+            self.assertEqual({a - b for a, b in zip(stamps, stamps[1:])}, {5000})
+            self.assertEqual(stamps[0] % 5000, 0)
+
+    @inlineCallbacks
+    def test_invalidRange(self):
+        """An age of 0, or more than 500 increments, is 400 bad_request with RabbitMQ's reason."""
+        for query, reason in (("msg_rates_age=0&msg_rates_incr=1", "Invalid range parameters: age 0, incr 1"),
+                              ("lengths_age=600&lengths_incr=1", "Invalid range parameters: age 600, incr 1")):
+            status, body, _ = yield self.call("GET", "/api/overview?" + query)
+            self.assertEqual((status, body), (400, {"error": "bad_request", "reason": reason}))
+
+    @inlineCallbacks
+    def test_disableStats(self):
+        """disable_stats=true drops the statistics from the overview and keeps object_totals."""
+        status, o, _ = yield self.call("GET", "/api/overview?disable_stats=true")
+        self.assertEqual(status, 200)
+        self.assertTrue(o["disable_stats"])
+        for key in ("message_stats", "churn_rates", "queue_totals"):
+            self.assertNotIn(key, o)
+        self.assertIn("object_totals", o)
