@@ -1114,8 +1114,10 @@ class ManagementApp:
         out = []
         try:
             session.readableQueue(name)
+            # ack_requeue_false is a no-ack basic.get, as the plugin's (its get_no_ack count)
+            noAck = ackmode == "ack_requeue_false"
             for _ in range(max(0, count)):
-                got = session.get(name)
+                got = session.get(name, noAck=noAck)
                 if got is None:
                     break
                 _, entry, q = got
@@ -1124,8 +1126,8 @@ class ManagementApp:
                 # the fetched messages are settled together, as the plugin's channel does
                 if ackmode in ("ack_requeue_true", "reject_requeue_true"):
                     session.nack(0, multiple=True, requeue=True)
-                elif ackmode == "ack_requeue_false":
-                    session.ack(0, multiple=True)
+                elif noAck:
+                    pass
                 else:
                     session.nack(0, multiple=True, requeue=False)
         except AMQPError as e:

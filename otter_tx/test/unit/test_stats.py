@@ -125,6 +125,18 @@ class CounterTests(_KnownWorkload):
         self.assertEqual(r.json(), {"routed": True})
         self.assertEqual(self.get("/api/vhosts/%2F").json()["message_stats"]["publish"], 1)
 
+    def test_httpGetCounts(self):
+        """/get with ack_requeue_false counts a get_no_ack, with ack_requeue_true a get, as RabbitMQ's plugin."""
+        for _ in range(3):
+            self.client.publish(1, "ex", "k", b"x")
+        self.client.received()
+        self.post("/api/queues/%2F/q/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+        self.post("/api/queues/%2F/q/get", {"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        stats = self.get("/api/queues/%2F/q").json()["message_stats"]
+        self.assertEqual((stats["get"], stats["get_no_ack"], stats["ack"], stats["redeliver"],
+                          stats["deliver_get"]), (1, 2, 0, 1, 3))
+        self.assertEqual(self.q.readyCount, 1)
+
     def test_deadLetteredByReason(self):
         """Expired, rejected and max-length messages count on their queue and vhost by reason."""
         self.vh.declareQueue("dlq", None)
