@@ -202,6 +202,10 @@ class AMQPServerProtocol(Protocol):
         if self in self.broker.connections:
             self.broker.connections.discard(self)
             self.broker.counters.connectionsClosed += 1
+            if self.vhost is not None:
+                # its vhost's recv_oct / send_oct keep them (RabbitMQ's vhost stats do)
+                self.vhost.closedBytes[0] += self.bytesIn
+                self.vhost.closedBytes[1] += self.bytesOut
         self._release()
         waiters, self._closedWaiters = self._closedWaiters, None
         for d in waiters:

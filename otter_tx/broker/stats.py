@@ -401,8 +401,8 @@ class Sampler:
 
 
 def vhostData(broker, vh):
-    """``DATA_KEYS`` values of vhost ``vh``: bytes of its open connections (tuple)."""
-    recv = send = 0
+    """``DATA_KEYS`` values of vhost ``vh``: bytes of its connections, open and closed (tuple)."""
+    recv, send = vh.closedBytes
     for conn in broker.connections:
         if conn.vhost is vh:
             recv += conn.bytesIn

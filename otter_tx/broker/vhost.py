@@ -134,6 +134,8 @@ class VHost:
         self.leftBy = {}
         #: messages taken into hold by x-delayed-message exchanges
         self.delayedCount = 0
+        #: ``[received, sent]`` bytes of its closed connections (recv_oct / send_oct)
+        self.closedBytes = [0, 0]
         self._declareDefaults()
 
     def _declareDefaults(self):

@@ -1497,8 +1497,8 @@ class ManagementApp:
         """
         A vhost as ``GET /api/vhosts/{name}`` shows it: queue lengths,
         ``message_stats`` (:data:`~otter_tx.broker.stats.VHOST_KEYS`, closed
-        channels included) and ``recv_oct``/``send_oct`` of its connections,
-        each with details as ``view`` asks.
+        channels included) and ``recv_oct``/``send_oct`` of its connections
+        (closed ones included), each with details as ``view`` asks.
         """
         queues = list(vh.queues.values())
         d = {

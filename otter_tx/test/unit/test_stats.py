@@ -105,7 +105,7 @@ class CounterTests(_KnownWorkload):
         self.assertEqual(S.exchangeValues(self.ex), (7, 5))
 
     def test_closedChannelsStayInVHostTotals(self):
-        """Closing the channels keeps their counts in the vhost's and the node's message_stats."""
+        """Closing the channels and the connection keeps their counts and bytes in the vhost's and node's totals."""
         self.workload()
         self.client.send(1, spec.ChannelClose(200, "", 0, 0))
         self.client.send(2, spec.ChannelClose(200, "", 0, 0))
@@ -116,6 +116,11 @@ class CounterTests(_KnownWorkload):
                           stats["get_empty"], stats["deliver_get"]), (7, 7, 4, 4, 1, 6))
         overview = self.get("/api/overview").json()["message_stats"]
         self.assertEqual((overview["publish"], overview["redeliver"]), (7, 1))
+        conn = self.broker.connections.copy().pop()
+        received = self.get("/api/vhosts/%2F").json()["recv_oct"]
+        self.assertEqual(received, conn.bytesIn)
+        conn.connectionLost(None)
+        self.assertEqual(self.get("/api/vhosts/%2F").json()["recv_oct"], received)
         self.assertEqual((self.broker.counters.received, self.broker.counters.acknowledged), (7, 4))
 
     def test_httpPublishCountsInVHost(self):
