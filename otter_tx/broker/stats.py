@@ -14,7 +14,7 @@ as ``rabbit_mgmt_stats:format_range`` computes them
 - :class:`Sampler`: a ``LoopingCall`` on the injected clock that records,
   every ``collect_statistics_interval`` ms, a snapshot of every queue,
   exchange, channel, connection, vhost and of the node.
-- :func:`details`: a ``*_details`` object from a series.
+- :func:`statsDict`: ``{key: value, key_details: {...}}`` from a series.
 
 Nothing here touches the hot path: the sampler reads counters the broker
 keeps anyway.
@@ -219,51 +219,87 @@ class Series:
         return None
 
 
-def rateOf(series, index, nowMs, intervalMs):
+def lastTwo(series, nowMs, intervalMs):
     """
-    The instant ``rate`` (per second, float) of column ``index``: the
-    difference of the last two snapshots over their distance, 0.0 when
-    the last snapshot is older than the previous interval
-    (``rabbit_mgmt_stats:format_no_range``).
+    ``(newest values, previous values, ms between)`` of the last two
+    snapshots, or None when there are not two or the last is older than
+    the previous interval (``rabbit_mgmt_stats:format_no_range``: the rate
+    is then 0.0).
     """
     if series is None or series.prevTs is None:
-        return 0.0
+        return None
     rangePoint = (nowMs // intervalMs) * intervalMs - intervalMs
     if series.lastTs < rangePoint:
-        return 0.0
+        return None
     a = series.valueAt(series.lastTs)
     b = series.valueAt(series.prevTs)
     if a is None or b is None:
-        return 0.0
-    return (a[index] - b[index]) * 1000.0 / (series.lastTs - series.prevTs)
+        return None
+    return a, b, series.lastTs - series.prevTs
 
 
-def rangeDetails(series, index, nowMs, ageS, incrS, ceil=False):
+def rateOf(series, index, nowMs, intervalMs, last=False):
     """
-    ``{"rate", "samples", "avg_rate", "avg"}`` of column ``index`` over
-    the range of ``ageS`` seconds in steps of ``incrS`` seconds ending now
-    rounded down to the step (up for queue lengths, ``ceil``), as
-    ``rabbit_mgmt_stats:format_range``: ``samples`` newest first, a sample
-    being the value in force at its timestamp (0 before the object had
-    any); ``rate`` from the two newest samples; ``avg_rate`` from the
-    newest and the oldest; ``avg`` the mean of the samples.
+    The instant ``rate`` (per second, float) of column ``index``: the
+    difference of the last two snapshots over their distance (``last``:
+    :func:`lastTwo` when the caller has it).
+    """
+    if last is False:
+        last = lastTwo(series, nowMs, intervalMs)
+    if last is None:
+        return 0.0
+    a, b, dt = last
+    return (a[index] - b[index]) * 1000.0 / dt
+
+
+def rangeGrid(nowMs, ageS, incrS, ceil=False):
+    """
+    The sample timestamps (ms, newest first) of a range of ``ageS`` seconds
+    in steps of ``incrS`` seconds ending now rounded down to the step (up
+    for queue lengths, ``ceil``), as ``rabbit_mgmt_util:range/3``.
     """
     incr = incrS * 1000
     last = (nowMs // incr) * incr
     if ceil and last != nowMs:
         last += incr
     first = last - ageS * 1000
-    samples = []
-    ts = last
-    while ts >= first:
-        v = series.valueAt(ts) if series is not None else None
-        samples.append({"sample": v[index] if v is not None else 0, "timestamp": ts})
-        ts -= incr
+    return list(range(last, first - 1, -incr))
+
+
+def valuesAt(series, grid):
+    """
+    The values tuple in force at each timestamp of ``grid`` (newest first),
+    None before the series' first point: one pass over both, newest first.
+    """
+    out = []
+    points = reversed(series.points) if series is not None else iter(())
+    point = next(points, None)
+    for ts in grid:
+        while point is not None and point[0] > ts:
+            point = next(points, None)
+        out.append(point[1] if point is not None else None)
+    return out
+
+
+def rangeDetails(series, index, nowMs, ageS, incrS, ceil=False, rows=None):
+    """
+    ``{"rate", "samples", "avg_rate", "avg"}`` of column ``index`` over
+    the range (:func:`rangeGrid`), as ``rabbit_mgmt_stats:format_range``:
+    ``samples`` newest first, a sample being the value in force at its
+    timestamp (0 before the object had any); ``rate`` from the two newest
+    samples; ``avg_rate`` from the newest and the oldest; ``avg`` the mean
+    of the samples.  ``rows``: ``(grid, valuesAt(series, grid))`` when the
+    caller computed them once for several columns.
+    """
+    if rows is None:
+        grid = rangeGrid(nowMs, ageS, incrS, ceil)
+        rows = (grid, valuesAt(series, grid))
+    grid, values = rows
+    samples = [{"sample": v[index] if v is not None else 0, "timestamp": ts} for ts, v in zip(grid, values)]
     d = {"rate": 0.0, "samples": samples}
     if len(samples) >= 2:
         s0, s1 = samples[0], samples[1]
         d["rate"] = (s0["sample"] - s1["sample"]) * 1000.0 / (s0["timestamp"] - s1["timestamp"])
-    if len(samples) > 1:
         newest, oldest = samples[0], samples[-1]
         d["avg_rate"] = ((newest["sample"] - oldest["sample"]) * 1000.0
                          / (newest["timestamp"] - oldest["timestamp"]))
@@ -410,21 +446,19 @@ def vhostData(broker, vh):
     return (recv, send)
 
 
-def details(series, index, nowMs, intervalMs, rng=None, ceil=False):
-    """
-    A ``*_details`` object of column ``index`` of ``series`` (or None):
-    ``{"rate": float}``, and with a :class:`Range` the samples too
-    (:func:`rangeDetails`).
-    """
-    if rng is None:
-        return {"rate": rateOf(series, index, nowMs, intervalMs)}
-    return rangeDetails(series, index, nowMs, rng.age, rng.incr, ceil)
-
-
 def statsDict(keys, values, series, nowMs, intervalMs, rng=None, ceil=False):
     """``{key: value, key_details: {...}}`` for every key of ``keys`` (values: a tuple in that order)."""
     out = {}
+    rows = None
+    if rng is not None:
+        grid = rangeGrid(nowMs, rng.age, rng.incr, ceil)
+        rows = (grid, valuesAt(series, grid))
+    else:
+        last = lastTwo(series, nowMs, intervalMs)
     for i, k in enumerate(keys):
         out[k] = values[i]
-        out[k + "_details"] = details(series, i, nowMs, intervalMs, rng, ceil)
+        if rows is None:
+            out[k + "_details"] = {"rate": rateOf(series, i, nowMs, intervalMs, last)}
+        else:
+            out[k + "_details"] = rangeDetails(series, i, nowMs, rng.age, rng.incr, ceil, rows)
     return out
