@@ -30,10 +30,13 @@ log = Logger()
 #: RabbitMQ's default ``collect_statistics_interval`` (ms)
 DEFAULT_INTERVAL_MS = 5000
 
-#: seconds of history kept per object: the first tier of RabbitMQ 3.10's
-#: ``basic`` retention policy (600 s at the collection interval); older
-#: samples are dropped
+#: seconds of history kept per object at the collection interval: the
+#: first tier of RabbitMQ 3.10's ``basic`` retention policy
 RETENTION_S = 600
+
+#: its second tier: seconds kept, at one point a minute (ms), for older samples
+COARSE_RETENTION_S = 3600
+COARSE_MS = 60000
 
 #: RabbitMQ's ``?MAX_RANGE``: at most this many increments per requested range
 MAX_RANGE = 500
@@ -182,38 +185,59 @@ def sumValues(rows, width):
 
 class Series:
     """
-    One object's history: ``points``, a deque of ``(timestamp ms, values
-    tuple)`` appended only when the values changed, so an idle object costs
-    one point whatever its age; ``lastTs``/``prevTs`` are the times of the
+    One object's history in RabbitMQ 3.10's two ``basic`` tiers:
+    ``points``, a deque of ``(timestamp ms, values tuple)`` for the last
+    :data:`RETENTION_S` seconds, and ``coarse``, the same at most one a
+    minute for the last :data:`COARSE_RETENTION_S`; a point is appended
+    only when the values changed, so an idle object costs one point in
+    each whatever its age.  ``lastTs``/``prevTs`` are the times of the
     last two snapshots (changed or not).
 
     Bound: at most ``RETENTION_S * 1000 / interval + 2`` points (122 at the
-    default 5 s), the oldest dropped once a newer one is older than the
-    retention.  Memory: 8 bytes per counter per point, plus 28 per value
-    above 256, plus about 100 bytes of tuples; measured (tracemalloc), a
-    busy queue's 121 points take about 50 KB, an idle object one point
-    (under 0.5 KB).
+    default 5 s) plus ``COARSE_RETENTION_S / 60 + 2`` (62), the oldest
+    dropped once a newer one is older than its tier's retention.  Memory:
+    8 bytes per counter per point, plus 28 per value above 256, plus about
+    100 bytes of tuples; measured (tracemalloc), a busy queue's 121 fine
+    points take about 50 KB (its coarse ones a half of that), an idle
+    object two points (under 1 KB).
     """
 
-    __slots__ = ("points", "lastTs", "prevTs")
+    __slots__ = ("points", "coarse", "lastTs", "prevTs")
 
     def __init__(self):
         self.points = deque()
+        self.coarse = deque()
         self.lastTs = None
         self.prevTs = None
 
-    def record(self, ts, values, horizon):
-        """Snapshot ``values`` (tuple) at ``ts`` (ms); forget points older than ``horizon`` (ms)."""
+    def record(self, ts, values, horizon, coarseHorizon=None):
+        """
+        Snapshot ``values`` (tuple) at ``ts`` (ms); forget fine points older
+        than ``horizon`` and coarse ones older than ``coarseHorizon`` (ms;
+        default: the coarse retention before ``ts``).
+        """
         pts = self.points
         if not pts or pts[-1][1] != values:
             pts.append((ts, values))
         self.prevTs, self.lastTs = self.lastTs, ts
         while len(pts) > 1 and pts[1][0] <= horizon:
             pts.popleft()
+        c = self.coarse
+        if not c or (c[-1][1] != values and c[-1][0] // COARSE_MS != ts // COARSE_MS):
+            c.append((ts, values))
+        if coarseHorizon is None:
+            coarseHorizon = ts - COARSE_RETENTION_S * 1000
+        while len(c) > 1 and c[1][0] <= coarseHorizon:
+            c.popleft()
+
+    def _tier(self, ts):
+        """The points that answer for time ``ts``: the fine ones from their first on, else the coarse."""
+        pts = self.points
+        return pts if pts and ts >= pts[0][0] else self.coarse
 
     def valueAt(self, ts):
         """The values tuple in force at ``ts`` (ms), or None before the first snapshot."""
-        for pts, values in reversed(self.points):
+        for pts, values in reversed(self._tier(ts)):
             if pts <= ts:
                 return values
         return None
@@ -269,12 +293,23 @@ def rangeGrid(nowMs, ageS, incrS, ceil=False):
 def valuesAt(series, grid):
     """
     The values tuple in force at each timestamp of ``grid`` (newest first),
-    None before the series' first point: one pass over both, newest first.
+    None before the series' first point: one pass over the fine points,
+    then over the coarse ones for what is older.
     """
     out = []
-    points = reversed(series.points) if series is not None else iter(())
+    if series is None:
+        return [None] * len(grid)
+    fine = series.points
+    start = fine[0][0] if fine else None
+    tiers = [reversed(fine), reversed(series.coarse)]
+    points = tiers.pop(0)
     point = next(points, None)
+    coarse = False
     for ts in grid:
+        if not coarse and (start is None or ts < start):
+            coarse = True
+            points = tiers.pop(0)
+            point = next(points, None)
         while point is not None and point[0] > ts:
             point = next(points, None)
         out.append(point[1] if point is not None else None)

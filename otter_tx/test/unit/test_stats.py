@@ -465,6 +465,33 @@ class SamplerTests(SynchronousTestCase):
         self.assertGreaterEqual(len(sampler.series("queue", self.q).points), S.RETENTION_S // 5)
         self.assertEqual(len(sampler.series("queue", idle).points), 1)
 
+    def test_coarseTier(self):
+        """Samples older than 600 s come from the one-a-minute tier, kept 3600 s, as RabbitMQ's basic policy."""
+        sampler = self.broker.sampler
+        for i in range(1000):
+            self.q.publishedCount += 1
+            sampler.sample()
+            self.clock.advance(5)
+        series = sampler.series("queue", self.q)
+        self.assertLessEqual(len(series.coarse), S.COARSE_RETENTION_S // 60 + 2)
+        now = sampler.nowMs()
+        d = S.rangeDetails(series, 0, now, 900, 60)
+        self.assertEqual(len(d["samples"]), 16)
+        # the sample at time t (ms) counted t // 5000 + 1 publishes; the fine tier
+        # answers exactly, the coarse one (older than 600 s) at most a minute late
+        coarse = 0
+        for ts, v in [(smp["timestamp"], smp["sample"]) for smp in d["samples"]]:
+            exact = ts // 5000 + 1
+            if ts >= now - S.RETENTION_S * 1000:
+                self.assertEqual(v, exact)
+            else:
+                coarse += 1
+                self.assertTrue(exact - 12 <= v <= exact, (ts, v))
+        self.assertGreater(coarse, 3)
+        self.clock.advance(4000)
+        sampler.sample()
+        self.assertEqual(len(series.coarse), 2)
+
     def test_deletedForgotten(self):
         """A deleted queue's series is dropped at the next sample."""
         sampler = self.broker.sampler
