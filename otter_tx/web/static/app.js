@@ -274,7 +274,7 @@ function argsEditor(quick, name) {
     const row = h("div", {class: "row"},
       h("input", {type: "text", placeholder: "key", value: k || "", "data-k": "1"}),
       h("input", {type: "text", placeholder: "value", value: v || "", "data-v": "1"}),
-      selectInput("type", [["string", "String"], ["number", "Number"], ["boolean", "Boolean"], ["json", "List / JSON"]], type || "string"),
+      selectInput(null, [["string", "String"], ["number", "Number"], ["boolean", "Boolean"], ["json", "List / JSON"]], type || "string"),
       h("button", {type: "button", title: "remove", onclick: () => row.remove()}, "x"));
     rows.appendChild(row);
     return row;
