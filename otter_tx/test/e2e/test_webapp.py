@@ -16,10 +16,12 @@ bounds the whole run.  ``docs/screenshots.py`` reuses :func:`browser`.
 """
 
 import contextlib
+import json
 import os
 import platform
 import shutil
 import tempfile
+import time
 
 from twisted.internet import defer, reactor, threads
 from twisted.trial.unittest import SkipTest, TestCase
@@ -209,3 +211,57 @@ class WebAppBrowserTests(TestCase):
         page.wait_for_function("location.hash === '#/queues'")
         page.locator("main table a", has_text="web-dlq").wait_for()
         assert page.locator("main table a", has_text="web-q").count() == 0
+
+    @defer.inlineCallbacks
+    def test_tagsLoginAndDelayedList(self):
+        """Tags decide the tabs, a bad password says so, and a delayed exchange lists (a faked API) and cancels."""
+        svc, url = yield startBroker(self)
+        svc.broker.addUser("web-mgmt", "pw", ["management"])
+        svc.broker.setPermissions("web-mgmt", "/")
+        svc.broker.vhosts["/"].declareExchange("web-delayed", "x-delayed-message", durable=False,
+                                               arguments={"x-delayed-type": "direct"})
+        seen = yield threads.deferToThread(self.tagsAndDelayed, url)
+        self.assertEqual(seen["tabs"], ["overview", "connections", "channels", "exchanges", "queues"])
+        self.assertEqual(seen["failed"], "Login failed")
+        self.assertEqual(seen["adminTabs"][-1], "definitions")
+        self.assertEqual(seen["delayedRow"], ["<b>k</b>", "m-1"])
+        self.assertEqual(seen["cancelled"], ["DELETE /api/exchanges/%2F/web-delayed/delayed/id%2F1"])
+
+    def tagsAndDelayed(self, url):
+        """The browser half of test_tagsLoginAndDelayedList; returns what it saw."""
+        import re
+
+        seen = {"cancelled": []}
+        tabs = "Array.from(document.querySelectorAll('nav a')).map((a) => a.dataset.nav)"
+        with browser() as page:
+            login(page, url, "web-mgmt", "pw")
+            seen["tabs"] = page.evaluate(tabs)
+            page.click("#logout")
+            page.fill("input[name=username]", "guest")
+            page.fill("input[name=password]", "wrong")
+            page.click("form.login button[type=submit]")
+            page.locator("form.login .error", has_text="Login failed").wait_for()
+            seen["failed"] = page.locator("form.login .error").inner_text()
+            login(page, url)
+            seen["adminTabs"] = page.evaluate(tabs)
+            due = int(time.time() * 1000) + 90000
+
+            def fake(route):
+                req = route.request
+                if req.method == "DELETE":
+                    seen["cancelled"].append("DELETE " + req.url.split(url.rstrip("/"), 1)[1])
+                    route.fulfill(status=204, body="")
+                    return
+                route.fulfill(status=200, content_type="application/json", body=json.dumps({
+                    "items": [{"id": "id/1", "message_id": "m-1", "due": due, "routing_key": "<b>k</b>",
+                               "properties": {}, "payload_bytes": 5}],
+                    "total_count": 1, "page": 1, "page_size": 100}))
+
+            page.route(re.compile(r".*/api/exchanges/%2F/web-delayed/delayed.*"), fake)
+            page.goto(url + "#/exchanges/%2F/web-delayed")
+            row = page.locator("tr", has=page.locator("button", has_text="Cancel")).first
+            row.wait_for()
+            seen["delayedRow"] = [row.locator("td").nth(2).inner_text(), row.locator("td").nth(3).inner_text()]
+            row.locator("button", has_text="Cancel").click()
+            page.get_by_role("status").filter(has_text="Delayed message cancelled.").first.wait_for()
+        return seen

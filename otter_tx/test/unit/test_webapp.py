@@ -82,7 +82,7 @@ class StaticFileTests(WebTestCase):
         """The page and app reference only their own paths: no CDN, no absolute URL."""
         html = _static("index.html")
         self.assertEqual(re.findall(r'(?:src|href)="([^"]*)"', html),
-                         ["/static/vendor/uplot/uPlot.min.css", "/static/app.css",
+                         ["data:,", "/static/vendor/uplot/uPlot.min.css", "/static/app.css",
                           "/static/vendor/uplot/uPlot.iife.min.js", "/static/app.js"])
         self.assertEqual(re.findall(r"https?://", _static("app.js") + _static("app.css")), [])
 

@@ -25,6 +25,14 @@ const POLICY_KEYS = [["message-ttl", "number"], ["expires", "number"], ["max-len
   ["max-length-bytes", "number"], ["overflow", "string"], ["dead-letter-exchange", "string"],
   ["dead-letter-routing-key", "string"], ["alternate-exchange", "string"], ["queue-mode", "string"]];
 const ALL = "";
+// RabbitMQ's UI names for the message_stats keys, and ours
+const LABELS = {publish: "Publish", confirm: "Publisher confirm", deliver: "Deliver (manual ack)",
+  deliver_no_ack: "Deliver (auto ack)", get: "Get (manual ack)", get_no_ack: "Get (auto ack)", get_empty: "Get (empty)",
+  redeliver: "Redelivered", ack: "Consumer ack", return_unroutable: "Unroutable (return)",
+  drop_unroutable: "Unroutable (drop)", expired: "Expired", dead_lettered_expired: "Dead-lettered (expired)",
+  dead_lettered_rejected: "Dead-lettered (rejected)", dead_lettered_maxlen: "Dead-lettered (maxlen)",
+  dead_lettered_delivery_limit: "Dead-lettered (delivery limit)", delayed: "Delayed", publish_in: "Publish (in)",
+  publish_out: "Publish (out)"};
 
 // --- DOM helpers ----------------------------------------------------------------
 
@@ -122,7 +130,9 @@ let session = null; // {name, tags, auth}
 
 async function api(method, path, body, extraHeaders) {
   const headers = Object.assign({"Authorization": session ? session.auth : ""}, extraHeaders || {});
-  const init = {method, headers, cache: "no-store"};
+  // credentials "omit": our own Authorization header is sent, but a 401 with a Basic challenge
+  // (wrong password) comes back to us instead of opening the browser's login dialog
+  const init = {method, headers, cache: "no-store", credentials: "omit"};
   if (body !== undefined) { headers["Content-Type"] = "application/json"; init.body = JSON.stringify(body); }
   const r = await fetch(path, init);
   const text = await r.text();
@@ -185,7 +195,7 @@ async function refreshNow() {
 class Chart {
   constructor(title, labels, unit) {
     this.title = title;
-    this.labels = labels;
+    this.labels = labels.map((l) => LABELS[l] || l);
     this.unit = unit || "";
     this.history = []; // [t seconds, ...values]
     this.plot = null;
@@ -217,7 +227,7 @@ class Chart {
           value: (u, v) => (v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit)}))),
         axes: [{}, {size: 55}],
         scales: {y: {range: (u, min, max) => [0, Math.max(1, max * 1.1)]}},
-        legend: {live: true},
+        legend: {live: false},
       };
       this.plot = new window.uPlot(opts, data, this.body);
     } else {
@@ -326,12 +336,12 @@ function vhostChoices(includeAll) {
 }
 function defaultVHost() { return selectedVHost() || (vhosts[0] && vhosts[0].name) || "/"; }
 
-function messagesView(msgs) {
-  if (!msgs.length) return h("p", {class: "empty"}, "Queue is empty");
+function messagesView(msgs, browsing) {
+  if (!msgs.length) return h("p", {class: "empty"}, browsing ? "No ready messages there" : "Queue is empty");
   return msgs.map((m, i) => h("div", {class: "msg", "data-message": String(i + 1)},
     h("b", {}, "Message " + (i + 1)),
     kv([["Exchange", m.exchange === "" ? "(AMQP default)" : m.exchange], ["Routing key", m.routing_key],
-      ["Redelivered", String(m.redelivered)], ["Messages left", m.message_count],
+      ["Redelivered", String(m.redelivered)], [browsing ? "Ready messages after it" : "Messages left", m.message_count],
       ["Properties", h("span", {}, tags(Array.isArray(m.properties) ? {} : m.properties))],
       ["Payload", h("span", {}, m.payload_bytes + " bytes, encoding: " + m.payload_encoding)]]),
     h("pre", {class: "payload"}, m.payload)));
@@ -610,7 +620,7 @@ pages.queue = (root, [vhost, name]) => {
       field("Encoding", selectInput("encoding", [["auto", "Auto string / base64"], ["base64", "base64"]], "auto"))], "Browse", async (f) => {
       const msgs = await act(() => api("POST", base + "/browse", {count: Number(val(f, "count")), offset: Number(val(f, "offset")),
         encoding: val(f, "encoding"), truncate: 50000}));
-      if (msgs !== undefined) fill(browsed, messagesView(msgs));
+      if (msgs !== undefined) fill(browsed, messagesView(msgs, true));
     }), browsed,
     h("h2", {}, "Purge and delete"),
     h("div", {class: "actions"},
