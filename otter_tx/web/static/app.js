@@ -736,13 +736,13 @@ pages.users = (root) => {
 pages.vhosts = (root) => {
   const list = h("div");
   append(root, h("h1", {}, "Virtual hosts"), list, h("h2", {}, "Add a new virtual host"),
-    form(null, [field("Name", textInput("name", "", {required: true})), field("Description", textInput("description"))], "Add virtual host", async (f) => {
-      const r = await act(() => api("PUT", "/api/vhosts/" + enc(val(f, "name")), {description: val(f, "description")}), "Virtual host added.");
+    form(null, [field("Name", textInput("name", "", {required: true}))], "Add virtual host", async (f) => {
+      const r = await act(() => api("PUT", "/api/vhosts/" + enc(val(f, "name")), {}), "Virtual host added.");
       if (r !== undefined) { f.reset(); await loadVHosts(); }
     }));
   return {async refresh() {
     const vs = await api("GET", "/api/vhosts");
-    fill(list, table(["Name", "Description", "Ready", "Unacked", "Total", ""], vs.map((v) => [v.name, v.description || "",
+    fill(list, table(["Name", "Ready", "Unacked", "Total", ""], vs.map((v) => [v.name,
       v.messages_ready || 0, v.messages_unacknowledged || 0, v.messages || 0,
       h("button", {class: "danger", onclick: async () => {
         if (!window.confirm("Delete virtual host " + v.name + " and everything in it?")) return;
