@@ -265,3 +265,36 @@ class WebAppBrowserTests(TestCase):
             row.locator("button", has_text="Cancel").click()
             page.get_by_role("status").filter(has_text="Delayed message cancelled.").first.wait_for()
         return seen
+
+    @defer.inlineCallbacks
+    def test_chartsFromSamples(self):
+        """With the API's *_details.samples (a faked overview) the charts plot them instead of saying "no data yet"."""
+        svc, url = yield startBroker(self)
+        drawn = yield threads.deferToThread(self.samplesCharts, url)
+        self.assertEqual(drawn, {"Queued messages": 1, "Message rates": 1,
+                                 "Expired, dead-lettered by reason, delayed": 0})
+
+    def samplesCharts(self, url):
+        """The browser half of test_chartsFromSamples: the number of plots under each chart title."""
+        import re
+
+        now = int(time.time() * 1000)
+
+        def samples(values):
+            # newest first, every 5 s, as RabbitMQ sends them
+            return {"rate": 1.0, "samples": [{"sample": v, "timestamp": now - 5000 * i} for i, v in enumerate(values)]}
+
+        def fake(route):
+            body = json.loads(route.fetch().text())
+            body["queue_totals"].update(messages_details=samples([9, 6, 3]), messages_ready_details=samples([8, 5, 2]),
+                                        messages_unacknowledged_details=samples([1, 1, 1]))
+            body["message_stats"] = {"publish": 30, "publish_details": samples([30, 20, 10])}
+            route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+        with browser() as page:
+            page.route(re.compile(r".*/api/overview\?.*"), fake)
+            login(page, url)
+            page.locator(".chart canvas").first.wait_for()
+            return page.evaluate(
+                "Object.fromEntries(Array.from(document.querySelectorAll('.chart')).map((c) =>"
+                " [c.previousSibling.textContent, c.querySelectorAll('.uplot').length]))")
