@@ -1102,10 +1102,8 @@ class ManagementApp:
         session = self._session(user, vh)
         try:
             q = session.readableQueue(name)
-        except AMQPError as e:
-            if e.code == 404:
-                raise HTTPError(404, "not_found", e.text)
-            raise channelRefusal(e)
+        except AMQPError as e:  # as /get answers them
+            raise HTTPError(404, "not_found", e.text) if e.code == 404 else channelRefusal(e)
         finally:
             session.closed()
         now = self.clock.seconds() * 1000.0
