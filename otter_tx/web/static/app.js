@@ -179,13 +179,25 @@ function schedule() {
   if (s > 0) timer = setTimeout(async () => { await refreshNow(); schedule(); }, s * 1000);
 }
 
+let again = false; // a refresh was asked for while one ran (after an action, a new page)
+
 async function refreshNow() {
-  if (!current || ticking) return;
+  if (!current) return;
+  if (ticking) { again = true; return; }
   ticking = true;
   try { await current.refresh(); } catch (e) {
-    if (e instanceof ApiError && e.status === 401 && !current.keep401) { flash(e.reason); }
-    else flash(e instanceof ApiError ? e.reason : String(e));
-  } finally { ticking = false; }
+    if (e instanceof ApiError && e.status === 401 && e.reason === "Login failed") {
+      // the password changed or the user is gone: log in again
+      STORE.removeItem("otter.session");
+      session = null;
+      loginPage("Login failed");
+      return;
+    }
+    flash(e instanceof ApiError ? e.reason : String(e));
+  } finally {
+    ticking = false;
+    if (again && current) { again = false; await refreshNow(); }
+  }
 }
 
 // --- charts --------------------------------------------------------------------------
