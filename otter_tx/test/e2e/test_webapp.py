@@ -203,6 +203,9 @@ class WebAppBrowserTests(TestCase):
         pol.locator(".args .row").nth(0).locator("[data-v]").fill("1000")
         pol.locator("button[type=submit]").click()
         page.locator("main table td", has_text="web-pol").wait_for()
+        page.locator("tr", has_text="web-pol").locator("button", has_text="Edit").click()  # back into the form
+        assert pol.locator("input[name=name]").input_value() == "web-pol"
+        assert pol.locator(".args .row").nth(0).locator("[data-v]").input_value() == "1000"
         # delete the TTL queue: back on the list, without it
         page.click("nav a[data-nav=queues]")
         page.click("main table a >> text=web-q")

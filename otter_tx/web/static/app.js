@@ -266,6 +266,12 @@ function fromSamples(details, kind) {
   }))];
 }
 
+// ["Expired / dead-lettered", "Expired 3, Dead-lettered (maxlen) 1"] from message_stats, or null
+function deathCounts(stats) {
+  const parts = DEATH_KEYS.filter((k) => stats && typeof stats[k] === "number").map((k) => LABELS[k] + " " + fmtNum(stats[k]));
+  return parts.length ? ["Expired / dead-lettered (total)", parts.join(", ")] : null;
+}
+
 function lengthCharts() { return new Chart("Queued messages", ["Ready", "Unacked", "Total"]); }
 
 function updateLengths(chart, obj) {
@@ -327,6 +333,14 @@ function argsEditor(quick, name) {
     return out;
   };
   box.reset = () => { rows.replaceChildren(); addRow(); };
+  box.set = (obj) => {
+    rows.replaceChildren();
+    for (const [k, v] of Object.entries(obj)) {
+      const type = typeof v === "number" ? "number" : typeof v === "boolean" ? "boolean" : typeof v === "string" ? "string" : "json";
+      addRow(k, type, type === "json" ? JSON.stringify(v) : String(v));
+    }
+    addRow();
+  };
   return box;
 }
 
@@ -653,7 +667,8 @@ pages.queue = (root, [vhost, name]) => {
         ["Consumers", q.consumers], ["Ready", h("span", {"data-count": "ready"}, fmtNum(q.messages_ready))],
         ["Unacked", h("span", {"data-count": "unacked"}, fmtNum(q.messages_unacknowledged))],
         ["Total", h("span", {"data-count": "total"}, fmtNum(q.messages))],
-        ["Paged out", q.messages_paged_out], ["Bytes", fmtBytes(q.message_bytes)]]));
+        ["Paged out", q.messages_paged_out], ["Bytes", fmtBytes(q.message_bytes)],
+        deathCounts(q.message_stats)]));
       updateLengths(queued, q);
       updateRates(rates, q.message_stats, QUEUE_RATE_KEYS);
       updateRates(deaths, q.message_stats, DEATH_KEYS.slice(0, 5));
@@ -688,6 +703,16 @@ function policyPage(root, operator) {
   const kind = operator ? "operator-policies" : "policies";
   const list = h("div");
   const def = argsEditor(POLICY_KEYS, "definition");
+  const edit = (p) => {
+    const f = root.querySelector("form");
+    f.elements.vhost.value = p.vhost;
+    f.elements.name.value = p.name;
+    f.elements.pattern.value = p.pattern;
+    f.elements["apply-to"].value = p["apply-to"];
+    f.elements.priority.value = String(p.priority);
+    def.set(p.definition || {});
+    f.scrollIntoView();
+  };
   append(root, h("h1", {}, operator ? "Operator policies" : "Policies"), list, h("h2", {}, "Add / update a policy"),
     form(null, [field("Virtual host", selectInput("vhost", vhostChoices(false), defaultVHost())),
       field("Name", textInput("name", "", {required: true})), field("Pattern", textInput("pattern", "", {required: true})),
@@ -702,9 +727,9 @@ function policyPage(root, operator) {
     const ps = await api("GET", listPath(kind, selectedVHost()));
     fill(list, table(["Virtual host", "Name", "Pattern", "Apply to", "Definition", "Priority", ""],
       ps.map((p) => [p.vhost, p.name, p.pattern, p["apply-to"], h("span", {}, tags(p.definition)), p.priority,
-        h("button", {class: "danger", onclick: () => {
+        h("span", {class: "actions"}, h("button", {onclick: () => edit(p)}, "Edit"), h("button", {class: "danger", onclick: () => {
           if (window.confirm("Delete policy " + p.name + "?")) act(() => api("DELETE", "/api/" + kind + "/" + enc(p.vhost) + "/" + enc(p.name)), "Policy deleted.");
-        }}, "Delete")]), "No policies"));
+        }}, "Delete"))]), "No policies"));
   }};
 }
 pages.policies = (root) => policyPage(root, false);
