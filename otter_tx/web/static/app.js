@@ -239,12 +239,14 @@ class Chart {
           value: (u, v) => (v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit)}))),
         axes: [{}, {size: 55}],
         scales: {y: {range: (u, min, max) => [0, Math.max(1, max * 1.1)]}},
-        legend: {live: false},
+        legend: {live: true},
       };
       this.plot = new window.uPlot(opts, data, this.body);
     } else {
       this.plot.setData(data);
     }
+    // the legend shows the newest values (RabbitMQ's UI shows the current ones) until the cursor moves
+    if (this.plot.cursor.left < 0 || this.plot.cursor.left === undefined) this.plot.setLegend({idx: data[0].length - 1});
   }
 }
 
