@@ -2276,9 +2276,10 @@ class ManagementApp:
         ``GET /``: the admin web app's page (:mod:`otter_tx.web.webapp`); it
         asks for credentials itself and uses the JSON API with them.
         """
-        from otter_tx.web.webapp import serveFile
+        from otter_tx.web.webapp import CONTENT_SECURITY_POLICY, serveFile
 
         request.setHeader(b"x-frame-options", b"DENY")
+        request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
         return serveFile(request, "index.html")
 
     @app.route("/static/<path:path>", methods=["GET"])

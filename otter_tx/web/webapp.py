@@ -19,6 +19,14 @@ import os
 #: the static files' directory inside the package
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
+#: the page's Content-Security-Policy: its own scripts only, no inline or
+#: foreign code, the API on its own origin; inline styles for the
+#: histogram bars and the chart library
+CONTENT_SECURITY_POLICY = (
+    b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    b"connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
 #: content types by file extension (anything else: 404)
 CONTENT_TYPES = {
     ".html": b"text/html; charset=utf-8",

@@ -36,6 +36,7 @@ class StaticFileTests(WebTestCase):
         self.assertEqual(r.header("content-type"), "text/html; charset=utf-8")
         self.assertIn('<script type="module" src="/static/app.js"></script>', r.body)
         self.assertEqual(r.header("x-frame-options"), "DENY")
+        self.assertIn("script-src 'self';", r.header("content-security-policy"))
 
     def test_contentTypes(self):
         """Each kind of file is served with its content type."""

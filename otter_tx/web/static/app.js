@@ -147,12 +147,14 @@ async function api(method, path, body, extraHeaders) {
   return data;
 }
 
-// run an action: flash its error (RabbitMQ's reason text) or success, then refresh
-async function act(fn, okText) {
+// run an action: flash its error (RabbitMQ's reason text) or success, then refresh the page,
+// or go to ``thenGo`` (a hash) when the action removed what the page shows
+async function act(fn, okText, thenGo) {
   try {
     const res = await fn();
     if (okText) flash(typeof okText === "function" ? okText(res) : okText, "ok");
-    await refreshNow();
+    if (thenGo) location.hash = thenGo;
+    else await refreshNow();
     return res;
   } catch (e) {
     flash(e instanceof ApiError ? e.reason : String(e));
@@ -457,8 +459,8 @@ pages.connection = (root, [name]) => {
     h("h2", {}, "Close this connection"),
     form(null, [field("Reason", textInput("reason", "Closed via management plugin"))], "Force close", async (f) => {
       if (!window.confirm("Close connection " + name + "?")) return;
-      const r = await act(() => api("DELETE", "/api/connections/" + enc(name), undefined, {"X-Reason": val(f, "reason")}), "Connection closed.");
-      if (r !== undefined) location.hash = "#/connections";
+      await act(() => api("DELETE", "/api/connections/" + enc(name), undefined, {"X-Reason": val(f, "reason")}),
+        "Connection closed.", "#/connections");
     }));
   return {async refresh() {
     const c = await api("GET", "/api/connections/" + enc(name));
@@ -552,8 +554,7 @@ pages.exchange = (root, [vhost, name]) => {
     publishForm(vhost, ename),
     ename === "" || ename.startsWith("amq.") ? null : h("div", {class: "actions"}, h("button", {class: "danger", onclick: async () => {
       if (!window.confirm("Delete exchange " + ename + "?")) return;
-      const r = await act(() => api("DELETE", "/api/exchanges/" + enc(vhost) + "/" + enc(ename)), "Exchange deleted.");
-      if (r !== undefined) location.hash = "#/exchanges";
+      await act(() => api("DELETE", "/api/exchanges/" + enc(vhost) + "/" + enc(ename)), "Exchange deleted.", "#/exchanges");
     }}, "Delete this exchange")));
   const base = "/api/exchanges/" + enc(vhost) + "/" + enc(name);
   return {async refresh() {
@@ -657,8 +658,7 @@ pages.queue = (root, [vhost, name]) => {
       }}, "Purge messages"),
       h("button", {class: "danger", onclick: async () => {
         if (!window.confirm("Delete queue " + name + "?")) return;
-        const r = await act(() => api("DELETE", base), "Queue deleted.");
-        if (r !== undefined) location.hash = "#/queues";
+        await act(() => api("DELETE", base), "Queue deleted.", "#/queues");
       }}, "Delete queue")));
   return {
     destroy() { clearInterval(ticker); },
