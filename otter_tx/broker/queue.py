@@ -235,6 +235,15 @@ class Queue:
         if not self.consumers and not self.deleted:
             self.vhost.deleteQueue(self, reason="expired")
 
+    def leaseDeadline(self):
+        """
+        When the ``x-expires`` lease runs out (epoch ms on the clock), or
+        None: no ``x-expires``, or the queue is in use (has consumers) so
+        the lease is not running.  Read-only (management's ``/expiry``).
+        """
+        timer = self._idleTimer
+        return timer.getTime() * 1000.0 if timer is not None and timer.active() else None
+
     # --- counts -----------------------------------------------------------
 
     @property

@@ -41,6 +41,7 @@ the broker and the clock; it never imports the global reactor.
 
 import base64
 import functools
+import itertools
 import json
 import re
 from urllib.parse import quote, unquote
@@ -59,7 +60,9 @@ from otter_tx.broker.access import (
 from otter_tx.broker import stats as S
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
+from otter_tx.broker.message import Message
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
+from otter_tx.broker.queue import Queue
 from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.door import requestSession
@@ -1160,6 +1163,160 @@ class ManagementApp:
             "payload_encoding": enc,
         }
 
+    # --- queue insight: browse, expiry, dead-letter target (otter-only) -------
+
+    @app.route("/api/queues/<vhost>/<name>/browse", methods=["POST", "OPTIONS"])
+    @endpoint(_VHOST)
+    def queueBrowse(self, request, user, vhost, name):
+        """
+        ``POST /api/queues/{vhost}/{name}/browse`` with ``{"count": N,
+        "offset": 0, "encoding": "auto"|"base64", "truncate": bytes}``
+        (otter_tx only; ``count`` required, the rest optional): up to
+        ``count`` ready messages after the first ``offset``, in delivery
+        order (paged-out ones read from their files), in ``/get``'s message
+        shape (``message_count``: ready messages after this one).  Nothing
+        is taken, requeued or marked redelivered.  Needs read permission on
+        the queue, as ``/get`` (401 with the AMQP refusal text); 400 for a
+        bad encoding or non-integer numbers; 404 ``not_found`` for no queue.
+        """
+        vh = self._vhost(vhost)
+        body = self._body(request)
+        self._require(body, "count")
+        encoding = body.get("encoding", "auto")
+        if encoding not in ("auto", "base64"):
+            raise badRequest("Unsupported encoding. Please use auto or base64.")
+        try:
+            count = max(0, int(body["count"]))
+            offset = max(0, int(body.get("offset") or 0))
+            truncate = body.get("truncate")
+            truncate = int(truncate) if truncate not in (None, "") else None
+        except (TypeError, ValueError):
+            raise badRequest("count, offset and truncate must be integers")
+        session = self._session(user, vh)
+        try:
+            q = session.readableQueue(name)
+        except AMQPError as e:  # as /get answers them
+            raise HTTPError(404, "not_found", e.text) if e.code == 404 else channelRefusal(e)
+        finally:
+            session.closed()
+        now = self.clock.seconds() * 1000.0
+        live = (e for e in q.readyEntries() if e.expiresAt is None or e.expiresAt > now)
+        ready = q.readyCount
+        return [
+            self._messageJson(e, max(0, ready - offset - i - 1), encoding, truncate)
+            for i, e in enumerate(itertools.islice(live, offset, offset + count))
+        ]
+
+    #: the time-to-expiry buckets of ``/expiry``: (key, upper bound in ms)
+    _EXPIRY_BUCKETS = (("within_1s", 1000.0), ("within_10s", 10000.0), ("within_1min", 60000.0))
+
+    @app.route("/api/queues/<vhost>/<name>/expiry", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST)
+    def queueExpiry(self, request, user, vhost, name):
+        """
+        ``GET /api/queues/{vhost}/{name}/expiry`` (otter_tx only): the ready
+        messages by time to expiry, ``{"within_1s", "within_10s",
+        "within_1min", "later", "never"}`` (counts; each bucket excludes the
+        earlier ones; ``never``: no TTL), and the queue's ``x-expires``
+        lease: ``"x_expires"`` (ms or null) and ``"expires_at"`` (epoch ms
+        when the queue is deleted if unused, or null: no ``x-expires``, or
+        the queue has consumers).  Reads every ready message, paged-out
+        ones from their files: O(ready messages).  404 for no queue.
+        """
+        vh = self._vhost(vhost)
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        now = self.clock.seconds() * 1000.0
+        counts = dict.fromkeys(("within_1s", "within_10s", "within_1min", "later", "never"), 0)
+        buckets = self._EXPIRY_BUCKETS
+        for e in q.readyEntries():
+            at = e.expiresAt
+            if at is None:
+                counts["never"] += 1
+                continue
+            left = at - now
+            for key, bound in buckets:
+                if left <= bound:
+                    counts[key] += 1
+                    break
+            else:
+                counts["later"] += 1
+        deadline = q.leaseDeadline()
+        counts["expires_at"] = int(deadline) if deadline is not None else None
+        counts["x_expires"] = q.settings.expires
+        return counts
+
+    @app.route("/api/queues/<vhost>/<name>/dead-letter", methods=["GET", "OPTIONS"])
+    @endpoint(_VHOST)
+    def queueDeadLetter(self, request, user, vhost, name):
+        """
+        ``GET /api/queues/{vhost}/{name}/dead-letter`` (otter_tx only): where
+        the queue dead-letters to, from its arguments and policy:
+        ``{"exchange": str or null, "routing_key": str or null, "strategy":
+        "at-most-once"|"at-least-once"|null, "queues": [{"vhost", "name",
+        "routing_key"}]}``.  ``queues`` are those a dead letter reaches now
+        (following exchange-to-exchange bindings and alternate exchanges,
+        nothing counted or held): with a dead-letter routing key, routed
+        with it (a headers exchange sees a message without headers of its
+        own); without one the message keeps its own routing keys, so every
+        queue bound to the exchange is listed with its binding key.  Empty
+        when the exchange does not exist.  404 for no queue.
+        """
+        vh = self._vhost(vhost)
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        s = q.settings
+        if s.dlx is None:
+            return {"exchange": None, "routing_key": None, "strategy": None, "queues": []}
+        strategy = (q.arguments.get("x-dead-letter-strategy")
+                    or q.effectiveDefinition.get("dead-letter-strategy") or "at-most-once")
+        return {
+            "exchange": s.dlx,
+            "routing_key": s.dlrk,
+            "strategy": strategy,
+            "queues": self._deadLetterQueues(vh, s.dlx, s.dlrk),
+        }
+
+    @staticmethod
+    def _deadLetterQueues(vh, dlx, dlrk):
+        """The queues of :meth:`queueDeadLetter` (sorted by name, each once)."""
+        start = vh.exchanges.get(dlx)
+        if start is None:
+            return []
+        found = {}
+        if start.name == "":
+            q = vh.queues.get(dlrk) if dlrk is not None else None
+            if q is not None:
+                found[q.name] = dlrk
+            elif dlrk is None:
+                found.update((n, n) for n in vh.queues)
+            return [{"vhost": vh.name, "name": n, "routing_key": k} for n, k in sorted(found.items())]
+        probe = Message(dlx, dlrk or "", b"\x00\x00", b"", {})
+        visited = {start}
+        pending = [start]
+        while pending:
+            ex = pending.pop()
+            if dlrk is not None:
+                dests = set()
+                ex.routing.route(probe, [dlrk], dests)
+                pairs = [(d, dlrk) for d in dests]
+            else:
+                pairs = [(d, k) for d, k, _ in ex.routing.bindings()]
+            for d, key in pairs:
+                if isinstance(d, Queue):
+                    found.setdefault(d.name, key)
+                elif d not in visited:
+                    visited.add(d)
+                    pending.append(d)
+            if not pairs and ex.alternate is not None:
+                ae = vh.exchanges.get(ex.alternate)
+                if ae is not None and ae not in visited:
+                    visited.add(ae)
+                    pending.append(ae)
+        return [{"vhost": vh.name, "name": n, "routing_key": k} for n, k in sorted(found.items())]
+
     # --- exchanges ------------------------------------------------------------
 
     @app.route("/api/exchanges", methods=["GET", "OPTIONS"])
@@ -2247,14 +2404,25 @@ class ManagementApp:
         return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, True)
 
     @app.route("/", methods=["GET"])
-    @endpoint()
+    @endpoint(_NONE)
     def index(self, request, user):
         """
-        ``GET /``: a small HTML admin page (no JavaScript) showing what the
-        API shows the user: the objects of its vhosts (``/api/queues``...)
-        and the connections ``/api/connections`` lists.
+        ``GET /``: the admin web app's page (:mod:`otter_tx.web.webapp`); it
+        asks for credentials itself and uses the JSON API with them.
         """
-        from otter_tx.web.ui import renderIndex
+        from otter_tx.web.webapp import CONTENT_SECURITY_POLICY, serveFile
 
-        request.setHeader(b"content-type", b"text/html; charset=utf-8")
-        return renderIndex(self._loginVHosts(user), self._visibleConnections(user)).encode("utf-8")
+        request.setHeader(b"x-frame-options", b"DENY")
+        request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+        return serveFile(request, "index.html")
+
+    @app.route("/static/<path:path>", methods=["GET"])
+    @endpoint(_NONE)
+    def staticFile(self, request, user, path):
+        """``GET /static/{path}``: the app's files with their content types; 404 for anything else."""
+        from otter_tx.web.webapp import serveFile
+
+        body = serveFile(request, path)
+        if body is None:
+            raise notFound()
+        return body

@@ -262,19 +262,6 @@ class AuthorisationTests(WebTestCase):
                          "User not authorised to access virtual host")
         self.assertEqual({q["vhost"] for q in self.get("/api/queues", auth=("mon", "pw")).json()}, {"/"})
 
-    def test_indexPageShowsWhatTheAPIShows(self):
-        """The HTML page shows a management user neither another user's connection nor another vhost's queues."""
-        c, path = self.client("guest")
-        self.broker.setPermissions("guest", "other")
-        self.assertEqual(self.put("/api/queues/other/secret-q").code, 201)
-        page = self.get("/", auth=("mgmt", "pw")).body
-        self.assertIn("w-q", page)
-        self.assertNotIn("secret-q", page)
-        self.assertNotIn("guest", page)
-        admin = self.get("/").body
-        self.assertIn("secret-q", admin)
-        self.assertIn("guest", admin)
-
     def test_vhostIsAdminOnly(self):
         """GET /api/vhosts/{v} is for administrators only, as in 3.10."""
         self.assertError(self.get("/api/vhosts/%2F", auth=("mon", "pw")), 401, "not_authorised",
@@ -892,14 +879,6 @@ class MetricsTests(WebTestCase):
         self.publish("q1")
         fams = families(self.get("/metrics/per-object", auth=None).body)
         self.assertEqual(value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue="q1"), 1)
-
-    def test_indexPage(self):
-        """/ is an HTML page listing queues with names escaped."""
-        self.put("/api/queues/%2F/%3Cb%3E")
-        r = self.get("/")
-        self.assertIn("text/html", r.header("content-type"))
-        self.assertIn("&lt;b&gt;", r.body)
-        self.assertNotIn("<b>", r.body)
 
 
 class OnlyThisTests(WebTestCase):
