@@ -76,8 +76,10 @@ class Broker:
         #: the durability Journal once the store is open (:meth:`attachJournal`), else None
         self.journal = None
         self.addVHost("/")
-        self.addUser(defaultUser, defaultPass, tags=["administrator"],
-                     loopbackOnly=defaultUser in loopbackUsers)
+        #: names that may log in only from loopback (RabbitMQ's ``loopback_users``),
+        #: applied by name at login (:func:`otter_tx.broker.access.login`)
+        self.loopbackUsers = frozenset(loopbackUsers)
+        self.addUser(defaultUser, defaultPass, tags=["administrator"])
         self.setPermissions(defaultUser, "/")
 
     # --- vhosts / users ----------------------------------------------------
@@ -152,9 +154,9 @@ class Broker:
         value = self.userLimits.get(name, {}).get(limit)
         return None if value is None or value < 0 else value
 
-    def addUser(self, name, password, tags=(), loopbackOnly=False):
+    def addUser(self, name, password, tags=()):
         """Create or replace a user; return it."""
-        u = self.users[name] = User(name, password, tags, loopbackOnly)
+        u = self.users[name] = User(name, password, tags)
         self.entityChanged("user", None, u)
         return u
 

@@ -420,7 +420,8 @@ class ManagementApp:
             name, password = raw.split(":", 1)
         except Exception:
             raise HTTPError(401, "not_authorized", "Login failed", challenge)
-        user, refusal = login(self.broker.users, name, password, getattr(request.getClientAddress(), "host", None))
+        user, refusal = login(self.broker.users, name, password, getattr(request.getClientAddress(), "host", None),
+                              self.broker.loopbackUsers)
         if refusal == LOOPBACK_ONLY:
             raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
         if user is None:
@@ -1529,7 +1530,7 @@ class ManagementApp:
         password = body.get("password")
         phash = body.get("password_hash")
         if password is not None:
-            broker.addUser(name, str(password), tags, loopbackOnly=False)
+            broker.addUser(name, str(password), tags)
         elif phash is not None:
             self._replaceUser(name, tags, phash, body.get("hashing_algorithm"))
         elif existing is not None:
