@@ -338,6 +338,10 @@ class OtterService(MultiService):
         announcing more gets 406 PRECONDITION_FAILED ``message size N is
         larger than configured max size M`` on its channel.  Default
         134217728 (128 MiB).
+    :param configFiles: the configuration files read (paths, str), which
+        ``/api/nodes`` reports as ``config_files``.
+    :param logFiles: where the log goes (paths, ``"<stdout>"`` for standard
+        output), which ``/api/nodes`` reports as ``log_files``.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
         ``serverProperties`` entry or a ``maxMessageSize`` out of range.
 
@@ -352,7 +356,7 @@ class OtterService(MultiService):
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
-                 queueMemoryBudget=None):
+                 queueMemoryBudget=None, configFiles=(), logFiles=()):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -446,6 +450,9 @@ class OtterService(MultiService):
             from otter_tx.web.management import ManagementApp
 
             self.management = ManagementApp(self.broker, reactor)
+            self.management.dataDir = dataDir
+            self.management.configFiles = list(configFiles)
+            self.management.logFiles = list(logFiles)
             site = Site(self.management.app.resource())
             site.noisy = False
             for desc in management:
