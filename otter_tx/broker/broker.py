@@ -13,6 +13,7 @@ from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.durability import Journal
+from otter_tx.broker.lateness import ReapingLateness
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
@@ -52,6 +53,8 @@ class Broker:
         #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables
         self.consumerTimeout = consumerTimeout
         self._ackTimer = None
+        #: how late expiries were reaped (otter_tx.broker.lateness), for /metrics
+        self.reapingLateness = ReapingLateness()
         self.vhosts = {}
         self.users = {}
         self.permissions = {}  # (user, vhost) -> (configure, write, read) regexes

@@ -38,11 +38,15 @@ class ExpiryIndex:
     :param onExpire: called as ``onExpire(keys)`` with the list of keys whose
         deadline has passed, in deadline order; each key is removed from the
         index before the call.
+    :param lateness: a :class:`~otter_tx.broker.lateness.LatenessHistogram`
+        that observes, per expired key, how many ms after its deadline it was
+        reaped; None to measure nothing.
     """
 
-    def __init__(self, clock, onExpire):
+    def __init__(self, clock, onExpire, lateness=None):
         self._clock = clock
         self._onExpire = onExpire
+        self._observe = lateness.observe if lateness is not None else None
         self._heap = []
         self._live = {}
         self._seq = count()
@@ -127,16 +131,20 @@ class ExpiryIndex:
         Expire every key whose deadline has passed now; re-arm the timer.
         Returns the number of keys expired.
         """
-        now = nowMs(self._clock) + _EPSILON_MS
+        exact = nowMs(self._clock)
+        now = exact + _EPSILON_MS
         heap = self._heap
         live = self._live
         due = []
         heappop = heapq.heappop
+        observe = self._observe
         while heap and heap[0][0] <= now:
             deadline, _, key = heappop(heap)
             if live.get(key) == deadline:
                 del live[key]
                 due.append(key)
+                if observe is not None:
+                    observe(exact - deadline)
         # drop stale tops so the timer is set for a live deadline
         while heap and live.get(heap[0][2]) != heap[0][0]:
             heappop(heap)
