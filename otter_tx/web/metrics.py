@@ -61,6 +61,13 @@ DETAILED_FAMILIES = (
     "exchange_bindings",
 )
 
+#: our reaping-lateness histogram (name, help); buckets and kinds in otter_tx.broker.lateness
+LATENESS_FAMILY = (
+    "otter_reaping_lateness_seconds",
+    "How late expiries were reaped after their due time, by kind: message (message TTL, per-message "
+    "expiration), queue (x-expires), delayed (x-delayed-message holds)",
+)
+
 #: our families (name without ``_total``, type, help); not in RabbitMQ
 OTTER_FAMILIES = (
     ("otter_dead_letter_dropped", "counter",
@@ -72,13 +79,7 @@ OTTER_FAMILIES = (
      "Messages held by an x-delayed-message exchange until their delay is over"),
     ("otter_queue_messages_published", "counter",
      "Total number of messages published to a queue"),
-)
-
-#: our reaping-lateness histogram (name, help); buckets and kinds in otter_tx.broker.lateness
-LATENESS_FAMILY = (
-    "otter_reaping_lateness_seconds",
-    "How late expiries were reaped after their due time, by kind: message (message TTL, per-message "
-    "expiration), queue (x-expires), delayed (x-delayed-message holds)",
+    (LATENESS_FAMILY[0], "histogram", LATENESS_FAMILY[1]),
 )
 
 _REASONS = ("expired", "rejected", "maxlen")
@@ -434,7 +435,7 @@ class BrokerCollector(_Collector):
     # --- ours ------------------------------------------------------------------------
 
     def _otter(self, snap):
-        (dropped, _, dropHelp), (dl, _, dlHelp), (delayed, _, delayedHelp), (pub, _, pubHelp) = OTTER_FAMILIES
+        (dropped, _, dropHelp), (dl, _, dlHelp), (delayed, _, delayedHelp), (pub, _, pubHelp) = OTTER_FAMILIES[:4]
         f = CounterMetricFamily(dropped, dropHelp)
         f.add_metric([], sum(vh.deadLetterDropped for vh in snap.vhosts))
         yield f
