@@ -120,6 +120,22 @@ class RabbitmqadminTests(ManagementMixin, InteropTestCase):
         returnValue(vh)
 
     @inlineCallbacks
+    def vhostAndUser(self, tags, configure, write, read):
+        """
+        A fresh vhost and user (password ``pw``, ``tags`` comma-separated) with
+        the given permission regexes there, declared with rabbitmqadmin and
+        deleted at the end; ``(vhost, user)``.
+        """
+        vh, user = self.ops("vh"), self.ops("u")
+        yield self.admin("declare", "vhost", "name=" + vh)
+        self.cleanup("delete", "vhost", "name=" + vh)
+        yield self.admin("declare", "user", "name=" + user, "password=pw", "tags=" + tags)
+        self.cleanup("delete", "user", "name=" + user)
+        yield self.admin("declare", "permission", "vhost=" + vh, "user=" + user,
+                         "configure=" + configure, "write=" + write, "read=" + read)
+        returnValue((vh, user))
+
+    @inlineCallbacks
     def waitFor(self, produce, ready, seconds=15):
         """Call ``produce()`` (a Deferred) until ``ready(result)`` or the deadline; the last result."""
         deadline = time.monotonic() + seconds
@@ -250,14 +266,7 @@ class RabbitmqadminTests(ManagementMixin, InteropTestCase):
     @inlineCallbacks
     def test_vhostUserPermission(self):
         """declare / delete vhost, user (password or hash, tags) and permission; the lists follow."""
-        vh = self.ops("vh")
-        user = self.ops("u")
-        yield self.admin("declare", "vhost", "name=" + vh)
-        self.cleanup("delete", "vhost", "name=" + vh)
-        yield self.admin("declare", "user", "name=" + user, "password=pw", "tags=monitoring,policymaker")
-        self.cleanup("delete", "user", "name=" + user)
-        yield self.admin("declare", "permission", "vhost=" + vh, "user=" + user,
-                         "configure=^ops-", "write=.*", "read=")
+        vh, user = yield self.vhostAndUser("monitoring,policymaker", "^ops-", ".*", "")
         users = yield self.adminJson("list", "users")
         [u] = [u for u in users if u["name"] == user]
         self.assertEqual((sorted(u["tags"]), u["hashing_algorithm"]),
@@ -416,14 +425,7 @@ class RabbitmqadminTests(ManagementMixin, InteropTestCase):
     @inlineCallbacks
     def test_exportImportAll(self):
         """export of everything has RabbitMQ's keys; its part about our vhost and user, imported, re-creates them."""
-        vh = self.ops("vh")
-        user = self.ops("u")
-        yield self.admin("declare", "vhost", "name=" + vh)
-        self.cleanup("delete", "vhost", "name=" + vh)
-        yield self.admin("declare", "user", "name=" + user, "password=pw", "tags=management")
-        self.cleanup("delete", "user", "name=" + user)
-        yield self.admin("declare", "permission", "vhost=" + vh, "user=" + user,
-                         "configure=.*", "write=.*", "read=.*")
+        vh, user = yield self.vhostAndUser("management", ".*", ".*", ".*")
         yield self.admin("declare", "permission", "vhost=" + vh, "user=guest",
                          "configure=.*", "write=.*", "read=.*")
         yield self.admin("-V", vh, "declare", "queue", "name=ops-q")
