@@ -323,8 +323,9 @@ class OtterService(MultiService):
         (str, default ``guest``); once the store holds users, it is not
         re-created.
     :param defaultPass: its password (str, default ``guest``).
-    :param loopbackUsers: users that may connect only from loopback (iterable
-        of str; default ``("guest",)``), like RabbitMQ's ``loopback_users``.
+    :param loopbackUsers: names of the users that may log in only from
+        loopback (iterable of str; default ``("guest",)``), like RabbitMQ's
+        ``loopback_users``: applied by name at each login, AMQP and HTTP.
     :param policies: list of dicts ``{"vhost", "name", "pattern",
         "definition", "priority", "apply-to"}`` (as in the config file) to
         install; a policy for a vhost that exists neither now nor in the

@@ -26,6 +26,9 @@ class Broker:
     The whole broker state.
 
     :param clock: ``IReactorTime`` for every timer (TTL, expiry, heartbeats).
+    :param loopbackUsers: names (iterable of str) that may log in only from
+        loopback, RabbitMQ's ``loopback_users`` (default ``("guest",)``);
+        kept as ``loopbackUsers`` and applied by name at every login.
     :param memoryHighWatermark: bytes of process memory (RSS) above which
         publishing connections are blocked (``connection.blocked``, "low on
         memory"); None for no limit.  See ``otter_tx.alarms.MemoryMonitor``.
