@@ -18,7 +18,7 @@ with a ``kind`` label (``message``, ``queue``, ``delayed``) and the
 from bisect import bisect_left
 
 #: upper bounds of the buckets, in ms (1 ms to 10 s); a last bucket takes the rest (+Inf)
-BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 
 #: the ``kind`` label values, in exposition order
 KINDS = ("message", "queue", "delayed")
