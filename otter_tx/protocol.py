@@ -593,7 +593,8 @@ class AMQPServerProtocol(Protocol):
             )
             return
         username, password = credentials
-        user, refusal = login(self.broker.users, username, password, getattr(self.peer, "host", None))
+        user, refusal = login(self.broker.users, username, password, getattr(self.peer, "host", None),
+                              self.broker.loopbackUsers)
         if refusal == LOOPBACK_ONLY:
             log.warn("user {user!r} can only connect via localhost", user=loggable(replyText(username)))
         if user is None:

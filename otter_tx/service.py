@@ -324,8 +324,9 @@ class OtterService(MultiService):
         (str, default ``guest``); once the store holds users, it is not
         re-created.
     :param defaultPass: its password (str, default ``guest``).
-    :param loopbackUsers: users that may connect only from loopback (iterable
-        of str; default ``("guest",)``), like RabbitMQ's ``loopback_users``.
+    :param loopbackUsers: names of the users that may log in only from
+        loopback (iterable of str; default ``("guest",)``), like RabbitMQ's
+        ``loopback_users``: applied by name at each login, AMQP and HTTP.
     :param policies: list of dicts ``{"vhost", "name", "pattern",
         "definition", "priority", "apply-to"}`` (as in the config file) to
         install; a policy for a vhost that exists neither now nor in the
@@ -342,6 +343,10 @@ class OtterService(MultiService):
     :param collectStatisticsInterval: ms between two samples of the message
         rates (RabbitMQ's ``collect_statistics_interval``, a positive int,
         default 5000; :mod:`otter_tx.broker.stats`).
+    :param configFiles: the configuration files read (paths, str), which
+        ``/api/nodes`` reports as ``config_files``.
+    :param logFiles: where the log goes (paths, ``"<stdout>"`` for standard
+        output), which ``/api/nodes`` reports as ``log_files``.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
         ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
         ``collectStatisticsInterval`` that is not a positive int.
@@ -357,7 +362,8 @@ class OtterService(MultiService):
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
-                 queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS):
+                 queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
+                 configFiles=(), logFiles=()):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -456,6 +462,9 @@ class OtterService(MultiService):
             from otter_tx.web.management import ManagementApp
 
             self.management = ManagementApp(self.broker, reactor)
+            self.management.dataDir = dataDir
+            self.management.configFiles = list(configFiles)
+            self.management.logFiles = list(logFiles)
             site = Site(self.management.app.resource())
             site.noisy = False
             for desc in management:

@@ -723,6 +723,22 @@ def resolveSettings(options):
     return settings
 
 
+def _logFiles(options):
+    """
+    Where twistd sends the log, for ``/api/nodes``' ``log_files``: its
+    ``--logfile`` (an absolute path; ``-`` is ``<stdout>``), else
+    ``<stdout>`` with ``--nodaemon`` and ``twistd.log`` in the working
+    directory without; ``[]`` outside twistd.
+    """
+    parent = getattr(options, "parent", None)
+    if parent is None:
+        return []
+    logfile = parent.get("logfile")
+    if logfile == "-" or (not logfile and parent.get("nodaemon")):
+        return ["<stdout>"]
+    return [os.path.abspath(logfile or "twistd.log")]
+
+
 def makeService(options, reactor=None):
     """
     Build the :class:`~otter_tx.service.OtterService` for twistd from
@@ -761,6 +777,8 @@ def makeService(options, reactor=None):
         serverProperties=s["server-properties"],
         maxMessageSize=s["max-message-size"],
         collectStatisticsInterval=s["collect-statistics-interval"],
+        configFiles=[os.path.abspath(options["config"])] if options.get("config") else [],
+        logFiles=_logFiles(options),
     )
     svc.exitOnFailure = True
     return svc

@@ -54,16 +54,17 @@ class PasswordHashError(ValueError):
 class User:
     """
     A broker user: ``name``, ``password`` (str, stored as a salted hash; None
-    for no password), ``tags`` (list of str), ``loopbackOnly`` (like
-    RabbitMQ's ``loopback_users``: guest by default).  ``salt`` and
+    for no password), ``tags`` (list of str).  ``salt`` and
     ``passwordHash`` are base64 text (salt and digest apart, as the journal
     keeps them), ``hashingAlgorithm`` one of :data:`HASHING_ALGORITHMS`.
+    Whether the user may log in only from loopback is no property of the
+    user: the broker's ``loopbackUsers`` setting names them (see
+    :func:`login`).
     """
 
-    def __init__(self, name, password, tags=(), loopbackOnly=False):
+    def __init__(self, name, password, tags=()):
         self.name = name
         self.tags = list(tags)
-        self.loopbackOnly = loopbackOnly
         self.salt = self.passwordHash = None
         self.hashingAlgorithm = DEFAULT_HASHING
         if password is not None:
@@ -114,7 +115,7 @@ def isLoopback(host):
     True when a peer address ``host`` (str, as ``IAddress.host``; None or
     ``""`` for a non-IP transport such as a UNIX socket) is loopback:
     127.0.0.0/8, ``::1``, an IPv4-mapped ``::ffff:127.x.y.z``, or the name
-    ``localhost``.  The one rule for ``loopbackOnly`` users over AMQP and
+    ``localhost``.  The one rule for ``loopback_users`` over AMQP and
     HTTP (RabbitMQ's ``rabbit_net:is_loopback/1``).
     """
     if not host or host == "localhost":
@@ -133,21 +134,26 @@ INVALID_CREDENTIALS = "invalid credentials"
 LOOPBACK_ONLY = "can only connect via localhost"
 
 
-def login(users, username, password, host):
+def login(users, username, password, host, loopbackUsers=()):
     """
     The login rule of both doors (AMQP connection.start-ok, HTTP Basic
     auth): ``(user, None)`` for the :class:`User` of ``users`` (dict name ->
     User) named ``username`` (str or None) whose password is ``password``,
     connecting from ``host`` (see :func:`isLoopback`); else ``(None,
-    reason)`` with :data:`INVALID_CREDENTIALS` or :data:`LOOPBACK_ONLY` for a
-    ``loopbackOnly`` user (RabbitMQ's ``loopback_users``, guest by default)
-    from elsewhere.  Each door answers with its own refusal (AMQP 403
-    ``ACCESS_REFUSED - Login was refused ...``, HTTP 401).
+    reason)`` with :data:`INVALID_CREDENTIALS`, or :data:`LOOPBACK_ONLY`
+    when the name is in ``loopbackUsers`` (a container of str, the broker's
+    ``loopback_users`` setting, ``{"guest"}`` by default) and ``host`` is
+    not loopback.  As RabbitMQ, the rule goes BY NAME, whatever the user's
+    tags or how it was created or re-created, and only after the password
+    was checked (``rabbit_access_control:check_user_loopback/2``, called
+    once the backend accepted the credentials; docs "access-control",
+    "Loopback Connections").  Each door answers with its own refusal (AMQP
+    403 ``ACCESS_REFUSED - Login was refused ...``, HTTP 401).
     """
     user = users.get(username) if username is not None else None
     if user is None or not user.checkPassword(password):
         return None, INVALID_CREDENTIALS
-    if user.loopbackOnly and not isLoopback(host):
+    if username in loopbackUsers and not isLoopback(host):
         return None, LOOPBACK_ONLY
     return user, None
 

@@ -14,6 +14,7 @@ from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
 from otter_tx.broker.durability import Journal
+from otter_tx.broker.lateness import ReapingLateness
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import VHost
@@ -26,6 +27,9 @@ class Broker:
     The whole broker state.
 
     :param clock: ``IReactorTime`` for every timer (TTL, expiry, heartbeats).
+    :param loopbackUsers: names (iterable of str) that may log in only from
+        loopback, RabbitMQ's ``loopback_users`` (default ``("guest",)``);
+        kept as ``loopbackUsers`` and applied by name at every login.
     :param memoryHighWatermark: bytes of process memory (RSS) above which
         publishing connections are blocked (``connection.blocked``, "low on
         memory"); None for no limit.  See ``otter_tx.alarms.MemoryMonitor``.
@@ -53,6 +57,8 @@ class Broker:
         #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables
         self.consumerTimeout = consumerTimeout
         self._ackTimer = None
+        #: how late expiries were reaped (otter_tx.broker.lateness), for /metrics
+        self.reapingLateness = ReapingLateness()
         self.vhosts = {}
         self.users = {}
         self.permissions = {}  # (user, vhost) -> (configure, write, read) regexes
@@ -82,8 +88,10 @@ class Broker:
         #: the durability Journal once the store is open (:meth:`attachJournal`), else None
         self.journal = None
         self.addVHost("/")
-        self.addUser(defaultUser, defaultPass, tags=["administrator"],
-                     loopbackOnly=defaultUser in loopbackUsers)
+        #: names that may log in only from loopback (RabbitMQ's ``loopback_users``),
+        #: applied by name at login (:func:`otter_tx.broker.access.login`)
+        self.loopbackUsers = frozenset(loopbackUsers)
+        self.addUser(defaultUser, defaultPass, tags=["administrator"])
         self.setPermissions(defaultUser, "/")
 
     # --- vhosts / users ----------------------------------------------------
@@ -165,9 +173,9 @@ class Broker:
         value = self.userLimits.get(name, {}).get(limit)
         return None if value is None or value < 0 else value
 
-    def addUser(self, name, password, tags=(), loopbackOnly=False):
+    def addUser(self, name, password, tags=()):
         """Create or replace a user; return it."""
-        u = self.users[name] = User(name, password, tags, loopbackOnly)
+        u = self.users[name] = User(name, password, tags)
         self.entityChanged("user", None, u)
         return u
 

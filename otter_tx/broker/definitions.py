@@ -102,11 +102,9 @@ class _Import:
                 continue
             u = User(name, None, _tags(item.get("tags")))
             old = broker.users.get(name)
-            if old is not None:
-                u.loopbackOnly = old.loopbackOnly
             try:
                 if "password" in item and "password_hash" not in item:
-                    u = User(name, str(item["password"]), u.tags, u.loopbackOnly)
+                    u = User(name, str(item["password"]), u.tags)
                 else:
                     u.setPasswordHash(item.get("password_hash", ""), item.get("hashing_algorithm"))
             except PasswordHashError as e:

@@ -101,7 +101,7 @@ class DelayedExchange(Exchange):
                           internal, arguments)
         self.type = DELAYED_TYPE
         self.delayedType = arguments["x-delayed-type"]
-        self._index = ExpiryIndex(vhost.clock, self._fire)
+        self._index = ExpiryIndex(vhost.clock, self._fire, vhost.broker.reapingLateness.delayed)
         self._seq = 0
         self.journal = None
 

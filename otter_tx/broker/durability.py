@@ -107,7 +107,7 @@ class Journal:
                     "user",
                     obj.name,
                     dict({"salt": obj.salt, "hash": obj.passwordHash, "tags": obj.tags,
-                          "loopbackOnly": obj.loopbackOnly, "algorithm": obj.hashingAlgorithm},
+                          "algorithm": obj.hashingAlgorithm},
                          **({"limits": self.broker.userLimits[obj.name]}
                             if obj.name in self.broker.userLimits else {})),
                 )
@@ -284,7 +284,8 @@ class Journal:
             if users:
                 broker.users.clear()
                 for name, rec in users.items():
-                    u = broker.addUser(name, None, rec.get("tags", ()), rec.get("loopbackOnly", False))
+                    # an older store's "loopbackOnly" flag is ignored: the rule goes by name
+                    u = broker.addUser(name, None, rec.get("tags", ()))
                     u.salt, u.passwordHash = rec["salt"], rec["hash"]
                     u.hashingAlgorithm = rec.get("algorithm", DEFAULT_HASHING)
                     if rec.get("limits"):

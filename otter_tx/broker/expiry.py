@@ -17,7 +17,10 @@ Time base: deadlines are milliseconds on the clock's time base, that is
 """
 
 import heapq
+from bisect import bisect_left
 from itertools import count
+
+from otter_tx.broker.lateness import BUCKETS_MS
 
 #: tolerance for float rounding between a deadline and the clock, in ms
 _EPSILON_MS = 1e-3
@@ -38,11 +41,15 @@ class ExpiryIndex:
     :param onExpire: called as ``onExpire(keys)`` with the list of keys whose
         deadline has passed, in deadline order; each key is removed from the
         index before the call.
+    :param lateness: a :class:`~otter_tx.broker.lateness.LatenessHistogram`
+        that observes, per expired key, how many ms after its deadline it was
+        reaped; None to measure nothing.
     """
 
-    def __init__(self, clock, onExpire):
+    def __init__(self, clock, onExpire, lateness=None):
         self._clock = clock
         self._onExpire = onExpire
+        self._lateness = lateness
         self._heap = []
         self._live = {}
         self._seq = count()
@@ -127,16 +134,35 @@ class ExpiryIndex:
         Expire every key whose deadline has passed now; re-arm the timer.
         Returns the number of keys expired.
         """
-        now = nowMs(self._clock) + _EPSILON_MS
+        exact = nowMs(self._clock)
+        now = exact + _EPSILON_MS
         heap = self._heap
         live = self._live
         due = []
         heappop = heapq.heappop
-        while heap and heap[0][0] <= now:
-            deadline, _, key = heappop(heap)
-            if live.get(key) == deadline:
-                del live[key]
-                due.append(key)
+        lateness = self._lateness
+        if lateness is None:
+            while heap and heap[0][0] <= now:
+                deadline, _, key = heappop(heap)
+                if live.get(key) == deadline:
+                    del live[key]
+                    due.append(key)
+        else:
+            # per key: one subtraction and one bucket increment (LatenessHistogram.observe, inlined)
+            counts, lateSum = lateness.counts, 0.0
+            while heap and heap[0][0] <= now:
+                deadline, _, key = heappop(heap)
+                if live.get(key) == deadline:
+                    del live[key]
+                    due.append(key)
+                    late = exact - deadline
+                    if late <= 1.0:
+                        counts[0] += 1  # on time, the common case: no bucket search
+                    else:
+                        counts[bisect_left(BUCKETS_MS, late)] += 1
+                    lateSum += late
+            # a key reaped a hair before its deadline (within _EPSILON_MS) adds a tiny negative
+            lateness.sumMs = max(0.0, lateness.sumMs + lateSum)
         # drop stale tops so the timer is set for a live deadline
         while heap and live.get(heap[0][2]) != heap[0][0]:
             heappop(heap)

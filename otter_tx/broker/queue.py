@@ -151,7 +151,7 @@ class Queue:
         #: the matching OperatorPolicy, and the merged definition in effect (vhost._applyPolicy)
         self.operatorPolicy = None
         self.effectiveDefinition = {}
-        self._expiry = ExpiryIndex(self.clock, self._expired)
+        self._expiry = ExpiryIndex(self.clock, self._expired, vhost.broker.reapingLateness.message)
         #: the durability journal for a durable queue (set by the journal), else None
         self.journal = None
         #: the journal's key for this queue (``Journal.queueKey``), once computed
@@ -231,8 +231,9 @@ class Queue:
             self._idleTimer = self.clock.callLater(expires / 1000.0, self._idleExpired)
 
     def _idleExpired(self):
-        self._idleTimer = None
+        timer, self._idleTimer = self._idleTimer, None
         if not self.consumers and not self.deleted:
+            self.vhost.broker.reapingLateness.queue.observe((self.clock.seconds() - timer.getTime()) * 1000.0)
             self.vhost.deleteQueue(self, reason="expired")
 
     def leaseDeadline(self):
@@ -341,7 +342,8 @@ class Queue:
         self.pagedBytes += entry.message.size
         if entry.expiresAt is not None and seg.minExpiresAt == entry.expiresAt:
             if self._pageExpiry is None:
-                self._pageExpiry = ExpiryIndex(self.clock, self._pagedExpired)
+                self._pageExpiry = ExpiryIndex(self.clock, self._pagedExpired,
+                                               self.vhost.broker.reapingLateness.message)
                 if self._stopped:
                     self._pageExpiry.freeze()
             self._pageExpiry.add(seg, seg.minExpiresAt)

@@ -42,6 +42,12 @@ PREDECLARED = (
     ("amq.match", "headers"),
 )
 
+#: the firehose tracer's exchange every RabbitMQ vhost has (durable, internal,
+#: topic; ``rabbit_vhost:do_add``); otter_tx has no tracer, so nothing is ever
+#: published to it, but it is listed as RabbitMQ lists it
+#: (https://www.rabbitmq.com/docs/firehose)
+TRACE_EXCHANGE = "amq.rabbitmq.trace"
+
 #: the vhost limits RabbitMQ 3.10 knows (``rabbit_vhost_limit``); values
 #: are integers, a negative one means no limit
 LIMIT_NAMES = ("max-connections", "max-queues")
@@ -142,6 +148,7 @@ class VHost:
         self.exchanges[""] = Exchange(self, "", "direct", True, False, False, {})
         for name, type in PREDECLARED:
             self.exchanges[name] = Exchange(self, name, type, True, False, False, {})
+        self.exchanges[TRACE_EXCHANGE] = Exchange(self, TRACE_EXCHANGE, "topic", True, False, True, {})
 
     # --- exchanges ----------------------------------------------------------
 

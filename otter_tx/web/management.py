@@ -61,6 +61,7 @@ from otter_tx.broker import stats as S
 from otter_tx.broker.delayed import DELAYED_TYPE
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.message import Message
+from otter_tx.web.nodes import memoryBreakdown, memUsed, nodeDict, relativeMemory
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.vhost import LimitError
@@ -426,6 +427,11 @@ class ManagementApp:
         #: the node's listeners (:mod:`otter_tx.web.health` records), set by
         #: the service once they are bound; empty for an app built alone
         self.listeners = []
+        #: what ``/api/nodes`` reports as ``db_dir``, ``config_files`` and
+        #: ``log_files`` (set by the service; None / empty for an app built alone)
+        self.dataDir = None
+        self.configFiles = []
+        self.logFiles = []
 
     # --- plumbing -------------------------------------------------------------
 
@@ -495,7 +501,8 @@ class ManagementApp:
             name, password = raw.split(":", 1)
         except Exception:
             raise HTTPError(401, "not_authorized", "Login failed", challenge)
-        user, refusal = login(self.broker.users, name, password, getattr(request.getClientAddress(), "host", None))
+        user, refusal = login(self.broker.users, name, password, getattr(request.getClientAddress(), "host", None),
+                              self.broker.loopbackUsers)
         if refusal == LOOPBACK_ONLY:
             raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
         if user is None:
@@ -1789,7 +1796,7 @@ class ManagementApp:
         password = body.get("password")
         phash = body.get("password_hash")
         if password is not None:
-            broker.addUser(name, str(password), tags, loopbackOnly=False)
+            broker.addUser(name, str(password), tags)
         elif phash is not None:
             self._replaceUser(name, tags, phash, body.get("hashing_algorithm"))
         elif existing is not None:
@@ -2172,55 +2179,75 @@ class ManagementApp:
         """
         return {"status": "ok", "reason": "single node cluster"}
 
-    def _nodeDict(self):
-        import os
+    # --- nodes ----------------------------------------------------------------
 
-        from otter_tx.alarms import totalMemoryBytes
-        from otter_tx.memory import rssBytes
+    #: the RabbitMQ plugins whose function is built in and on (``enabled_plugins``)
+    ENABLED_PLUGINS = ("rabbitmq_delayed_message_exchange", "rabbitmq_management", "rabbitmq_prometheus")
 
-        alarms = self.broker.alarms
-        disk = alarms.monitors.get("disk")
-        memory = alarms.monitors.get("memory")
-        used = rssBytes()
-        if used is None:
-            used = self.broker.messageBytesEstimate()
-        return {
-            "name": alarms.nodeName,
-            "type": "disc",
-            "running": True,
-            "os_pid": str(os.getpid()),
-            "uptime": int((self.clock.seconds() - self.startedAt) * 1000),
-            "processors": os.cpu_count() or 1,
-            "partitions": [],
-            "mem_used": used,
-            "mem_limit": memory.watermark if memory is not None else totalMemoryBytes(),
-            "mem_alarm": "memory" in alarms.active,
-            "mem_calculation_strategy": "rss",
-            "disk_free": disk.free if disk is not None and disk.free is not None else 0,
-            "disk_free_limit": disk.limit if disk is not None else 0,
-            "disk_free_alarm": "disk" in alarms.active,
-            "sockets_used": len(self.broker.connections),
-        }
+    def _nodeDict(self, request=None):
+        """
+        This node as :func:`otter_tx.web.nodes.nodeDict` builds it, with
+        ``memory`` / ``binary`` when the query asks (``?memory=true``,
+        ``?binary=true``).
+        """
+        contexts = [{k: v for k, v in c.items() if k not in ("node", "ssl_opts")} for c in self._contexts()]
+        return nodeDict(
+            self.broker, self.clock, int((self.clock.seconds() - self.startedAt) * 1000), contexts,
+            [{"name": n, "description": d, "enabled": True} for n, d in _EXCHANGE_TYPE_DESCRIPTIONS],
+            dataDir=self.dataDir, configFiles=self.configFiles, logFiles=self.logFiles,
+            enabledPlugins=self.ENABLED_PLUGINS,
+            memory=request is not None and _queryFlag(request, "memory"),
+            binary=request is not None and _queryFlag(request, "binary"),
+        )
+
+    def _thisNode(self, name):
+        """404 unless ``name`` is this node's name (RabbitMQ 3.10 answers 500 for an unknown node)."""
+        if name != self.broker.alarms.nodeName:
+            raise notFound()
 
     @app.route("/api/nodes", methods=["GET", "OPTIONS"])
     @endpoint(_MONITOR)
     def nodes(self, request, user):
         """
-        ``GET /api/nodes``: this node, with ``mem_used`` (RSS, bytes),
-        ``mem_limit`` (the high-watermark), ``mem_alarm``, ``disk_free``
-        (bytes free on the data directory's filesystem at the last check),
-        ``disk_free_limit``, ``disk_free_alarm`` as RabbitMQ's; 401 "Not
-        monitor user" below the ``monitoring`` tag.
+        ``GET /api/nodes``: ``[node]``, this node with RabbitMQ 3.10's keys
+        (:func:`otter_tx.web.nodes.nodeDict`): ``mem_used`` (RSS, bytes),
+        ``mem_limit`` (the high watermark, bytes), ``mem_alarm``,
+        ``disk_free`` (bytes free on the data directory's filesystem at the
+        last check), ``disk_free_limit``, ``disk_free_alarm``, ``fd_used`` /
+        ``fd_total``, ``uptime`` (ms), ...; ``?memory=true`` and
+        ``?binary=true`` add the breakdowns.  401 "Not monitor user" below
+        the ``monitoring`` tag.
         """
-        return [self._nodeDict()]
+        return [self._nodeDict(request)]
 
     @app.route("/api/nodes/<name>", methods=["GET", "OPTIONS"])
     @endpoint(_MONITOR)
     def node(self, request, user, name):
         """``GET /api/nodes/{name}``: this node as in ``/api/nodes``; 404 for another name."""
-        if name != self.broker.alarms.nodeName:
-            raise notFound()
-        return self._nodeDict()
+        self._thisNode(name)
+        return self._nodeDict(request)
+
+    @app.route("/api/nodes/<name>/memory", methods=["GET", "OPTIONS"])
+    @endpoint(_MONITOR)
+    def nodeMemory(self, request, user, name):
+        """
+        ``GET /api/nodes/{name}/memory``: ``{"memory": breakdown}`` (bytes,
+        :func:`otter_tx.web.nodes.memoryBreakdown`); 404 for another name.
+        """
+        self._thisNode(name)
+        return {"memory": memoryBreakdown(self.broker, memUsed(self.broker))}
+
+    @app.route("/api/nodes/<name>/memory/relative", methods=["GET", "OPTIONS"])
+    @endpoint(_MONITOR)
+    def nodeMemoryRelative(self, request, user, name):
+        """
+        ``GET /api/nodes/{name}/memory/relative``: ``{"memory": {"total":
+        100, key: percent}}`` (whole percentages of RSS); 404 for another name.
+        """
+        self._thisNode(name)
+        return {"memory": relativeMemory(memoryBreakdown(self.broker, memUsed(self.broker)))}
+
+    # --- aliveness, definitions --------------------------------------------------
 
     @app.route("/api/aliveness-test/<vhost>", methods=["GET", "OPTIONS"])
     @endpoint(_VHOST)

@@ -28,10 +28,16 @@ listener is :class:`PrometheusResource` (``--prometheus``, default
 import os
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    UnknownMetricFamily,
+)
 from twisted.web.resource import Resource
 
 from otter_tx import __version__
+from otter_tx.broker.lateness import BUCKETS_MS
 from otter_tx.memory import rssBytes
 from otter_tx.web._format import NODE
 
@@ -58,6 +64,13 @@ DETAILED_FAMILIES = (
     "exchange_bindings",
 )
 
+#: our reaping-lateness histogram (name, help); buckets and kinds in otter_tx.broker.lateness
+LATENESS_FAMILY = (
+    "otter_reaping_lateness_seconds",
+    "How late expiries were reaped after their due time, by kind: message (message TTL, per-message "
+    "expiration), queue (x-expires), delayed (x-delayed-message holds)",
+)
+
 #: our families (name without ``_total``, type, help); not in RabbitMQ
 OTTER_FAMILIES = (
     ("otter_dead_letter_dropped", "counter",
@@ -69,6 +82,7 @@ OTTER_FAMILIES = (
      "Messages held by an x-delayed-message exchange until their delay is over"),
     ("otter_queue_messages_published", "counter",
      "Total number of messages published to a queue"),
+    (LATENESS_FAMILY[0], "histogram", LATENESS_FAMILY[1]),
 )
 
 _REASONS = ("expired", "rejected", "maxlen")
@@ -199,6 +213,7 @@ class BrokerCollector(_Collector):
             yield f
         for f in self._otter(snap):
             yield f
+        yield self._lateness()
 
     # --- RabbitMQ's ?TOTALS, build and identity info ---------------------------------
 
@@ -486,7 +501,7 @@ class BrokerCollector(_Collector):
     # --- ours ------------------------------------------------------------------------
 
     def _otter(self, snap):
-        (dropped, _, dropHelp), (dl, _, dlHelp), (delayed, _, delayedHelp), (pub, _, pubHelp) = OTTER_FAMILIES
+        (dropped, _, dropHelp), (dl, _, dlHelp), (delayed, _, delayedHelp), (pub, _, pubHelp) = OTTER_FAMILIES[:4]
         f = CounterMetricFamily(dropped, dropHelp)
         f.add_metric([], sum(vh.deadLetterDropped for vh in snap.vhosts))
         yield f
@@ -506,6 +521,20 @@ class BrokerCollector(_Collector):
             (pub + "_total", "counter", pubHelp, lambda q: q.publishedCount),
         )):
             yield f
+
+
+    def _lateness(self):
+        """``otter_reaping_lateness_seconds``: the broker's ReapingLateness, buckets in seconds, per ``kind``."""
+        name, help = LATENESS_FAMILY
+        f = HistogramMetricFamily(name, help, labels=["kind"])
+        bounds = [repr(ms / 1000.0) for ms in BUCKETS_MS] + ["+Inf"]
+        for kind, h in self.broker.reapingLateness.byKind():
+            cumulative, buckets = 0, []
+            for bound, n in zip(bounds, h.counts):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            f.add_metric([kind], buckets, h.sumMs / 1000.0)
+        return f
 
 
 class _DetailedCollector(_Collector):

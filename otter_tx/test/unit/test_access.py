@@ -131,10 +131,10 @@ class LoopbackTests(SynchronousTestCase):
         for host, expected in LOOPBACK_TABLE:
             self.assertEqual(access.isLoopback(host), expected, host)
 
-    def _amqpLogin(self, address):
+    def _amqpLogin(self, address, name="guest"):
         c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), handshake=False)
         c.protocol.peer = address
-        return not any(isinstance(m, spec.ConnectionClose) for _, m, _ in c.handshake())
+        return not any(isinstance(m, spec.ConnectionClose) for _, m, _ in c.handshake(user=name))
 
     def _checkDoor(self, login):
         """``login(address)`` is True exactly for the table's loopback addresses (the IP ones)."""
@@ -148,18 +148,18 @@ class LoopbackTests(SynchronousTestCase):
         """guest (loopback-only) logs in over AMQP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
         self._checkDoor(self._amqpLogin)
 
-    def _httpLogin(self, address):
+    def _httpLogin(self, address, name="guest"):
         mgmt = ManagementApp(self.broker, self.clock)
 
         class Req:
-            def getHeader(self, name):
-                return b"Basic " + base64.b64encode(b"guest:guest")
+            def getHeader(self, header):
+                return b"Basic " + base64.b64encode(name.encode() + b":guest")
 
             def getClientAddress(self):
                 return address
 
         try:
-            return mgmt._authenticate(Req(), _ANY).name == "guest"
+            return mgmt._authenticate(Req(), _ANY).name == name
         except HTTPError as e:
             self.assertEqual((e.code, json.dumps(e.reason)), (401, '"User can only log in via localhost"'))
             return False
@@ -167,6 +167,42 @@ class LoopbackTests(SynchronousTestCase):
     def test_httpDoor(self):
         """guest logs in over HTTP exactly from the loopback addresses of the table (::ffff:127.0.0.1 too)."""
         self._checkDoor(self._httpLogin)
+
+    def _recreateGuest(self):
+        """Re-create guest through the HTTP door (PUT /api/users/guest), as RabbitMQ's default user can be."""
+        from treq.testing import StubTreq
+
+        mgmt = ManagementApp(self.broker, self.clock)
+        treq = StubTreq(mgmt.app.resource())
+        auth = ("guest", "guest")
+        r = self.successResultOf(treq.put("http://localhost/api/users/guest", auth=auth,
+                                          data=json.dumps({"password": "guest", "tags": "administrator"})))
+        self.assertEqual(r.code, 204)
+
+    def test_recreatedGuestStaysLoopbackOnly(self):
+        """guest re-created with PUT /api/users/guest is still refused from elsewhere on both doors: the rule goes by name."""
+        self._recreateGuest()
+        self._checkDoor(self._amqpLogin)
+        self._checkDoor(self._httpLogin)
+
+    def test_emptyLoopbackUsers(self):
+        """With loopbackUsers empty, guest logs in from any address on both doors."""
+        self.broker = Broker(self.clock, loopbackUsers=())
+        for door in (self._amqpLogin, self._httpLogin):
+            for host in ("10.0.0.1", "::2"):
+                cls = IPv6Address if ":" in host else IPv4Address
+                self.assertTrue(door(cls("TCP", host, 40000)), host)
+
+    def test_otherNameListed(self):
+        """A listed user created later (alice) is refused from elsewhere on both doors; guest, unlisted, is not."""
+        self.broker = Broker(self.clock, loopbackUsers=("alice",))
+        self.broker.addUser("alice", "guest", tags=["administrator"])
+        self.broker.setPermissions("alice", "/")
+        outside = IPv4Address("TCP", "10.0.0.1", 40000)
+        for door in (self._amqpLogin, self._httpLogin):
+            self.assertTrue(door(outside))
+            self.assertFalse(door(outside, "alice"))
+            self.assertTrue(door(IPv4Address("TCP", "127.0.0.1", 40000), "alice"))
 
 
 class LoginTests(SynchronousTestCase):
@@ -190,7 +226,18 @@ class LoginTests(SynchronousTestCase):
             (("guest", "wrong", "10.0.0.1"), access.INVALID_CREDENTIALS),
         ]
         for args, reason in cases:
-            self.assertEqual(access.login(self.broker.users, *args), (None, reason), args)
+            self.assertEqual(access.login(self.broker.users, *args + (self.broker.loopbackUsers,)),
+                             (None, reason), args)
+
+    def test_byName(self):
+        """The loopback rule goes by the name in loopbackUsers, not by the user: alice listed is refused, guest unlisted is let in."""
+        self.broker.addUser("alice", "secret")
+        self.assertEqual(access.login(self.broker.users, "alice", "secret", "10.0.0.1", {"alice"}),
+                         (None, access.LOOPBACK_ONLY))
+        user, refusal = access.login(self.broker.users, "guest", "guest", "10.0.0.1", {"alice"})
+        self.assertEqual((user.name, refusal), ("guest", None))
+        user, refusal = access.login(self.broker.users, "guest", "guest", "10.0.0.1", ())
+        self.assertEqual((user.name, refusal), ("guest", None))
 
     def test_otherUsersFromAnywhere(self):
         """A user that is not loopback-only logs in from any address."""

@@ -200,6 +200,24 @@ class JournalTests(SynchronousTestCase):
         b = self.restart(store, clock, b)
         self.assertEqual(b.userLimits, {})
 
+    def test_oldUserRecordWithLoopbackFlagLoads(self):
+        """A user record of an older store, with its per-user "loopbackOnly" flag, still loads; the flag is ignored."""
+        from otter_tx.broker import access
+
+        clock = Clock()
+        store = MemoryStore()
+        b = self.boot(store, clock)
+        b.addUser("old", "pw", tags=["management"])
+        b.stop()
+        salt, digest = b.users["old"].salt, b.users["old"].passwordHash
+        store.putEntity("user", "old", {"salt": salt, "hash": digest, "tags": ["management"],
+                                        "loopbackOnly": True, "algorithm": access.DEFAULT_HASHING})
+        self.successResultOf(store.close())
+        b = self.boot(store, clock)
+        self.assertEqual(b.users["old"].tags, ["management"])
+        user, refusal = access.login(b.users, "old", "pw", "10.0.0.1", b.loopbackUsers)
+        self.assertEqual((user.name, refusal), ("old", None))
+
     def test_operatorPoliciesSurviveRestart(self):
         """Operator policies are stored and applied again to the recovered queues."""
         from otter_tx.broker.policy import OperatorPolicy

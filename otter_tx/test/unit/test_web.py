@@ -614,9 +614,10 @@ class ExchangeTests(WebTestCase):
         self.assertError(self.delete("/api/exchanges/%2F/amq.direct"), 401, "not_authorised", "Access refused.")
 
     def test_list(self):
-        """The list has the default exchange named "" and the amq.* exchanges."""
+        """The list has the default exchange named "" and the amq.* exchanges (the tracer's too, as RabbitMQ)."""
         names = [x["name"] for x in self.get("/api/exchanges/%2F").json()]
-        self.assertEqual(names, ["", "amq.direct", "amq.fanout", "amq.headers", "amq.match", "amq.topic"])
+        self.assertEqual(names, ["", "amq.direct", "amq.fanout", "amq.headers", "amq.match",
+                                 "amq.rabbitmq.trace", "amq.topic"])
 
     def test_delayed(self):
         """An x-delayed-message exchange reports messages_delayed."""
@@ -740,7 +741,7 @@ class AdminTests(WebTestCase):
         self.publish("q1")
         o = self.get("/api/overview").json()
         self.assertEqual((o["product_name"], o["rabbitmq_version"]), ("otter_tx", "3.10.8"))
-        self.assertEqual(o["object_totals"], {"channels": 0, "connections": 0, "consumers": 0, "exchanges": 6,
+        self.assertEqual(o["object_totals"], {"channels": 0, "connections": 0, "consumers": 0, "exchanges": 7,
                                               "queues": 1})
         self.assertEqual((o["queue_totals"]["messages"], o["queue_totals"]["messages_ready"]), (1, 1))
         self.assertIn("x-delayed-message", [t["name"] for t in o["exchange_types"]])
