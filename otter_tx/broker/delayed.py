@@ -463,12 +463,15 @@ class DelayedExchange(Exchange):
 
     def cancel(self, heldId):
         """
-        Drop held message ``heldId`` (its broker id, str or int); True when
-        it was held.  Written to the store (durable exchanges).
+        Drop held message ``heldId`` (its broker id: an int, or a string of
+        ASCII digits); True when it was held.  Written to the store
+        (durable exchanges).
         """
-        try:
+        if isinstance(heldId, str) and heldId.isascii() and heldId.isdigit():
             seq = int(heldId)
-        except (TypeError, ValueError):
+        elif type(heldId) is int:
+            seq = heldId
+        else:
             return False
         entry = self._set.remove(seq)
         if entry is None:
@@ -557,7 +560,7 @@ class DelayedExchange(Exchange):
                          "reason": "unknown x-delayed-command %r: use list, cancel or purge" % (command,)}
         try:
             args = json.loads(body.decode("utf-8")) if body.strip() else {}
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             args = None
         if not isinstance(args, dict):
             return 400, {"error": "bad_request", "reason": "the body must be a JSON object or empty"}
@@ -574,12 +577,13 @@ class DelayedExchange(Exchange):
             return 200, self.heldPage(page, size)
         if command == "purge":
             return 204, {"purged": self.purgeHeld()}
-        if "id" in args:
+        if type(args.get("id")) in (str, int):
             n = 1 if self.cancel(args["id"]) else 0
         elif isinstance(args.get("message_id"), str):
             n = self.cancelMessageId(args["message_id"])
         else:
-            return 400, {"error": "bad_request", "reason": "cancel needs \"id\" or \"message_id\" (a string)"}
+            return 400, {"error": "bad_request",
+                         "reason": "cancel needs \"id\" (a string or an integer) or \"message_id\" (a string)"}
         if not n:
             return 404, {"error": "Object Not Found", "reason": "Not Found"}
         return 204, {"cancelled": n}

@@ -48,8 +48,8 @@ class PikaScheduledTests(InteropTestCase):
             ch.exchange_declare(ex, "x-delayed-message", auto_delete=True,
                                 arguments={"x-delayed-type": "direct"})
             replies = {}
-            ch.basic_consume("amq.rabbitmq.reply-to", lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)),
-                             auto_ack=True)
+            ch.basic_consume("amq.rabbitmq.reply-to",
+                             lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
             for delay, mid in ((60000, "order-1"), (30000, None), (90000, "order-1"), (45000, "order-2")):
                 ch.basic_publish(ex, "job", b"x", pika.BasicProperties(headers={"x-delay": delay}, message_id=mid))
             out = {"list": self.rpc(ch, ex, replies, "list", {"page": 1, "page_size": 3})}

@@ -150,6 +150,8 @@ class HeldSetTests(ExchangeTestCase):
         self.assertFalse(self.ex.cancel("99"))
         self.assertFalse(self.ex.cancel("two"))
         self.assertFalse(self.ex.cancel(None))
+        for bad in (True, 1.0, " 1", "1_0", "-1", "\u00b9", [1]):
+            self.assertFalse(self.ex.cancel(bad), bad)
         self.assertEqual((self.ex.held, self.ids()), (2, ["1", "3"]))
         self.clock.advance(0.3)
         self.assertEqual(self.bodies(), [b"100", b"300"])
@@ -477,6 +479,7 @@ class AMQPCommandTests(SynchronousTestCase):
     def test_errorsAnswered(self):
         """An unknown command, a bad body, bad paging or a cancel without a key is a 400 answer; the channel stays open."""
         for command, body in (("frobnicate", b""), ("list", b"not json"), ("list", b"[1]"),
+                              ("list", b"[" * 100000 + b"]" * 100000), ("cancel", b'{"id": true}'),
                               ("list", b'{"page": 0}'), ("cancel", b"{}"), ("cancel", b'{"message_id": 5}')):
             status, answer, _ = self.command(command, body)
             self.assertEqual(status, 400, (command, body))

@@ -1,0 +1,152 @@
+"""
+Scheduled messages at scale (issue 11): N held messages (1,000,000 by
+default) on one x-delayed-message exchange of an in-process broker, due
+times spread uniformly over --spread seconds (10 minutes), each with its
+own ``message_id`` and an ``x-delay-until`` header.
+
+    .venv/bin/python bench/delayed_held.py [--messages N] [--spread S] [--setup S] [--run S]
+
+Prints:
+
+- memory per held message: the process RSS growth over holding them, after
+  a full collection, divided by N (the message, its properties and the
+  held set's entry and indexes);
+- the time to list one page of 100 (``DelayedExchange.heldPage`` plus the
+  ``json.dumps`` of the HTTP answer) at the first, middle and last page,
+  and to cancel one by broker id and one by ``message_id`` (medians of
+  repeated runs, ms);
+- lateness on the real reactor (delivery into the bound queue minus due
+  time, p50/p99/max ms) of every held message that fires during a --run
+  second window.  The due times start --setup seconds after the start (the
+  time publishing the N messages and the measurements above take, so none
+  is overdue when the reactor starts), which makes N/spread*run messages
+  fire in the window (50,000 with the defaults) while the rest stay held.
+
+Everything runs in one process on the same code path as the server
+(VHost.publish -> DelayedExchange -> HeldSet -> routing at fire time).
+"""
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+from array import array
+
+from twisted.internet import reactor
+
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker.broker import Broker
+from otter_tx.broker.message import Message
+
+
+def rssBytes():
+    """Current resident set size of this process in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def interpreter():
+    """``CPython 3.11.7`` or ``PyPy 3.9.16 (7.3.11)``."""
+    import platform
+    import sys
+
+    v = getattr(sys, "pypy_version_info", None)
+    return "%s %s%s" % (platform.python_implementation(), platform.python_version(),
+                        " (%d.%d.%d)" % v[:3] if v else "")
+
+
+def medianMs(f, repeat):
+    """Median wall time of ``f()`` over ``repeat`` runs, in ms."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - t) * 1000.0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=1000000)
+    ap.add_argument("--spread", type=float, default=600.0, help="due times spread over this many seconds")
+    ap.add_argument("--setup", type=float, default=90.0,
+                    help="seconds from the start to the first due time (publishing and measuring fit in it)")
+    ap.add_argument("--run", type=float, default=30.0, help="seconds of firing measured for lateness")
+    ap.add_argument("--page-size", type=int, default=100)
+    a = ap.parse_args()
+    n = a.messages
+    if hasattr(gc, "get_threshold"):
+        g0, g1, _ = gc.get_threshold()
+        gc.set_threshold(g0, g1, 1000000)  # as OtterService._tuneGC does
+    broker = Broker(reactor)
+    vh = broker.vhosts["/"]
+    ex = vh.declareExchange("sched", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    q = vh.declareQueue("due", None)
+    vh.bind(ex, q, "job", {})
+    rnd = random.Random(11)
+    start = time.time()
+    base = (start + a.setup) * 1000.0
+    due = array("d", bytes(8 * n))
+    gc.collect()
+    rss0 = rssBytes()
+    t = time.perf_counter()
+    for i in range(n):
+        d = due[i] = int(base + rnd.random() * a.spread * 1000.0)
+        props = {"headers": {"x-delay-until": d}, "message_id": "m%d" % i, "delivery_mode": 2}
+        vh.publish(ex, Message("sched", "job", encodeProperties(props), b"%d" % i))
+    publishS = time.perf_counter() - t
+    gc.collect()
+    rss1 = rssBytes()
+    assert ex.held == n, ex.held
+    size = a.page_size
+    pages = -(-n // size)
+    listing = {}
+    for label, page in (("first", 1), ("middle", pages // 2), ("last", pages)):
+        listing[label] = medianMs(lambda: json.dumps(ex.heldPage(page, size)).encode(), 21)
+    ids = [i["id"] for i in ex.heldPage(pages // 3, size)["items"]]
+    ids += [i["id"] for i in ex.heldPage(2 * pages // 3, size)["items"]]
+    byId = iter(ids)
+    cancelId = medianMs(lambda: ex.cancel(next(byId)), len(ids))
+    mids = iter("m%d" % i for i in rnd.sample(range(n), 200))
+    cancelled = []
+    cancelMid = medianMs(lambda: cancelled.append(ex.cancelMessageId(next(mids))), 200)
+    held = ex.held
+    print("%s: %d held messages, due over %.0f s: publish %.1f s (%.1f us each); RSS +%.0f MiB = %.0f bytes "
+          "per held message" % (interpreter(), n, a.spread, publishS, publishS / n * 1e6,
+                                (rss1 - rss0) / 2.0 ** 20, (rss1 - rss0) / n))
+    print("list a page of %d (heldPage + json.dumps): first %.3f ms, middle %.3f ms, last %.3f ms" % (
+        size, listing["first"], listing["middle"], listing["last"]))
+    print("cancel one: by id %.4f ms, by message_id %.4f ms (%d + %d cancelled, %d left)" % (
+        cancelId, cancelMid, len(ids), sum(cancelled), held))
+
+    late = []
+    originalEnqueue = q.enqueue
+
+    def arrived(message, now=None):
+        late.append(time.time() * 1000.0 - due[int(message.body)])
+        return originalEnqueue(message, now)
+
+    q.enqueue = arrived
+    overdue = sum(1 for x in due if x <= time.time() * 1000.0)
+    if overdue:
+        print("warning: %d messages were already due when the reactor started (raise --setup)" % overdue)
+    end = base / 1000.0 + a.run
+    reactor.callLater(max(0.0, end - time.time()), reactor.stop)
+    reactor.run()
+    late.sort()
+    k = len(late)
+    if not k:
+        print("no message fired")
+        return
+    print("lateness over %.0f s of firing with %d held (%d fired): p50 %.2f ms, p99 %.2f ms, max %.2f ms, "
+          "early %d" % (a.run, ex.held + k, k, late[k // 2], late[int(k * 0.99)], late[-1],
+                        sum(1 for x in late if x < -0.01)))
+
+
+if __name__ == "__main__":
+    main()
