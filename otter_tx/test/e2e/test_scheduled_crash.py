@@ -9,6 +9,7 @@ deleted and re-created before the kill starts empty.
 """
 
 import json
+import os
 import signal
 import uuid
 
@@ -75,7 +76,7 @@ class ScheduledCrashTests(TestCase):
     @defer.inlineCallbacks
     def test_cancelPurgeDeleteSurviveKill9(self):
         """Cancelled and purged messages stay gone after kill -9; a re-created exchange starts empty."""
-        dataDir = self.mktemp()
+        dataDir = os.path.abspath(self.mktemp())
         proc, transport, port = yield self.boot(dataDir)
 
         def first(ch):
