@@ -4,7 +4,7 @@ default) on one x-delayed-message exchange of an in-process broker, due
 times spread uniformly over --spread seconds (10 minutes), each with its
 own ``message_id`` and an ``x-delay-until`` header.
 
-    .venv/bin/python bench/delayed_held.py [--messages N] [--spread S] [--setup S] [--run S]
+    .venv/bin/python bench/delayed_held.py [--messages N] [--spread S] [--setup S] [--run S] [--rate R]
 
 Prints:
 
@@ -16,11 +16,13 @@ Prints:
   and to cancel one by broker id and one by ``message_id`` (medians of
   repeated runs, ms);
 - lateness on the real reactor (delivery into the bound queue minus due
-  time, p50/p99/max ms) of every held message that fires during a --run
-  second window.  The due times start --setup seconds after the start (the
-  time publishing the N messages and the measurements above take, so none
-  is overdue when the reactor starts), which makes N/spread*run messages
-  fire in the window (50,000 with the defaults) while the rest stay held.
+  time, p50/p99/max ms) of a sample that fires during the run, while the N
+  stay held: for --run seconds the reactor runs and a publisher adds --rate
+  messages a second (default N / spread, the rate at which the N fire once
+  they are due: 1,667/s) with an ``x-delay-until`` 1 to 10,000 ms ahead (a
+  shortened spread, so the run stays under 3 minutes), then waits 10 s for
+  the last ones.  The N are due from --setup seconds (300) after the start,
+  so none fires during the run.
 
 Everything runs in one process on the same code path as the server
 (VHost.publish -> DelayedExchange -> HeldSet -> routing at fire time).
@@ -40,24 +42,7 @@ from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
 
-
-def rssBytes():
-    """Current resident set size of this process in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def interpreter():
-    """``CPython 3.11.7`` or ``PyPy 3.9.16 (7.3.11)``."""
-    import platform
-    import sys
-
-    v = getattr(sys, "pypy_version_info", None)
-    return "%s %s%s" % (platform.python_implementation(), platform.python_version(),
-                        " (%d.%d.%d)" % v[:3] if v else "")
+from memory import interpreter, rssBytes  # bench/memory.py (the script's directory is on sys.path)
 
 
 def medianMs(f, repeat):
@@ -74,9 +59,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1000000)
     ap.add_argument("--spread", type=float, default=600.0, help="due times spread over this many seconds")
-    ap.add_argument("--setup", type=float, default=90.0,
-                    help="seconds from the start to the first due time (publishing and measuring fit in it)")
-    ap.add_argument("--run", type=float, default=30.0, help="seconds of firing measured for lateness")
+    ap.add_argument("--setup", type=float, default=300.0,
+                    help="seconds from the start to the first due time of the N (longer than the whole run)")
+    ap.add_argument("--run", type=float, default=30.0, help="seconds of publishing the lateness sample")
+    ap.add_argument("--rate", type=float, default=None, help="sample messages per second (default N / spread)")
     ap.add_argument("--page-size", type=int, default=100)
     a = ap.parse_args()
     n = a.messages
@@ -124,28 +110,49 @@ def main():
     print("cancel one: by id %.4f ms, by message_id %.4f ms (%d + %d cancelled, %d left)" % (
         cancelId, cancelMid, len(ids), sum(cancelled), held))
 
+    if time.time() * 1000.0 >= base:
+        print("warning: the N became due during the run (raise --setup)")
     late = []
+    sampleDue = {}
     originalEnqueue = q.enqueue
 
     def arrived(message, now=None):
-        late.append(time.time() * 1000.0 - due[int(message.body)])
+        late.append(time.time() * 1000.0 - sampleDue.pop(message.body))
         return originalEnqueue(message, now)
 
     q.enqueue = arrived
-    overdue = sum(1 for x in due if x <= time.time() * 1000.0)
-    if overdue:
-        print("warning: %d messages were already due when the reactor started (raise --setup)" % overdue)
-    end = base / 1000.0 + a.run
-    reactor.callLater(max(0.0, end - time.time()), reactor.stop)
+    rate = a.rate if a.rate is not None else n / a.spread
+    runEnd = time.time() + a.run
+    sent = [0]
+    heldMax = [0]
+
+    def publishSome():
+        # a steady rate, as clients would, so the reactor keeps turning
+        now = time.time()
+        if now >= runEnd:
+            reactor.callLater(10.0, reactor.stop)
+            return
+        target = int((a.run - (runEnd - now)) * rate)
+        while sent[0] < target:
+            body = b"s%d" % sent[0]
+            d = sampleDue[body] = int(now * 1000.0) + rnd.randint(1, 10000)
+            props = {"headers": {"x-delay-until": d}, "message_id": body.decode(), "delivery_mode": 2}
+            vh.publish(ex, Message("sched", "job", encodeProperties(props), body))
+            sent[0] += 1
+        heldMax[0] = max(heldMax[0], ex.held)
+        reactor.callLater(0.01, publishSome)
+
+    reactor.callWhenRunning(publishSome)
     reactor.run()
     late.sort()
     k = len(late)
     if not k:
         print("no message fired")
         return
-    print("lateness over %.0f s of firing with %d held (%d fired): p50 %.2f ms, p99 %.2f ms, max %.2f ms, "
-          "early %d" % (a.run, ex.held + k, k, late[k // 2], late[int(k * 0.99)], late[-1],
-                        sum(1 for x in late if x < -0.01)))
+    print("lateness of %d sample messages (%.0f/s for %.0f s, due 1..10000 ms ahead) with %d to %d held: "
+          "p50 %.2f ms, p99 %.2f ms, max %.2f ms, early %d, not fired %d" % (
+              k, rate, a.run, held, heldMax[0], late[k // 2], late[int(k * 0.99)], late[-1],
+              sum(1 for x in late if x < -0.01), len(sampleDue)))
 
 
 if __name__ == "__main__":

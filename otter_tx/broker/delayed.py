@@ -41,7 +41,7 @@ from otter_tx.amqp.codec import Timestamp, TaggedFloat, encodeProperties
 from otter_tx.amqp.errors import AMQPError, commandInvalid, preconditionFailed
 from otter_tx.broker.access import READ, WRITE, Access
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
-from otter_tx.broker.expiry import nowMs
+from otter_tx.broker.expiry import OneTimer, nowMs
 from otter_tx.broker.message import Message
 
 DELAYED_TYPE = "x-delayed-message"
@@ -172,7 +172,7 @@ def messageDue(message, now):
     return now + d
 
 
-class HeldSet:
+class HeldSet(OneTimer):
     """
     Held messages in due order, with one timer.
 
@@ -183,7 +183,8 @@ class HeldSet:
     at any offset is found by walking the chunk lengths (n / LOAD steps),
     never by copying or sorting the whole set.  ``byId`` maps seq to its
     entry and ``byMessageId`` a ``message_id`` to the seq (int) or the set of
-    seqs holding it.  One ``IDelayedCall`` is kept for the earliest due time.
+    seqs holding it.  One ``IDelayedCall`` is kept for the earliest due time
+    (:class:`~otter_tx.broker.expiry.OneTimer`).
 
     :param clock: an ``IReactorTime``.
     :param onDue: called as ``onDue(entries)`` with the due entries, in due
@@ -199,9 +200,6 @@ class HeldSet:
         self._maxes = []
         self.byId = {}
         self.byMessageId = {}
-        self._timer = None
-        self._timerAt = None
-        self._frozen = False
 
     def __len__(self):
         return len(self.byId)
@@ -301,28 +299,6 @@ class HeldSet:
         self.byMessageId = {}
         self._cancel()
         return n
-
-    def freeze(self):
-        """Cancel the timer and never set one again (broker shutdown)."""
-        self._frozen = True
-        self._cancel()
-
-    def _cancel(self):
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-        self._timerAt = None
-
-    def _schedule(self, due):
-        if self._frozen:
-            return
-        delay = max(0.0, (due - nowMs(self._clock) - _EPSILON_MS / 2) / 1000.0)
-        if self._timer is not None and self._timer.active():
-            self._timer.reset(delay)
-        else:
-            self._timer = self._clock.callLater(delay, self._fire)
-        self._timerAt = due
 
     def _fire(self):
         self._timer = None

@@ -10,13 +10,11 @@ RabbitMQ's delayed-message plugin has none of this (and Debian's RabbitMQ
 
 import json
 import os
-import shutil
 import time
 import uuid
 
 import pika
-from twisted.trial.unittest import SkipTest
-
+from otter_tx.test.interop import test_interop_amqplib
 from otter_tx.test.interop.support import InteropTestCase, ManagementMixin, onlyOtter
 
 OTTER_ONLY = "listing, cancelling and purging held messages and x-delay-until are otter_tx features"
@@ -116,14 +114,8 @@ class PikaScheduledTests(InteropTestCase):
 class AmqplibScheduledTests(InteropTestCase):
     """amqplib (Node.js): the docs/delayed.md example, run as node/scheduled.js."""
 
-    def setUp(self):
-        self.node = shutil.which("node")
-        if self.node is None:
-            raise SkipTest("Node.js is not installed: apt-get install nodejs npm, then "
-                           "npm ci --prefix otter_tx/test/interop/node")
-        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "amqplib")):
-            raise SkipTest("amqplib is not installed: run npm ci --prefix otter_tx/test/interop/node")
-        return InteropTestCase.setUp(self)
+    #: skips without node or amqplib, naming what to install, as the amqplib module does
+    setUp = test_interop_amqplib.AmqplibTests.setUp
 
     @onlyOtter(OTTER_ONLY)
     def test_amqplib(self):
