@@ -92,8 +92,10 @@ def main():
     size = a.page_size
     pages = -(-n // size)
     listing = {}
+    walk = {}
     for label, page in (("first", 1), ("middle", pages // 2), ("last", pages)):
         listing[label] = medianMs(lambda: json.dumps(ex.heldPage(page, size)).encode(), 21)
+        walk[label] = medianMs(lambda: ex._set.page((page - 1) * size, size), 21)
     ids = [i["id"] for i in ex.heldPage(pages // 3, size)["items"]]
     ids += [i["id"] for i in ex.heldPage(2 * pages // 3, size)["items"]]
     byId = iter(ids)
@@ -105,8 +107,10 @@ def main():
     print("%s: %d held messages, due over %.0f s: publish %.1f s (%.1f us each); RSS +%.0f MiB = %.0f bytes "
           "per held message" % (interpreter(), n, a.spread, publishS, publishS / n * 1e6,
                                 (rss1 - rss0) / 2.0 ** 20, (rss1 - rss0) / n))
-    print("list a page of %d (heldPage + json.dumps): first %.3f ms, middle %.3f ms, last %.3f ms" % (
-        size, listing["first"], listing["middle"], listing["last"]))
+    print("list a page of %d (heldPage + json.dumps): first %.3f ms, middle %.3f ms, last %.3f ms; finding "
+          "the page alone (HeldSet.page, %d chunks): %.3f, %.3f, %.3f ms" % (
+              size, listing["first"], listing["middle"], listing["last"], len(ex._set._chunks),
+              walk["first"], walk["middle"], walk["last"]))
     print("cancel one: by id %.4f ms, by message_id %.4f ms (%d + %d cancelled, %d left)" % (
         cancelId, cancelMid, len(ids), sum(cancelled), held))
 

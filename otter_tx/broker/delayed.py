@@ -497,7 +497,8 @@ class DelayedExchange(Exchange):
         HTTP API's permission rule (:func:`checkHeldAccess`).  The reply has
         ``content_type`` ``application/json``, the request's
         ``correlation_id``, a header ``x-delayed-status`` (200, 204, 400,
-        403 or 404, as the HTTP API answers) and a JSON body: ``list`` ->
+        403 or 404, as the HTTP API answers; 500 when the store failed to
+        sync a durable exchange's change) and a JSON body: ``list`` ->
         the page object of ``GET .../delayed``; ``cancel`` ->
         ``{"cancelled": n}``; ``purge`` -> ``{"purged": n}``; an error ->
         ``{"error": ..., "reason": ...}``.  Never raises: a bad command is
@@ -514,20 +515,23 @@ class DelayedExchange(Exchange):
         replyTo = message.props.get("reply_to")
         if not replyTo:
             return
-        props = {"content_type": "application/json", "headers": {STATUS_HEADER: status}}
-        if message.props.get("correlation_id") is not None:
-            props["correlation_id"] = message.props["correlation_id"]
-        raw = json.dumps(body).encode("utf-8")
+        correlationId = message.props.get("correlation_id")
 
-        def reply(_=None):
+        def reply(status, body):
+            props = {"content_type": "application/json", "headers": {STATUS_HEADER: status}}
+            if correlationId is not None:
+                props["correlation_id"] = correlationId
             vhost = self.vhost
-            out = Message("", replyTo, encodeProperties(props), raw, props)
+            out = Message("", replyTo, encodeProperties(props), json.dumps(body).encode("utf-8"), props)
             vhost.publish(vhost.exchanges[""], out)
 
         if status == 204 and self.journal is not None:
-            self.journal.sync().addBoth(reply)
+            self.journal.sync().addCallbacks(
+                lambda _: reply(status, body),
+                lambda f: reply(500, {"error": "internal_error",
+                                      "reason": "store sync failed: %s" % (f.getErrorMessage(),)}))
         else:
-            reply()
+            reply(status, body)
 
     def _command(self, userName, command, body):
         """``(status, body)`` of one command (see :meth:`runCommand`)."""

@@ -1232,10 +1232,16 @@ class ManagementApp:
 
     @staticmethod
     def _afterSync(ex, response):
-        """``response``, once the store synced a durable exchange's change (a Deferred then)."""
+        """
+        ``response``, once the store synced a durable exchange's change (a
+        Deferred then); 500 ``internal_error`` when the sync failed.
+        """
         if ex.journal is None:
             return response
-        return ex.journal.sync().addCallback(lambda _: response)
+        return ex.journal.sync().addCallbacks(
+            lambda _: response,
+            lambda f: Response(500, {"error": "internal_error",
+                                     "reason": "store sync failed: %s" % (f.getErrorMessage(),)}))
 
     @app.route("/api/exchanges/<vhost>/<name>/delayed", methods=["GET", "DELETE", "OPTIONS"])
     @endpoint(_VHOST)

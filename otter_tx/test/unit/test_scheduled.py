@@ -416,6 +416,16 @@ class DurableHTTPTests(test_web.WebTestCase):
         b = journaledBroker(self.store, self.clock)
         self.assertEqual([i["id"] for i in b.vhosts["/"].exchanges["dx"].heldPage(1, 10)["items"]], ["2"])
 
+    def test_syncFailure(self):
+        """When the store cannot sync the cancel, the answer is 500 internal_error, not 204."""
+        ex = self.vh.declareExchange("dx", "x-delayed-message", durable=True,
+                                     arguments={"x-delayed-type": "direct"})
+        self.vh.publish(ex, msg({"x-delay": 5000}))
+        self.store.failWrites("disk full")
+        r = self.request("DELETE", "/api/exchanges/%2F/dx/delayed")
+        self.assertEqual((r.code, r.json()["error"]), (500, "internal_error"))
+        self.assertIn("disk full", r.json()["reason"])
+
 
 class AMQPCommandTests(SynchronousTestCase):
     """The x-delayed-command RPC on the exchange itself (FakeClient)."""
@@ -495,6 +505,21 @@ class AMQPCommandTests(SynchronousTestCase):
         self.assertEqual((status, answer["reason"]),
                          (403, "ACCESS_REFUSED - access to exchange 'dx' in vhost '/' refused for user 'w'"))
         self.assertEqual(self.command("cancel", b'{"id": "1"}', client=c)[0], 204)
+
+    def test_syncFailureAnswered(self):
+        """On a durable exchange whose store cannot sync, a cancel is answered 500 instead of 204."""
+        store = MemoryStore()
+        self.broker = journaledBroker(store, self.clock)
+        self.vh = self.broker.vhosts["/"]
+        c = self.client()
+        c.send(1, spec.ExchangeDeclare(0, "dx", "x-delayed-message", durable=True,
+                                       arguments={"x-delayed-type": "direct"}))
+        c.send(1, spec.QueueDeclare(0, "replies"))
+        c.publish(1, "dx", "k", b"x", props={"headers": {"x-delay": 5000}})
+        c.received()
+        store.failWrites("disk full")
+        status, answer, _ = self.command("purge", client=c)
+        self.assertEqual((status, answer["error"]), (500, "internal_error"))
 
     def test_noReplyTo(self):
         """A command without reply_to still runs, unanswered."""
