@@ -286,6 +286,21 @@ class DurabilityTests(SynchronousTestCase):
         self.clock.advance(5)
         self.assertEqual(self.vh.queues["q"].readyCount, 0)
 
+    def test_vhostDeleteDropsHeld(self):
+        """Deleting the vhost stops its delayed exchange's messages and drops them from the store."""
+        self.broker.addVHost("v")
+        vh = self.broker.vhosts["v"]
+        ex = vh.declareExchange("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        q = vh.declareQueue("q", None, durable=True)
+        vh.bind(ex, q, "k", {})
+        vh.publish(ex, msg({"x-delay": 1000}))
+        self.broker.deleteVHost("v")
+        self.assertEqual((ex.held, ex.deleted), (0, True))
+        self.broker.addVHost("v")
+        self.restart()
+        self.assertEqual(self.broker.vhosts["v"].exchanges.get("dx"), None)
+        self.assertEqual([k for k in self.store._queues if "\x01delayed" in k], [])
+
     def test_absoluteDueSurvivesRestart(self):
         """An x-delay-until message fires at its instant after a restart in between."""
         self.vh.publish(self.vh.exchanges["dx"], msg({"x-delay-until": T0_MS + 3000}, body=b"at"))
@@ -567,3 +582,4 @@ class AMQPCommandTests(SynchronousTestCase):
         self.c.send(1, spec.TxCommit())
         self.c.received()
         self.assertEqual(self.ex.held, 0)
+
