@@ -27,7 +27,8 @@ otter_tx additions:
   are written to the store when the exchange is durable;
 - the same operations over AMQP: a message with the header
   ``x-delayed-command`` published to the exchange is a command, answered to
-  its ``reply_to`` (:meth:`DelayedExchange.runCommand`).
+  its ``reply_to`` (:meth:`DelayedExchange.runCommand`); the ``schedule``
+  command holds the message itself and answers its broker id.
 
 Held messages are written to the store when the exchange is durable, with
 their absolute fire time, so downtime counts.
@@ -496,11 +497,12 @@ class DelayedExchange(Exchange):
         is dropped unanswered.  The command runs as the publisher with the
         HTTP API's permission rule (:func:`checkHeldAccess`).  The reply has
         ``content_type`` ``application/json``, the request's
-        ``correlation_id``, a header ``x-delayed-status`` (200, 204, 400,
-        403 or 404, as the HTTP API answers; 500 when the store failed to
-        sync a durable exchange's change) and a JSON body: ``list`` ->
+        ``correlation_id``, a header ``x-delayed-status`` (200, 201, 204,
+        400, 403 or 404, as the HTTP API answers; 500 when the store failed
+        to sync a durable exchange's change) and a JSON body: ``list`` ->
         the page object of ``GET .../delayed``; ``cancel`` ->
-        ``{"cancelled": n}``; ``purge`` -> ``{"purged": n}``; an error ->
+        ``{"cancelled": n}``; ``purge`` -> ``{"purged": n}``; ``schedule``
+        -> ``{"id", "due"}`` (:meth:`_schedule`); an error ->
         ``{"error": ..., "reason": ...}``.  Never raises: a bad command is
         answered, the channel stays open.  A durable exchange answers after
         the store synced the change.
@@ -511,7 +513,7 @@ class DelayedExchange(Exchange):
         command = message.headers.get(COMMAND)
         if isinstance(command, bytes):
             command = command.decode("utf-8", "replace")
-        status, body = self._command(user, command, message.body)
+        status, body = self._command(user, command, message)
         replyTo = message.props.get("reply_to")
         if not replyTo:
             return
@@ -525,7 +527,7 @@ class DelayedExchange(Exchange):
             out = Message("", replyTo, encodeProperties(props), json.dumps(body).encode("utf-8"), props)
             vhost.publish(vhost.exchanges[""], out)
 
-        if status == 204 and self.journal is not None:
+        if status in (201, 204) and self.journal is not None:
             self.journal.sync().addCallbacks(
                 lambda _: reply(status, body),
                 lambda f: reply(500, {"error": "internal_error",
@@ -533,11 +535,14 @@ class DelayedExchange(Exchange):
         else:
             reply(status, body)
 
-    def _command(self, userName, command, body):
+    def _command(self, userName, command, message):
         """``(status, body)`` of one command (see :meth:`runCommand`)."""
-        if command not in ("list", "cancel", "purge"):
+        if command not in ("list", "cancel", "purge", "schedule"):
             return 400, {"error": "bad_request",
-                         "reason": "unknown x-delayed-command %r: use list, cancel or purge" % (command,)}
+                         "reason": "unknown x-delayed-command %r: use list, cancel, purge or schedule" % (command,)}
+        if command == "schedule":
+            return self._schedule(userName, message)
+        body = message.body
         try:
             args = json.loads(body.decode("utf-8")) if body.strip() else {}
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -568,14 +573,49 @@ class DelayedExchange(Exchange):
             return 404, {"error": "Object Not Found", "reason": "Not Found"}
         return 204, {"cancelled": n}
 
+    def _schedule(self, userName, message):
+        """
+        The ``schedule`` command: hold ``message`` itself (body and
+        properties, without the ``x-delayed-command`` header) until the due
+        time of its ``x-delay`` / ``x-delay-until``, and answer 201 ``{"id":
+        broker id, "due": epoch ms}``, as Service Bus's ScheduleMessage
+        returns a sequence number; 400 when it has no due time in the
+        future.  Needs write permission on the exchange.
+        """
+        try:
+            checkHeldAccess(Access(self.vhost.broker, userName, self.vhost.name), self.name, "schedule")
+        except AMQPError as e:
+            return 403, {"error": "access_refused", "reason": e.text}
+        now = nowMs(self.vhost.clock)
+        due = messageDue(message, now)
+        if due is None:
+            return 400, {"error": "bad_request",
+                         "reason": "schedule needs an x-delay or x-delay-until header that delays the message"}
+        held = _withoutCommand(message)
+        self.vhost.broker.nextMessageId(held)
+        self._add(held, due, now)
+        return 201, {"id": str(self._seq), "due": int(due)}
+
+
+def _withoutCommand(message):
+    """A copy of ``message`` without its ``x-delayed-command`` header (the message a ``schedule`` holds)."""
+    props = dict(message.props)
+    headers = dict(props["headers"])
+    del headers[COMMAND]
+    props["headers"] = headers
+    out = Message(message.exchange, message.routingKey, encodeProperties(props), message.body, props)
+    out.extraKeys = message.extraKeys
+    out.ttl = message.ttl
+    return out
+
 
 def checkHeldAccess(access, exchangeName, operation):
     """
     The permission rule for an exchange's held messages (HTTP and AMQP),
     with RabbitMQ's model: ``list`` reads messages, so it needs **read** on
     the exchange (as binding a queue to it, which lets one see what it
-    routes); ``cancel`` and ``purge`` change what the exchange will publish,
-    so they need **write** on it (as publishing to it).  Raises 403
+    routes); ``cancel``, ``purge`` and ``schedule`` change what the exchange
+    will publish, so they need **write** on it (as publishing to it).  Raises 403
     ACCESS_REFUSED ``access to exchange 'X' in vhost 'V' refused for user
     'U'``.
     """

@@ -78,6 +78,47 @@ class PikaScheduledTests(InteropTestCase):
         return self.inThread(run).addCallback(check)
 
     @onlyOtter(OTTER_ONLY)
+    def test_scheduleAnswersId(self):
+        """The schedule command answers the broker id, and the message arrives later carrying it."""
+        ex = self.name("sched")
+
+        def run():
+            c = self.pikaConnection()
+            ch = c.channel()
+            ch.exchange_declare(ex, "x-delayed-message", auto_delete=True, arguments={"x-delayed-type": "fanout"})
+            q = ch.queue_declare("", exclusive=True).method.queue
+            ch.queue_bind(q, ex, "")
+            replies = {}
+            ch.basic_consume("amq.rabbitmq.reply-to",
+                             lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
+            cid = uuid.uuid4().hex
+            ch.basic_publish(ex, "", b"later", pika.BasicProperties(
+                headers={"x-delayed-command": "schedule", "x-delay": 300},
+                reply_to="amq.rabbitmq.reply-to", correlation_id=cid))
+            deadline = time.monotonic() + 5
+            while cid not in replies and time.monotonic() < deadline:
+                c.process_data_events(0.01)
+            props, body = replies.pop(cid)
+            got = None
+            while got is None and time.monotonic() < deadline:
+                m = ch.basic_get(q, auto_ack=True)
+                if m[0] is None:
+                    c.process_data_events(0.01)
+                    continue
+                got = (m[1].headers, m[2])
+            ch.exchange_delete(ex)
+            c.close()
+            return props.headers["x-delayed-status"], json.loads(body), got
+
+        def check(out):
+            status, answer, (headers, body) = out
+            self.assertEqual((status, sorted(answer)), (201, ["due", "id"]))
+            self.assertEqual((headers.get("x-delayed-id"), body), (answer["id"], b"later"))
+            self.assertNotIn("x-delayed-command", headers)
+
+        return self.inThread(run).addCallback(check)
+
+    @onlyOtter(OTTER_ONLY)
     def test_delayUntil(self):
         """A message with x-delay-until (epoch ms) arrives at that instant carrying its broker id."""
         ex = self.name("sched")

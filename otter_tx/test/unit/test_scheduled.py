@@ -467,12 +467,12 @@ class AMQPCommandTests(SynchronousTestCase):
         c.received()
         return c
 
-    def command(self, command, body=b"", client=None, **props):
+    def command(self, command, body=b"", client=None, rk="", **props):
         """Publish a command to dx with reply_to ``replies``; returns ``(status, JSON body, props)`` or None."""
         c = client or self.c
         props.setdefault("reply_to", "replies")
         props["headers"] = dict(props.get("headers", {}), **{"x-delayed-command": command})
-        c.publish(1, "dx", "", body, props=props)
+        c.publish(1, "dx", rk, body, props=props)
         out = c.received()
         self.assertEqual([m for _, m, _ in out if isinstance(m, spec.ChannelClose)], [])
         c.send(1, spec.BasicGet(0, "replies", True))
@@ -500,6 +500,25 @@ class AMQPCommandTests(SynchronousTestCase):
         self.assertEqual(self.command("purge")[:2], (204, {"purged": 1}))
         self.clock.advance(1)
         self.assertEqual(self.vh.queues["q"].readyCount, 0)
+
+    def test_schedule(self):
+        """schedule holds the command message itself, without the command header, and answers its id and due time."""
+        status, answer, props = self.command("schedule", b"payload", correlation_id="c9",
+                                             headers={"x-delay-until": T0_MS + 700}, message_id="inv-1")
+        self.assertEqual((status, answer, props["correlation_id"]), (201, {"id": "4", "due": T0_MS + 700}, "c9"))
+        self.assertEqual(self.ex.heldPage(1, 1)["items"][0]["id"], "2")
+        self.assertEqual(self.ex.cancelMessageId("inv-1"), 1)
+        status, answer, _ = self.command("schedule", b"again", rk="k", headers={"x-delay": 500})
+        self.assertEqual((status, answer["id"]), (201, "5"))
+        self.clock.advance(0.5)
+        entries = list(self.vh.queues["q"].readyEntries())
+        self.assertEqual([(e.message.body, e.message.routingKey) for e in entries][-1:], [(b"again", "k")])
+        self.assertEqual(entries[-1].message.headers, {"x-delay": -500, "x-delayed-id": "5"})
+
+    def test_scheduleWithoutDueTime(self):
+        """schedule without a usable due time is a 400 answer and holds nothing."""
+        status, answer, _ = self.command("schedule", b"x", headers={"x-delay-until": T0_MS - 1})
+        self.assertEqual((status, answer["error"], self.ex.held), (400, "bad_request", 3))
 
     def test_errorsAnswered(self):
         """An unknown command, a bad body, bad paging or a cancel without a key is a 400 answer; the channel stays open."""
