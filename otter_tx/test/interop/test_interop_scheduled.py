@@ -24,16 +24,44 @@ NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
 class PikaScheduledTests(InteropTestCase):
     """pika: absolute due times and the command RPC on the exchange."""
 
-    def rpc(self, ch, exchange, replies, command, args=None):
+    def open(self, ex, xtype="fanout"):
+        """
+        ``(connection, channel, queue, replies)``: a pika channel with an
+        auto-delete delayed exchange ``ex`` of ``xtype``, an exclusive queue
+        bound to it with key ``job``, and a direct reply-to consumer filling
+        ``replies`` (correlation id -> (properties, body)).
+        """
+        c = self.pikaConnection()
+        ch = c.channel()
+        ch.exchange_declare(ex, "x-delayed-message", auto_delete=True, arguments={"x-delayed-type": xtype})
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, ex, "job")
+        replies = {}
+        ch.basic_consume("amq.rabbitmq.reply-to",
+                         lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
+        return c, ch, q, replies
+
+    def rpc(self, ch, exchange, replies, command, args=None, body=None, **headers):
         """One command over direct reply-to; returns ``(status, JSON body)``."""
         cid = uuid.uuid4().hex
-        ch.basic_publish(exchange, "", json.dumps(args or {}).encode(), pika.BasicProperties(
-            headers={"x-delayed-command": command}, reply_to="amq.rabbitmq.reply-to", correlation_id=cid))
+        headers["x-delayed-command"] = command
+        ch.basic_publish(exchange, "job", json.dumps(args or {}).encode() if body is None else body,
+                         pika.BasicProperties(headers=headers, reply_to="amq.rabbitmq.reply-to", correlation_id=cid))
         deadline = time.monotonic() + 5
         while cid not in replies and time.monotonic() < deadline:
             ch.connection.process_data_events(0.01)
         props, body = replies.pop(cid)
         return props.headers["x-delayed-status"], json.loads(body)
+
+    def getOne(self, ch, q):
+        """The first message of ``q`` as ``(ms since the epoch at arrival, headers, body)``, waiting up to 5 s."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            m = ch.basic_get(q, auto_ack=True)
+            if m[0] is not None:
+                return time.time() * 1000, m[1].headers, m[2]
+            ch.connection.process_data_events(0.005)
+        return None
 
     @onlyOtter(OTTER_ONLY)
     def test_listCancelPurge(self):
@@ -41,13 +69,7 @@ class PikaScheduledTests(InteropTestCase):
         ex = self.name("sched")
 
         def run():
-            c = self.pikaConnection()
-            ch = c.channel()
-            ch.exchange_declare(ex, "x-delayed-message", auto_delete=True,
-                                arguments={"x-delayed-type": "direct"})
-            replies = {}
-            ch.basic_consume("amq.rabbitmq.reply-to",
-                             lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
+            c, ch, _, replies = self.open(ex, "direct")
             for delay, mid in ((60000, "order-1"), (30000, None), (90000, "order-1"), (45000, "order-2")):
                 ch.basic_publish(ex, "job", b"x", pika.BasicProperties(headers={"x-delay": delay}, message_id=mid))
             out = {"list": self.rpc(ch, ex, replies, "list", {"page": 1, "page_size": 3})}
@@ -83,35 +105,15 @@ class PikaScheduledTests(InteropTestCase):
         ex = self.name("sched")
 
         def run():
-            c = self.pikaConnection()
-            ch = c.channel()
-            ch.exchange_declare(ex, "x-delayed-message", auto_delete=True, arguments={"x-delayed-type": "fanout"})
-            q = ch.queue_declare("", exclusive=True).method.queue
-            ch.queue_bind(q, ex, "")
-            replies = {}
-            ch.basic_consume("amq.rabbitmq.reply-to",
-                             lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
-            cid = uuid.uuid4().hex
-            ch.basic_publish(ex, "", b"later", pika.BasicProperties(
-                headers={"x-delayed-command": "schedule", "x-delay": 300},
-                reply_to="amq.rabbitmq.reply-to", correlation_id=cid))
-            deadline = time.monotonic() + 5
-            while cid not in replies and time.monotonic() < deadline:
-                c.process_data_events(0.01)
-            props, body = replies.pop(cid)
-            got = None
-            while got is None and time.monotonic() < deadline:
-                m = ch.basic_get(q, auto_ack=True)
-                if m[0] is None:
-                    c.process_data_events(0.01)
-                    continue
-                got = (m[1].headers, m[2])
+            c, ch, q, replies = self.open(ex)
+            answer = self.rpc(ch, ex, replies, "schedule", body=b"later", **{"x-delay": 300})
+            got = self.getOne(ch, q)
             ch.exchange_delete(ex)
             c.close()
-            return props.headers["x-delayed-status"], json.loads(body), got
+            return answer, got
 
         def check(out):
-            status, answer, (headers, body) = out
+            (status, answer), (_, headers, body) = out
             self.assertEqual((status, sorted(answer)), (201, ["due", "id"]))
             self.assertEqual((headers.get("x-delayed-id"), body), (answer["id"], b"later"))
             self.assertNotIn("x-delayed-command", headers)
@@ -124,24 +126,13 @@ class PikaScheduledTests(InteropTestCase):
         ex = self.name("sched")
 
         def run():
-            c = self.pikaConnection()
-            ch = c.channel()
-            ch.exchange_declare(ex, "x-delayed-message", auto_delete=True, arguments={"x-delayed-type": "fanout"})
-            q = ch.queue_declare("", exclusive=True).method.queue
-            ch.queue_bind(q, ex, "")
+            c, ch, q, _ = self.open(ex)
             due = int(time.time() * 1000) + 500
             ch.basic_publish(ex, "", b"at", pika.BasicProperties(headers={"x-delay-until": due}))
-            got = None
-            deadline = time.monotonic() + 5
-            while got is None and time.monotonic() < deadline:
-                m = ch.basic_get(q, auto_ack=True)
-                if m[0] is None:
-                    c.process_data_events(0.005)
-                    continue
-                got = (time.time() * 1000 - due, m[1].headers["x-delayed-id"], m[2])
+            arrived, headers, body = self.getOne(ch, q)
             ch.exchange_delete(ex)
             c.close()
-            return got
+            return arrived - due, headers["x-delayed-id"], body
 
         def check(got):
             late, heldId, body = got
