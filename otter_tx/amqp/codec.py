@@ -547,3 +547,26 @@ def encodeProperties(props):
             out.append(encodeArgs(t, [v]))
         bit -= 1
     return _pack_H(flags) + b"".join(out)
+
+
+def jsonable(v):
+    """
+    An AMQP field value (codec types, bytes, Decimal, nested tables and
+    arrays) as a JSON-serialisable value, as RabbitMQ renders field tables:
+    integers and timestamps as numbers, byte strings as text.
+    """
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, (float, TaggedFloat)):
+        return float(v)
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (bytes, bytearray, ByteArray)):
+        return bytes(v).decode("utf-8", "replace")
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    return str(v)

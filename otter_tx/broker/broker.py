@@ -115,6 +115,10 @@ class Broker:
         if vh is not None:
             for q in list(vh.queues.values()):
                 vh.deleteQueue(q)
+            # the exchanges go too: a delayed exchange's held messages are
+            # dropped (docs/delayed.md) and durable ones leave the store
+            for xname in [x for x in vh.exchanges if x and not x.startswith("amq.")]:
+                vh.deleteExchange(xname)
             for conn in list(self.connections):
                 if conn.vhost is vh:
                     conn.close(320, "CONNECTION_FORCED - vhost '%s' is deleted" % name)

@@ -218,6 +218,10 @@ class Journal:
         """A held message's delay is over (or it was dropped)."""
         self.store.dequeue(exchange.storeKey(), message.storeId)
 
+    def heldPurged(self, exchange):
+        """Every held message of a durable x-delayed-message exchange was dropped (one store call)."""
+        self.store.purgeQueue(exchange.storeKey(), ())
+
     def delivered(self, queue, entry):
         """
         A persistent message was delivered and not acked yet (redelivered

@@ -33,7 +33,44 @@ def nowMs(clock):
     return clock.seconds() * 1000.0
 
 
-class ExpiryIndex:
+class OneTimer:
+    """
+    One ``IDelayedCall`` on ``self._clock`` for the earliest deadline of a
+    set (:class:`ExpiryIndex`, :class:`otter_tx.broker.delayed.HeldSet`):
+    ``_schedule(deadline)`` sets or moves it (ms on the clock's time base),
+    ``_cancel()`` drops it, :meth:`freeze` stops it for good.  Subclasses set
+    ``_clock`` and define ``_fire()``, called when it goes off.
+    """
+
+    _timer = None
+    _timerAt = None
+    _frozen = False
+
+    def _cancel(self):
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            self._timerAt = None
+
+    def freeze(self):
+        """Cancel the timer and never set one again (broker shutdown)."""
+        self._frozen = True
+        self._cancel()
+
+    def _schedule(self, deadline):
+        if self._frozen:
+            return
+        now = nowMs(self._clock)
+        delay = max(0.0, (deadline - now - _EPSILON_MS / 2) / 1000.0)
+        if self._timer is not None and self._timer.active():
+            self._timer.reset(delay)
+        else:
+            self._timer = self._clock.callLater(delay, self._fire)
+        self._timerAt = deadline
+
+
+class ExpiryIndex(OneTimer):
     """
     Deadlines for hashable keys with one timer.
 
@@ -98,31 +135,6 @@ class ExpiryIndex:
         live = self._live
         self._heap = [item for item in self._heap if live.get(item[2]) == item[0]]
         heapq.heapify(self._heap)
-
-    def _cancel(self):
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-            self._timerAt = None
-
-    _frozen = False
-
-    def freeze(self):
-        """Cancel the timer and never set one again (broker shutdown)."""
-        self._frozen = True
-        self._cancel()
-
-    def _schedule(self, deadline):
-        if self._frozen:
-            return
-        now = nowMs(self._clock)
-        delay = max(0.0, (deadline - now - _EPSILON_MS / 2) / 1000.0)
-        if self._timer is not None and self._timer.active():
-            self._timer.reset(delay)
-        else:
-            self._timer = self._clock.callLater(delay, self._fire)
-        self._timerAt = deadline
 
     def _fire(self):
         self._timer = None

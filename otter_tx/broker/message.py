@@ -35,6 +35,11 @@ class Message:
     :ivar addressCache: the exchange and routing key as two AMQP short
         strings (bytes) once :meth:`addressBytes` computed them or the
         publish frame supplied them, else ``None``.
+    :ivar commandUser: set only on a message carrying an
+        ``x-delayed-command`` header: the authenticated publisher's name
+        (str), recorded by :func:`~otter_tx.broker.publish.prepareMessage`
+        for :meth:`~otter_tx.broker.delayed.DelayedExchange.runCommand`
+        (unset otherwise: read it with ``getattr(m, "commandUser", None)``).
     """
 
     __slots__ = (
@@ -51,6 +56,7 @@ class Message:
         "extraKeys",
         "stored",
         "addressCache",
+        "commandUser",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):

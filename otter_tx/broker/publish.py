@@ -23,6 +23,7 @@ sets the method and maps them to its door (channel.close, HTTP status).
 from otter_tx.amqp import codec, spec
 from otter_tx.amqp.errors import AMQPError, rs
 from otter_tx.broker.access import WRITE
+from otter_tx.broker.delayed import COMMAND
 from otter_tx.broker.replyto import REPLY_TO
 
 
@@ -60,6 +61,10 @@ def prepareMessage(message, userName, replyTo=None):
         address, and is 406 ``fast reply consumer does not exist`` when
         there is no reply consumer.
 
+    A message with an ``x-delayed-command`` header records ``userName``
+    as its ``commandUser`` (:meth:`DelayedExchange.runCommand
+    <otter_tx.broker.delayed.DelayedExchange.runCommand>`).
+
     ``CC`` and ``BCC`` headers (lists of str) add routing keys
     (``message.extraKeys``); ``BCC`` is removed from the delivered headers
     (https://www.rabbitmq.com/docs/sender-selected).
@@ -76,6 +81,9 @@ def prepareMessage(message, userName, replyTo=None):
     headers = props.get("headers")
     if headers and ("CC" in headers or "BCC" in headers):
         _senderSelected(message, headers)
+    if headers and COMMAND in headers:
+        # the user a delayed exchange runs the command as (docs/delayed.md)
+        message.commandUser = userName
     if props.get("reply_to") == REPLY_TO:
         if replyTo is None or replyTo.consumer is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")

@@ -25,7 +25,6 @@ from otter_tx.broker.deadletter import DeadLetterer
 from otter_tx.broker.delayed import (
     DELAYED_TYPE,
     DelayedExchange,
-    messageDelay,
     validateDelayedArguments,
 )
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
@@ -441,15 +440,12 @@ class VHost:
     def _routeOne(self, exchange, message, keys, out):
         """
         One exchange's destinations for ``message``; an x-delayed-message
-        exchange holds a delayed message instead (no destinations now).
+        exchange holds a delayed message, or runs a command, instead (no
+        destinations now; :meth:`DelayedExchange.accept
+        <otter_tx.broker.delayed.DelayedExchange.accept>`).
         """
-        if exchange.delayed:
-            delay = messageDelay(message)
-            if delay is not None:
-                if not message.storeId:
-                    self.broker.nextMessageId(message)
-                exchange.hold(message, delay)
-                return
+        if exchange.delayed and exchange.accept(message):
+            return
         exchange.routing.route(message, keys, out)
 
     def publish(self, exchange, message):

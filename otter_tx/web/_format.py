@@ -13,38 +13,14 @@ through a :class:`RateView`, which carries the request's ranges
 
 import base64
 import hashlib
-from decimal import Decimal
 from urllib.parse import quote
 
-from otter_tx.amqp.codec import ByteArray, TaggedFloat
+from otter_tx.amqp.codec import jsonable  # noqa: F401 (re-exported: the JSON shapes use it)
 from otter_tx.broker import stats as S
 from otter_tx.broker.queue import Queue
 
 #: the value of ``node`` everywhere (otter_tx is a single node)
 NODE = "otter_tx@localhost"
-
-
-def jsonable(v):
-    """
-    An AMQP field value (codec types, bytes, Decimal, nested tables and
-    arrays) as a JSON-serialisable value, as RabbitMQ renders field tables:
-    integers and timestamps as numbers, byte strings as text.
-    """
-    if v is None or isinstance(v, (bool, str)):
-        return v
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, (float, TaggedFloat)):
-        return float(v)
-    if isinstance(v, Decimal):
-        return float(v)
-    if isinstance(v, (bytes, bytearray, ByteArray)):
-        return bytes(v).decode("utf-8", "replace")
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    return str(v)
 
 
 def rate():

@@ -58,7 +58,7 @@ from otter_tx.broker.access import (
     CONFIGURE, LOOPBACK_ONLY, READ, WRITE, PasswordHashError, User, bindChecks, login,
 )
 from otter_tx.broker import stats as S
-from otter_tx.broker.delayed import DELAYED_TYPE
+from otter_tx.broker.delayed import DELAYED_TYPE, checkHeldAccess, pageParameters
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.message import Message
 from otter_tx.web.nodes import memoryBreakdown, memUsed, nodeDict, relativeMemory
@@ -1468,6 +1468,90 @@ class ManagementApp:
                     raise badRequest("headers must be an object")
                 out[k] = v
         return out
+
+    # --- delayed (scheduled) messages: otter-only, docs/delayed.md ---------------
+
+    def _delayedExchange(self, user, vhost, name, operation):
+        """
+        ``(session, exchange)`` for an operation on the held messages of
+        x-delayed-message exchange ``name``: 404 ``Object Not Found`` when
+        the vhost or exchange is missing or the exchange is not delayed;
+        401 ``Access refused.`` without permissions on the vhost or without
+        the operation's permission on the exchange
+        (:func:`~otter_tx.broker.delayed.checkHeldAccess`: read to list,
+        write to cancel and purge).
+        """
+        vh = self._vhost(vhost)
+        ex = vh.exchanges.get(self._exchangeName(name))
+        if ex is None or not ex.delayed:
+            raise notFound()
+        session = self._session(user, vh)
+        checkHeldAccess(session.access, ex.name, operation)
+        return session, ex
+
+    @staticmethod
+    def _afterSync(ex, response):
+        """
+        ``response``, once the store synced a durable exchange's change (a
+        Deferred then); 500 ``internal_error`` when the sync failed.
+        """
+        if ex.journal is None:
+            return response
+        return ex.journal.sync().addCallbacks(
+            lambda _: response,
+            lambda f: Response(500, {"error": "internal_error",
+                                     "reason": "store sync failed: %s" % (f.getErrorMessage(),)}))
+
+    @app.route("/api/exchanges/<vhost>/<name>/delayed", methods=["GET", "DELETE", "OPTIONS"])
+    @endpoint(_VHOST)
+    def exchangeDelayed(self, request, user, vhost, name):
+        """
+        ``GET /api/exchanges/{vhost}/{name}/delayed?page=P&page_size=S``: the
+        held messages in due order, ``{"items": [{"id", "message_id",
+        "due" (epoch ms), "routing_key", "properties", "payload_bytes"}],
+        "total_count", "page", "page_size"}`` (page from 1, size 1..500,
+        default 100; else 400 ``invalid_pagination_parameters``); needs read
+        permission on the exchange.  ``DELETE``: purge them all (204); needs
+        write permission.  404 for a missing or non-delayed exchange.
+        """
+        if request.method == b"DELETE":
+            _, ex = self._delayedExchange(user, vhost, name, "purge")
+            ex.purgeHeld()
+            return self._afterSync(ex, Response(204))
+        _, ex = self._delayedExchange(user, vhost, name, "list")
+        try:
+            page, size = pageParameters(_query(request, "page"), _query(request, "page_size"))
+        except ValueError as e:
+            raise HTTPError(400, "invalid_pagination_parameters", str(e))
+        return ex.heldPage(page, size)
+
+    @app.route("/api/exchanges/<vhost>/<name>/delayed/<held>", methods=["DELETE", "OPTIONS"])
+    @endpoint(_VHOST)
+    def exchangeDelayedOne(self, request, user, vhost, name, held):
+        """
+        ``DELETE /api/exchanges/{vhost}/{name}/delayed/{id}``: cancel the held
+        message with broker id ``id`` (204; 404 when no such held message).
+        Needs write permission on the exchange.
+        """
+        _, ex = self._delayedExchange(user, vhost, name, "cancel")
+        if not ex.cancel(held):
+            raise notFound()
+        return self._afterSync(ex, Response(204))
+
+    @app.route("/api/exchanges/<vhost>/<name>/delayed/by-message-id/<messageId>",
+               methods=["DELETE", "OPTIONS"])
+    @endpoint(_VHOST)
+    def exchangeDelayedByMessageId(self, request, user, vhost, name, messageId):
+        """
+        ``DELETE /api/exchanges/{vhost}/{name}/delayed/by-message-id/{message_id}``:
+        cancel every held message whose ``message_id`` property is
+        ``message_id`` (204; 404 when there is none).  Needs write
+        permission on the exchange.
+        """
+        _, ex = self._delayedExchange(user, vhost, name, "cancel")
+        if not ex.cancelMessageId(messageId):
+            raise notFound()
+        return self._afterSync(ex, Response(204))
 
     # --- bindings -------------------------------------------------------------
 
