@@ -211,7 +211,7 @@ class WebAppBrowserTests(TestCase):
         page.click("main table a >> text=web-q")
         page.locator("dd", has_text="web-pol").wait_for()  # the policy applies to it
         page.click("button >> text=Delete queue")
-        page.wait_for_function("location.hash === '#/queues'")
+        page.wait_for_function("() => location.hash === '#/queues'")
         page.locator("main table a", has_text="web-dlq").wait_for()
         assert page.locator("main table a", has_text="web-q").count() == 0
 
