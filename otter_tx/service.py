@@ -338,6 +338,9 @@ class OtterService(MultiService):
         announcing more gets 406 PRECONDITION_FAILED ``message size N is
         larger than configured max size M`` on its channel.  Default
         134217728 (128 MiB).
+    :param defaultDeliveryLimit: delivery limit of a quorum queue that has
+        neither ``x-delivery-limit`` nor a ``delivery-limit`` policy (int
+        >= 0), or None for none (RabbitMQ 3.10; 4.x uses 20); docs/quorum.md.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
         ``serverProperties`` entry or a ``maxMessageSize`` out of range.
 
@@ -352,7 +355,7 @@ class OtterService(MultiService):
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
-                 queueMemoryBudget=None):
+                 queueMemoryBudget=None, defaultDeliveryLimit=None):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -406,6 +409,7 @@ class OtterService(MultiService):
             loopbackUsers=loopbackUsers,
             consumerTimeout=consumerTimeout,
             queueMemoryBudget=queueMemoryBudget,
+            defaultDeliveryLimit=defaultDeliveryLimit,
             pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
         )
         #: the disk alarm's monitor (otter_tx.alarms.DiskMonitor), None without a dataDir

@@ -51,6 +51,7 @@ _DEFAULTS = {
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
     "server-property": [],
+    "default-delivery-limit": None,
 }
 
 #: keys a config file may hold besides the options of _DEFAULTS
@@ -109,6 +110,19 @@ def _integer(low, high=None):
         return number
 
     return check
+
+
+def _deliveryLimit(value, cli=False):
+    """
+    ``unlimited`` (None, RabbitMQ 3.10's default) or a non-negative integer
+    (RabbitMQ 4.x's quorum queues default to 20).
+    """
+    if value is None or value == "unlimited":
+        return None
+    try:
+        return _integer(0)(value, cli)
+    except _Invalid:
+        raise _Invalid('must be a non-negative integer or "unlimited", got %s' % (_shown(value),))
 
 
 def _seconds(value, cli=False):
@@ -503,6 +517,7 @@ _VALIDATORS = {
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
+    "default-delivery-limit": _deliveryLimit,
 }
 
 
@@ -553,6 +568,9 @@ class Options(usage.Options):
         ["queue-memory-budget", None, None,
          "Bytes of ready messages each queue keeps in memory (bodies plus about 350 bytes each); "
          "the rest is paged to <data-dir>/paging (8MiB, 64MB, 0 pages all but one) [default: 8MiB]."],
+        ["default-delivery-limit", None, None,
+         "Delivery limit of quorum queues declared without x-delivery-limit or a delivery-limit "
+         "policy: a number (RabbitMQ 4.x uses 20) or unlimited (RabbitMQ 3.10) [default: unlimited]."],
     ]
 
     def __init__(self):
@@ -686,7 +704,8 @@ def resolveSettings(options):
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
     ``disk-free-limit`` (bytes), ``queue-memory-budget`` (bytes),
-    ``loopback-users`` (list of str),
+    ``loopback-users`` (list of str), ``default-delivery-limit`` (int or
+    None for unlimited),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
     :raise usage.UsageError: one line naming the option (or the file and key).
@@ -754,6 +773,7 @@ def makeService(options, reactor=None):
         consumerTimeout=s["consumer-timeout"],
         serverProperties=s["server-properties"],
         maxMessageSize=s["max-message-size"],
+        defaultDeliveryLimit=s["default-delivery-limit"],
     )
     svc.exitOnFailure = True
     return svc

@@ -46,8 +46,12 @@ from collections import deque
 
 from zope.interface import implementer
 
+from otter_tx.amqp.codec import TaggedInt, encodeProperties
+
+from otter_tx.broker.arguments import QUORUM, queueType
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
 from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.message import Message
 from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
@@ -77,9 +81,13 @@ class QueueEntry:
     :ivar expiresAt: absolute expiry in ms, or ``None``.
     :ivar redelivered: True once delivered and requeued.
     :ivar state: READY, UNACKED or GONE.
+    :ivar returns: how many times it came back unsettled (nack/reject with
+        requeue, recover, its channel closing): the quorum queue's delivery
+        count, ``x-delivery-count`` (int).
     """
 
-    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level", "deliveredAt")
+    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level", "deliveredAt",
+                 "returns")
 
     def __init__(self, message, seq, expiresAt, level):
         self.message = message
@@ -89,6 +97,7 @@ class QueueEntry:
         self.state = READY
         self.level = level
         self.deliveredAt = None
+        self.returns = 0
 
 
 class QueueSettings:
@@ -99,9 +108,15 @@ class QueueSettings:
     :ivar dlx: dead-letter exchange name or None.  :ivar dlrk: routing key or None.
     :ivar maxLength: messages or None.  :ivar maxLengthBytes: body bytes or None.
     :ivar overflow: ``drop-head``, ``reject-publish`` or ``reject-publish-dlx``.
+    :ivar deliveryLimit: returns allowed before a message is dead-lettered
+        with reason ``delivery_limit`` (``x-delivery-limit`` / the
+        ``delivery-limit`` policy; int) or None for no limit.
+    :ivar dlStrategy: ``x-dead-letter-strategy`` in effect (quorum queues):
+        ``at-most-once`` or ``at-least-once``.
     """
 
-    __slots__ = ("messageTtl", "expires", "dlx", "dlrk", "maxLength", "maxLengthBytes", "overflow")
+    __slots__ = ("messageTtl", "expires", "dlx", "dlrk", "maxLength", "maxLengthBytes", "overflow",
+                 "deliveryLimit", "dlStrategy")
 
     def __init__(self):
         self.messageTtl = None
@@ -111,12 +126,16 @@ class QueueSettings:
         self.maxLength = None
         self.maxLengthBytes = None
         self.overflow = "drop-head"
+        self.deliveryLimit = None
+        self.dlStrategy = "at-most-once"
 
 
 @implementer(IQueue)
 class Queue:
     """
-    One classic queue in a vhost.
+    One classic or quorum queue in a vhost (docs/quorum.md: a quorum queue
+    is this queue with RabbitMQ 3.10's quorum rules: delivery count and
+    limit, soft ``reject-publish``, no priorities).
 
     :param vhost: the owning :class:`~otter_tx.broker.vhost.VHost`.
     :param name: str.  :param durable: bool.  :param autoDelete: bool.
@@ -137,6 +156,9 @@ class Queue:
         levels = (self.maxPriority or 0) + 1 if self.maxPriority else 1
         self._levels = [deque() for _ in range(levels)]
         self.singleActive = bool(arguments.get("x-single-active-consumer"))
+        #: ``"quorum"`` or ``"classic"`` (``x-queue-type``)
+        self.queueType = queueType(arguments)
+        self.quorum = self.queueType == QUORUM
         self.readyCount = 0
         self.readyBytes = 0
         self.unackedCount = 0
@@ -243,10 +265,7 @@ class Queue:
         s = self.settings
         if now is None:
             now = nowMs(self.clock)
-        if s.overflow != "drop-head" and (
-            (s.maxLength is not None and self.readyCount + 1 > s.maxLength)
-            or (s.maxLengthBytes is not None and self.readyBytes + message.size > s.maxLengthBytes)
-        ):
+        if s.overflow != "drop-head" and self._overLimit(s, message.size):
             if s.overflow == "reject-publish-dlx":
                 self.vhost.deadLetterer.deadLetter(self, [message], "maxlen")
             return False
@@ -289,6 +308,41 @@ class Queue:
             self._enforceLimits()
         return True
 
+    def _overLimit(self, s, size):
+        """
+        True when a new message of ``size`` bytes is refused by a
+        ``reject-publish`` limit: a classic queue refuses the message that
+        would go over the limit; a quorum queue refuses once it is over
+        (RabbitMQ 3.10's ``rabbit_fifo`` accepts the message that crosses it).
+        """
+        if self.quorum:
+            return ((s.maxLength is not None and self.readyCount > s.maxLength)
+                    or (s.maxLengthBytes is not None and self.readyBytes > s.maxLengthBytes))
+        return ((s.maxLength is not None and self.readyCount + 1 > s.maxLength)
+                or (s.maxLengthBytes is not None and self.readyBytes + size > s.maxLengthBytes))
+
+    def deliveredMessage(self, entry, get=False):
+        """
+        The message to send for ``entry``: its own, or a copy carrying
+        ``x-delivery-count`` (the entry's returns) when this queue counts
+        deliveries: a quorum queue, or a classic one with a delivery limit.
+        As RabbitMQ 3.10 does, a quorum queue's consumer deliveries carry
+        the header from the first return on, its ``basic.get`` answers
+        always (0 the first time).  The caller checks ``entry.returns`` (or
+        ``get``) first, so a plain delivery costs one attribute test.
+        """
+        m = entry.message
+        if not (self.quorum or self.settings.deliveryLimit is not None):
+            return m
+        if not (entry.returns or (get and self.quorum)):
+            return m
+        props = dict(m.props)
+        headers = dict(props.get("headers") or {})
+        headers["x-delivery-count"] = TaggedInt(entry.returns, "l")
+        props["headers"] = headers
+        copy = Message(m.exchange, m.routingKey, encodeProperties(props), m.body, props)
+        return copy
+
     # --- paging -------------------------------------------------------------
 
     def _memoryCost(self):
@@ -329,6 +383,7 @@ class Queue:
         level = min(message.priority, self.maxPriority) if self.maxPriority else 0
         entry = QueueEntry(message, seq, expiresAt, level)
         entry.redelivered = redelivered
+        entry.returns = 1 if redelivered else 0
         return entry
 
     def _pageIn(self, level, force):
@@ -755,6 +810,9 @@ class Queue:
         level = min(message.priority, self.maxPriority) if self.maxPriority else 0
         entry = QueueEntry(message, seq, expiresAt, level)
         entry.redelivered = redelivered
+        # the delivery count is not stored: a message delivered before the
+        # restart counts as returned once (docs/quorum.md)
+        entry.returns = 1 if redelivered else 0
         self._seq = max(self._seq, seq)
         if self._shouldPage(level, message.size):
             # a huge recovered queue is paged as it is read back
@@ -934,6 +992,8 @@ class Queue:
         """
         now = nowMs(self.clock)
         expired = []
+        overLimit = None
+        limit = self.settings.deliveryLimit
         middle = None
         levels = self._levels
         expiry = self._expiry
@@ -941,10 +1001,19 @@ class Queue:
             if entry.state != UNACKED:
                 continue
             self.unackedCount -= 1
+            entry.returns += 1
             if entry.expiresAt is not None and entry.expiresAt <= now:
                 entry.state = GONE
                 self._removed(entry)
                 expired.append(entry.message)
+                continue
+            if limit is not None and entry.returns > limit:
+                # RabbitMQ rabbit_fifo: a return beyond the limit dead-letters
+                entry.state = GONE
+                self._removed(entry)
+                if overLimit is None:
+                    overLimit = []
+                overLimit.append(entry.message)
                 continue
             entry.state = READY
             entry.redelivered = True
@@ -967,6 +1036,8 @@ class Queue:
                 levels[level] = deque(heapq.merge(levels[level], mids, key=_bySeq))
         if expired:
             self.vhost.deadLetterer.deadLetter(self, expired, "expired")
+        if overLimit:
+            self.vhost.deadLetterer.deadLetter(self, overLimit, "delivery_limit")
 
     # --- purge / delete -------------------------------------------------------
 

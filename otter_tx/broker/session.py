@@ -142,7 +142,8 @@ class Consumer:
             s.counters.deliveredConsumeAutoAck += 1
         if entry.redelivered:
             s.counters.redelivered += 1
-        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered, entry.message)
+        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered,
+                                 entry.message if not entry.returns else queue.deliveredMessage(entry))
 
     def cancelledByBroker(self, queue):
         """The queue was deleted: consumer cancel notification."""
@@ -318,7 +319,8 @@ class Session:
         """
         basic.consume: the consumer tag (str).  ``reply(tag)`` runs before the
         queue may deliver (the door sends consume-ok there).  Errors: 403
-        read permission, 404, 530 reused tag, 406 x-priority, 403 exclusive use.
+        read permission, 404, 530 reused tag, 406 x-priority, 403 exclusive use,
+        540 (connection) global prefetch on a quorum queue.
         """
         qname = self.queueName(queue)
         if qname == REPLY_TO:
@@ -335,6 +337,12 @@ class Session:
                 "invalid arg 'x-priority' for %s: \"expected integer, got %s\""
                 % (rs("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
             )
+        if q.quorum:
+            # RabbitMQ 3.10's quorum queues (docs/quorum.md): no global
+            # prefetch (540, connection), and the exclusive flag is ignored
+            if self.globalPrefetch:
+                raise notImplemented("%s does not support global qos" % (rs("queue", qname, self.vhost.name),))
+            exclusive = False
         if q.exclusiveConsumer is not None or (exclusive and (q.consumers or q.singleActive)):
             raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)

@@ -261,7 +261,10 @@ class VHost:
             q = self.getQueue(name, connection)
             q.touch()
             return q
+        quorum = arguments.get("x-queue-type") == "quorum"
         if name == "":
+            if quorum:
+                raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
             name = serverNamedQueue()
         elif name.startswith("amq.") and not serverNamed:
             raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
@@ -279,6 +282,8 @@ class VHost:
             q.touch()
             return q
         A.validateQueueArguments(arguments, name, self.name)
+        if quorum:
+            A.validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
         limit = self.limit("max-queues")
         if limit is not None and len(self.queues) >= limit:
             raise preconditionFailed(
@@ -545,7 +550,11 @@ class VHost:
         effective = mergeOperatorPolicy(policy, operator)
         q.operatorPolicy = operator
         q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
-        q.applySettings(effectiveSettings(q.arguments, effective), policy)
+        settings = effectiveSettings(q.arguments, effective)
+        if q.quorum and settings.deliveryLimit is None:
+            # RabbitMQ 4.x gives quorum queues a limit of 20; 3.10 none
+            settings.deliveryLimit = self.broker.defaultDeliveryLimit
+        q.applySettings(settings, policy)
 
     # --- connection cleanup -----------------------------------------------------
 

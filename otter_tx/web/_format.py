@@ -141,7 +141,7 @@ def queueDict(q, unacked=None, detail=False):
         "exclusive": q.exclusive,
         "arguments": jsonable(q.arguments),
         "node": NODE,
-        "type": "classic",
+        "type": q.queueType,
         "state": "running",
         "policy": policy.name if policy is not None else None,
         "operator_policy": q.operatorPolicy.name if q.operatorPolicy is not None else None,
@@ -174,6 +174,12 @@ def queueDict(q, unacked=None, detail=False):
             "deliver_get_details": rate(),
         },
     }
+    if q.quorum:
+        # RabbitMQ 3.10's quorum keys; one node: it leads, the only member
+        # (replication needs a cluster; docs/quorum.md)
+        d["leader"] = NODE
+        d["members"] = [NODE]
+        d["online"] = [NODE]
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
