@@ -479,6 +479,8 @@ class Queue:
         maxLen, maxBytes = s.maxLength, s.maxLengthBytes
         if (maxLen is None and maxBytes is None) or self._requeuePending is not None:
             return
+        if self.quorum and s.overflow == "reject-publish":
+            return  # a quorum queue's limit refuses publishes, it drops nothing
         dropped = []
         while self.readyCount and (
             (maxLen is not None and self.readyCount > maxLen)

@@ -262,9 +262,9 @@ class VHost:
             q.touch()
             return q
         quorum = arguments.get("x-queue-type") == "quorum"
+        if quorum and (name == "" or serverNamed):
+            raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
         if name == "":
-            if quorum:
-                raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
             name = serverNamedQueue()
         elif name.startswith("amq.") and not serverNamed:
             raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
