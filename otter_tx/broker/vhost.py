@@ -117,10 +117,10 @@ class VHost:
         self.limits = None
         #: direct reply-to token -> ReplyToQueue
         self.replyTo = {}
-        #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``)
-        self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
+        #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``, ``delivery_limit``)
+        self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0, "delivery_limit": 0}
         #: messages that left a queue without a dead-letter exchange, by reason (dropped)
-        self.deadLetterDisabled = {"expired": 0, "rejected": 0, "maxlen": 0}
+        self.deadLetterDisabled = {"expired": 0, "rejected": 0, "maxlen": 0, "delivery_limit": 0}
         #: messages dropped because their queue's dead-letter exchange is missing
         self.deadLetterDropped = 0
         #: republishes dead-lettered messages (:mod:`otter_tx.broker.deadletter`)
