@@ -43,6 +43,8 @@ Two more operations are bounded per turn the same way:
 
 import heapq
 from collections import deque
+from itertools import groupby
+from operator import itemgetter
 
 from zope.interface import implementer
 
@@ -199,6 +201,11 @@ class Queue:
         #: dropped by a length limit, still to dead-letter: entries and paged segments
         self._dropPending = None
         self._dropCall = None
+        #: at-least-once dead letters no queue took yet: (Message, reason) in
+        #: order, their body bytes, and the retry timer (holdDeadLetters)
+        self.dlxHeld = None
+        self.dlxHeldBytes = 0
+        self._dlxRetry = None
         # counters (management / metrics)
         self.publishedCount = 0
         self.deliveredCount = 0
@@ -342,6 +349,43 @@ class Queue:
         props["headers"] = headers
         copy = Message(m.exchange, m.routingKey, encodeProperties(props), m.body, props)
         return copy
+
+    def holdDeadLetters(self, messages, reason):
+        """
+        Keep ``messages`` (list of Message) dead-lettered for ``reason``
+        that no queue took (at-least-once, see
+        :meth:`DeadLetterer._atLeastOnce
+        <otter_tx.broker.deadletter.DeadLetterer._atLeastOnce>`) and try
+        them again in :data:`~otter_tx.broker.deadletter.DLX_RETRY_MS`.
+        They are not ready messages: RabbitMQ counts them as
+        ``messages_dlx`` / ``message_bytes_dlx``.  Held in memory only.
+        """
+        if self.deleted:
+            return
+        held = self.dlxHeld
+        if held is None:
+            held = self.dlxHeld = []
+        for m in messages:
+            held.append((m, reason))
+            self.dlxHeldBytes += m.size
+        if self._dlxRetry is None and not self._stopped:
+            from otter_tx.broker.deadletter import DLX_RETRY_MS
+
+            self._dlxRetry = self.clock.callLater(DLX_RETRY_MS / 1000.0, self._retryDeadLetters)
+
+    def _retryDeadLetters(self):
+        """Dead-letter the held messages again, in order, a run of one reason at a time."""
+        self._dlxRetry = None
+        held, self.dlxHeld = self.dlxHeld or [], None
+        self.dlxHeldBytes = 0
+        for reason, run in groupby(held, key=itemgetter(1)):
+            self.vhost.deadLetterer.deadLetter(self, [m for m, _ in run], reason)
+
+    def _dropDeadLetters(self):
+        """Forget the held dead letters and their timer (delete, stop)."""
+        if self._dlxRetry is not None and self._dlxRetry.active():
+            self._dlxRetry.cancel()
+        self._dlxRetry = None
 
     # --- paging -------------------------------------------------------------
 
@@ -1128,6 +1172,7 @@ class Queue:
         if self._pageExpiry is not None:
             self._pageExpiry.freeze()
         self._cancelDispatch()
+        self._dropDeadLetters()
         self._stopped = True
 
     def shutdown(self):
@@ -1141,6 +1186,9 @@ class Queue:
         self._idleTimer = None
         self._expiry.clear()
         self._cancelDispatch()
+        self._dropDeadLetters()
+        self.dlxHeld = None
+        self.dlxHeldBytes = 0
         if self._requeuePending is not None:
             # still UNACKED: they go with the queue
             if self._requeueCall is not None and self._requeueCall.active():

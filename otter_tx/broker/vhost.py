@@ -252,14 +252,17 @@ class VHost:
         queue.declare; returns the :class:`Queue`.  ``name == ""`` gets a
         server-generated ``amq.gen-`` name.  Errors: 404 (passive), 405
         (exclusive elsewhere), 403 (``amq.`` prefix), 406 (invalid or
-        inequivalent arguments).  Renews the x-expires lease.
+        inequivalent arguments).  Renews the x-expires lease (but a passive
+        declare of a quorum queue does not, as on RabbitMQ 3.10).
         """
         arguments = arguments or {}
         if passive:
             if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
                 return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
-            q.touch()
+            if not q.quorum:
+                # a quorum queue's lease is not renewed by a passive declare (3.10)
+                q.touch()
             return q
         quorum = arguments.get("x-queue-type") == "quorum"
         if quorum and (name == "" or serverNamed):

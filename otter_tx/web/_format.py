@@ -180,6 +180,9 @@ def queueDict(q, unacked=None, detail=False):
         d["leader"] = NODE
         d["members"] = [NODE]
         d["online"] = [NODE]
+        # at-least-once dead letters waiting for a queue to take them
+        d["messages_dlx"] = len(q.dlxHeld or ())
+        d["message_bytes_dlx"] = q.dlxHeldBytes
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]

@@ -376,6 +376,31 @@ class DeliveryLimitTests(QuorumTestCase):
 
         return self.runPika(body)
 
+    def test_atLeastOnceUnroutableHeld(self):
+        """An at-least-once dead letter the DLX routes nowhere leaves the ready count and is not sent when a queue is bound later (RabbitMQ retries after 180 s)."""
+        name = self.tempQueue("quorum-held")
+
+        def body(connect):
+            c = connect()
+            ch = c.channel()
+            dlx = self.tempExchange("quorum-hx")
+            ch.exchange_declare(dlx, "fanout")
+            ch.queue_declare(name, durable=True, arguments=qq(
+                x_dead_letter_exchange=dlx, x_overflow="reject-publish",
+                **{"x-dead-letter-strategy": "at-least-once"}))
+            ch.basic_publish("", name, b"x")
+            method, _, _ = getOne(ch, name)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+            self.assertEqual(waitCount(ch, name, 0), 0)
+            dlq = self.tempQueue("quorum-hq")
+            ch.queue_declare(dlq, durable=True)
+            ch.queue_bind(dlq, dlx)
+            settle(c, 1.0)
+            self.assertIsNone(ch.basic_get(dlq)[0])
+            self.assertIsNone(ch.basic_get(name)[0])
+
+        return self.runPika(body)
+
 
 class OverflowTests(QuorumTestCase):
     """x-overflow on a quorum queue: drop-head, a soft reject-publish, reject-publish-dlx as drop-head."""

@@ -355,3 +355,78 @@ class DefaultLimitTests(_Parsing, SynchronousTestCase):
         self.assertEqual(vh.declareQueue("r", None, durable=True, arguments=qq(x_delivery_limit=3))
                          .settings.deliveryLimit, 3)
         self.assertIsNone(vh.declareQueue("c", None).settings.deliveryLimit)
+
+
+class AtLeastOnceTests(BrokerTestCase):
+    """x-dead-letter-strategy at-least-once: dead letters no queue takes stay with the source queue."""
+
+    def setUp(self):
+        BrokerTestCase.setUp(self)
+        self.vhost.declareExchange("dlx", "fanout")
+        self.q = self.vhost.declareQueue("q", None, durable=True, arguments=qq(
+            x_dead_letter_exchange="dlx", x_overflow="reject-publish",
+            **{"x-dead-letter-strategy": "at-least-once"}))
+
+    def rejectOne(self, body=b"x"):
+        self.publish("q", body)
+        self.q.reject([self.q.basicGet(False)])
+
+    def test_heldUntilRetry(self):
+        """A dead letter the DLX routes nowhere is held (messages_dlx), not ready, and sent on the retry after 180 s, not on a new binding."""
+        self.rejectOne(b"held")
+        self.assertEqual((self.q.readyCount, len(self.q.dlxHeld), self.q.dlxHeldBytes), (0, 1, 4))
+        dlq = self.declare("dlq")
+        self.vhost.bind(self.vhost.exchanges["dlx"], dlq, "", {})
+        self.assertEqual(dlq.readyCount, 0)
+        self.clock.advance(179.9)
+        self.assertEqual(dlq.readyCount, 0)
+        self.clock.advance(0.1)
+        (m,) = self.drain(dlq)
+        self.assertEqual((m.body, m.headers["x-death"][0]["reason"]), (b"held", "rejected"))
+        self.assertIsNone(self.q.dlxHeld)
+        self.assertEqual(self.vhost.deadLettered["rejected"], 1)
+
+    def test_missingExchangeHeldAndRetried(self):
+        """With the DLX missing the message is held, and held again when the retry still finds no queue."""
+        self.vhost.deleteExchange("dlx")
+        self.rejectOne()
+        self.clock.advance(180)
+        self.assertEqual(len(self.q.dlxHeld), 1)
+        self.assertEqual(self.vhost.deadLetterDropped, 0)
+
+    def test_routedAtOnce(self):
+        """When the DLX routes to a queue the dead letter goes there at once."""
+        dlq = self.declare("dlq")
+        self.vhost.bind(self.vhost.exchanges["dlx"], dlq, "", {})
+        self.rejectOne()
+        self.assertEqual((dlq.readyCount, self.q.dlxHeld), (1, None))
+
+    def test_deleteForgets(self):
+        """Deleting the queue drops its held dead letters and their timer."""
+        self.rejectOne()
+        self.vhost.deleteQueue(self.q)
+        self.assertEqual((self.q.dlxHeld, self.clock.getDelayedCalls()), (None, []))
+
+    def test_json(self):
+        """messages_dlx and message_bytes_dlx of a quorum queue count the held dead letters."""
+        from otter_tx.web._format import queueDict
+
+        self.rejectOne(b"abc")
+        d = queueDict(self.q)
+        self.assertEqual((d["messages_dlx"], d["message_bytes_dlx"], d["messages"]), (1, 3, 0))
+
+
+class ExpiresTests(BrokerTestCase):
+    """x-expires of a quorum queue."""
+
+    def test_passiveDeclareDoesNotRenew(self):
+        """A passive declare does not renew a quorum queue's lease; a full redeclare does."""
+        args = qq(x_expires=1000)
+        q = self.vhost.declareQueue("q", None, durable=True, arguments=args)
+        self.clock.advance(0.9)
+        self.vhost.declareQueue("q", None, durable=True, arguments=args)
+        self.clock.advance(0.9)
+        self.assertFalse(q.deleted)
+        self.vhost.declareQueue("q", None, passive=True)
+        self.clock.advance(0.1)
+        self.assertTrue(q.deleted)
