@@ -286,7 +286,8 @@ class Queue:
             level = min(message.priority, self.maxPriority)
         entry = QueueEntry(message, self._seq, None if ttl is None else now + ttl, level)
         self.publishedCount += 1
-        journal = self.journal if message.persistent else None
+        # a quorum queue stores every message, as RabbitMQ's Raft log does
+        journal = self.journal if (message.persistent or self.quorum) else None
         if not self.readyCount and self.consumers and self._requeuePending is None:
             consumer = self._pickConsumer()
             if consumer is not None:
@@ -834,7 +835,7 @@ class Queue:
             entry.state = UNACKED
             entry.deliveredAt = self.clock.seconds()
             self.unackedCount += 1
-            if self.journal is not None and entry.message.persistent:
+            if self.journal is not None and (entry.message.persistent or self.quorum):
                 self.journal.delivered(self, entry)
 
     def _deliver(self, consumer, entry):
@@ -843,7 +844,7 @@ class Queue:
 
     def _removed(self, entry):
         """``entry`` left the queue for good: drop it from the store."""
-        if self.journal is not None and entry.message.persistent:
+        if self.journal is not None and (entry.message.persistent or self.quorum):
             self.journal.removed(self, entry)
 
     def restore(self, message, seq, expiresAt, redelivered):

@@ -2,7 +2,8 @@
 A quorum queue and its persistent messages survive a SIGKILL and a clean
 restart of the broker process (``twistd -n ottermq``), like any durable
 queue (docs/quorum.md): the queue keeps its type and arguments, every
-confirmed message comes back.  The delivery count itself is not stored: a
+confirmed message comes back, a transient one too (a quorum queue stores
+every message, as RabbitMQ's does).  The delivery count itself is not stored: a
 message that may have been delivered before the restart (after a SIGKILL,
 every message: the store marks them all) counts as returned once, so it
 comes back redelivered with ``x-delivery-count`` 1.
@@ -22,13 +23,15 @@ ARGS = {"x-queue-type": "quorum", "x-delivery-limit": 5}
 
 
 def _fill(port):
-    """Declare the quorum queue, publish 100 persistent messages with confirms, return one to the queue once and hold it unacked; return the open connection."""
+    """Declare the quorum queue, publish 99 persistent messages and a transient one with confirms, return one to the queue once and hold it unacked; return the open connection."""
     c = pika.BlockingConnection(_params(port))
     ch = c.channel()
     ch.queue_declare(QUEUE, durable=True, arguments=ARGS)
     ch.confirm_delivery()
-    for i in range(100):
+    for i in range(99):
         ch.basic_publish("", QUEUE, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    # a transient message: a quorum queue stores it too (RabbitMQ's Raft log does)
+    ch.basic_publish("", QUEUE, b"99")
     method, _, _ = ch.basic_get(QUEUE)
     ch.basic_nack(method.delivery_tag, requeue=True)
     method, props, body = ch.basic_get(QUEUE)
@@ -74,7 +77,7 @@ class QuorumRestartTests(TestCase):
 
     @defer.inlineCallbacks
     def test_surviveKill9AndRestart(self):
-        """After a SIGKILL the quorum queue and its 100 messages are back, each redelivered with count 1; a clean restart keeps them too."""
+        """After a SIGKILL the quorum queue and its 100 messages (one transient) are back, each redelivered with count 1; a clean restart keeps them too."""
         dataDir = os.path.abspath(self.mktemp())
         proc, transport = _startBroker(dataDir)
         port = yield proc.port

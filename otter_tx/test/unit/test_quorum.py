@@ -430,3 +430,35 @@ class ExpiresTests(BrokerTestCase):
         self.vhost.declareQueue("q", None, passive=True)
         self.clock.advance(0.1)
         self.assertTrue(q.deleted)
+
+
+class RestartTests(SynchronousTestCase):
+    """A quorum queue's messages through a deterministic restart (MemoryStore)."""
+
+    def restart(self, store, clock, broker=None):
+        from otter_tx.testing import journaledBroker
+
+        if broker is not None:
+            broker.stop()
+            self.successResultOf(store.close())
+        return journaledBroker(store, clock)
+
+    def test_transientStored(self):
+        """A transient message in a quorum queue survives a restart, in a durable classic queue it does not; an acked one is gone."""
+        from otter_tx.store.memory import MemoryStore
+
+        clock = Clock()
+        store = MemoryStore()
+        broker = self.restart(store, clock)
+        vh = broker.vhosts["/"]
+        q = vh.declareQueue("q", None, durable=True, arguments=QQ)
+        c = vh.declareQueue("c", None, durable=True)
+        for body in (b"acked", b"keep"):
+            for name in ("q", "c"):
+                vh.publish(vh.exchanges[""], msg(body, name))
+        q.settle(q.basicGet(False))
+        broker = self.restart(store, clock, broker)
+        vh = broker.vhosts["/"]
+        self.assertEqual([e.message.body for e in vh.queues["q"].readyEntries()], [b"keep"])
+        self.assertEqual(vh.queues["c"].readyCount, 0)
+        self.assertEqual(vh.queues["q"].queueType, "quorum")
