@@ -714,6 +714,29 @@ class ManagementTests(ManagementMixin, InteropTestCase):
 
         return self.inThread(body)
 
+    def test_httpGetDeliveryCount(self):
+        """POST .../get on a quorum queue answers x-delivery-count in the properties: 0, then 1 after a requeue."""
+        name = self.name("quorum-hget")
+        path = "/api/queues/%2F/" + quote(name, safe="")
+        self.names.append(path)
+
+        def body():
+            self.mgmtCall("PUT", path, {"durable": True, "arguments": QQ})
+            self.mgmtCall("POST", "/api/exchanges/%2F/amq.default/publish",
+                          {"routing_key": name, "payload": "x", "payload_encoding": "string", "properties": {}})
+            counts = []
+            deadline = time.monotonic() + 5
+            while len(counts) < 2 and time.monotonic() < deadline:
+                status, got = self.mgmtCall("POST", path + "/get", {"count": 1, "ackmode": "ack_requeue_true",
+                                                                    "encoding": "auto"})
+                if got:
+                    counts.append((got[0]["redelivered"], got[0]["properties"]["headers"]["x-delivery-count"]))
+                else:
+                    time.sleep(0.05)
+            self.assertEqual(counts, [(False, 0), (True, 1)])
+
+        return self.inThread(body)
+
     def test_policyValidation(self):
         """A delivery-limit policy must be a non-negative integer; an operator policy may set it."""
         pol = self.name("quorum-pol")

@@ -462,3 +462,18 @@ class RestartTests(SynchronousTestCase):
         self.assertEqual([e.message.body for e in vh.queues["q"].readyEntries()], [b"keep"])
         self.assertEqual(vh.queues["c"].readyCount, 0)
         self.assertEqual(vh.queues["q"].queueType, "quorum")
+
+
+class HttpGetTests(WebTestCase):
+    """POST /api/queues/{vhost}/{name}/get on a quorum queue."""
+
+    def test_deliveryCountHeader(self):
+        """The answer's properties carry x-delivery-count, 0 then 1 after a requeue, as RabbitMQ 3.10's."""
+        q = self.vh.declareQueue("q", None, durable=True, arguments=QQ)
+        q.enqueue(msg(b"x", "q"))
+        counts = []
+        for _ in range(2):
+            r = self.post("/api/queues/%2F/q/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+            (m,) = r.json()
+            counts.append((m["redelivered"], m["properties"]["headers"]["x-delivery-count"]))
+        self.assertEqual(counts, [(False, 0), (True, 1)])
