@@ -4,8 +4,8 @@ https://www.rabbitmq.com/docs/parameters#policies).
 
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
-``max-length-bytes``, ``overflow``, ``delivery-limit`` (quorum queues, and
-classic ones as an extension: docs/quorum.md); the ``ha-*`` mirroring keys are accepted
+``max-length-bytes``, ``overflow``, ``delivery-limit`` (quorum queues only:
+docs/quorum.md); the ``ha-*`` mirroring keys are accepted
 without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
@@ -216,8 +216,12 @@ def effectiveSettings(arguments, policy):
         s.dlrk = dlrk if isinstance(dlrk, str) else d.get("dead-letter-routing-key")
     ov = arguments.get("x-overflow")
     s.overflow = ov if isinstance(ov, str) else d.get("overflow", "drop-head")
-    s.deliveryLimit = _min(argInt("x-delivery-limit"), d.get("delivery-limit"))
+    s.deliveryLimit = argInt("x-delivery-limit")
     if queueType(arguments) == QUORUM:
+        # the policy key is for quorum queues (RabbitMQ's); a classic queue
+        # takes a limit from its own argument only (our extension), so a
+        # policy written for quorum queues does not change classic ones
+        s.deliveryLimit = _min(s.deliveryLimit, d.get("delivery-limit"))
         if s.overflow == "reject-publish-dlx":
             s.overflow = "drop-head"
         if arguments.get("x-dead-letter-strategy") == "at-least-once" and s.overflow == "reject-publish":

@@ -477,3 +477,14 @@ class HttpGetTests(WebTestCase):
             (m,) = r.json()
             counts.append((m["redelivered"], m["properties"]["headers"]["x-delivery-count"]))
         self.assertEqual(counts, [(False, 0), (True, 1)])
+
+
+class ClassicPolicyTests(BrokerTestCase):
+    """The delivery-limit policy and classic queues."""
+
+    def test_policyIgnoredOnClassic(self):
+        """A delivery-limit policy does not limit a classic queue; its own x-delivery-limit does."""
+        self.vhost.setPolicy(Policy("p", ".*", {"delivery-limit": 1}, applyTo="queues"))
+        self.assertIsNone(self.declare("c").settings.deliveryLimit)
+        self.assertEqual(self.declare("d", **{"x-delivery-limit": 3}).settings.deliveryLimit, 3)
+        self.assertEqual(self.vhost.declareQueue("q", None, durable=True, arguments=QQ).settings.deliveryLimit, 1)
