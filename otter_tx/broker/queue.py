@@ -1039,7 +1039,7 @@ class Queue:
         """
         now = nowMs(self.clock)
         expired = []
-        overLimit = None
+        overLimit = []
         limit = self.settings.deliveryLimit
         middle = None
         levels = self._levels
@@ -1058,8 +1058,6 @@ class Queue:
                 # RabbitMQ rabbit_fifo: a return beyond the limit dead-letters
                 entry.state = GONE
                 self._removed(entry)
-                if overLimit is None:
-                    overLimit = []
                 overLimit.append(entry.message)
                 continue
             entry.state = READY

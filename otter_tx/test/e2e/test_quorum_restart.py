@@ -76,6 +76,18 @@ class QuorumRestartTests(TestCase):
     timeout = 120
 
     @defer.inlineCallbacks
+    def recoverOnce(self, dataDir):
+        """Start the broker on ``dataDir``, run :func:`_recovered`, stop it cleanly (SIGTERM); its result."""
+        proc, transport = _startBroker(dataDir)
+        port = yield proc.port
+        try:
+            result = yield threads.deferToThread(_recovered, port)
+        finally:
+            transport.signalProcess(signal.SIGTERM)
+            yield proc.ended
+        return result
+
+    @defer.inlineCallbacks
     def test_surviveKill9AndRestart(self):
         """After a SIGKILL the quorum queue and its 100 messages (one transient) are back, each redelivered with count 1; a clean restart keeps them too."""
         dataDir = os.path.abspath(self.mktemp())
@@ -86,22 +98,10 @@ class QuorumRestartTests(TestCase):
         transport.signalProcess(signal.SIGKILL)
         yield proc.ended
         yield threads.deferToThread(_closeQuietly, conn)
-        proc, transport = _startBroker(dataDir)
-        port = yield proc.port
-        try:
-            count, inequivalent, got = yield threads.deferToThread(_recovered, port)
-        finally:
-            transport.signalProcess(signal.SIGTERM)
-            yield proc.ended
+        count, inequivalent, got = yield self.recoverOnce(dataDir)
         self.assertEqual((count, inequivalent), (100, 406))
         self.assertEqual(sorted(int(b) for b, _, _ in got), list(range(100)))
         self.assertEqual({(r, n) for _, r, n in got}, {(True, 1)})
         # every get above left its message unacked; the clean stop keeps them
-        proc, transport = _startBroker(dataDir)
-        port = yield proc.port
-        try:
-            count, _, got = yield threads.deferToThread(_recovered, port)
-        finally:
-            transport.signalProcess(signal.SIGTERM)
-            yield proc.ended
+        count, _, got = yield self.recoverOnce(dataDir)
         self.assertEqual((count, len(got)), (100, 100))

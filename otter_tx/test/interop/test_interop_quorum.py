@@ -26,16 +26,7 @@ from otter_tx.test.interop.support import (
     onlyOtter,
 )
 from otter_tx.test.interop.test_interop_pika import PikaTestCase, settle, waitCount, waitUntil
-
-QQ = {"x-queue-type": "quorum"}
-
-
-def qq(**extra):
-    """Quorum-queue declare arguments: ``x-queue-type: quorum`` plus ``extra`` (``x_delivery_limit=3`` style)."""
-    args = dict(QQ)
-    for k, v in extra.items():
-        args[k.replace("_", "-")] = v
-    return args
+from otter_tx.test.unit.test_quorum import QQ, qq
 
 
 def getOne(channel, queue, timeout=5.0, autoAck=False):
@@ -49,6 +40,21 @@ def getOne(channel, queue, timeout=5.0, autoAck=False):
         if got[0] is not None or time.monotonic() > deadline:
             return got
         time.sleep(0.02)
+
+
+def countDeliveries(channel, queue, most):
+    """
+    Get the one message of ``queue`` and nack it with requeue until it is
+    gone or ``most`` deliveries were made; return how many there were.
+    """
+    n = 0
+    while n < most:
+        method, _, _ = getOne(channel, queue, timeout=0.5 if n else 5.0)
+        if method is None:
+            break
+        n += 1
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    return n
 
 
 def deliveryCount(properties):
@@ -331,14 +337,7 @@ class DeliveryLimitTests(QuorumTestCase):
                 name = self.tempQueue("quorum-lim")
                 ch.queue_declare(name, durable=True, arguments=qq(x_delivery_limit=limit))
                 ch.basic_publish("", name, b"x")
-                n = 0
-                for _ in range(4):
-                    method, _, _ = getOne(ch, name, timeout=0.5 if n else 5.0)
-                    if method is None:
-                        break
-                    n += 1
-                    ch.basic_nack(method.delivery_tag, requeue=True)
-                self.assertEqual(n, deliveries, limit)
+                self.assertEqual(countDeliveries(ch, name, 4), deliveries, limit)
 
         return self.runPika(body)
 
@@ -666,14 +665,7 @@ class DefaultLimitTests(QuorumTestCase):
             for q, args in ((name, QQ), (classic, None)):
                 ch.queue_declare(q, durable=True, arguments=args)
                 ch.basic_publish("", q, b"x")
-                n = 0
-                for _ in range(3):
-                    method, _, _ = getOne(ch, q, timeout=0.5 if n else 5.0)
-                    if method is None:
-                        break
-                    n += 1
-                    ch.basic_nack(method.delivery_tag, requeue=True)
-                counts[q] = n
+                counts[q] = countDeliveries(ch, q, 3)
             self.assertEqual((counts[name], counts[classic]), (2, 3))
 
         return self.runPika(body)
@@ -773,14 +765,7 @@ class ManagementTests(ManagementMixin, InteropTestCase):
                     self.names.append("/api/queues/%2F/" + quote(q, safe=""))
                     ch.queue_declare(q, durable=True, arguments=dict(QQ, **extra))
                     ch.basic_publish("", q, b"x")
-                    n = 0
-                    for _ in range(4):
-                        method, _, _ = getOne(ch, q, timeout=0.5 if n else 5.0)
-                        if method is None:
-                            break
-                        n += 1
-                        ch.basic_nack(method.delivery_tag, requeue=True)
-                    results.append(n)
+                    results.append(countDeliveries(ch, q, 4))
                 self.assertEqual(results, [2, 2, 1])
             finally:
                 connection.close()

@@ -16,8 +16,7 @@ from otter_tx import tap
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError
-from otter_tx.broker.session import Session
-from otter_tx.test.unit.test_session import FakeConnection
+from otter_tx.test.unit.test_session import SessionTestCase
 from otter_tx.test.unit.test_tap import _Parsing
 from otter_tx.test.unit.test_ttl_dlx import BrokerTestCase, FakeConsumer, msg
 from otter_tx.test.unit.test_web import WebTestCase
@@ -26,7 +25,7 @@ QQ = {"x-queue-type": "quorum"}
 
 
 def qq(**extra):
-    """Quorum declare arguments plus ``extra`` (underscores become dashes)."""
+    """Quorum declare arguments plus ``extra`` (underscores become dashes; the interop tests use it too)."""
     args = dict(QQ)
     for k, v in extra.items():
         args[k.replace("_", "-")] = v
@@ -268,16 +267,12 @@ class OverflowTests(BrokerTestCase):
         self.assertEqual(self.bodies(q), [b"low", b"high"])
 
 
-class SessionTests(SynchronousTestCase):
+class SessionTests(SessionTestCase):
     """Consuming from a quorum queue through a Session."""
 
     def setUp(self):
-        self.clock = Clock()
-        self.broker = Broker(self.clock)
-        self.vh = self.broker.vhosts["/"]
-        self.conn = FakeConnection(self.broker.users["guest"])
-        self.conn.vhost = self.vh
-        self.s = Session(self.broker, self.conn, self.vh, self.conn.user, 1)
+        SessionTestCase.setUp(self)
+        self.s.deleteQueue("q")
         self.s.declareQueue("q", durable=True, arguments=QQ)
 
     def test_globalQos(self):
