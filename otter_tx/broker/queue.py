@@ -49,8 +49,8 @@ from operator import itemgetter
 from zope.interface import implementer
 
 from otter_tx.amqp.codec import TaggedInt, encodeProperties
-
 from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.deadletter import DLX_RETRY_MS
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
 from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.message import Message
@@ -370,8 +370,6 @@ class Queue:
             held.append((m, reason))
             self.dlxHeldBytes += m.size
         if self._dlxRetry is None and not self._stopped:
-            from otter_tx.broker.deadletter import DLX_RETRY_MS
-
             self._dlxRetry = self.clock.callLater(DLX_RETRY_MS / 1000.0, self._retryDeadLetters)
 
     def _retryDeadLetters(self):
