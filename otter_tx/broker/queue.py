@@ -206,6 +206,8 @@ class Queue:
         self.dlxHeld = None
         self.dlxHeldBytes = 0
         self._dlxRetry = None
+        #: a quorum queue over its reject-publish limit refuses publishes (_overLimit)
+        self._rejecting = False
         # counters (management / metrics)
         self.publishedCount = 0
         self.deliveredCount = 0
@@ -320,12 +322,18 @@ class Queue:
         """
         True when a new message of ``size`` bytes is refused by a
         ``reject-publish`` limit: a classic queue refuses the message that
-        would go over the limit; a quorum queue refuses once it is over
-        (RabbitMQ 3.10's ``rabbit_fifo`` accepts the message that crosses it).
+        would go over the limit.  A quorum queue (RabbitMQ 3.10's
+        ``rabbit_fifo``) accepts the message that crosses it, then refuses
+        every publish until at most 80 % of the limit is left
+        (``_rejecting``, set by :meth:`_enforceLimits`).
         """
         if self.quorum:
-            return ((s.maxLength is not None and self.readyCount > s.maxLength)
-                    or (s.maxLengthBytes is not None and self.readyBytes > s.maxLengthBytes))
+            if self._rejecting:
+                if ((s.maxLength is not None and self.readyCount > int(s.maxLength * 0.8))
+                        or (s.maxLengthBytes is not None and self.readyBytes > int(s.maxLengthBytes * 0.8))):
+                    return True
+                self._rejecting = False
+            return False
         return ((s.maxLength is not None and self.readyCount + 1 > s.maxLength)
                 or (s.maxLengthBytes is not None and self.readyBytes + size > s.maxLengthBytes))
 
@@ -523,7 +531,11 @@ class Queue:
         if (maxLen is None and maxBytes is None) or self._requeuePending is not None:
             return
         if self.quorum and s.overflow == "reject-publish":
-            return  # a quorum queue's limit refuses publishes, it drops nothing
+            # a quorum queue's limit refuses publishes (_overLimit), it drops nothing
+            if ((maxLen is not None and self.readyCount > maxLen)
+                    or (maxBytes is not None and self.readyBytes > maxBytes)):
+                self._rejecting = True
+            return
         dropped = []
         while self.readyCount and (
             (maxLen is not None and self.readyCount > maxLen)

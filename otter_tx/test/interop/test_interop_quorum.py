@@ -445,6 +445,33 @@ class OverflowTests(QuorumTestCase):
             self.fill(connect, "reject-publish"),
             (["ack", "ack", "ack", "nack"], [b"0", b"1", b"2"], [])))
 
+    def test_rejectPublishResumes(self):
+        """Once over its reject-publish limit of 2 a quorum queue refuses publishes until one message is left (80 % of the limit)."""
+        name = self.tempQueue("quorum-res")
+
+        def body(connect):
+            ch = connect().channel()
+            ch.queue_declare(name, durable=True, arguments=qq(x_max_length=2, x_overflow="reject-publish"))
+            ch.confirm_delivery()
+            confirms = []
+
+            def publish():
+                try:
+                    ch.basic_publish("", name, b"x")
+                    confirms.append("ack")
+                except pika.exceptions.NackError:
+                    confirms.append("nack")
+
+            for _ in range(4):
+                publish()
+            for left in (2, 1):
+                getOne(ch, name, autoAck=True)
+                self.assertEqual(waitCount(ch, name, left), left)
+                publish()
+            self.assertEqual(confirms, ["ack", "ack", "ack", "nack", "nack", "ack"])
+
+        return self.runPika(body)
+
     def test_rejectPublishDlx(self):
         """reject-publish-dlx acts as drop-head on a quorum queue."""
         return self.runPika(lambda connect: self.assertEqual(

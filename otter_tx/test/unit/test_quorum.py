@@ -239,10 +239,25 @@ class OverflowTests(BrokerTestCase):
                                        arguments=qq(x_max_length=2, x_overflow=overflow))
 
     def test_rejectPublishSoft(self):
-        """reject-publish accepts the message that goes over the limit, refuses the next and drops nothing."""
+        """reject-publish accepts the message that goes over the limit, refuses the next, drops nothing, and accepts again at 80 % of the limit."""
         q = self.quorum("reject-publish")
         self.assertEqual([q.enqueue(msg(b"%d" % i, "q")) for i in range(4)], [True, True, True, False])
         self.assertEqual(self.bodies(q), [b"0", b"1", b"2"])
+        accepted = []
+        for i in range(3):
+            q.basicGet(True)
+            accepted.append(q.enqueue(msg(b"x", "q")))
+        self.assertEqual(accepted, [False, True, True])
+
+    def test_rejectPublishBytes(self):
+        """The byte limit is soft the same way: over it, publishes are refused until 80 % of it is left."""
+        q = self.vhost.declareQueue("b", None, durable=True,
+                                    arguments=qq(x_max_length_bytes=10, x_overflow="reject-publish"))
+        self.assertEqual([q.enqueue(msg(b"12345", "b")) for _ in range(4)], [True, True, True, False])
+        q.basicGet(True)
+        self.assertFalse(q.enqueue(msg(b"1", "b")))
+        q.basicGet(True)
+        self.assertTrue(q.enqueue(msg(b"1", "b")))
 
     def test_rejectPublishDlxAsDropHead(self):
         """reject-publish-dlx acts as drop-head."""
