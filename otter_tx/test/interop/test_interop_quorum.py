@@ -733,6 +733,19 @@ class ManagementTests(ManagementMixin, InteropTestCase):
 
         return self.inThread(body)
 
+    def test_httpDeclareNonDurable(self):
+        """PUT /api/queues of a quorum queue without durable (false by default) answers 400 invalid property 'non-durable'."""
+        name = self.name("quorum-hnd")
+        path = "/api/queues/%2F/" + quote(name, safe="")
+        self.names.append(path)
+
+        def body():
+            self.assertEqual(self.mgmtCall("PUT", path, {"arguments": QQ}), (400, {
+                "error": "bad_request",
+                "reason": "invalid property 'non-durable' for queue '%s' in vhost '/'" % (name,)}))
+
+        return self.inThread(body)
+
     def test_httpGetDeliveryCount(self):
         """POST .../get on a quorum queue answers x-delivery-count in the properties: 0, then 1 after a requeue."""
         name = self.name("quorum-hget")

@@ -334,7 +334,8 @@ class ManagementTests(WebTestCase):
         """PUT /api/queues with x-queue-type quorum and durable false answers 400 with the 406 text."""
         r = self.put("/api/queues/%2F/q", {"durable": False, "arguments": QQ})
         self.assertEqual(r.code, 400)
-        self.assertIn("invalid property 'non-durable' for queue 'q' in vhost '/'", r.json()["reason"])
+        self.assertEqual(r.json(), {"error": "bad_request",
+                                    "reason": "invalid property 'non-durable' for queue 'q' in vhost '/'"})
 
 
 class DefaultLimitTests(_Parsing, SynchronousTestCase):
