@@ -102,13 +102,26 @@ EQUIVALENCE_ARGS = (
     "x-single-active-consumer",
     "x-queue-type",
     "x-queue-master-locator",
-    # quorum queues (rabbit_quorum_queue capabilities, 3.10) and the
-    # classic-queue x-delivery-limit extension
-    "x-delivery-limit",
+)
+
+#: arguments compared on redeclare of a quorum queue (rabbit_quorum_queue
+#: capabilities, 3.10; checked on the peer: the classic-only ones such as
+#: x-max-priority are not compared, a redeclare with them succeeds)
+QUORUM_EQUIVALENCE_ARGS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
     "x-dead-letter-strategy",
+    "x-max-length",
+    "x-max-length-bytes",
     "x-max-in-memory-length",
     "x-max-in-memory-bytes",
+    "x-overflow",
+    "x-single-active-consumer",
+    "x-queue-type",
     "x-quorum-initial-group-size",
+    "x-delivery-limit",
 )
 
 

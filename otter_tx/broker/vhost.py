@@ -280,7 +280,8 @@ class VHost:
             A.assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
             A.assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
             A.assertArgsEquivalence(
-                "queue", name, self.name, arguments, q.arguments, A.EQUIVALENCE_ARGS
+                "queue", name, self.name, arguments, q.arguments,
+                A.QUORUM_EQUIVALENCE_ARGS if q.quorum else A.EQUIVALENCE_ARGS,
             )
             q.touch()
             return q

@@ -207,6 +207,26 @@ class DeclareTests(QuorumTestCase):
 
         return self.runPika(body)
 
+    def test_redeclareComparedArguments(self):
+        """A quorum queue redeclared with classic-only arguments answers ok; with another quorum argument it is inequivalent."""
+        name = self.tempQueue("quorum-rq")
+
+        def body(connect):
+            c = connect()
+            c.channel().queue_declare(name, durable=True, arguments=QQ)
+            for extra in ({"x-max-priority": 3}, {"x-queue-mode": "lazy"}, {"x-queue-version": 2}):
+                self.assertEqual(c.channel().queue_declare(name, durable=True, arguments=qq(**extra)).method.queue,
+                                 name)
+            for key, value, kind in (("x-max-in-memory-length", 3, "signedint"),
+                                     ("x-quorum-initial-group-size", 3, "signedint"),
+                                     ("x-dead-letter-strategy", "at-least-once", "longstr")):
+                self.assertChannelError(
+                    406, preconditionText("inequivalent arg '%s' for %%s: received the value '%s' of type '%s' but "
+                                          "current is none" % (key, value, kind), name),
+                    c.channel().queue_declare, name, durable=True, arguments=qq(**{key: value}))
+
+        return self.runPika(body)
+
 
 class DeliveryLimitTests(QuorumTestCase):
     """The delivery count (x-delivery-count), x-delivery-limit and dead-letter reason delivery_limit."""

@@ -107,6 +107,18 @@ class DeclareTests(BrokerTestCase):
         self.vhost.declareQueue("c", None, durable=True, arguments={"x-queue-type": "classic"})
         self.vhost.declareQueue("c", None, durable=True, arguments={})
 
+    def test_redeclareComparesOwnArguments(self):
+        """A quorum queue compares its own arguments on redeclare, not the classic-only ones; a classic queue does not compare the quorum ones (nor its x-delivery-limit, as RabbitMQ does not)."""
+        self.vhost.declareQueue("q", None, durable=True, arguments=QQ)
+        self.vhost.declareQueue("q", None, durable=True, arguments=qq(x_max_priority=3, x_queue_mode="lazy"))
+        self.assertEqual(self.refused("q", arguments=qq(**{"x-dead-letter-strategy": "at-least-once"}))[1],
+                         "inequivalent arg 'x-dead-letter-strategy' for queue 'q' in vhost '/': received the "
+                         "value 'at-least-once' of type 'longstr' but current is none")
+        self.vhost.declareQueue("c", None, durable=True)
+        c = self.vhost.declareQueue("c", None, durable=True, arguments={
+            "x-dead-letter-strategy": "at-least-once", "x-max-in-memory-length": 3, "x-delivery-limit": 3})
+        self.assertIsNone(c.settings.deliveryLimit)
+
 
 class DeliveryCountTests(BrokerTestCase):
     """Returns counted per entry, the limit and dead-letter reason delivery_limit."""
