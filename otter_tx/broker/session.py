@@ -308,12 +308,19 @@ class Session:
     # --- consumers ------------------------------------------------------------------
 
     def qos(self, prefetchCount, global_=False):
-        """basic.qos (prefetch_size must be 0, checked by the caller)."""
+        """
+        basic.qos (prefetch_size must be 0, checked by the caller).  As in
+        RabbitMQ 3.10 (``rabbit_channel``, checked on the peer), a per-consumer
+        basic.qos also lifts the channel's global prefetch.
+        """
         if global_:
             self.globalPrefetch = prefetchCount
             self.resumeDelivery()
         else:
             self.prefetchCount = prefetchCount
+            if self.globalPrefetch:
+                self.globalPrefetch = 0
+                self.resumeDelivery()
 
     def consume(self, queue, tag="", noAck=False, exclusive=False, arguments=None, reply=None):
         """

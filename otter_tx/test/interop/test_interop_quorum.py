@@ -574,6 +574,29 @@ class FeatureTests(QuorumTestCase):
 
         return self.runPika(body)
 
+    def test_perConsumerQosLiftsGlobal(self):
+        """A per-consumer basic.qos after a global one lifts the global prefetch: the quorum consume is accepted, and a classic queue's consumer gets the per-consumer count."""
+        name = self.tempQueue("quorum-qos2")
+        classic = self.tempQueue("quorum-qos2c")
+
+        def body(connect):
+            c = connect()
+            ch = c.channel()
+            ch.queue_declare(name, durable=True, arguments=QQ)
+            ch.queue_declare(classic, durable=True)
+            for _ in range(5):
+                ch.basic_publish("", classic, b"x")
+            ch.basic_qos(prefetch_count=1, global_qos=True)
+            ch.basic_qos(prefetch_count=3, global_qos=False)
+            ch.basic_consume(name, lambda *a: None)
+            got = []
+            ch.basic_consume(classic, lambda chan, m, p, b: got.append(b))
+            waitUntil(c, lambda: len(got) >= 3)
+            settle(c, 0.3)
+            self.assertEqual(len(got), 3)
+
+        return self.runPika(body)
+
     def test_exclusiveConsumeIgnored(self):
         """An exclusive consumer does not keep others off a quorum queue (3.10 ignores the flag)."""
         name = self.tempQueue("quorum-xc")

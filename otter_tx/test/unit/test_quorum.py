@@ -308,6 +308,13 @@ class SessionTests(SessionTestCase):
         e = self.assertRaises(AMQPError, self.s.consume, "q", "c")
         self.assertEqual((e.code, e.text), (540, "NOT_IMPLEMENTED - queue 'q' in vhost '/' does not support global qos"))
 
+    def test_perConsumerQosLiftsGlobal(self):
+        """A per-consumer qos after a global one lifts the global prefetch, so the consume is accepted."""
+        self.s.qos(5, global_=True)
+        self.s.qos(3)
+        self.assertEqual(self.s.globalPrefetch, 0)
+        self.s.consume("q", "c")
+
     def test_exclusiveIgnored(self):
         """An exclusive consume does not keep another consumer off a quorum queue."""
         self.s.consume("q", "a", exclusive=True)
