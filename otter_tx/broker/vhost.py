@@ -15,6 +15,7 @@ from otter_tx.amqp.errors import (
     accessRefused,
     erlBinary,
     notFound,
+    notImplemented,
     notAllowed,
     preconditionFailed,
     resourceLocked,
@@ -315,10 +316,17 @@ class VHost:
         Delete queue ``q`` (a Queue); returns its ready message count.  406
         ``queue 'Q' in vhost '/' in use`` / ``... not empty``.  Its consumers
         get basic.cancel (consumer cancel notification); nothing is
-        dead-lettered.
+        dead-lettered.  A quorum queue refuses ``ifUnused`` / ``ifEmpty``:
+        540 (connection) ``cannot delete queue 'Q' in vhost '/'. queue.delete
+        operations with if-unused flag set are not supported by quorum queues``.
         """
         if q.deleted:
             return 0
+        if q.quorum and (ifUnused or ifEmpty):
+            # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)
+            raise notImplemented(
+                "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
+                % (rs("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
         if ifUnused and q.consumers:
             raise preconditionFailed("%s in use" % (rs("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:

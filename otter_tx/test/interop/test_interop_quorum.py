@@ -625,6 +625,23 @@ class FeatureTests(QuorumTestCase):
 
         return self.runPika(body)
 
+    def test_conditionalDeleteRefused(self):
+        """queue.delete with if-unused or if-empty closes the connection with 540 on a quorum queue; a plain delete works."""
+        name = self.tempQueue("quorum-cdel")
+
+        def body(connect):
+            connect().channel().queue_declare(name, durable=True, arguments=QQ)
+            for flag, kw in (("if-unused", dict(if_unused=True)), ("if-empty", dict(if_empty=True)),
+                             ("if-unused", dict(if_unused=True, if_empty=True))):
+                c = connect()
+                self.assertConnectionError(
+                    c, 540, "NOT_IMPLEMENTED - cannot delete queue '%s' in vhost '/'. queue.delete operations with "
+                            "%s flag set are not supported by quorum queues" % (name, flag),
+                    c.channel().queue_delete, name, **kw)
+            self.assertEqual(connect().channel().queue_delete(name).method.message_count, 0)
+
+        return self.runPika(body)
+
     def test_getPurgeDelete(self):
         """get-ok counts the rest, purge drops the ready ones, a requeued one stays, delete counts it."""
         name = self.tempQueue("quorum-gpd")
@@ -789,6 +806,22 @@ class ManagementTests(ManagementMixin, InteropTestCase):
 
         return self.inThread(body)
 
+    def test_httpConditionalDelete(self):
+        """DELETE /api/queues/%2F/Q?if-unused=true of a quorum queue answers 400 with 3.10's reason; without it 204."""
+        name = self.name("quorum-hdel")
+        path = "/api/queues/%2F/" + quote(name, safe="")
+        self.names.append(path)
+
+        def body():
+            self.mgmtCall("PUT", path, {"durable": True, "arguments": QQ})
+            self.assertEqual(self.mgmtCall("DELETE", path + "?if-unused=true"), (400, {
+                "error": "bad_request",
+                "reason": "cannot delete queue '%s' in vhost '/'. queue.delete operations with if-unused flag set "
+                          "are not supported by quorum queues" % (name,)}))
+            self.assertEqual(self.mgmtCall("DELETE", path)[0], 204)
+
+        return self.inThread(body)
+
     def test_httpGetDeliveryCount(self):
         """POST .../get on a quorum queue answers x-delivery-count in the properties: 0, then 1 after a requeue."""
         name = self.name("quorum-hget")
@@ -855,3 +888,64 @@ class ManagementTests(ManagementMixin, InteropTestCase):
 
         return self.inThread(body)
 
+
+
+class AioPikaWorkloadTests(InteropTestCase):
+    """aio-pika (asyncio) with every queue quorum: the RabbitMQ 4 declare style, unchanged."""
+
+    def setUp(self):
+        from otter_tx.test.interop.support import requireModule
+
+        self.aio_pika = requireModule("aio_pika")
+        return InteropTestCase.setUp(self)
+
+    def test_workload(self):
+        """Declare quorum queues with a delivery limit, publish confirmed, consume with nack then ack, and read x-delivery-count; then delete."""
+        aio_pika = self.aio_pika
+        work = self.name("quorum-aio")
+        dead = self.name("quorum-aiodl")
+
+        async def scenario():
+            import asyncio
+
+            connection = await aio_pika.connect(self.url, timeout=10)
+            try:
+                channel = await connection.channel()
+                await channel.declare_queue(dead, durable=True, arguments=QQ)
+                queue = await channel.declare_queue(work, durable=True, arguments=qq(
+                    x_delivery_limit=1, x_dead_letter_exchange="", x_dead_letter_routing_key=dead))
+                for body in (b"good", b"poison"):
+                    confirm = await channel.default_exchange.publish(aio_pika.Message(body), routing_key=work)
+                    self.assertEqual(confirm.name, "Basic.Ack")
+                seen = []
+                async with queue.iterator() as it:
+                    async for message in it:
+                        seen.append((message.body, (message.headers or {}).get("x-delivery-count")))
+                        if message.body == b"poison":
+                            await message.nack(requeue=True)
+                        else:
+                            await message.ack()
+                        if len(seen) == 3:
+                            break
+                deadQueue = await channel.get_queue(dead)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 5
+                got = None
+                while got is None and loop.time() < deadline:
+                    got = await deadQueue.get(no_ack=True, fail=False)
+                    if got is None:
+                        await asyncio.sleep(0.02)
+                # aio-pika's delete defaults to if-unused and if-empty, which
+                # a quorum queue refuses: a RabbitMQ 4 style client says False
+                await queue.delete(if_unused=False, if_empty=False)
+                await deadQueue.delete(if_unused=False, if_empty=False)
+                return seen, got.body, got.headers["x-death"][0]["reason"]
+            finally:
+                await connection.close()
+
+        def check(result):
+            seen, body, reason = result
+            self.assertEqual(seen, [(b"good", None), (b"poison", None), (b"poison", 1)])
+            self.assertEqual((body, reason), (b"poison", "delivery_limit"))
+
+        return self.inAsyncio(scenario).addCallback(check)

@@ -120,6 +120,22 @@ class DeclareTests(BrokerTestCase):
         self.assertIsNone(c.settings.deliveryLimit)
 
 
+class DeleteTests(BrokerTestCase):
+    """queue.delete of a quorum queue."""
+
+    def test_conditionalRefused(self):
+        """if-unused or if-empty is 540 naming the flag (if-unused first); a plain delete works."""
+        q = self.vhost.declareQueue("q", None, durable=True, arguments=QQ)
+        for kw, flag in ((dict(ifUnused=True), "if-unused"), (dict(ifEmpty=True), "if-empty"),
+                         (dict(ifUnused=True, ifEmpty=True), "if-unused")):
+            e = self.assertRaises(AMQPError, self.vhost.deleteQueue, q, **kw)
+            self.assertEqual((e.code, e.text), (540, "NOT_IMPLEMENTED - cannot delete queue 'q' in vhost '/'. "
+                                                     "queue.delete operations with %s flag set are not supported "
+                                                     "by quorum queues" % (flag,)))
+        self.vhost.deleteQueue(q)
+        self.assertNotIn("q", self.vhost.queues)
+
+
 class DeliveryCountTests(BrokerTestCase):
     """Returns counted per entry, the limit and dead-letter reason delivery_limit."""
 
