@@ -13,6 +13,7 @@ its counts and dead letters lag an operation slightly: assertions on them
 poll with a deadline (``waitCount``, ``getOne``).
 """
 
+import socket
 import time
 from urllib.parse import quote
 
@@ -949,3 +950,57 @@ class AioPikaWorkloadTests(InteropTestCase):
             self.assertEqual((body, reason), (b"poison", "delivery_limit"))
 
         return self.inAsyncio(scenario).addCallback(check)
+
+
+class KombuWorkloadTests(InteropTestCase):
+    """kombu (Celery's transport) with a quorum queue, unchanged."""
+
+    def setUp(self):
+        from otter_tx.test.interop.support import requireModule
+
+        self.kombu = requireModule("kombu")
+        return InteropTestCase.setUp(self)
+
+    def test_requeueThenAck(self):
+        """A kombu consumer that requeues once sees x-delivery-count 1 on the redelivery, acks it, and the queue is left empty."""
+        kombu = self.kombu
+        name = self.name("quorum-kq")
+        exName = self.name("quorum-kx")
+
+        def body():
+            with kombu.Connection(self.url.rstrip("/") + "//") as conn:
+                ch = conn.channel()
+                ex = kombu.Exchange(exName, "direct", durable=True)(ch)
+                q = kombu.Queue(name, ex, "k", durable=True, queue_arguments=qq(x_delivery_limit=1))(ch)
+                q.declare()
+                try:
+                    kombu.Producer(ch, exchange=ex, routing_key="k").publish({"a": 1}, serializer="json")
+                    got = []
+
+                    def onMessage(payload, message):
+                        got.append((payload, message.headers.get("x-delivery-count"),
+                                    message.delivery_info.get("redelivered")))
+                        if len(got) == 1:
+                            message.requeue()
+                        else:
+                            message.ack()
+
+                    with kombu.Consumer(ch, [q], callbacks=[onMessage]) as consumer:
+                        consumer.qos(prefetch_count=10)
+                        deadline = time.monotonic() + 5
+                        while len(got) < 2 and time.monotonic() < deadline:
+                            try:
+                                conn.drain_events(timeout=0.2)
+                            except socket.timeout:
+                                pass
+                    return got, q.get(no_ack=True)
+                finally:
+                    q.delete()
+                    ex.delete()
+
+        def check(result):
+            got, left = result
+            self.assertEqual(got, [({"a": 1}, None, False), ({"a": 1}, 1, True)])
+            self.assertIsNone(left)
+
+        return self.inThread(body).addCallback(check)
