@@ -120,7 +120,7 @@ def _basicGet(ch, m):
         ch.connection.sendMethod(ch.number, spec.BasicGetEmpty(""))
         return
     tag, entry, q = got
-    ch.connection.sendGetOk(ch.number, tag, entry.redelivered, entry.message, q.readyCount)
+    ch.connection.sendGetOk(ch.number, tag, entry.redelivered, q.deliveredMessage(entry, get=True), q.readyCount)
 
 
 def _basicReject(ch, m):

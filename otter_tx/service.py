@@ -347,6 +347,9 @@ class OtterService(MultiService):
         ``/api/nodes`` reports as ``config_files``.
     :param logFiles: where the log goes (paths, ``"<stdout>"`` for standard
         output), which ``/api/nodes`` reports as ``log_files``.
+    :param defaultDeliveryLimit: delivery limit of a quorum queue that has
+        neither ``x-delivery-limit`` nor a ``delivery-limit`` policy (int
+        >= 0), or None for none (RabbitMQ 3.10; 4.x uses 20); docs/quorum.md.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
         ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
         ``collectStatisticsInterval`` that is not a positive int.
@@ -363,7 +366,7 @@ class OtterService(MultiService):
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
                  queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
-                 configFiles=(), logFiles=()):
+                 configFiles=(), logFiles=(), defaultDeliveryLimit=None):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -421,6 +424,7 @@ class OtterService(MultiService):
             loopbackUsers=loopbackUsers,
             consumerTimeout=consumerTimeout,
             queueMemoryBudget=queueMemoryBudget,
+            defaultDeliveryLimit=defaultDeliveryLimit,
             pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
         )
         self.broker.sampler.intervalMs = collectStatisticsInterval

@@ -52,6 +52,7 @@ _DEFAULTS = {
     "max-message-size": 134217728,
     "collect-statistics-interval": 5000,
     "server-property": [],
+    "default-delivery-limit": None,
 }
 
 #: keys a config file may hold besides the options of _DEFAULTS
@@ -110,6 +111,19 @@ def _integer(low, high=None):
         return number
 
     return check
+
+
+def _deliveryLimit(value, cli=False):
+    """
+    ``unlimited`` (None, RabbitMQ 3.10's default) or a non-negative integer
+    (RabbitMQ 4.x's quorum queues default to 20).
+    """
+    if value is None or value == "unlimited":
+        return None
+    try:
+        return _integer(0)(value, cli)
+    except _Invalid:
+        raise _Invalid('must be a non-negative integer or "unlimited", got %s' % (_shown(value),))
 
 
 def _seconds(value, cli=False):
@@ -505,6 +519,7 @@ _VALIDATORS = {
     "server-property": _serverPropertyList,
     "server-properties": _serverPropertyTable,
     "policies": _policies,
+    "default-delivery-limit": _deliveryLimit,
 }
 
 
@@ -558,6 +573,9 @@ class Options(usage.Options):
         ["collect-statistics-interval", None, None,
          "Milliseconds between two samples of the message rates, like RabbitMQ's "
          "collect_statistics_interval; a positive integer [default: 5000]."],
+        ["default-delivery-limit", None, None,
+         "Delivery limit of quorum queues declared without x-delivery-limit or a delivery-limit "
+         "policy: a number (RabbitMQ 4.x uses 20) or unlimited (RabbitMQ 3.10) [default: unlimited]."],
     ]
 
     def __init__(self):
@@ -692,7 +710,8 @@ def resolveSettings(options):
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
     ``disk-free-limit`` (bytes), ``queue-memory-budget`` (bytes),
     ``collect-statistics-interval`` (ms),
-    ``loopback-users`` (list of str),
+    ``loopback-users`` (list of str), ``default-delivery-limit`` (int or
+    None for unlimited),
     ``server-properties`` (dict str -> str), ``policies`` (list of dicts).
 
     :raise usage.UsageError: one line naming the option (or the file and key).
@@ -779,6 +798,7 @@ def makeService(options, reactor=None):
         collectStatisticsInterval=s["collect-statistics-interval"],
         configFiles=[os.path.abspath(options["config"])] if options.get("config") else [],
         logFiles=_logFiles(options),
+        defaultDeliveryLimit=s["default-delivery-limit"],
     )
     svc.exitOnFailure = True
     return svc

@@ -42,14 +42,19 @@ class Broker:
         (:data:`~otter_tx.broker.paging.DEFAULT_BUDGET`).
     :param pagingDirectory: directory (str) for paged messages, or None for
         a temporary directory made on first use.
+    :param defaultDeliveryLimit: delivery limit of quorum queues declared
+        without one (int), None for none (RabbitMQ 3.10; 4.x uses 20).
     """
 
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
                  defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000,
-                 memoryProbe=None, queueMemoryBudget=None, pagingDirectory=None):
+                 memoryProbe=None, queueMemoryBudget=None, pagingDirectory=None,
+                 defaultDeliveryLimit=None):
         self.clock = clock
         #: per-queue memory budget for ready messages, bytes (see otter_tx.broker.paging)
         self.queueMemoryBudget = DEFAULT_BUDGET if queueMemoryBudget is None else queueMemoryBudget
+        #: delivery limit of quorum queues without one (int), None for none (docs/quorum.md)
+        self.defaultDeliveryLimit = defaultDeliveryLimit
         #: where queues page their overflow (a PagingDirectory)
         self.paging = PagingDirectory(pagingDirectory)
         #: frees purged and deleted messages a slice per reactor turn

@@ -24,6 +24,12 @@ from otter_tx.broker.message import Message
 
 log = Logger()
 
+#: how long a quorum queue with ``x-dead-letter-strategy: at-least-once``
+#: waits before it tries again to dead-letter the messages no queue took,
+#: ms (RabbitMQ's ``dead_letter_worker_publisher_confirm_timeout``, 180000;
+#: a new binding alone does not send them sooner, as on RabbitMQ)
+DLX_RETRY_MS = 180000
+
 #: largest x-death count kept (int64, the type RabbitMQ writes it as)
 MAX_DEATH_COUNT = 2 ** 63 - 2
 
@@ -143,21 +149,30 @@ class DeadLetterer:
         self.vhost = vhost
         self._missingDlxLogged = set()
 
-    def deadLetter(self, queue, messages, reason):
+    def deadLetter(self, queue, messages, reason, retry=False):
         """
         Dead-letter ``messages`` (list of Message) that left ``queue`` for
-        ``reason`` (``expired``, ``rejected`` or ``maxlen``): republish a copy
-        with x-death headers to the queue's dead-letter exchange.  A queue
-        without one drops them; a missing DLX drops them (logged once per
-        queue and exchange); a fully automatic cycle is dropped (RabbitMQ
-        dlx.html, rabbit_dead_letter).  Never raises.
+        ``reason`` (``expired``, ``rejected``, ``maxlen`` or
+        ``delivery_limit``): republish a copy with x-death headers to the
+        queue's dead-letter exchange.  A queue without one drops them; a
+        missing DLX drops them (logged once per queue and exchange); a fully
+        automatic cycle is dropped (RabbitMQ dlx.html, rabbit_dead_letter).
+        A quorum queue with ``x-dead-letter-strategy: at-least-once`` keeps
+        instead the messages no queue took (:meth:`_atLeastOnce`); ``retry``
+        is True when those are tried again (they are not counted as leaving
+        the queue twice).  Never raises.
         """
         s = queue.settings
         vhost = self.vhost
         n = len(messages)
-        # message rates (otter_tx.broker.stats): what left, by reason
-        queue.leftBy[reason] = queue.leftBy.get(reason, 0) + n
-        vhost.leftBy[reason] = vhost.leftBy.get(reason, 0) + n
+        if not retry:
+            # message rates (otter_tx.broker.stats): what left, by reason
+            # (a held at-least-once dead letter tried again left only once)
+            queue.leftBy[reason] = queue.leftBy.get(reason, 0) + n
+            vhost.leftBy[reason] = vhost.leftBy.get(reason, 0) + n
+        if s.dlx is not None and s.dlStrategy == "at-least-once":
+            self._atLeastOnce(queue, messages, reason)
+            return
         if s.dlx is None:
             # RabbitMQ's dead_letter_strategy="disabled" counters
             counts = vhost.deadLetterDisabled
@@ -189,8 +204,38 @@ class DeadLetterer:
                 log.failure("dead-lettering a message from queue {queue!r} failed",
                             queue=loggable(queue.name))
 
+    def _atLeastOnce(self, queue, messages, reason):
+        """
+        RabbitMQ 3.10's at-least-once dead-lettering on one node: a message
+        that reaches no queue (its DLX is missing or routes nowhere) stays
+        with ``queue`` (:meth:`Queue.holdDeadLetters
+        <otter_tx.broker.queue.Queue.holdDeadLetters>`, ``messages_dlx`` in
+        its JSON), tried again every :data:`DLX_RETRY_MS`.
+        """
+        vhost = self.vhost
+        ex = vhost.exchanges.get(queue.settings.dlx)
+        held = []
+        for m in messages:
+            try:
+                routed = ex is not None and self._deadLetterOne(ex, queue, m, reason)
+            except Exception:
+                log.failure("dead-lettering a message from queue {queue!r} failed",
+                            queue=loggable(queue.name))
+                routed = True  # a bug of ours: do not retry it forever
+            if not routed:
+                held.append(m)
+        done = len(messages) - len(held)
+        if done:
+            vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + done
+            queue.deadLetteredBy[reason] = queue.deadLetteredBy.get(reason, 0) + done
+        if held:
+            queue.holdDeadLetters(held, reason)
+
     def _deadLetterOne(self, ex, queue, m, reason):
-        """Republish one dead-lettered ``m`` through ``ex`` (see :meth:`deadLetter`)."""
+        """
+        Republish one dead-lettered ``m`` through ``ex`` (see
+        :meth:`deadLetter`); False when no queue took it, else True.
+        """
         vhost = self.vhost
         s = queue.settings
         dlrk = s.dlrk
@@ -207,7 +252,7 @@ class DeadLetterer:
         copy.extraKeys = None if dlrk is not None else m.extraKeys
         targets = vhost.route(ex, copy, keys)
         if not targets:
-            return
+            return False
         vhost.broker.nextMessageId(copy)
         for q in list(targets):
             if reason != "rejected" and isCycle(q.name, deaths):
@@ -217,3 +262,4 @@ class DeadLetterer:
                 )
                 continue
             q.enqueue(copy)
+        return True

@@ -4,17 +4,18 @@ https://www.rabbitmq.com/docs/parameters#policies).
 
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
-``max-length-bytes``, ``overflow``; the ``ha-*`` mirroring keys are accepted
+``max-length-bytes``, ``overflow``, ``delivery-limit`` (quorum queues only:
+docs/quorum.md); the ``ha-*`` mirroring keys are accepted
 without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
-numeric keys take the lower of argument and policy (RabbitMQ
+numeric keys (``delivery-limit`` too) take the lower of argument and policy (RabbitMQ
 ``rabbit_amqqueue_process:process_args_policy``, ``res_arg`` / ``res_min``).
 """
 
 import re
 
-from otter_tx.broker.arguments import OVERFLOW_MODES, isInteger
+from otter_tx.broker.arguments import OVERFLOW_MODES, QUORUM, isInteger, queueType
 from otter_tx.broker.queue import QueueSettings
 
 POLICY_KEYS = {
@@ -25,6 +26,7 @@ POLICY_KEYS = {
     "max-length",
     "max-length-bytes",
     "overflow",
+    "delivery-limit",
 }
 
 
@@ -104,14 +106,16 @@ def validateDefinition(d):
             raise PolicyError("%s is not a valid maximum length in bytes" % (v,))
         if k in ("dead-letter-exchange", "dead-letter-routing-key") and not isinstance(v, str):
             raise PolicyError("%s is not a valid %s" % (v, k.replace("-", " ")))
+        if k == "delivery-limit" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid delivery limit"
+                              % ('<<"%s">>' % (v,) if isinstance(v, str) else v,))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
 
 
-#: the keys an operator policy may set (RabbitMQ 3.10's classic-queue ones;
-#: ``max-in-memory-*`` and ``delivery-limit`` are for quorum queues, which
-#: otter_tx does not have)
-OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes")
+#: the keys an operator policy may set (RabbitMQ 3.10's, but
+#: ``max-in-memory-*``, which have no effect on one node)
+OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
 
 
 class OperatorPolicy(Policy):
@@ -184,6 +188,11 @@ def _min(a, b):
 def effectiveSettings(arguments, policy):
     """
     Combine queue ``arguments`` and ``policy`` (or None) into QueueSettings.
+    For a quorum queue (RabbitMQ 3.10 ``rabbit_quorum_queue``):
+    ``reject-publish-dlx`` acts as ``drop-head``, and
+    ``x-dead-letter-strategy: at-least-once`` holds only with
+    ``reject-publish`` overflow (else at-most-once).  A non-integer
+    ``x-delivery-limit`` is no limit, as on 3.10.
     """
     s = QueueSettings()
     d = policy.definition if policy is not None else {}
@@ -207,4 +216,14 @@ def effectiveSettings(arguments, policy):
         s.dlrk = dlrk if isinstance(dlrk, str) else d.get("dead-letter-routing-key")
     ov = arguments.get("x-overflow")
     s.overflow = ov if isinstance(ov, str) else d.get("overflow", "drop-head")
+    s.deliveryLimit = argInt("x-delivery-limit")
+    if queueType(arguments) == QUORUM:
+        # the policy key is for quorum queues (RabbitMQ's); a classic queue
+        # takes a limit from its own argument only (our extension), so a
+        # policy written for quorum queues does not change classic ones
+        s.deliveryLimit = _min(s.deliveryLimit, d.get("delivery-limit"))
+        if s.overflow == "reject-publish-dlx":
+            s.overflow = "drop-head"
+        if arguments.get("x-dead-letter-strategy") == "at-least-once" and s.overflow == "reject-publish":
+            s.dlStrategy = "at-least-once"
     return s

@@ -43,11 +43,17 @@ Two more operations are bounded per turn the same way:
 
 import heapq
 from collections import deque
+from itertools import groupby
+from operator import itemgetter
 
 from zope.interface import implementer
 
+from otter_tx.amqp.codec import TaggedInt, encodeProperties
+from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.deadletter import DLX_RETRY_MS
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
 from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.message import Message
 from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
@@ -77,9 +83,13 @@ class QueueEntry:
     :ivar expiresAt: absolute expiry in ms, or ``None``.
     :ivar redelivered: True once delivered and requeued.
     :ivar state: READY, UNACKED or GONE.
+    :ivar returns: how many times it came back unsettled (nack/reject with
+        requeue, recover, its channel closing): the quorum queue's delivery
+        count, ``x-delivery-count`` (int).
     """
 
-    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level", "deliveredAt")
+    __slots__ = ("message", "seq", "expiresAt", "redelivered", "state", "level", "deliveredAt",
+                 "returns")
 
     def __init__(self, message, seq, expiresAt, level):
         self.message = message
@@ -89,6 +99,7 @@ class QueueEntry:
         self.state = READY
         self.level = level
         self.deliveredAt = None
+        self.returns = 0
 
 
 class QueueSettings:
@@ -99,9 +110,15 @@ class QueueSettings:
     :ivar dlx: dead-letter exchange name or None.  :ivar dlrk: routing key or None.
     :ivar maxLength: messages or None.  :ivar maxLengthBytes: body bytes or None.
     :ivar overflow: ``drop-head``, ``reject-publish`` or ``reject-publish-dlx``.
+    :ivar deliveryLimit: returns allowed before a message is dead-lettered
+        with reason ``delivery_limit`` (``x-delivery-limit`` / the
+        ``delivery-limit`` policy; int) or None for no limit.
+    :ivar dlStrategy: ``x-dead-letter-strategy`` in effect (quorum queues):
+        ``at-most-once`` or ``at-least-once``.
     """
 
-    __slots__ = ("messageTtl", "expires", "dlx", "dlrk", "maxLength", "maxLengthBytes", "overflow")
+    __slots__ = ("messageTtl", "expires", "dlx", "dlrk", "maxLength", "maxLengthBytes", "overflow",
+                 "deliveryLimit", "dlStrategy")
 
     def __init__(self):
         self.messageTtl = None
@@ -111,12 +128,16 @@ class QueueSettings:
         self.maxLength = None
         self.maxLengthBytes = None
         self.overflow = "drop-head"
+        self.deliveryLimit = None
+        self.dlStrategy = "at-most-once"
 
 
 @implementer(IQueue)
 class Queue:
     """
-    One classic queue in a vhost.
+    One classic or quorum queue in a vhost (docs/quorum.md: a quorum queue
+    is this queue with RabbitMQ 3.10's quorum rules: delivery count and
+    limit, soft ``reject-publish``, no priorities).
 
     :param vhost: the owning :class:`~otter_tx.broker.vhost.VHost`.
     :param name: str.  :param durable: bool.  :param autoDelete: bool.
@@ -137,6 +158,9 @@ class Queue:
         levels = (self.maxPriority or 0) + 1 if self.maxPriority else 1
         self._levels = [deque() for _ in range(levels)]
         self.singleActive = bool(arguments.get("x-single-active-consumer"))
+        #: ``"quorum"`` or ``"classic"`` (``x-queue-type``)
+        self.queueType = queueType(arguments)
+        self.quorum = self.queueType == QUORUM
         self.readyCount = 0
         self.readyBytes = 0
         self.unackedCount = 0
@@ -177,6 +201,13 @@ class Queue:
         #: dropped by a length limit, still to dead-letter: entries and paged segments
         self._dropPending = None
         self._dropCall = None
+        #: at-least-once dead letters no queue took yet: (Message, reason) in
+        #: order, their body bytes, and the retry timer (holdDeadLetters)
+        self.dlxHeld = None
+        self.dlxHeldBytes = 0
+        self._dlxRetry = None
+        #: a quorum queue over its reject-publish limit refuses publishes (_overLimit)
+        self._rejecting = False
         # counters (management / metrics; message rates, otter_tx.broker.stats)
         self.publishedCount = 0
         #: every delivery, consume or get (deliver_get)
@@ -265,10 +296,7 @@ class Queue:
         s = self.settings
         if now is None:
             now = nowMs(self.clock)
-        if s.overflow != "drop-head" and (
-            (s.maxLength is not None and self.readyCount + 1 > s.maxLength)
-            or (s.maxLengthBytes is not None and self.readyBytes + message.size > s.maxLengthBytes)
-        ):
+        if s.overflow != "drop-head" and self._overLimit(s, message.size):
             if s.overflow == "reject-publish-dlx":
                 self.vhost.deadLetterer.deadLetter(self, [message], "maxlen")
             return False
@@ -282,7 +310,8 @@ class Queue:
             level = min(message.priority, self.maxPriority)
         entry = QueueEntry(message, self._seq, None if ttl is None else now + ttl, level)
         self.publishedCount += 1
-        journal = self.journal if message.persistent else None
+        # a quorum queue stores every message, as RabbitMQ's Raft log does
+        journal = self.journal if (message.persistent or self.quorum) else None
         if not self.readyCount and self.consumers and self._requeuePending is None:
             consumer = self._pickConsumer()
             if consumer is not None:
@@ -310,6 +339,82 @@ class Queue:
         if s.maxLength is not None or s.maxLengthBytes is not None:
             self._enforceLimits()
         return True
+
+    def _overLimit(self, s, size):
+        """
+        True when a new message of ``size`` bytes is refused by a
+        ``reject-publish`` limit: a classic queue refuses the message that
+        would go over the limit.  A quorum queue (RabbitMQ 3.10's
+        ``rabbit_fifo``) accepts the message that crosses it, then refuses
+        every publish until at most 80 % of the limit is left
+        (``_rejecting``, set by :meth:`_enforceLimits`).
+        """
+        if self.quorum:
+            if self._rejecting:
+                if ((s.maxLength is not None and self.readyCount > int(s.maxLength * 0.8))
+                        or (s.maxLengthBytes is not None and self.readyBytes > int(s.maxLengthBytes * 0.8))):
+                    return True
+                self._rejecting = False
+            return False
+        return ((s.maxLength is not None and self.readyCount + 1 > s.maxLength)
+                or (s.maxLengthBytes is not None and self.readyBytes + size > s.maxLengthBytes))
+
+    def deliveredMessage(self, entry, get=False):
+        """
+        The message to send for ``entry``: its own, or a copy carrying
+        ``x-delivery-count`` (the entry's returns) when this queue counts
+        deliveries: a quorum queue, or a classic one with a delivery limit.
+        As RabbitMQ 3.10 does, a quorum queue's consumer deliveries carry
+        the header from the first return on, its ``basic.get`` answers
+        always (0 the first time).  The caller checks ``entry.returns`` (or
+        ``get``) first, so a plain delivery costs one attribute test.
+        """
+        m = entry.message
+        if not (self.quorum or self.settings.deliveryLimit is not None):
+            return m
+        if not (entry.returns or (get and self.quorum)):
+            return m
+        props = dict(m.props)
+        headers = dict(props.get("headers") or {})
+        headers["x-delivery-count"] = TaggedInt(entry.returns, "l")
+        props["headers"] = headers
+        copy = Message(m.exchange, m.routingKey, encodeProperties(props), m.body, props)
+        return copy
+
+    def holdDeadLetters(self, messages, reason):
+        """
+        Keep ``messages`` (list of Message) dead-lettered for ``reason``
+        that no queue took (at-least-once, see
+        :meth:`DeadLetterer._atLeastOnce
+        <otter_tx.broker.deadletter.DeadLetterer._atLeastOnce>`) and try
+        them again in :data:`~otter_tx.broker.deadletter.DLX_RETRY_MS`.
+        They are not ready messages: RabbitMQ counts them as
+        ``messages_dlx`` / ``message_bytes_dlx``.  Held in memory only.
+        """
+        if self.deleted:
+            return
+        held = self.dlxHeld
+        if held is None:
+            held = self.dlxHeld = []
+        for m in messages:
+            held.append((m, reason))
+            self.dlxHeldBytes += m.size
+        if self._dlxRetry is None and not self._stopped:
+            self._dlxRetry = self.clock.callLater(DLX_RETRY_MS / 1000.0, self._retryDeadLetters)
+
+    def _retryDeadLetters(self):
+        """Dead-letter the held messages again, in order, a run of one reason at a time."""
+        self._dlxRetry = None
+        held, self.dlxHeld = self.dlxHeld or [], None
+        self.dlxHeldBytes = 0
+        for reason, run in groupby(held, key=itemgetter(1)):
+            self.vhost.deadLetterer.deadLetter(self, [m for m, _ in run], reason, retry=True)
+
+    def _dropDeadLetters(self):
+        """Forget the held dead letters and their timer (delete, stop)."""
+        if self._dlxRetry is not None and self._dlxRetry.active():
+            self._dlxRetry.cancel()
+        self._dlxRetry = None
 
     # --- paging -------------------------------------------------------------
 
@@ -352,6 +457,7 @@ class Queue:
         level = min(message.priority, self.maxPriority) if self.maxPriority else 0
         entry = QueueEntry(message, seq, expiresAt, level)
         entry.redelivered = redelivered
+        entry.returns = 1 if redelivered else 0
         return entry
 
     def _pageIn(self, level, force):
@@ -446,6 +552,12 @@ class Queue:
         s = self.settings
         maxLen, maxBytes = s.maxLength, s.maxLengthBytes
         if (maxLen is None and maxBytes is None) or self._requeuePending is not None:
+            return
+        if self.quorum and s.overflow == "reject-publish":
+            # a quorum queue's limit refuses publishes (_overLimit), it drops nothing
+            if ((maxLen is not None and self.readyCount > maxLen)
+                    or (maxBytes is not None and self.readyBytes > maxBytes)):
+                self._rejecting = True
             return
         dropped = []
         while self.readyCount and (
@@ -762,7 +874,7 @@ class Queue:
             entry.state = UNACKED
             entry.deliveredAt = self.clock.seconds()
             self.unackedCount += 1
-            if self.journal is not None and entry.message.persistent:
+            if self.journal is not None and (entry.message.persistent or self.quorum):
                 self.journal.delivered(self, entry)
 
     def _deliver(self, consumer, entry):
@@ -771,7 +883,7 @@ class Queue:
 
     def _removed(self, entry):
         """``entry`` left the queue for good: drop it from the store."""
-        if self.journal is not None and entry.message.persistent:
+        if self.journal is not None and (entry.message.persistent or self.quorum):
             self.journal.removed(self, entry)
 
     def restore(self, message, seq, expiresAt, redelivered):
@@ -784,6 +896,9 @@ class Queue:
         level = min(message.priority, self.maxPriority) if self.maxPriority else 0
         entry = QueueEntry(message, seq, expiresAt, level)
         entry.redelivered = redelivered
+        # the delivery count is not stored: a message delivered before the
+        # restart counts as returned once (docs/quorum.md)
+        entry.returns = 1 if redelivered else 0
         self._seq = max(self._seq, seq)
         if self._shouldPage(level, message.size):
             # a huge recovered queue is paged as it is read back
@@ -964,6 +1079,8 @@ class Queue:
         """
         now = nowMs(self.clock)
         expired = []
+        overLimit = []
+        limit = self.settings.deliveryLimit
         middle = None
         levels = self._levels
         expiry = self._expiry
@@ -971,10 +1088,17 @@ class Queue:
             if entry.state != UNACKED:
                 continue
             self.unackedCount -= 1
+            entry.returns += 1
             if entry.expiresAt is not None and entry.expiresAt <= now:
                 entry.state = GONE
                 self._removed(entry)
                 expired.append(entry.message)
+                continue
+            if limit is not None and entry.returns > limit:
+                # RabbitMQ rabbit_fifo: a return beyond the limit dead-letters
+                entry.state = GONE
+                self._removed(entry)
+                overLimit.append(entry.message)
                 continue
             entry.state = READY
             entry.redelivered = True
@@ -997,6 +1121,8 @@ class Queue:
                 levels[level] = deque(heapq.merge(levels[level], mids, key=_bySeq))
         if expired:
             self.vhost.deadLetterer.deadLetter(self, expired, "expired")
+        if overLimit:
+            self.vhost.deadLetterer.deadLetter(self, overLimit, "delivery_limit")
 
     # --- purge / delete -------------------------------------------------------
 
@@ -1085,6 +1211,7 @@ class Queue:
         if self._pageExpiry is not None:
             self._pageExpiry.freeze()
         self._cancelDispatch()
+        self._dropDeadLetters()
         self._stopped = True
 
     def shutdown(self):
@@ -1098,6 +1225,9 @@ class Queue:
         self._idleTimer = None
         self._expiry.clear()
         self._cancelDispatch()
+        self._dropDeadLetters()
+        self.dlxHeld = None
+        self.dlxHeldBytes = 0
         if self._requeuePending is not None:
             # still UNACKED: they go with the queue
             if self._requeueCall is not None and self._requeueCall.active():

@@ -144,7 +144,8 @@ class Consumer:
         if entry.redelivered:
             s.stats.redeliver += 1
             queue.redeliverCount += 1
-        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered, entry.message)
+        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered,
+                                 entry.message if not entry.returns else queue.deliveredMessage(entry))
 
     def cancelledByBroker(self, queue):
         """The queue was deleted: consumer cancel notification."""
@@ -316,18 +317,26 @@ class Session:
     # --- consumers ------------------------------------------------------------------
 
     def qos(self, prefetchCount, global_=False):
-        """basic.qos (prefetch_size must be 0, checked by the caller)."""
+        """
+        basic.qos (prefetch_size must be 0, checked by the caller).  As in
+        RabbitMQ 3.10 (``rabbit_channel``, checked on the peer), a per-consumer
+        basic.qos also lifts the channel's global prefetch.
+        """
         if global_:
             self.globalPrefetch = prefetchCount
             self.resumeDelivery()
         else:
             self.prefetchCount = prefetchCount
+            if self.globalPrefetch:
+                self.globalPrefetch = 0
+                self.resumeDelivery()
 
     def consume(self, queue, tag="", noAck=False, exclusive=False, arguments=None, reply=None):
         """
         basic.consume: the consumer tag (str).  ``reply(tag)`` runs before the
         queue may deliver (the door sends consume-ok there).  Errors: 403
-        read permission, 404, 530 reused tag, 406 x-priority, 403 exclusive use.
+        read permission, 404, 530 reused tag, 406 x-priority, 403 exclusive use,
+        540 (connection) global prefetch on a quorum queue.
         """
         qname = self.queueName(queue)
         if qname == REPLY_TO:
@@ -344,6 +353,12 @@ class Session:
                 "invalid arg 'x-priority' for %s: \"expected integer, got %s\""
                 % (rs("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
             )
+        if q.quorum:
+            # RabbitMQ 3.10's quorum queues (docs/quorum.md): no global
+            # prefetch (540, connection), and the exclusive flag is ignored
+            if self.globalPrefetch:
+                raise notImplemented("%s does not support global qos" % (rs("queue", qname, self.vhost.name),))
+            exclusive = False
         if q.exclusiveConsumer is not None or (exclusive and (q.consumers or q.singleActive)):
             raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)

@@ -15,6 +15,7 @@ from otter_tx.amqp.errors import (
     accessRefused,
     erlBinary,
     notFound,
+    notImplemented,
     notAllowed,
     preconditionFailed,
     resourceLocked,
@@ -123,10 +124,10 @@ class VHost:
         self.limits = None
         #: direct reply-to token -> ReplyToQueue
         self.replyTo = {}
-        #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``)
-        self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0}
+        #: messages dead-lettered, by reason (``expired``, ``rejected``, ``maxlen``, ``delivery_limit``)
+        self.deadLettered = {"expired": 0, "rejected": 0, "maxlen": 0, "delivery_limit": 0}
         #: messages that left a queue without a dead-letter exchange, by reason (dropped)
-        self.deadLetterDisabled = {"expired": 0, "rejected": 0, "maxlen": 0}
+        self.deadLetterDisabled = {"expired": 0, "rejected": 0, "maxlen": 0, "delivery_limit": 0}
         #: messages dropped because their queue's dead-letter exchange is missing
         self.deadLetterDropped = 0
         #: republishes dead-lettered messages (:mod:`otter_tx.broker.deadletter`)
@@ -269,15 +270,21 @@ class VHost:
         queue.declare; returns the :class:`Queue`.  ``name == ""`` gets a
         server-generated ``amq.gen-`` name.  Errors: 404 (passive), 405
         (exclusive elsewhere), 403 (``amq.`` prefix), 406 (invalid or
-        inequivalent arguments).  Renews the x-expires lease.
+        inequivalent arguments).  Renews the x-expires lease (but a passive
+        declare of a quorum queue does not, as on RabbitMQ 3.10).
         """
         arguments = arguments or {}
         if passive:
             if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
                 return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
-            q.touch()
+            if not q.quorum:
+                # a quorum queue's lease is not renewed by a passive declare (3.10)
+                q.touch()
             return q
+        quorum = arguments.get("x-queue-type") == "quorum"
+        if quorum and (name == "" or serverNamed):
+            raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
         if name == "":
             name = serverNamedQueue()
         elif name.startswith("amq.") and not serverNamed:
@@ -291,11 +298,14 @@ class VHost:
             A.assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
             A.assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
             A.assertArgsEquivalence(
-                "queue", name, self.name, arguments, q.arguments, A.EQUIVALENCE_ARGS
+                "queue", name, self.name, arguments, q.arguments,
+                A.QUORUM_EQUIVALENCE_ARGS if q.quorum else A.EQUIVALENCE_ARGS,
             )
             q.touch()
             return q
         A.validateQueueArguments(arguments, name, self.name)
+        if quorum:
+            A.validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
         limit = self.limit("max-queues")
         if limit is not None and len(self.queues) >= limit:
             raise preconditionFailed(
@@ -323,10 +333,17 @@ class VHost:
         Delete queue ``q`` (a Queue); returns its ready message count.  406
         ``queue 'Q' in vhost '/' in use`` / ``... not empty``.  Its consumers
         get basic.cancel (consumer cancel notification); nothing is
-        dead-lettered.
+        dead-lettered.  A quorum queue refuses ``ifUnused`` / ``ifEmpty``:
+        540 (connection) ``cannot delete queue 'Q' in vhost '/'. queue.delete
+        operations with if-unused flag set are not supported by quorum queues``.
         """
         if q.deleted:
             return 0
+        if q.quorum and (ifUnused or ifEmpty):
+            # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)
+            raise notImplemented(
+                "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
+                % (rs("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
         if ifUnused and q.consumers:
             raise preconditionFailed("%s in use" % (rs("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:
@@ -561,7 +578,11 @@ class VHost:
         effective = mergeOperatorPolicy(policy, operator)
         q.operatorPolicy = operator
         q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
-        q.applySettings(effectiveSettings(q.arguments, effective), policy)
+        settings = effectiveSettings(q.arguments, effective)
+        if q.quorum and settings.deliveryLimit is None:
+            # RabbitMQ 4.x gives quorum queues a limit of 20; 3.10 none
+            settings.deliveryLimit = self.broker.defaultDeliveryLimit
+        q.applySettings(settings, policy)
 
     # --- connection cleanup -----------------------------------------------------
 

@@ -155,7 +155,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         "exclusive": q.exclusive,
         "arguments": jsonable(q.arguments),
         "node": NODE,
-        "type": "classic",
+        "type": q.queueType,
         "state": "running",
         "policy": policy.name if policy is not None else None,
         "operator_policy": q.operatorPolicy.name if q.operatorPolicy is not None else None,
@@ -178,6 +178,15 @@ def queueDict(q, unacked=None, detail=False, view=None):
         "message_stats": view.messageStats("queue", q, S.QUEUE_KEYS, S.queueValues(q)),
     }
     d.update(view.lengthStats("queue-lengths", q, (ready + una, ready, una)))
+    if q.quorum:
+        # RabbitMQ 3.10's quorum keys; one node: it leads, the only member
+        # (replication needs a cluster; docs/quorum.md)
+        d["leader"] = NODE
+        d["members"] = [NODE]
+        d["online"] = [NODE]
+        # at-least-once dead letters waiting for a queue to take them
+        d["messages_dlx"] = len(q.dlxHeld or ())
+        d["message_bytes_dlx"] = q.dlxHeldBytes
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]

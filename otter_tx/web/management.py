@@ -111,6 +111,16 @@ _SHORTSTR_PROPS = (
 )
 
 
+class _GotView:
+    """What ``_messageJson`` reads of a fetched entry: ``message`` (the one sent) and ``redelivered``."""
+
+    __slots__ = ("message", "redelivered")
+
+    def __init__(self, message, redelivered):
+        self.message = message
+        self.redelivered = redelivered
+
+
 class HTTPError(Exception):
     """
     An HTTP error with RabbitMQ's JSON body ``{"error": ..., "reason": ...}``.
@@ -1131,7 +1141,9 @@ class ManagementApp:
                 if got is None:
                     break
                 _, entry, q = got
-                out.append(self._messageJson(entry, q.readyCount, encoding, truncate))
+                # a quorum queue's answer carries x-delivery-count, as basic.get's
+                view = _GotView(q.deliveredMessage(entry, get=True), entry.redelivered)
+                out.append(self._messageJson(view, q.readyCount, encoding, truncate))
             if out:
                 # the fetched messages are settled together, as the plugin's channel does
                 if ackmode in ("ack_requeue_true", "reject_requeue_true"):

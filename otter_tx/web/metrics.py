@@ -85,8 +85,9 @@ OTTER_FAMILIES = (
     (LATENESS_FAMILY[0], "histogram", LATENESS_FAMILY[1]),
 )
 
-_REASONS = ("expired", "rejected", "maxlen")
+_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
 _REASON_HELP = {
+    "delivery_limit": "Total number of messages dead-lettered due to delivery-limit exceeded",
     "expired": "Total number of messages dead-lettered due to message TTL exceeded",
     "rejected": "Total number of messages dead-lettered due to basic.reject or basic.nack",
     "maxlen": "Total number of messages dead-lettered due to overflow drop-head or reject-publish-dlx",

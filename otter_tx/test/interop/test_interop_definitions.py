@@ -101,8 +101,8 @@ class DefinitionsInteropTests(ManagementHTTPCase):
             self.assertEqual(after[key], before[key], key)
 
     @inlineCallbacks
-    def test_quorumReported(self):
-        """otter_tx reports a quorum queue it cannot import (400 naming it); RabbitMQ imports it (204)."""
+    def test_quorumImported(self):
+        """A quorum queue in a definitions file imports (204) and lists with type quorum, on otter_tx as on RabbitMQ."""
         v = self.name("defs-v")
         ev = quote(v, safe="")
         self.cleanups.append("/api/vhosts/" + ev)
@@ -110,12 +110,9 @@ class DefinitionsInteropTests(ManagementHTTPCase):
         code, data, _ = yield self.call("POST", "/api/definitions/" + ev, {"queues": [
             {"name": "defs-qq", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}},
             {"name": "defs-cq", "durable": True, "auto_delete": False, "arguments": {}}]})
-        if EXTERNAL_MGMT:
-            self.assertEqual(code, 204)
-        else:
-            self.assertEqual((code, data["error"]), (400, "bad_request"))
-            self.assertIn("queue 'defs-qq' in vhost '%s' not imported: quorum queues are not supported" % v,
-                          data["reason"])
+        self.assertEqual((code, data), (204, None))
+        code, q, _ = yield self.call("GET", "/api/queues/%s/defs-qq" % ev)
+        self.assertEqual((code, q["type"]), (200, "quorum"))
         code, _, _ = yield self.call("GET", "/api/queues/%s/defs-cq" % ev)
         self.assertEqual(code, 200)
 

@@ -1975,8 +1975,8 @@ class QueueArgumentTests(PikaTestCase):
         rabbit_classic_queue.
         """
         return self.assertInvalid(
-            {"x-delivery-limit": 5},
-            "PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue '%s' in "
+            {"x-dead-letter-strategy": "at-least-once"},
+            "PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue '%s' in "
             "vhost '/' of queue type rabbit_classic_queue",
         )
 

@@ -80,11 +80,12 @@ class ImportTests(WebTestCase):
         return not any(isinstance(m, spec.ConnectionClose) for _, m, _ in c.handshake(vhost, user, password))
 
     def test_whole(self):
-        """The whole-broker export imports: users, vhost, permissions, policy, queues, exchanges, bindings."""
+        """The whole-broker export imports: users, vhost, permissions, policy, queues (the quorum one too), exchanges, bindings."""
         r = self.importWhole()
-        self.assertEqual(r.code, 400)
+        self.assertEqual(r.code, 204)
         vh = self.broker.vhosts["defs-v"]
-        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
+        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q", "defs-qq"])
+        self.assertEqual(vh.queues["defs-qq"].queueType, "quorum")
         self.assertEqual(vh.queues["defs-q"].arguments,
                          {"x-dead-letter-exchange": "defs-ae", "x-message-ttl": 60000})
         self.assertEqual(vh.exchanges["defs-x"].arguments, {"alternate-exchange": "defs-ae"})
@@ -98,9 +99,12 @@ class ImportTests(WebTestCase):
                                     ("defs-x", "defs-ae", "b.*")})
 
     def test_reported(self):
-        """Only the quorum queue is named in the 400 reason (the vhost limit and cluster_name import)."""
-        reason = self.importWhole().json()["reason"]
-        self.assertEqual(reason, "queue 'defs-qq' in vhost 'defs-v' not imported: quorum queues are not supported")
+        """A stream queue is named in the 400 reason; a quorum one imports."""
+        r = self.post("/api/definitions", {"queues": [
+            {"name": "s", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "stream"}},
+            {"name": "qq", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}]})
+        self.assertEqual(r.json()["reason"], "queue 's' in vhost '/' not imported: stream queues are not supported")
+        self.assertEqual(sorted(self.vh.queues), ["qq"])
 
     def test_limitsAndGlobalParameters(self):
         """The fixture's vhost limit and cluster_name are applied; internal_cluster_id is skipped."""
@@ -168,7 +172,7 @@ class ImportTests(WebTestCase):
         self.importWhole()
         changes = []
         self.broker.listeners.append(lambda *a: changes.append(a))
-        self.assertEqual(self.importWhole().code, 400)
+        self.assertEqual(self.importWhole().code, 204)
         self.assertEqual(changes, [])
 
     def test_secondImportNoOpLimits(self):
@@ -189,11 +193,10 @@ class ImportTests(WebTestCase):
         """The per-vhost export imports into another vhost name (its vhost limit too)."""
         self.put("/api/vhosts/other")
         r = self.post("/api/definitions/other", fixture(PER_VHOST))
-        self.assertEqual(r.json()["reason"],
-                         "queue 'defs-qq' in vhost 'other' not imported: quorum queues are not supported")
+        self.assertEqual(r.code, 204)
         vh = self.broker.vhosts["other"]
         self.assertEqual(vh.limits, {"max-connections": 10})
-        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
+        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q", "defs-qq"])
         self.assertEqual(sorted(x for x in vh.exchanges if x.startswith("defs-")), ["defs-ae", "defs-x"])
         self.assertIn("defs-ttl", vh.policies)
         self.assertNotIn("defs-v", self.broker.vhosts)
@@ -377,7 +380,8 @@ class ImportDurabilityTests(SynchronousTestCase):
         self.assertEqual(broker.users["defs-md5"].hashingAlgorithm, "rabbit_password_hashing_md5")
         self.assertEqual(broker.permissions[("defs-alice", "defs-v")], ("^a-", ".*", ".*"))
         vh = broker.vhosts["defs-v"]
-        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q"])
+        self.assertEqual(sorted(vh.queues), ["defs-dlq", "defs-q", "defs-qq"])
+        self.assertEqual(vh.queues["defs-qq"].queueType, "quorum")
         self.assertEqual(vh.limits, {"max-connections": 10})
         self.assertEqual(broker.globalParameters, {"cluster_name": "defs-cluster"})
-        self.assertEqual(len(importDefinitions(broker, doc)), 1)
+        self.assertEqual(importDefinitions(broker, doc), [])

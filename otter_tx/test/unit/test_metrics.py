@@ -111,6 +111,7 @@ RABBITMQ_310 = {
     "rabbitmq_global_messages_dead_lettered_expired_total": "counter",
     "rabbitmq_global_messages_dead_lettered_rejected_total": "counter",
     "rabbitmq_global_messages_dead_lettered_maxlen_total": "counter",
+    "rabbitmq_global_messages_dead_lettered_delivery_limit_total": "counter",
 }
 
 #: the detailed families' names (rabbitmq_detailed_ + the core name), 3.10's
