@@ -8,7 +8,17 @@
 const STORE = window.sessionStorage;
 const REFRESH_CHOICES = [[5, "every 5 s"], [10, "every 10 s"], [30, "every 30 s"], [60, "every 60 s"], [0, "paused"]];
 // chart history asked of the API (contract: *_details.samples), seconds
-const SAMPLES_QUERY = "lengths_age=600&lengths_incr=5&msg_rates_age=600&msg_rates_incr=5";
+// the charts' time ranges, as the RabbitMQ UI offers them ([age, incr] in seconds); the broker keeps an
+// hour of history (docs/management.md, "Message rates"), so longer ranges are not offered
+const RANGE_CHOICES = [["60|5", "Last minute"], ["600|5", "Last ten minutes"], ["3600|60", "Last hour"]];
+function chartRange() {
+  const v = STORE.getItem("otter.range");
+  return RANGE_CHOICES.some(([r]) => r === v) ? v : RANGE_CHOICES[0][0];
+}
+function samplesQuery() {
+  const [age, incr] = chartRange().split("|");
+  return "lengths_age=" + age + "&lengths_incr=" + incr + "&msg_rates_age=" + age + "&msg_rates_incr=" + incr;
+}
 const COLORS = ["#2f6f8f", "#d9822b", "#4caf50", "#9c27b0", "#e53935", "#00897b", "#795548", "#607d8b",
   "#c0ca33", "#3949ab", "#f06292"];
 const RATE_KEYS = ["publish", "confirm", "deliver", "deliver_no_ack", "get", "get_no_ack", "redeliver", "ack",
@@ -413,7 +423,7 @@ pages.overview = (root) => {
   append(root, h("h1", {}, "Overview"), stats, h("div", {class: "grid"}, queued.el, rates.el, deaths.el),
     h("h2", {}, "Node"), node, h("h2", {}, "Listeners"), listeners, h("h2", {}, "Versions"), info);
   return {async refresh() {
-    const o = await api("GET", "/api/overview?" + SAMPLES_QUERY);
+    const o = await api("GET", "/api/overview?" + samplesQuery());
     const t = o.object_totals || {}, q = o.queue_totals || {};
     fill(stats, [["Connections", t.connections], ["Channels", t.channels], ["Exchanges", t.exchanges],
       ["Queues", t.queues], ["Consumers", t.consumers], ["Ready", q.messages_ready],
@@ -558,7 +568,7 @@ pages.exchange = (root, [vhost, name]) => {
     }}, "Delete this exchange")));
   const base = "/api/exchanges/" + enc(vhost) + "/" + enc(name);
   return {async refresh() {
-    const e = await api("GET", base + "?" + SAMPLES_QUERY);
+    const e = await api("GET", base + "?" + samplesQuery());
     fill(info, kv([["Type", e.type], ["Features", features(e)], ["Policy", e.policy || ""],
       e.messages_delayed !== undefined ? ["Delayed messages held", e.messages_delayed] : null]));
     updateRates(rates, e.message_stats, ["publish_in", "publish_out"]);
@@ -663,7 +673,7 @@ pages.queue = (root, [vhost, name]) => {
   return {
     destroy() { clearInterval(ticker); },
     async refresh() {
-      const q = await api("GET", base + "?" + SAMPLES_QUERY);
+      const q = await api("GET", base + "?" + samplesQuery());
       fill(info, kv([["Type", q.type], ["Features", features(q)], ["Policy", q.policy || ""],
         ["Effective policy definition", h("span", {}, tags(q.effective_policy_definition))], ["State", q.state],
         ["Consumers", q.consumers], ["Ready", h("span", {"data-count": "ready"}, fmtNum(q.messages_ready))],
@@ -899,12 +909,15 @@ function logout() {
 function shell() {
   const refreshSel = h("select", {id: "refresh-select", onchange: (ev) => { STORE.setItem("otter.refresh", ev.target.value); schedule(); }},
     REFRESH_CHOICES.map(([s, t]) => h("option", {value: String(s), selected: s === refreshSeconds()}, t)));
+  const rangeSel = h("select", {id: "range-select", onchange: (ev) => { STORE.setItem("otter.range", ev.target.value); refreshNow(); }},
+    RANGE_CHOICES.map(([r, t]) => h("option", {value: r, selected: r === chartRange()}, t)));
   const vhostSel = h("select", {id: "vhost-select", onchange: (ev) => { STORE.setItem("otter.vhost", ev.target.value); route(); }});
   const nav = h("nav", {}, NAV.filter(([, , show]) => show()).map(([id, text]) => h("a", {href: "#/" + id, "data-nav": id}, text)));
   const main = h("main", {id: "page"});
   fill(document.getElementById("app"),
     h("header", {}, h("span", {class: "brand"}, "otter_tx", h("small", {}, "management")), h("span", {class: "spacer"}),
       h("label", {}, "Virtual host ", vhostSel), h("label", {}, "Refresh ", refreshSel),
+      h("label", {}, "Charts ", rangeSel),
       h("button", {type: "button", onclick: () => refreshNow()}, "Refresh now"),
       h("span", {}, "User ", h("b", {id: "who"}, session.name), " ", session.tags.map((t) => h("span", {class: "tag"}, t))),
       h("button", {type: "button", id: "logout", onclick: logout}, "Log out")),
