@@ -1176,6 +1176,26 @@ class Queue:
                 for entry in p.iterEntries(self._makeEntry):
                     yield entry
 
+    def readyExpiries(self):
+        """
+        The ready messages' expiry times without reading any file:
+        ``(expiresAt, count, exact)`` triples, ``expiresAt`` in ms on the
+        clock's time base or None (no TTL).  In-memory messages come one by
+        one (``exact`` True); a paged-out segment comes as one triple with
+        its earliest expiry and its message count (``exact`` False), so the
+        cost is O(in-memory messages + segments) (management's expiry
+        histogram, refreshed every few seconds).
+        """
+        for dq in self._levels:
+            for entry in dq:
+                if entry.state == READY:
+                    yield entry.expiresAt, 1, True
+        for p in self._pagers or ():
+            if p:
+                for seg in p.segments:
+                    if seg.count:
+                        yield seg.minExpiresAt, seg.count, False
+
     def readyPersistent(self):
         """
         ``(count, bytes)`` of persistent ready messages, paged ones included

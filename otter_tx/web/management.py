@@ -1239,8 +1239,11 @@ class ManagementApp:
         earlier ones; ``never``: no TTL), and the queue's ``x-expires``
         lease: ``"x_expires"`` (ms or null) and ``"expires_at"`` (epoch ms
         when the queue is deleted if unused, or null: no ``x-expires``, or
-        the queue has consumers).  Reads every ready message, paged-out
-        ones from their files: O(ready messages).  404 for no queue.
+        the queue has consumers), and ``"estimated"``: how many of the
+        counted messages are paged out and were placed by their segment's
+        earliest expiry (no file is read: O(in-memory messages + paged
+        segments), :meth:`~otter_tx.broker.queue.Queue.readyExpiries`).
+        404 for no queue.
         """
         vh = self._vhost(vhost)
         q = vh.queues.get(name)
@@ -1249,18 +1252,21 @@ class ManagementApp:
         now = self.clock.seconds() * 1000.0
         counts = dict.fromkeys(("within_1s", "within_10s", "within_1min", "later", "never"), 0)
         buckets = self._EXPIRY_BUCKETS
-        for e in q.readyEntries():
-            at = e.expiresAt
+        estimated = 0
+        for at, n, exact in q.readyExpiries():
+            if not exact:
+                estimated += n
             if at is None:
-                counts["never"] += 1
+                counts["never"] += n
                 continue
             left = at - now
             for key, bound in buckets:
                 if left <= bound:
-                    counts[key] += 1
+                    counts[key] += n
                     break
             else:
-                counts["later"] += 1
+                counts["later"] += n
+        counts["estimated"] = estimated
         deadline = q.leaseDeadline()
         counts["expires_at"] = int(deadline) if deadline is not None else None
         counts["x_expires"] = q.settings.expires

@@ -196,6 +196,18 @@ class BrowsePagedTests(WebTestCase):
         self.assertEqual([m["payload"] for m in r.json()], ["%016d" % i for i in range(2, 20)])
         self.assertEqual((q.pagedCount, q.readyCount), (paged, 20))
 
+    def test_pagedMessagesInTheExpiryHistogramByTheirSegment(self):
+        """The expiry histogram reads no file: a paged segment counts in the bucket of its earliest expiry."""
+        self.put("/api/queues/%2F/deep", {"arguments": {"x-message-ttl": 30000}})
+        for i in range(20):
+            self.publish("deep", b"%016d" % i)
+        q = self.vh.queues["deep"]
+        paged = q.pagedCount
+        self.assertTrue(paged > 0)
+        self.patch(paging.Pager, "read", lambda *a: self.fail("a file was read"))
+        x = self.get("/api/queues/%2F/deep/expiry").json()
+        self.assertEqual((x["within_1min"], x["estimated"], x["later"], x["never"]), (20, paged, 0, 0))
+
 
 class ExpiryTests(WebTestCase):
     """GET /api/queues/{vhost}/{name}/expiry: the time-to-expiry histogram and the x-expires lease."""
@@ -210,11 +222,11 @@ class ExpiryTests(WebTestCase):
         self.publish("plain", b"x")
         r = self.get("/api/queues/%2F/h/expiry")
         self.assertEqual(r.json(), {"within_1s": 2, "within_10s": 1, "within_1min": 2, "later": 1, "never": 0,
-                                    "expires_at": None, "x_expires": None})
+                                    "estimated": 0, "expires_at": None, "x_expires": None})
         self.clock.advance(50)  # the first four are reaped; 10 s and 70 s left
         self.assertEqual(self.get("/api/queues/%2F/h/expiry").json(), {
             "within_1s": 0, "within_10s": 1, "within_1min": 0, "later": 1, "never": 0,
-            "expires_at": None, "x_expires": None})
+            "estimated": 0, "expires_at": None, "x_expires": None})
         self.assertEqual(self.get("/api/queues/%2F/plain/expiry").json()["never"], 1)
 
     def test_lease(self):

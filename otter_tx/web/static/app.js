@@ -695,7 +695,8 @@ pages.queue = (root, [vhost, name]) => {
       const max = Math.max(1, ...buckets.map((b) => b[1]));
       fill(expiry, h("div", {class: "hist"}, buckets.map(([k, n], i) => [h("span", {}, "Expires " + k),
         h("div", {}, h("div", {class: "bar" + (i === 4 ? " never" : ""), style: "width:" + (100 * n / max).toFixed(1) + "%"})),
-        h("span", {class: "num", "data-bucket": k}, fmtNum(n))])));
+        h("span", {class: "num", "data-bucket": k}, fmtNum(n))])),
+        x.estimated ? h("p", {class: "empty"}, fmtNum(x.estimated) + " paged-out messages are counted by the earliest expiry of their segment on disk.") : null);
       expiresAt = x.expires_at;
       fill(lease, x.x_expires === null ? h("p", {class: "empty"}, "No x-expires: the queue never expires for being unused.") :
         kv([["x-expires", fmtDuration(x.x_expires) + " (" + x.x_expires + " ms)"],
