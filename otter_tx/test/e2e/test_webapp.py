@@ -15,6 +15,7 @@ line).  Never hangs: every wait has a timeout, the page's default is
 bounds the whole run.  ``docs/screenshots.py`` reuses :func:`browser`.
 """
 
+import base64
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ import platform
 import shutil
 import tempfile
 import time
+import urllib.request
 
 from twisted.internet import defer, reactor, threads
 from twisted.trial.unittest import SkipTest, TestCase
@@ -217,7 +219,7 @@ class WebAppBrowserTests(TestCase):
 
     @defer.inlineCallbacks
     def test_tagsLoginAndDelayedList(self):
-        """Tags decide the tabs, a bad password says so, and a delayed exchange lists (a faked API) and cancels."""
+        """Tags decide the tabs, a bad password says so, and a delayed exchange lists its held message and cancels it."""
         svc, url = yield startBroker(self)
         svc.broker.addUser("web-mgmt", "pw", ["management"])
         svc.broker.setPermissions("web-mgmt", "/")
@@ -227,13 +229,14 @@ class WebAppBrowserTests(TestCase):
         self.assertEqual(seen["tabs"], ["overview", "connections", "channels", "exchanges", "queues"])
         self.assertEqual(seen["failed"], "Login failed")
         self.assertEqual(seen["adminTabs"][-1], "definitions")
+        self.assertEqual(seen["published"], {"routed": False})  # held: no route yet (the plugin's rule)
         self.assertEqual(seen["delayedRow"], ["<b>k</b>", "m-1"])
-        self.assertEqual(seen["cancelled"], ["DELETE /api/exchanges/%2F/web-delayed/delayed/id%2F1"])
+        ex = svc.broker.vhosts["/"].exchanges["web-delayed"]
+        self.assertEqual(seen["cancelled"], ["DELETE /api/exchanges/%2F/web-delayed/delayed/1"])
+        self.assertEqual(ex.held, 0)
 
     def tagsAndDelayed(self, url):
         """The browser half of test_tagsLoginAndDelayedList; returns what it saw."""
-        import re
-
         seen = {"cancelled": []}
         tabs = "Array.from(document.querySelectorAll('nav a')).map((a) => a.dataset.nav)"
         with browser() as page:
@@ -247,20 +250,17 @@ class WebAppBrowserTests(TestCase):
             seen["failed"] = page.locator("form.login .error").inner_text()
             login(page, url)
             seen["adminTabs"] = page.evaluate(tabs)
-            due = int(time.time() * 1000) + 90000
-
-            def fake(route):
-                req = route.request
-                if req.method == "DELETE":
-                    seen["cancelled"].append("DELETE " + req.url.split(url.rstrip("/"), 1)[1])
-                    route.fulfill(status=204, body="")
-                    return
-                route.fulfill(status=200, content_type="application/json", body=json.dumps({
-                    "items": [{"id": "id/1", "message_id": "m-1", "due": due, "routing_key": "<b>k</b>",
-                               "properties": {}, "payload_bytes": 5}],
-                    "total_count": 1, "page": 1, "page_size": 100}))
-
-            page.route(re.compile(r".*/api/exchanges/%2F/web-delayed/delayed.*"), fake)
+            # a message held for 90 s, published through the real API (a routing key that looks like HTML)
+            req = urllib.request.Request(
+                url + "api/exchanges/%2F/web-delayed/publish", method="POST",
+                data=json.dumps({"routing_key": "<b>k</b>", "payload": "hello", "payload_encoding": "string",
+                                 "properties": {"message_id": "m-1", "headers": {"x-delay": 90000}}}).encode(),
+                headers={"content-type": "application/json",
+                         "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                seen["published"] = json.loads(r.read())
+            page.on("request", lambda r: seen["cancelled"].append(
+                "DELETE " + r.url.split(url.rstrip("/"), 1)[1]) if r.method == "DELETE" else None)
             page.goto(url + "#/exchanges/%2F/web-delayed")
             row = page.locator("tr", has=page.locator("button", has_text="Cancel")).first
             row.wait_for()
