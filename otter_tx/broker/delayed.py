@@ -42,7 +42,7 @@ from otter_tx.amqp.codec import Timestamp, TaggedFloat, encodeProperties, jsonab
 from otter_tx.amqp.errors import AMQPError, commandInvalid, preconditionFailed
 from otter_tx.broker.access import READ, WRITE, Access
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
-from otter_tx.broker.expiry import OneTimer, nowMs
+from otter_tx.broker.expiry import _EPSILON_MS, OneTimer, nowMs
 from otter_tx.broker.message import Message
 
 DELAYED_TYPE = "x-delayed-message"
@@ -65,9 +65,6 @@ STATUS_HEADER = "x-delayed-status"
 #: paging of held-message lists (RabbitMQ's management API page sizes)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
-
-#: tolerance for float rounding between a due time and the clock, in ms
-_EPSILON_MS = 1e-3
 
 
 def validateDelayedArguments(arguments):
@@ -612,14 +609,9 @@ class DelayedExchange(Exchange):
 
 def _withoutCommand(message):
     """A copy of ``message`` without its ``x-delayed-command`` header (the message a ``schedule`` holds)."""
-    props = dict(message.props)
-    headers = dict(props["headers"])
+    headers = dict(message.headers)
     del headers[COMMAND]
-    props["headers"] = headers
-    out = Message(message.exchange, message.routingKey, encodeProperties(props), message.body, props)
-    out.extraKeys = message.extraKeys
-    out.ttl = message.ttl
-    return out
+    return message.withHeaders(headers)
 
 
 def checkHeldAccess(access, exchangeName, operation):
@@ -658,13 +650,8 @@ def _swapDelay(message, seq):
     A copy of ``message`` to route at fire time: ``x-delay`` (when present)
     negated (type ``I``), and the broker id in ``x-delayed-id`` (str).
     """
-    props = dict(message.props)
-    headers = dict(props["headers"])
+    headers = dict(message.headers)
     if "x-delay" in headers:
         headers["x-delay"] = -(messageDelay(message) or 0)
     headers[ID_HEADER] = str(seq)
-    props["headers"] = headers
-    out = Message(message.exchange, message.routingKey, encodeProperties(props), message.body, props)
-    out.extraKeys = message.extraKeys
-    out.ttl = message.ttl
-    return out
+    return message.withHeaders(headers)

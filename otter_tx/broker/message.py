@@ -111,6 +111,20 @@ class Message:
             a = self.addressCache = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
         return a
 
+    def withHeaders(self, headers):
+        """
+        A copy of this message whose ``headers`` property is ``headers``
+        (dict), its properties re-encoded; exchange, routing key, body,
+        CC/BCC keys (``extraKeys``) and ``ttl`` kept.  The copy has no store
+        id yet.
+        """
+        props = dict(self.props)
+        props["headers"] = headers
+        out = Message(self.exchange, self.routingKey, codec.encodeProperties(props), self.body, props)
+        out.extraKeys = self.extraKeys
+        out.ttl = self.ttl
+        return out
+
     def contentHeader(self):
         """
         The content-header frame payload: class 60, weight 0, body size,

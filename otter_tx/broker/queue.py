@@ -48,12 +48,11 @@ from operator import itemgetter
 
 from zope.interface import implementer
 
-from otter_tx.amqp.codec import TaggedInt, encodeProperties
+from otter_tx.amqp.codec import TaggedInt
 from otter_tx.broker.arguments import QUORUM, queueType
 from otter_tx.broker.deadletter import DLX_RETRY_MS
 from otter_tx.broker.expiry import _EPSILON_MS, ExpiryIndex, nowMs
 from otter_tx.broker.interfaces import IQueue
-from otter_tx.broker.message import Message
 from otter_tx.broker.paging import ENTRY_OVERHEAD, Pager, dropSegmentFile
 
 #: most messages one dispatch call hands out before yielding the reactor
@@ -374,12 +373,9 @@ class Queue:
             return m
         if not (entry.returns or (get and self.quorum)):
             return m
-        props = dict(m.props)
-        headers = dict(props.get("headers") or {})
+        headers = dict(m.headers or {})
         headers["x-delivery-count"] = TaggedInt(entry.returns, "l")
-        props["headers"] = headers
-        copy = Message(m.exchange, m.routingKey, encodeProperties(props), m.body, props)
-        return copy
+        return m.withHeaders(headers)
 
     def holdDeadLetters(self, messages, reason):
         """
