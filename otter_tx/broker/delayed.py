@@ -408,12 +408,13 @@ class DelayedExchange(Exchange):
             return False
         if not message.storeId:
             self.vhost.broker.nextMessageId(message)
-        self.delayedCount += 1
-        self.vhost.delayedCount += 1
         self._add(message, due, now)
         return True
 
     def _add(self, message, fireAt, now=None):
+        """Hold a newly published ``message`` until ``fireAt`` (ms), counted in the ``delayed`` rate."""
+        self.delayedCount += 1
+        self.vhost.delayedCount += 1
         self._seq += 1
         self._set.add(self._seq, message, fireAt)
         if self.journal is not None:

@@ -515,6 +515,13 @@ class AMQPCommandTests(SynchronousTestCase):
         self.assertEqual([(e.message.body, e.message.routingKey) for e in entries][-1:], [(b"again", "k")])
         self.assertEqual(entries[-1].message.headers, {"x-delay": -500, "x-delayed-id": "5"})
 
+    def test_scheduleCountsAsDelayed(self):
+        """A message held by the schedule command counts in the exchange's and the vhost's delayed rate, as a delayed publish does."""
+        before = (self.ex.delayedCount, self.vh.delayedCount)
+        status, _, _ = self.command("schedule", b"x", headers={"x-delay": 500})
+        self.assertEqual(status, 201)
+        self.assertEqual((self.ex.delayedCount, self.vh.delayedCount), (before[0] + 1, before[1] + 1))
+
     def test_scheduleWithoutDueTime(self):
         """schedule without a usable due time is a 400 answer and holds nothing."""
         status, answer, _ = self.command("schedule", b"x", headers={"x-delay-until": T0_MS - 1})
