@@ -265,16 +265,10 @@ def listQuery(request, items):
     columns = _query(request, "columns")
     page = _query(request, "page")
     if page is not None:
-        size = _query(request, "page_size", "100")
         try:
-            pageN, sizeN = int(page), int(size)
-        except ValueError:
-            pageN = sizeN = None
-        if pageN is None or pageN < 1 or sizeN < 1 or sizeN > 500:
-            raise HTTPError(
-                400, "invalid_pagination_parameters",
-                "Invalid pagination parameters: page number %s, page size %s" % (page, size),
-            )
+            pageN, sizeN = pageParameters(page, _query(request, "page_size"))
+        except ValueError as e:
+            raise HTTPError(400, "invalid_pagination_parameters", str(e))
         total = len(items)
         name = _query(request, "name")
         if name:
