@@ -443,7 +443,7 @@ class Sampler:
         broker = self.broker
         vhostRows = []
         lengthRows = []
-        dataRows = []
+        data = vhostBytes(broker)
         for vh in list(broker.vhosts.values()):
             queues = list(vh.queues.values())
             for q in queues:
@@ -459,9 +459,7 @@ class Sampler:
             lengths = lengthValues(queues)
             put("vhost-lengths", vh, lengths)
             lengthRows.append(lengths)
-            data = vhostData(broker, vh)
-            put("vhost-data", vh, data)
-            dataRows.append(data)
+            put("vhost-data", vh, data[vh])
         for conn in list(broker.connections):
             # IClientConnection's byte counts
             put("connection", conn, (conn.bytesIn, conn.bytesOut))
@@ -471,14 +469,18 @@ class Sampler:
         self._series = new
 
 
-def vhostData(broker, vh):
-    """``DATA_KEYS`` values of vhost ``vh``: bytes of its connections, open and closed (tuple)."""
-    recv, send = vh.closedBytes
+def vhostBytes(broker):
+    """
+    ``DATA_KEYS`` values of every vhost of ``broker``: ``{vhost: (recv,
+    send)}``, the bytes of its connections, open and closed, in one pass
+    over the connections.
+    """
+    out = {vh: tuple(vh.closedBytes) for vh in broker.vhosts.values()}
     for conn in broker.connections:
-        if conn.vhost is vh:
-            recv += conn.bytesIn
-            send += conn.bytesOut
-    return (recv, send)
+        b = out.get(conn.vhost)
+        if b is not None:
+            out[conn.vhost] = (b[0] + conn.bytesIn, b[1] + conn.bytesOut)
+    return out
 
 
 def statsDict(keys, values, series, nowMs, intervalMs, rng=None, ceil=False):

@@ -1753,13 +1753,17 @@ class ManagementApp:
             out.append(ctx)
         return out
 
-    def _vhostDict(self, vh, view):
+    def _vhostDict(self, vh, view, vhostBytes=None):
         """
         A vhost as ``GET /api/vhosts/{name}`` shows it: queue lengths,
         ``message_stats`` (:data:`~otter_tx.broker.stats.VHOST_KEYS`, closed
         channels included) and ``recv_oct``/``send_oct`` of its connections
-        (closed ones included), each with details as ``view`` asks.
+        (closed ones included), each with details as ``view`` asks
+        (``vhostBytes``: :func:`~otter_tx.broker.stats.vhostBytes` when the
+        caller lists several vhosts).
         """
+        if vhostBytes is None:
+            vhostBytes = S.vhostBytes(self.broker)
         queues = list(vh.queues.values())
         d = {
             "name": vh.name,
@@ -1772,7 +1776,7 @@ class ManagementApp:
             "message_stats": view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh)),
         }
         d.update(view.lengthStats("vhost-lengths", vh, S.lengthValues(queues)))
-        d.update(view.dataStats("vhost-data", vh, S.vhostData(self.broker, vh)))
+        d.update(view.dataStats("vhost-data", vh, vhostBytes[vh]))
         return d
 
     @app.route("/api/vhosts", methods=["GET", "OPTIONS"])
@@ -1780,7 +1784,8 @@ class ManagementApp:
     def vhosts(self, request, user):
         """``GET /api/vhosts``."""
         view = self._rateView(request)
-        return [self._vhostDict(vh, view) for vh in self._visibleVHosts(user)]
+        vhostBytes = S.vhostBytes(self.broker)
+        return [self._vhostDict(vh, view, vhostBytes) for vh in self._visibleVHosts(user)]
 
     @app.route("/api/vhosts/<vhost>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(_ADMIN)
