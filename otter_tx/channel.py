@@ -207,7 +207,6 @@ class Channel:
         self.number = number
         self.session = Session(connection.broker, connection, connection.vhost, connection.user, number)
         self._target = None  # (exchange, routingKey, mandatory, address) of the publish in flight
-        self._open = True
         connection.broker.counters.channelsOpened += 1
 
     # --- the door (inbound) ----------------------------------------------------------
@@ -279,30 +278,22 @@ class Channel:
     def closed(self):
         """The channel is finished: cancel consumers, requeue unacked.  Idempotent."""
         self._target = None
-        if self._open:
-            self._open = False
-            self.session.counters.channelsClosed += 1
-        self.session.closed()
+        s = self.session
+        if not s.closing:  # set by Session.closed() only: the first call counts
+            s.counters.channelsClosed += 1
+        s.closed()
 
     # --- what the management API and the bench read (the session's state) ------------
 
-    closing = _fromSession("closing", "True once the channel is closing or closed.")
     unacked = _fromSession("unacked", "The ledger: delivery tag -> (queue, entry, consumer, tag).")
     unackedCount = _fromSession("unackedCount", "Deliveries not yet acknowledged (int).")
     consumers = _fromSession("consumers", "Consumer tag -> Consumer.")
-    confirmMode = _fromSession("confirmMode", "True after confirm.select.")
-    txMode = _fromSession("txMode", "True after tx.select.")
     prefetchCount = _fromSession("prefetchCount", "basic.qos per-consumer prefetch (int).")
     globalPrefetch = _fromSession("globalPrefetch", "basic.qos global prefetch (int).")
     deliveryTag = _fromSession("deliveryTag", "The last delivery tag used (int).")
     publishSeq = _fromSession("publishSeq", "The last publish sequence number in confirm mode (int).")
-    stats = _fromSession("stats", "The channel's message counters (a stats.MessageCounts).")
 
     # --- what the connection calls besides the inbound door -------------------------
-
-    def flushConfirms(self):
-        """Send the pending publisher confirms (see Session.flushConfirms)."""
-        self.session.flushConfirms()
 
     def resumeDelivery(self):
         """Consumers may have room again."""

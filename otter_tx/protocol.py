@@ -379,8 +379,8 @@ class AMQPServerProtocol(Protocol):
 
     def _flush(self):
         if self._confirming:
-            for ch in self._confirming:
-                ch.flushConfirms()
+            for session in self._confirming:
+                session.flushConfirms()
             self._confirming.clear()
         out = self._out
         self._out = None
@@ -732,12 +732,12 @@ class AMQPServerProtocol(Protocol):
             ch.closed()
         self.send(data)
 
-    def noteConfirms(self, channel):
-        """``channel`` has publisher confirms to send when this chunk is done."""
+    def noteConfirms(self, session):
+        """``session`` (a Session) has publisher confirms to send when this chunk is done."""
         if self._out is not None:
-            self._confirming.add(channel)
+            self._confirming.add(session)
         else:
-            channel.flushConfirms()
+            session.flushConfirms()
 
     # --- closing ----------------------------------------------------------------
 

@@ -65,12 +65,6 @@ from otter_tx.store.interface import StoreFailedError
 log = Logger()
 
 
-def shortstr(s):
-    """``s`` (str) as an AMQP short string: length octet, then UTF-8 (surrogateescape)."""
-    b = s.encode("utf-8", "surrogateescape")
-    return bytes((len(b),)) + b
-
-
 def serverConsumerTag():
     """``amq.ctag-`` + 22 base64url characters, as RabbitMQ names consumers."""
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode()[:22]
@@ -94,7 +88,7 @@ class Consumer:
     def __init__(self, session, tag, queue, noAck, exclusive, priority, prefetch, arguments):
         self.session = session
         self.tag = tag
-        self.tagBytes = shortstr(tag)
+        self.tagBytes = codec._shortstr(tag)
         self.queue = queue
         self.noAck = noAck
         self.exclusive = exclusive

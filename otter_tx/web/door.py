@@ -25,7 +25,6 @@ class HTTPRequestConnection:
     """
 
     paused = False
-    blocked = False
     flowState = "running"
     heldCancels = None
     capabilities = {}
@@ -81,9 +80,6 @@ class HTTPRequestConnection:
 
     def closeChannel(self, number, error):
         """No deliveries, so no acknowledgement timeout."""
-
-    def publishedWhileBlocked(self):
-        """Never blocked."""
 
 
 def requestSession(broker, user, vhost):
