@@ -9,7 +9,6 @@ global reactor.
 from twisted.logger import Logger
 
 from otter_tx.alarms import Alarms, MemoryMonitor
-from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
@@ -227,17 +226,6 @@ class Broker:
     def canAccess(self, user, vhost):
         """True when ``user`` has permissions on ``vhost``."""
         return (user.name, vhost) in self.permissions
-
-    def permits(self, userName, vhost, perm, kind, name):
-        """
-        True when user ``userName``'s ``perm`` regex on ``vhost`` matches
-        resource ``name`` of ``kind`` (:func:`otter_tx.broker.access.permits`).
-        """
-        return access.permits(self.permissions, userName, vhost, perm, kind, name)
-
-    def access(self, user, vhost):
-        """A cached :class:`~otter_tx.broker.access.Access` for ``user`` (User) in ``vhost`` (str)."""
-        return access.Access(self, user.name, vhost)
 
     def setPolicy(self, vhost, name, pattern, definition, priority=0, applyTo="all"):
         """

@@ -25,6 +25,7 @@ listener is :class:`PrometheusResource` (``--prometheus``, default
 ``tcp:15692``), served without authentication like RabbitMQ's.
 """
 
+import functools
 import os
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -230,7 +231,7 @@ class BrokerCollector(_Collector):
                                 labels=["rabbitmq_version", "prometheus_plugin_version",
                                         "prometheus_client_version", "erlang_version",
                                         "product_name", "product_version"])
-        f.add_metric(["3.10.8", __version__, _clientVersion(), "", "otter_tx", __version__], 1)
+        f.add_metric(["3.10.8", __version__, distVersion("prometheus_client"), "", "otter_tx", __version__], 1)
         yield f
         f = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
                                 labels=["rabbitmq_node", "rabbitmq_cluster"])
@@ -572,11 +573,18 @@ class _DetailedCollector(_Collector):
                     yield f
 
 
-def _clientVersion():
+@functools.lru_cache(maxsize=None)
+def distVersion(dist):
+    """
+    The installed version (str) of distribution ``dist``, ``""`` when it
+    is not installed.  Cached: a lookup reads package metadata from disk
+    (tens of ms), and installed versions do not change while the broker
+    runs (``rabbitmq_build_info``, ``/api/nodes`` ``applications``).
+    """
     try:
         from importlib.metadata import version
 
-        return version("prometheus_client")
+        return version(dist)
     except Exception:
         return ""
 

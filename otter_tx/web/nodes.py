@@ -34,7 +34,7 @@ from otter_tx import __version__
 from otter_tx.alarms import totalMemoryBytes
 from otter_tx.memory import CONNECTION_BYTES, rssBytes
 from otter_tx.web import _format as fmt
-from otter_tx.web.metrics import maxFds, openFds
+from otter_tx.web.metrics import distVersion, maxFds, openFds
 
 #: connection.start's SASL mechanisms with RabbitMQ 3.10's descriptions
 AUTH_MECHANISMS = (
@@ -68,15 +68,6 @@ _APPLICATIONS = (
 )
 
 
-def _distVersion(dist):
-    try:
-        from importlib.metadata import version
-
-        return version(dist)
-    except Exception:
-        return ""
-
-
 def applications():
     """
     ``applications``: ``[{"name", "description", "version"}]``, otter_tx
@@ -88,7 +79,7 @@ def applications():
              "description": "%s %s" % (platform.python_implementation(), platform.python_version()),
              "version": platform.python_version()}]
     for name, dist, description in _APPLICATIONS:
-        apps.append({"name": name, "description": description, "version": _distVersion(dist)})
+        apps.append({"name": name, "description": description, "version": distVersion(dist)})
     return sorted(apps, key=lambda a: a["name"])
 
 
@@ -173,8 +164,7 @@ def relativeMemory(breakdown):
 def binaryBreakdown(broker):
     """``binary`` (``?binary=true``): :data:`BINARY_KEYS`, the ready message bodies (bytes) under ``queue_procs``, 0 elsewhere."""
     out = dict.fromkeys(BINARY_KEYS, 0)
-    out["queue_procs"] = sum(q.readyBytes - q.pagedBytes for vh in broker.vhosts.values()
-                             for q in vh.queues.values())
+    out["queue_procs"] = broker.queuedBytes()
     return out
 
 

@@ -87,7 +87,7 @@ class PermitsTests(SynchronousTestCase):
 
     def test_checkRaises403(self):
         """check raises RabbitMQ's 403 text naming the resource, vhost and user."""
-        a = self.broker.access(self.broker.users["u"], "/")
+        a = access.Access(self.broker, "u", "/")
         a.check(access.WRITE, "exchange", "w-x")
         e = self.assertRaises(AMQPError, a.check, access.WRITE, "exchange", "")
         self.assertEqual((e.code, e.text), (403, "ACCESS_REFUSED - access to exchange 'amq.default' in "
