@@ -72,6 +72,18 @@ class GlobalCounters:
         """The broker-wide :class:`~otter_tx.broker.stats.MessageCounts` (a new object)."""
         return self._totals() if self._totals is not None else MessageCounts()
 
+    def frozen(self):
+        """
+        A copy of these counters whose message totals were summed once,
+        now: for a reader of many of them (a ``/metrics`` scrape), since
+        each property of a live GlobalCounters sums every channel again.
+        """
+        totals = self.messages()
+        out = GlobalCounters.__new__(GlobalCounters)
+        out.__dict__.update(self.__dict__)
+        out._totals = lambda: totals
+        return out
+
     received = _message("publish", "Messages published (int).")
     receivedConfirm = _message("publishConfirm", "Of those, on confirm-mode channels (int).")
     unroutableDropped = _message("dropUnroutable", "Non-mandatory messages routed nowhere (int).")

@@ -434,7 +434,7 @@ class BrokerCollector(_Collector):
     # --- rabbit_global_counters ------------------------------------------------------
 
     def _global(self, snap):
-        c = self.broker.counters
+        c = self.broker.counters.frozen()  # the message totals summed once for the ~19 reads below
         proto = [_AMQP]
         for name, help, value in (
             ("messages_received_total", "Total number of messages received from publishers", c.received),
