@@ -282,7 +282,7 @@ class VHost:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
             return q
-        quorum = arguments.get("x-queue-type") == "quorum"
+        quorum = A.queueType(arguments) == A.QUORUM
         if quorum and (name == "" or serverNamed):
             raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
         if name == "":

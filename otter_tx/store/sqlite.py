@@ -420,7 +420,7 @@ class _Batch:
             entries[storeId] = _DEQUEUE
             return 0
         if not self.coalesce:
-            self._cancelEnqueue(storeId, dropAdd=False)
+            self._cancelEnqueue(storeId)
             entries[storeId] = _DEQUEUE
             return 0
         if previous.replaces:
@@ -462,7 +462,7 @@ class _Batch:
         self.purges[queueKey] = keep if previous is None else previous & keep
         return cancelled
 
-    def _cancelEnqueue(self, storeId, dropAdd=True):
+    def _cancelEnqueue(self, storeId):
         """
         A pending enqueue of ``storeId`` went away; forget the pending
         message too when that was its last pending enqueue (with
@@ -473,7 +473,7 @@ class _Batch:
             return 0
         add.liveEnqueues -= 1
         add.enqueueCancelled = True
-        if add.liveEnqueues <= 0 and dropAdd and self.coalesce:
+        if add.liveEnqueues <= 0 and self.coalesce:
             del self.adds[storeId]
             return 1
         return 0
