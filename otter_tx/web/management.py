@@ -111,16 +111,6 @@ _SHORTSTR_PROPS = (
 )
 
 
-class _GotView:
-    """What ``_messageJson`` reads of a fetched entry: ``message`` (the one sent) and ``redelivered``."""
-
-    __slots__ = ("message", "redelivered")
-
-    def __init__(self, message, redelivered):
-        self.message = message
-        self.redelivered = redelivered
-
-
 class HTTPError(Exception):
     """
     An HTTP error with RabbitMQ's JSON body ``{"error": ..., "reason": ...}``.
@@ -1136,8 +1126,8 @@ class ManagementApp:
                     break
                 _, entry, q = got
                 # a quorum queue's answer carries x-delivery-count, as basic.get's
-                view = _GotView(q.deliveredMessage(entry, get=True), entry.redelivered)
-                out.append(self._messageJson(view, q.readyCount, encoding, truncate))
+                out.append(self._messageJson(q.deliveredMessage(entry, get=True), entry.redelivered,
+                                             q.readyCount, encoding, truncate))
             if out:
                 # the fetched messages are settled together, as the plugin's channel does
                 if ackmode in ("ack_requeue_true", "reject_requeue_true"):
@@ -1155,8 +1145,7 @@ class ManagementApp:
         return out
 
     @staticmethod
-    def _messageJson(entry, remaining, encoding, truncate):
-        m = entry.message
+    def _messageJson(m, redelivered, remaining, encoding, truncate):
         payload = m.body if truncate is None else m.body[:truncate]
         if encoding == "auto":
             try:
@@ -1167,7 +1156,7 @@ class ManagementApp:
             text, enc = base64.b64encode(payload).decode(), "base64"
         return {
             "payload_bytes": m.size,
-            "redelivered": entry.redelivered,
+            "redelivered": redelivered,
             "exchange": m.exchange,
             "routing_key": m.routingKey,
             "message_count": remaining,
@@ -1216,7 +1205,7 @@ class ManagementApp:
         live = (e for e in q.readyEntries() if e.expiresAt is None or e.expiresAt > now)
         ready = q.readyCount
         return [
-            self._messageJson(e, max(0, ready - offset - i - 1), encoding, truncate)
+            self._messageJson(e.message, e.redelivered, max(0, ready - offset - i - 1), encoding, truncate)
             for i, e in enumerate(itertools.islice(live, offset, offset + count))
         ]
 
@@ -1289,12 +1278,10 @@ class ManagementApp:
         s = q.settings
         if s.dlx is None:
             return {"exchange": None, "routing_key": None, "strategy": None, "queues": []}
-        strategy = (q.arguments.get("x-dead-letter-strategy")
-                    or q.effectiveDefinition.get("dead-letter-strategy") or "at-most-once")
         return {
             "exchange": s.dlx,
             "routing_key": s.dlrk,
-            "strategy": strategy,
+            "strategy": s.dlStrategy,  # the one the broker applies (deadletter.py), not the one asked for
             "queues": self._deadLetterQueues(vh, s.dlx, s.dlrk),
         }
 

@@ -272,6 +272,13 @@ class DeadLetterTargetTests(WebTestCase):
         self.assertEqual(self.target("plain"),
                          {"exchange": None, "routing_key": None, "strategy": None, "queues": []})
 
+    def test_strategyTheBrokerApplies(self):
+        """The strategy shown is the one dead-lettering applies: at-least-once only with x-overflow reject-publish."""
+        dl = {"x-dead-letter-exchange": "dlx", "x-dead-letter-strategy": "at-least-once", "x-queue-type": "quorum"}
+        self.put("/api/queues/%2F/qq-drop", {"durable": True, "arguments": dl})
+        self.put("/api/queues/%2F/qq-alo", {"durable": True, "arguments": dict(dl, **{"x-overflow": "reject-publish"})})
+        self.assertEqual([self.target(n)["strategy"] for n in ("qq-drop", "qq-alo")], ["at-most-once", "at-least-once"])
+
     def test_withRoutingKey(self):
         """With a dead-letter routing key, the queues that key reaches; nothing is counted on the exchange."""
         self.put("/api/queues/%2F/src", {"arguments": {"x-dead-letter-exchange": "dlx",
