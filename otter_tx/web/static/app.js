@@ -199,10 +199,7 @@ async function refreshNow() {
   ticking = true;
   try { await current.refresh(); } catch (e) {
     if (e instanceof ApiError && e.status === 401 && e.reason === "Login failed") {
-      // the password changed or the user is gone: log in again
-      STORE.removeItem("otter.session");
-      session = null;
-      loginPage("Login failed");
+      logout("Login failed"); // the password changed or the user is gone: log in again
       return;
     }
     flash(e instanceof ApiError ? e.reason : String(e));
@@ -874,9 +871,15 @@ async function loadVHosts() {
   }
 }
 
+// the mounted page goes: its own timers too (a queue page's lease countdown)
+function unmount() {
+  if (current && current.destroy) current.destroy();
+  current = null;
+}
+
 function loginPage(message) {
   if (timer) clearTimeout(timer);
-  current = null;
+  unmount();
   const err = h("div", {class: "error", role: "alert"}, message || "");
   const f = h("form", {class: "box login"}, h("h1", {}, "otter_tx"),
     field("Username", h("input", {type: "text", name: "username", autocomplete: "username", required: true})),
@@ -901,10 +904,10 @@ function loginPage(message) {
   fill(document.getElementById("app"), f);
 }
 
-function logout() {
+function logout(message) {
   STORE.removeItem("otter.session");
   session = null;
-  loginPage("");
+  loginPage(message || "");
 }
 
 function shell() {
@@ -921,13 +924,13 @@ function shell() {
       h("label", {}, "Charts ", rangeSel),
       h("button", {type: "button", onclick: () => refreshNow()}, "Refresh now"),
       h("span", {}, "User ", h("b", {id: "who"}, session.name), " ", session.tags.map((t) => h("span", {class: "tag"}, t))),
-      h("button", {type: "button", id: "logout", onclick: logout}, "Log out")),
+      h("button", {type: "button", id: "logout", onclick: () => logout("")}, "Log out")),
     nav, main);
 }
 
 async function route() {
   if (!session) return;
-  if (current && current.destroy) current.destroy();
+  unmount();
   const parts = (location.hash.replace(/^#\/?/, "") || "overview").split("/").map((p) => { try { return decodeURIComponent(p); } catch (e) { return p; } });
   let [name, ...params] = parts;
   if (name === "queues" && params.length === 2) name = "queue";
