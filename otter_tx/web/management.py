@@ -60,6 +60,7 @@ from otter_tx.broker.access import (
 from otter_tx.broker import stats as S
 from otter_tx.broker.delayed import DELAYED_TYPE, checkHeldAccess, pageParameters
 from otter_tx.broker.exchange import EXCHANGE_TYPES
+from otter_tx.broker.expiry import nowMs
 from otter_tx.broker.message import Message
 from otter_tx.web.nodes import memoryBreakdown, memUsed, nodeDict, relativeMemory
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
@@ -161,6 +162,23 @@ def channelRefusal(e):
     if e.code == 403:
         return notAuthorised(e.text)
     return badRequest(str(e))
+
+
+def getRefusal(e):
+    """
+    An AMQPError from reading a queue over the HTTP API (``/get``, and our
+    ``/browse`` which answers as it): 404 ``not_found`` with the reply
+    text, else :func:`channelRefusal`.
+    """
+    if e.code == 404:
+        return HTTPError(404, "not_found", e.text)
+    return channelRefusal(e)
+
+
+def checkEncoding(encoding):
+    """400 ``Unsupported encoding...`` unless ``encoding`` is ``auto`` or ``base64`` (``/get``, ``/browse``)."""
+    if encoding not in ("auto", "base64"):
+        raise badRequest("Unsupported encoding. Please use auto or base64.")
 
 
 def amqpHTTPError(e):
@@ -567,6 +585,13 @@ class ManagementApp:
         if vh is None:
             raise notFound()
         return vh
+
+    def _queue(self, vh, name):
+        """Queue ``name`` of vhost ``vh``, or 404 when missing."""
+        q = vh.queues.get(name)
+        if q is None:
+            raise notFound()
+        return q
 
     def _session(self, user, vh):
         """
@@ -1053,9 +1078,7 @@ class ManagementApp:
             session.declareQueue(name, durable=_flag(body.get("durable")),
                                  autoDelete=_flag(body.get("auto_delete")), arguments=args)
             return Response(204 if existed else 201)
-        q = vh.queues.get(name)
-        if q is None:
-            raise notFound()
+        q = self._queue(vh, name)
         if request.method == b"DELETE":
             self._session(user, vh).deleteQueue(
                 name, ifUnused=_queryFlag(request, "if-unused"), ifEmpty=_queryFlag(request, "if-empty"))
@@ -1071,9 +1094,7 @@ class ManagementApp:
         ``Access refused.``).
         """
         vh = self._vhost(vhost)
-        q = vh.queues.get(name)
-        if q is None:
-            raise notFound()
+        self._queue(vh, name)  # 404 when missing
         self._session(user, vh).purgeQueue(name)
         return Response(204)
 
@@ -1082,9 +1103,7 @@ class ManagementApp:
     def queueBindings(self, request, user, vhost, name):
         """``GET /api/queues/{vhost}/{name}/bindings``, the default-exchange binding first."""
         vh = self._vhost(vhost)
-        q = vh.queues.get(name)
-        if q is None:
-            raise notFound()
+        self._queue(vh, name)  # 404 when missing
         return [b for b in fmt.vhostBindings(vh) if b["destination_type"] == "queue" and b["destination"] == name]
 
     @app.route("/api/queues/<vhost>/<name>/get", methods=["POST", "OPTIONS"])
@@ -1105,8 +1124,7 @@ class ManagementApp:
         self._require(body, "count", "ackmode", "encoding")
         count, ackmode, encoding = body["count"], body["ackmode"], body["encoding"]
         truncate = body.get("truncate")
-        if encoding not in ("auto", "base64"):
-            raise badRequest("Unsupported encoding. Please use auto or base64.")
+        checkEncoding(encoding)
         if ackmode not in _ACKMODES:
             raise badRequest("Invalid ackmode %s" % (ackmode,))
         try:
@@ -1137,9 +1155,7 @@ class ManagementApp:
                 else:
                     session.nack(0, multiple=True, requeue=False)
         except AMQPError as e:
-            if e.code == 404:
-                raise HTTPError(404, "not_found", e.text)
-            raise channelRefusal(e)
+            raise getRefusal(e)
         finally:
             session.closed()
         return out
@@ -1185,8 +1201,7 @@ class ManagementApp:
         body = self._body(request)
         self._require(body, "count")
         encoding = body.get("encoding", "auto")
-        if encoding not in ("auto", "base64"):
-            raise badRequest("Unsupported encoding. Please use auto or base64.")
+        checkEncoding(encoding)
         try:
             count = max(0, int(body["count"]))
             offset = max(0, int(body.get("offset") or 0))
@@ -1198,10 +1213,10 @@ class ManagementApp:
         try:
             q = session.readableQueue(name)
         except AMQPError as e:  # as /get answers them
-            raise HTTPError(404, "not_found", e.text) if e.code == 404 else channelRefusal(e)
+            raise getRefusal(e)
         finally:
             session.closed()
-        now = self.clock.seconds() * 1000.0
+        now = nowMs(self.clock)
         live = (e for e in q.readyEntries() if e.expiresAt is None or e.expiresAt > now)
         ready = q.readyCount
         return [
@@ -1229,10 +1244,8 @@ class ManagementApp:
         404 for no queue.
         """
         vh = self._vhost(vhost)
-        q = vh.queues.get(name)
-        if q is None:
-            raise notFound()
-        now = self.clock.seconds() * 1000.0
+        q = self._queue(vh, name)
+        now = nowMs(self.clock)
         counts = dict.fromkeys(("within_1s", "within_10s", "within_1min", "later", "never"), 0)
         buckets = self._EXPIRY_BUCKETS
         estimated = 0
@@ -1272,9 +1285,7 @@ class ManagementApp:
         when the exchange does not exist.  404 for no queue.
         """
         vh = self._vhost(vhost)
-        q = vh.queues.get(name)
-        if q is None:
-            raise notFound()
+        q = self._queue(vh, name)
         s = q.settings
         if s.dlx is None:
             return {"exchange": None, "routing_key": None, "strategy": None, "queues": []}
