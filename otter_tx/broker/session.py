@@ -97,11 +97,6 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments
 
-    @property
-    def channel(self):
-        """The session (it has ``connection`` and ``number``, as a channel had)."""
-        return self.session
-
     def canTake(self):
         """
         True when a delivery may be sent now: the connection's output is not
@@ -276,10 +271,11 @@ class Session:
         qname = self.queueName(queue)
         self.access.checkAll(bindChecks("queue", qname, exchange))
         q = self.vhost.queues.get(qname)
+        if q is None:
+            return
+        self.vhost.getQueue(qname, self.connection)  # 405 for another connection's exclusive queue
         ex = self.vhost.exchanges.get(exchange)
-        if q is not None:
-            self.vhost.getQueue(qname, self.connection)
-        if q is not None and ex is not None:
+        if ex is not None:
             self.vhost.unbind(ex, q, routingKey, arguments or {})
 
     def readableQueue(self, queue):

@@ -110,7 +110,7 @@ def consumerDict(q, c):
         "active": active,
         "activity_status": ("single_active" if active else "waiting") if q.singleActive else "up",
         "arguments": jsonable(c.arguments or {}),
-        "channel_details": channelDetails(c.channel),
+        "channel_details": channelDetails(c.session),
         "queue": {"name": q.name, "vhost": q.vhost.name},
     }
 

@@ -2080,7 +2080,7 @@ class ManagementApp:
         seesAll = self._isMonitor(user)
         return [
             fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
-            if seesAll or self._owns(user, c.channel.connection)
+            if seesAll or self._owns(user, c.session.connection)
         ]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
