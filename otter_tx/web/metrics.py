@@ -136,7 +136,8 @@ class _Snapshot:
             shown = [vh for vh in self.vhosts if vh.name in vhostNames]
         self.shownVhosts = shown
         self.queues = [q for vh in shown for _, q in sorted(vh.queues.items())]
-        self.allQueues = [q for vh in self.vhosts for _, q in sorted(vh.queues.items())]
+        self.allQueues = (self.queues if shown is self.vhosts  # unfiltered (/metrics): sort once
+                          else [q for vh in self.vhosts for _, q in sorted(vh.queues.items())])
         self.conns = sorted(broker.connections, key=lambda c: getattr(c, "name", ""))
         self.channels = [ch for c in self.conns for _, ch in sorted(c.channels.items())]
 
