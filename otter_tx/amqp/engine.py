@@ -494,17 +494,15 @@ class ConnectionEngine:
             return None
         if ch.pending is not None:
             raise _unexpectedInContent("content header" if ch.header is None else "content body")
-        if classId == 60:
-            if methodId == 40:
-                return self._publish(ch, payload)
-            if methodId == 80:
-                # basic.ack is delivery-tag (8 octets) and the bits octet
-                if len(payload) != 13:
-                    raise _cannotDecode(
-                        spec.BasicAck, payload[4:],
-                        FrameSyntaxError("basic.ack of %d octets" % (len(payload) - 4,)),
-                    )
-                return (ACK, ch.number, _unpack_Q(payload, 4)[0], bool(payload[12] & 1))
+        if classId == 60 and methodId == 80:
+            # the fast path in nextEvent took every basic.publish and every
+            # well-formed basic.ack (delivery-tag, 8 octets, and the bits
+            # octet) of an open channel with no content pending; what is left
+            # here is an ack of the wrong size
+            raise _cannotDecode(
+                spec.BasicAck, payload[4:],
+                FrameSyntaxError("basic.ack of %d octets" % (len(payload) - 4,)),
+            )
         cls = spec.METHODS.get((classId, methodId))
         if cls is None:
             raise AMQPError(spec.COMMAND_INVALID, "unknown method class %d method %d" % (classId, methodId))
