@@ -526,7 +526,7 @@ class AMQPServerProtocol(Protocol):
         engine = self.engine
         if kind is _engine.CHANNEL_OPEN:
             chno = event[1]
-            self._checkUserLimit("max-channels")
+            self.broker.checkUserChannelLimit(self.user.name)
             self.channels[chno] = Channel(self, chno)
             self.send(engine.channelOpenOk(chno))
         elif kind is _engine.CHANNEL_CLOSE:
@@ -675,7 +675,7 @@ class AMQPServerProtocol(Protocol):
                 "access to vhost '%s' refused for user '%s'" % (vhostName, self.user.name),
             )
         vhost.checkConnectionLimit(self.user.name)
-        self._checkUserLimit("max-connections")
+        self.broker.checkUserConnectionLimit(self.user.name)
         self.vhost = vhost
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()
@@ -688,28 +688,6 @@ class AMQPServerProtocol(Protocol):
         )
         if self.broker.alarmed:
             self.alarmChanged(True)
-
-    def _checkUserLimit(self, limit):
-        """
-        530 NOT_ALLOWED when this user's open connections (at
-        connection.open) or channels (at channel.open) reach its user limit,
-        with RabbitMQ 3.10's texts (``connection refused for user 'U': user
-        connection limit (N) is reached``; ``number of channels opened for
-        user 'U' has reached the maximum allowed user limit of (N)``).
-        """
-        name = self.user.name
-        value = self.broker.userLimit(name, limit)
-        if value is None:
-            return
-        mine = [c for c in self.broker.connections
-                if c.vhost is not None and c.user is not None and c.user.name == name]
-        if limit == "max-connections":
-            if len(mine) >= value:
-                raise AMQPError(spec.NOT_ALLOWED, "connection refused for user '%s': user connection "
-                                                  "limit (%d) is reached" % (name, value))
-        elif sum(len(c.channels) for c in mine) >= value:
-            raise AMQPError(spec.NOT_ALLOWED, "number of channels opened for user '%s' has reached the "
-                                              "maximum allowed user limit of (%d)" % (name, value))
 
     def closeChannel(self, number, error):
         """

@@ -9,6 +9,7 @@ global reactor.
 from twisted.logger import Logger
 
 from otter_tx.alarms import Alarms, MemoryMonitor
+from otter_tx.amqp.errors import notAllowed
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
@@ -180,6 +181,33 @@ class Broker:
         """The enforced user limit (an int >= 0), or None (unset or negative)."""
         value = self.userLimits.get(name, {}).get(limit)
         return None if value is None or value < 0 else value
+
+    def _userConnections(self, name):
+        """The open (past connection.open) connections of user ``name``, a list."""
+        return [c for c in self.connections
+                if c.vhost is not None and c.user is not None and c.user.name == name]
+
+    def checkUserConnectionLimit(self, name):
+        """
+        At connection.open: 530 NOT_ALLOWED ``connection refused for user
+        'U': user connection limit (N) is reached`` when user ``name``'s
+        open connections reach its ``max-connections`` (RabbitMQ 3.10's text).
+        """
+        value = self.userLimit(name, "max-connections")
+        if value is not None and len(self._userConnections(name)) >= value:
+            raise notAllowed("connection refused for user '%s': user connection limit (%d) is reached"
+                             % (name, value))
+
+    def checkUserChannelLimit(self, name):
+        """
+        At channel.open: 530 NOT_ALLOWED ``number of channels opened for user
+        'U' has reached the maximum allowed user limit of (N)`` when user
+        ``name``'s open channels reach its ``max-channels`` (RabbitMQ 3.10's text).
+        """
+        value = self.userLimit(name, "max-channels")
+        if value is not None and sum(len(c.channels) for c in self._userConnections(name)) >= value:
+            raise notAllowed("number of channels opened for user '%s' has reached the maximum allowed "
+                             "user limit of (%d)" % (name, value))
 
     def addUser(self, name, password, tags=()):
         """Create or replace a user; return it."""
