@@ -185,14 +185,17 @@ def _min(a, b):
     return min(a, b)
 
 
-def effectiveSettings(arguments, policy):
+def effectiveSettings(arguments, policy, defaultDeliveryLimit=None):
     """
     Combine queue ``arguments`` and ``policy`` (or None) into QueueSettings.
     For a quorum queue (RabbitMQ 3.10 ``rabbit_quorum_queue``):
-    ``reject-publish-dlx`` acts as ``drop-head``, and
+    ``reject-publish-dlx`` acts as ``drop-head``,
     ``x-dead-letter-strategy: at-least-once`` holds only with
-    ``reject-publish`` overflow (else at-most-once).  A non-integer
-    ``x-delivery-limit`` is no limit, as on 3.10.
+    ``reject-publish`` overflow (else at-most-once), and with neither
+    argument nor policy the delivery limit is ``defaultDeliveryLimit``
+    (int or None: the broker's ``--default-delivery-limit``; RabbitMQ 4.x
+    gives 20, 3.10 none).  A non-integer ``x-delivery-limit`` is no limit,
+    as on 3.10.
     """
     s = QueueSettings()
     d = policy.definition if policy is not None else {}
@@ -222,6 +225,8 @@ def effectiveSettings(arguments, policy):
         # takes a limit from its own argument only (our extension), so a
         # policy written for quorum queues does not change classic ones
         s.deliveryLimit = _min(s.deliveryLimit, d.get("delivery-limit"))
+        if s.deliveryLimit is None:
+            s.deliveryLimit = defaultDeliveryLimit
         if s.overflow == "reject-publish-dlx":
             s.overflow = "drop-head"
         if arguments.get("x-dead-letter-strategy") == "at-least-once" and s.overflow == "reject-publish":

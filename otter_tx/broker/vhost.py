@@ -578,11 +578,7 @@ class VHost:
         effective = mergeOperatorPolicy(policy, operator)
         q.operatorPolicy = operator
         q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
-        settings = effectiveSettings(q.arguments, effective)
-        if q.quorum and settings.deliveryLimit is None:
-            # RabbitMQ 4.x gives quorum queues a limit of 20; 3.10 none
-            settings.deliveryLimit = self.broker.defaultDeliveryLimit
-        q.applySettings(settings, policy)
+        q.applySettings(effectiveSettings(q.arguments, effective, self.broker.defaultDeliveryLimit), policy)
 
     # --- connection cleanup -----------------------------------------------------
 
