@@ -17,7 +17,7 @@ from otter_tx.broker.durability import Journal
 from otter_tx.broker.lateness import ReapingLateness
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
-from otter_tx.broker.vhost import VHost
+from otter_tx.broker.vhost import USER_LIMIT_NAMES, VHost, enforcedLimit, validateLimit
 
 log = Logger()
 
@@ -161,8 +161,6 @@ class Broker:
         existing user ``name``; :class:`~otter_tx.broker.vhost.LimitError`
         with RabbitMQ's text for a bad name or value.
         """
-        from otter_tx.broker.vhost import USER_LIMIT_NAMES, validateLimit
-
         validateLimit(limit, value, USER_LIMIT_NAMES, "user-limits")
         self.userLimits[name] = dict(self.userLimits.get(name, {}), **{limit: value})
         self.entityChanged("user", None, self.users[name])
@@ -179,8 +177,7 @@ class Broker:
 
     def userLimit(self, name, limit):
         """The enforced user limit (an int >= 0), or None (unset or negative)."""
-        value = self.userLimits.get(name, {}).get(limit)
-        return None if value is None or value < 0 else value
+        return enforcedLimit(self.userLimits.get(name), limit)
 
     def _userConnections(self, name):
         """The open (past connection.open) connections of user ``name``, a list."""

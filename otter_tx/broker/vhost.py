@@ -59,6 +59,16 @@ class LimitError(ValueError):
     """A vhost limit RabbitMQ rejects; ``str()`` is its validation text."""
 
 
+def enforcedLimit(limits, name):
+    """
+    The enforced value of limit ``name`` in ``limits`` (a dict or None): an
+    int >= 0, or None when it is unset or negative (RabbitMQ's "no limit"),
+    for vhost and user limits alike.
+    """
+    value = (limits or {}).get(name)
+    return None if value is None or value < 0 else value
+
+
 def validateLimit(name, value, names=LIMIT_NAMES, what="limits"):
     """
     Check one vhost limit as ``rabbit_vhost_limit`` does: an unknown
@@ -487,10 +497,7 @@ class VHost:
 
     def limit(self, name):
         """The enforced limit ``name`` (an int >= 0), or None (unset or negative)."""
-        value = (self.limits or {}).get(name)
-        if value is None or value < 0:
-            return None
-        return value
+        return enforcedLimit(self.limits, name)
 
     def setLimit(self, name, value):
         """
