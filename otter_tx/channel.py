@@ -292,13 +292,3 @@ class Channel:
     globalPrefetch = _fromSession("globalPrefetch", "basic.qos global prefetch (int).")
     deliveryTag = _fromSession("deliveryTag", "The last delivery tag used (int).")
     publishSeq = _fromSession("publishSeq", "The last publish sequence number in confirm mode (int).")
-
-    # --- what the connection calls besides the inbound door -------------------------
-
-    def resumeDelivery(self):
-        """Consumers may have room again."""
-        self.session.resumeDelivery()
-
-    def checkAckTimeout(self, limit, timeoutMs):
-        """See Session.checkAckTimeout."""
-        self.session.checkAckTimeout(limit, timeoutMs)

@@ -273,7 +273,7 @@ class AMQPServerProtocol(Protocol):
             return
         self.paused = False
         for ch in list(self.channels.values()):
-            ch.resumeDelivery()
+            ch.session.resumeDelivery()
 
     def stopProducing(self):
         """The transport is going away."""
@@ -802,7 +802,7 @@ class AMQPServerProtocol(Protocol):
         ``limitSeconds`` (clock seconds); ``timeoutMs`` is for the text.
         """
         for ch in list(self.channels.values()):
-            ch.checkAckTimeout(limitSeconds, timeoutMs)
+            ch.session.checkAckTimeout(limitSeconds, timeoutMs)
 
     def _closeNow(self):
         """
