@@ -39,7 +39,7 @@ class RateView:
 
     def __init__(self, sampler, msg=None, lengths=None, data=None):
         self.sampler = sampler
-        self.nowMs = sampler.nowMs() if sampler is not None else 0
+        self.nowMs = sampler.nowMs()
         self.msg = msg
         self.lengths = lengths
         self.data = data
@@ -47,8 +47,6 @@ class RateView:
     def stats(self, kind, obj, keys, values, rng, ceil=False):
         """``{key: value, key_details: {...}}`` of ``obj``'s series ``kind``."""
         sampler = self.sampler
-        if sampler is None:
-            return S.statsDict(keys, values, None, 0, S.DEFAULT_INTERVAL_MS, rng, ceil)
         return S.statsDict(keys, values, sampler.series(kind, obj), self.nowMs,
                            sampler.intervalMs, rng, ceil)
 
@@ -66,8 +64,8 @@ class RateView:
 
 
 def defaultView(broker):
-    """A :class:`RateView` of ``broker`` (or None: every rate 0.0) without ranges."""
-    return RateView(getattr(broker, "sampler", None))
+    """A :class:`RateView` of ``broker``'s sampler without ranges."""
+    return RateView(broker.sampler)
 
 
 def connectionName(conn):
@@ -195,14 +193,13 @@ def queueDict(q, unacked=None, detail=False, view=None):
     return d
 
 
-def exchangeDict(ex, view=None):
+def exchangeDict(ex, view):
     """
     An exchange as ``GET /api/exchanges/{vhost}/{name}`` shows it;
     ``message_stats``: ``publish_in``, ``publish_out`` and on an
-    x-delayed-message exchange ``delayed`` (messages taken into hold).
+    x-delayed-message exchange ``delayed`` (messages taken into hold),
+    with details as ``view`` (a :class:`RateView`) asks.
     """
-    if view is None:
-        view = defaultView(ex.vhost.broker)
     keys = S.DELAYED_EXCHANGE_KEYS if ex.delayed else S.EXCHANGE_KEYS
     d = {
         "name": ex.name,
@@ -287,14 +284,12 @@ def userDict(user, limits=None):
     }
 
 
-def connectionDict(conn, view=None):
+def connectionDict(conn, view):
     """
     A connection as ``GET /api/connections/{name}`` shows it; ``recv_oct``
     / ``send_oct`` (bytes) with their rates (``data_rates`` range of
     ``view``), ``recv_cnt`` / ``send_cnt`` (socket reads and writes).
     """
-    if view is None:
-        view = defaultView(conn.vhost.broker if conn.vhost is not None else None)
     host = conn.local
     d = {
         "name": connectionName(conn),
@@ -325,7 +320,7 @@ def connectionDict(conn, view=None):
     return d
 
 
-def channelDict(ch, view=None):
+def channelDict(ch, view):
     """
     A channel as ``GET /api/channels`` shows it, with ``message_stats``
     (:data:`~otter_tx.broker.stats.CHANNEL_KEYS`, ``msg_rates`` range of
@@ -334,8 +329,6 @@ def channelDict(ch, view=None):
     """
     conn = ch.connection
     session = ch.session
-    if view is None:
-        view = defaultView(session.broker)
     unconfirmed, uncommitted, acksUncommitted = session.pendingCounts()
     return {
         "name": channelName(ch),
