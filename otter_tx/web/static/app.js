@@ -26,6 +26,7 @@ const RATE_KEYS = ["publish", "confirm", "deliver", "deliver_no_ack", "get", "ge
 const QUEUE_RATE_KEYS = ["publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "redeliver", "ack", "get_empty"];
 const DEATH_KEYS = ["expired", "dead_lettered_expired", "dead_lettered_rejected", "dead_lettered_maxlen",
   "dead_lettered_delivery_limit", "delayed"];
+const QUEUE_DEATH_KEYS = DEATH_KEYS.slice(0, 5); // a queue has no "delayed"
 const QUEUE_ARGS = [["x-message-ttl", "number"], ["x-expires", "number"], ["x-max-length", "number"],
   ["x-max-length-bytes", "number"], ["x-overflow", "string"], ["x-dead-letter-exchange", "string"],
   ["x-dead-letter-routing-key", "string"], ["x-max-priority", "number"], ["x-single-active-consumer", "boolean"],
@@ -99,7 +100,6 @@ function fmtDuration(ms) {
   if (m < 120) return m + " min " + (s % 60) + " s";
   return Math.floor(m / 60) + " h " + (m % 60) + " min";
 }
-function vhostLink(v) { return v; }
 function queueHref(v, n) { return "#/queues/" + enc(v) + "/" + enc(n); }
 function exchangeHref(v, n) { return "#/exchanges/" + enc(v) + "/" + enc(n === "" ? "amq.default" : n); }
 
@@ -532,13 +532,13 @@ pages.exchanges = (root) => {
   }};
 };
 
-function bindingRows(bs, vhost, canUnbind) {
+function bindingRows(bs, vhost) {
   return bs.map((b) => [
     b.source === "" ? "(AMQP default)" : h("a", {href: exchangeHref(vhost, b.source)}, b.source),
     b.destination_type === "queue" ? h("a", {href: queueHref(vhost, b.destination)}, b.destination) :
       h("a", {href: exchangeHref(vhost, b.destination)}, b.destination),
     b.destination_type, b.routing_key, h("span", {}, tags(b.arguments)),
-    canUnbind && b.source !== "" ? h("button", {class: "danger", onclick: () => act(() => api("DELETE",
+    b.source !== "" ? h("button", {class: "danger", onclick: () => act(() => api("DELETE",
       "/api/bindings/" + enc(vhost) + "/e/" + enc(b.source) + "/" + (b.destination_type === "queue" ? "q" : "e") + "/" +
       enc(b.destination) + "/" + enc(b.properties_key)), "Binding removed.")}, "Unbind") : ""]);
 }
@@ -570,9 +570,9 @@ pages.exchange = (root, [vhost, name]) => {
       e.messages_delayed !== undefined ? ["Delayed messages held", e.messages_delayed] : null]));
     updateRates(rates, e.message_stats, ["publish_in", "publish_out"]);
     fill(from, table(["From", "To", "Type", "Routing key", "Arguments", ""],
-      bindingRows(await api("GET", base + "/bindings/source"), vhost, true), "No bindings"));
+      bindingRows(await api("GET", base + "/bindings/source"), vhost), "No bindings"));
     fill(to, table(["From", "To", "Type", "Routing key", "Arguments", ""],
-      bindingRows(await api("GET", base + "/bindings/destination"), vhost, true), "No bindings"));
+      bindingRows(await api("GET", base + "/bindings/destination"), vhost), "No bindings"));
     if (e.type !== "x-delayed-message") { fill(delayed, h("p", {class: "empty"}, "Not a delayed-message exchange.")); return; }
     try {
       const d = await api("GET", base + "/delayed?page=1&page_size=100");
@@ -622,7 +622,7 @@ pages.queue = (root, [vhost, name]) => {
   const got = h("div", {id: "got"}), browsed = h("div", {id: "browsed"});
   const queued = lengthCharts();
   const rates = new Chart("Message rates", QUEUE_RATE_KEYS, "/s");
-  const deaths = new Chart("Expired and dead-lettered by reason", DEATH_KEYS.slice(0, 5), "/s");
+  const deaths = new Chart("Expired and dead-lettered by reason", QUEUE_DEATH_KEYS, "/s");
   const bargs = argsEditor([]);
   let expiresAt = null;
   const leaseText = h("span", {class: "countdown"});
@@ -680,12 +680,12 @@ pages.queue = (root, [vhost, name]) => {
         deathCounts(q.message_stats)]));
       updateLengths(queued, q);
       updateRates(rates, q.message_stats, QUEUE_RATE_KEYS);
-      updateRates(deaths, q.message_stats, DEATH_KEYS.slice(0, 5));
+      updateRates(deaths, q.message_stats, QUEUE_DEATH_KEYS);
       fill(consumers, table(["Channel", "Consumer tag", "Ack required", "Exclusive", "Prefetch", "Active", "Arguments"],
         (q.consumer_details || []).map((c) => [(c.channel_details || {}).name || "", c.consumer_tag, String(c.ack_required),
           String(c.exclusive), c.prefetch_count, String(c.active !== false), h("span", {}, tags(c.arguments))]), "No consumers"));
       fill(bindings, table(["From", "To", "Type", "Routing key", "Arguments", ""],
-        bindingRows(await api("GET", base + "/bindings"), vhost, true), "No bindings"));
+        bindingRows(await api("GET", base + "/bindings"), vhost), "No bindings"));
       const x = await api("GET", base + "/expiry");
       const buckets = [["within 1 s", x.within_1s], ["within 10 s", x.within_10s], ["within 1 min", x.within_1min],
         ["later", x.later], ["never (no TTL)", x.never]];
