@@ -609,11 +609,14 @@ class SQLiteStore:
 
     # --- changes (reactor thread) ------------------------------------------
 
-    def _changed(self, batch):
+    def _changed(self, batch, cancelled=0):
         """
-        Count a change; wake the writer if the batch was empty.  Call with
+        Count a change (and ``cancelled``: pending writes it made
+        unnecessary); wake the writer if the batch was empty.  Call with
         ``_lock`` held.
         """
+        if cancelled:
+            self.stats["cancelled"] += cancelled
         batch.size += 1
         self.stats["changes"] += 1
         if batch.size == 1 and not batch.waiters:
@@ -641,10 +644,7 @@ class SQLiteStore:
             raise ValueError(f"unknown entity kind {kind!r}; expected one of {ENTITY_KINDS}")
         with self._lock:
             batch = self._pending
-            cancelled = batch.deleteEntity(kind, key)
-            if cancelled:
-                self.stats["cancelled"] += cancelled
-            self._changed(batch)
+            self._changed(batch, batch.deleteEntity(kind, key))
 
     def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
         """
@@ -680,10 +680,7 @@ class SQLiteStore:
         self._checkOpen()
         with self._lock:
             batch = self._pending
-            cancelled = batch.dequeue(queueKey, storeId)
-            if cancelled:
-                self.stats["cancelled"] += cancelled
-            self._changed(batch)
+            self._changed(batch, batch.dequeue(queueKey, storeId))
 
     def markRedelivered(self, queueKey, storeId):
         """
@@ -707,10 +704,7 @@ class SQLiteStore:
         keep = frozenset(keep)
         with self._lock:
             batch = self._pending
-            cancelled = batch.purge(queueKey, keep)
-            if cancelled:
-                self.stats["cancelled"] += cancelled
-            self._changed(batch)
+            self._changed(batch, batch.purge(queueKey, keep))
 
     def sync(self):
         """
