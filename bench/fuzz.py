@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from otter_tx.amqp import spec  # noqa: E402
-from otter_tx.protocol import methodFrame  # noqa: E402
+from otter_tx.door.protocol import methodFrame  # noqa: E402
 from otter_tx.test.unit.test_fuzz import closeCodes, mutate, mutateFrames, randomFrames, validSession  # noqa: E402
 
 from memory_broker import startBrokerProcess, stopBrokerProcess  # noqa: E402

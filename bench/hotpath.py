@@ -29,7 +29,7 @@ from twisted.internet.task import Clock
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory, frame, methodFrame
+from otter_tx.door.protocol import AMQPServerFactory, frame, methodFrame
 
 
 class NullTransport:

@@ -114,7 +114,7 @@ def openRaw(port):
     (one descriptor per connection on our side, unlike pika's).
     """
     from otter_tx.amqp import spec
-    from otter_tx.protocol import methodFrame
+    from otter_tx.door.protocol import methodFrame
 
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(spec.PROTOCOL_HEADER)
@@ -201,7 +201,7 @@ def main():
         for name in logs:  # twistd rotates at 1 MB: twistd.log.2, .1, then twistd.log
             with open(os.path.join(tmp, name)) as f:
                 for line in f:
-                    if "otter_tx.memory" in line:
+                    if "otter_tx.resources.process_memory" in line:
                         print("broker log:", line.rstrip())
         shutil.rmtree(tmp, ignore_errors=True)
 

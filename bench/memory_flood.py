@@ -260,7 +260,7 @@ def main():
 
 
 def _bytes(text):
-    from otter_tx.tap import memoryHighWatermarkBytes
+    from otter_tx.service.tap import memoryHighWatermarkBytes
 
     return memoryHighWatermarkBytes(text)
 

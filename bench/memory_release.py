@@ -15,8 +15,8 @@ at these points:
 - ``full``: filled;
 - ``emptied``: right after the purge, delete or close;
 - ``idle``: after ``--idle`` seconds of doing nothing (default 2);
-- ``released``: after :func:`otter_tx.memory.releaseMemory` (what the
-  broker's :class:`~otter_tx.memory.MemoryReleaser` runs after a large drop:
+- ``released``: after :func:`otter_tx.resources.process_memory.releaseMemory` (what the
+  broker's :class:`~otter_tx.resources.process_memory.MemoryReleaser` runs after a large drop:
   ``gc.collect()`` on PyPy, and on CPython after closed connections only;
   then glibc's ``malloc_trim(0)`` on both).
 
@@ -33,7 +33,7 @@ from twisted.internet.task import Clock
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
-from otter_tx.memory import releaseMemory, rssBytes
+from otter_tx.resources.process_memory import releaseMemory, rssBytes
 
 
 def mib(n):
@@ -105,7 +105,7 @@ def main():
         from twisted.python.failure import Failure
 
         from otter_tx.amqp import spec
-        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.door.protocol import AMQPServerFactory
         from otter_tx.testing import FakeClient
 
         factory = AMQPServerFactory(broker, clock, heartbeat=0)

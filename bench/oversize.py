@@ -30,7 +30,7 @@ from memory_broker import rss, startBrokerProcess, stopBrokerProcess  # noqa: E4
 
 sys.path.insert(0, ROOT)
 from otter_tx.amqp import spec  # noqa: E402
-from otter_tx.protocol import frame, methodFrame  # noqa: E402
+from otter_tx.door.protocol import frame, methodFrame  # noqa: E402
 
 
 def main():

@@ -21,7 +21,7 @@ from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
 from otter_tx.broker.paging import DEFAULT_BUDGET
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.testing import FakeClient
 
 

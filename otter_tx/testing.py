@@ -8,7 +8,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks, returnValue
 from zope.interface import implementer
 
 from otter_tx.broker.interfaces import IClientConnection
-from otter_tx.service import OtterService
+from otter_tx.service.assembly import OtterService
 
 
 class BrokerFixture:
@@ -93,7 +93,7 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
 
 class FakeClient:
     """
-    Drive one :class:`~otter_tx.protocol.AMQPServerProtocol` in memory
+    Drive one :class:`~otter_tx.door.protocol.AMQPServerProtocol` in memory
     (``StringTransport`` + ``task.Clock``) for deterministic unit tests.
 
     ``send(channel, method)`` / ``publish(...)`` feed frames in;

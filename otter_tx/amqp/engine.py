@@ -6,7 +6,7 @@ deadline (:meth:`ConnectionEngine.nextDeadline`) and is told the time
 (:meth:`ConnectionEngine.tick`), as h11's ``Connection`` and h2's
 ``H2Connection`` (Twisted's ``web/_http2.py`` is the glue over the latter).
 
-Usage (server role, as ``otter_tx.protocol`` drives it)::
+Usage (server role, as ``otter_tx.door.protocol`` drives it)::
 
     engine = ConnectionEngine(SERVER, frameMax=131072, channelMax=2047)
     engine.receiveData(data, now)

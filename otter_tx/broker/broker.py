@@ -1,5 +1,5 @@
 """
-The broker: vhosts, users, the resource alarms (otter_tx.alarms), and the hook through which
+The broker: vhosts, users, the resource alarms (otter_tx.resources.alarms), and the hook through which
 durable changes reach a store.
 
 :class:`Broker` takes an injected ``IReactorTime``; it never imports the
@@ -8,7 +8,7 @@ global reactor.
 
 from twisted.logger import Logger
 
-from otter_tx.alarms import Alarms, MemoryMonitor
+from otter_tx.resources.alarms import Alarms, MemoryMonitor
 from otter_tx.amqp.errors import notAllowed
 from otter_tx.broker.access import User
 from otter_tx.broker.counters import GlobalCounters
@@ -32,9 +32,9 @@ class Broker:
         kept as ``loopbackUsers`` and applied by name at every login.
     :param memoryHighWatermark: bytes of process memory (RSS) above which
         publishing connections are blocked (``connection.blocked``, "low on
-        memory"); None for no limit.  See ``otter_tx.alarms.MemoryMonitor``.
+        memory"); None for no limit.  See ``otter_tx.resources.alarms.MemoryMonitor``.
     :param memoryProbe: ``probe()`` -> the process's memory in bytes (int)
-        for the memory alarm (default: RSS, ``otter_tx.memory.rssBytes``).
+        for the memory alarm (default: RSS, ``otter_tx.resources.process_memory.rssBytes``).
     :param queueMemoryBudget: bytes of ready messages (bodies plus
         :data:`~otter_tx.broker.paging.ENTRY_OVERHEAD` each) a queue keeps
         in memory; the rest is paged to ``pagingDirectory``
@@ -71,7 +71,7 @@ class Broker:
         self.permissionsVersion = 0
         self.connections = set()
         self._storeId = 0
-        #: the node's resource alarms (otter_tx.alarms.Alarms)
+        #: the node's resource alarms (otter_tx.resources.alarms.Alarms)
         self.alarms = Alarms(self)
         #: totals since start for the Prometheus endpoint (otter_tx.broker.counters)
         self.counters = GlobalCounters(self.messageTotals)
@@ -289,11 +289,11 @@ class Broker:
     def messageBytesEstimate(self):
         """
         Estimated bytes held in memory by queued and unacknowledged messages
-        (int): ready body bytes plus ``otter_tx.memory.MESSAGE_BYTES`` per
+        (int): ready body bytes plus ``otter_tx.resources.process_memory.MESSAGE_BYTES`` per
         ready or unacknowledged message, over every queue; paged messages
         (``Queue.pagedCount``/``pagedBytes``) are on disk and not counted.
         """
-        from otter_tx.memory import MESSAGE_BYTES
+        from otter_tx.resources.process_memory import MESSAGE_BYTES
 
         total = 0
         for vh in self.vhosts.values():
@@ -329,7 +329,7 @@ class Broker:
     def checkMemory(self):
         """
         Compare the process's memory (RSS) with the high-watermark now;
-        raise or clear the memory alarm (see ``otter_tx.alarms.MemoryMonitor``).
+        raise or clear the memory alarm (see ``otter_tx.resources.alarms.MemoryMonitor``).
         """
         if self.memoryMonitor is not None:
             self.memoryMonitor.check()

@@ -1,6 +1,6 @@
 """
 One channel's semantics, the only front door to the broker for a client
-(an AMQP channel through ``otter_tx.channel``, or one HTTP request of the
+(an AMQP channel through ``otter_tx.door.channel``, or one HTTP request of the
 management app): declares, bindings and purges with their permission
 checks, consumers and prefetch (per consumer and global), the unacked
 ledger, ack / nack / reject / recover, tx, publisher confirms ordered
@@ -20,8 +20,8 @@ redelivered, message)``, ``sendReturn(number, code, text, message)``,
 ``closeChannel(number, error)`` and ``noteConfirms(session)`` (the
 connection calls ``session.flushConfirms()`` at the end of the chunk it is
 reading), plus ``capabilities``, ``heldCancels`` and ``exclusiveQueues``.
-The AMQP one is ``otter_tx.protocol.AMQPServerProtocol`` behind the door
-``otter_tx.channel.Channel``; the HTTP one is
+The AMQP one is ``otter_tx.door.protocol.AMQPServerProtocol`` behind the door
+``otter_tx.door.channel.Channel``; the HTTP one is
 ``otter_tx.web.door.HTTPRequestConnection``.  Errors are
 :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's codes and texts.
 """

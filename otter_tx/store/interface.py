@@ -232,7 +232,7 @@ class RecoveredState:
 class IStoreHealth(Interface):
     """
     The health part of a store, all that the resource alarms
-    (:meth:`otter_tx.alarms.Alarms.watchStore`) use.
+    (:meth:`otter_tx.resources.alarms.Alarms.watchStore`) use.
     """
 
     healthy = Attribute(

@@ -39,7 +39,7 @@ from twisted.web.resource import Resource
 
 from otter_tx import __version__
 from otter_tx.broker.lateness import BUCKETS_MS
-from otter_tx.memory import rssBytes
+from otter_tx.resources.process_memory import rssBytes
 from otter_tx.web._format import NODE
 
 #: the text exposition format generate_latest writes (newer prometheus_client
@@ -184,7 +184,7 @@ class BrokerCollector(_Collector):
     :param broker: the :class:`~otter_tx.broker.broker.Broker`.
     :param uptime: a callable returning seconds (float) since start.
     :param perObject: label queue and connection metrics per object.
-    :param diskMonitor: the service's :class:`~otter_tx.alarms.DiskMonitor`
+    :param diskMonitor: the service's :class:`~otter_tx.resources.alarms.DiskMonitor`
         or None (no disk metrics then).
     """
 

@@ -31,8 +31,8 @@ import os
 import platform
 
 from otter_tx import __version__
-from otter_tx.alarms import totalMemoryBytes
-from otter_tx.memory import CONNECTION_BYTES, rssBytes
+from otter_tx.resources.alarms import totalMemoryBytes
+from otter_tx.resources.process_memory import CONNECTION_BYTES, rssBytes
 from otter_tx.web import _format as fmt
 from otter_tx.web.metrics import distVersion, maxFds, openFds
 

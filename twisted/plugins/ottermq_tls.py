@@ -1,4 +1,4 @@
-"""Endpoint string plugin: ``ottertls:`` TLS server endpoints with client certificates (otter_tx.tls)."""
-from otter_tx.tls import TLSServerParser
+"""Endpoint string plugin: ``ottertls:`` TLS server endpoints with client certificates (otter_tx.door.tls)."""
+from otter_tx.door.tls import TLSServerParser
 
 ottertls = TLSServerParser()

@@ -14,7 +14,7 @@ from twisted.internet import defer, reactor, threads
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from otter_tx.service import ListenFailed, OtterService
+from otter_tx.service.assembly import ListenFailed, OtterService
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -106,7 +106,7 @@ class EmbeddingTests(TestCase):
         events = []
 
         def observer(event):
-            if event.get("log_namespace") == "otter_tx.service":
+            if event.get("log_namespace") == "otter_tx.service.assembly":
                 events.append(event)
 
         globalLogPublisher.addObserver(observer)

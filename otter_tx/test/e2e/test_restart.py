@@ -219,7 +219,7 @@ class DataDirLockTests(TestCase):
     @inlineCallbacks
     def test_secondBrokerRefused(self):
         """A second broker on a data dir in use fails to start, naming the directory; after a stop it works."""
-        from otter_tx.service import DataDirInUse
+        from otter_tx.service.assembly import DataDirInUse
 
         dataDir = self.mktemp()
         first = yield startBroker(reactor, dataDir=dataDir)
@@ -244,7 +244,7 @@ class DiskFullTests(TestCase):
         from otter_tx.amqp import spec
         from otter_tx.broker.broker import Broker
         from otter_tx.broker.durability import Journal
-        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.door.protocol import AMQPServerFactory
         from otter_tx.store.interface import StoreFailedError
         from otter_tx.store.sqlite import SQLiteStore
         from otter_tx.test.unit.test_store import limitStorePages

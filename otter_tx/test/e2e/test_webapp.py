@@ -28,7 +28,7 @@ import urllib.request
 from twisted.internet import defer, reactor, threads
 from twisted.trial.unittest import SkipTest, TestCase
 
-from otter_tx.service import OtterService
+from otter_tx.service.assembly import OtterService
 
 #: Debian's chromium (``apt-get install chromium``); Playwright's own browsers are never downloaded
 CHROMIUM = "/usr/bin/chromium"

@@ -60,7 +60,7 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
             subprocess.run(["rabbitmqctl", "-n", self.node(), "set_disk_free_limit", text],
                            check=True, capture_output=True, timeout=30)
         else:
-            from otter_tx.tap import parseDiskFreeLimit
+            from otter_tx.service.tap import parseDiskFreeLimit
 
             limit = parseDiskFreeLimit(text)[1]
             threads.blockingCallFromThread(reactor, self.fixture.service.diskMonitor.setLimit, limit)
@@ -156,7 +156,7 @@ class MemoryFloodTests(InteropTestCase):
     @inProcessOnly("the broker's RSS is read from the test process (/proc/self/statm)")
     def test_floodHeldNearWatermark(self):
         """RSS stays within 1.2x the watermark while a raw client floods 64 B messages; a purge unblocks it."""
-        from otter_tx.memory import rssBytes
+        from otter_tx.resources.process_memory import rssBytes
 
         if rssBytes() is None:
             raise SkipTest("no /proc/self/statm here")
@@ -262,7 +262,7 @@ class _Flooder:
 
     def pump(self, stall, deadline):
         """Flood until no byte was taken for ``stall`` s (blocked) or ``deadline`` s; returns the peak RSS."""
-        from otter_tx.memory import rssBytes
+        from otter_tx.resources.process_memory import rssBytes
 
         start = last = time.monotonic()
         peak = rssBytes()

@@ -292,7 +292,7 @@ class ServerPropertiesTests(RawTestMixin, InteropTestCase):
     @inProcessOnly("the broker's own product name is otter_tx's, not RabbitMQ's")
     def test_defaultProduct(self):
         """Without the setting otter_tx names itself."""
-        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.door.protocol import AMQPServerFactory
 
         f = AMQPServerFactory(None, reactor)
         self.assertEqual(f.serverProperties, {})

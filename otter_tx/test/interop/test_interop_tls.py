@@ -13,7 +13,7 @@ Three ways of listening are covered, the three docs/tls.md describes:
 - the endpoint string ``ssl:0:interface=127.0.0.1:privateKey=...:certKey=...``
   (what ``--amqp`` and the TOML ``amqp`` key take): server TLS only;
 - otter_tx's own ``ottertls:0:...:caCerts=...:verify=...:minTLS=...``
-  string (``otter_tx.tls``, a Twisted endpoint plugin): client
+  string (``otter_tx.door.tls``, a Twisted endpoint plugin): client
   certificates required or optional, a TLS 1.3 floor, from ``--amqp`` or
   TOML; its argument errors are unit-tested here too;
 - an ``SSL4ServerEndpoint`` with ``CertificateOptions(trustRoot=CA)`` added
@@ -668,7 +668,7 @@ class ConfigFileTests(TLSTestCase):
             raise SkipTest("the cryptography package is not installed (it makes the test certificates)")
         if pika is None:
             raise SkipTest("pika is not installed")
-        from otter_tx import tap
+        from otter_tx.service import tap
 
         self.certs = Certificates(self.mktemp())
         config = os.path.join(os.path.dirname(self.certs.ca), "ottermq.toml")
@@ -710,7 +710,7 @@ class ConfigFileTests(TLSTestCase):
         return self.inThread(run)
 
 
-# --- ottertls: (otter_tx.tls) ----------------------------------------------------
+# --- ottertls: (otter_tx.door.tls) ----------------------------------------------------
 
 
 class HandshakeLog:
@@ -990,7 +990,7 @@ def _handshake(serverContext, clientContext):
 
 class OtterTLSParserTests(SynchronousTestCase):
     """
-    ``otter_tx.tls``: the ``ottertls:`` string found through Twisted's
+    ``otter_tx.door.tls``: the ``ottertls:`` string found through Twisted's
     plugins by ``serverFromString``, what it builds, and a ``ValueError``
     naming the argument for each bad one.
     """
@@ -1062,7 +1062,7 @@ class OtterTLSParserTests(SynchronousTestCase):
         from twisted.plugin import IPlugin, getPlugins
         from zope.interface.verify import verifyObject
 
-        from otter_tx.tls import TLSServerParser
+        from otter_tx.door.tls import TLSServerParser
 
         [plugin] = [p for p in getPlugins(IStreamServerEndpointStringParser) if p.prefix == "ottertls"]
         self.assertIsInstance(plugin, TLSServerParser)

@@ -15,7 +15,7 @@ from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker import access
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.testing import FakeClient
 from otter_tx.web.management import _ANY, HTTPError, ManagementApp
 

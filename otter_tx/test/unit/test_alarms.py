@@ -1,5 +1,5 @@
 """
-Deterministic tests for otter_tx.alarms: the alarm set, the disk and memory
+Deterministic tests for otter_tx.resources.alarms: the alarm set, the disk and memory
 monitors on a task.Clock with fake probes, what publishers see
 (connection.blocked through FakeClient) and what the health checks and the
 nodes API answer (StubTreq).  Texts and JSON bodies were checked against
@@ -12,12 +12,12 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from otter_tx.alarms import (
+from otter_tx.resources.alarms import (
     CLEAR_FRACTION, OVERSHOOT_FRACTION, Alarms, DiskMonitor, MemoryMonitor, diskFreeBytes, diskFreeLimitBytes,
 )
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.store.interface import IStoreHealth
 from otter_tx.test.unit.test_web import WebTestCase
 from otter_tx.testing import FakeClient, FakeConnection

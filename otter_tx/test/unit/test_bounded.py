@@ -13,7 +13,7 @@ from otter_tx.amqp import spec
 from otter_tx.broker import paging, queue as queuemod
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_paging import PagingTestCase, Taker, body, oneTurn
 from otter_tx.testing import FakeClient
 

@@ -15,7 +15,7 @@ from otter_tx.amqp import spec
 from otter_tx.broker import access
 from otter_tx.broker.access import User
 from otter_tx.broker.definitions import importDefinitions
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_web import WebTestCase
 from otter_tx.testing import FakeClient
 

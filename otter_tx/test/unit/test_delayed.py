@@ -12,7 +12,7 @@ from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.delayed import messageDelay
 from otter_tx.broker.message import Message
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
 from otter_tx.testing import FakeClient, journaledBroker
 

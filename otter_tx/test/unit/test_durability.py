@@ -296,7 +296,7 @@ class _ClientOnJournaledBroker:
     """setUp: a journaled broker on ``makeStore()`` with a FakeClient on channel 1."""
 
     def setUp(self):
-        from otter_tx.protocol import AMQPServerFactory
+        from otter_tx.door.protocol import AMQPServerFactory
         from otter_tx.testing import FakeClient
 
         self.clock = Clock()

@@ -18,7 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory, frame, methodFrame
+from otter_tx.door.protocol import AMQPServerFactory, frame, methodFrame
 from otter_tx.testing import FakeClient
 
 

@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.testing import FakeClient
 from otter_tx.web.metrics import OTTER_FAMILIES, PrometheusResource, renderDetailed, renderMetrics
 

@@ -7,7 +7,7 @@ RabbitMQ 3.10's, taken from the peer's ``/api/nodes``.
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from otter_tx.alarms import DiskMonitor
+from otter_tx.resources.alarms import DiskMonitor
 from otter_tx.test.unit.test_web import WebTestCase
 from otter_tx.web import nodes
 
@@ -148,7 +148,7 @@ class LogFilesTests(SynchronousTestCase):
     """What tap tells /api/nodes about twistd's log."""
 
     def _logFiles(self, parent):
-        from otter_tx import tap
+        from otter_tx.service import tap
 
         class Options(dict):
             pass

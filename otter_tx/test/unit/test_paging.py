@@ -1,7 +1,7 @@
 """
 Deterministic tests (task.Clock) for queues larger than memory
 (otter_tx.broker.paging) and for fair, bounded delivery (Queue.dispatch per
-turn, the connection's write high-water mark in otter_tx.protocol).
+turn, the connection's write high-water mark in otter_tx.door.protocol).
 """
 
 import os
@@ -16,7 +16,7 @@ from otter_tx.broker import paging, queue as queuemod
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
-from otter_tx.protocol import WRITE_HIGH_WATER, AMQPServerFactory
+from otter_tx.door.protocol import WRITE_HIGH_WATER, AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
 from otter_tx.test.unit.test_ttl_dlx import BrokerTestCase
 from otter_tx.testing import FakeClient, journaledBroker

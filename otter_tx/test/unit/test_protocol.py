@@ -1,5 +1,5 @@
 """
-Deterministic tests for otter_tx.protocol and otter_tx.channel driven with
+Deterministic tests for otter_tx.door.protocol and otter_tx.door.channel driven with
 StringTransport and task.Clock (otter_tx.testing.FakeClient).
 """
 
@@ -9,7 +9,7 @@ from zope.interface.verify import verifyClass, verifyObject
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import CLOSE_OK_DELAY, AMQPServerFactory
+from otter_tx.door.protocol import CLOSE_OK_DELAY, AMQPServerFactory
 from otter_tx.testing import FakeClient
 
 
@@ -232,7 +232,7 @@ class MessagingTests(ProtocolTestCase):
         c.send(1, spec.ConfirmSelect(False))
         c.received()
         import struct
-        from otter_tx.protocol import frame, methodFrame
+        from otter_tx.door.protocol import frame, methodFrame
         data = b""
         for i in range(3):
             data += methodFrame(1, spec.BasicPublish(0, "", "q", False, False))
@@ -528,7 +528,7 @@ class BatchingTests(ProtocolTestCase):
         consumer.transport.write = lambda data: (writes.append(data), original(data))
         publisher = self.ready()
         from otter_tx.amqp.codec import encodeProperties
-        from otter_tx.protocol import frame, methodFrame
+        from otter_tx.door.protocol import frame, methodFrame
         import struct
 
         chunk = b"".join(

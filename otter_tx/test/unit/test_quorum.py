@@ -12,7 +12,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from otter_tx import tap
+from otter_tx.service import tap
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError

@@ -22,7 +22,7 @@ from otter_tx.broker.delayed import (
     pageParameters,
 )
 from otter_tx.broker.message import Message
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.store.memory import MemoryStore
 from otter_tx.test.unit import test_metrics, test_web
 from otter_tx.testing import FakeClient, journaledBroker

@@ -73,7 +73,7 @@ class RealImplementationTests(SynchronousTestCase):
 
     def test_protocol(self):
         """The AMQP protocol is an IClientConnection."""
-        from otter_tx.protocol import AMQPServerProtocol
+        from otter_tx.door.protocol import AMQPServerProtocol
 
         self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))
 
@@ -85,7 +85,7 @@ class RealImplementationTests(SynchronousTestCase):
 
     def test_clientConnections(self):
         """The AMQP connection and the HTTP door are IClientConnections."""
-        from otter_tx.protocol import AMQPServerProtocol
+        from otter_tx.door.protocol import AMQPServerProtocol
         from otter_tx.web.door import HTTPRequestConnection
 
         self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))

@@ -16,8 +16,8 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 from zope.interface import implementer
 
-from otter_tx import service as service_module
-from otter_tx.service import ListenFailed, OtterService, StartError
+from otter_tx.service import assembly as service_module
+from otter_tx.service.assembly import ListenFailed, OtterService, StartError
 from otter_tx.store.interface import IMessageStore
 from otter_tx.store.memory import MemoryStore
 from otter_tx.testing import FakeClient
@@ -72,7 +72,7 @@ class _Logged:
         events = []
 
         def observer(event):
-            if event.get("log_namespace") == "otter_tx.service":
+            if event.get("log_namespace") == "otter_tx.service.assembly":
                 events.append(event)
 
         globalLogPublisher.addObserver(observer)
@@ -667,7 +667,7 @@ class AlarmWiringTests(SynchronousTestCase):
 
     def test_relativeLimit(self):
         """diskFreeLimit ("relative", x) is x times RAM."""
-        from otter_tx.alarms import totalMemoryBytes
+        from otter_tx.resources.alarms import totalMemoryBytes
 
         if totalMemoryBytes() is None:
             raise SkipTest("the RAM size is unknown here")

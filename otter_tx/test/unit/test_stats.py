@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from otter_tx.amqp import spec
 from otter_tx.broker import stats as S
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_web import WebTestCase
 from otter_tx.testing import FakeClient
 
@@ -525,7 +525,7 @@ class SettingTests(SynchronousTestCase):
 
     def test_option(self):
         """--collect-statistics-interval takes a positive integer of ms; anything else is a one-line error."""
-        from otter_tx.tap import Options
+        from otter_tx.service.tap import Options
 
         o = Options()
         o.parseOptions(["--collect-statistics-interval", "250"])
@@ -537,7 +537,7 @@ class SettingTests(SynchronousTestCase):
 
     def test_default(self):
         """Without the option the interval is RabbitMQ's 5000 ms."""
-        from otter_tx.tap import Options
+        from otter_tx.service.tap import Options
 
         o = Options()
         o.parseOptions([])
@@ -545,7 +545,7 @@ class SettingTests(SynchronousTestCase):
 
     def test_service(self):
         """OtterService passes the interval to the sampler and refuses one that is not a positive int."""
-        from otter_tx.service import OtterService
+        from otter_tx.service.assembly import OtterService
 
         svc = OtterService(amqp=[], reactor=Clock(), collectStatisticsInterval=1234)
         self.assertEqual(svc.broker.sampler.intervalMs, 1234)

@@ -1,5 +1,5 @@
 """
-Tests for otter_tx.tap: option parsing, the TOML config file, validation
+Tests for otter_tx.service.tap: option parsing, the TOML config file, validation
 with one-line errors, the twistd plugin.  Real ``twistd -n ottermq`` /
 ``python -m twisted ottermq`` processes (bad options, a port in use, the
 ready line) are in ``otter_tx.test.e2e.test_twistd``.
@@ -15,8 +15,8 @@ from twisted.plugin import getPlugins
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
-from otter_tx import tap
-from otter_tx.service import OtterService, defaultHighWatermark
+from otter_tx.service import tap
+from otter_tx.service.assembly import OtterService, defaultHighWatermark
 
 
 class _Parsing:
@@ -134,7 +134,7 @@ class OptionsTests(_Parsing, SynchronousTestCase):
         self.assertIn("--config: cannot read /nonexistent/ottermq.toml", text)
 
     def test_plugin(self):
-        """The twistd plugin 'ottermq' is discoverable and points at otter_tx.tap."""
+        """The twistd plugin 'ottermq' is discoverable and points at otter_tx.service.tap."""
         from twisted import plugins
 
         makers = [p for p in getPlugins(IServiceMaker, plugins) if p.tapname == "ottermq"]

@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_metrics import families, value
 from otter_tx.testing import FakeClient
 from otter_tx.web.management import ManagementApp

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from otter_tx.amqp import spec
 from otter_tx.broker import paging
 from otter_tx.broker.broker import Broker
-from otter_tx.protocol import AMQPServerFactory
+from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_web import WebTestCase
 from otter_tx.testing import FakeClient
 from otter_tx.web import webapp

@@ -30,10 +30,10 @@ from otter_tx.amqp.errors import octetsSnippet, replyText
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.delayed import messageDelay
 from otter_tx.broker.message import Message
-from otter_tx.protocol import DEFAULT_MAX_MESSAGE_SIZE, AMQPServerFactory, frame, methodFrame
-from otter_tx import tap
-from otter_tx.service import OtterService
-from otter_tx.tap import parseMaxMessageSize
+from otter_tx.door.protocol import DEFAULT_MAX_MESSAGE_SIZE, AMQPServerFactory, frame, methodFrame
+from otter_tx.service import tap
+from otter_tx.service.assembly import OtterService
+from otter_tx.service.tap import parseMaxMessageSize
 from otter_tx.testing import FakeClient
 
 

@@ -215,7 +215,7 @@ def memoryHighWatermarkBytes(value):
     :raise ValueError: when the value is invalid, or is a fraction and the
         RAM size cannot be found.
     """
-    from otter_tx.service import defaultHighWatermark
+    from otter_tx.service.assembly import defaultHighWatermark
 
     form, amount = parseMemoryHighWatermark(value)
     if form == "absolute":
@@ -244,7 +244,7 @@ def parseMaxMessageSize(value):
         refuse it).
     :raise ValueError: for anything else (``"big"``, ``0``, ``"1GiB"``).
     """
-    from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT
+    from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT
 
     wanted = ("must be a number of bytes from 1 to %d (512MiB), optionally with a unit "
               "(128MiB, 100MB), got %s" % (MAX_MESSAGE_SIZE_LIMIT, _shown(value)))
@@ -304,7 +304,7 @@ def parseDiskFreeLimit(value):
 
 
 def _diskFree(value, cli=False):
-    from otter_tx.alarms import diskFreeLimitBytes
+    from otter_tx.resources.alarms import diskFreeLimitBytes
 
     try:
         return diskFreeLimitBytes(parseDiskFreeLimit(value))
@@ -765,7 +765,7 @@ def makeService(options, reactor=None):
     service exits the process with status 1 if it cannot start (store,
     data-directory lock, a listener that cannot bind).
     """
-    from otter_tx.service import OtterService
+    from otter_tx.service.assembly import OtterService
 
     s = options.settings if hasattr(options, "settings") else resolveSettings(options)
     dataDir = os.path.abspath(s["data-dir"])

@@ -4,7 +4,7 @@ engine (:class:`otter_tx.amqp.engine.ConnectionEngine` in the server role).
 
 Bytes from the transport go into the engine; its events go to the broker
 (authentication and vhost access at start-ok / open) and to the door of
-each channel (:class:`otter_tx.channel.Channel`: ``method``, ``publish``,
+each channel (:class:`otter_tx.door.channel.Channel`: ``method``, ``publish``,
 ``content``, ``ack``, ``closed``); what the broker sends goes out through
 the engine's encoders (``sendMethod``, ``sendDeliver``, ``sendGetOk``,
 ``sendReturn``, ``sendConfirms``, ``closeChannel``).  This module owns what
@@ -33,7 +33,7 @@ from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
 from otter_tx.broker.access import LOOPBACK_ONLY, login
 from otter_tx.broker.interfaces import IClientConnection
-from otter_tx.channel import Channel
+from otter_tx.door.channel import Channel
 
 __all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame", "methodFrame"]
 
@@ -419,7 +419,7 @@ class AMQPServerProtocol(Protocol):
         self.recvCount += 1
         meter = self.broker.memoryMonitor
         if meter is not None:
-            # the memory alarm reads RSS every so many received bytes (otter_tx.alarms)
+            # the memory alarm reads RSS every so many received bytes (otter_tx.resources.alarms)
             meter.received(len(data))
         engine.receiveData(data, self.clock.seconds())
         self._process()
@@ -844,7 +844,7 @@ class AMQPServerProtocol(Protocol):
     def alarmChanged(self, alarmed):
         """
         The broker's resource alarms changed (``alarmed``: any in effect,
-        bool; see ``otter_tx.alarms.Alarms``).  As RabbitMQ 3.10 (checked on
+        bool; see ``otter_tx.resources.alarms.Alarms``).  As RabbitMQ 3.10 (checked on
         the peer): nothing is sent yet; the connection is "blocking" and
         only when it publishes is it told ``connection.blocked`` (if it has
         the capability) and no longer read (:meth:`publishedWhileBlocked`).

@@ -34,7 +34,7 @@ import os
 
 from twisted.logger import Logger
 
-from otter_tx.memory import rssBytes
+from otter_tx.resources.process_memory import rssBytes
 
 log = Logger()
 
@@ -320,11 +320,11 @@ class MemoryMonitor(_Monitor):
     :param clock: ``IReactorTime``.
     :param watermark: bytes (int).
     :param probe: ``probe()`` -> RSS bytes (int) or None (default
-        :func:`otter_tx.memory.rssBytes`); where it answers None the
+        :func:`otter_tx.resources.process_memory.rssBytes`); where it answers None the
         estimate (queued body bytes plus ``MESSAGE_BYTES`` per message) is
         used instead.
     :param estimate: ``estimate()`` -> estimated bytes of queued messages (int).
-    :param release: ``release()`` (default ``otter_tx.memory.releaseMemory``).
+    :param release: ``release()`` (default ``otter_tx.resources.process_memory.releaseMemory``).
     :param interval: seconds between timed checks (float, default 0.25).
     """
 
@@ -334,7 +334,7 @@ class MemoryMonitor(_Monitor):
     lookInterval = 1.0
 
     def __init__(self, alarms, clock, watermark, probe=None, estimate=None, release=None, interval=0.25):
-        from otter_tx.memory import releaseMemory
+        from otter_tx.resources.process_memory import releaseMemory
 
         self.alarms = alarms
         self.clock = clock

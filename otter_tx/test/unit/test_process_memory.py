@@ -1,5 +1,5 @@
 """
-Tests for :mod:`otter_tx.memory`: when the MemoryReleaser gives memory back
+Tests for :mod:`otter_tx.resources.process_memory`: when the MemoryReleaser gives memory back
 (large drops of queued messages or connections, never steady traffic), and
 releaseMemory / rssBytes on the running interpreter.
 """
@@ -7,11 +7,11 @@ releaseMemory / rssBytes on the running interpreter.
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from otter_tx import memory
+from otter_tx.resources import process_memory as memory
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
-from otter_tx.memory import CONNECTION_BYTES, MESSAGE_BYTES, MemoryReleaser
+from otter_tx.resources.process_memory import CONNECTION_BYTES, MESSAGE_BYTES, MemoryReleaser
 from otter_tx.testing import FakeConnection
 
 
@@ -67,7 +67,7 @@ class MemoryReleaserTests(SynchronousTestCase):
         self.clock.advance(5)
         q.purge()
         self.clock.advance(5)
-        lines = [formatEvent(e) for e in events if e.get("log_namespace") == "otter_tx.memory"]
+        lines = [formatEvent(e) for e in events if e.get("log_namespace") == "otter_tx.resources.process_memory"]
         self.assertEqual(len(lines), 1)
         self.assertRegex(lines[0], r"^memory released \(messages fell by about 0 MiB, connections by about "
                                    r"0 MiB\): RSS \d+ -> \d+ MiB$")

@@ -4,7 +4,7 @@ otter_tx as a Twisted service: add :class:`OtterService` to any service tree.
 Example (see docs/embedding.md)::
 
     from twisted.application.service import Application
-    from otter_tx.service import OtterService
+    from otter_tx.service.assembly import OtterService
     application = Application("my app")
     OtterService(amqp=["tcp:5672"], management=["tcp:15672"]).setServiceParent(application)
 
@@ -32,10 +32,10 @@ from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, 
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from otter_tx.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
+from otter_tx.resources.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
-from otter_tx.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
+from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 
 log = Logger()
 
@@ -304,16 +304,16 @@ class OtterService(MultiService):
     :param memoryHighWatermark: bytes of process memory (RSS, int) above
         which publishers get ``connection.blocked`` ("low on memory"; cleared
         below 0.9 of it); None (default) for 40% of RAM, as RabbitMQ's
-        ``vm_memory_high_watermark``.  ``otter_tx.tap.memoryHighWatermarkBytes("1GB")``
+        ``vm_memory_high_watermark``.  ``otter_tx.service.tap.memoryHighWatermarkBytes("1GB")``
         turns RabbitMQ's forms (a fraction, units) into bytes.  See
-        ``otter_tx.alarms.MemoryMonitor``.
+        ``otter_tx.resources.alarms.MemoryMonitor``.
     :param diskFreeLimit: RabbitMQ's ``disk_free_limit``: bytes (int) of
         free space on the filesystem holding ``dataDir`` below which
         publishers get ``connection.blocked`` ("low on disk"), or
         ``("relative", factor)`` for a multiple of RAM; default 50 MB
-        (50000000).  ``otter_tx.tap.parseDiskFreeLimit("2GB")`` reads
+        (50000000).  ``otter_tx.service.tap.parseDiskFreeLimit("2GB")`` reads
         RabbitMQ's forms.  Without ``dataDir`` no disk is watched.  See
-        ``otter_tx.alarms.DiskMonitor`` (https://www.rabbitmq.com/docs/disk-alarms).
+        ``otter_tx.resources.alarms.DiskMonitor`` (https://www.rabbitmq.com/docs/disk-alarms).
     :param consumerTimeout: delivery acknowledgement timeout in ms (RabbitMQ
         3.10's ``consumer_timeout``, default 1800000); 0 disables.
     :param queueMemoryBudget: bytes of ready messages a queue keeps in
@@ -428,12 +428,12 @@ class OtterService(MultiService):
             pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
         )
         self.broker.sampler.intervalMs = collectStatisticsInterval
-        #: the disk alarm's monitor (otter_tx.alarms.DiskMonitor), None without a dataDir
+        #: the disk alarm's monitor (otter_tx.resources.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
         if dataDir is not None:
             self.diskMonitor = DiskMonitor(self.broker.alarms, reactor, dataDir,
                                            limit=diskFreeLimitBytes(diskFreeLimit))
-        # publishers are blocked while the store cannot write (otter_tx.alarms.Alarms.watchStore)
+        # publishers are blocked while the store cannot write (otter_tx.resources.alarms.Alarms.watchStore)
         self.broker.alarms.watchStore(store)
         # everything declared from here until recovery is merged and written then
         self._preStart = _PreStartRecorder()
@@ -888,12 +888,12 @@ class OtterService(MultiService):
         a timed ``gc.collect()`` would be a full, non-incremental collection:
         a pause of its own.  Nothing is changed there.
 
-        On both, a :class:`~otter_tx.memory.MemoryReleaser` gives memory
+        On both, a :class:`~otter_tx.resources.process_memory.MemoryReleaser` gives memory
         back to the system after large drops (``memoryReleaseInterval``).
         """
         from twisted.internet.task import LoopingCall
 
-        from otter_tx.memory import MemoryReleaser
+        from otter_tx.resources.process_memory import MemoryReleaser
 
         if self.memoryReleaseInterval is not None and self._releaser is None:
             self._releaser = MemoryReleaser(self.broker, self.reactor, interval=self.memoryReleaseInterval)
