@@ -618,31 +618,56 @@ class Options(usage.Options):
         """
         self["server-property"].append(keyValue)
 
+    def opt_version(self):
+        """
+        Print otter_tx's version (and Twisted's and Python's) and exit.
+        ``twistd --version``, before ``ottermq``, prints twistd's own.
+        """
+        from twisted import copyright
+
+        from otter_tx import __version__
+
+        print("otter_tx %s (Twisted %s, %s %s)" % (
+            __version__, copyright.version, sys.implementation.name, ".".join(map(str, sys.version_info[:3]))))
+        sys.exit(0)
+
     def parseOptions(self, options=None):
         """
         Parse and check ``options``.  Standalone (no parent) a problem raises
         UsageError; as twistd's subcommand it prints one line
         (``ottermq: --heartbeat: ...``) to stderr and exits with
-        :data:`EX_USAGE`, without twistd's full usage text.
+        :data:`EX_USAGE`, without twistd's full usage text.  An option of
+        twistd's own given after ``ottermq`` (``twistd ottermq -n``) is named
+        as twistd's, with where it goes.
         """
         try:
             usage.Options.parseOptions(self, options)
         except usage.UsageError as e:
             if self.parent is None:
                 raise
-            _usageExit(_cliErrorText(str(e), [o.rstrip("=") for o in self.longOpt]))
+            _usageExit(_cliErrorText(str(e), [o.rstrip("=") for o in self.longOpt],
+                                     getattr(self.parent, "synonyms", {})))
 
     def postOptions(self):
         """Merge defaults, --config and the command line into ``self.settings``."""
         self.settings = resolveSettings(self)
 
 
-def _cliErrorText(text, known=()):
-    """Reword getopt's complaints about unknown options: ``--hartbeat: no such option ...``."""
+def _cliErrorText(text, known=(), parentOptions=()):
+    """
+    Reword getopt's complaints about unknown options: ``--hartbeat: no such
+    option ...``; an option in ``parentOptions`` (twistd's own, as its
+    ``synonyms`` names them: ``n``, ``nodaemon``, ``pidfile``) gets ``-n:
+    no such option of ottermq; twistd's own options go before 'ottermq'
+    (twistd -n ottermq ...)``.
+    """
     m = re.match(r"No such option '(.*)'$", text) or re.match(r"option -+(\S+) not recognized$", text)
     if m:
         name = m.group(1)
         dashes = "-" if len(name) == 1 else "--"
+        if name in parentOptions:
+            return ("%s%s: no such option of ottermq; twistd's own options go before 'ottermq' "
+                    "(twistd %s%s ottermq ...)" % (dashes, name, dashes, name))
         close = difflib.get_close_matches(name, known, n=1)
         hint = " (did you mean --%s?)" % (close[0],) if close else ""
         return "%s%s: no such option%s; 'twistd ottermq --help' lists them" % (dashes, name, hint)

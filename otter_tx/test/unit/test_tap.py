@@ -375,6 +375,33 @@ class SubcommandTests(SynchronousTestCase):
                          "ottermq: --hartbeat: no such option (did you mean --heartbeat?); "
                          "'twistd ottermq --help' lists them\n")
 
+    def test_twistdOptionAfterOttermq(self):
+        """twistd's own option after 'ottermq' says that twistd's options go before it."""
+        from twisted.scripts.twistd import ServerOptions
+
+        for argv, name in ((["ottermq", "-n"], "-n"), (["ottermq", "--pidfile", "x.pid"], "--pidfile"),
+                           (["ottermq", "--nodaemon"], "--nodaemon")):
+            self.stderr.truncate(0)
+            self.stderr.seek(0)
+            e = self.assertRaises(SystemExit, ServerOptions().parseOptions, argv)
+            self.assertEqual(e.code, tap.EX_USAGE)
+            self.assertEqual(self.stderr.getvalue(),
+                             "ottermq: %s: no such option of ottermq; twistd's own options go before "
+                             "'ottermq' (twistd %s ottermq ...)\n" % (name, name))
+
+    def test_version(self):
+        """'twistd -n ottermq --version' prints otter_tx's version, not Twisted's, and exits 0."""
+        from twisted.scripts.twistd import ServerOptions
+
+        from otter_tx import __version__
+
+        stdout = io.StringIO()
+        self.patch(sys, "stdout", stdout)
+        e = self.assertRaises(SystemExit, ServerOptions().parseOptions, ["-n", "ottermq", "--version"])
+        self.assertEqual(e.code, 0)
+        self.assertTrue(stdout.getvalue().startswith("otter_tx %s (Twisted " % (__version__,)),
+                        stdout.getvalue())
+
     def test_synopsis(self):
         """The usage line reads 'Usage: twistd [options] ottermq [options]'."""
         parent = _FakeTwistd()
