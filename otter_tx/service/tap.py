@@ -620,8 +620,8 @@ class Options(usage.Options):
 
     def opt_version(self):
         """
-        Print otter_tx's version (and Twisted's and Python's) and exit.
-        ``twistd --version``, before ``ottermq``, prints twistd's own.
+        Print otter_tx's version (with Twisted's and Python's) and exit;
+        twistd --version, before ottermq, prints twistd's.
         """
         from twisted import copyright
 

@@ -32,19 +32,29 @@ RESOURCE_LOCKED = (
 )
 
 
+def requireAmqplib():
+    """
+    The path of ``node``, or SkipTest naming what to install: Node.js, or
+    amqplib's node_modules (missing when npm is absent or ``npm ci`` could not
+    reach its registry; the README's test command then goes on without them).
+    """
+    node = shutil.which("node")
+    if node is None:
+        raise SkipTest("Node.js is not installed: apt-get install nodejs npm, then "
+                       "npm ci --prefix otter_tx/test/interop/node")
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "amqplib")):
+        raise SkipTest("amqplib is not installed: run npm ci --prefix otter_tx/test/interop/node "
+                       "(it downloads amqplib from npm's registry, so it needs network access to it)")
+    return node
+
+
 class AmqplibTests(InteropTestCase):
     """
     amqplib (Node.js) scenarios against the broker.
     """
 
     def setUp(self):
-        self.node = shutil.which("node")
-        if self.node is None:
-            raise SkipTest("Node.js is not installed: apt-get install nodejs npm, then "
-                           "npm ci --prefix otter_tx/test/interop/node")
-        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "amqplib")):
-            raise SkipTest("amqplib is not installed: run "
-                           "npm ci --prefix otter_tx/test/interop/node")
+        self.node = requireAmqplib()
         return InteropTestCase.setUp(self)
 
     def scenario(self, name):
