@@ -235,6 +235,8 @@ class FakeConnection:
         self.peer = None
         self.local = None
         self.ssl = False
+        self.authMechanism = "PLAIN"
+        self.peerCertificateInfo = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
         self.channels = {}
         self.clientProperties = {}
         self.connectedAt = 0.0

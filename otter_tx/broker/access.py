@@ -153,7 +153,29 @@ def login(users, username, password, host, loopbackUsers=()):
     user = users.get(username) if username is not None else None
     if user is None or not user.checkPassword(password):
         return None, INVALID_CREDENTIALS
-    if username in loopbackUsers and not isLoopback(host):
+    return _loopbackRule(user, host, loopbackUsers)
+
+
+def certificateLogin(users, username, host, loopbackUsers=()):
+    """
+    The login rule for SASL ``EXTERNAL``: ``username`` (str, or None when
+    the certificate has no name of the configured kind) comes from a client
+    certificate the TLS handshake verified, so no password is checked;
+    RabbitMQ's ``rabbitmq_auth_mechanism_ssl`` then asks its backends for
+    that user (``rabbit_access_control:check_user_login(Name, [])``, which
+    the internal backend answers from its users) and applies the loopback
+    rule.  Answers as :func:`login`: ``(user, None)``, or ``(None,
+    INVALID_CREDENTIALS)`` for an unknown user or no name, ``(None,
+    LOOPBACK_ONLY)``.
+    """
+    user = users.get(username) if username is not None else None
+    if user is None:
+        return None, INVALID_CREDENTIALS
+    return _loopbackRule(user, host, loopbackUsers)
+
+
+def _loopbackRule(user, host, loopbackUsers):
+    if user.name in loopbackUsers and not isLoopback(host):
         return None, LOOPBACK_ONLY
     return user, None
 

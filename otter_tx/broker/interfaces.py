@@ -48,6 +48,11 @@ class IClientConnection(Interface):
     peer = Attribute("the client's address (``host``, ``port``), or None")
     local = Attribute("the address the client connected to (``host``, ``port``), or None")
     ssl = Attribute("bool: the connection is TLS")
+    authMechanism = Attribute("str: the SASL mechanism it logged in with (PLAIN, AMQPLAIN, EXTERNAL), or None")
+    peerCertificateInfo = Attribute(
+        "dict: ``peer_cert_subject``, ``peer_cert_issuer``, ``peer_cert_validity`` (str in RabbitMQ's"
+        " formats, otter_tx.door.tls.certificateInfo; each None without a client certificate)"
+    )
     channels = Attribute("dict: channel number -> open channel (with ``session``, ``number``)")
     clientProperties = Attribute("dict: the client's connection.start-ok properties")
     connectedAt = Attribute("float: clock seconds when the connection was accepted")

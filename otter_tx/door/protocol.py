@@ -28,12 +28,13 @@ from otter_tx import __version__
 from otter_tx.amqp import engine as _engine
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError
-from otter_tx.amqp.engine import ACK, CONTENT, MESSAGE, METHOD, PUBLISH, ConnectionEngine, saslCredentials
+from otter_tx.amqp.engine import ACK, CONTENT, MECHANISMS, MESSAGE, METHOD, PUBLISH, ConnectionEngine, saslCredentials
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
-from otter_tx.broker.access import LOOPBACK_ONLY, login
+from otter_tx.broker.access import LOOPBACK_ONLY, certificateLogin, login
 from otter_tx.broker.interfaces import IClientConnection
 from otter_tx.door.channel import Channel
+from otter_tx.door.tls import CertificateLogin, certificateInfo, peerCertificate
 
 __all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame", "methodFrame"]
 
@@ -122,6 +123,13 @@ class AMQPServerProtocol(Protocol):
         self.exclusiveQueues = set()
         self.clientProperties = {}
         self.capabilities = {}
+        #: the verified client certificate (cryptography x509.Certificate) seen
+        #: at connection.start, or None; it offers SASL EXTERNAL
+        self.peerCertificate = None
+        #: what /api/connections shows of it (otter_tx.door.tls.certificateInfo)
+        self.peerCertificateInfo = certificateInfo(None)
+        #: the SASL mechanism the client logged in with (str), once it has
+        self.authMechanism = None
         self.paused = False
         self._transportPaused = False
         self._batchFull = False
@@ -578,23 +586,37 @@ class AMQPServerProtocol(Protocol):
             "version": __version__,
         }
         props.update(self.factory.serverProperties)
-        self.transport.write(self.engine.start(props))
+        # the client's AMQP header comes after the TLS handshake, so a client
+        # certificate is known by now
+        mechanisms = MECHANISMS
+        if self.ssl:
+            self.peerCertificate = peerCertificate(self.transport)
+            if self.peerCertificate is not None:
+                self.peerCertificateInfo = certificateInfo(self.peerCertificate)
+                mechanisms += b" EXTERNAL"
+        self.transport.write(self.engine.start(props, mechanisms))
 
     def _startOk(self, m):
         self.clientProperties = m.client_properties or {}
         caps = self.clientProperties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         mechanism = m.mechanism
-        credentials = saslCredentials(mechanism, m.response)
-        if credentials is None:
-            self._connectionError(
-                spec.ACCESS_REFUSED,
-                "ACCESS_REFUSED - unsupported authentication mechanism '%s'" % (mechanism,),
-            )
-            return
-        username, password = credentials
-        user, refusal = login(self.broker.users, username, password, getattr(self.peer, "host", None),
-                              self.broker.loopbackUsers)
+        host = getattr(self.peer, "host", None)
+        if mechanism == "EXTERNAL" and self.peerCertificate is not None:
+            # RabbitMQ's rabbitmq_auth_mechanism_ssl: the name comes from the
+            # verified certificate; the response is not read
+            username = self.factory.certificateLogin.userName(self.peerCertificate)
+            user, refusal = certificateLogin(self.broker.users, username, host, self.broker.loopbackUsers)
+        else:
+            credentials = saslCredentials(mechanism, m.response)
+            if credentials is None:
+                self._connectionError(
+                    spec.ACCESS_REFUSED,
+                    "ACCESS_REFUSED - unsupported authentication mechanism '%s'" % (mechanism,),
+                )
+                return
+            username, password = credentials
+            user, refusal = login(self.broker.users, username, password, host, self.broker.loopbackUsers)
         if refusal == LOOPBACK_ONLY:
             log.warn("user {user!r} can only connect via localhost", user=loggable(replyText(username)))
         if user is None:
@@ -602,7 +624,8 @@ class AMQPServerProtocol(Protocol):
                 "AMQP connection {name}: {mechanism} login refused: user '{user}' - invalid credentials",
                 name=self.name, mechanism=loggable(mechanism),
                 # the name may be as long as a frame: log at most 255 octets of it
-                user=loggable(replyText(username)) if username is not None else "(unreadable)",
+                user=(loggable(replyText(username)) if username is not None
+                      else "(no name in the client certificate)" if mechanism == "EXTERNAL" else "(unreadable)"),
             )
             self._connectionError(
                 spec.ACCESS_REFUSED,
@@ -611,6 +634,7 @@ class AMQPServerProtocol(Protocol):
             )
             return
         self.user = user
+        self.authMechanism = mechanism
         self.send(self.engine.tune())
 
     def _tuneOk(self, m):
@@ -916,14 +940,19 @@ class AMQPServerFactory(Factory):
     :param serverProperties: dict of ``connection.start`` server properties
         (str -> str) added to or replacing ours, like RabbitMQ's
         ``server_properties`` setting (e.g. ``{"product": "RabbitMQ"}``).
+    :param certificateLogin: how a verified client certificate names the
+        user of a SASL ``EXTERNAL`` login, a
+        :class:`~otter_tx.door.tls.CertificateLogin` (default: its subject's
+        distinguished name, as RabbitMQ's default ``ssl_cert_login_from``).
     """
 
     protocol = AMQPServerProtocol
 
     def __init__(self, broker, clock, heartbeat=60, frameMax=131072, channelMax=2047,
                  handshakeTimeout=10.0, product="otter_tx", clusterName="otter_tx@localhost",
-                 serverProperties=None, maxMessageSize=None):
+                 serverProperties=None, maxMessageSize=None, certificateLogin=None):
         self.broker = broker
+        self.certificateLogin = certificateLogin if certificateLogin is not None else CertificateLogin()
         self.maxMessageSize = DEFAULT_MAX_MESSAGE_SIZE if maxMessageSize is None else maxMessageSize
         self.clock = clock
         self.heartbeat = heartbeat

@@ -247,3 +247,194 @@ class TLSServerParser:
     def parseStreamServer(self, reactor, *args, **kwargs):
         """An ``SSL4ServerEndpoint``; see :func:`serverEndpoint`."""
         return serverEndpoint(reactor, *args, **kwargs)
+
+
+# --- client-certificate login (SASL EXTERNAL) ----------------------------------
+
+#: ``ssl_cert_login_from`` values (RabbitMQ's ``rabbit.ssl_cert_login_from``;
+#: ``subject_alt_name`` is its alias of ``subject_alternative_name``)
+LOGIN_FROM_VALUES = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")
+
+#: ``ssl_cert_login_san_type`` values (RabbitMQ's ``otp_san_type``)
+SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
+
+#: attribute short names in a distinguished name, as RabbitMQ writes them
+#: (``rabbit_cert_info:format_rdn``); other attributes as dotted OIDs
+_DN_NAMES = {
+    "2.5.4.4": "SN", "2.5.4.42": "GIVENNAME", "2.5.4.43": "INITIALS", "2.5.4.44": "GENERATIONQUALIFIER",
+    "2.5.4.3": "CN", "2.5.4.7": "L", "2.5.4.8": "ST", "2.5.4.10": "O", "2.5.4.11": "OU",
+    "2.5.4.12": "TITLE", "2.5.4.6": "C", "2.5.4.5": "SERIALNUMBER", "2.5.4.65": "PSEUDONYM",
+    "0.9.2342.19200300.100.1.25": "DC", "1.2.840.113549.1.9.1": "EMAILADDRESS", "2.5.4.9": "STREET",
+    "0.9.2342.19200300.100.1.1": "UID",
+}
+
+_CN = "2.5.4.3"
+
+
+def _attributeText(value):
+    """An attribute's value as text (``bytes`` values as their hex form)."""
+    return value if isinstance(value, str) else value.hex()
+
+
+def _escapeValue(text):
+    """
+    Escape an attribute value as RabbitMQ does (``escape_rdn_value``, RFC
+    4514): a leading space or ``#`` and a trailing space get a backslash, so
+    do ``" + , ; < > \\``; every byte of the UTF-8 form below 32 or from 126
+    up is written ``\\XX`` (upper-case hex), so non-ASCII text shows as its
+    escaped UTF-8 bytes.
+    """
+    data = text.encode("utf-8")
+    out = []
+    last = len(data) - 1
+    for i, byte in enumerate(data):
+        c = chr(byte)
+        if i == 0 and c in " #":
+            out.append("\\" + c)
+        elif i == last and c == " ":
+            out.append("\\ ")
+        elif c in '"+,;<>\\':
+            out.append("\\" + c)
+        elif byte < 32 or byte >= 126:
+            out.append("\\%02X" % (byte,))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def distinguishedName(name):
+    """
+    A ``cryptography`` ``x509.Name`` as the string RabbitMQ makes of a
+    certificate's subject or issuer (``rabbit_cert_info:subject/1``, like
+    ``openssl x509 -nameopt RFC2253``): the last RDN first, RDNs joined by
+    ``,`` without spaces, the attributes of a multi-valued RDN by ``+``,
+    ``CN=app1,O=Example,C=GB``.
+    """
+    rdns = []
+    for rdn in reversed(list(name.rdns)):
+        parts = []
+        for attr in rdn:
+            oid = attr.oid.dotted_string
+            parts.append("%s=%s" % (_DN_NAMES.get(oid, oid), _escapeValue(_attributeText(attr.value))))
+        rdns.append("+".join(parts))
+    return ",".join(rdns)
+
+
+def _utc(cert, which):
+    value = getattr(cert, which + "_utc", None)  # cryptography >= 42
+    if value is None:
+        value = getattr(cert, which)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: the keys of :func:`certificateInfo`
+PEER_CERT_KEYS = ("peer_cert_subject", "peer_cert_issuer", "peer_cert_validity")
+
+
+def certificateInfo(cert):
+    """
+    What ``/api/connections`` shows of a client certificate (``cryptography``
+    ``x509.Certificate``, or None: each value None), as RabbitMQ's ``peer_cert_subject``,
+    ``peer_cert_issuer`` and ``peer_cert_validity``: ``{"peer_cert_subject":
+    "CN=app1,O=Example", "peer_cert_issuer": "CN=Example CA",
+    "peer_cert_validity": "2026-01-01T00:00:00Z - 2027-01-01T00:00:00Z"}``.
+    """
+    if cert is None:
+        return dict.fromkeys(PEER_CERT_KEYS)
+    return {
+        "peer_cert_subject": distinguishedName(cert.subject),
+        "peer_cert_issuer": distinguishedName(cert.issuer),
+        "peer_cert_validity": "%s - %s" % (_utc(cert, "not_valid_before"), _utc(cert, "not_valid_after")),
+    }
+
+
+def _otherNameText(der):
+    """
+    The text in an ``otherName`` SAN's DER value: the content of a UTF8String,
+    IA5String or PrintableString of a short-form length (RabbitMQ strips the
+    same header, ``sanitize_other_name``); else the bytes as Latin-1.
+    """
+    if len(der) >= 2 and der[0] in (0x0C, 0x16, 0x13) and der[1] == len(der) - 2:
+        return der[2:].decode("utf-8", "replace")
+    return der.decode("latin-1")
+
+
+class CertificateLogin:
+    """
+    The user name a verified client certificate logs in as with SASL
+    ``EXTERNAL``, as RabbitMQ's ``rabbitmq_auth_mechanism_ssl`` takes it
+    (``rabbit_ssl:peer_cert_auth_name/2``, https://www.rabbitmq.com/docs/ssl
+    "Using Client Certificates for Authentication"):
+
+    :param loginFrom: ``ssl_cert_login_from``: ``distinguished_name`` (the
+        default: the subject as :func:`distinguishedName` writes it),
+        ``common_name`` (the subject's CN; several CNs joined by ``,``) or
+        ``subject_alternative_name`` (alias ``subject_alt_name``).
+    :param sanType: ``ssl_cert_login_san_type``: which SANs count, ``dns``
+        (default), ``ip`` (its text form, ``127.0.0.1``), ``email``, ``uri``
+        or ``other_name``.
+    :param sanIndex: ``ssl_cert_login_san_index``: which of the SANs of that
+        type, from 0 (default), in the certificate's order.
+    :raise ValueError: for a value not listed above, naming it.
+    """
+
+    def __init__(self, loginFrom="distinguished_name", sanType="dns", sanIndex=0):
+        if loginFrom not in LOGIN_FROM_VALUES:
+            raise ValueError("ssl_cert_login_from: must be one of %s, got %r"
+                             % (", ".join(LOGIN_FROM_VALUES), loginFrom))
+        if sanType not in SAN_TYPES:
+            raise ValueError("ssl_cert_login_san_type: must be one of %s, got %r" % (", ".join(SAN_TYPES), sanType))
+        if not (isinstance(sanIndex, int) and not isinstance(sanIndex, bool) and sanIndex >= 0):
+            raise ValueError("ssl_cert_login_san_index: must be a non-negative integer, got %r" % (sanIndex,))
+        self.loginFrom = "subject_alternative_name" if loginFrom == "subject_alt_name" else loginFrom
+        self.sanType = sanType
+        self.sanIndex = sanIndex
+
+    def userName(self, cert):
+        """
+        The user name (str) for ``cert`` (a ``cryptography``
+        ``x509.Certificate``), or None when it has none of the kind asked
+        for (no CN, too few SANs of the type): RabbitMQ then refuses the
+        login ("no name found").
+        """
+        if self.loginFrom == "distinguished_name":
+            return distinguishedName(cert.subject)
+        if self.loginFrom == "common_name":
+            names = [_attributeText(a.value) for a in cert.subject if a.oid.dotted_string == _CN]
+            return ",".join(names) if names else None
+        return self._san(cert)
+
+    def _san(self, cert):
+        from cryptography import x509
+
+        try:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return None
+        kind = {"dns": x509.DNSName, "ip": x509.IPAddress, "email": x509.RFC822Name,
+                "uri": x509.UniformResourceIdentifier, "other_name": x509.OtherName}[self.sanType]
+        ofType = [n for n in sans if isinstance(n, kind)]
+        if self.sanIndex >= len(ofType):
+            return None
+        value = ofType[self.sanIndex].value
+        if self.sanType == "other_name":
+            return _otherNameText(value)
+        return str(value)
+
+
+def peerCertificate(transport):
+    """
+    The client certificate of a TLS ``transport`` as a ``cryptography``
+    ``x509.Certificate``, or None (not TLS, no certificate, the handshake
+    not done).  The server only asks for one when it verifies it
+    (``ottertls:`` with ``caCerts=``, or ``CertificateOptions(verify=True)``
+    / ``trustRoot=``), and OpenSSL fails the handshake when it does not
+    verify, so a certificate here is a verified one.
+    """
+    get = getattr(transport, "getPeerCertificate", None)
+    if get is None:
+        return None
+    cert = get()
+    if cert is None:
+        return None
+    return cert.to_cryptography()

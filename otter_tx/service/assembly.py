@@ -36,6 +36,7 @@ from otter_tx.resources.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, disk
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
+from otter_tx.door.tls import CertificateLogin
 
 log = Logger()
 
@@ -350,7 +351,16 @@ class OtterService(MultiService):
     :param defaultDeliveryLimit: delivery limit of a quorum queue that has
         neither ``x-delivery-limit`` nor a ``delivery-limit`` policy (int
         >= 0), or None for none (RabbitMQ 3.10; 4.x uses 20); docs/quorum.md.
+    :param sslCertLoginFrom: where a SASL ``EXTERNAL`` login takes the user
+        name from the verified client certificate, RabbitMQ's
+        ``ssl_cert_login_from``: ``distinguished_name`` (default),
+        ``common_name`` or ``subject_alternative_name``; with the last,
+        ``sslCertLoginSanType`` (``dns`` default, ``ip``, ``email``, ``uri``,
+        ``other_name``) and ``sslCertLoginSanIndex`` (int from 0) pick the SAN,
+        as ``ssl_cert_login_san_type`` / ``_index`` (docs/tls.md,
+        :class:`otter_tx.door.tls.CertificateLogin`).
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
+        ``sslCertLogin*`` value, a bad
         ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
         ``collectStatisticsInterval`` that is not a positive int.
 
@@ -366,7 +376,8 @@ class OtterService(MultiService):
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
                  queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
-                 configFiles=(), logFiles=(), defaultDeliveryLimit=None):
+                 configFiles=(), logFiles=(), defaultDeliveryLimit=None,
+                 sslCertLoginFrom="distinguished_name", sslCertLoginSanType="dns", sslCertLoginSanIndex=0):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -453,6 +464,7 @@ class OtterService(MultiService):
             handshakeTimeout=handshakeTimeout,
             serverProperties=serverProperties,
             maxMessageSize=maxMessageSize,
+            certificateLogin=CertificateLogin(sslCertLoginFrom, sslCertLoginSanType, sslCertLoginSanIndex),
         )
         self.amqpServices = []
         for desc in amqp:

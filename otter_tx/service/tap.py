@@ -30,6 +30,8 @@ except ImportError:  # Python < 3.11 (PyPy 3.9): the same parser, as tomli
 
 from twisted.python import usage
 
+from otter_tx.door.tls import LOGIN_FROM_VALUES, SAN_TYPES
+
 #: exit status for a usage or configuration error (sysexits.h EX_USAGE)
 EX_USAGE = 64
 
@@ -53,6 +55,9 @@ _DEFAULTS = {
     "collect-statistics-interval": 5000,
     "server-property": [],
     "default-delivery-limit": None,
+    "ssl-cert-login-from": "distinguished_name",
+    "ssl-cert-login-san-type": "dns",
+    "ssl-cert-login-san-index": 0,
 }
 
 #: keys a config file may hold besides the options of _DEFAULTS
@@ -141,6 +146,17 @@ def _seconds(value, cli=False):
     if not number >= 0 or number == float("inf"):
         raise _Invalid("must be %s, got %s" % (wanted, _shown(value)))
     return number
+
+
+def _choice(values):
+    """A validator for one of ``values`` (str)."""
+
+    def check(value, cli=False):
+        if value not in values:
+            raise _Invalid("must be one of %s, got %s" % (", ".join(values), _shown(value)))
+        return value
+
+    return check
 
 
 def _string(nonEmpty=True):
@@ -520,6 +536,9 @@ _VALIDATORS = {
     "server-properties": _serverPropertyTable,
     "policies": _policies,
     "default-delivery-limit": _deliveryLimit,
+    "ssl-cert-login-from": _choice(LOGIN_FROM_VALUES),
+    "ssl-cert-login-san-type": _choice(SAN_TYPES),
+    "ssl-cert-login-san-index": _integer(0),
 }
 
 
@@ -573,6 +592,16 @@ class Options(usage.Options):
         ["collect-statistics-interval", None, None,
          "Milliseconds between two samples of the message rates, like RabbitMQ's "
          "collect_statistics_interval; a positive integer [default: 5000]."],
+        ["ssl-cert-login-from", None, None,
+         "Where a SASL EXTERNAL login (a verified TLS client certificate) takes the user name, like "
+         "RabbitMQ's ssl_cert_login_from: distinguished_name, common_name or subject_alternative_name "
+         "[default: distinguished_name]."],
+        ["ssl-cert-login-san-type", None, None,
+         "With subject_alternative_name: the SAN type, like ssl_cert_login_san_type: dns, ip, email, "
+         "uri or other_name [default: dns]."],
+        ["ssl-cert-login-san-index", None, None,
+         "With subject_alternative_name: which SAN of that type, from 0, like "
+         "ssl_cert_login_san_index [default: 0]."],
         ["default-delivery-limit", None, None,
          "Delivery limit of quorum queues declared without x-delivery-limit or a delivery-limit "
          "policy: a number (RabbitMQ 4.x uses 20) or unlimited (RabbitMQ 3.10) [default: unlimited]."],
@@ -824,6 +853,9 @@ def makeService(options, reactor=None):
         configFiles=[os.path.abspath(options["config"])] if options.get("config") else [],
         logFiles=_logFiles(options),
         defaultDeliveryLimit=s["default-delivery-limit"],
+        sslCertLoginFrom=s["ssl-cert-login-from"],
+        sslCertLoginSanType=s["ssl-cert-login-san-type"],
+        sslCertLoginSanIndex=s["ssl-cert-login-san-index"],
     )
     svc.exitOnFailure = True
     return svc

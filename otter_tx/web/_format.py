@@ -300,7 +300,7 @@ def connectionDict(conn, view):
         "state": conn.flowState,
         "protocol": "AMQP 0-9-1",
         "type": "network",
-        "auth_mechanism": "PLAIN",
+        "auth_mechanism": conn.authMechanism or "PLAIN",
         "channels": len(conn.channels),
         "channel_max": conn.channelMax,
         "frame_max": conn.frameMax,
@@ -316,6 +316,7 @@ def connectionDict(conn, view):
         "send_cnt": conn.sendCount,
         "send_pend": 0,
     }
+    d.update(conn.peerCertificateInfo)
     d.update(view.dataStats("connection", conn, (conn.bytesIn, conn.bytesOut)))
     return d
 

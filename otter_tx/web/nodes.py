@@ -40,6 +40,9 @@ from otter_tx.web.metrics import distVersion, maxFds, openFds
 AUTH_MECHANISMS = (
     ("PLAIN", "SASL PLAIN authentication mechanism"),
     ("AMQPLAIN", "QPid AMQPLAIN mechanism"),
+    # offered on TLS connections with a verified client certificate (docs/tls.md)
+    ("EXTERNAL", "TLS peer verification-based authentication plugin. Used in combination with the "
+                 "EXTERNAL SASL mechanism."),
 )
 
 #: RabbitMQ's memory breakdown keys (``rabbit_vm:memory/0``), in its order

@@ -162,6 +162,7 @@ class Certificates:
         self.caPEM = _certPEM(ca.cert)
         files = {
             "ca": ("ca.pem", self.caPEM),
+            "caKey": ("ca.key", _keyPEM(ca.key)),
             "otherCA": ("other-ca.pem", _certPEM(other.cert)),
             "serverKey": ("server.key", _keyPEM(serverKey)),
             "serverCert": ("server.pem", _certPEM(serverCert)),
@@ -570,23 +571,34 @@ class ClientCertificateTests(TLSTestCase):
         d.addCallback(lambda _: self.inThread(self.roundTrip, self.tlsParams(self.goodClient())))
         return d
 
-    def test_externalMechanismNotOffered(self):
+    def test_externalLoginNeedsTheUser(self):
         """
-        The certificate is not an identity: the broker offers PLAIN and
-        AMQPLAIN only, so a client asking for EXTERNAL (RabbitMQ's
-        rabbitmq_auth_mechanism_ssl) is refused even with a CA-signed
-        certificate, and the same client logs in with a password.
+        SASL EXTERNAL is offered to a client with a verified certificate; by
+        default (ssl_cert_login_from = distinguished_name) it logs in as the
+        subject's DN, ``CN=app1``: refused (403) while no such user exists,
+        accepted once it does, without a password (RabbitMQ's
+        rabbitmq_auth_mechanism_ssl).
         """
 
-        def run():
+        def external():
             params = self.tlsParams(self.goodClient())
             params.credentials = pika.credentials.ExternalCredentials()
-            e = self.refused(params)
-            self.assertIsInstance(e, pika.exceptions.AuthenticationError)
-            self.assertIn("EXTERNAL", repr(e))
-            self.roundTrip(self.tlsParams(self.goodClient()))
+            return params
 
-        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+        def refusedFirst():
+            e = self.refused(external())
+            self.assertIsInstance(e, pika.exceptions.ProbableAuthenticationError)
+            self.assertIn("ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL", repr(e))
+
+        def addUser(_):
+            broker = self.fixture.broker
+            broker.addUser("CN=app1", None)
+            broker.setPermissions("CN=app1", "/")
+
+        d = self.inThread(refusedFirst)
+        d.addCallback(addUser)
+        d.addCallback(lambda _: self.inThread(self.roundTrip, external()))
+        return d.addCallback(lambda _: self.connectionsGone())
 
     def test_plaintextClientRefused(self):
         """A plain amqp:// client on a client-certificate port fails promptly, and the broker goes on."""
@@ -952,6 +964,133 @@ class ManagementSSLFieldTests(TLSTestCase):
         return self.inThread(run).addCallback(lambda _: self.connectionsGone())
 
 
+@inProcessOnly(IN_PROCESS_ONLY)
+class ExternalLoginTests(TLSTestCase):
+    """
+    SASL EXTERNAL over ``ottertls:`` with ``caCerts=`` (RabbitMQ's
+    rabbitmq_auth_mechanism_ssl): the user name comes from the verified
+    client certificate as ``ssl_cert_login_from`` says, and
+    ``/api/connections`` shows ``auth_mechanism`` and the certificate's
+    ``peer_cert_subject`` / ``_issuer`` / ``_validity`` in RabbitMQ's formats.
+    """
+
+    brokerOptions = {"management": True, "sslCertLoginFrom": "common_name"}
+
+    def listeners(self, certs):
+        return [certs.otterString(caCerts=certs.ca), certs.endpointString()]
+
+    def setUp(self):
+        d = TLSTestCase.setUp(self)
+
+        def users(_):
+            for name in ("app1", "svc.example.com", "second.example.com", "ops@example.com"):
+                self.fixture.broker.addUser(name, None)
+                self.fixture.broker.setPermissions(name, "/")
+
+        return d.addCallback(users)
+
+    def external(self, certfile, keyfile, port=None):
+        """pika parameters logging in with EXTERNAL and the given client certificate."""
+        params = self.tlsParams(self.clientContext(certfile=certfile, keyfile=keyfile), port=port)
+        params.credentials = pika.credentials.ExternalCredentials()
+        return params
+
+    def sanClient(self):
+        """A client certificate (CN=ignored, O=Otter, Tests) with SANs: two DNS names, an email; its files."""
+        ca = CA.__new__(CA)
+        with open(self.certs.ca, "rb") as f:
+            ca.cert = x509.load_pem_x509_certificate(f.read())
+        with open(self.certs.caKey, "rb") as f:
+            ca.key = serialization.load_pem_private_key(f.read(), None)
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Otter, Tests"),
+                             x509.NameAttribute(NameOID.COMMON_NAME, "ignored")])
+        cert = (
+            _builder(subject, ca.cert.subject, key.public_key())
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("svc.example.com"), x509.RFC822Name("ops@example.com"),
+                x509.DNSName("second.example.com")]), critical=False)
+            .sign(ca.key, hashes.SHA256())
+        )
+        base = os.path.join(os.path.dirname(self.certs.ca), "san")
+        with open(base + ".pem", "wb") as f:
+            f.write(_certPEM(cert))
+        with open(base + ".key", "wb") as f:
+            f.write(_keyPEM(key))
+        return base + ".pem", base + ".key"
+
+    def whoAmI(self, params):
+        """Connect with ``params``; return this connection's ``/api/connections`` entry (worker thread)."""
+        conn = pika.BlockingConnection(params)
+        try:
+            port = conn._impl._transport._sock.getsockname()[1]
+            listed = ManagementSSLFieldTests.apiConnections(self)
+            return [c for c in listed if c["peer_port"] == port][0]
+        finally:
+            conn.close()
+
+    def test_commonName(self):
+        """ssl_cert_login_from = common_name: the certificate CN=app1 logs in as app1; the API shows it."""
+
+        def run():
+            c = self.whoAmI(self.external(self.certs.clientCert, self.certs.clientKey))
+            self.assertEqual((c["user"], c["auth_mechanism"], c["ssl"]), ("app1", "EXTERNAL", True))
+            self.assertEqual(c["peer_cert_subject"], "CN=app1")
+            self.assertEqual(c["peer_cert_issuer"], "CN=otter_tx test CA")
+            self.assertRegex(c["peer_cert_validity"],
+                             r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ - \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+            # a password login on the same listener shows PLAIN and the certificate too
+            plain = self.whoAmI(self.tlsParams(self.clientContext(
+                certfile=self.certs.clientCert, keyfile=self.certs.clientKey)))
+            self.assertEqual((plain["user"], plain["auth_mechanism"], plain["peer_cert_subject"]),
+                             ("guest", "PLAIN", "CN=app1"))
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+    def test_subjectAlternativeName(self):
+        """
+        ssl_cert_login_from = subject_alternative_name picks the SAN of
+        ssl_cert_login_san_type at ssl_cert_login_san_index; the subject DN
+        is written as RabbitMQ writes it (last RDN first, ``,`` escaped).
+        """
+        certfile, keyfile = self.sanClient()
+        factory = self.fixture.service.factory
+        from otter_tx.door.tls import CertificateLogin
+
+        def run():
+            got = []
+            for login in (CertificateLogin("subject_alternative_name"),
+                          CertificateLogin("subject_alternative_name", "dns", 1),
+                          CertificateLogin("subject_alt_name", "email")):
+                factory.certificateLogin = login
+                c = self.whoAmI(self.external(certfile, keyfile))
+                got.append(c["user"])
+            self.assertEqual(got, ["svc.example.com", "second.example.com", "ops@example.com"])
+            self.assertEqual(c["peer_cert_subject"], "CN=ignored,O=Otter\\, Tests")
+            # no third DNS name: no name found, refused
+            factory.certificateLogin = CertificateLogin("subject_alternative_name", "dns", 2)
+            e = self.refused(self.external(certfile, keyfile))
+            self.assertIsInstance(e, pika.exceptions.ProbableAuthenticationError)
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+    def test_notOfferedWithoutClientCertificate(self):
+        """On a TLS listener that asks for no client certificate (ssl:), EXTERNAL is not offered."""
+        sslPort = self.fixture.amqpPorts[1]
+
+        def run():
+            params = self.tlsParams(port=sslPort)
+            params.credentials = pika.credentials.ExternalCredentials()
+            e = self.refused(params)
+            self.assertIsInstance(e, pika.exceptions.AuthenticationError)
+            c = self.whoAmI(self.tlsParams(port=sslPort))
+            self.assertEqual((c["auth_mechanism"], c["peer_cert_subject"], c["peer_cert_issuer"],
+                              c["peer_cert_validity"]), ("PLAIN", None, None, None))
+
+        return self.inThread(run).addCallback(lambda _: self.connectionsGone())
+
+
 def _handshake(serverContext, clientContext):
     """
     A TLS handshake in memory between an OpenSSL server and client context;
@@ -1196,3 +1335,83 @@ class OtterTLSParserTests(SynchronousTestCase):
         self.assertBad("ottertls:0:server.key:" + key, "unexpected argument 'server.key'")
         self.assertBad(self.certs.otterString(caCertsDir=self.dir, sslmethod="x"),
                        "unknown arguments caCertsDir=, sslmethod=", "known: privateKey=")
+
+
+class CertificateNameTests(SynchronousTestCase):
+    """
+    The strings RabbitMQ makes of a certificate (rabbit_cert_info) and the
+    user name ssl_cert_login_from picks (rabbit_ssl:peer_cert_auth_name).
+    """
+
+    def setUp(self):
+        if x509 is None:
+            raise SkipTest("the cryptography package is not installed (it makes the test certificates)")
+
+    def cert(self, subject, sans=()):
+        ca = CA("Name CA")
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = _builder(subject, ca.cert.subject, key.public_key())
+        if sans:
+            b = b.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return b.sign(ca.key, hashes.SHA256())
+
+    def test_distinguishedName(self):
+        """Last RDN first, joined by ',', multi-valued RDNs by '+', RabbitMQ's short names and escapes."""
+        from otter_tx.door.tls import distinguishedName
+
+        A = x509.NameAttribute
+        name = x509.Name([
+            x509.RelativeDistinguishedName([A(NameOID.COUNTRY_NAME, "GB")]),
+            x509.RelativeDistinguishedName([A(NameOID.ORGANIZATION_NAME, "Acme, Inc; <x>")]),
+            x509.RelativeDistinguishedName([A(NameOID.ORGANIZATIONAL_UNIT_NAME, "ops"),
+                                            A(NameOID.USER_ID, "u1")]),
+            x509.RelativeDistinguishedName([A(NameOID.COMMON_NAME, " #lead trail ")]),
+            x509.RelativeDistinguishedName([A(NameOID.DOMAIN_COMPONENT, "example")]),
+            x509.RelativeDistinguishedName([A(NameOID.EMAIL_ADDRESS, "a@b.c")]),
+            x509.RelativeDistinguishedName([A(x509.ObjectIdentifier("1.2.3.4"), "λ~")]),
+        ])
+        rdnOU = "+".join("%s" % p for p in
+                         [{"2.5.4.11": "OU=ops", "0.9.2342.19200300.100.1.1": "UID=u1"}[a.oid.dotted_string]
+                          for a in name.rdns[2]])
+        self.assertEqual(
+            distinguishedName(name),
+            "1.2.3.4=\\CE\\BB\\7E,EMAILADDRESS=a@b.c,DC=example,CN=\\ #lead trail\\ ,%s,"
+            "O=Acme\\, Inc\\; \\<x\\>,C=GB" % (rdnOU,))
+
+    def test_loginNames(self):
+        """Each ssl_cert_login_from source, SAN type and index; None when there is no such name."""
+        from otter_tx.door.tls import CertificateLogin
+
+        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Otter"),
+                             x509.NameAttribute(NameOID.COMMON_NAME, "a"),
+                             x509.NameAttribute(NameOID.COMMON_NAME, "b")])
+        cert = self.cert(subject, [
+            x509.DNSName("one.example"), x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+            x509.UniformResourceIdentifier("spiffe://example/app"), x509.DNSName("two.example"),
+            x509.OtherName(x509.ObjectIdentifier("1.3.6.1.4.1.311.20.2.3"), b"\x0c\x0aupn@domain"),
+        ])
+        cases = [
+            (("distinguished_name",), "CN=b,CN=a,O=Otter"),
+            (("common_name",), "a,b"),
+            (("subject_alternative_name",), "one.example"),
+            (("subject_alternative_name", "dns", 1), "two.example"),
+            (("subject_alternative_name", "dns", 2), None),
+            (("subject_alt_name", "ip"), "10.0.0.1"),
+            (("subject_alternative_name", "uri"), "spiffe://example/app"),
+            (("subject_alternative_name", "other_name"), "upn@domain"),
+            (("subject_alternative_name", "email"), None),
+        ]
+        for args, expected in cases:
+            self.assertEqual(CertificateLogin(*args).userName(cert), expected, args)
+        self.assertIsNone(CertificateLogin("common_name").userName(
+            self.cert(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "no CN")]))))
+        self.assertIsNone(CertificateLogin("subject_alternative_name").userName(self.cert(subject)))
+
+    def test_badValues(self):
+        """A value RabbitMQ does not know is a ValueError naming its key."""
+        from otter_tx.door.tls import CertificateLogin
+
+        for args, key in ((("cn",), "ssl_cert_login_from"), (("common_name", "dn"), "ssl_cert_login_san_type"),
+                          (("common_name", "dns", -1), "ssl_cert_login_san_index")):
+            e = self.assertRaises(ValueError, CertificateLogin, *args)
+            self.assertIn(key, str(e))

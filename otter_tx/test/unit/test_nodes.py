@@ -38,7 +38,7 @@ class NodesEndpointTests(WebTestCase):
         self.assertIsInstance(node["os_pid"], str)
         self.assertLessEqual(node["fd_used"], node["fd_total"])
         self.assertLessEqual(node["proc_used"], node["proc_total"])
-        self.assertEqual([m["name"] for m in node["auth_mechanisms"]], ["PLAIN", "AMQPLAIN"])
+        self.assertEqual([m["name"] for m in node["auth_mechanisms"]], ["PLAIN", "AMQPLAIN", "EXTERNAL"])
         self.assertIn("x-delayed-message", [t["name"] for t in node["exchange_types"]])
         self.assertIn("otter_tx", [a["name"] for a in node["applications"]])
         self.assertNotIn("memory", node)

@@ -421,6 +421,41 @@ class SubcommandTests(SynchronousTestCase):
         self.assertEqual(first, "Usage: twistd [options] ottermq [options]")
 
 
+class CertificateLoginOptionTests(_Parsing, SynchronousTestCase):
+    """ssl-cert-login-from / -san-type / -san-index, RabbitMQ's ssl_cert_login_* keys, CLI and TOML."""
+
+    def test_defaults(self):
+        """RabbitMQ's defaults: the distinguished name; SAN type dns, index 0."""
+        s = self.parse()
+        self.assertEqual((s["ssl-cert-login-from"], s["ssl-cert-login-san-type"], s["ssl-cert-login-san-index"]),
+                         ("distinguished_name", "dns", 0))
+
+    def test_values(self):
+        """The command line and the TOML file's RabbitMQ spellings reach the service's factory."""
+        s = self.parse("--ssl-cert-login-from", "subject_alternative_name", "--ssl-cert-login-san-type", "email",
+                       "--ssl-cert-login-san-index", "2")
+        self.assertEqual((s["ssl-cert-login-from"], s["ssl-cert-login-san-type"], s["ssl-cert-login-san-index"]),
+                         ("subject_alternative_name", "email", 2))
+        path = self.config('ssl_cert_login_from = "common_name"\n')
+        o = tap.Options()
+        o.parseOptions(["--config", path, "--amqp", "tcp:0", "--management", "tcp:0", "--prometheus", "none",
+                        "--data-dir", self.mktemp()])
+        svc = tap.makeService(o, reactor)
+        self.assertEqual(svc.factory.certificateLogin.loginFrom, "common_name")
+
+    def test_bad(self):
+        """A bad value is one line naming the option or the file's key."""
+        self.assertEqual(self.refused("--ssl-cert-login-from", "cn"),
+                         "--ssl-cert-login-from: must be one of distinguished_name, common_name, "
+                         "subject_alternative_name, subject_alt_name, got 'cn'")
+        self.assertIn("--ssl-cert-login-san-index: must be a non-negative integer",
+                      self.refused("--ssl-cert-login-san-index", "-1"))
+        path = self.config('ssl_cert_login_san_type = "dn"\n')
+        self.assertEqual(self.refused("--config", path),
+                         "config file %s: ssl-cert-login-san-type: must be one of dns, ip, email, uri, "
+                         "other_name, got 'dn'" % (path,))
+
+
 class DiskFreeLimitTests(_Parsing, SynchronousTestCase):
     """disk-free-limit takes RabbitMQ's absolute and relative forms (disk_free_limit)."""
 
