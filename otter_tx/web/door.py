@@ -32,6 +32,8 @@ class HTTPRequestConnection:
     peer = None
     local = None
     ssl = False
+    authMechanism = None
+    peerCertificateInfo = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
     channels = {}
     clientProperties = {}
     connectedAt = 0.0
