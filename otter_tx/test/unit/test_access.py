@@ -244,3 +244,16 @@ class LoginTests(SynchronousTestCase):
         self.broker.addUser("alice", "secret")
         user, refusal = access.login(self.broker.users, "alice", "secret", "10.0.0.1")
         self.assertEqual((user.name, refusal), ("alice", None))
+
+    def test_certificateLogin(self):
+        """SASL EXTERNAL's rule: no password, the user must exist, the loopback rule by name still applies."""
+        self.broker.addUser("CN=app1", None)
+        user, refusal = access.certificateLogin(self.broker.users, "CN=app1", "10.0.0.1", {"guest"})
+        self.assertEqual((user.name, refusal), ("CN=app1", None))
+        for args, reason in (((None, "127.0.0.1"), access.INVALID_CREDENTIALS),
+                             (("CN=nobody", "127.0.0.1"), access.INVALID_CREDENTIALS),
+                             (("guest", "10.0.0.1"), access.LOOPBACK_ONLY)):
+            self.assertEqual(access.certificateLogin(self.broker.users, *args + ({"guest"},)), (None, reason), args)
+        # a user without a password cannot log in with one
+        self.assertEqual(access.login(self.broker.users, "CN=app1", "", "127.0.0.1"),
+                         (None, access.INVALID_CREDENTIALS))
