@@ -43,12 +43,13 @@ class SeamTests(ProtocolTestCase):
     """The connection implements what the broker core calls on it."""
 
     def test_clientConnection(self):
-        """AMQPServerProtocol provides IClientConnection."""
-        from otter_tx.broker.interfaces import IClientConnection
+        """AMQPServerProtocol provides IClientConnection, IConnectionInfo and ISessionClient."""
+        from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
 
         c = self.ready()
-        self.assertTrue(verifyClass(IClientConnection, type(c.protocol)))
-        self.assertTrue(verifyObject(IClientConnection, c.protocol))
+        for iface in (IClientConnection, IConnectionInfo, ISessionClient):
+            self.assertTrue(verifyClass(iface, type(c.protocol)))
+            self.assertTrue(verifyObject(iface, c.protocol))
 
 
 class HandshakeTests(ProtocolTestCase):
