@@ -54,8 +54,13 @@ class HTTPRequestConnection:
         raise error
 
     def connectionFailed(self, code, text):
-        """The broker failed under the request: answered as an AMQPError(``code``, ``text``) (raised)."""
-        raise AMQPError(code, text)
+        """
+        The broker failed under the request: an :class:`AMQPError` with
+        ``code`` and the full reply ``text`` is raised for its answer.
+        """
+        error = AMQPError(code, "")
+        error.text = text
+        raise error
 
     def delivered(self, number, consumer, deliveryTag, redelivered, message):
         """A request has no consumers: never called."""

@@ -101,6 +101,32 @@ class SeamTests(SynchronousTestCase):
         verifyObject(ISessionClient, HTTPRequestConnection(broker, broker.users["guest"], broker.vhosts["/"]))
 
 
+class HTTPDoorTests(SynchronousTestCase):
+    """The HTTP door answers what a request can cause and refuses the rest as a bug."""
+
+    def setUp(self):
+        broker = Broker(Clock())
+        self.door = HTTPRequestConnection(broker, broker.users["guest"], broker.vhosts["/"])
+
+    def test_failuresRaised(self):
+        """A failed channel or connection becomes the request's error (raised for its answer)."""
+        error = AMQPError(406, "PRECONDITION_FAILED - x")
+        self.assertIs(self.assertRaises(AMQPError, self.door.channelFailed, 0, error), error)
+        e = self.assertRaises(AMQPError, self.door.connectionFailed, 541, "INTERNAL_ERROR - message store failed")
+        self.assertEqual((e.code, e.text), (541, "INTERNAL_ERROR - message store failed"))
+
+    def test_outcomesARequestCannotCause(self):
+        """Deliveries, returns, confirms and cancels never reach a request: each is an UnexpectedOutcome."""
+        from otter_tx.web.door import UnexpectedOutcome
+
+        for call in (lambda: self.door.delivered(0, None, 1, False, None),
+                     lambda: self.door.returned(0, 312, "NO_ROUTE", None),
+                     lambda: self.door.confirmed(0, [(1, True)]),
+                     lambda: self.door.noteConfirms(None),
+                     lambda: self.door.consumerCancelled(0, "c")):
+            self.assertRaises(UnexpectedOutcome, call)
+
+
 class ConsumeTests(SessionTestCase):
     """Consumers, prefetch and back-pressure."""
 
