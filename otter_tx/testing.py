@@ -7,7 +7,7 @@ import tempfile
 from twisted.internet.defer import Deferred, inlineCallbacks, returnValue
 from zope.interface import implementer
 
-from otter_tx.broker.interfaces import IClientConnection
+from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
 from otter_tx.service.assembly import OtterService
 
 
@@ -38,8 +38,8 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
     """
     Start OtterService on 127.0.0.1 port 0; fires with a :class:`BrokerFixture`.
     ``options`` are OtterService keyword arguments (heartbeat, frameMax,
-    channelMax, handshakeTimeout, memoryHighWatermark, defaultUser,
-    defaultPass, policies ...).
+    channelMax, handshakeTimeout (seconds), consumerTimeout (ms),
+    memoryHighWatermark, defaultUser, defaultPass, policies ...).
 
     ``amqp`` replaces the default AMQP listener (``tcp:0:interface=127.0.0.1``):
     a list whose items are Twisted endpoint strings (``ssl:0:interface=
@@ -209,15 +209,27 @@ def journaledBroker(store, clock, **brokerOptions):
     return broker
 
 
-@implementer(IClientConnection)
+@implementer(IClientConnection, IConnectionInfo, ISessionClient)
 class FakeConnection:
     """
-    A client connection as the broker core sees it
-    (:class:`~otter_tx.broker.interfaces.IClientConnection`), recording what
-    the core asks of it: ``closes`` (list of ``(code, text)``), ``alarms``
-    (list of bool), ``ackTimeoutChecks`` (list of ``(limitSeconds,
-    timeoutMs)``).  Set ``paused`` to back its output up.  Put it in
-    ``broker.connections`` to stand in for a protocol.
+    A client connection as the broker core sees it, recording what the core
+    asks of it:
+
+    - as an :class:`~otter_tx.broker.interfaces.IClientConnection`:
+      ``closes`` (list of ``(code, text)``), ``alarms`` (list of bool),
+      ``ackTimeoutChecks`` (list of ``(limitSeconds, timeoutMs)``); put it in
+      ``broker.connections`` to stand in for a protocol;
+    - as an :class:`~otter_tx.broker.interfaces.IConnectionInfo`: what the
+      management views list (plain attributes, set them as needed);
+    - as a Session's :class:`~otter_tx.broker.interfaces.ISessionClient`:
+      ``outcomes``, a list of ``(call, number, ...)`` tuples in call order:
+      ``("delivered", number, consumerTag, deliveryTag, redelivered,
+      message)``, ``("returned", number, replyCode, replyText, message)``,
+      ``("confirmed", number, confirms)``, ``("consumerCancelled", number,
+      consumerTag)``, ``("channelFailed", number, error)``,
+      ``("connectionFailed", code, text)``; ``noted`` lists the sessions
+      that had confirms pending (call their ``flushConfirms()`` to send
+      them).  Set ``paused`` to back its output up.
     """
 
     def __init__(self, name="127.0.0.1:50000 -> 127.0.0.1:5672", user=None, vhost=None):
@@ -230,6 +242,8 @@ class FakeConnection:
         self.closes = []
         self.alarms = []
         self.ackTimeoutChecks = []
+        self.outcomes = []
+        self.noted = []
         self._closed = Deferred()
         # what the management views read
         self.peer = None
@@ -247,6 +261,8 @@ class FakeConnection:
         self.bytesOut = 0
         self.recvCount = 0
         self.sendCount = 0
+
+    # --- IClientConnection ---------------------------------------------------
 
     def close(self, code, text):
         """Record the close; :meth:`whenClosed` fires."""
@@ -268,3 +284,34 @@ class FakeConnection:
     def checkAckTimeout(self, limitSeconds, timeoutMs):
         """Record the check (a fake has no channels to close)."""
         self.ackTimeoutChecks.append((limitSeconds, timeoutMs))
+
+    # --- ISessionClient ------------------------------------------------------
+
+    def delivered(self, number, consumer, deliveryTag, redelivered, message):
+        """Record the delivery (with the consumer's tag)."""
+        self.outcomes.append(("delivered", number, consumer.tag, deliveryTag, redelivered, message))
+
+    def returned(self, number, replyCode, replyText, message):
+        """Record the return."""
+        self.outcomes.append(("returned", number, replyCode, replyText, message))
+
+    def confirmed(self, number, confirms):
+        """Record the confirms (a list of ``(seq, ok)``)."""
+        self.outcomes.append(("confirmed", number, list(confirms)))
+
+    def noteConfirms(self, session):
+        """Record the session with confirms pending (nothing is flushed)."""
+        self.noted.append(session)
+
+    def consumerCancelled(self, number, consumerTag):
+        """Record the cancel."""
+        self.outcomes.append(("consumerCancelled", number, consumerTag))
+
+    def channelFailed(self, number, error):
+        """Record the failure (the session is not closed: a test does it if it needs to)."""
+        self.outcomes.append(("channelFailed", number, error))
+
+    def connectionFailed(self, code, text):
+        """Record the failure, and close as :meth:`close` does."""
+        self.outcomes.append(("connectionFailed", code, text))
+        self.close(code, text)

@@ -44,6 +44,9 @@ class Broker:
         a temporary directory made on first use.
     :param defaultDeliveryLimit: delivery limit of quorum queues declared
         without one (int), None for none (RabbitMQ 3.10; 4.x uses 20).
+    :param consumerTimeout: the delivery acknowledgement timeout in
+        milliseconds (int, RabbitMQ's ``consumer_timeout``; default 1800000,
+        30 min); 0 disables it.
     """
 
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",

@@ -28,7 +28,7 @@ from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import OperatorPolicy
-from otter_tx.broker.queue import UNACKED, Queue
+from otter_tx.broker.queue import UNACKED
 
 log = Logger()
 
@@ -166,7 +166,7 @@ class Journal:
             source, dest, routingKey, arguments = obj
             if not (source.durable and dest.durable):
                 return
-            destKind = "queue" if isinstance(dest, Queue) else "exchange"
+            destKind = "exchange" if isinstance(dest, Exchange) else "queue"
             args = tableToText(arguments)
             key = SEP.join((vhost.name, source.name, destKind, dest.name, routingKey, args))
             if deleted:

@@ -1,19 +1,34 @@
 """
-The declared seams of the broker core: what the core calls on the objects
-around it.  Every real implementation and every test fake is checked with
+The declared seams of the broker core, in both directions.  Every real
+implementation and every test fake is checked with
 ``zope.interface.verify.verifyClass`` / ``verifyObject``
 (``otter_tx/test/unit/test_seams.py``).
 
-- :class:`IClientConnection`: one client connection as the core sees it (an
-  AMQP connection, or the HTTP app's per-request door): close it, tell it the
-  resource alarms changed, check its channels' acknowledgement timeout, ask
-  whether its output is backed up.
+What the core calls on the objects around it:
+
+- :class:`ISessionClient`: the Session's outbound door, one per client
+  connection (the AMQP connection, or the HTTP app's per-request door):
+  a delivery made, a message returned, publisher confirms, a consumer
+  cancelled by the broker, a channel or the connection failed, and whether
+  the client's output is backed up (flow).  It carries broker values
+  (``Message``, ``AMQPError``, consumers, ints), never ``spec.Method``
+  objects: the AMQP door turns them into frames.
+- :class:`IClientConnection`: one client connection as the broker core
+  drives it (vhost deletion, shutdown, alarms, the acknowledgement timeout).
+- :class:`IConnectionInfo`: the read-only facts the management views
+  (``otter_tx.web._format``) show about a listed connection.
 - :class:`IConsumer`: one subscription as a queue sees it.
-- :class:`IConsumerSource`: what a consumer is registered on: a queue, or the
-  direct reply-to pseudo-queue (:class:`~otter_tx.broker.replyto.ReplyToQueue`).
-- :class:`IQueue`: the part of a queue a :class:`~otter_tx.broker.session.Session`
-  uses.  A queue on another node of a later cluster would implement the same
-  interface; no cluster code exists yet.
+
+What the core is called through:
+
+- :class:`IConsumerSource`: what a consumer is registered on and what a
+  vhost routes to: a queue, or the direct reply-to pseudo-queue
+  (:class:`~otter_tx.broker.replyto.ReplyToQueue`).
+- :class:`IQueue`: all of a queue a :class:`~otter_tx.broker.session.Session`
+  (and the AMQP door's declare-ok / get-ok) uses.  A queue on another node
+  of a later cluster would implement the same interface and run the same
+  contract suite (``otter_tx/test/unit/test_queue_contract.py``); no
+  cluster code exists yet.
 - :class:`IExchangeType`: the routing table of one exchange type.
 
 The store's seam is :class:`~otter_tx.store.interface.IMessageStore` (and
@@ -25,44 +40,116 @@ from the rest of the broker.
 
 from zope.interface import Attribute, Interface
 
-__all__ = ["IClientConnection", "IConsumer", "IConsumerSource", "IQueue", "IExchangeType"]
+__all__ = [
+    "ISessionClient",
+    "IClientConnection",
+    "IConnectionInfo",
+    "IConsumer",
+    "IConsumerSource",
+    "IQueue",
+    "IExchangeType",
+]
+
+
+class ISessionClient(Interface):
+    """
+    The client a :class:`~otter_tx.broker.session.Session` answers to: its
+    outbound door.  One object serves every channel of a connection, so
+    each call names the channel ``number`` (int) the Session was opened
+    with.  The AMQP implementation is
+    :class:`~otter_tx.door.protocol.AMQPServerProtocol` (each call becomes
+    frames through the wire engine); the HTTP one is
+    :class:`~otter_tx.web.door.HTTPRequestConnection`.
+
+    Calls on the delivery path (:meth:`delivered`) are plain synchronous
+    calls, one per message.
+    """
+
+    paused = Attribute(
+        "bool, flow: True while the client's output is backed up; the Session's consumers "
+        "then take nothing (Consumer.canTake) until a later Session.resumeDelivery()"
+    )
+    exclusiveQueues = Attribute(
+        "set of the queues this client owns (exclusive queues it declared); the vhost adds "
+        "and removes them, and deletes those left when the connection closes "
+        "(VHost.connectionClosed)"
+    )
+
+    def delivered(number, consumer, deliveryTag, redelivered, message):
+        """
+        A delivery to ``consumer`` (the Session's Consumer: ``tag`` str and
+        ``tagBytes``, the tag encoded once as a shortstr) on channel
+        ``number``: delivery tag ``deliveryTag`` (int), ``redelivered``
+        (bool), ``message`` (a :class:`~otter_tx.broker.message.Message`;
+        its publisher's property bytes are forwarded untouched).  AMQP:
+        basic.deliver, its content header and body frames.
+        """
+
+    def returned(number, replyCode, replyText, message):
+        """
+        ``message`` (a Message) published mandatory on channel ``number``
+        could not be routed: ``replyCode`` (int, 312 NO_ROUTE) and
+        ``replyText`` (str, ``"NO_ROUTE"``).  AMQP: basic.return with the
+        content.
+        """
+
+    def confirmed(number, confirms):
+        """
+        Publisher confirms for channel ``number``: ``confirms`` is a list of
+        ``(seq, ok)`` in ascending ``seq`` (int publish sequence numbers;
+        ``ok`` bool: ack, or nack when a queue refused the message or the
+        store failed).  AMQP: a run of acks becomes one ``basic.ack
+        multiple=true``; a nack is ``basic.nack multiple=false``
+        (https://www.rabbitmq.com/docs/confirms).
+        """
+
+    def noteConfirms(session):
+        """
+        ``session`` has confirms pending: the client calls
+        ``session.flushConfirms()`` once it has handled the chunk of input
+        it is reading (so that a chunk's confirms go out together), or at
+        once when it reads nothing.
+        """
+
+    def consumerCancelled(number, consumerTag):
+        """
+        The broker cancelled consumer ``consumerTag`` (str) of channel
+        ``number``: its queue was deleted.  AMQP: basic.cancel, sent only
+        when the client advertised the ``consumer_cancel_notify``
+        capability, and, when this connection deleted the queue, after its
+        queue.delete-ok, as RabbitMQ orders them
+        (https://www.rabbitmq.com/docs/consumer-cancel).
+        """
+
+    def channelFailed(number, error):
+        """
+        Channel ``number`` must close for ``error`` (an
+        :class:`~otter_tx.amqp.errors.AMQPError` with a channel-level code,
+        e.g. 406 PRECONDITION_FAILED for the acknowledgement timeout): the
+        client releases the channel's Session (``Session.close()``) and
+        tells the peer (AMQP: channel.close, then the channel drops
+        everything until close-ok).  Nothing happens for a channel that is
+        already closing.
+        """
+
+    def connectionFailed(code, text):
+        """
+        The whole connection must close: ``code`` (int, 541 INTERNAL_ERROR
+        when the store failed) and ``text`` (str, the full reply text,
+        ``"INTERNAL_ERROR - message store failed"``).  AMQP:
+        connection.close, then close-ok is awaited.
+        """
 
 
 class IClientConnection(Interface):
     """
     One client connection, as the broker core (vhost deletion, shutdown,
-    alarms, the management API) drives it.
+    alarms, the acknowledgement timeout, connection limits) drives it: the
+    members of ``Broker.connections``.
     """
 
-    name = Attribute("str: RabbitMQ's connection name, ``'peer:port -> local:port'``")
     user = Attribute("the authenticated broker user (has ``name``, ``tags``), or None before login")
     vhost = Attribute("the opened VHost, or None before connection.open")
-    paused = Attribute(
-        "bool: True while the connection's output is backed up; its consumers then take nothing"
-    )
-    flowState = Attribute(
-        "str: ``'running'``, ``'blocking'`` or ``'blocked'``, as RabbitMQ's connection ``state``"
-    )
-
-    # what the management views read (otter_tx.web._format.connectionDict / channelDict)
-    peer = Attribute("the client's address (``host``, ``port``), or None")
-    local = Attribute("the address the client connected to (``host``, ``port``), or None")
-    ssl = Attribute("bool: the connection is TLS")
-    authMechanism = Attribute("str: the SASL mechanism it logged in with (PLAIN, AMQPLAIN, EXTERNAL), or None")
-    peerCertificateInfo = Attribute(
-        "dict: ``peer_cert_subject``, ``peer_cert_issuer``, ``peer_cert_validity`` (str in RabbitMQ's"
-        " formats, otter_tx.door.tls.certificateInfo; each None without a client certificate)"
-    )
-    channels = Attribute("dict: channel number -> open channel (with ``session``, ``number``)")
-    clientProperties = Attribute("dict: the client's connection.start-ok properties")
-    connectedAt = Attribute("float: clock seconds when the connection was accepted")
-    channelMax = Attribute("int: negotiated channel_max")
-    frameMax = Attribute("int: negotiated frame_max, bytes")
-    heartbeat = Attribute("int: negotiated heartbeat interval, seconds (0: none)")
-    bytesIn = Attribute("int: bytes received (RabbitMQ's ``recv_oct``)")
-    bytesOut = Attribute("int: bytes sent (``send_oct``)")
-    recvCount = Attribute("int: socket reads (``recv_cnt``)")
-    sendCount = Attribute("int: socket writes (``send_cnt``)")
 
     def close(code, text):
         """
@@ -87,10 +174,43 @@ class IClientConnection(Interface):
         This timeout value can be configured, see consumers doc guide to
         learn more``, every channel whose oldest unacknowledged delivery was
         made before ``limitSeconds`` (float, clock seconds); ``timeoutMs``
-        (int) is the configured consumer timeout, for the text
-        (https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout).
+        (int, milliseconds) is the configured consumer timeout, for the
+        text (https://www.rabbitmq.com/docs/consumers#acknowledgement-timeout).
         Called periodically by ``Broker.checkAckTimeouts``.
         """
+
+
+class IConnectionInfo(Interface):
+    """
+    What the management views (``otter_tx.web._format.connectionDict`` /
+    ``channelDict``, the management API's listings) read about a listed
+    connection; nothing here is written by its readers.
+    """
+
+    name = Attribute("str: RabbitMQ's connection name, ``'peer:port -> local:port'``")
+    user = Attribute("the authenticated broker user (has ``name``, ``tags``), or None before login")
+    vhost = Attribute("the opened VHost, or None before connection.open")
+    flowState = Attribute(
+        "str: ``'running'``, ``'blocking'`` or ``'blocked'``, as RabbitMQ's connection ``state``"
+    )
+    peer = Attribute("the client's address (``host``, ``port``), or None")
+    local = Attribute("the address the client connected to (``host``, ``port``), or None")
+    ssl = Attribute("bool: the connection is TLS")
+    authMechanism = Attribute("str: the SASL mechanism it logged in with (PLAIN, AMQPLAIN, EXTERNAL), or None")
+    peerCertificateInfo = Attribute(
+        "dict: ``peer_cert_subject``, ``peer_cert_issuer``, ``peer_cert_validity`` (str in RabbitMQ's"
+        " formats, otter_tx.door.tls.certificateInfo; each None without a client certificate)"
+    )
+    channels = Attribute("dict: channel number -> open channel (with ``session``, ``number``)")
+    clientProperties = Attribute("dict: the client's connection.start-ok properties")
+    connectedAt = Attribute("float: clock seconds when the connection was accepted")
+    channelMax = Attribute("int: negotiated channel_max")
+    frameMax = Attribute("int: negotiated frame_max, bytes")
+    heartbeat = Attribute("int: negotiated heartbeat interval, seconds (0: none)")
+    bytesIn = Attribute("int: bytes received (RabbitMQ's ``recv_oct``)")
+    bytesOut = Attribute("int: bytes sent (``send_oct``)")
+    recvCount = Attribute("int: socket reads (``recv_cnt``)")
+    sendCount = Attribute("int: socket writes (``send_cnt``)")
 
 
 class IConsumer(Interface):
@@ -119,37 +239,96 @@ class IConsumer(Interface):
 
 class IConsumerSource(Interface):
     """
-    What a Session registers consumers on and hands deliveries back to: a
-    queue (:class:`IQueue`) or the direct reply-to pseudo-queue, whose
-    consumers are always no-ack.
+    What a Session registers consumers on, what a vhost routes messages to,
+    and what takes deliveries back: a queue (:class:`IQueue`) or the direct
+    reply-to pseudo-queue, whose consumers are always no-ack and which holds
+    nothing (it implements only this interface).
+
+    The entries a source hands to :meth:`IConsumer.deliver` (``QueueEntry``)
+    are opaque to the Session except for ``message`` (the Message),
+    ``redelivered`` (bool), ``returns`` (int: times it came back unsettled;
+    non-zero makes the Session ask :meth:`deliveredMessage`) and
+    ``deliveredAt`` (float clock seconds of the delivery, or None; the
+    acknowledgement timeout reads it).  The source counts its own
+    deliveries and redeliveries; the Session counts its channel's.
+
+    ``otter_tx/test/unit/test_queue_contract.py``'s
+    ``ConsumerSourceContractMixin`` states this contract as tests.
     """
 
     name = Attribute("str: the queue name (``amq.rabbitmq.reply-to`` for the pseudo-queue)")
 
-    def addConsumer(consumer):
-        """Register an :class:`IConsumer`; deliveries may start at once."""
+    def enqueue(message):
+        """
+        ``message`` (a Message) was routed here (basic.publish): delivered
+        to a consumer that can take it, or kept for later (a queue).
+        Returns True when taken, False when refused (a queue's
+        ``reject-publish`` overflow; the publisher then gets basic.nack with
+        confirms on, https://www.rabbitmq.com/docs/maxlength).
+        """
+
+    def addConsumer(consumer, exclusive=False):
+        """
+        Register an :class:`IConsumer`; deliveries may start at once.
+        ``exclusive`` (bool): basic.consume's exclusive flag; no other
+        consumer is accepted until this one goes.  Check
+        :meth:`IQueue.refusesConsumer` first.
+        """
 
     def removeConsumer(consumer):
-        """Unregister ``consumer`` (may auto-delete the queue)."""
+        """Unregister ``consumer`` (may auto-delete the queue); unknown consumers are ignored."""
 
     def requeue(entries, dispatch=True):
-        """Put delivered ``entries`` (list) back in their places, redelivered."""
+        """
+        Put delivered ``entries`` (list) back in their places, marked
+        redelivered (basic.nack / reject with requeue, recover, channel
+        close); ``dispatch=False`` leaves dispatching to a later
+        :meth:`dispatch`.
+        """
 
     def dispatch():
         """Consumers may have room again: deliver what can be delivered."""
 
+    def deliveredMessage(entry, get=False):
+        """
+        The Message to send for ``entry``: its own, or a copy with the
+        headers the source adds on delivery (a quorum queue's
+        ``x-delivery-count``); ``get`` (bool) for a basic.get-ok.
+        """
+
 
 class IQueue(IConsumerSource):
     """
-    A queue as a Session uses it: consume, get, settle, requeue, reject.
-    Entries are opaque to the Session except for ``message`` and
-    ``redelivered``.
+    A queue as a Session (and the AMQP door's declare-ok / get-ok) uses it:
+    consume, get, settle, requeue, reject, purge, and the quorum rules the
+    Session applies.  Classic and quorum queues are both
+    :class:`~otter_tx.broker.queue.Queue`; a queue on another node would
+    implement the same interface.  ``ConsumerSourceContractMixin`` and
+    ``QueueContractMixin`` (``otter_tx/test/unit/test_queue_contract.py``)
+    state the contract as tests; every implementation runs them.
     """
 
     readyCount = Attribute("int: messages ready for delivery (queue.declare-ok's message_count)")
+    consumerCount = Attribute("int: consumers registered (queue.declare-ok's consumer_count)")
+    quorum = Attribute(
+        "bool: RabbitMQ 3.10's quorum queue rules apply to consumers (docs/quorum.md): "
+        "no global prefetch (540), the exclusive flag of basic.consume is ignored"
+    )
+    clock = Attribute("IReactorTime: the queue's clock (RequeueFeeder schedules its slices on it)")
+
+    def refusesConsumer(exclusive):
+        """
+        True when a new basic.consume (``exclusive``, bool) must be refused
+        with 403 ACCESS_REFUSED ``queue 'Q' in vhost 'V' in exclusive use``:
+        the queue has an exclusive consumer, or an exclusive one is asked
+        while it has consumers or is single-active-consumer.
+        """
 
     def basicGet(noAck):
-        """The head entry taken for basic.get, or None when empty."""
+        """
+        basic.get: the head entry, taken (settled at once with ``noAck``,
+        else unacknowledged), or None when nothing is ready.
+        """
 
     def settle(entry):
         """``entry`` was acknowledged: gone for good."""
@@ -160,6 +339,22 @@ class IQueue(IConsumerSource):
         reason ``rejected`` when the queue has a dead-letter exchange, else
         dropped (https://www.rabbitmq.com/docs/dlx).
         """
+
+    def purge():
+        """queue.purge: drop every ready message; the number dropped (int)."""
+
+    def holdRequeue(feeder):
+        """
+        A large requeue (``RequeueFeeder``) hands this queue entries over
+        several reactor turns: hold deliveries until
+        :meth:`releaseRequeue`, so no consumer gets a later message before
+        an earlier one still in the feeder.  ``feeder.finish()`` must hand
+        everything over at once when the queue needs it whole (a basic.get,
+        a broker stop).
+        """
+
+    def releaseRequeue(feeder):
+        """``feeder`` has handed everything back: deliver again."""
 
 
 class IExchangeType(Interface):

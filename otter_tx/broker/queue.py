@@ -797,13 +797,25 @@ class Queue:
 
     # --- consumers ----------------------------------------------------------
 
-    def addConsumer(self, consumer):
+    def refusesConsumer(self, exclusive):
         """
-        Register ``consumer`` (an object with ``priority``, ``canTake()`` and
-        ``deliver(queue, entry)``), keeping consumers ordered by x-priority
-        (highest first, registration order within a priority).  For a
-        single-active-consumer queue the first registered one is active.
+        True when a new consumer (``exclusive``: basic.consume's flag) is
+        refused: this queue has an exclusive consumer, or an exclusive one
+        is asked while it has consumers or is single-active-consumer (the
+        Session answers 403 ``in exclusive use``).
         """
+        return self.exclusiveConsumer is not None or bool(exclusive and (self.consumers or self.singleActive))
+
+    def addConsumer(self, consumer, exclusive=False):
+        """
+        Register ``consumer`` (an :class:`~otter_tx.broker.interfaces.IConsumer`),
+        keeping consumers ordered by x-priority (highest first, registration
+        order within a priority).  For a single-active-consumer queue the
+        first registered one is active.  An ``exclusive`` consumer keeps
+        every other off until it goes (:meth:`refusesConsumer`).
+        """
+        if exclusive:
+            self.exclusiveConsumer = consumer
         cs = self.consumers
         if self.singleActive:
             cs.append(consumer)
@@ -861,6 +873,8 @@ class Queue:
         (and marked delivered in the store, for ``redelivered`` after a restart).
         """
         self.deliveredCount += 1
+        if entry.redelivered:
+            self.redeliverCount += 1
         if noAck:
             self.noAckCount += 1
             entry.state = GONE

@@ -22,13 +22,12 @@ REPLY_PREFIX = REPLY_TO + "."
 @implementer(IConsumerSource)
 class ReplyToQueue:
     """
-    The pseudo-queue one direct reply-to consumer reads; it has the small
-    part of the Queue interface a channel uses for its consumers
-    (:class:`~otter_tx.broker.interfaces.IConsumerSource`).
+    The pseudo-queue one direct reply-to consumer reads.  It holds nothing,
+    so it is an :class:`~otter_tx.broker.interfaces.IConsumerSource` only,
+    not an ``IQueue``: a reply routed here (``VHost.route`` finds it by the
+    token of ``amq.rabbitmq.reply-to.<token>``) goes straight to the
+    consumer, whose deliveries are no-ack.
     """
-
-    #: message rates: deliveries flagged redelivered (never, here)
-    redeliverCount = 0
 
     def __init__(self, vhost):
         self.vhost = vhost
@@ -41,8 +40,8 @@ class ReplyToQueue:
         """The routing key replies use: ``amq.rabbitmq.reply-to.<token>``."""
         return REPLY_PREFIX + self.token
 
-    def addConsumer(self, consumer):
-        """Register the reply consumer under this token."""
+    def addConsumer(self, consumer, exclusive=False):
+        """Register the reply consumer under this token (the only one, so ``exclusive`` changes nothing)."""
         self.consumer = consumer
         self.vhost.replyTo[self.token] = self
 
@@ -60,10 +59,17 @@ class ReplyToQueue:
         """Replies are no-ack: nothing to requeue."""
         pass
 
-    def deliver(self, message):
-        """Hand a reply straight to the consumer; False if it is gone."""
+    def deliveredMessage(self, entry, get=False):
+        """A reply goes out as it was published."""
+        return entry.message
+
+    def enqueue(self, message):
+        """
+        Hand a reply straight to the consumer.  Always True: a reply is
+        never refused; with the consumer gone it is dropped, as RabbitMQ
+        drops it.
+        """
         c = self.consumer
-        if c is None:
-            return False
-        c.deliver(self, QueueEntry(message, 0, None, 0))
+        if c is not None:
+            c.deliver(self, QueueEntry(message, 0, None, 0))
         return True

@@ -7,23 +7,25 @@ ledger, ack / nack / reject / recover, tx, publisher confirms ordered
 behind the store's sync, the acknowledgement timeout, direct reply-to
 consumers, and publishing through :mod:`otter_tx.broker.publish`.
 
-A :class:`Session` reaches queues only through the
-:class:`~otter_tx.broker.interfaces.IQueue` methods (plus the declare /
-purge / delete of its vhost), and queues reach it only through
-:class:`~otter_tx.broker.interfaces.IConsumer`: a queue on another node
-could stand behind the same seam.
+The seam, both directions (:mod:`otter_tx.broker.interfaces`):
 
-The connection a Session talks to provides ``IClientConnection`` and the
-outbound calls ``sendDeliver(number, consumerTagBytes, deliveryTag,
-redelivered, message)``, ``sendReturn(number, code, text, message)``,
-``sendConfirms(number, [(seq, ok)...])``, ``sendMethod(number, method)``,
-``closeChannel(number, error)`` and ``noteConfirms(session)`` (the
-connection calls ``session.flushConfirms()`` at the end of the chunk it is
-reading), plus ``capabilities``, ``heldCancels`` and ``exclusiveQueues``.
-The AMQP one is ``otter_tx.door.protocol.AMQPServerProtocol`` behind the door
-``otter_tx.door.channel.Channel``; the HTTP one is
-``otter_tx.web.door.HTTPRequestConnection``.  Errors are
-:class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's codes and texts.
+- inward, a Session reaches queues only through
+  :class:`~otter_tx.broker.interfaces.IQueue` (the direct reply-to
+  pseudo-queue through :class:`~otter_tx.broker.interfaces.IConsumerSource`),
+  plus the declare / purge / delete of its vhost, and queues reach it only
+  through :class:`~otter_tx.broker.interfaces.IConsumer` (:class:`Consumer`):
+  a queue on another node could stand behind the same seam;
+- outward, a Session answers its client only through
+  :class:`~otter_tx.broker.interfaces.ISessionClient`: ``delivered``,
+  ``returned``, ``confirmed`` / ``noteConfirms``, ``consumerCancelled``,
+  ``channelFailed``, ``connectionFailed`` and the ``paused`` flow flag,
+  with broker values (Messages, consumers, errors), never wire methods.
+  The AMQP client is ``otter_tx.door.protocol.AMQPServerProtocol`` behind the
+  door ``otter_tx.door.channel.Channel``; the HTTP one is
+  ``otter_tx.web.door.HTTPRequestConnection``.
+
+Errors are :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's codes
+and texts.
 """
 
 import base64
@@ -99,12 +101,13 @@ class Consumer:
 
     def canTake(self):
         """
-        True when a delivery may be sent now: the connection's output is not
-        backed up, the session is open, and neither the consumer's nor the
-        session's (global) prefetch is exhausted.
+        True when a delivery may be sent now: the client's output is not
+        backed up (``ISessionClient.paused``), the session is open, and
+        neither the consumer's nor the session's (global) prefetch is
+        exhausted.
         """
         s = self.session
-        if s.connection.paused or s.closing:
+        if s.connection.paused or s.closed:
             return False
         if self.noAck:
             return True
@@ -117,9 +120,10 @@ class Consumer:
 
     def deliver(self, queue, entry):
         """
-        Hand ``entry`` of ``queue`` to the client (called by the queue): the
-        next delivery tag of the session, recorded in its ledger unless
-        no-ack, and basic.deliver sent.
+        Hand ``entry`` of ``queue`` to the client (called by the queue, which
+        counts its own deliveries): the next delivery tag of the session,
+        recorded in its ledger unless no-ack, counted in the channel's
+        stats, and ``ISessionClient.delivered``.
         """
         s = self.session
         tag = s.deliveryTag = s.deliveryTag + 1
@@ -132,9 +136,8 @@ class Consumer:
             s.stats.deliverNoAck += 1
         if entry.redelivered:
             s.stats.redeliver += 1
-            queue.redeliverCount += 1
-        s.connection.sendDeliver(s.number, self.tagBytes, tag, entry.redelivered,
-                                 entry.message if not entry.returns else queue.deliveredMessage(entry))
+        s.connection.delivered(s.number, self, tag, entry.redelivered,
+                               entry.message if not entry.returns else queue.deliveredMessage(entry))
 
     def cancelledByBroker(self, queue):
         """The queue was deleted: consumer cancel notification."""
@@ -145,8 +148,9 @@ class Session:
     """
     One channel's state and operations.
 
-    :param broker: the Broker.  :param connection: the client connection
-        (``IClientConnection`` plus the outbound calls above).
+    :param broker: the Broker.  :param connection: the client, an
+        :class:`~otter_tx.broker.interfaces.ISessionClient` (also the owner
+        of the exclusive queues this session declares).
     :param vhost: the VHost.  :param user: the authenticated User.
     :param number: the channel number (int) the outbound calls carry.
 
@@ -181,7 +185,8 @@ class Session:
             stats = MessageCounts()
             vhost.sessions.add(self)
         self.stats = stats
-        self.closing = False
+        #: True once :meth:`close` ran: nothing more is delivered or confirmed
+        self.closed = False
         self.consumers = {}
         self.unacked = OrderedDict()
         self.unackedCount = 0
@@ -349,15 +354,13 @@ class Session:
             if self.globalPrefetch:
                 raise notImplemented("%s does not support global qos" % (rs("queue", qname, self.vhost.name),))
             exclusive = False
-        if q.exclusiveConsumer is not None or (exclusive and (q.consumers or q.singleActive)):
+        if q.refusesConsumer(exclusive):
             raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
         self.consumers[tag] = c
-        if exclusive:
-            q.exclusiveConsumer = c
         if reply is not None:
             reply(tag)
-        q.addConsumer(c)
+        q.addConsumer(c, exclusive)
         return tag
 
     def _replyToConsume(self, tag, noAck, reply):
@@ -384,18 +387,15 @@ class Session:
 
     def consumerCancelledByBroker(self, consumer):
         """
-        The consumer's queue was deleted: send basic.cancel when the client
-        advertised ``consumer_cancel_notify``
-        (https://www.rabbitmq.com/docs/consumer-cancel).
+        The consumer's queue was deleted: the consumer is gone, and the
+        client is told (``ISessionClient.consumerCancelled``; the AMQP door
+        sends basic.cancel when the client advertised
+        ``consumer_cancel_notify``, https://www.rabbitmq.com/docs/consumer-cancel).
         """
         if self.consumers.get(consumer.tag) is consumer:
             del self.consumers[consumer.tag]
-            conn = self.connection
-            if not self.closing and conn.capabilities.get("consumer_cancel_notify"):
-                if conn.heldCancels is not None:
-                    conn.heldCancels.append((self.number, consumer.tag))
-                else:
-                    conn.sendMethod(self.number, spec.BasicCancel(consumer.tag, True))
+            if not self.closed:
+                self.connection.consumerCancelled(self.number, consumer.tag)
 
     def resumeDelivery(self):
         """Consumers may have room again: let their queues dispatch."""
@@ -423,7 +423,6 @@ class Session:
             stats.getNoAck += 1
         if entry.redelivered:
             stats.redeliver += 1
-            q.redeliverCount += 1
         return tag, entry, q
 
     # --- acknowledgements -----------------------------------------------------------
@@ -533,16 +532,18 @@ class Session:
         taken = self._takeUnacked(0, True) if self.unacked else []
         self._doReject(taken, True)
 
-    def checkAckTimeout(self, limit, timeoutMs):
+    def checkAckTimeout(self, limitSeconds, timeoutMs):
         """
-        Close this channel with RabbitMQ's 406 when its oldest unacked
-        delivery was made before ``limit`` (clock seconds).
+        Fail this channel (``ISessionClient.channelFailed``) with RabbitMQ's
+        406 when its oldest unacked delivery was made before
+        ``limitSeconds`` (float, clock seconds); ``timeoutMs`` (int,
+        milliseconds) is the configured consumer timeout, for the text.
         """
-        if self.closing or not self.unacked:
+        if self.closed or not self.unacked:
             return
         entry = next(iter(self.unacked.values()))[1]
-        if entry.deliveredAt is not None and entry.deliveredAt < limit:
-            self.connection.closeChannel(
+        if entry.deliveredAt is not None and entry.deliveredAt < limitSeconds:
+            self.connection.channelFailed(
                 self.number,
                 preconditionFailed(
                     "delivery acknowledgement on channel %d timed out. Timeout value used: %d ms. "
@@ -596,7 +597,7 @@ class Session:
         if not routed:
             if mandatory:
                 stats.returnUnroutable += 1
-                self.connection.sendReturn(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
+                self.connection.returned(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
             else:
                 stats.dropUnroutable += 1
         if seq:
@@ -623,7 +624,7 @@ class Session:
         take responsibility", same page) and the connection stays open.
         """
         confirms, self._confirms = self._confirms, []
-        if self.closing or not confirms:
+        if self.closed or not confirms:
             return
         needSync, self._needSync = self._needSync, False
         outbox = self._confirmOutbox
@@ -640,7 +641,7 @@ class Session:
             def failed(f):
                 if not f.check(StoreFailedError):
                     log.failure("store sync failed; confirms withheld", f)
-                    self.connection.close(
+                    self.connection.connectionFailed(
                         spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
                     )
                     return
@@ -657,11 +658,11 @@ class Session:
         outbox = self._confirmOutbox
         while outbox and outbox[0][1]:
             confirms = outbox.popleft()[0]
-            if self.closing:
+            if self.closed:
                 continue
             # RabbitMQ counts the basic.acks, not the nacks
             self.stats.confirm += sum(1 for c in confirms if c[1])
-            self.connection.sendConfirms(self.number, confirms)
+            self.connection.confirmed(self.number, confirms)
 
     # --- tx / confirm ------------------------------------------------------------------
 
@@ -693,12 +694,12 @@ class Session:
         if any(message.stored for _, message, _ in publishes):
             # persistent messages in durable queues: commit-ok once on disk
             def done(_):
-                if not self.closing:
+                if not self.closed:
                     committed()
 
             def failed(f):
                 log.failure("store sync failed; tx.commit not confirmed", f)
-                self.connection.close(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
+                self.connection.connectionFailed(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
             self._sync().addCallbacks(done, failed)
             return
@@ -741,13 +742,15 @@ class Session:
 
     # --- the end ---------------------------------------------------------------------
 
-    def closed(self):
+    def close(self):
         """
-        Release everything this session holds: cancel consumers and requeue
+        Close the session: mark it :attr:`closed` (nothing more is
+        delivered, confirmed or cancelled through the client) and release
+        everything it holds: cancel its consumers and requeue its
         unacknowledged messages, including acks held by an open transaction
         (RabbitMQ requeues on channel close).  Idempotent.
         """
-        self.closing = True
+        self.closed = True
         vhost = self.vhost
         if self in vhost.sessions:
             # its counts stay in the vhost's totals (RabbitMQ keeps them too)

@@ -31,7 +31,7 @@ from otter_tx.broker.delayed import (
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
 from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
-from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO, ReplyToQueue
+from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO
 from otter_tx.broker.stats import MessageCounts
 
 PREDECLARED = (
@@ -101,6 +101,11 @@ def _lockedText(qname, vhost):
         "another connection or the exclusive property value does not match that of the "
         "original declaration." % (rs("queue", qname, vhost),)
     )
+
+
+#: the exchange classes a binding's destination may be; any other
+#: destination is a queue (an IQueue), whatever its class
+_EXCHANGE_CLASSES = frozenset([Exchange, DelayedExchange])
 
 
 def serverNamedQueue():
@@ -388,7 +393,7 @@ class VHost:
                     % (erlBinary(xmatch.encode() if isinstance(xmatch, str) else str(xmatch).encode()),)
                 )
         if source.routing.add(destination, routingKey, arguments):
-            if isinstance(destination, Queue):
+            if not isinstance(destination, Exchange):
                 destination.bindings[(source, routingKey, A.frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
@@ -405,7 +410,7 @@ class VHost:
     def _unbind(self, source, destination, routingKey, arguments):
         args = arguments
         if source.routing.remove(destination, routingKey, args):
-            if isinstance(destination, Queue):
+            if not isinstance(destination, Exchange):
                 destination.bindings.pop((source, routingKey, A.frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
@@ -444,7 +449,8 @@ class VHost:
             ex.publishIn += 1
             routedHere = False
             for d in dests:
-                if type(d) is Queue:
+                if d.__class__ not in _EXCHANGE_CLASSES:
+                    # a queue (any IQueue)
                     queues.add(d)
                     routedHere = True
                 elif d not in visited:
@@ -487,9 +493,8 @@ class VHost:
         self.broker.nextMessageId(message)
         rejected = False
         for q in queues:
-            if type(q) is ReplyToQueue:
-                q.deliver(message)
-            elif not q.enqueue(message):
+            # any IConsumerSource: a queue, or a direct reply-to consumer
+            if not q.enqueue(message):
                 rejected = True
         return len(queues), rejected
 

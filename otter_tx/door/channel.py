@@ -2,9 +2,13 @@
 The AMQP door onto a :class:`~otter_tx.broker.session.Session`: one open
 channel.  A table maps each decoded channel method (AMQP 0-9-1 chapter 1
 and RabbitMQ's extensions) to a small function that calls the Session and
-sends the reply; publishes, content and the hot ``basic.ack`` come in
-through :meth:`Channel.publish`, :meth:`Channel.content` and
-:meth:`Channel.ack`.  The channel keeps nothing of the broker's semantics.
+sends the reply; publishes and the hot ``basic.ack`` come in through
+:meth:`Channel.publishMessage` (basic.publish with its whole content, the
+hot path), or :meth:`Channel.publishMethod` then
+:meth:`Channel.publishContent` (the content arrived later), and
+:meth:`Channel.ack`.  What the Session sends back goes through the
+connection's :class:`~otter_tx.broker.interfaces.ISessionClient` calls.
+The channel keeps nothing of the broker's semantics.
 
 Errors are raised as :class:`~otter_tx.amqp.errors.AMQPError`; the
 connection turns channel-level codes (403, 404, 405, 406) into
@@ -78,16 +82,14 @@ def _queuePurge(ch, m):
 
 def _queueDelete(ch, m):
     # RabbitMQ answers delete-ok before this connection's consumers of the
-    # queue see basic.cancel: hold those until the reply is out
+    # queue see basic.cancel: the connection holds those until the reply is out
     conn = ch.connection
-    conn.heldCancels = held = []
+    conn.holdCancels()
     try:
         n = ch.session.deleteQueue(m.queue, m.if_unused, m.if_empty)
+        _reply(ch, m, spec.QueueDeleteOk(n or 0))
     finally:
-        conn.heldCancels = None
-    _reply(ch, m, spec.QueueDeleteOk(n or 0))
-    for number, tag in held:
-        conn.sendMethod(number, spec.BasicCancel(tag, True))
+        conn.releaseCancels()
 
 
 def _basicQos(ch, m):
@@ -224,10 +226,11 @@ class Channel:
                 e.method = cls
             raise
 
-    def publish(self, exchange, routingKey, mandatory, address):
+    def publishMethod(self, exchange, routingKey, mandatory, address):
         """
-        basic.publish's method frame: the checks that need no content
-        (write permission, 404, internal exchange 403); the content follows.
+        basic.publish's method frame alone (its content is not all here
+        yet): the checks that need no content (write permission, 404,
+        internal exchange 403); :meth:`publishContent` follows.
         """
         session = self.session
         try:
@@ -240,8 +243,11 @@ class Channel:
         if conn.blocked:
             conn.publishedWhileBlocked()
 
-    def content(self, propsRaw, body):
-        """The content of the publish in flight is complete: publish it through the Session."""
+    def publishContent(self, propsRaw, body):
+        """
+        The content of the publish begun by :meth:`publishMethod` is
+        complete: publish it through the Session.
+        """
         ex, routingKey, mandatory, address = self._target
         self._target = None
         try:
@@ -250,11 +256,11 @@ class Channel:
             e.method = spec.BasicPublish
             raise
 
-    def message(self, exchange, routingKey, mandatory, address, propsRaw, body):
+    def publishMessage(self, exchange, routingKey, mandatory, address, propsRaw, body):
         """
         basic.publish and its whole content at once (the hot path): the
-        checks of :meth:`publish`, then the Session's publish as in
-        :meth:`content`.
+        checks of :meth:`publishMethod`, then the Session's publish as in
+        :meth:`publishContent`.
         """
         session = self.session
         try:
@@ -279,9 +285,9 @@ class Channel:
         """The channel is finished: cancel consumers, requeue unacked.  Idempotent."""
         self._target = None
         s = self.session
-        if not s.closing:  # set by Session.closed() only: the first call counts
+        if not s.closed:  # set by Session.close() only: the first call counts
             s.counters.channelsClosed += 1
-        s.closed()
+        s.close()
 
     # --- what the management API and the bench read (the session's state) ------------
 

@@ -4,10 +4,14 @@ engine (:class:`otter_tx.amqp.engine.ConnectionEngine` in the server role).
 
 Bytes from the transport go into the engine; its events go to the broker
 (authentication and vhost access at start-ok / open) and to the door of
-each channel (:class:`otter_tx.door.channel.Channel`: ``method``, ``publish``,
-``content``, ``ack``, ``closed``); what the broker sends goes out through
-the engine's encoders (``sendMethod``, ``sendDeliver``, ``sendGetOk``,
-``sendReturn``, ``sendConfirms``, ``closeChannel``).  This module owns what
+each channel (:class:`otter_tx.door.channel.Channel`: ``method``,
+``publishMessage``, ``publishMethod``, ``publishContent``, ``ack``,
+``closed``).  What the Sessions send back arrives through this
+connection's :class:`~otter_tx.broker.interfaces.ISessionClient` calls
+(``delivered``, ``returned``, ``confirmed``, ``consumerCancelled``,
+``channelFailed``, ``connectionFailed``) and the channel doors' replies
+through ``sendMethod`` / ``sendGetOk``; all go out through the engine's
+encoders.  This module owns what
 needs Twisted: the transport and ``IPushProducer`` back-pressure, the
 fairness slices, write batching (per chunk and across connections), the
 eager socket write, the timers on the injected clock (handshake timeout,
@@ -32,7 +36,7 @@ from otter_tx.amqp.engine import ACK, CONTENT, MECHANISMS, MESSAGE, METHOD, PUBL
 from otter_tx.amqp.errors import AMQPError, erlBinary, loggable, replyText
 from otter_tx.amqp.frames import HEARTBEAT_FRAME, frame, methodFrame  # noqa: F401 (re-exported)
 from otter_tx.broker.access import LOOPBACK_ONLY, certificateLogin, login
-from otter_tx.broker.interfaces import IClientConnection
+from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
 from otter_tx.door.channel import Channel
 from otter_tx.door.tls import CertificateLogin, certificateInfo, peerCertificate
 
@@ -92,7 +96,7 @@ _CHANNEL_EVENTS = frozenset([
 WRITE_HIGH_WATER = 256 * 1024
 
 
-@implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection)
+@implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection, IConnectionInfo, ISessionClient)
 class AMQPServerProtocol(Protocol):
     """
     One client connection.
@@ -152,9 +156,9 @@ class AMQPServerProtocol(Protocol):
         #: reads and writes of the socket (RabbitMQ's recv_cnt / send_cnt)
         self.recvCount = 0
         self.sendCount = 0
-        #: while a queue.delete runs: [(channel, consumer tag)] of basic.cancel
-        #: to send after its delete-ok (Channel._queueDelete)
-        self.heldCancels = None
+        #: while a queue.delete of this connection runs: [(channel, consumer
+        #: tag)] of basic.cancel to send after its delete-ok (holdCancels)
+        self._heldCancels = None
         self._closedWaiters = []  # whenClosed() Deferreds; None once closed
 
     # --- transport events ---------------------------------------------------
@@ -357,14 +361,15 @@ class AMQPServerProtocol(Protocol):
         """Send one method frame."""
         self.send(self.engine.method(channel, method))
 
-    def sendDeliver(self, number, consumerTagBytes, deliveryTag, redelivered, message):
+    def delivered(self, number, consumer, deliveryTag, redelivered, message):
         """
-        basic.deliver of ``message`` (a broker Message: its content header
-        from ``message.contentHeader()``, the publisher's property bytes
-        forwarded) on channel ``number``; ``consumerTagBytes`` the tag as an
-        encoded shortstr, length octet included.
+        ``ISessionClient``: basic.deliver of ``message`` (a broker Message:
+        its content header from ``message.contentHeader()``, the
+        publisher's property bytes forwarded) to ``consumer`` (its
+        ``tagBytes``: the tag as an encoded shortstr, length octet
+        included) on channel ``number``.
         """
-        self.send(self.engine.deliver(number, consumerTagBytes, deliveryTag, redelivered,
+        self.send(self.engine.deliver(number, consumer.tagBytes, deliveryTag, redelivered,
                                       message.addressBytes(), message.contentHeader(), message.body))
 
     def sendGetOk(self, number, deliveryTag, redelivered, message, messageCount):
@@ -372,18 +377,52 @@ class AMQPServerProtocol(Protocol):
         self.send(self.engine.getOk(number, deliveryTag, redelivered, message.addressBytes(), messageCount,
                                     message.contentHeader(), message.body))
 
-    def sendReturn(self, number, replyCode, replyText, message):
-        """basic.return of ``message`` (to its exchange and routing key) on channel ``number``."""
+    def returned(self, number, replyCode, replyText, message):
+        """
+        ``ISessionClient``: basic.return of ``message`` (to its exchange and
+        routing key) on channel ``number``.
+        """
         self.send(self.engine.basicReturn(number, replyCode, replyText, message.exchange, message.routingKey,
                                           message.contentHeader(), message.body))
 
-    def sendConfirms(self, number, confirms):
+    def confirmed(self, number, confirms):
         """
-        Publisher confirms on channel ``number``: ``confirms`` a list of
-        ``(seq, ok)`` in seq order; runs of acks collapse into one
-        ``basic.ack multiple=true``, a nack is ``multiple=false``.
+        ``ISessionClient``: publisher confirms on channel ``number``:
+        ``confirms`` a list of ``(seq, ok)`` in seq order; runs of acks
+        collapse into one ``basic.ack multiple=true``, a nack is
+        ``multiple=false``.
         """
         self.send(self.engine.confirms(number, confirms))
+
+    def consumerCancelled(self, number, consumerTag):
+        """
+        ``ISessionClient``: basic.cancel (no-wait) for ``consumerTag`` on
+        channel ``number``, when the client advertised
+        ``consumer_cancel_notify``; held while this connection's own
+        queue.delete runs (:meth:`holdCancels`).
+        """
+        if not self.capabilities.get("consumer_cancel_notify"):
+            return
+        held = self._heldCancels
+        if held is not None:
+            held.append((number, consumerTag))
+        else:
+            self.sendMethod(number, spec.BasicCancel(consumerTag, True))
+
+    def holdCancels(self):
+        """
+        A queue.delete of this connection begins: RabbitMQ answers
+        delete-ok before this connection's consumers of the queue see
+        basic.cancel, so :meth:`consumerCancelled` holds them until
+        :meth:`releaseCancels` (the channel door calls both).
+        """
+        self._heldCancels = []
+
+    def releaseCancels(self):
+        """The queue.delete is answered: send the basic.cancel held since :meth:`holdCancels`."""
+        held, self._heldCancels = self._heldCancels, None
+        for number, tag in held or ():
+            self.sendMethod(number, spec.BasicCancel(tag, True))
 
     def _flush(self):
         if self._confirming:
@@ -471,15 +510,15 @@ class AMQPServerProtocol(Protocol):
                 # the hot path: a whole message, publish, its content, ack
                 if kind is MESSAGE:
                     _, chno, exchange, routingKey, mandatory, address, propsRaw, body = event
-                    channels[chno].message(exchange, routingKey, mandatory, address, propsRaw, body)
+                    channels[chno].publishMessage(exchange, routingKey, mandatory, address, propsRaw, body)
                     # three frames: a slice stays about FRAMES_PER_SLICE frames
                     budget -= 2
                 elif kind is CONTENT:
                     _, chno, propsRaw, body = event
-                    channels[chno].content(propsRaw, body)
+                    channels[chno].publishContent(propsRaw, body)
                 elif kind is PUBLISH:
                     _, chno, exchange, routingKey, mandatory, address = event
-                    channels[chno].publish(exchange, routingKey, mandatory, address)
+                    channels[chno].publishMethod(exchange, routingKey, mandatory, address)
                 elif kind is ACK:
                     _, chno, tag, multiple = event
                     channels[chno].ack(tag, multiple)
@@ -733,6 +772,14 @@ class AMQPServerProtocol(Protocol):
         if ch is not None:
             ch.closed()
         self.send(data)
+
+    def channelFailed(self, number, error):
+        """``ISessionClient``: the Session's channel must close: :meth:`closeChannel`."""
+        self.closeChannel(number, error)
+
+    def connectionFailed(self, code, text):
+        """``ISessionClient``: the connection must close (541 after a store failure): :meth:`close`."""
+        self.close(code, text)
 
     def noteConfirms(self, session):
         """``session`` (a Session) has publisher confirms to send when this chunk is done."""

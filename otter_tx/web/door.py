@@ -1,87 +1,86 @@
 """
 The HTTP app's door onto a :class:`~otter_tx.broker.session.Session`: a
-per-request stand-in for a client connection, so that the management API's
-publish, get, purge, declares, deletes and bindings run as the
-authenticated user with exactly the AMQP channel's rules, as RabbitMQ's
-management plugin runs them over a channel
-(``rabbit_mgmt_util:with_channel`` / ``amqp_request``).
+per-request stand-in for a client, so that the management API's publish,
+get, purge, declares, deletes and bindings run as the authenticated user
+with exactly the AMQP channel's rules, as RabbitMQ's management plugin runs
+them over a channel (``rabbit_mgmt_util:with_channel`` / ``amqp_request``).
 
-Nothing is ever delivered through it: it has no consumers, never publishes
-mandatory and never selects confirms, so the outbound calls do nothing.
+A request is a Session's client (:class:`~otter_tx.broker.interfaces.ISessionClient`)
+and nothing more: it is not in ``Broker.connections``, so the core never
+closes, alarms or times it out (``IClientConnection``), and the management
+views never list it (``IConnectionInfo``).  Its answers come from the
+Session's return values (routed, the message got, the count purged) and
+its errors; the outbound calls a request cannot cause (it never consumes,
+never publishes mandatory, never selects confirms or tx) raise
+:class:`UnexpectedOutcome`, a bug of ours that the app answers with 500.
 """
 
-from twisted.internet.defer import succeed
 from zope.interface import implementer
 
-from otter_tx.broker.interfaces import IClientConnection
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.interfaces import ISessionClient
 from otter_tx.broker.session import Session
 
 
-@implementer(IClientConnection)
+class UnexpectedOutcome(RuntimeError):
+    """A Session sent a request an outcome no request can cause (a bug)."""
+
+
+def _unexpected(what):
+    raise UnexpectedOutcome("an HTTP request's session %s" % (what,))
+
+
+@implementer(ISessionClient)
 class HTTPRequestConnection:
     """
-    One management request as a client connection: ``user`` (User),
-    ``vhost`` (VHost); never paused or blocked.
+    One management request as a Session's client: ``user`` (User),
+    ``vhost`` (VHost), ``name`` (str, for log lines); never paused.
     """
 
+    #: flow: a request's output is never backed up
     paused = False
-    flowState = "running"
-    heldCancels = None
-    capabilities = {}
-    # the management views' attributes (IClientConnection); a request is never listed
-    peer = None
-    local = None
-    ssl = False
-    authMechanism = None
-    peerCertificateInfo = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
-    channels = {}
-    clientProperties = {}
-    connectedAt = 0.0
-    channelMax = 0
-    frameMax = 0
-    heartbeat = 0
-    bytesIn = 0
-    bytesOut = 0
-    recvCount = 0
-    sendCount = 0
 
     def __init__(self, broker, user, vhost):
         self.broker = broker
         self.user = user
         self.vhost = vhost
         self.name = "HTTP request of user '%s'" % (user.name,)
+        #: the exclusive queues it owns: always empty (the HTTP API declares
+        #: no exclusive queues), kept for the vhost's bookkeeping
         self.exclusiveQueues = set()
 
-    def close(self, code, text):
-        """Nothing to close: the request ends by itself."""
+    def channelFailed(self, number, error):
+        """The request's channel failed: the request answers with ``error`` (raised)."""
+        raise error
 
-    def checkAckTimeout(self, limitSeconds, timeoutMs):
-        """Nothing is held unacknowledged past the request."""
+    def connectionFailed(self, code, text):
+        """
+        The broker failed under the request: an :class:`AMQPError` with
+        ``code`` and the full reply ``text`` is raised for its answer.
+        """
+        error = AMQPError(code, "")
+        error.text = text
+        raise error
 
-    def alarmChanged(self, alarmed):
-        """Alarms do not concern a single request."""
+    def delivered(self, number, consumer, deliveryTag, redelivered, message):
+        """A request has no consumers: never called."""
+        _unexpected("delivered to a consumer")
 
-    def whenClosed(self):
-        """Already as good as closed: a fired Deferred."""
-        return succeed(None)
+    def returned(self, number, replyCode, replyText, message):
+        """A request never publishes mandatory: never called."""
+        _unexpected("returned a message")
 
-    def sendMethod(self, number, method):
-        """No asynchronous methods reach an HTTP request."""
-
-    def sendDeliver(self, number, consumerTagBytes, deliveryTag, redelivered, message):
-        """No consumers: never called."""
-
-    def sendReturn(self, number, replyCode, replyText, message):
-        """Publishes are never mandatory: never called."""
-
-    def sendConfirms(self, number, confirms):
-        """No confirm mode: never called."""
+    def confirmed(self, number, confirms):
+        """A request never selects confirms: never called."""
+        _unexpected("confirmed publishes")
 
     def noteConfirms(self, session):
-        """No confirm mode: never called."""
+        """A request never selects confirms: never called."""
+        _unexpected("had confirms pending")
 
-    def closeChannel(self, number, error):
-        """No deliveries, so no acknowledgement timeout."""
+    def consumerCancelled(self, number, consumerTag):
+        """A request has no consumers: never called."""
+        _unexpected("had a consumer cancelled")
 
 
 def requestSession(broker, user, vhost):

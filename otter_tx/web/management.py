@@ -1157,7 +1157,7 @@ class ManagementApp:
         except AMQPError as e:
             raise getRefusal(e)
         finally:
-            session.closed()
+            session.close()
         return out
 
     @staticmethod
@@ -1215,7 +1215,7 @@ class ManagementApp:
         except AMQPError as e:  # as /get answers them
             raise getRefusal(e)
         finally:
-            session.closed()
+            session.close()
         now = nowMs(self.clock)
         live = (e for e in q.readyEntries() if e.expiresAt is None or e.expiresAt > now)
         ready = q.readyCount

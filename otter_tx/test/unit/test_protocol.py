@@ -43,12 +43,13 @@ class SeamTests(ProtocolTestCase):
     """The connection implements what the broker core calls on it."""
 
     def test_clientConnection(self):
-        """AMQPServerProtocol provides IClientConnection."""
-        from otter_tx.broker.interfaces import IClientConnection
+        """AMQPServerProtocol provides IClientConnection, IConnectionInfo and ISessionClient."""
+        from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
 
         c = self.ready()
-        self.assertTrue(verifyClass(IClientConnection, type(c.protocol)))
-        self.assertTrue(verifyObject(IClientConnection, c.protocol))
+        for iface in (IClientConnection, IConnectionInfo, ISessionClient):
+            self.assertTrue(verifyClass(iface, type(c.protocol)))
+            self.assertTrue(verifyObject(iface, c.protocol))
 
 
 class HandshakeTests(ProtocolTestCase):
@@ -492,6 +493,42 @@ class ClosingTests(ProtocolTestCase):
         got = [(ch, type(m)) for ch, m, _ in c.received()]
         self.assertEqual(got[0], (1, spec.QueueDeleteOk))
         self.assertEqual(sorted(got[1:], key=repr), sorted([(1, spec.BasicCancel), (2, spec.BasicCancel)], key=repr))
+
+    def test_queueDeletedElsewhereCancelsAtOnce(self):
+        """A consumer whose queue another connection deletes gets basic.cancel at once."""
+        c = self.ready()
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.send(1, spec.BasicConsume(0, "q", "t1"))
+        c.received()
+        other = self.ready()
+        other.send(1, spec.QueueDelete(0, "q"))
+        self.assertEqual([type(m) for m in other.methods()], [spec.QueueDeleteOk])
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, type(m), m.consumer_tag), (1, spec.BasicCancel, "t1"))
+
+    def test_noCancelWithoutCapability(self):
+        """A client without consumer_cancel_notify gets delete-ok and no basic.cancel."""
+        c = self.client(capabilities={})
+        c.openChannel(1)
+        c.send(1, spec.QueueDeclare(0, "q"))
+        c.send(1, spec.BasicConsume(0, "q", "t1"))
+        c.received()
+        c.send(1, spec.QueueDelete(0, "q"))
+        self.assertEqual([type(m) for m in c.methods()], [spec.QueueDeleteOk])
+
+    def test_refusedDeleteHoldsNothing(self):
+        """After a refused queue.delete (406 if-unused) later cancels are not held back."""
+        c = self.ready()
+        c.openChannel(2)
+        c.send(2, spec.QueueDeclare(0, "q"))
+        c.send(2, spec.BasicConsume(0, "q", "t2"))
+        c.received()
+        c.send(1, spec.QueueDelete(0, "q", True))
+        self.assertEqual([type(m) for m in c.methods()], [spec.ChannelClose])
+        other = self.ready()
+        other.send(1, spec.QueueDelete(0, "q"))
+        [(ch, m, _)] = c.received()
+        self.assertEqual((ch, type(m)), (2, spec.BasicCancel))
 
     def test_passiveDeclareDefaultExchange(self):
         """A passive declare of the default exchange is a 403 channel error."""

@@ -341,7 +341,7 @@ class SessionTests(SessionTestCase):
     def test_redeliveryHeader(self):
         """A consumer's redelivery after a nack carries x-delivery-count 1."""
         sent = []
-        self.conn.sendDeliver = lambda number, tagBytes, tag, redelivered, message: sent.append(
+        self.conn.delivered = lambda number, consumer, tag, redelivered, message: sent.append(
             (redelivered, (message.headers or {}).get("x-delivery-count")))
         q = self.vh.queues["q"]
         q.enqueue(msg(b"x", "q"))

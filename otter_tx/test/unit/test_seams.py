@@ -17,12 +17,15 @@ from otter_tx.broker.exchange import (
     HeadersRouting,
     TopicRouting,
 )
+from otter_tx.broker import interfaces
 from otter_tx.broker.interfaces import (
     IClientConnection,
+    IConnectionInfo,
     IConsumer,
     IConsumerSource,
     IExchangeType,
     IQueue,
+    ISessionClient,
 )
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import ReplyToQueue
@@ -72,10 +75,11 @@ class RealImplementationTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IMessageStore, MemoryStore()))
 
     def test_protocol(self):
-        """The AMQP protocol is an IClientConnection."""
+        """The AMQP protocol is an IClientConnection, an IConnectionInfo and a Session's ISessionClient."""
         from otter_tx.door.protocol import AMQPServerProtocol
 
-        self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))
+        for iface in (IClientConnection, IConnectionInfo, ISessionClient):
+            self.assertTrue(verifyClass(iface, AMQPServerProtocol))
 
     def test_consumer(self):
         """The Session's Consumer is an IConsumer."""
@@ -83,32 +87,44 @@ class RealImplementationTests(SynchronousTestCase):
 
         self.assertTrue(verifyClass(IConsumer, Consumer))
 
-    def test_clientConnections(self):
-        """The AMQP connection and the HTTP door are IClientConnections."""
-        from otter_tx.door.protocol import AMQPServerProtocol
+    def test_httpDoor(self):
+        """The HTTP door is a Session's ISessionClient and nothing more: the core never lists, closes or alarms it."""
         from otter_tx.web.door import HTTPRequestConnection
 
-        self.assertTrue(verifyClass(IClientConnection, AMQPServerProtocol))
-        self.assertTrue(verifyClass(IClientConnection, HTTPRequestConnection))
+        self.assertTrue(verifyClass(ISessionClient, HTTPRequestConnection))
+        door = HTTPRequestConnection(self.broker, self.broker.users["guest"], self.vhost)
+        self.assertTrue(verifyObject(ISessionClient, door))
+        self.assertFalse(IClientConnection.implementedBy(HTTPRequestConnection))
+        self.assertFalse(IConnectionInfo.implementedBy(HTTPRequestConnection))
+
+    def test_quorumQueue(self):
+        """A quorum queue is an IQueue too (the same class with quorum rules)."""
+        q = self.vhost.declareQueue("qq", None, durable=True, arguments={"x-queue-type": "quorum"})
+        self.assertTrue(verifyObject(IQueue, q))
 
 
 class FakeTests(SynchronousTestCase):
     """Every test fake of a seam provides its interface fully."""
 
     def test_fakeConnection(self):
-        """testing.FakeConnection (also test_alarms' and test_memory's connections) is an IClientConnection."""
+        """testing.FakeConnection (and test_alarms' and test_session's subclasses) is all a protocol is to the core."""
         from otter_tx.test.unit.test_alarms import _Conn
+        from otter_tx.test.unit.test_session import FakeConnection as SessionFakeConnection
 
-        for cls in (FakeConnection, _Conn):
-            self.assertTrue(verifyClass(IClientConnection, cls))
-            self.assertTrue(verifyObject(IClientConnection, cls()))
+        for cls in (FakeConnection, _Conn, SessionFakeConnection):
+            for iface in (IClientConnection, IConnectionInfo, ISessionClient):
+                self.assertTrue(verifyClass(iface, cls))
+        for obj in (FakeConnection(), _Conn(), SessionFakeConnection(None)):
+            for iface in (IClientConnection, IConnectionInfo, ISessionClient):
+                self.assertTrue(verifyObject(iface, obj))
 
     def test_fakeConsumers(self):
-        """test_ttl_dlx.FakeConsumer and test_paging.Taker are IConsumer."""
+        """test_ttl_dlx.FakeConsumer, test_paging.Taker and the queue contract's RecordingConsumer are IConsumer."""
         from otter_tx.test.unit.test_paging import Taker
+        from otter_tx.test.unit.test_queue_contract import RecordingConsumer
         from otter_tx.test.unit.test_ttl_dlx import FakeConsumer
 
-        for cls in (FakeConsumer, Taker):
+        for cls in (FakeConsumer, Taker, RecordingConsumer):
             self.assertTrue(verifyClass(IConsumer, cls))
             self.assertTrue(verifyObject(IConsumer, cls()))
 
@@ -122,6 +138,17 @@ class FakeTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IStoreHealth, FakeStore()))
         self.assertTrue(verifyObject(IMessageStore, _HealthStore(MemoryStore(), FakeStore())))
         self.assertTrue(verifyClass(IMessageStore, _HeldSyncStore))
+
+
+class CoverageTests(SynchronousTestCase):
+    """Every interface of broker/interfaces.py is checked here against at least one implementation."""
+
+    def test_everyInterfaceChecked(self):
+        """The interfaces this module verifies are all those broker/interfaces.py declares."""
+        declared = {getattr(interfaces, name) for name in interfaces.__all__}
+        checked = {IClientConnection, IConnectionInfo, ISessionClient, IConsumer, IConsumerSource, IQueue,
+                   IExchangeType}
+        self.assertEqual(declared, checked)
 
 
 class CoreCallsThroughSeamsTests(SynchronousTestCase):

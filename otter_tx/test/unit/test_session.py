@@ -13,47 +13,42 @@ from zope.interface.verify import verifyClass, verifyObject
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
-from otter_tx.broker.interfaces import IClientConnection, IConsumer
+from otter_tx.broker.interfaces import IConsumer, ISessionClient
 from otter_tx.broker.session import Consumer, Session
 from otter_tx.store.interface import StoreFailedError
 from otter_tx.web.door import HTTPRequestConnection
 from otter_tx import testing
 
 
-@implementer(IClientConnection)
 class FakeConnection(testing.FakeConnection):
-    """A client connection that also records the Session's outbound calls (``sent``)."""
-
-    heldCancels = None
-    blocked = False
+    """
+    ``testing.FakeConnection`` recording the Session's outbound calls
+    (:class:`~otter_tx.broker.interfaces.ISessionClient`) in ``sent`` as
+    short tuples; :meth:`take` reads them by kind.
+    """
 
     def __init__(self, user):
         testing.FakeConnection.__init__(self, name="fake", user=user)
-        self.capabilities = {"consumer_cancel_notify": True}
         self.sent = []
-        self.noted = []
 
-    def close(self, code, text):
-        testing.FakeConnection.close(self, code, text)
+    def connectionFailed(self, code, text):
+        testing.FakeConnection.connectionFailed(self, code, text)
         self.sent.append(("close", code, text))
 
-    def sendMethod(self, number, method):
-        self.sent.append(("method", method))
+    def consumerCancelled(self, number, consumerTag):
+        self.sent.append(("cancelled", consumerTag))
 
-    def sendDeliver(self, number, tagBytes, deliveryTag, redelivered, message):
+    def delivered(self, number, consumer, deliveryTag, redelivered, message):
         self.sent.append(("deliver", deliveryTag, redelivered, message.body))
 
-    def sendReturn(self, number, code, text, message):
+    def returned(self, number, code, text, message):
         self.sent.append(("return", code, text, message.body))
 
-    def sendConfirms(self, number, confirms):
+    def confirmed(self, number, confirms):
         self.sent.append(("confirms", list(confirms)))
 
-    def closeChannel(self, number, error):
+    def channelFailed(self, number, error):
         self.sent.append(("closeChannel", error.code, error.text))
-
-    def noteConfirms(self, session):
-        self.noted.append(session)
 
     def take(self, kind):
         """The recorded calls of ``kind``, removed from the record."""
@@ -98,12 +93,38 @@ class SeamTests(SynchronousTestCase):
     """The declared interfaces."""
 
     def test_verified(self):
-        """Consumer provides IConsumer; the fake and the HTTP door provide IClientConnection."""
+        """Consumer provides IConsumer; the fake and the HTTP door provide ISessionClient."""
         verifyClass(IConsumer, Consumer)
-        verifyClass(IClientConnection, FakeConnection)
-        verifyClass(IClientConnection, HTTPRequestConnection)
+        verifyClass(ISessionClient, FakeConnection)
+        verifyClass(ISessionClient, HTTPRequestConnection)
         broker = Broker(Clock())
-        verifyObject(IClientConnection, HTTPRequestConnection(broker, broker.users["guest"], broker.vhosts["/"]))
+        verifyObject(ISessionClient, HTTPRequestConnection(broker, broker.users["guest"], broker.vhosts["/"]))
+
+
+class HTTPDoorTests(SynchronousTestCase):
+    """The HTTP door answers what a request can cause and refuses the rest as a bug."""
+
+    def setUp(self):
+        broker = Broker(Clock())
+        self.door = HTTPRequestConnection(broker, broker.users["guest"], broker.vhosts["/"])
+
+    def test_failuresRaised(self):
+        """A failed channel or connection becomes the request's error (raised for its answer)."""
+        error = AMQPError(406, "PRECONDITION_FAILED - x")
+        self.assertIs(self.assertRaises(AMQPError, self.door.channelFailed, 0, error), error)
+        e = self.assertRaises(AMQPError, self.door.connectionFailed, 541, "INTERNAL_ERROR - message store failed")
+        self.assertEqual((e.code, e.text), (541, "INTERNAL_ERROR - message store failed"))
+
+    def test_outcomesARequestCannotCause(self):
+        """Deliveries, returns, confirms and cancels never reach a request: each is an UnexpectedOutcome."""
+        from otter_tx.web.door import UnexpectedOutcome
+
+        for call in (lambda: self.door.delivered(0, None, 1, False, None),
+                     lambda: self.door.returned(0, 312, "NO_ROUTE", None),
+                     lambda: self.door.confirmed(0, [(1, True)]),
+                     lambda: self.door.noteConfirms(None),
+                     lambda: self.door.consumerCancelled(0, "c")):
+            self.assertRaises(UnexpectedOutcome, call)
 
 
 class ConsumeTests(SessionTestCase):
@@ -147,10 +168,10 @@ class ConsumeTests(SessionTestCase):
         self.assertEqual(e.code, 530)
 
     def test_cancelledByBroker(self):
-        """Deleting the queue sends basic.cancel to a consumer_cancel_notify client."""
+        """Deleting the queue tells the client its consumer was cancelled."""
         self.s.consume("q", "c")
         self.vh.deleteQueue(self.vh.queues["q"])
-        self.assertEqual([m.consumer_tag for (m,) in self.conn.take("method")], ["c"])
+        self.assertEqual(self.conn.take("cancelled"), [("c",)])
         self.assertEqual(self.s.consumers, {})
 
 
@@ -196,9 +217,9 @@ class AckTests(SessionTestCase):
 
     def test_closedRequeues(self):
         """Closing the session requeues the unacked and cancels the consumer."""
-        self.s.closed()
+        self.s.close()
         self.assertEqual((self.q.readyCount, self.q.consumerCount), (3, 0))
-        self.s.closed()
+        self.s.close()
 
     def test_ackTimeout(self):
         """An unacked delivery older than the limit closes the channel with 406."""

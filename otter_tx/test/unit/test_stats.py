@@ -228,7 +228,7 @@ class CounterTests(_KnownWorkload):
         self.assertEqual((ch["messages_uncommitted"], ch["acks_uncommitted"]), (1, 1))
 
     def test_connectionView(self):
-        """/api/connections shows byte and packet counts with rates, and reads only IClientConnection."""
+        """/api/connections shows byte and packet counts with rates, and reads only IConnectionInfo."""
         [c] = self.get("/api/connections").json()
         conn = self.broker.connections.copy().pop()
         self.assertEqual((c["recv_oct"], c["send_oct"], c["recv_cnt"], c["send_cnt"]),
@@ -238,21 +238,21 @@ class CounterTests(_KnownWorkload):
 
 
 class InterfaceViewTests(WebTestCase):
-    """The connection views read only what IClientConnection declares."""
+    """The connection views read only what IConnectionInfo declares."""
 
     def test_fakeConnectionListed(self):
         """A testing.FakeConnection in broker.connections is listed with its declared attributes and rates."""
         from twisted.internet.address import IPv4Address
         from zope.interface.verify import verifyObject
 
-        from otter_tx.broker.interfaces import IClientConnection
+        from otter_tx.broker.interfaces import IConnectionInfo
         from otter_tx.testing import FakeConnection
 
         conn = FakeConnection(user=self.broker.users["guest"], vhost=self.vh)
         conn.peer = IPv4Address("TCP", "10.0.0.1", 40000)
         conn.local = IPv4Address("TCP", "10.0.0.2", 5672)
         conn.bytesIn, conn.bytesOut, conn.recvCount, conn.sendCount = 100, 200, 3, 4
-        self.assertTrue(verifyObject(IClientConnection, conn))
+        self.assertTrue(verifyObject(IConnectionInfo, conn))
         self.broker.connections.add(conn)
         self.broker.sampler.sample()
         conn.bytesIn += 500

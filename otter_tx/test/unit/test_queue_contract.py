@@ -1,0 +1,277 @@
+"""
+The queue seam's contract as tests, the way ``StoreContractMixin``
+(``test_store.py``) states the store's: what a Session may rely on from an
+:class:`~otter_tx.broker.interfaces.IQueue`, whatever stands behind it.
+
+The contract is split in two, as the interfaces are:
+
+- :class:`ConsumerSourceContractMixin`: every
+  :class:`~otter_tx.broker.interfaces.IConsumerSource` (routed messages in,
+  deliveries out to registered consumers, no-ack deliveries only).  The
+  direct reply-to pseudo-queue implements only this part: it holds
+  nothing, so it has no ready messages, gets, settles or purges.
+- :class:`QueueContractMixin`: every ``IQueue`` (also runs the first):
+  ready messages, basic.get, settle, requeue (redelivered), reject,
+  purge, the exclusive-consume rule and the requeue holds.
+
+Run here against the classic queue, the quorum queue and the direct
+reply-to pseudo-queue; testing.py has no fake queue.  A queue on another
+node (the cluster's remote queue) runs the same mixins: subclass one with a
+``SynchronousTestCase`` and give :meth:`makeSource`.
+"""
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IConsumer, IConsumerSource, IQueue
+from otter_tx.broker.message import Message
+from otter_tx.broker.replyto import ReplyToQueue
+
+
+@implementer(IConsumer)
+class RecordingConsumer:
+    """
+    A consumer that records ``(queue, entry)`` of each delivery in
+    ``delivered``; ``room`` (bool) is what :meth:`canTake` answers.
+    """
+
+    def __init__(self, tag="c", noAck=True, priority=0):
+        self.tag = tag
+        self.noAck = noAck
+        self.priority = priority
+        self.room = True
+        self.delivered = []
+        self.cancelled = False
+
+    def canTake(self):
+        return self.room
+
+    def deliver(self, queue, entry):
+        self.delivered.append((queue, entry))
+
+    def cancelledByBroker(self, queue):
+        self.cancelled = True
+
+
+class _Feeder:
+    """A requeue feeder that has nothing left to hand over."""
+
+    def finish(self):
+        pass
+
+
+class ConsumerSourceContractMixin:
+    """
+    The :class:`~otter_tx.broker.interfaces.IConsumerSource` contract.
+    Subclasses define :meth:`makeSource`; ``self.clock`` is the
+    ``task.Clock`` it runs on.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.vhosts["/"]
+        self.source = self.makeSource()
+
+    def makeSource(self):
+        """The IConsumerSource under test, on ``self.vhost``."""
+        raise NotImplementedError()
+
+    def message(self, body=b"m"):
+        """A message as published to the default exchange with the source's name as routing key."""
+        return Message("", self.source.name, encodeProperties({}), body)
+
+    def test_interface(self):
+        """The source provides IConsumerSource."""
+        self.assertTrue(verifyObject(IConsumerSource, self.source))
+
+    def test_enqueueDelivers(self):
+        """A routed message goes to a registered no-ack consumer with room, as a fresh entry of this source."""
+        c = RecordingConsumer()
+        self.source.addConsumer(c)
+        m = self.message(b"hello")
+        self.assertTrue(self.source.enqueue(m))
+        [(queue, entry)] = c.delivered
+        self.assertIs(queue, self.source)
+        self.assertIs(entry.message, m)
+        self.assertEqual((entry.redelivered, entry.returns), (False, 0))
+
+    def test_deliveredMessage(self):
+        """deliveredMessage of a delivered entry is a message with the published body."""
+        c = RecordingConsumer()
+        self.source.addConsumer(c)
+        self.source.enqueue(self.message(b"body"))
+        [(_, entry)] = c.delivered
+        self.assertEqual(self.source.deliveredMessage(entry).body, b"body")
+
+    def test_removedConsumerGetsNothing(self):
+        """After removeConsumer, a routed message does not reach the consumer."""
+        c = RecordingConsumer()
+        self.source.addConsumer(c)
+        self.source.removeConsumer(c)
+        self.source.enqueue(self.message())
+        self.source.dispatch()
+        self.assertEqual(c.delivered, [])
+
+    def test_removeUnknownConsumer(self):
+        """Removing a consumer that was never added is not an error."""
+        self.source.removeConsumer(RecordingConsumer())
+
+    def test_dispatchAndRequeueOfNothing(self):
+        """dispatch() with no consumer and requeue([]) are harmless."""
+        self.source.dispatch()
+        self.source.requeue([])
+        self.source.requeue([], dispatch=False)
+
+
+class QueueContractMixin(ConsumerSourceContractMixin):
+    """
+    The :class:`~otter_tx.broker.interfaces.IQueue` contract (includes the
+    :class:`ConsumerSourceContractMixin` one).
+    """
+
+    def get(self):
+        """basic.get with acknowledgement: the entry (asserted present)."""
+        entry = self.source.basicGet(False)
+        self.assertIsNotNone(entry)
+        return entry
+
+    def test_interface(self):
+        """The queue provides IQueue, and its clock is an IReactorTime."""
+        self.assertTrue(verifyObject(IQueue, self.source))
+        self.assertTrue(IReactorTime.providedBy(self.source.clock))
+
+    def test_keptWithoutConsumer(self):
+        """A message with no consumer is kept: readyCount counts it until a get takes it."""
+        self.assertTrue(self.source.enqueue(self.message(b"a")))
+        self.assertEqual(self.source.readyCount, 1)
+        entry = self.get()
+        self.assertEqual((entry.message.body, entry.redelivered), (b"a", False))
+        self.assertEqual(self.source.readyCount, 0)
+        self.source.settle(entry)
+        self.assertIsNone(self.source.basicGet(False))
+
+    def test_getEmpty(self):
+        """basic.get on an empty queue is None."""
+        self.assertIsNone(self.source.basicGet(True))
+        self.assertIsNone(self.source.basicGet(False))
+
+    def test_order(self):
+        """A consumer added later gets the ready messages in publish order."""
+        for body in (b"1", b"2", b"3"):
+            self.source.enqueue(self.message(body))
+        c = RecordingConsumer(noAck=False)
+        self.source.addConsumer(c)
+        self.assertEqual([e.message.body for _, e in c.delivered], [b"1", b"2", b"3"])
+        self.assertEqual(self.source.readyCount, 0)
+
+    def test_canTakeRespected(self):
+        """A consumer without room gets nothing until dispatch() after it has room again."""
+        c = RecordingConsumer(noAck=False)
+        c.room = False
+        self.source.addConsumer(c)
+        self.source.enqueue(self.message())
+        self.assertEqual((c.delivered, self.source.readyCount), ([], 1))
+        c.room = True
+        self.source.dispatch()
+        self.assertEqual(len(c.delivered), 1)
+
+    def test_consumerCount(self):
+        """consumerCount follows addConsumer and removeConsumer."""
+        a, b = RecordingConsumer("a"), RecordingConsumer("b")
+        self.source.addConsumer(a)
+        self.source.addConsumer(b)
+        self.assertEqual(self.source.consumerCount, 2)
+        self.source.removeConsumer(a)
+        self.assertEqual(self.source.consumerCount, 1)
+
+    def test_requeueRedelivered(self):
+        """A requeued entry is ready again and comes back marked redelivered, with the same message."""
+        self.source.enqueue(self.message(b"x"))
+        entry = self.get()
+        self.source.requeue([entry])
+        self.assertEqual(self.source.readyCount, 1)
+        again = self.get()
+        self.assertEqual((again.message.body, again.redelivered), (b"x", True))
+
+    def test_rejectDrops(self):
+        """A rejected entry (no dead-letter exchange) is gone."""
+        self.source.enqueue(self.message())
+        self.source.reject([self.get()])
+        self.assertEqual(self.source.readyCount, 0)
+        self.assertIsNone(self.source.basicGet(False))
+
+    def test_purge(self):
+        """purge() drops the ready messages and says how many."""
+        for _ in range(3):
+            self.source.enqueue(self.message())
+        self.assertEqual(self.source.purge(), 3)
+        self.assertEqual(self.source.readyCount, 0)
+
+    def test_exclusiveConsumer(self):
+        """An exclusive consumer refuses every other until it goes; an exclusive one is refused beside others."""
+        self.assertFalse(self.source.refusesConsumer(True))
+        a = RecordingConsumer("a")
+        self.source.addConsumer(a, exclusive=True)
+        self.assertTrue(self.source.refusesConsumer(False))
+        self.source.removeConsumer(a)
+        self.assertFalse(self.source.refusesConsumer(False))
+        self.source.addConsumer(RecordingConsumer("b"))
+        self.assertTrue(self.source.refusesConsumer(True))
+        self.assertFalse(self.source.refusesConsumer(False))
+
+    def test_requeueHold(self):
+        """While a feeder holds the queue, requeued entries are not delivered; after release they are."""
+        self.source.enqueue(self.message(b"x"))
+        entry = self.get()
+        c = RecordingConsumer(noAck=False)
+        self.source.addConsumer(c)
+        feeder = _Feeder()
+        self.source.holdRequeue(feeder)
+        self.source.requeue([entry], dispatch=False)
+        self.clock.advance(0)
+        self.assertEqual(c.delivered, [])
+        self.source.releaseRequeue(feeder)
+        self.clock.advance(0)
+        self.source.dispatch()
+        [(_, again)] = c.delivered
+        self.assertEqual((again.message.body, again.redelivered), (b"x", True))
+
+
+class ClassicQueueContractTests(QueueContractMixin, SynchronousTestCase):
+    """A classic queue keeps the IQueue contract."""
+
+    def makeSource(self):
+        return self.vhost.declareQueue("classic", None)
+
+    def test_quorumFlag(self):
+        """A classic queue is not quorum."""
+        self.assertFalse(self.source.quorum)
+
+
+class QuorumQueueContractTests(QueueContractMixin, SynchronousTestCase):
+    """A quorum queue keeps the IQueue contract."""
+
+    def makeSource(self):
+        return self.vhost.declareQueue("quorum", None, durable=True, arguments={"x-queue-type": "quorum"})
+
+    def test_quorumFlag(self):
+        """A quorum queue says so (the Session's quorum rules read it)."""
+        self.assertTrue(self.source.quorum)
+
+
+class ReplyToContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
+    """The direct reply-to pseudo-queue keeps the IConsumerSource contract (it is not an IQueue)."""
+
+    def makeSource(self):
+        return ReplyToQueue(self.vhost)
+
+    def test_notAQueue(self):
+        """It holds nothing, so it does not claim IQueue."""
+        self.assertFalse(IQueue.providedBy(self.source))
