@@ -75,7 +75,7 @@ class SQLiteStore:
 
     :param pathOrDataDir: the data directory (the file is
         ``<dir>/otter_tx.sqlite3``) or a file path ending in ``.sqlite3`` /
-        ``.sqlite`` / ``.db`` (see :func:`resolvePath`).
+        ``.sqlite`` / ``.db`` (see :func:`~otter_tx.store.sqlite.schema.resolvePath`).
     :param reactor: provides ``callFromThread``; the only reactor method
         used, and only from the writer thread.
     :param integrityCheck: run ``PRAGMA quick_check`` when opening (reads
@@ -120,7 +120,7 @@ class SQLiteStore:
         self.healthy = True
         self._healthObservers = []
         # writer thread only: batches whose commit failed, to write again
-        # ahead of the next one; the tables (queue id map, dead qids)
+        # ahead of the next one (the tables are writer-thread only too)
         self._retry = []
         self._failures = 0
         # Deferreds of _whenIdle() (under _lock)
