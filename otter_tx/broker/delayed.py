@@ -44,6 +44,7 @@ from otter_tx.broker.access import READ, WRITE, Access
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
 from otter_tx.broker.expiry import _EPSILON_MS, OneTimer, nowMs
 from otter_tx.broker.message import Message
+from otter_tx.store.keys import delayedKey
 
 DELAYED_TYPE = "x-delayed-message"
 
@@ -390,7 +391,7 @@ class DelayedExchange(Exchange):
 
     def storeKey(self):
         """The store's pseudo-queue key for this exchange's held messages."""
-        return "\x01delayed\x00" + self.vhost.name + "\x00" + self.name
+        return delayedKey(self.vhost.name, self.name)
 
     def accept(self, message):
         """

@@ -11,10 +11,11 @@ and absolute expiry deadline (a TTL keeps running across a restart).  A
 durable queue's ``x-expires`` lease restarts at boot.  Transient messages
 and non-durable entities are not written.
 
-Keys are joined with NUL.  Names may contain NUL (AMQP short strings and
-RabbitMQ allow it), so records also carry the names they were made from
-(``names``, ``vhost``) and recovery reads those.  Declare arguments are
-kept as base64 of their AMQP field-table encoding so every type tag survives.
+The store keys (names joined with NUL; records also carry the names, since
+names may contain NUL) are defined in :mod:`otter_tx.store.keys`.  Declare
+arguments are kept as base64 of their AMQP field-table encoding so every
+type tag survives.  What was declared through the Python API before the
+store opened is merged in by :mod:`otter_tx.broker.prestart`.
 """
 
 import base64
@@ -29,23 +30,14 @@ from otter_tx.broker.exchange import Exchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import OperatorPolicy
 from otter_tx.broker.queue import UNACKED
+from otter_tx.store import keys
 
 log = Logger()
 
-SEP = "\x00"
 
-
-def _names(key, record, count):
-    """
-    The ``count`` names a store key was joined from: the record's
-    ``names`` (written since names may contain NUL, which AMQP short strings
-    and RabbitMQ allow), else the key split at its first ``count - 1`` NULs
-    (records written before).
-    """
-    names = record.get("names")
-    if isinstance(names, list) and len(names) == count:
-        return names
-    return key.split(SEP, count - 1)
+def destinationKind(dest):
+    """A binding destination's kind in its store key and record: ``"queue"`` or ``"exchange"``."""
+    return "exchange" if isinstance(dest, Exchange) else "queue"
 
 
 def tableToText(table):
@@ -85,7 +77,7 @@ class Journal:
         """
         key = queue.journalKey
         if key is None:
-            key = queue.journalKey = queue.vhost.name + SEP + queue.name
+            key = queue.journalKey = keys.queueKey(queue.vhost.name, queue.name)
         return key
 
     # --- entity changes --------------------------------------------------------
@@ -113,7 +105,7 @@ class Journal:
                 )
         elif kind == "permission":
             user, vh = obj
-            key = user + SEP + vh
+            key = keys.permissionKey(user, vh)
             perms = self.broker.permissions.get(obj)
             if deleted or perms is None:
                 store.deleteEntity("permission", key)
@@ -127,7 +119,7 @@ class Journal:
             else:
                 store.putEntity("global_parameter", obj, {"value": self.broker.globalParameters[obj]})
         elif kind in ("policy", "operator_policy"):
-            key = vhost.name + SEP + obj.name
+            key = keys.policyKey(vhost.name, obj.name)
             if deleted:
                 store.deleteEntity(kind, key)
             else:
@@ -135,7 +127,7 @@ class Journal:
         elif kind == "exchange":
             if not obj.durable or obj.name == "" or obj.name.startswith("amq."):
                 return
-            key = vhost.name + SEP + obj.name
+            key = keys.exchangeKey(vhost.name, obj.name)
             if deleted:
                 store.deleteEntity("exchange", key)
                 if obj.delayed:
@@ -143,7 +135,7 @@ class Journal:
             else:
                 if obj.delayed:
                     store.putEntity("queue", obj.storeKey(),
-                                    {"delayedExchange": True, "names": ["", vhost.name, obj.name]})
+                                    {"delayedExchange": True, "names": keys.delayedNames(vhost.name, obj.name)})
                 store.putEntity(
                     "exchange",
                     key,
@@ -166,9 +158,9 @@ class Journal:
             source, dest, routingKey, arguments = obj
             if not (source.durable and dest.durable):
                 return
-            destKind = "exchange" if isinstance(dest, Exchange) else "queue"
+            destKind = destinationKind(dest)
             args = tableToText(arguments)
-            key = SEP.join((vhost.name, source.name, destKind, dest.name, routingKey, args))
+            key = keys.bindingKey(vhost.name, source.name, destKind, dest.name, routingKey, args)
             if deleted:
                 store.deleteEntity("binding", key)
             else:
@@ -296,7 +288,7 @@ class Journal:
                         broker.userLimits[name] = dict(rec["limits"])
             broker.permissions.clear()
             for key, rec in ents.get("permission", {}).items():
-                user, vh = _names(key, rec, 2)
+                user, vh = keys.names(key, rec, 2)
                 broker.permissions[(user, vh)] = (rec["configure"], rec["write"], rec["read"])
         for name, rec in ents.get("global_parameter", {}).items():
             broker.globalParameters[name] = rec["value"]
@@ -307,12 +299,12 @@ class Journal:
                     rec["name"], rec["pattern"], rec["definition"], rec.get("priority", 0),
                     rec.get("apply-to", "all"), vh.name)
         for key, rec in ents.get("policy", {}).items():
-            vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
+            vh = broker.vhosts.get(keys.vhostOf(key, rec))
             if vh is not None and rec["name"] not in vh.policies:
                 broker.setPolicy(vh.name, rec["name"], rec["pattern"], rec["definition"],
                                  rec.get("priority", 0), rec.get("apply-to", "all"))
         for key, rec in ents.get("exchange", {}).items():
-            vhName, name = _names(key, rec, 2)
+            vhName, name = keys.names(key, rec, 2)
             vh = broker.vhosts.get(vhName)
             if vh is None:
                 continue
@@ -327,13 +319,13 @@ class Journal:
         delayed = {}
         for key, rec in ents.get("queue", {}).items():
             if rec.get("delayedExchange"):
-                _, vhName, name = _names(key, rec, 3)
+                _, vhName, name = keys.names(key, rec, 3)
                 vh = broker.vhosts.get(vhName)
                 ex = vh.exchanges.get(name) if vh is not None else None
                 if ex is not None and ex.delayed:
                     delayed[key] = ex
                 continue
-            vhName, name = _names(key, rec, 2)
+            vhName, name = keys.names(key, rec, 2)
             vh = broker.vhosts.get(vhName)
             if vh is None:
                 continue
@@ -342,7 +334,7 @@ class Journal:
             q.journal = self
             queues[key] = q
         for key, rec in ents.get("binding", {}).items():
-            vh = broker.vhosts.get(rec.get("vhost", key.split(SEP, 1)[0]))
+            vh = broker.vhosts.get(keys.vhostOf(key, rec))
             if vh is None:
                 continue
             src = vh.exchanges.get(rec["source"])

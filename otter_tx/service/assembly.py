@@ -34,6 +34,7 @@ from twisted.logger import Logger
 
 from otter_tx.resources.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
 from otter_tx.broker.broker import Broker
+from otter_tx.broker.prestart import PreStartRecorder
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 from otter_tx.door.tls import CertificateLogin
@@ -238,40 +239,6 @@ def _describe(endpoint):
     return repr(endpoint)
 
 
-class _PreStartRecorder:
-    """
-    Broker listener installed from construction until recovery: remembers
-    the last change of every entity declared, changed or deleted through
-    the Python API before ``startService`` so it can be merged with what
-    the store recovers and then written (see OtterService._mergePreStart).
-    """
-
-    def __init__(self):
-        self.events = {}
-
-    def __call__(self, kind, vhost, obj, deleted):
-        key = self.key(kind, vhost, obj)
-        self.events.pop(key, None)
-        self.events[key] = (kind, vhost, obj, deleted)
-
-    @staticmethod
-    def key(kind, vhost, obj):
-        if kind in ("vhost", "user"):
-            return (kind, obj.name)
-        if kind == "permission":
-            return (kind,) + tuple(obj)
-        if kind == "global_parameter":
-            return (kind, obj)
-        if kind == "binding":
-            from otter_tx.broker.durability import tableToText
-            from otter_tx.broker.queue import Queue
-
-            source, dest, routingKey, arguments = obj
-            destKind = "queue" if isinstance(dest, Queue) else "exchange"
-            return (kind, vhost.name, source.name, destKind, dest.name, routingKey, tableToText(arguments))
-        return (kind, vhost.name, obj.name)
-
-
 class OtterService(MultiService):
     """
     The broker with its AMQP listeners (and the management app when
@@ -447,8 +414,7 @@ class OtterService(MultiService):
         # publishers are blocked while the store cannot write (otter_tx.resources.alarms.Alarms.watchStore)
         self.broker.alarms.watchStore(store)
         # everything declared from here until recovery is merged and written then
-        self._preStart = _PreStartRecorder()
-        self.broker.listeners.append(self._preStart)
+        self._preStart = PreStartRecorder(self.broker)
         self._pendingPolicies = []
         for p in policies:
             if p.get("vhost", "/") in self.broker.vhosts:
@@ -594,13 +560,7 @@ class OtterService(MultiService):
 
     def _recovered(self, state):
         """Rebuild the broker from ``state`` merged with the pre-start declarations."""
-        if self._preStart in self.broker.listeners:
-            self.broker.listeners.remove(self._preStart)
-        preStart, state, storeDeletes = self._mergePreStart(state)
-        journal = self.journal = self.broker.attachJournal(self.store, state)
-        for kind, key in storeDeletes:
-            self.store.deleteEntity(kind, key)
-        self._replayPreStart(journal, preStart)
+        self.journal = self._preStart.attachJournal(self.store, state)
         for p in self._pendingPolicies:
             vhost = p.get("vhost", "/")
             if vhost not in self.broker.vhosts:
@@ -611,156 +571,6 @@ class OtterService(MultiService):
             self.diskMonitor.start()
         self.broker.startAckTimeoutChecks()
         self.broker.startStatistics()
-
-    def _mergePreStart(self, state):
-        """
-        Decide what each pre-start change means for recovery.  Returns
-        ``(actions, state, storeDeletes)``: ``actions`` a list of ``(kind,
-        vhost, obj, live, extra)`` in change order; ``state`` a copy of the
-        recovered state adjusted so that ``Journal.recover`` keeps the
-        objects declared before start (their vhosts stay, their exchanges are
-        not replaced, their queues take the stored messages); ``storeDeletes``
-        stored entities a pre-start declaration supersedes.
-        """
-        from otter_tx.broker.durability import SEP, tableToText
-        from otter_tx.store.interface import RecoveredState
-
-        broker = self.broker
-        ents = {kind: dict(records) for kind, records in state.entities.items()}
-        for kind in ("vhost", "user", "permission", "policy", "exchange", "queue", "binding"):
-            ents.setdefault(kind, {})
-        firstBoot = not ents["vhost"]
-        storeDeletes = []
-        keepVHosts = set()
-        actions = []
-
-        def vhostLive(vh):
-            return vh is not None and broker.vhosts.get(vh.name) is vh
-
-        events = self._preStart.events.values() if self._preStart is not None else ()
-        for kind, vhost, obj, deleted in events:
-            extra = None
-            if kind == "vhost":
-                live = not deleted and broker.vhosts.get(obj.name) is obj
-                if live:
-                    keepVHosts.add(obj.name)
-            elif kind == "user":
-                live = not deleted and broker.users.get(obj.name) is obj
-            elif kind == "permission":
-                extra = broker.permissions.get(tuple(obj))
-                live = not deleted and extra is not None
-            elif kind == "policy":
-                live = not deleted and vhostLive(vhost) and vhost.policies.get(obj.name) is obj
-            elif kind == "exchange":
-                live = not deleted and vhostLive(vhost) and vhost.exchanges.get(obj.name) is obj
-                if live:
-                    key = vhost.name + SEP + obj.name
-                    stored = ents["exchange"].pop(key, None)
-                    delayedKey = "\x01delayed\x00" + vhost.name + "\x00" + obj.name
-                    if stored is not None and stored.get("type") != obj.type:
-                        log.warn("exchange {name!r} in vhost {vhost!r} was declared before start as "
-                                 "type {new!r}; the stored one (type {old!r}) is replaced",
-                                 name=obj.name, vhost=vhost.name, new=obj.type, old=stored.get("type"))
-                    if not obj.durable:
-                        if stored is not None:
-                            storeDeletes.append(("exchange", key))
-                    if delayedKey in ents["queue"] and not (obj.durable and obj.delayed):
-                        ents["queue"].pop(delayedKey)
-                        storeDeletes.append(("queue", delayedKey))
-            elif kind == "queue":
-                live = not deleted and vhostLive(vhost) and vhost.queues.get(obj.name) is obj
-                if live:
-                    key = vhost.name + SEP + obj.name
-                    stored = ents["queue"].get(key)
-                    if stored is not None:
-                        if obj.durable:
-                            mine = {"autoDelete": obj.autoDelete, "arguments": tableToText(obj.arguments)}
-                            if (stored.get("autoDelete"), stored.get("arguments")) != (
-                                    mine["autoDelete"], mine["arguments"]):
-                                log.warn("queue {name!r} in vhost {vhost!r} was declared before start with "
-                                         "other arguments than the stored one; the new declaration wins",
-                                         name=obj.name, vhost=vhost.name)
-                            ents["queue"][key] = dict(stored, **mine)
-                        else:
-                            ents["queue"].pop(key)
-                            storeDeletes.append(("queue", key))
-                    if obj.durable and obj.readyCount:
-                        log.warn("{n} message(s) published to durable queue {name!r} before the broker "
-                                 "started are kept in memory only", n=obj.readyCount, name=obj.name)
-            elif kind == "binding":
-                source, dest, _, _ = obj
-                live = (not deleted and vhostLive(vhost)
-                        and vhost.exchanges.get(source.name) is source
-                        and (vhost.queues.get(dest.name) is dest or vhost.exchanges.get(dest.name) is dest))
-            else:
-                continue
-            if live and vhost is not None and kind != "vhost" and vhostLive(vhost):
-                keepVHosts.add(vhost.name)
-            actions.append((kind, vhost, obj, live, extra))
-        if not firstBoot:
-            for name in keepVHosts:
-                ents["vhost"].setdefault(name, {})
-        self._preStart = None
-        merged = RecoveredState(ents, state.messages, state.stats, getattr(state, "path", None))
-        return actions, merged, storeDeletes
-
-    def _replayPreStart(self, journal, actions):
-        """Write what was declared before start; apply what was deleted before start."""
-        broker = self.broker
-        order = ("vhost", "user", "permission", "policy", "exchange", "queue", "binding")
-        actions = sorted(actions, key=lambda a: order.index(a[0]))
-        for kind, vhost, obj, live, extra in actions:
-            if kind == "vhost":
-                if live:
-                    broker.vhosts[obj.name] = obj
-                    journal.entityChanged("vhost", obj, obj, False)
-                elif obj.name in broker.vhosts:
-                    broker.deleteVHost(obj.name)
-                continue
-            if kind == "user":
-                if live:
-                    broker.putUser(obj)
-                elif obj.name in broker.users:
-                    broker.deleteUser(obj.name)
-                continue
-            if kind == "permission":
-                if live:
-                    broker.setPermissions(obj[0], obj[1], *extra)
-                else:
-                    broker.clearPermissions(*obj)
-                continue
-            vh = broker.vhosts.get(vhost.name)
-            if vh is None:
-                continue
-            if kind == "policy":
-                if live:
-                    journal.entityChanged("policy", vh, obj, False)
-                elif obj.name in vh.policies:
-                    broker.clearPolicy(vh.name, obj.name)
-            elif kind == "exchange":
-                if live:
-                    journal.entityChanged("exchange", vh, obj, False)
-                elif obj.name in vh.exchanges and not obj.name.startswith("amq."):
-                    vh.deleteExchange(obj.name)
-            elif kind == "queue":
-                if live:
-                    journal.entityChanged("queue", vh, obj, False)
-                else:
-                    q = vh.queues.get(obj.name)
-                    if q is not None:
-                        vh.deleteQueue(q)
-            elif kind == "binding":
-                source, dest, routingKey, arguments = obj
-                if live:
-                    journal.entityChanged("binding", vh, obj, False)
-                else:
-                    src = vh.exchanges.get(source.name)
-                    from otter_tx.broker.queue import Queue
-
-                    table = vh.queues if isinstance(dest, Queue) else vh.exchanges
-                    dst = table.get(dest.name)
-                    if src is not None and dst is not None and src.name:
-                        vh.unbind(src, dst, routingKey, arguments)
 
     # --- listening -----------------------------------------------------------------
 

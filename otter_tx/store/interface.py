@@ -25,7 +25,8 @@ durable.  A publisher confirm for a persistent message is sent from that
 Deferred's callback.
 
 Keys: ``kind`` is one of :data:`ENTITY_KINDS`; ``key`` is any ``str`` the
-broker chooses (for example ``"vhost\\x00name"``).  The ``queueKey`` given
+broker chooses (for example ``"vhost\\x00name"``; the journal's formats are
+defined in :mod:`otter_tx.store.keys`).  The ``queueKey`` given
 to the message methods must equal the key of the queue's ``'queue'``
 entity: deleting that entity drops the queue's messages, and at recovery
 messages whose queue entity does not exist are dropped (and counted in

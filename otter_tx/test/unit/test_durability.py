@@ -4,6 +4,8 @@ recovers, waiting for the disk, purges.  The restarts of the real broker
 (SQLite store, real reactor) are in ``otter_tx.test.e2e.test_restart``.
 """
 
+import json
+
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -234,6 +236,30 @@ class JournalTests(SynchronousTestCase):
         vh.clearOperatorPolicy("op")
         b = self.restart(store, clock, b)
         self.assertEqual(b.vhosts["/"].operatorPolicies, {})
+
+class StoreKeyTests(SynchronousTestCase):
+    """The journal writes under the key formats of store/keys.py, which existing data directories hold."""
+
+    def test_keyFormats(self):
+        """Each durable entity kind and a delayed exchange's held messages are stored under NUL-joined keys."""
+        store = MemoryStore()
+        b = journaledBroker(store, Clock())
+        vh = b.vhosts["/"]
+        vh.declareExchange("x", "direct", durable=True)
+        dx = vh.declareExchange("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        q = vh.declareQueue("q", None, durable=True)
+        vh.bind(vh.exchanges["x"], q, "rk", {})
+        b.setPolicy("/", "p", "^q$", {"max-length": 1})
+        ents = store._entities
+        self.assertIn("/\x00x", ents["exchange"])
+        self.assertIn("/\x00q", ents["queue"])
+        self.assertIn("/\x00p", ents["policy"])
+        self.assertIn("guest\x00/", ents["permission"])
+        self.assertEqual(dx.storeKey(), "\x01delayed\x00/\x00dx")
+        self.assertEqual(json.loads(ents["queue"][dx.storeKey()]), {"delayedExchange": True, "names": ["", "/", "dx"]})
+        (binding,) = ents["binding"]
+        self.assertEqual(binding.split("\x00")[:5], ["/", "x", "queue", "q", "rk"])
+
 
 class OddNameTests(SynchronousTestCase):
     """Names holding NUL or bytes that are not UTF-8 survive a restart (the journal's keys and records)."""

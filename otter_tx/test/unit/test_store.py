@@ -30,7 +30,9 @@ from otter_tx.store.interface import (
     StoreCorruptError,
     StoreFailedError,
 )
-from otter_tx.store import sqlite as sqliteModule
+from otter_tx.store.sqlite import batch as batchModule
+from otter_tx.store.sqlite import schema as schemaModule
+from otter_tx.store.sqlite import tables as tablesModule
 from otter_tx.store.memory import MemoryStore
 from otter_tx.store.sqlite import STORE_FILENAME, SQLiteStore, resolvePath
 
@@ -497,10 +499,10 @@ class MemoryStoreFailureTests(SynchronousTestCase):
 
 
 class PendingBatchTests(SynchronousTestCase):
-    """The durable store's batch merging (``sqlite._Batch``) as plain code, without the writer thread."""
+    """The durable store's batch merging (``sqlite.batch.Batch``) as plain code, without the writer thread."""
 
     def batch(self, coalesce=True):
-        return sqliteModule._Batch(coalesce)
+        return batchModule.Batch(coalesce)
 
     def enqueue(self, b, queueKey, storeId, redelivered=False):
         b.enqueue(queueKey, storeId, storeId, 1.0, None, redelivered)
@@ -531,7 +533,7 @@ class PendingBatchTests(SynchronousTestCase):
         self.enqueue(b, "q", 7)
         self.assertTrue(b.entries["q"][7].replaces)
         self.assertEqual(b.dequeue("q", 7), 2)
-        self.assertEqual(b.entries["q"][7], sqliteModule._DEQUEUE)
+        self.assertEqual(b.entries["q"][7], batchModule.DEQUEUE)
 
     def test_markRedeliveredMerges(self):
         """A mark after a pending enqueue sets its flag; alone it is a mark; after a dequeue it is dropped."""
@@ -540,12 +542,12 @@ class PendingBatchTests(SynchronousTestCase):
         self.enqueue(b, "q", 1)
         b.markRedelivered("q", 1)
         entry = b.entries["q"][1]
-        self.assertEqual((entry.op, entry.seq, entry.redelivered), (sqliteModule._ENQ, 1, True))
+        self.assertEqual((entry.op, entry.seq, entry.redelivered), (batchModule.ENQ, 1, True))
         b.markRedelivered("q", 2)
-        self.assertEqual(b.entries["q"][2], sqliteModule._MARK_REDELIVERED)
+        self.assertEqual(b.entries["q"][2], batchModule.MARK_REDELIVERED)
         b.dequeue("q", 3)
         b.markRedelivered("q", 3)
-        self.assertEqual(b.entries["q"][3], sqliteModule._DEQUEUE)
+        self.assertEqual(b.entries["q"][3], batchModule.DEQUEUE)
 
     def test_purgeKeepsOnlyKept(self):
         """A purge forgets the queue's other pending entries, cancels their enqueues, and intersects repeated keeps."""
@@ -579,7 +581,7 @@ class PendingBatchTests(SynchronousTestCase):
         b.addMessage(1, "", "rk", b"", b"m")
         self.enqueue(b, "q", 1)
         self.assertEqual(b.dequeue("q", 1), 0)
-        self.assertEqual(b.entries["q"][1], sqliteModule._DEQUEUE)
+        self.assertEqual(b.entries["q"][1], batchModule.DEQUEUE)
         self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (0, True))
 
 
@@ -871,7 +873,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         alive until a garbage collection (PyPy) block no COMMIT: create, write,
         close and reopen all work.
         """
-        self.patch(sqliteModule, "sqlite3", _CursorKeepingSQLite())
+        self.patch(schemaModule, "sqlite3", _CursorKeepingSQLite())
         store = self.newStore()
         await store.open()
         store.putEntity("queue", "q", {"durable": True})
@@ -978,7 +980,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         self.assertEqual([m.storeId for m in recovered.messages["plain"]], [1, 2, 3, 4, 5, 6])
         conn = sqlite3.connect(recovered.path)
         try:
-            for sql in (sqliteModule._LOAD_MESSAGES, sqliteModule._DISORDERED):
+            for sql in (schemaModule.LOAD_MESSAGES, schemaModule.DISORDERED):
                 plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, (1,))]
                 self.assertFalse([p for p in plan if "TEMP B-TREE" in p], plan)
         finally:
@@ -990,8 +992,8 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         entries of a purged queue not cleaned up yet are neither returned
         nor counted.
         """
-        self.patch(sqliteModule, "GC_CHUNK", 0)
-        self.patch(sqliteModule, "GC_CHUNK_IDLE", 0)
+        self.patch(tablesModule, "GC_CHUNK", 0)
+        self.patch(tablesModule, "GC_CHUNK_IDLE", 0)
         store = self.newStore()
         await store.open()
         for key in ("a", "b", "gone"):
@@ -1128,8 +1130,8 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         """Every statement of the write path is planned as index searches, and recovery reads without a sort."""
         conn = sqlite3.connect(":memory:")
         self.addCleanup(conn.close)
-        conn.executescript(sqliteModule._SCHEMA)
-        for name, (sql, count) in sqliteModule.HOT_STATEMENTS.items():
+        conn.executescript(schemaModule.SCHEMA)
+        for name, (sql, count) in tablesModule.HOT_STATEMENTS.items():
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, [1] * count)]
             if name == "load":
                 self.assertEqual(plan[0], "SEARCH q USING PRIMARY KEY (qid=?)")
@@ -1141,7 +1143,7 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
                     self.assertRegex(step, r"^SCAN (\d+ CONSTANT ROWS|\(subquery-\d+\))$", (name, plan))
             self.assertFalse([s for s in plan if "TEMP B-TREE" in s], (name, plan))
         self.assertIn("queue_messages", conn.execute(
-            "EXPLAIN QUERY PLAN " + sqliteModule.HOT_STATEMENTS["dequeue"][0], [1] * 4).fetchall()[0][3])
+            "EXPLAIN QUERY PLAN " + tablesModule.HOT_STATEMENTS["dequeue"][0], [1] * 4).fetchall()[0][3])
 
     async def test_purgeIsBackgroundAndSpaceReturned(self):
         """
@@ -1149,9 +1151,9 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
         removed in GC_CHUNK(_IDLE) steps afterwards and the freed pages go back to the
         file system; a message still held by another queue stays.
         """
-        self.patch(sqliteModule, "GC_CHUNK", 100)
-        self.patch(sqliteModule, "GC_CHUNK_IDLE", 30)
-        self.patch(sqliteModule, "VACUUM_THRESHOLD", 8)
+        self.patch(tablesModule, "GC_CHUNK", 100)
+        self.patch(tablesModule, "GC_CHUNK_IDLE", 30)
+        self.patch(tablesModule, "VACUUM_THRESHOLD", 8)
         store = self.newStore()
         await store.open()
         store.putEntity("queue", "q", {})
@@ -1178,8 +1180,8 @@ class SQLiteStoreTests(_SQLiteFixture, TestCase):
 
     async def test_stopDuringCleanUp(self):
         """A stop before a purge's clean-up finished resurrects nothing; the clean-up resumes at the next open."""
-        self.patch(sqliteModule, "GC_CHUNK", 10)
-        self.patch(sqliteModule, "GC_CHUNK_IDLE", 10)
+        self.patch(tablesModule, "GC_CHUNK", 10)
+        self.patch(tablesModule, "GC_CHUNK_IDLE", 10)
         store = self.newStore()
         await store.open()
         store.putEntity("queue", "q", {})
