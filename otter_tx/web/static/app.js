@@ -289,7 +289,7 @@ class Chart {
     if (!this.plot) {
       fill(this.body);
       const opts = {
-        width: 540, height: 180,
+        width: 540, height: 180, padding: [10, 28, 0, 0],
         series: [{}].concat(this.labels.map((l, i) => ({label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
           value: (u, v) => (v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit)}))),
         axes: [{values: (u, splits) => splits.map((t) => fmtClock(t * 1000)), label: "UTC", labelSize: 14}, {size: 55}],
@@ -743,7 +743,7 @@ function delayedList(base) {
     await refreshNow();
   };
   const body = h("div");
-  append(box, body, h("div", {class: "pager"}, sizeSel, jump));
+  append(box, h("div", {class: "pager"}, sizeSel, jump), body);
   box.refresh = async () => {
     try { await show(); } catch (err) {
       if (!(err instanceof ApiError)) throw err;
@@ -938,7 +938,7 @@ pages.queue = (root, [vhost, name]) => {
       const x = await api("GET", base + "/expiry");
       // each bucket excludes the earlier ones: ranges, not "within"
       const buckets = [["within_1s", "in under 1 s"], ["within_10s", "in 1 s to 10 s"], ["within_1min", "in 10 s to 1 min"],
-        ["later", "in over 1 min"], ["never", "never (no TTL)"]];
+        ["later", "in over 1 min"], ["never", "never: no TTL"]];
       const max = Math.max(1, ...buckets.map(([k]) => x[k]));
       fill(expiry, h("div", {class: "hist"}, buckets.map(([k, text], i) => [h("span", {}, "Expires " + text),
         h("div", {}, h("div", {class: "bar" + (i === 4 ? " never" : ""), style: "width:" + (100 * x[k] / max).toFixed(1) + "%"})),
