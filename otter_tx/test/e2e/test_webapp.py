@@ -283,12 +283,11 @@ class WebAppBrowserTests(TestCase):
     def test_chartsFromSamples(self):
         """With the API's *_details.samples (a faked overview) the charts plot them instead of saying "no data yet"."""
         svc, url = yield startBroker(self)
-        drawn, legend, axis = yield threads.deferToThread(self.samplesCharts, url)
+        drawn, legend = yield threads.deferToThread(self.samplesCharts, url)
         self.assertEqual(drawn, {"Queued messages": 1, "Message rates": 1,
                                  "Expired, dead-lettered by reason, delayed": 0})
         # the newest values from the first draw, and again when the cursor leaves the chart
         self.assertEqual(legend, [["8", "1", "9"], ["8", "1", "9"]])
-        self.assertEqual(axis, "UTC")  # the time axis says its zone (the tables' times are UTC too)
 
     def samplesCharts(self, url):
         """The browser half of test_chartsFromSamples: the number of plots under each chart title."""
@@ -321,8 +320,7 @@ class WebAppBrowserTests(TestCase):
             over.hover(position={"x": 20, "y": 20})
             page.mouse.move(5, 5)
             legends.append(page.evaluate(legend))
-            axis = page.evaluate("document.querySelector('.chart .u-axis .u-label').textContent")
-            return drawn, legends, axis
+            return drawn, legends
 
     @defer.inlineCallbacks
     def test_delayedPagesJumpAndDelivered(self):
