@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import urllib.parse
-import urllib.request
 
 from twisted.internet import reactor, threads
 
@@ -122,7 +121,7 @@ def shoot(base, amqpPort, outDir):
                 page.goto(url + hashPath)
                 page.wait_for_timeout(int(settle * 1000))
                 if scrollTo:
-                    scroll(scrollTo)
+                    scroll(scrollTo, above=10)
                 page.screenshot(path=os.path.join(outDir, name + ".png"))
 
             snap("overview", "#/overview", settle=16)  # a few refreshes for the client-side chart history
@@ -134,12 +133,13 @@ def shoot(base, amqpPort, outDir):
             snap("channel", "#/channels/" + urllib.parse.quote(worker, safe=""), settle=11)
             snap("exchanges", "#/exchanges")
             snap("exchange-delayed", "#/exchanges/%2F/reminders", scrollTo="h2:text('Delayed messages')")
+            page.locator(".delayed select[name=page_size]").select_option("20")
+            page.locator(".delayed [data-page=\"1\"]").wait_for()
             jump = page.locator("form", has=page.locator("button", has_text="Jump"))
             jump.locator("input[name=due_from]").fill("in 40 min")
             jump.locator("button[type=submit]").click()
             page.locator("tr.mark").wait_for()
-            page.locator("tr.mark").evaluate("(e) => e.scrollIntoView({block: 'center'})")
-            page.wait_for_timeout(200)
+            scroll("h2:text('Delayed messages')", above=10)
             page.screenshot(path=os.path.join(outDir, "exchange-delayed-paged.png"))
             snap("queues", "#/queues")
             orders(base)

@@ -286,8 +286,8 @@ class WebAppBrowserTests(TestCase):
         drawn, legend = yield threads.deferToThread(self.samplesCharts, url)
         self.assertEqual(drawn, {"Queued messages": 1, "Message rates": 1,
                                  "Expired, dead-lettered by reason, delayed": 0})
-        # the newest values from the first draw, and again when the cursor leaves the chart
-        self.assertEqual(legend, [["8", "1", "9"], ["8", "1", "9"]])
+        # the current values (as the page's numbers) from the first draw, and again when the cursor leaves the chart
+        self.assertEqual(legend, [["9", "1", "10"], ["9", "1", "10"]])
 
     def samplesCharts(self, url):
         """The browser half of test_chartsFromSamples: the number of plots under each chart title."""
@@ -302,7 +302,8 @@ class WebAppBrowserTests(TestCase):
         def fake(route):
             body = json.loads(route.fetch().text())
             body["queue_totals"].update(messages_details=samples([9, 6, 3]), messages_ready_details=samples([8, 5, 2]),
-                                        messages_unacknowledged_details=samples([1, 1, 1]))
+                                        messages_unacknowledged_details=samples([1, 1, 1]),
+                                        messages=10, messages_ready=9, messages_unacknowledged=1)
             body["message_stats"] = {"publish": 30, "publish_details": samples([30, 20, 10])}
             route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
 
@@ -324,7 +325,10 @@ class WebAppBrowserTests(TestCase):
 
     @defer.inlineCallbacks
     def test_delayedPagesJumpAndDelivered(self):
-        """197 held messages: paged, a jump to a due time, cancel after delivery says so, x-delay quick key; plain exchanges show no delayed section."""
+        """
+        197 held messages: paged, a jump to a due time, a cancel after delivery says so, the x-delay
+        quick key; a plain exchange shows no delayed section.
+        """
         svc, url = yield startBroker(self)
         vh = svc.broker.vhosts["/"]
         ex = vh.declareExchange("web-held", "x-delayed-message", arguments={"x-delayed-type": "direct"})
@@ -386,7 +390,7 @@ class WebAppBrowserTests(TestCase):
 
     @defer.inlineCallbacks
     def test_goneQueueAndExchange(self):
-        """A queue deleted while its page is open, or one the user may not see: one notice, no toasts, no more requests."""
+        """A queue deleted under its page, or one the user may not see: one notice, no toasts, no more requests."""
         svc, url = yield startBroker(self)
         vh = svc.broker.vhosts["/"]
         vh.declareQueue("web-gone", None)
@@ -436,7 +440,7 @@ class WebAppBrowserTests(TestCase):
 
     @defer.inlineCallbacks
     def test_headersAndPolicyKeys(self):
-        """Get shows headers as nested tables, x-death as rows with UTC times; both policy forms offer what the server accepts."""
+        """Get shows headers as nested tables, x-death as rows with UTC times; policy forms offer the server's keys."""
         svc, url = yield startBroker(self)
         svc.broker.vhosts["/"].declareQueue("web-h", None)
         seen = yield threads.deferToThread(self.headersAndPolicies, url)
@@ -462,7 +466,8 @@ class WebAppBrowserTests(TestCase):
         with browser() as page:
             login(page, url)
             page.goto(url + "#/queues/%2F/web-h")
-            page.locator("form", has=page.locator("button", has_text="Get message(s)")).locator("button[type=submit]").click()
+            get = page.locator("form", has=page.locator("button", has_text="Get message(s)"))
+            get.locator("button[type=submit]").click()
             headers = page.locator("#got table[data-table=headers]")
             headers.wait_for()
             seen["attempt"] = headers.locator("tr[data-key=attempt] > td").first.inner_text()
@@ -488,7 +493,7 @@ class WebAppBrowserTests(TestCase):
 
     @defer.inlineCallbacks
     def test_listsChannelsAndQueueType(self):
-        """The queue list filters (substring, regex) and pages; Add queue's Type makes a quorum queue; a channel has its page."""
+        """The queue list filters (substring, regex) and pages; Type makes a quorum queue; a channel has a page."""
         svc, url = yield startBroker(self)
         vh = svc.broker.vhosts["/"]
         for i in range(120):

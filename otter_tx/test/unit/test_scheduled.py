@@ -356,7 +356,7 @@ class HTTPTests(test_web.WebTestCase):
         self.assertEqual(self.get("/api/exchanges/%2F/dx").json()["messages_delayed"], 3)
 
     def test_dueFrom(self):
-        """due_from=T (epoch ms) answers the page holding the first message due at or after T; the last page past the end."""
+        """due_from=T (epoch ms): the page holding the first message due at or after T; past the end, the last."""
         pages = {}
         for t in (0, T0_MS + 100, T0_MS + 150, T0_MS + 300, T0_MS + 999):
             body = self.get("/api/exchanges/%%2F/dx/delayed?page_size=1&due_from=%d" % (t,)).json()

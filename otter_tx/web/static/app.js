@@ -90,6 +90,7 @@ function fill(el, ...kids) {
 function enc(s) { return encodeURIComponent(s); }
 function fmtNum(n) { return n === null || n === undefined ? "" : Number(n).toLocaleString("en-US"); }
 function fmtRate(d) { return d && typeof d.rate === "number" ? d.rate.toFixed(1) + "/s" : ""; }
+function fmtByteRate(d) { return d && typeof d.rate === "number" ? fmtBytes(Math.round(d.rate)) + "/s" : ""; }
 function fmtBytes(n) {
   if (n === null || n === undefined) return "";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -273,6 +274,7 @@ class Chart {
   // details: one *_details object per label (may lack samples); values: the current values
   // (counts or rates) used for the client-side history; kind: "count" or "rate"
   update(details, values, kind) {
+    this.current = values;
     let data = fromSamples(details, kind);
     if (!data) {
       const now = Date.now() / 1000;
@@ -291,7 +293,11 @@ class Chart {
       const opts = {
         width: 540, height: 180, padding: [10, 28, 0, 0],
         series: [{}].concat(this.labels.map((l, i) => ({label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
-          value: (u, v) => (v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit)}))),
+          // off the chart, the current values (as the page's numbers); on it, the values under the cursor
+          value: (u, v, si) => {
+            if ((u.cursor.idx === null || u.cursor.idx === undefined) && typeof this.current[si - 1] === "number") v = this.current[si - 1];
+            return v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit;
+          }}))),
         axes: [{values: (u, splits) => splits.map((t) => fmtClock(t * 1000)), label: "UTC", labelSize: 14}, {size: 55}],
         scales: {y: {range: (u, min, max) => [0, Math.max(1, max * 1.1)]}},
         legend: {live: true},
@@ -308,7 +314,7 @@ class Chart {
 function newestLegend(u) {
   if (u.cursor.idx === null || u.cursor.idx === undefined) {
     const n = u.data[0].length;
-    if (n && u.legend.idx !== n - 1) u.setLegend({idx: n - 1});
+    if (n) u.setLegend({idx: n - 1});
   }
 }
 
@@ -586,7 +592,7 @@ pages.connections = (root) => {
     fill(list, table(["Name", "Virtual host", "User", "State", "Protocol", "Client", "Channels", "From client", "To client"],
       conns.map((c) => [h("a", {href: "#/connections/" + enc(c.name)}, c.name), c.vhost, c.user, c.state, c.protocol,
         ((c.client_properties || {}).product || "") + " " + ((c.client_properties || {}).version || ""),
-        c.channels, fmtRate(c.recv_oct_details), fmtRate(c.send_oct_details)])));
+        c.channels, fmtByteRate(c.recv_oct_details), fmtByteRate(c.send_oct_details)])));
   }};
 };
 
@@ -937,10 +943,10 @@ pages.queue = (root, [vhost, name]) => {
         bindingRows(await api("GET", base + "/bindings"), vhost), "No bindings"));
       const x = await api("GET", base + "/expiry");
       // each bucket excludes the earlier ones: ranges, not "within"
-      const buckets = [["within_1s", "in under 1 s"], ["within_10s", "in 1 s to 10 s"], ["within_1min", "in 10 s to 1 min"],
-        ["later", "in over 1 min"], ["never", "never: no TTL"]];
+      const buckets = [["within_1s", "Under 1 s"], ["within_10s", "1 s to 10 s"], ["within_1min", "10 s to 1 min"],
+        ["later", "Over 1 min"], ["never", "Never (no TTL)"]];
       const max = Math.max(1, ...buckets.map(([k]) => x[k]));
-      fill(expiry, h("div", {class: "hist"}, buckets.map(([k, text], i) => [h("span", {}, "Expires " + text),
+      fill(expiry, h("div", {class: "hist"}, buckets.map(([k, text], i) => [h("span", {}, text),
         h("div", {}, h("div", {class: "bar" + (i === 4 ? " never" : ""), style: "width:" + (100 * x[k] / max).toFixed(1) + "%"})),
         h("span", {class: "num", "data-bucket": k}, fmtNum(x[k]))])),
         x.estimated ? h("p", {class: "empty"}, fmtNum(x.estimated) + " paged-out messages are counted by the earliest expiry of their segment on disk.") : null);
