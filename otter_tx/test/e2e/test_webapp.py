@@ -504,6 +504,7 @@ class WebAppBrowserTests(TestCase):
         self.assertEqual(seen["page2"], ("Page 2 of 2", 20, "q-100"))
         self.assertEqual(seen["substring"], ("10 items (filtered from 120)", 10))
         self.assertEqual(seen["regex"], ["q-110", "q-111", "q-112"])
+        self.assertEqual(seen["badRegex"], (3, 0))
         self.assertEqual(vh.queues["web-quorum"].arguments, {"x-queue-type": "quorum"})
         self.assertEqual(seen["channel"]["prefetch"], "7")
         self.assertTrue(seen["channel"]["chart"])
@@ -536,6 +537,10 @@ class WebAppBrowserTests(TestCase):
                 page.fill(".filter input[name=filter]", "^q-11[0-2]$")
                 page.locator(".filter [data-shown=\"3\"]").wait_for()
                 seen["regex"] = rows.locator("td a").all_inner_texts()
+                page.fill(".filter input[name=filter]", "^q-(")  # does not compile: marked, not sent
+                page.locator(".filter input.invalid").wait_for()
+                page.click("header button >> text=Refresh now")
+                seen["badRegex"] = (rows.count(), page.get_by_role("alert").count())
                 form = page.locator("form", has=page.locator("button", has_text="Add queue"))
                 form.locator("select[name=type]").select_option("quorum")
                 form.locator("input[name=name]").fill("web-quorum")

@@ -508,11 +508,17 @@ function listFilter(kind) {
   const regexIn = h("input", {type: "checkbox", name: "regex", checked: st.regex});
   const sizeSel = selectInput("page_size", PAGE_SIZES.map((n) => [String(n), n + " per page"]), String(st.size));
   let debounce = null;
-  nameIn.addEventListener("input", () => {
-    clearTimeout(debounce);
-    debounce = setTimeout(() => { st.name = nameIn.value; st.page = 1; save(); refreshNow(); }, 300);
-  });
-  regexIn.addEventListener("change", () => { st.regex = regexIn.checked; st.page = 1; save(); refreshNow(); });
+  // a regular expression that does not compile is not sent (it would fail every refresh): the field says so
+  const apply = () => {
+    let bad = null;
+    if (regexIn.checked) { try { new RegExp(nameIn.value); } catch (e) { bad = e.message; } }
+    nameIn.classList.toggle("invalid", bad !== null);
+    nameIn.title = bad === null ? "" : bad;
+    if (bad !== null) return;
+    st.name = nameIn.value; st.regex = regexIn.checked; st.page = 1; save(); refreshNow();
+  };
+  nameIn.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(apply, 300); });
+  regexIn.addEventListener("change", apply);
   sizeSel.addEventListener("change", () => { st.size = Number(sizeSel.value); st.page = 1; save(); refreshNow(); });
   const pager = h("span", {class: "pages"});
   const box = h("div", {class: "filter"}, nameIn, h("label", {}, regexIn, " Regex"), sizeSel, pager);
