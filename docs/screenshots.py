@@ -10,31 +10,20 @@ docs/images/ (run ``optipng -o2`` on them afterwards when it is installed).
     .venv-test/bin/python docs/screenshots.py [OUTPUT_DIR]
 """
 
-import base64
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
+import urllib.parse
 
 from twisted.internet import reactor, threads
 
 from otter_tx.service import OtterService
-from otter_tx.test.e2e.test_webapp import browser, login
+from otter_tx.test.e2e.test_webapp import apiCall as call, browser, login
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def call(base, method, path, body=None):
-    """One management API request as guest; the decoded JSON answer or None."""
-    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        raw = r.read()
-        return json.loads(raw) if raw else None
 
 
 def populate(base, amqpPort, stop):
@@ -70,9 +59,12 @@ def populate(base, amqpPort, stop):
 
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqpPort))
     ch = conn.channel()
-    for i in range(3):
+    # 197 held reminders, one every 20 s from a minute on: two pages of the delayed list
+    for i in range(197):
         ch.basic_publish("reminders", "due", b"remind %d" % i,
-                         pika.BasicProperties(headers={"x-delay": 600000 * (i + 1)}, message_id="reminder-%d" % i))
+                         pika.BasicProperties(headers={"x-delay": 60000 + 20000 * i, "attempt": 3,
+                                                       "tenant": {"id": 42, "region": "eu-west"}},
+                                              message_id="reminder-%d" % i))
     consumerConn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqpPort,
                                                                      client_properties={"product": "billing-worker"}))
     cch = consumerConn.channel()
@@ -129,14 +121,26 @@ def shoot(base, amqpPort, outDir):
                 page.goto(url + hashPath)
                 page.wait_for_timeout(int(settle * 1000))
                 if scrollTo:
-                    scroll(scrollTo)
+                    scroll(scrollTo, above=10)
                 page.screenshot(path=os.path.join(outDir, name + ".png"))
 
             snap("overview", "#/overview", settle=16)  # a few refreshes for the client-side chart history
             snap("connections", "#/connections")
             snap("channels", "#/channels")
+            # the consumer's channel (its row has a consumer)
+            worker = page.locator("main tbody tr", has=page.locator("td:nth-child(9)", has_text="1")).first \
+                .locator("a").inner_text()
+            snap("channel", "#/channels/" + urllib.parse.quote(worker, safe=""), settle=11)
             snap("exchanges", "#/exchanges")
             snap("exchange-delayed", "#/exchanges/%2F/reminders", scrollTo="h2:text('Delayed messages')")
+            page.locator(".delayed select[name=page_size]").select_option("20")
+            page.locator(".delayed [data-page=\"1\"]").wait_for()
+            jump = page.locator("form", has=page.locator("button", has_text="Jump"))
+            jump.locator("input[name=due_from]").fill("in 40 min")
+            jump.locator("button[type=submit]").click()
+            page.locator("tr.mark").wait_for()
+            scroll("h2:text('Delayed messages')", above=10)
+            page.screenshot(path=os.path.join(outDir, "exchange-delayed-paged.png"))
             snap("queues", "#/queues")
             orders(base)
             snap("queue", "#/queues/%2F/orders.created", settle=11)
@@ -151,6 +155,17 @@ def shoot(base, amqpPort, outDir):
             page.locator("#browsed pre.payload").first.wait_for()
             scroll("h2:text('Browse messages')", above=10)
             page.screenshot(path=os.path.join(outDir, "queue-browse.png"))
+            # dead letters: their x-death headers as rows, times readable
+            page.goto(url + "#/queues/%2F/orders.dead")
+            browse = page.locator("form", has=page.locator("button", has_text="Browse"))
+            browse.locator("input[name=count]").fill("1")
+            browse.locator("button[type=submit]").click()
+            page.locator("#browsed table[data-list=x-death]").first.wait_for()
+            scroll("#browsed", above=10)
+            page.screenshot(path=os.path.join(outDir, "queue-headers.png"))
+            # a queue x-expires deleted while its page was open
+            call(base, "PUT", "/api/queues/%2F/session.tmp", {"durable": False, "arguments": {"x-expires": 4000}})
+            snap("queue-gone", "#/queues/%2F/session.tmp", settle=8)
             snap("policies", "#/policies")
             snap("users", "#/users")
             snap("vhosts", "#/vhosts")

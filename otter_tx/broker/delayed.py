@@ -293,6 +293,16 @@ class HeldSet(OneTimer):
                 break
         return out
 
+    def rank(self, due):
+        """How many entries are due before ``due`` (ms): the position of the first due at or after it."""
+        n = 0
+        for chunk in self._chunks:
+            if chunk[-1][0] < due:
+                n += len(chunk)
+                continue
+            return n + bisect_left(chunk, (due,))
+        return n
+
     def clear(self):
         """Forget everything and cancel the timer; returns how many were held."""
         n = len(self.byId)
@@ -440,12 +450,16 @@ class DelayedExchange(Exchange):
 
     # --- the held set: list, cancel, purge (HTTP and AMQP) -----------------------
 
-    def heldPage(self, page, pageSize):
+    def heldPage(self, page, pageSize, dueFrom=None):
         """
         One page (1-based) of the held messages in due order, as
         ``{"items": [item...], "total_count", "page", "page_size"}`` with
-        :func:`heldItem`'s items.
+        :func:`heldItem`'s items; with ``dueFrom`` (epoch ms) instead the
+        page holding the first message due at or after it (the last page
+        when none is), ``page`` saying which.
         """
+        if dueFrom is not None:
+            page = min(self._set.rank(dueFrom), max(0, len(self._set) - 1)) // pageSize + 1
         entries = self._set.page((page - 1) * pageSize, pageSize)
         return {"items": [heldItem(*e) for e in entries], "total_count": len(self._set),
                 "page": page, "page_size": pageSize}

@@ -63,7 +63,8 @@ from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.expiry import nowMs
 from otter_tx.broker.message import Message
 from otter_tx.web.nodes import memoryBreakdown, memUsed, nodeDict, relativeMemory
-from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
+from otter_tx.broker.policy import (OPERATOR_POLICY_KEYS, POLICY_KEYS, OperatorPolicy, Policy, PolicyError,
+                                    checkOperatorKeys)
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
@@ -262,7 +263,8 @@ def listQuery(request, items):
     """
     Apply RabbitMQ's list parameters (section 8.1): ``sort``,
     ``sort_reverse``, ``page``/``page_size``/``name``/``use_regex`` (the
-    paginated wrapper object) and ``columns`` (dotted paths allowed).
+    paginated wrapper object; ``name`` matches ignoring case, as
+    RabbitMQ's) and ``columns`` (dotted paths allowed).
     An empty ``sort=`` is accepted and ignored.
     """
     sort = _query(request, "sort")
@@ -282,12 +284,13 @@ def listQuery(request, items):
         if name:
             if _queryFlag(request, "use_regex"):
                 try:
-                    rx = re.compile(name)
+                    rx = re.compile(name, re.IGNORECASE)
                 except re.error:
                     raise badRequest("invalid regex")
                 items = [i for i in items if rx.search(str(i.get("name", "")))]
             else:
-                items = [i for i in items if name in str(i.get("name", ""))]
+                name = name.casefold()
+                items = [i for i in items if name in str(i.get("name", "")).casefold()]
         filtered = len(items)
         pageItems = items[(pageN - 1) * sizeN : pageN * sizeN]
         if columns:
@@ -1520,7 +1523,9 @@ class ManagementApp:
         held messages in due order, ``{"items": [{"id", "message_id",
         "due" (epoch ms), "routing_key", "properties", "payload_bytes"}],
         "total_count", "page", "page_size"}`` (page from 1, size 1..500,
-        default 100; else 400 ``invalid_pagination_parameters``); needs read
+        default 100; else 400 ``invalid_pagination_parameters``);
+        ``due_from=T`` (epoch ms, otter-only) answers instead the page
+        holding the first message due at or after T.  Needs read
         permission on the exchange.  ``DELETE``: purge them all (204); needs
         write permission.  404 for a missing or non-delayed exchange.
         """
@@ -1531,9 +1536,11 @@ class ManagementApp:
         _, ex = self._delayedExchange(user, vhost, name, "list")
         try:
             page, size = pageParameters(_query(request, "page"), _query(request, "page_size"))
+            dueFrom = _query(request, "due_from")
+            dueFrom = None if dueFrom is None else int(dueFrom)
         except ValueError as e:
             raise HTTPError(400, "invalid_pagination_parameters", str(e))
-        return ex.heldPage(page, size)
+        return ex.heldPage(page, size, dueFrom)
 
     @app.route("/api/exchanges/<vhost>/<name>/delayed/<held>", methods=["DELETE", "OPTIONS"])
     @endpoint(_VHOST)
@@ -1670,7 +1677,9 @@ class ManagementApp:
         ``GET /api/overview``.  ``product_name``/``product_version`` are
         otter_tx's; ``rabbitmq_version``/``management_version`` report the
         RabbitMQ release whose API is reproduced (:data:`RABBITMQ_COMPAT_VERSION`),
-        which tools such as rabbitmqadmin and exporters parse.
+        which tools such as rabbitmqadmin and exporters parse.  Otter-only:
+        ``policy_keys``, ``{"policies": [key...], "operator-policies":
+        [key...]}``, the definition keys each kind accepts.
         """
         vhosts = self._visibleVHosts(user)
         queues = [q for vh in vhosts for q in vh.queues.values()]
@@ -1704,6 +1713,8 @@ class ManagementApp:
             "exchange_types": [
                 {"name": n, "description": d, "enabled": True} for n, d in _EXCHANGE_TYPE_DESCRIPTIONS
             ],
+            # otter-only: the definition keys policies and operator policies accept (the web app's forms)
+            "policy_keys": {"policies": sorted(POLICY_KEYS), "operator-policies": list(OPERATOR_POLICY_KEYS)},
             "message_stats": messageStats,
             "churn_rates": view.messageStats("churn", broker, S.CHURN_KEYS, S.churnValues(broker.counters)),
             "queue_totals": queueTotals,

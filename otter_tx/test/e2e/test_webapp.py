@@ -91,6 +91,21 @@ def startBroker(testCase):
     return svc, "http://127.0.0.1:%d/" % (port.getHost().port,)
 
 
+def apiCall(base, method, path, body=None, user="guest", password="guest"):
+    """
+    One management API request (``base``: the management URL, with or
+    without its final ``/``; ``path``: ``/api/...``): the decoded JSON
+    answer, or None for an empty one; HTTPError for a 4xx/5xx.
+    """
+    auth = base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
+    req = urllib.request.Request(base.rstrip("/") + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"content-type": "application/json", "authorization": "Basic " + auth})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        raw = r.read()
+        return json.loads(raw) if raw else None
+
+
 def login(page, url, user="guest", password="guest"):
     """Open the app at ``url`` and log in through its form."""
     page.goto(url)
@@ -251,14 +266,9 @@ class WebAppBrowserTests(TestCase):
             login(page, url)
             seen["adminTabs"] = page.evaluate(tabs)
             # a message held for 90 s, published through the real API (a routing key that looks like HTML)
-            req = urllib.request.Request(
-                url + "api/exchanges/%2F/web-delayed/publish", method="POST",
-                data=json.dumps({"routing_key": "<b>k</b>", "payload": "hello", "payload_encoding": "string",
-                                 "properties": {"message_id": "m-1", "headers": {"x-delay": 90000}}}).encode(),
-                headers={"content-type": "application/json",
-                         "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                seen["published"] = json.loads(r.read())
+            seen["published"] = apiCall(url, "POST", "/api/exchanges/%2F/web-delayed/publish", {
+                "routing_key": "<b>k</b>", "payload": "hello", "payload_encoding": "string",
+                "properties": {"message_id": "m-1", "headers": {"x-delay": 90000}}})
             page.on("request", lambda r: seen["cancelled"].append(
                 "DELETE " + r.url.split(url.rstrip("/"), 1)[1]) if r.method == "DELETE" else None)
             page.goto(url + "#/exchanges/%2F/web-delayed")
@@ -273,9 +283,11 @@ class WebAppBrowserTests(TestCase):
     def test_chartsFromSamples(self):
         """With the API's *_details.samples (a faked overview) the charts plot them instead of saying "no data yet"."""
         svc, url = yield startBroker(self)
-        drawn = yield threads.deferToThread(self.samplesCharts, url)
+        drawn, legend = yield threads.deferToThread(self.samplesCharts, url)
         self.assertEqual(drawn, {"Queued messages": 1, "Message rates": 1,
                                  "Expired, dead-lettered by reason, delayed": 0})
+        # the current values (as the page's numbers) from the first draw, and again when the cursor leaves the chart
+        self.assertEqual(legend, [["9", "1", "10"], ["9", "1", "10"]])
 
     def samplesCharts(self, url):
         """The browser half of test_chartsFromSamples: the number of plots under each chart title."""
@@ -290,14 +302,260 @@ class WebAppBrowserTests(TestCase):
         def fake(route):
             body = json.loads(route.fetch().text())
             body["queue_totals"].update(messages_details=samples([9, 6, 3]), messages_ready_details=samples([8, 5, 2]),
-                                        messages_unacknowledged_details=samples([1, 1, 1]))
+                                        messages_unacknowledged_details=samples([1, 1, 1]),
+                                        messages=10, messages_ready=9, messages_unacknowledged=1)
             body["message_stats"] = {"publish": 30, "publish_details": samples([30, 20, 10])}
             route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
 
+        legend = "Array.from(document.querySelectorAll('.chart')[0].querySelectorAll('.u-series'))" \
+                 ".slice(1).map((s) => s.querySelector('.u-value').textContent)"
         with browser() as page:
             page.route(re.compile(r".*/api/overview\?.*"), fake)
             login(page, url)
             page.locator(".chart canvas").first.wait_for()
-            return page.evaluate(
+            drawn = page.evaluate(
                 "Object.fromEntries(Array.from(document.querySelectorAll('.chart')).map((c) =>"
                 " [c.previousSibling.textContent, c.querySelectorAll('.uplot').length]))")
+            legends = [page.evaluate(legend)]
+            over = page.locator(".chart .u-over").first
+            over.hover(position={"x": 20, "y": 20})
+            page.mouse.move(5, 5)
+            legends.append(page.evaluate(legend))
+            return drawn, legends
+
+    @defer.inlineCallbacks
+    def test_delayedPagesJumpAndDelivered(self):
+        """
+        197 held messages: paged, a jump to a due time, a cancel after delivery says so, the x-delay
+        quick key; a plain exchange shows no delayed section.
+        """
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        ex = vh.declareExchange("web-held", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        seen = yield threads.deferToThread(self.delayedPages, url)
+        self.assertEqual(seen["first"], ("197 held; showing 1-100 in due order", "Page 1 of 2", 100))
+        self.assertEqual(seen["next"], ("Page 2 of 2", 97, "m-100"))
+        # m-i is due i + 1 minutes after it was published: the first due at or after "in 150 min" is m-150
+        self.assertEqual(seen["jump"], ("Page 8 of 10", "m-150"))
+        self.assertEqual(seen["gone"], "Message m-140 is no longer held: it was already delivered (or cancelled).")
+        self.assertEqual(seen["published"], "Message published, but not routed.")
+        self.assertEqual(seen["plain"], False)
+        self.assertEqual(ex.held, 197)  # 197 - m-140 + the one published from the page
+
+    def delayedPages(self, url):
+        """The browser half of test_delayedPagesJumpAndDelivered."""
+        seen = {}
+        for i in range(197):
+            apiCall(url, "POST", "/api/exchanges/%2F/web-held/publish", {
+                "routing_key": "k", "payload": "p", "payload_encoding": "string",
+                "properties": {"message_id": "m-%d" % i, "headers": {"x-delay": 60000 * (i + 1)}}})
+        with browser() as page:
+            login(page, url)
+            page.goto(url + "#/exchanges/%2F/web-held")
+            rows = page.locator(".delayed tbody tr")
+            page.locator(".delayed [data-page]").wait_for()
+            seen["first"] = (page.locator(".delayed [data-held]").inner_text(),
+                             page.locator(".delayed [data-page]").inner_text(), rows.count())
+            page.click(".delayed button >> text=Next")
+            page.locator(".delayed [data-page=\"2\"]").wait_for()
+            seen["next"] = (page.locator(".delayed [data-page]").inner_text(), rows.count(),
+                            rows.first.locator("td").nth(3).inner_text())
+            page.locator(".delayed select[name=page_size]").select_option("20")
+            page.locator(".delayed [data-page=\"1\"]").wait_for()
+            jump = page.locator("form", has=page.locator("button", has_text="Jump"))
+            jump.locator("input[name=due_from]").fill("in 150 min")
+            jump.locator("button[type=submit]").click()
+            page.locator(".delayed tr.mark").wait_for()
+            seen["jump"] = (page.locator(".delayed [data-page]").inner_text(),
+                            page.locator(".delayed tr.mark td").nth(3).inner_text())
+            # m-140 (on the same page) goes elsewhere, as a message that fires, while the page still lists it
+            row = page.locator(".delayed tr", has=page.locator("td", has_text="m-140"))
+            held = apiCall(url, "GET", "/api/exchanges/%2F/web-held/delayed?page=8&page_size=20")["items"]
+            m140 = next(m for m in held if m["message_id"] == "m-140")
+            apiCall(url, "DELETE", "/api/exchanges/%2F/web-held/delayed/" + m140["id"])
+            row.locator("button", has_text="Cancel").click()
+            seen["gone"] = page.get_by_role("alert").filter(has_text="no longer held").first.inner_text()
+            # the publish form offers the delay headers
+            publish = page.locator("form", has=page.locator("button", has_text="Publish message"))
+            publish.locator(".quick button", has_text="x-delay-until").wait_for()
+            publish.locator(".quick button", has_text="x-delay").first.click()
+            publish.locator(".args[data-args=headers] .row").nth(0).locator("[data-v]").fill("600000")
+            publish.locator("button[type=submit]").click()
+            seen["published"] = page.get_by_role("status").filter(has_text="Message published").first.inner_text()
+            # a plain exchange: no delayed-messages section
+            page.goto(url + "#/exchanges/%2F/amq.direct")
+            page.locator("dd", has_text="direct").first.wait_for()
+            seen["plain"] = page.locator("h2", has_text="Delayed messages").is_visible()
+        return seen
+
+    @defer.inlineCallbacks
+    def test_goneQueueAndExchange(self):
+        """A queue deleted under its page, or one the user may not see: one notice, no toasts, no more requests."""
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        vh.declareQueue("web-gone", None)
+        vh.declareExchange("web-gone-x", "fanout")
+        svc.broker.addVHost("private")
+        svc.broker.addUser("web-outsider", "pw", ["management"])
+        svc.broker.setPermissions("web-outsider", "/")
+        seen = yield threads.deferToThread(self.goneQueue, url)
+        self.assertEqual(seen["queue"], ("404", "Queue web-gone in virtual host / does not exist (any more): "
+                                                "it was deleted or closed."))
+        self.assertEqual(seen["exchange"], "404")
+        self.assertEqual(seen["private"], ("401", "You may not see queue anything in virtual host private: "
+                                                  "User not authorised to access virtual host"))
+        self.assertEqual(seen["toasts"], 0)
+        self.assertEqual(seen["requestsAfter"], [])
+        self.assertEqual(seen["forms"], 0)
+
+    def goneQueue(self, url):
+        """The browser half of test_goneQueueAndExchange."""
+        seen = {"requests": []}
+        with browser() as page:
+            page.on("request", lambda r: seen["requests"].append(r.url) if "/api/" in r.url else None)
+            login(page, url)
+            page.goto(url + "#/queues/%2F/web-gone")
+            page.locator("[data-count=ready]").wait_for()
+            apiCall(url, "DELETE", "/api/queues/%2F/web-gone")
+            page.click("header button >> text=Refresh now")
+            gone = page.locator("p.gone")
+            gone.wait_for()
+            seen["queue"] = (gone.get_attribute("data-gone"), gone.inner_text())
+            seen["forms"] = page.locator("main form").count()
+            del seen["requests"][:]
+            page.click("header button >> text=Refresh now")
+            page.click("header button >> text=Refresh now")
+            seen["requestsAfter"] = list(seen["requests"])
+            seen["toasts"] = page.get_by_role("alert").count()
+            page.goto(url + "#/exchanges/%2F/web-gone-x")
+            page.locator("main h2", has_text="Bindings from this exchange").wait_for()
+            apiCall(url, "DELETE", "/api/exchanges/%2F/web-gone-x")
+            page.click("header button >> text=Refresh now")
+            seen["exchange"] = page.locator("p.gone").get_attribute("data-gone")
+            page.click("#logout")
+            login(page, url, "web-outsider", "pw")
+            page.goto(url + "#/queues/private/anything")
+            seen["private"] = (page.locator("p.gone").get_attribute("data-gone"), page.locator("p.gone").inner_text())
+        return seen
+
+    @defer.inlineCallbacks
+    def test_headersAndPolicyKeys(self):
+        """Get shows headers as nested tables, x-death as rows with UTC times; policy forms offer the server's keys."""
+        svc, url = yield startBroker(self)
+        svc.broker.vhosts["/"].declareQueue("web-h", None)
+        seen = yield threads.deferToThread(self.headersAndPolicies, url)
+        self.assertEqual(seen["attempt"], "3")
+        self.assertEqual(seen["tenant"], "eu-west")
+        self.assertEqual(seen["death"], ["2", "expired", "work", "2023-11-14 22:13:20 UTC", "", "work"])
+        self.assertEqual(seen["timestamp"], "2023-11-14 22:13:20 UTC")
+        self.assertEqual(seen["policyKeys"], ["dead-letter-exchange", "dead-letter-routing-key", "delivery-limit",
+                                              "expires", "max-length", "max-length-bytes", "message-ttl", "overflow"])
+        self.assertEqual(seen["operatorKeys"], ["expires", "message-ttl", "max-length", "max-length-bytes",
+                                                "delivery-limit"])
+        self.assertEqual(svc.broker.vhosts["/"].operatorPolicies["web-op"].definition, {"delivery-limit": 5})
+
+    def headersAndPolicies(self, url):
+        """The browser half of test_headersAndPolicyKeys."""
+        seen = {}
+        apiCall(url, "POST", "/api/exchanges/%2F/amq.default/publish", {
+            "routing_key": "web-h", "payload": "x", "payload_encoding": "string",
+            "properties": {"timestamp": 1700000000, "headers": {
+                "attempt": 3, "tenant": {"id": 42, "region": "eu-west"},
+                "x-death": [{"count": 2, "reason": "expired", "queue": "work", "time": 1700000000,
+                             "exchange": "", "routing-keys": ["work"]}]}}})
+        with browser() as page:
+            login(page, url)
+            page.goto(url + "#/queues/%2F/web-h")
+            get = page.locator("form", has=page.locator("button", has_text="Get message(s)"))
+            get.locator("button[type=submit]").click()
+            headers = page.locator("#got table[data-table=headers]")
+            headers.wait_for()
+            seen["attempt"] = headers.locator("tr[data-key=attempt] > td").first.inner_text()
+            seen["tenant"] = headers.locator("table[data-table=tenant] tr[data-key=region] > td").inner_text()
+            seen["death"] = headers.locator("table[data-list=x-death] tbody tr").first.locator("td").all_inner_texts()
+            seen["timestamp"] = page.locator("#got tr[data-key=timestamp] > td").inner_text()
+            quick = "Array.from(document.querySelectorAll('form .quick button')).map((b) => b.textContent)" \
+                    ".filter((t) => t !== '+ row')"
+            page.click("nav a[data-nav=policies]")
+            page.locator("form .quick button").first.wait_for()
+            seen["policyKeys"] = page.evaluate(quick)
+            page.click("nav a[data-nav=operator-policies]")
+            page.locator("h1", has_text="Operator policies").wait_for()
+            seen["operatorKeys"] = page.evaluate(quick)
+            pol = page.locator("form", has=page.locator("button", has_text="Add / update policy"))
+            pol.locator("input[name=name]").fill("web-op")
+            pol.locator("input[name=pattern]").fill(".*")
+            pol.locator(".quick button", has_text="delivery-limit").click()
+            pol.locator(".args .row").nth(0).locator("[data-v]").fill("5")
+            pol.locator("button[type=submit]").click()
+            page.locator("main table td", has_text="web-op").wait_for()
+        return seen
+
+    @defer.inlineCallbacks
+    def test_listsChannelsAndQueueType(self):
+        """The queue list filters (substring, regex) and pages; Type makes a quorum queue; a channel has a page."""
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        for i in range(120):
+            vh.declareQueue("q-%03d" % (i,), None)
+        amqpPort = [s.port.getHost().port for s in svc.amqpServices][0]
+        seen = yield threads.deferToThread(self.listsAndChannels, url, amqpPort)
+        self.assertEqual(seen["all"], ("Page 1 of 2", "120 items", 100))
+        self.assertEqual(seen["page2"], ("Page 2 of 2", 20, "q-100"))
+        self.assertEqual(seen["substring"], ("10 items (filtered from 120)", 10))
+        self.assertEqual(seen["regex"], ["q-110", "q-111", "q-112"])
+        self.assertEqual(seen["badRegex"], (3, 0))
+        self.assertEqual(vh.queues["web-quorum"].arguments, {"x-queue-type": "quorum"})
+        self.assertEqual(seen["channel"]["prefetch"], "7")
+        self.assertTrue(seen["channel"]["chart"])
+        self.assertEqual(seen["channel"]["consumer"], "q-000")
+
+    def listsAndChannels(self, url, amqpPort):
+        """The browser half of test_listsChannelsAndQueueType."""
+        import pika
+
+        seen = {}
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqpPort))
+        try:
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=7)
+            ch.basic_consume("q-000", lambda *a: None)
+            with browser() as page:
+                login(page, url)
+                page.click("nav a[data-nav=queues]")
+                pages = page.locator(".filter [data-page]")
+                pages.wait_for()
+                rows = page.locator("main table").first.locator("tbody tr")
+                seen["all"] = (pages.inner_text(), page.locator(".filter [data-shown]").inner_text(), rows.count())
+                page.click(".filter button >> text=Next")
+                page.locator(".filter [data-page=\"2\"]").wait_for()
+                seen["page2"] = (pages.inner_text(), rows.count(), rows.first.locator("td a").inner_text())
+                page.fill(".filter input[name=filter]", "Q-01")
+                page.locator(".filter [data-shown=\"10\"]").wait_for()  # q-010..q-019, ignoring case
+                seen["substring"] = (page.locator(".filter [data-shown]").inner_text(), rows.count())
+                page.check(".filter input[name=regex]")
+                page.fill(".filter input[name=filter]", "^q-11[0-2]$")
+                page.locator(".filter [data-shown=\"3\"]").wait_for()
+                seen["regex"] = rows.locator("td a").all_inner_texts()
+                page.fill(".filter input[name=filter]", "^q-(")  # does not compile: marked, not sent
+                page.locator(".filter input.invalid").wait_for()
+                page.click("header button >> text=Refresh now")
+                seen["badRegex"] = (rows.count(), page.get_by_role("alert").count())
+                form = page.locator("form", has=page.locator("button", has_text="Add queue"))
+                form.locator("select[name=type]").select_option("quorum")
+                form.locator("input[name=name]").fill("web-quorum")
+                form.locator("button[type=submit]").click()
+                page.get_by_role("status").filter(has_text="Queue declared.").first.wait_for()
+                page.click("nav a[data-nav=channels]")
+                page.locator("main table a").first.click()
+                page.locator("main h1", has_text="Channel ").wait_for()
+                page.locator("dd", has_text="running").wait_for()
+                info = page.locator("dl.kv")
+                seen["channel"] = {
+                    "prefetch": info.locator("dt:text-is('Prefetch count') + dd").inner_text(),
+                    "chart": page.locator("h3", has_text="Message rates").is_visible(),
+                    "consumer": page.locator("main table td a").first.inner_text(),
+                }
+        finally:
+            conn.close()
+        return seen

@@ -312,6 +312,20 @@ class ManagementInteropTests(ManagementHTTPCase):
                                               "Invalid pagination parameters: page number 1, page size 501"}))
 
     @inlineCallbacks
+    def test_listNameFilterIgnoresCase(self):
+        """A list's name filter ignores case, as a substring and with use_regex=true."""
+        n = self.name("Filter")
+        for suffix in ("-Alpha", "-alpha-2", "-beta"):
+            self.cleanups.append("/api/queues/%2F/" + n + suffix)
+            yield self.call("PUT", "/api/queues/%2F/" + n + suffix, {})
+        found = {}
+        for q in ("name=" + n.upper() + "-ALPHA", "name=%5E" + n.lower() + "-ALPHA%24&use_regex=true"):
+            code, data, _ = yield self.call("GET", "/api/queues/%2F?page=1&page_size=100&columns=name&" + q)
+            found[q.split("&")[-1]] = (code, sorted(i["name"] for i in data["items"]))
+        self.assertEqual(found, {"name=" + n.upper() + "-ALPHA": (200, [n + "-Alpha", n + "-alpha-2"]),
+                                 "use_regex=true": (200, [n + "-Alpha"])})
+
+    @inlineCallbacks
     def test_vhostAndPermissions(self):
         """vhost PUT 201/204 grants the creator permissions (PUT again 204); DELETE 204/404; missing user 400."""
         v = self.name("vh")

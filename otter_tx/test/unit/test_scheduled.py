@@ -355,6 +355,22 @@ class HTTPTests(test_web.WebTestCase):
                          ["2", "3", "1"])
         self.assertEqual(self.get("/api/exchanges/%2F/dx").json()["messages_delayed"], 3)
 
+    def test_dueFrom(self):
+        """due_from=T (epoch ms): the page holding the first message due at or after T; past the end, the last."""
+        pages = {}
+        for t in (0, T0_MS + 100, T0_MS + 150, T0_MS + 300, T0_MS + 999):
+            body = self.get("/api/exchanges/%%2F/dx/delayed?page_size=1&due_from=%d" % (t,)).json()
+            pages[t] = (body["page"], [i["id"] for i in body["items"]])
+        self.assertEqual(pages, {0: (1, ["2"]), T0_MS + 100: (1, ["2"]), T0_MS + 150: (2, ["3"]),
+                                 T0_MS + 300: (3, ["1"]), T0_MS + 999: (3, ["1"])})
+        body = self.get("/api/exchanges/%2F/dx/delayed?page_size=2&due_from=" + str(T0_MS + 300)).json()
+        self.assertEqual((body["page"], [i["id"] for i in body["items"]]), (2, ["1"]))
+        self.ex.purgeHeld()
+        body = self.get("/api/exchanges/%2F/dx/delayed?due_from=5").json()
+        self.assertEqual((body["page"], body["items"]), (1, []))
+        r = self.get("/api/exchanges/%2F/dx/delayed?due_from=soon")
+        self.assertEqual((r.code, r.json()["error"]), (400, "invalid_pagination_parameters"))
+
     def test_badPaging(self):
         """Bad page or page_size is 400 invalid_pagination_parameters."""
         for q in ("page=0", "page=x", "page_size=501", "page_size=0", "page=1&page_size=-1"):

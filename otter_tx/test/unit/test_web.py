@@ -340,6 +340,14 @@ class RoutingTests(WebTestCase):
         self.assertEqual(r.json(), {"filtered_count": 2, "item_count": 1, "items": [{"name": "q1"}],
                                     "page": 1, "page_count": 2, "page_size": 1, "total_count": 3})
 
+    def test_nameFilterIgnoresCase(self):
+        """name matches ignoring case, as a substring or (use_regex=true) a regex, as RabbitMQ's filter."""
+        for n in ("Orders.in", "orders.out", "work"):
+            self.put("/api/queues/%2F/" + n)
+        for q in ("name=ORDERS", "name=%5Eorders%5C.&use_regex=true"):
+            r = self.get("/api/queues?page=1&page_size=10&columns=name&" + q)
+            self.assertEqual([i["name"] for i in r.json()["items"]], ["Orders.in", "orders.out"], q)
+
     def test_badPagination(self):
         """page_size over 500 is 400 invalid_pagination_parameters."""
         self.assertError(self.get("/api/queues?page=1&page_size=501"), 400, "invalid_pagination_parameters",
@@ -745,6 +753,9 @@ class AdminTests(WebTestCase):
                                               "queues": 1})
         self.assertEqual((o["queue_totals"]["messages"], o["queue_totals"]["messages_ready"]), (1, 1))
         self.assertIn("x-delayed-message", [t["name"] for t in o["exchange_types"]])
+        self.assertEqual(o["policy_keys"]["operator-policies"],
+                         ["expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit"])
+        self.assertIn("dead-letter-exchange", o["policy_keys"]["policies"])
 
     def test_vhosts(self):
         """PUT creates a vhost (201, then 204), GET lists it, DELETE removes it (204, then 404)."""

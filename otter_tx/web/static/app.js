@@ -32,9 +32,19 @@ const QUEUE_ARGS = [["x-message-ttl", "number"], ["x-expires", "number"], ["x-ma
   ["x-dead-letter-routing-key", "string"], ["x-max-priority", "number"], ["x-single-active-consumer", "boolean"],
   ["x-queue-mode", "string"]];
 const EXCHANGE_ARGS = [["alternate-exchange", "string"], ["x-delayed-type", "string"]];
-const POLICY_KEYS = [["message-ttl", "number"], ["expires", "number"], ["max-length", "number"],
-  ["max-length-bytes", "number"], ["overflow", "string"], ["dead-letter-exchange", "string"],
-  ["dead-letter-routing-key", "string"], ["alternate-exchange", "string"], ["queue-mode", "string"]];
+// the definition keys each policy kind accepts: the overview's policy_keys replace these at login
+let policyKeys = {"policies": ["dead-letter-exchange", "dead-letter-routing-key", "delivery-limit", "expires",
+  "max-length", "max-length-bytes", "message-ttl", "overflow"],
+"operator-policies": ["expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit"]};
+const STRING_POLICY_KEYS = ["dead-letter-exchange", "dead-letter-routing-key", "overflow", "queue-mode",
+  "alternate-exchange", "ha-mode", "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure"];
+function policyKeyTypes(kind) {
+  return (policyKeys[kind] || []).map((k) => [k, STRING_POLICY_KEYS.includes(k) ? "string" : "number"]);
+}
+// a delayed exchange's publish form: the delay headers (docs/delayed.md)
+const DELAY_HEADERS = [["x-delay", "number"], ["x-delay-until", "number"]];
+const DELAYED = "x-delayed-message";
+const PAGE_SIZES = [20, 100, 500];
 const ALL = "";
 // RabbitMQ's UI names for the message_stats keys, and ours
 const LABELS = {publish: "Publish", confirm: "Publisher confirm", deliver: "Deliver (manual ack)",
@@ -80,6 +90,7 @@ function fill(el, ...kids) {
 function enc(s) { return encodeURIComponent(s); }
 function fmtNum(n) { return n === null || n === undefined ? "" : Number(n).toLocaleString("en-US"); }
 function fmtRate(d) { return d && typeof d.rate === "number" ? d.rate.toFixed(1) + "/s" : ""; }
+function fmtByteRate(d) { return d && typeof d.rate === "number" ? fmtBytes(Math.round(d.rate)) + "/s" : ""; }
 function fmtBytes(n) {
   if (n === null || n === undefined) return "";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -91,14 +102,31 @@ function fmtValue(v) {
   if (v === null || v === undefined) return "";
   return typeof v === "object" ? JSON.stringify(v) : String(v);
 }
+// every time on the page is UTC, "2026-11-26 16:05:08 UTC" (the charts' axes: "16:05:08")
 function fmtTime(ms) { return new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC"); }
+function fmtClock(ms) { return new Date(ms).toISOString().slice(11, 19); }
+// every duration on the page: "45 s", "4 min 2 s", "3 h 7 min", "2 d 5 h"
 function fmtDuration(ms) {
   if (ms <= 0) return "0 s";
   const s = Math.ceil(ms / 1000);
-  if (s < 120) return s + " s";
+  if (s < 60) return s + " s";
   const m = Math.floor(s / 60);
-  if (m < 120) return m + " min " + (s % 60) + " s";
-  return Math.floor(m / 60) + " h " + (m % 60) + " min";
+  if (m < 60) return m + " min " + (s % 60) + " s";
+  const hrs = Math.floor(m / 60);
+  if (hrs < 48) return hrs + " h " + (m % 60) + " min";
+  return Math.floor(hrs / 24) + " d " + (hrs % 24) + " h";
+}
+// "5 min" from now, or "2026-11-26 16:30[:00]" (UTC) -> epoch ms; NaN when neither
+function parseWhen(text) {
+  const t = text.trim();
+  const rel = /^(?:in\s+)?(\d+(?:\.\d+)?)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)$/i.exec(t);
+  if (rel) {
+    const unit = {s: 1000, m: 60000, h: 3600000, d: 86400000}[rel[2][0].toLowerCase()];
+    return Date.now() + Number(rel[1]) * unit;
+  }
+  if (!/^\d{4}-\d\d-\d\d([ T]\d\d:\d\d(:\d\d)?)?( ?UTC|Z)?$/.test(t)) return NaN;
+  const iso = t.replace(/ ?(UTC|Z)$/, "").replace(" ", "T");
+  return Date.parse(iso.length === 10 ? iso + "T00:00:00Z" : iso + "Z");
 }
 function queueHref(v, n) { return "#/queues/" + enc(v) + "/" + enc(n); }
 function exchangeHref(v, n) { return "#/exchanges/" + enc(v) + "/" + enc(n === "" ? "amq.default" : n); }
@@ -202,11 +230,30 @@ async function refreshNow() {
       logout("Login failed"); // the password changed or the user is gone: log in again
       return;
     }
+    if (current && current.gone && e instanceof ApiError && [401, 403, 404].includes(e.status)) {
+      showGone(current.gone, e);
+      return;
+    }
     flash(e instanceof ApiError ? e.reason : String(e));
   } finally {
     ticking = false;
     if (again && current) { again = false; await refreshNow(); }
   }
+}
+
+// A detail page whose object went (deleted, x-expires, auto-delete, a closed connection) or that the
+// user may not see: one notice instead of the page, and no more refreshes of it.
+// gone: {what, name, vhost (optional), back (the list's hash)}
+function showGone(gone, err) {
+  if (current && current.destroy) current.destroy();
+  current = {refresh: async () => {}};
+  const where = gone.vhost !== undefined ? " in virtual host " + gone.vhost : "";
+  const text = err.status === 404 ?
+    gone.what + " " + gone.name + where + " does not exist (any more): it was deleted or closed." :
+    "You may not see " + gone.what.toLowerCase() + " " + gone.name + where + ": " + err.reason;
+  fill(document.getElementById("page"), h("h1", {}, gone.what + " ", gone.name),
+    h("p", {class: "gone", role: "status", "data-gone": String(err.status)}, text),
+    h("p", {}, h("a", {href: gone.back}, "Back to the list")));
 }
 
 // --- charts --------------------------------------------------------------------------
@@ -227,6 +274,7 @@ class Chart {
   // details: one *_details object per label (may lack samples); values: the current values
   // (counts or rates) used for the client-side history; kind: "count" or "rate"
   update(details, values, kind) {
+    this.current = values;
     let data = fromSamples(details, kind);
     if (!data) {
       const now = Date.now() / 1000;
@@ -243,19 +291,30 @@ class Chart {
     if (!this.plot) {
       fill(this.body);
       const opts = {
-        width: 540, height: 180,
+        width: 540, height: 180, padding: [10, 28, 0, 0],
         series: [{}].concat(this.labels.map((l, i) => ({label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
-          value: (u, v) => (v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit)}))),
-        axes: [{}, {size: 55}],
+          // off the chart, the current values (as the page's numbers); on it, the values under the cursor
+          value: (u, v, si) => {
+            if ((u.cursor.idx === null || u.cursor.idx === undefined) && typeof this.current[si - 1] === "number") v = this.current[si - 1];
+            return v === null || v === undefined ? "-" : v.toFixed(kind === "rate" ? 1 : 0) + this.unit;
+          }}))),
+        axes: [{values: (u, splits) => splits.map((t) => fmtClock(t * 1000)), label: "UTC", labelSize: 14}, {size: 55}],
         scales: {y: {range: (u, min, max) => [0, Math.max(1, max * 1.1)]}},
         legend: {live: true},
+        // the legend shows the newest values (RabbitMQ's UI shows the current ones) when the cursor is not on the chart
+        hooks: {ready: [newestLegend], setCursor: [newestLegend], setData: [newestLegend]},
       };
       this.plot = new window.uPlot(opts, data, this.body);
     } else {
       this.plot.setData(data);
     }
-    // the legend shows the newest values (RabbitMQ's UI shows the current ones) until the cursor moves
-    if (this.plot.cursor.left < 0 || this.plot.cursor.left === undefined) this.plot.setLegend({idx: data[0].length - 1});
+  }
+}
+
+function newestLegend(u) {
+  if (u.cursor.idx === null || u.cursor.idx === undefined) {
+    const n = u.data[0].length;
+    if (n) u.setLegend({idx: n - 1});
   }
 }
 
@@ -373,19 +432,45 @@ function vhostChoices(includeAll) {
 }
 function defaultVHost() { return selectedVHost() || (vhosts[0] && vhosts[0].name) || "/"; }
 
+// AMQP timestamps are whole seconds since the epoch: the timestamp property and x-death's "time"
+const SECONDS_KEYS = ["timestamp", "time"];
+
+// a property or header value as RabbitMQ's UI shows it: a table (nested) for a table, an x-death list
+// as one row per death, a list of scalars as "a, b"; key: its name (for epoch-seconds times)
+function valueView(v, key) {
+  if (v === null || v === undefined) return "";
+  if (Array.isArray(v)) {
+    if (v.length && v.every((x) => x && typeof x === "object" && !Array.isArray(x))) {
+      const cols = [];
+      for (const x of v) for (const k of Object.keys(x)) if (!cols.includes(k)) cols.push(k);
+      return h("table", {class: "nested", "data-list": key || null},
+        h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+        h("tbody", {}, v.map((x) => h("tr", {}, cols.map((c) => h("td", {}, valueView(x[c], c)))))));
+    }
+    return v.map((x) => fmtValue(x)).join(", ");
+  }
+  if (typeof v === "object") {
+    return h("table", {class: "nested", "data-table": key || null}, h("tbody", {},
+      Object.entries(v).map(([k, x]) => h("tr", {"data-key": k}, h("th", {}, k), h("td", {}, valueView(x, k))))));
+  }
+  if (typeof v === "number" && SECONDS_KEYS.includes(key) && v > 0) return fmtTime(v * 1000);
+  return String(v);
+}
+
 function messagesView(msgs, browsing) {
   if (!msgs.length) return h("p", {class: "empty"}, browsing ? "No ready messages there" : "Queue is empty");
   return msgs.map((m, i) => h("div", {class: "msg", "data-message": String(i + 1)},
     h("b", {}, "Message " + (i + 1)),
     kv([["Exchange", m.exchange === "" ? "(AMQP default)" : m.exchange], ["Routing key", m.routing_key],
       ["Redelivered", String(m.redelivered)], [browsing ? "Ready messages after it" : "Messages left", m.message_count],
-      ["Properties", h("span", {}, tags(Array.isArray(m.properties) ? {} : m.properties))],
+      ["Properties", valueView(Array.isArray(m.properties) ? {} : m.properties, "properties")],
       ["Payload", h("span", {}, m.payload_bytes + " bytes, encoding: " + m.payload_encoding)]]),
     h("pre", {class: "payload"}, m.payload)));
 }
 
-function publishForm(vhost, exchange, fixedKey) {
-  const headers = argsEditor([], "headers");
+// headerQuick: [[key, type], ...] quick-add buttons for headers (a delayed exchange's x-delay)
+function publishForm(vhost, exchange, fixedKey, headerQuick) {
+  const headers = argsEditor(headerQuick || [], "headers");
   const props = argsEditor([["content_type", "string"], ["message_id", "string"], ["correlation_id", "string"],
     ["expiration", "string"], ["priority", "number"], ["reply_to", "string"], ["type", "string"]], "properties");
   return form("Publish message", [
@@ -408,6 +493,60 @@ function publishForm(vhost, exchange, fixedKey) {
 // --- pages ----------------------------------------------------------------------------
 
 function listPath(kind, vh) { return "/api/" + kind + (vh ? "/" + enc(vh) : ""); }
+
+// A list page's filter and pager, as RabbitMQ's UI: a name filter (substring, or a regular expression,
+// ignoring case), a page size, and the API's paging (?page=&page_size=&name=&use_regex=). The choices
+// are kept for the browser tab (sessionStorage). box.query(): the query string for the current choices;
+// box.show(answer): the pager for a paginated answer; box.page(items): the same wrapper made here for a
+// list the API cannot filter (the channels of one vhost).
+function listFilter(kind) {
+  const key = "otter.filter." + kind;
+  let st = {name: "", regex: false, size: 100, page: 1};
+  try { Object.assign(st, JSON.parse(STORE.getItem(key) || "{}")); } catch (e) { /* the defaults */ }
+  const save = () => STORE.setItem(key, JSON.stringify(st));
+  const nameIn = h("input", {type: "search", name: "filter", value: st.name, placeholder: "Filter by name"});
+  const regexIn = h("input", {type: "checkbox", name: "regex", checked: st.regex});
+  const sizeSel = selectInput("page_size", PAGE_SIZES.map((n) => [String(n), n + " per page"]), String(st.size));
+  let debounce = null;
+  // a regular expression that does not compile is not sent (it would fail every refresh): the field says so
+  const apply = () => {
+    let bad = null;
+    if (regexIn.checked) { try { new RegExp(nameIn.value); } catch (e) { bad = e.message; } }
+    nameIn.classList.toggle("invalid", bad !== null);
+    nameIn.title = bad === null ? "" : bad;
+    if (bad !== null) return;
+    st.name = nameIn.value; st.regex = regexIn.checked; st.page = 1; save(); refreshNow();
+  };
+  nameIn.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(apply, 300); });
+  regexIn.addEventListener("change", apply);
+  sizeSel.addEventListener("change", () => { st.size = Number(sizeSel.value); st.page = 1; save(); refreshNow(); });
+  const pager = h("span", {class: "pages"});
+  const box = h("div", {class: "filter"}, nameIn, h("label", {}, regexIn, " Regex"), sizeSel, pager);
+  const go = (p) => () => { st.page = p; save(); refreshNow(); };
+  box.query = () => "page=" + st.page + "&page_size=" + st.size + (st.name ? "&name=" + enc(st.name) + "&use_regex=" + st.regex : "");
+  box.show = (d) => {
+    if (d.page > d.page_count && d.page_count >= 1 && st.page !== d.page_count) { st.page = d.page_count; save(); again = true; }
+    fill(pager, d.page_count > 1 ? [
+      h("button", {type: "button", disabled: d.page <= 1, onclick: go(1)}, "First"),
+      h("button", {type: "button", disabled: d.page <= 1, onclick: go(d.page - 1)}, "Previous"),
+      h("span", {"data-page": String(d.page)}, "Page " + d.page + " of " + d.page_count),
+      h("button", {type: "button", disabled: d.page >= d.page_count, onclick: go(d.page + 1)}, "Next"),
+      h("button", {type: "button", disabled: d.page >= d.page_count, onclick: go(d.page_count)}, "Last")] : null,
+    h("span", {class: "muted", "data-shown": String(d.item_count)}, fmtNum(d.filtered_count) + " " +
+      (d.filtered_count === 1 ? "item" : "items") + (d.filtered_count !== d.total_count ? " (filtered from " + fmtNum(d.total_count) + ")" : "")));
+  };
+  box.page = (items) => {
+    let rx = null;
+    if (st.name && st.regex) { try { rx = new RegExp(st.name, "i"); } catch (e) { throw new ApiError(400, "invalid regex"); } }
+    const name = st.name.toLowerCase();
+    const kept = items.filter((i) => (rx ? rx.test(i.name) : String(i.name).toLowerCase().includes(name)));
+    const count = Math.max(1, Math.ceil(kept.length / st.size));
+    const pageItems = kept.slice((st.page - 1) * st.size, st.page * st.size);
+    return {items: pageItems, item_count: pageItems.length, filtered_count: kept.length, total_count: items.length,
+      page: st.page, page_count: count, page_size: st.size};
+  };
+  return box;
+}
 
 const pages = {};
 
@@ -449,14 +588,17 @@ pages.overview = (root) => {
 
 pages.connections = (root) => {
   const list = h("div");
-  append(root, h("h1", {}, "Connections"), list);
+  const filter = listFilter("connections");
+  append(root, h("h1", {}, "Connections"), filter, list);
   return {async refresh() {
     const vh = selectedVHost();
-    const conns = await api("GET", vh ? "/api/vhosts/" + enc(vh) + "/connections" : "/api/connections");
+    const d = await api("GET", (vh ? "/api/vhosts/" + enc(vh) + "/connections" : "/api/connections") + "?" + filter.query());
+    filter.show(d);
+    const conns = d.items;
     fill(list, table(["Name", "Virtual host", "User", "State", "Protocol", "Client", "Channels", "From client", "To client"],
       conns.map((c) => [h("a", {href: "#/connections/" + enc(c.name)}, c.name), c.vhost, c.user, c.state, c.protocol,
         ((c.client_properties || {}).product || "") + " " + ((c.client_properties || {}).version || ""),
-        c.channels, fmtRate(c.recv_oct_details), fmtRate(c.send_oct_details)])));
+        c.channels, fmtByteRate(c.recv_oct_details), fmtByteRate(c.send_oct_details)])));
   }};
 };
 
@@ -469,7 +611,7 @@ pages.connection = (root, [name]) => {
       await act(() => api("DELETE", "/api/connections/" + enc(name), undefined, {"X-Reason": val(f, "reason")}),
         "Connection closed.", "#/connections");
     }));
-  return {async refresh() {
+  return {gone: {what: "Connection", name, back: "#/connections"}, async refresh() {
     const c = await api("GET", "/api/connections/" + enc(name));
     fill(info, kv([["Virtual host", c.vhost], ["User", c.user], ["State", c.state], ["Protocol", c.protocol],
       ["Client", fmtValue(c.client_properties)], ["From", c.peer_host + ":" + c.peer_port],
@@ -479,20 +621,59 @@ pages.connection = (root, [name]) => {
   }};
 };
 
+function channelHref(n) { return "#/channels/" + enc(n); }
+function channelMode(c) { return (c.confirm ? "C" : "") + (c.transactional ? "T" : ""); }
+
 function channelTable(chs) {
-  return table(["Channel", "Virtual host", "User", "Mode", "State", "Unconfirmed", "Prefetch", "Unacked", "Consumers"],
-    chs.map((c) => [c.name, c.vhost, c.user, (c.confirm ? "C" : "") + (c.transactional ? "T" : ""), c.state,
-      c.messages_unconfirmed, c.prefetch_count, c.messages_unacknowledged, c.consumer_count]));
+  return table(["Channel", "Virtual host", "User", "Mode", "State", "Unconfirmed", "Prefetch", "Unacked", "Consumers",
+    "Publish", "Deliver / get", "Ack"],
+  chs.map((c) => {
+    const s = c.message_stats || {};
+    return [h("a", {href: channelHref(c.name)}, c.name), c.vhost, c.user, channelMode(c), c.state,
+      c.messages_unconfirmed, c.prefetch_count, c.messages_unacknowledged, c.consumer_count,
+      fmtRate(s.publish_details), fmtRate(s.deliver_get_details), fmtRate(s.ack_details)];
+  }));
 }
 
 pages.channels = (root) => {
   const list = h("div");
-  append(root, h("h1", {}, "Channels"), list);
+  const filter = listFilter("channels");
+  append(root, h("h1", {}, "Channels"), filter, list);
   return {async refresh() {
     const vh = selectedVHost();
-    const chs = (await api("GET", "/api/channels")).filter((c) => !vh || c.vhost === vh);
-    fill(list, channelTable(chs));
+    // no per-vhost channel list in the API: one vhost's channels are filtered and paged here
+    const d = vh ? filter.page((await api("GET", "/api/channels")).filter((c) => c.vhost === vh)) :
+      await api("GET", "/api/channels?" + filter.query());
+    filter.show(d);
+    fill(list, channelTable(d.items));
   }};
+};
+
+const CHANNEL_RATE_KEYS = ["publish", "confirm", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver",
+  "return_unroutable", "drop_unroutable", "get_empty"];
+
+pages.channel = (root, [name]) => {
+  const info = h("div"), consumers = h("div");
+  const rates = new Chart("Message rates", CHANNEL_RATE_KEYS, "/s");
+  append(root, h("h1", {}, "Channel ", name), info, h("div", {class: "grid"}, rates.el), h("h2", {}, "Consumers"), consumers);
+  return {
+    gone: {what: "Channel", name, back: "#/channels"},
+    async refresh() {
+      const c = await api("GET", "/api/channels/" + enc(name) + "?" + samplesQuery());
+      const conn = (c.connection_details || {}).name;
+      fill(info, kv([["Connection", conn ? h("a", {href: "#/connections/" + enc(conn)}, conn) : ""],
+        ["Virtual host", c.vhost], ["User", c.user], ["State", c.state],
+        ["Mode", channelMode(c) === "" ? "(none)" : (c.confirm ? "confirm" : "") + (c.transactional ? "transactional" : "")],
+        ["Prefetch count", c.prefetch_count], ["Global prefetch count", c.global_prefetch_count],
+        ["Unacked", c.messages_unacknowledged], ["Unconfirmed", c.messages_unconfirmed],
+        ["Uncommitted messages", c.messages_uncommitted], ["Uncommitted acks", c.acks_uncommitted]]));
+      updateRates(rates, c.message_stats, CHANNEL_RATE_KEYS);
+      fill(consumers, table(["Queue", "Consumer tag", "Ack required", "Exclusive", "Prefetch", "Arguments"],
+        (c.consumer_details || []).map((x) => [x.queue ? h("a", {href: queueHref(x.queue.vhost, x.queue.name)}, x.queue.name) : "",
+          x.consumer_tag, String(x.ack_required), String(x.exclusive), x.prefetch_count, h("span", {}, tags(x.arguments))]),
+        "No consumers"));
+    },
+  };
 };
 
 let exchangeTypes = ["direct", "fanout", "headers", "topic", "x-delayed-message"];
@@ -509,9 +690,10 @@ function features(o) {
 
 pages.exchanges = (root) => {
   const list = h("div");
+  const filter = listFilter("exchanges");
   const args = argsEditor(EXCHANGE_ARGS);
   const typeSel = selectInput("type", exchangeTypes, "direct");
-  append(root, h("h1", {}, "Exchanges"), list, h("h2", {}, "Add a new exchange"),
+  append(root, h("h1", {}, "Exchanges"), filter, list, h("h2", {}, "Add a new exchange"),
     form(null, [field("Virtual host", selectInput("vhost", vhostChoices(false), defaultVHost())),
       field("Name", textInput("name", "", {required: true})), field("Type", typeSel),
       field("Durability", selectInput("durable", [["true", "Durable"], ["false", "Transient"]], "true")),
@@ -524,7 +706,9 @@ pages.exchanges = (root) => {
       if (r !== undefined) { f.elements.name.value = ""; args.reset(); }
     }));
   return {async refresh() {
-    const ex = await api("GET", listPath("exchanges", selectedVHost()));
+    const d = await api("GET", listPath("exchanges", selectedVHost()) + "?" + filter.query());
+    filter.show(d);
+    const ex = d.items;
     fill(list, table(["Virtual host", "Name", "Type", "Features", "Delayed", "Message rate in", "Message rate out"],
       ex.map((e) => [e.vhost, h("a", {href: exchangeHref(e.vhost, e.name)}, e.name === "" ? "(AMQP default)" : e.name),
         e.type, features(e), e.messages_delayed === undefined ? "" : e.messages_delayed,
@@ -543,13 +727,84 @@ function bindingRows(bs, vhost) {
       enc(b.destination) + "/" + enc(b.properties_key)), "Binding removed.")}, "Unbind") : ""]);
 }
 
+// the held messages of a delayed exchange, a page at a time (GET .../delayed?page=&page_size=, or
+// &due_from= to jump to the page holding the first message due at or after a time)
+function delayedList(base) {
+  const box = h("div", {class: "delayed"});
+  let page = 1, size = 100, dueFrom = null, jumped = null;
+  const sizeSel = selectInput("page_size", PAGE_SIZES.map((n) => [String(n), n + " per page"]), "100");
+  sizeSel.addEventListener("change", () => { size = Number(sizeSel.value); page = 1; refreshNow(); });
+  const jump = form(null, [field("Jump to due time", textInput("due_from", "", {
+    placeholder: "in 10 min, 2 h, or 2026-11-26 16:30 (UTC)"}))], "Jump", async (f) => {
+    const t = parseWhen(val(f, "due_from"));
+    if (isNaN(t)) { flash("Give a time as 'in 10 min', '2 h', or 'YYYY-MM-DD HH:MM' (UTC)."); return; }
+    dueFrom = t;
+    await refreshNow();
+  });
+  jump.classList.add("inline");
+  const go = (p) => () => { page = p; refreshNow(); };
+  const cancel = async (m) => {
+    try {
+      await api("DELETE", base + "/delayed/" + enc(m.id));
+      flash("Delayed message cancelled.", "ok");
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404) {
+        flash("Message " + (m.message_id || m.id) + " is no longer held: it was already delivered (or cancelled).", "info");
+      } else flash(e instanceof ApiError ? e.reason : String(e));
+    }
+    await refreshNow();
+  };
+  const body = h("div");
+  append(box, h("div", {class: "pager"}, sizeSel, jump), body);
+  box.refresh = async () => {
+    try { await show(); } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      fill(body, h("p", {class: "empty"}, "The list of held messages is not available: " + err.reason));
+    }
+  };
+  const show = async () => {
+    let q = "?page=" + page + "&page_size=" + size;
+    if (dueFrom !== null) { q = "?page_size=" + size + "&due_from=" + Math.floor(dueFrom); jumped = dueFrom; dueFrom = null; }
+    let d = await api("GET", base + "/delayed" + q);
+    const pages = Math.max(1, Math.ceil(d.total_count / size));
+    if (!d.items.length && d.page > pages) d = await api("GET", base + "/delayed?page=" + pages + "&page_size=" + size);
+    page = d.page;
+    const first = (page - 1) * size;
+    fill(body,
+      h("p", {"data-held": String(d.total_count)}, fmtNum(d.total_count) + " held" + (d.items.length ?
+        "; showing " + fmtNum(first + 1) + "-" + fmtNum(first + d.items.length) + " in due order" : "")),
+      d.total_count > size ? h("div", {class: "pager"},
+        h("button", {type: "button", disabled: page <= 1, onclick: go(1)}, "First"),
+        h("button", {type: "button", disabled: page <= 1, onclick: go(page - 1)}, "Previous"),
+        h("span", {"data-page": String(page)}, "Page " + page + " of " + pages),
+        h("button", {type: "button", disabled: page >= pages, onclick: go(page + 1)}, "Next"),
+        h("button", {type: "button", disabled: page >= pages, onclick: go(pages)}, "Last")) : null,
+      table(["Due", "In", "Routing key", "Message id", "Bytes", ""],
+        d.items.map((m) => [fmtTime(m.due), fmtDuration(m.due - Date.now()), m.routing_key, m.message_id || "", m.payload_bytes,
+          h("button", {class: "danger", onclick: () => cancel(m)}, "Cancel")]),
+        "No delayed messages held"),
+      d.total_count ? h("button", {class: "danger", onclick: () => {
+        if (window.confirm("Cancel every held message?")) act(() => api("DELETE", base + "/delayed"), "Held messages purged.");
+      }}, "Cancel all") : null);
+    if (jumped !== null) {
+      const row = [...body.querySelectorAll("tbody tr")][d.items.findIndex((m) => m.due >= jumped)];
+      if (row) row.classList.add("mark");
+      jumped = null;
+    }
+  };
+  return box;
+}
+
 pages.exchange = (root, [vhost, name]) => {
   const ename = name === "amq.default" ? "" : name;
-  const info = h("div"), from = h("div"), to = h("div"), delayed = h("div");
+  const info = h("div"), from = h("div"), to = h("div"), publish = h("div");
+  const base = "/api/exchanges/" + enc(vhost) + "/" + enc(name);
+  const delayed = delayedList(base);
+  const delayedSection = h("section", {hidden: true}, h("h2", {}, "Delayed messages"), delayed);
   const rates = new Chart("Message rates", ["publish_in", "publish_out"], "/s");
   const bargs = argsEditor([]);
   append(root, h("h1", {}, "Exchange ", ename === "" ? "(AMQP default)" : ename, h("span", {class: "muted"}, " in virtual host " + vhost)),
-    info, h("div", {class: "grid"}, rates.el), h("h2", {}, "Delayed messages"), delayed,
+    info, h("div", {class: "grid"}, rates.el), delayedSection,
     h("h2", {}, "Bindings from this exchange"), from, h("h2", {}, "Bindings to this exchange"), to,
     ename === "" ? null : form("Add binding from this exchange", [
       field("To", selectInput("dtype", [["q", "To queue"], ["e", "To exchange"]], "q")),
@@ -558,53 +813,58 @@ pages.exchange = (root, [vhost, name]) => {
       await act(() => api("POST", "/api/bindings/" + enc(vhost) + "/e/" + enc(ename) + "/" + val(f, "dtype") + "/" + enc(val(f, "destination")),
         {routing_key: val(f, "routing_key"), arguments: bargs.read()}), "Binding added.");
     }),
-    publishForm(vhost, ename),
+    publish,
     ename === "" || ename.startsWith("amq.") ? null : h("div", {class: "actions"}, h("button", {class: "danger", onclick: async () => {
       if (!window.confirm("Delete exchange " + ename + "?")) return;
       await act(() => api("DELETE", "/api/exchanges/" + enc(vhost) + "/" + enc(ename)), "Exchange deleted.", "#/exchanges");
     }}, "Delete this exchange")));
-  const base = "/api/exchanges/" + enc(vhost) + "/" + enc(name);
-  return {async refresh() {
-    const e = await api("GET", base + "?" + samplesQuery());
-    fill(info, kv([["Type", e.type], ["Features", features(e)], ["Policy", e.policy || ""],
-      e.messages_delayed !== undefined ? ["Delayed messages held", e.messages_delayed] : null]));
-    updateRates(rates, e.message_stats, ["publish_in", "publish_out"]);
-    fill(from, table(["From", "To", "Type", "Routing key", "Arguments", ""],
-      bindingRows(await api("GET", base + "/bindings/source"), vhost), "No bindings"));
-    fill(to, table(["From", "To", "Type", "Routing key", "Arguments", ""],
-      bindingRows(await api("GET", base + "/bindings/destination"), vhost), "No bindings"));
-    if (e.type !== "x-delayed-message") { fill(delayed, h("p", {class: "empty"}, "Not a delayed-message exchange.")); return; }
-    try {
-      const d = await api("GET", base + "/delayed?page=1&page_size=100");
-      fill(delayed, h("p", {}, d.total_count + " held"), table(["Due", "In", "Routing key", "Message id", "Bytes", ""],
-        d.items.map((m) => [fmtTime(m.due), fmtDuration(m.due - Date.now()), m.routing_key, m.message_id || "", m.payload_bytes,
-          h("button", {class: "danger", onclick: () => act(() => api("DELETE", base + "/delayed/" + enc(m.id)), "Delayed message cancelled.")}, "Cancel")]),
-        "No delayed messages held"),
-      d.total_count ? h("button", {class: "danger", onclick: () => {
-        if (window.confirm("Cancel every held message?")) act(() => api("DELETE", base + "/delayed"), "Held messages purged.");
-      }}, "Cancel all") : null);
-    } catch (err) {
-      fill(delayed, h("p", {class: "empty"}, (e.messages_delayed || 0) + " held; the list is not available" +
-        (err.status === 404 ? "." : ": " + err.reason)));
-    }
-  }};
+  return {
+    gone: {what: "Exchange", name: ename === "" ? "(AMQP default)" : ename, vhost, back: "#/exchanges"},
+    async refresh() {
+      const e = await api("GET", base + "?" + samplesQuery());
+      if (!publish.firstChild) fill(publish, publishForm(vhost, ename, undefined, e.type === DELAYED ? DELAY_HEADERS : []));
+      fill(info, kv([["Type", e.type], ["Features", features(e)], ["Policy", e.policy || ""],
+        e.messages_delayed !== undefined ? ["Delayed messages held", e.messages_delayed] : null]));
+      updateRates(rates, e.message_stats, ["publish_in", "publish_out"]);
+      fill(from, table(["From", "To", "Type", "Routing key", "Arguments", ""],
+        bindingRows(await api("GET", base + "/bindings/source"), vhost), "No bindings"));
+      fill(to, table(["From", "To", "Type", "Routing key", "Arguments", ""],
+        bindingRows(await api("GET", base + "/bindings/destination"), vhost), "No bindings"));
+      delayedSection.hidden = e.type !== DELAYED;
+      if (e.type !== DELAYED) return;
+      await delayed.refresh();
+    },
+  };
 };
 
 pages.queues = (root) => {
   const list = h("div");
+  const filter = listFilter("queues");
   const args = argsEditor(QUEUE_ARGS);
-  append(root, h("h1", {}, "Queues"), list, h("h2", {}, "Add a new queue"),
+  // a quorum queue is durable and not auto-delete (RabbitMQ refuses the others)
+  const typeSel = selectInput("type", [["classic", "Classic"], ["quorum", "Quorum"]], "classic");
+  const durableSel = selectInput("durable", [["true", "Durable"], ["false", "Transient"]], "true");
+  const autoSel = selectInput("auto_delete", [["false", "No"], ["true", "Yes"]], "false");
+  typeSel.addEventListener("change", () => {
+    const quorum = typeSel.value === "quorum";
+    if (quorum) { durableSel.value = "true"; autoSel.value = "false"; }
+    durableSel.disabled = autoSel.disabled = quorum;
+  });
+  append(root, h("h1", {}, "Queues"), filter, list, h("h2", {}, "Add a new queue"),
     form(null, [field("Virtual host", selectInput("vhost", vhostChoices(false), defaultVHost())),
-      field("Name", textInput("name", "", {required: true})),
-      field("Durability", selectInput("durable", [["true", "Durable"], ["false", "Transient"]], "true")),
-      field("Auto delete", selectInput("auto_delete", [["false", "No"], ["true", "Yes"]], "false")),
+      field("Type", typeSel), field("Name", textInput("name", "", {required: true})),
+      field("Durability", durableSel), field("Auto delete", autoSel),
       h("div", {}, h("b", {}, "Arguments"), args)], "Add queue", async (f) => {
-      const body = {durable: val(f, "durable") === "true", auto_delete: val(f, "auto_delete") === "true", arguments: args.read()};
+      const a = args.read();
+      if (typeSel.value !== "classic") a["x-queue-type"] = typeSel.value;
+      const body = {durable: durableSel.value === "true", auto_delete: autoSel.value === "true", arguments: a};
       const r = await act(() => api("PUT", "/api/queues/" + enc(val(f, "vhost")) + "/" + enc(val(f, "name")), body), "Queue declared.");
       if (r !== undefined) { f.elements.name.value = ""; args.reset(); }
     }));
   return {async refresh() {
-    const qs = await api("GET", listPath("queues", selectedVHost()));
+    const d = await api("GET", listPath("queues", selectedVHost()) + "?" + filter.query());
+    filter.show(d);
+    const qs = d.items;
     fill(list, table(["Virtual host", "Name", "Type", "Features", "Policy", "State", "Ready", "Unacked", "Total",
       "Incoming", "Deliver / get", "Ack"],
     qs.map((q) => {
@@ -668,6 +928,7 @@ pages.queue = (root, [vhost, name]) => {
         await act(() => api("DELETE", base), "Queue deleted.", "#/queues");
       }}, "Delete queue")));
   return {
+    gone: {what: "Queue", name, vhost, back: "#/queues"},
     destroy() { clearInterval(ticker); },
     async refresh() {
       const q = await api("GET", base + "?" + samplesQuery());
@@ -687,16 +948,17 @@ pages.queue = (root, [vhost, name]) => {
       fill(bindings, table(["From", "To", "Type", "Routing key", "Arguments", ""],
         bindingRows(await api("GET", base + "/bindings"), vhost), "No bindings"));
       const x = await api("GET", base + "/expiry");
-      const buckets = [["within 1 s", x.within_1s], ["within 10 s", x.within_10s], ["within 1 min", x.within_1min],
-        ["later", x.later], ["never (no TTL)", x.never]];
-      const max = Math.max(1, ...buckets.map((b) => b[1]));
-      fill(expiry, h("div", {class: "hist"}, buckets.map(([k, n], i) => [h("span", {}, "Expires " + k),
-        h("div", {}, h("div", {class: "bar" + (i === 4 ? " never" : ""), style: "width:" + (100 * n / max).toFixed(1) + "%"})),
-        h("span", {class: "num", "data-bucket": k}, fmtNum(n))])),
+      // each bucket excludes the earlier ones: ranges, not "within"
+      const buckets = [["within_1s", "Under 1 s"], ["within_10s", "1 s to 10 s"], ["within_1min", "10 s to 1 min"],
+        ["later", "Over 1 min"], ["never", "Never (no TTL)"]];
+      const max = Math.max(1, ...buckets.map(([k]) => x[k]));
+      fill(expiry, h("div", {class: "hist"}, buckets.map(([k, text], i) => [h("span", {}, text),
+        h("div", {}, h("div", {class: "bar" + (i === 4 ? " never" : ""), style: "width:" + (100 * x[k] / max).toFixed(1) + "%"})),
+        h("span", {class: "num", "data-bucket": k}, fmtNum(x[k]))])),
         x.estimated ? h("p", {class: "empty"}, fmtNum(x.estimated) + " paged-out messages are counted by the earliest expiry of their segment on disk.") : null);
       expiresAt = x.expires_at;
       fill(lease, x.x_expires === null ? h("p", {class: "empty"}, "No x-expires: the queue never expires for being unused.") :
-        kv([["x-expires", fmtDuration(x.x_expires) + " (" + x.x_expires + " ms)"],
+        kv([["x-expires", fmtDuration(x.x_expires) + " (" + fmtNum(x.x_expires) + " ms)"],
           ["Deleted if unused in", expiresAt === null ? h("span", {}, "not running: the queue has consumers") : leaseText]]));
       tick();
       const d = await api("GET", base + "/dead-letter");
@@ -712,7 +974,7 @@ pages.queue = (root, [vhost, name]) => {
 function policyPage(root, operator) {
   const kind = operator ? "operator-policies" : "policies";
   const list = h("div");
-  const def = argsEditor(POLICY_KEYS, "definition");
+  const def = argsEditor(policyKeyTypes(kind), "definition");
   const edit = (p) => {
     const f = root.querySelector("form");
     f.elements.vhost.value = p.vhost;
@@ -936,12 +1198,14 @@ async function route() {
   if (name === "queues" && params.length === 2) name = "queue";
   else if (name === "exchanges" && params.length === 2) name = "exchange";
   else if (name === "connections" && params.length === 1) name = "connection";
+  else if (name === "channels" && params.length === 1) name = "channel";
   const allowed = NAV.find(([id]) => id === name);
   if (!pages[name] || (allowed && !allowed[2]())) name = "overview";
   for (const a of document.querySelectorAll("nav a")) {
     const id = a.dataset.nav;
     a.classList.toggle("active", id === name || (name === "queue" && id === "queues") ||
-      (name === "exchange" && id === "exchanges") || (name === "connection" && id === "connections"));
+      (name === "exchange" && id === "exchanges") || (name === "connection" && id === "connections") ||
+      (name === "channel" && id === "channels"));
   }
   const main = fill(document.getElementById("page"));
   current = pages[name](main, params);
@@ -955,6 +1219,7 @@ async function start() {
   try {
     const o = await api("GET", "/api/overview");
     if (Array.isArray(o.exchange_types)) exchangeTypes = o.exchange_types.map((t) => t.name);
+    if (o.policy_keys) policyKeys = o.policy_keys;
   } catch (e) { /* the default list */ }
   await route();
 }
