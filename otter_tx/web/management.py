@@ -718,37 +718,20 @@ class ManagementApp:
         return Response(204 if existed else 201)
 
     @staticmethod
-    def _validatePolicy(vhost, name, body):
+    def _validatePolicy(vhost, name, body, cls=Policy):
         """
-        A :class:`Policy` from a PUT body, or 400 with RabbitMQ's
-        ``Validation failed`` texts (the policies endpoint HTML-escapes
+        A :class:`Policy` (or ``cls``) from a PUT body, or 400 with
+        RabbitMQ's ``Validation failed`` texts
+        (:func:`~otter_tx.broker.policy.checkPolicy`, the one validation the
+        definitions import uses too; the policies endpoint HTML-escapes
         ``<`` and ``>`` in them, as RabbitMQ 3.10 does).
         """
-
-        def failed(text):
-            text = text.replace("<", "&lt;").replace(">", "&gt;")
-            return badRequest("Validation failed\n\n%s\n" % (text,))
-
-        pattern = body["pattern"]
-        definition = body["definition"]
-        priority = body.get("priority", 0)
-        applyTo = body.get("apply-to", "all")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise failed('priority should be a number, actually was <<"%s">>' % (priority,))
-        if applyTo not in ("queues", "exchanges", "all"):
-            raise failed("apply-to '%s' unrecognised; should be 'queues', 'exchanges' or 'all'" % (applyTo,))
-        if not isinstance(pattern, str):
-            raise failed("pattern should be a string")
         try:
-            re.compile(pattern)
-        except re.error as e:
-            raise failed('pattern should be regular expression but is invalid: {"%s",%s}' % (e.msg, e.pos or 0))
-        if not isinstance(definition, dict):
-            raise failed("no policy provided")
-        try:
-            return Policy(name, pattern, definition, priority, applyTo, vhost)
+            return cls(name, body["pattern"], body["definition"], body.get("priority", 0),
+                       body.get("apply-to", "all"), vhost)
         except PolicyError as e:
-            raise failed(str(e))
+            text = str(e).replace("<", "&lt;").replace(">", "&gt;")
+            raise badRequest("Validation failed\n\n%s\n" % (text,))
 
     # --- operator policies ----------------------------------------------------
 
@@ -795,9 +778,7 @@ class ManagementApp:
                 checkOperatorKeys(body["definition"])
             except PolicyError as e:
                 raise badRequest("Validation failed\n\n%s\n" % (e,))
-        generic = self._validatePolicy(vhost, name, body)
-        policy = OperatorPolicy(name, generic.pattern, generic.definition, generic.priority,
-                                generic.applyTo, vhost)
+        policy = self._validatePolicy(vhost, name, body, OperatorPolicy)
         existed = name in vh.operatorPolicies
         vh.setOperatorPolicy(policy)
         return Response(204 if existed else 201)
