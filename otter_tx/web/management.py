@@ -61,10 +61,8 @@ from otter_tx.broker import stats as S
 from otter_tx.broker.delayed import DELAYED_TYPE, checkHeldAccess, pageParameters
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.broker.expiry import nowMs
-from otter_tx.broker.message import Message
 from otter_tx.web.nodes import memoryBreakdown, memUsed, nodeDict, relativeMemory
 from otter_tx.broker.policy import OperatorPolicy, Policy, PolicyError, checkOperatorKeys
-from otter_tx.broker.queue import Queue
 from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.door import requestSession
@@ -1274,46 +1272,9 @@ class ManagementApp:
             "exchange": s.dlx,
             "routing_key": s.dlrk,
             "strategy": s.dlStrategy,  # the one the broker applies (deadletter.py), not the one asked for
-            "queues": self._deadLetterQueues(vh, s.dlx, s.dlrk),
+            "queues": [{"vhost": vh.name, "name": n, "routing_key": k}
+                       for n, k in sorted(vh.reachableQueues(s.dlx, s.dlrk).items())],
         }
-
-    @staticmethod
-    def _deadLetterQueues(vh, dlx, dlrk):
-        """The queues of :meth:`queueDeadLetter` (sorted by name, each once)."""
-        start = vh.exchanges.get(dlx)
-        if start is None:
-            return []
-        found = {}
-        if start.name == "":
-            q = vh.queues.get(dlrk) if dlrk is not None else None
-            if q is not None:
-                found[q.name] = dlrk
-            elif dlrk is None:
-                found.update((n, n) for n in vh.queues)
-            return [{"vhost": vh.name, "name": n, "routing_key": k} for n, k in sorted(found.items())]
-        probe = Message(dlx, dlrk or "", b"\x00\x00", b"", {})
-        visited = {start}
-        pending = [start]
-        while pending:
-            ex = pending.pop()
-            if dlrk is not None:
-                dests = set()
-                ex.routing.route(probe, [dlrk], dests)
-                pairs = [(d, dlrk) for d in dests]
-            else:
-                pairs = [(d, k) for d, k, _ in ex.routing.bindings()]
-            for d, key in pairs:
-                if isinstance(d, Queue):
-                    found.setdefault(d.name, key)
-                elif d not in visited:
-                    visited.add(d)
-                    pending.append(d)
-            if not pairs and ex.alternate is not None:
-                ae = vh.exchanges.get(ex.alternate)
-                if ae is not None and ae not in visited:
-                    visited.add(ae)
-                    pending.append(ae)
-        return [{"vhost": vh.name, "name": n, "routing_key": k} for n, k in sorted(found.items())]
 
     # --- exchanges ------------------------------------------------------------
 
