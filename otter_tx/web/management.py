@@ -1,7 +1,9 @@
 """
 The management HTTP app: a RabbitMQ 3.10-compatible subset of the
-management HTTP API (``/api/...``), Prometheus metrics (``/metrics``) and a
-small HTML admin page (``/``).
+management HTTP API (``/api/...``) and the admin web app (``/``).
+Prometheus metrics are served on their own listener only
+(:mod:`otter_tx.web.metrics`), as ``rabbitmq_prometheus`` does: here
+``/metrics`` is 404 like any unknown path, as on RabbitMQ's port 15672.
 
 Shapes, status codes and error bodies follow RabbitMQ 3.10.8 as observed on
 the reference peer (../shared/reference/rabbitmq-semantics.md section 8;
@@ -92,7 +94,7 @@ _VHOST_VISIBLE = "is_authorized_vhost_visible"
 _POLICIES = "is_authorized_policies"
 #: administrator or policymaker (any vhost); else 401 "User not authorised to access object"
 _GLOBAL_PARAMETERS = "is_authorized_global_parameters"
-_NONE = "none"  # no authentication (metrics, like rabbitmq_prometheus)
+_NONE = "none"  # no authentication (the admin web app's files)
 
 _EXCHANGE_TYPE_DESCRIPTIONS = (
     ("direct", "AMQP direct exchange, as per the AMQP specification"),
@@ -2445,31 +2447,7 @@ class ManagementApp:
                     del item["vhost"]
         return out
 
-    # --- Prometheus and the HTML page --------------------------------------------
-
-    @app.route("/metrics", methods=["GET"])
-    @endpoint(_NONE)
-    def metrics(self, request, user):
-        """
-        ``GET /metrics``: Prometheus text format (version 0.0.4) with
-        rabbitmq_prometheus names; unauthenticated like RabbitMQ's port
-        15692.  The same text as the Prometheus listener's (``--prometheus``);
-        see :mod:`otter_tx.web.metrics`.
-        """
-        from otter_tx.web.metrics import CONTENT_TYPE, renderMetrics
-
-        request.setHeader(b"content-type", CONTENT_TYPE)
-        perObject = _queryFlag(request, "per_object")
-        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, perObject)
-
-    @app.route("/metrics/per-object", methods=["GET"])
-    @endpoint(_NONE)
-    def metricsPerObject(self, request, user):
-        """``GET /metrics/per-object``: the queue and connection metrics with labels."""
-        from otter_tx.web.metrics import CONTENT_TYPE, renderMetrics
-
-        request.setHeader(b"content-type", CONTENT_TYPE)
-        return renderMetrics(self.broker, self.clock.seconds() - self.startedAt, True)
+    # --- the admin web app --------------------------------------------------------
 
     @app.route("/", methods=["GET"])
     @endpoint(_NONE)

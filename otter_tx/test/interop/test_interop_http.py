@@ -183,6 +183,14 @@ class ManagementInteropTests(ManagementHTTPCase):
             self.assertIn(code, (201, 204))
 
     @inlineCallbacks
+    def test_noMetricsOnManagementPort(self):
+        """The management port serves no Prometheus metrics: /metrics and its sub-paths are 404, as on 15672."""
+        for path in ("/metrics", "/metrics/per-object", "/metrics/detailed"):
+            for auth in (None, GUEST):
+                code, data, _ = yield self.call("GET", path, auth=auth)
+                self.assertEqual((code, data), (404, {"error": "Object Not Found", "reason": "Not Found"}), path)
+
+    @inlineCallbacks
     def test_queueLifecycle(self):
         """Queue PUT 201/204, inequivalent 400, GET fields, publish + get, purge, DELETE 204 then 404."""
         q = self.name("q")

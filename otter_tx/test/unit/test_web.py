@@ -20,6 +20,7 @@ from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_metrics import families, value
 from otter_tx.testing import FakeClient
 from otter_tx.web.management import ManagementApp
+from otter_tx.web.metrics import PrometheusResource
 
 BASE = "http://localhost:15672"
 GUEST = ("guest", "guest")
@@ -858,17 +859,32 @@ class ConnectionTests(WebTestCase):
 
 
 class MetricsTests(WebTestCase):
-    """/metrics and the HTML page."""
+    """Prometheus metrics are served on the Prometheus listener only, as RabbitMQ does."""
+
+    def metrics(self, path):
+        """``(code, body text)`` of ``GET path`` on the Prometheus listener's resource."""
+        http = StubTreq(PrometheusResource(self.broker, self.clock))
+        d = http.get(BASE + path)
+        http.flush()
+        resp = self.successResultOf(d)
+        d2 = resp.content()
+        http.flush()
+        return resp.code, self.successResultOf(d2).decode("utf-8")
+
+    def test_notOnManagementPort(self):
+        """The management port answers /metrics and its sub-paths 404 Object Not Found, as RabbitMQ's 15672."""
+        for path in ("/metrics", "/metrics/per-object", "/metrics/detailed?family=queue_metrics"):
+            for auth in (None, GUEST):
+                self.assertError(self.get(path, auth=auth), 404, "Object Not Found", "Not Found")
 
     def test_queueAndDeadLetterMetrics(self):
         """/metrics reports ready messages and dead-letter counters under rabbitmq_ names, without auth."""
         self.put("/api/queues/%2F/q1", {"arguments": {"x-max-length": 1, "x-dead-letter-exchange": ""}})
         self.publish("q1")
         self.publish("q1")
-        r = self.get("/metrics", auth=None)
-        self.assertEqual(r.code, 200)
-        self.assertIn("text/plain", r.header("content-type"))
-        fams = families(r.body)
+        code, body = self.metrics("/metrics")
+        self.assertEqual(code, 200)
+        fams = families(body)
         self.assertEqual(value(fams, "rabbitmq_queue_messages_ready"), 1)
         self.assertEqual(value(fams, "rabbitmq_queues"), 1)
         self.assertEqual(value(fams, "rabbitmq_global_messages_dead_lettered_maxlen_total",
@@ -878,7 +894,7 @@ class MetricsTests(WebTestCase):
         """/metrics/per-object labels queue metrics with vhost and queue."""
         self.put("/api/queues/%2F/q1")
         self.publish("q1")
-        fams = families(self.get("/metrics/per-object", auth=None).body)
+        fams = families(self.metrics("/metrics/per-object")[1])
         self.assertEqual(value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue="q1"), 1)
 
 
