@@ -629,7 +629,7 @@ class ManagementApp:
             return {}
         try:
             body = json.loads(raw.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep to parse
             raise badRequest("not_json")
         if not isinstance(body, dict):
             raise badRequest("not_json")
@@ -1050,11 +1050,12 @@ class ManagementApp:
         """
         vh = self._vhost(vhost)
         if request.method == b"PUT":
+            session = self._session(user, vh)
+            session.access.check(CONFIGURE, "queue", name)  # a refused request's body is never parsed
             body = self._body(request)
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            session = self._session(user, vh)
             existed = name in vh.queues
             session.declareQueue(name, durable=_flag(body.get("durable")),
                                  autoDelete=_flag(body.get("auto_delete")), arguments=args)
@@ -1101,6 +1102,7 @@ class ManagementApp:
         text (:func:`channelRefusal`).
         """
         vh = self._vhost(vhost)
+        session = self._readingSession(user, vh, name)
         body = self._body(request)
         self._require(body, "count", "ackmode", "encoding")
         count, ackmode, encoding = body["count"], body["ackmode"], body["encoding"]
@@ -1113,7 +1115,6 @@ class ManagementApp:
             truncate = int(truncate) if truncate not in (None, "") else None
         except (TypeError, ValueError):
             raise badRequest("count and truncate must be integers")
-        session = self._session(user, vh)
         out = []
         try:
             session.readableQueue(name)
@@ -1140,6 +1141,19 @@ class ManagementApp:
         finally:
             session.closed()
         return out
+
+    def _readingSession(self, user, vh, name):
+        """
+        The Session of ``/get`` and ``/browse`` once ``user`` may read queue
+        ``name``, checked before the request body is parsed (a refused
+        request never has its body read): 401 as :func:`getRefusal`.
+        """
+        session = self._session(user, vh)
+        try:
+            session.access.check(READ, "queue", name)
+        except AMQPError as e:
+            raise getRefusal(e)
+        return session
 
     @staticmethod
     def _messageJson(m, redelivered, remaining, encoding, truncate):
@@ -1179,6 +1193,7 @@ class ManagementApp:
         bad encoding or non-integer numbers; 404 ``not_found`` for no queue.
         """
         vh = self._vhost(vhost)
+        session = self._readingSession(user, vh, name)
         body = self._body(request)
         self._require(body, "count")
         encoding = body.get("encoding", "auto")
@@ -1190,7 +1205,6 @@ class ManagementApp:
             truncate = int(truncate) if truncate not in (None, "") else None
         except (TypeError, ValueError):
             raise badRequest("count, offset and truncate must be integers")
-        session = self._session(user, vh)
         try:
             q = session.readableQueue(name)
         except AMQPError as e:  # as /get answers them
@@ -1316,6 +1330,8 @@ class ManagementApp:
         vh = self._vhost(vhost)
         xname = self._exchangeName(name)
         if request.method == b"PUT":
+            session = self._session(user, vh)
+            session.access.check(CONFIGURE, "exchange", xname)  # a refused request's body is never parsed
             body = self._body(request)
             xtype = body.get("type", "direct")
             if xtype != DELAYED_TYPE and xtype not in EXCHANGE_TYPES:
@@ -1323,7 +1339,6 @@ class ManagementApp:
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            session = self._session(user, vh)
             existed = xname in vh.exchanges
             session.declareExchange(
                 xname, xtype, durable=_flag(body.get("durable")),
@@ -1371,6 +1386,12 @@ class ManagementApp:
         access to exchange 'x' in vhost '/' refused for user 'u'``.
         """
         vh = self._vhost(vhost)
+        xname = self._exchangeName(name)
+        session = self._session(user, vh)
+        try:
+            session.access.check(WRITE, "exchange", xname)  # a refused request's body is never parsed
+        except AMQPError as e:
+            raise badRequest(str(e))
         body = self._body(request)
         self._require(body, "routing_key", "properties", "payload", "payload_encoding")
         enc = body["payload_encoding"]
@@ -1384,8 +1405,6 @@ class ManagementApp:
                 raise badRequest(["not_base64", payload])
         else:
             raise badRequest(["unsupported_encoding", enc])
-        xname = self._exchangeName(name)
-        session = self._session(user, vh)
         try:
             ex = session.publishTarget(xname)
             props = self._properties(body["properties"])
@@ -1566,12 +1585,12 @@ class ManagementApp:
         vh = self._vhost(vhost)
         if request.method == b"GET":
             return self._bindingsBetween(vh, source, dtype, dest)
+        session = self._checkBinding(user, vh, source, dtype, dest)  # a refused request's body is never parsed
         body = self._body(request)
         key = body.get("routing_key", "")
         args = body.get("arguments") or {}
         if not isinstance(key, str) or not isinstance(args, dict):
             raise badRequest("routing_key must be a string and arguments an object")
-        session = self._checkBinding(user, vh, source, dtype, dest)
         src, dst = self._bindingEnds(vh, source, dtype, dest)
         if dtype == "q":
             session.bindQueue(dst.name, src.name, key, args)

@@ -1018,6 +1018,31 @@ class OnlyThisTests(WebTestCase):
         self.amqpRefuses(spec.QueueBind(0, "other", "amq.direct", "k", False, {}))
 
 
+    def test_refusedBeforeBodyParsed(self):
+        """
+        A request refused by a permission is refused before its body is
+        parsed (issue 19): a body that is not JSON still gets the refusal, not 400 not_json.
+        """
+        junk = b"[" * 100000
+        read = "ACCESS_REFUSED - access to queue 'other' in vhost '/' refused for user 'only'"
+        cases = [
+            ("PUT", "/api/queues/%2F/other", 401, "not_authorised", "Access refused."),
+            ("POST", "/api/queues/%2F/other/get", 401, "not_authorised", read),
+            ("POST", "/api/queues/%2F/other/browse", 401, "not_authorised", read),
+            ("PUT", "/api/exchanges/%2F/other", 401, "not_authorised", "Access refused."),
+            ("POST", "/api/exchanges/%2F/amq.direct/publish", 400, "bad_request",
+             "403 ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' refused for user 'only'"),
+            ("POST", "/api/bindings/%2F/e/amq.direct/q/other", 401, "not_authorised", "Access refused."),
+        ]
+        for method, path, code, error, reason in cases:
+            r = self.request(method, path, raw=junk, auth=self.USER, headers={"content-type": ["application/json"]})
+            self.assertError(r, code, error, reason)
+        self.broker.addUser("none", "pw", ["management"])  # no permissions on the vhost at all
+        for method, path, _, _, _ in cases:
+            r = self.request(method, path, raw=junk, auth=("none", "pw"))
+            self.assertIn(r.code, (400, 401), path)
+            self.assertNotEqual(r.json()["reason"], "not_json", path)
+
 class PublishPipelineTests(WebTestCase):
     """HTTP publish goes through the same pipeline as basic.publish."""
 
