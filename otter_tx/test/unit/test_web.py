@@ -1083,6 +1083,31 @@ class PublishPipelineTests(WebTestCase):
                          "403 ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")
 
 
+    def test_acceptedDuringAlarm(self):
+        """
+        An HTTP publish during a resource alarm is accepted and routed, as
+        RabbitMQ 3.10 answers it (checked on the peer): only AMQP publishers are blocked.
+        """
+        self.put("/api/queues/%2F/q")
+        for resource in ("memory", "disk"):
+            self.broker.alarms.set(resource)
+        r = self.post("/api/exchanges/%2F/amq.default/publish",
+                      {"properties": {}, "routing_key": "q", "payload": "x", "payload_encoding": "string"})
+        self.assertEqual((r.code, r.json()), (200, {"routed": True}))
+        self.assertEqual(self.vh.queues["q"].readyCount, 1)
+
+    def test_bodyCountsTowardMemoryCheck(self):
+        """An HTTP publish's body counts toward the memory check as an AMQP publish's bytes do (Broker.received)."""
+        self.broker.memoryHighWatermark = 1000
+        monitor = self.broker.memoryMonitor
+        monitor.probe = lambda: 2000
+        self.put("/api/queues/%2F/q")
+        payload = "x" * monitor.step
+        r = self.post("/api/exchanges/%2F/amq.default/publish",
+                      {"properties": {}, "routing_key": "q", "payload": payload, "payload_encoding": "string"})
+        self.assertEqual(r.code, 200)
+        self.assertIn("memory", self.broker.alarms.active)
+
 class VHostLimitTests(WebTestCase):
     """/api/vhost-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""
 
