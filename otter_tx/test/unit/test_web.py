@@ -91,6 +91,30 @@ class WebTestCase(SynchronousTestCase):
         return self.vh.publish(self.vh.exchanges[""], m)
 
 
+class RoomsTests(WebTestCase):
+    """The root mounts one Klein app per resource family and sends each path to the room that has its route."""
+
+    def test_everyRouteReachesItsRoom(self):
+        """Every route of every room is reached through the root (roomFor), and no route is in two rooms."""
+        import re
+
+        from otter_tx.web.management import roomFor
+
+        seen = {}
+        for cls, room in self.mgmt.rooms.items():
+            for rule in room.app.url_map.iter_rules():
+                path = re.sub(r"<[^>]+>", "x", rule.rule)
+                self.assertNotIn(rule.rule, seen, "%s in %s and %s" % (rule.rule, cls, seen.get(rule.rule)))
+                seen[rule.rule] = cls
+                self.assertIs(roomFor(path.encode().split(b"/")[1:]), cls, rule.rule)
+        self.assertGreater(len(seen), 80)
+
+    def test_unknownPaths(self):
+        """A path no room has is 404 Object Not Found, under /api and outside it."""
+        for path in ("/api/nothing", "/api/queues/%2F/q/nothing", "/api/vhosts/%2F/nothing", "/nothing"):
+            self.assertError(self.get(path), 404, "Object Not Found", "Not Found")
+
+
 class AuthTests(WebTestCase):
     """HTTP Basic authentication and tag checks."""
 
@@ -269,15 +293,16 @@ class AuthorisationTests(WebTestCase):
                          "Not administrator user")
 
     def test_monitorLevel(self):
-        """The _MONITOR level answers 401 Not monitor user to management and policymaker users."""
-        from otter_tx.web.management import _MONITOR
+        """The MONITOR level answers 401 Not monitor user to management and policymaker users."""
+        from otter_tx.web.management.authz import MONITOR
 
-        self.assertError(self._authorise("mgmt", _MONITOR), 401, "not_authorised", "Not monitor user")
-        self.assertEqual(self._authorise("mon", _MONITOR), "mon")
+        self.assertError(self._authorise("mgmt", MONITOR), 401, "not_authorised", "Not monitor user")
+        self.assertEqual(self._authorise("mon", MONITOR), "mon")
 
     def _authorise(self, user, access):
-        """The user name ``_authenticate`` returns for ``access``, or the HTTPError as a reply."""
-        from otter_tx.web.management import HTTPError
+        """The user name ``authenticate`` returns for ``access``, or the HTTPError as a reply."""
+        from otter_tx.web.management.authz import authenticate
+        from otter_tx.web.management.http import HTTPError
 
         class Req:
             def getHeader(self, name):
@@ -287,7 +312,7 @@ class AuthorisationTests(WebTestCase):
                 return IPv4Address("TCP", "127.0.0.1", 40000)
 
         try:
-            return self.mgmt._authenticate(Req(), access).name
+            return authenticate(self.broker, Req(), access).name
         except HTTPError as e:
             return _Reply(e.code, None, json.dumps({"error": e.error, "reason": e.reason}))
 
