@@ -28,6 +28,14 @@ clock, the node's listeners):
 - :mod:`.http`: errors, responses, JSON bodies, pagination;
 - :mod:`.authz`: the management-tag authorisation model.
 
+Why a table and not Klein's ``route(..., branch=True)``: a branch hands the
+room the rest of the path, so its routes would be relative and its
+trailing-slash redirects and 404/405 answers would differ from one app's;
+families also do not follow prefixes (``/api/vhosts/{v}/connections`` is
+the connections room's).  Each room keeps its routes' full paths, so one
+room answers exactly as the single app did (``test_web.RoomsTests`` checks
+that every route reaches its room through the root).
+
 No broker rule is derived here: every operation runs through a
 :class:`~otter_tx.broker.session.Session` acting as the user
 (:func:`.authz.session`), policies are validated by
