@@ -329,6 +329,23 @@ class Broker:
         """True while any resource alarm (memory, disk, store) is in effect."""
         return bool(self.alarms.active)
 
+    def received(self, nbytes):
+        """
+        ``nbytes`` (int) arrived from a client, through either door: the
+        AMQP door's frames, an HTTP API publish's body.  The one rule for
+        both: the memory alarm reads RSS every so many received bytes
+        (:meth:`MemoryMonitor.received
+        <otter_tx.resources.alarms.MemoryMonitor.received>`: only raises it;
+        clearing waits for its timer).  What an alarm then blocks is
+        RabbitMQ's rule too: AMQP connections that publish
+        (``IClientConnection.alarmChanged``), not a publish through the HTTP
+        API, which RabbitMQ 3.10 accepts and routes during a memory or disk
+        alarm (checked on the peer: 200 ``{"routed": true}``).
+        """
+        meter = self.memoryMonitor
+        if meter is not None:
+            meter.received(nbytes)
+
     def checkMemory(self):
         """
         Compare the process's memory (RSS) with the high-watermark now;

@@ -49,28 +49,57 @@ class PolicyError(ValueError):
     """
 
 
+#: the ``apply-to`` values RabbitMQ 3.10 accepts (``classic_queues``,
+#: ``quorum_queues`` and ``streams`` came with 3.12; 3.10 refuses them,
+#: checked on the peer)
+APPLY_TO = ("queues", "exchanges", "all")
+
+
+def checkPolicy(pattern, definition, priority=0, applyTo="all"):
+    """
+    The one validation of a policy, for the HTTP API, a definitions import
+    and ``--config``: :class:`PolicyError` with RabbitMQ 3.10's text
+    (``rabbit_policy:validate``; the HTTP API shows it after ``Validation
+    failed``), checked in RabbitMQ's order: priority, apply-to, pattern,
+    definition (:func:`validateDefinition`).
+
+    :param pattern: a regular expression (str).  :param definition: dict.
+    :param priority: int.  :param applyTo: one of :data:`APPLY_TO`.
+    :returns: the compiled pattern.
+    """
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise PolicyError('priority should be a number, actually was <<"%s">>' % (priority,))
+    if applyTo not in APPLY_TO:
+        raise PolicyError("apply-to '%s' unrecognised; should be 'queues', 'exchanges' or 'all'" % (applyTo,))
+    if not isinstance(pattern, str):
+        raise PolicyError("pattern should be a string")
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise PolicyError('pattern should be regular expression but is invalid: {"%s",%s}' % (e.msg, e.pos or 0))
+    if not isinstance(definition, dict):
+        raise PolicyError("no policy provided")
+    validateDefinition(definition)
+    return regex
+
+
 class Policy:
     """
     :param name: str.  :param pattern: regex (str) matched against names.
     :param definition: dict of policy keys.  :param priority: int.
     :param applyTo: ``queues``, ``exchanges`` or ``all``.
-    :raises PolicyError: for unknown keys or invalid values.
+    :raises PolicyError: for unknown keys or invalid values
+        (:func:`checkPolicy`).
     """
 
     def __init__(self, name, pattern, definition, priority=0, applyTo="all", vhost="/"):
+        self.regex = checkPolicy(pattern, definition, priority, applyTo)
         self.name = name
         self.pattern = pattern
         self.definition = dict(definition)
         self.priority = priority
         self.applyTo = applyTo
         self.vhost = vhost
-        try:
-            self.regex = re.compile(pattern)
-        except re.error as e:
-            raise PolicyError("invalid pattern %r: %s" % (pattern, e))
-        if applyTo not in ("queues", "exchanges", "all", "classic_queues"):
-            raise PolicyError("%r is not a valid apply-to value" % (applyTo,))
-        validateDefinition(self.definition)
 
     def asDict(self):
         """The RabbitMQ HTTP API shape of this policy."""
@@ -126,7 +155,8 @@ class OperatorPolicy(Policy):
     """
 
     def __init__(self, name, pattern, definition, priority=0, applyTo="all", vhost="/"):
-        checkOperatorKeys(definition)
+        if isinstance(definition, dict):  # else checkPolicy's "no policy provided"
+            checkOperatorKeys(definition)
         Policy.__init__(self, name, pattern, definition, priority, applyTo, vhost)
 
 
@@ -168,7 +198,7 @@ def matchPolicy(policies, name, kind):
     """
     best = None
     for p in policies:
-        if p.applyTo not in ("all", kind) and not (kind == "queues" and p.applyTo == "classic_queues"):
+        if p.applyTo not in ("all", kind):
             continue
         if p.regex.search(name) is None:
             continue

@@ -29,6 +29,7 @@ from otter_tx.broker.delayed import (
     validateDelayedArguments,
 )
 from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
+from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO
@@ -469,6 +470,55 @@ class VHost:
                     self._routeOne(ae, message, keys, sub)
                     pending.append((ae, sub))
         return queues
+
+    def reachableQueues(self, exchangeName, routingKey=None, headers=None):
+        """
+        The queues a message published now to exchange ``exchangeName``
+        (str) with ``routingKey`` (str) and ``headers`` (dict or None) would
+        reach, walked as :meth:`route` walks (exchange-to-exchange bindings,
+        then the alternate exchange of one that routes nowhere; each exchange
+        once), but counting nothing, holding nothing (an x-delayed-message
+        exchange routes as if the message were due) and enqueueing nothing.
+        With ``routingKey`` None the message keeps routing keys of its own
+        (a dead letter without ``x-dead-letter-routing-key``), so every
+        destination bound to an exchange on the walk counts, under its
+        binding key.  Not on the publish path: :meth:`route` stays as it is.
+
+        :returns: ``{queue name: routing key}`` (``{}`` for a missing
+            exchange); the key is ``routingKey``, or the binding key (the
+            queue's name for the default exchange) when it is None.
+        """
+        start = self.exchanges.get(exchangeName)
+        if start is None:
+            return {}
+        if start.name == "":
+            if routingKey is None:
+                return {n: n for n in self.queues}
+            return {routingKey: routingKey} if routingKey in self.queues else {}
+        probe = Message(exchangeName, routingKey or "", b"\x00\x00", b"", {"headers": headers} if headers else {})
+        found = {}
+        visited = {start}
+        pending = [start]
+        while pending:
+            ex = pending.pop()
+            if routingKey is not None:
+                dests = set()
+                ex.routing.route(probe, [routingKey], dests)
+                pairs = [(d, routingKey) for d in dests]
+            else:
+                pairs = [(d, k) for d, k, _ in ex.routing.bindings()]
+            for d, key in pairs:
+                if type(d) is Queue:
+                    found.setdefault(d.name, key)
+                elif d not in visited:
+                    visited.add(d)
+                    pending.append(d)
+            if not pairs and ex.alternate is not None:
+                ae = self.exchanges.get(ex.alternate)
+                if ae is not None and ae not in visited:
+                    visited.add(ae)
+                    pending.append(ae)
+        return found
 
     def _routeOne(self, exchange, message, keys, out):
         """

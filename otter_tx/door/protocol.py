@@ -464,10 +464,8 @@ class AMQPServerProtocol(Protocol):
             return
         self.bytesIn += len(data)
         self.recvCount += 1
-        meter = self.broker.memoryMonitor
-        if meter is not None:
-            # the memory alarm reads RSS every so many received bytes (otter_tx.resources.alarms)
-            meter.received(len(data))
+        # the memory alarm reads RSS every so many received bytes, whichever door (Broker.received)
+        self.broker.received(len(data))
         engine.receiveData(data, self.clock.seconds())
         self._process()
 

@@ -146,6 +146,37 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
         return self.inThread(run).addCallback(check)
 
 
+    def test_httpPublishDuringAlarm(self):
+        """
+        A publish through the HTTP API during the alarm is accepted and
+        routed (200 ``{"routed": true}``), as RabbitMQ 3.10 answers it; AMQP publishers are blocked.
+        """
+        q = self.name("disk-alarm-http")
+
+        def run():
+            out = {}
+            self.mgmtCall("PUT", "/api/queues/%2F/" + q, {})
+            try:
+                self.setLimit(HUGE)
+                self.waitFor(lambda: self.http("/api/health/checks/alarms")[0] == 503)
+                out["publish"] = self.mgmtCall("POST", "/api/exchanges/%2F/amq.default/publish", {
+                    "properties": {}, "routing_key": q, "payload": "during the alarm",
+                    "payload_encoding": "string"})
+            finally:
+                self.setLimit(NORMAL)
+            out["get"] = self.mgmtCall("POST", "/api/queues/%2F/" + q + "/get",
+                                       {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+            self.mgmtCall("DELETE", "/api/queues/%2F/" + q)
+            return out
+
+        def check(out):
+            self.assertEqual(out["publish"], (200, {"routed": True}))
+            code, got = out["get"]
+            self.assertEqual((code, [m["payload"] for m in got]), (200, ["during the alarm"]))
+
+        return self.inThread(run).addCallback(check)
+
+
 class MemoryFloodTests(InteropTestCase):
     """Under a flood of 64 B messages the memory alarm holds the process's RSS near the watermark."""
 

@@ -156,6 +156,41 @@ class ManagementInteropTests(ManagementHTTPCase):
             self.assertEqual((code, data), (400, {"error": "bad_request", "reason": reason}))
 
     @inlineCallbacks
+    def test_policyApplyTo(self):
+        """
+        RabbitMQ 3.10 accepts apply-to queues, exchanges and all only: 3.12's classic_queues, quorum_queues
+        and streams are 400 on PUT, and a definitions import with one is 400 and creates nothing.
+        """
+        p = self.name("pol")
+        path = "/api/policies/%2F/" + p
+        self.cleanups.append(path)
+        for applyTo in ("classic_queues", "quorum_queues", "streams"):
+            code, data, _ = yield self.call("PUT", path, {"pattern": "^" + p, "definition": {"message-ttl": 5},
+                                                          "apply-to": applyTo})
+            self.assertEqual((code, data), (400, {"error": "bad_request", "reason":
+                                                  "Validation failed\n\napply-to '%s' unrecognised; should be "
+                                                  "'queues', 'exchanges' or 'all'\n" % (applyTo,)}))
+        defs = {"policies": [{"vhost": "/", "name": p, "pattern": "^" + p, "apply-to": "classic_queues",
+                              "definition": {"message-ttl": 5}, "priority": 0}]}
+        code, data, _ = yield self.call("POST", "/api/definitions", defs)
+        self.assertEqual(code, 400)
+        self.assertIn("apply-to 'classic_queues' unrecognised", data["reason"])
+        code, _, _ = yield self.call("GET", path)
+        self.assertEqual(code, 404)
+        for applyTo in ("queues", "exchanges", "all"):
+            code, _, _ = yield self.call("PUT", path, {"pattern": "^" + p, "definition": {"message-ttl": 5},
+                                                       "apply-to": applyTo})
+            self.assertIn(code, (201, 204))
+
+    @inlineCallbacks
+    def test_noMetricsOnManagementPort(self):
+        """The management port serves no Prometheus metrics: /metrics and its sub-paths are 404, as on 15672."""
+        for path in ("/metrics", "/metrics/per-object", "/metrics/detailed"):
+            for auth in (None, GUEST):
+                code, data, _ = yield self.call("GET", path, auth=auth)
+                self.assertEqual((code, data), (404, {"error": "Object Not Found", "reason": "Not Found"}), path)
+
+    @inlineCallbacks
     def test_queueLifecycle(self):
         """Queue PUT 201/204, inequivalent 400, GET fields, publish + get, purge, DELETE 204 then 404."""
         q = self.name("q")

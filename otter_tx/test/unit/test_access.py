@@ -17,7 +17,9 @@ from otter_tx.broker import access
 from otter_tx.broker.broker import Broker
 from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.testing import FakeClient
-from otter_tx.web.management import _ANY, HTTPError, ManagementApp
+from otter_tx.web.management import ManagementApp
+from otter_tx.web.management.authz import ANY, authenticate
+from otter_tx.web.management.http import HTTPError
 
 #: (peer host, loopback?) as RabbitMQ's rabbit_net:is_loopback/1 decides
 LOOPBACK_TABLE = [
@@ -159,7 +161,7 @@ class LoopbackTests(SynchronousTestCase):
                 return address
 
         try:
-            return mgmt._authenticate(Req(), _ANY).name == name
+            return authenticate(mgmt.broker, Req(), ANY).name == name
         except HTTPError as e:
             self.assertEqual((e.code, json.dumps(e.reason)), (401, '"User can only log in via localhost"'))
             return False

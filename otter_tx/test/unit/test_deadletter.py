@@ -133,3 +133,36 @@ class DeadLetterCopyTests(SynchronousTestCase):
         raw = m.propsRaw
         deadLetterCopy(m, "q", "dlx", "expired", "x", 0)
         self.assertEqual((m.propsRaw, m.props["expiration"], m.props["headers"]), (raw, "5", {"a": 1}))
+
+
+class ReachableQueuesTests(SynchronousTestCase):
+    """VHost.reachableQueues: where a message would go now, through the vhost's routing, counting and holding nothing."""
+
+    def setUp(self):
+        from twisted.internet.task import Clock
+
+        from otter_tx.broker.broker import Broker
+
+        self.vh = Broker(Clock()).vhosts["/"]
+        self.qa = self.vh.declareQueue("qa", None)
+        self.qb = self.vh.declareQueue("qb", None)
+
+    def test_headersExchange(self):
+        """A headers exchange matches the given headers; without headers only an all-empty binding matches."""
+        ex = self.vh.declareExchange("h", "headers")
+        self.vh.bind(ex, self.qa, "", {"x-match": "all", "kind": "a"})
+        self.assertEqual(self.vh.reachableQueues("h", "", {"kind": "a"}), {"qa": ""})
+        self.assertEqual(self.vh.reachableQueues("h", "", None), {})
+
+    def test_delayedExchangeHoldsNothing(self):
+        """An x-delayed-message exchange routes as if the message were due; nothing is held or counted."""
+        ex = self.vh.declareExchange("dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        self.vh.bind(ex, self.qb, "k", {})
+        self.assertEqual(self.vh.reachableQueues("dx", "k", {"x-delay": 5000}), {"qb": "k"})
+        self.assertEqual((ex.publishIn, self.qb.readyCount), (0, 0))
+
+    def test_defaultAndMissing(self):
+        """The default exchange reaches the queue named by the key (every queue without a key); a missing exchange nothing."""
+        self.assertEqual(self.vh.reachableQueues("", "qa"), {"qa": "qa"})
+        self.assertEqual(self.vh.reachableQueues("", None), {"qa": "qa", "qb": "qb"})
+        self.assertEqual(self.vh.reachableQueues("nope", "qa"), {})

@@ -154,6 +154,19 @@ class ImportTests(WebTestCase):
             {"vhost": "/", "name": "op", "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 3},
              "priority": 1}])
 
+    def test_policyValidatedAsHTTP(self):
+        """
+        An imported policy is validated by the same function as PUT /api/policies: apply-to
+        classic_queues (RabbitMQ 3.12's) is reported with the HTTP API's text and not applied.
+        """
+        r = self.post("/api/definitions", {"policies": [
+            {"vhost": "/", "name": "p", "pattern": "^q", "apply-to": "classic_queues", "priority": 0,
+             "definition": {"message-ttl": 5}}]})
+        self.assertEqual(r.code, 400)
+        self.assertIn("policy 'p' in vhost '/' not imported: apply-to 'classic_queues' unrecognised; "
+                      "should be 'queues', 'exchanges' or 'all'", r.json()["reason"])
+        self.assertEqual(self.get("/api/policies/%2F").json(), [])
+
     def test_loginAMQP(self):
         """defs-alice logs in over AMQP with alice-pw after the import, not with another password."""
         self.importWhole()

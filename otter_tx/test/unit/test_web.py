@@ -20,6 +20,7 @@ from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_metrics import families, value
 from otter_tx.testing import FakeClient
 from otter_tx.web.management import ManagementApp
+from otter_tx.web.metrics import PrometheusResource
 
 BASE = "http://localhost:15672"
 GUEST = ("guest", "guest")
@@ -88,6 +89,30 @@ class WebTestCase(SynchronousTestCase):
         props = props or {}
         m = Message("", queue, encodeProperties(props), body, props)
         return self.vh.publish(self.vh.exchanges[""], m)
+
+
+class RoomsTests(WebTestCase):
+    """The root mounts one Klein app per resource family and sends each path to the room that has its route."""
+
+    def test_everyRouteReachesItsRoom(self):
+        """Every route of every room is reached through the root (roomFor), and no route is in two rooms."""
+        import re
+
+        from otter_tx.web.management import roomFor
+
+        seen = {}
+        for cls, room in self.mgmt.rooms.items():
+            for rule in room.app.url_map.iter_rules():
+                path = re.sub(r"<[^>]+>", "x", rule.rule)
+                self.assertNotIn(rule.rule, seen, "%s in %s and %s" % (rule.rule, cls, seen.get(rule.rule)))
+                seen[rule.rule] = cls
+                self.assertIs(roomFor(path.encode().split(b"/")[1:]), cls, rule.rule)
+        self.assertGreater(len(seen), 80)
+
+    def test_unknownPaths(self):
+        """A path no room has is 404 Object Not Found, under /api and outside it."""
+        for path in ("/api/nothing", "/api/queues/%2F/q/nothing", "/api/vhosts/%2F/nothing", "/nothing"):
+            self.assertError(self.get(path), 404, "Object Not Found", "Not Found")
 
 
 class AuthTests(WebTestCase):
@@ -268,15 +293,16 @@ class AuthorisationTests(WebTestCase):
                          "Not administrator user")
 
     def test_monitorLevel(self):
-        """The _MONITOR level answers 401 Not monitor user to management and policymaker users."""
-        from otter_tx.web.management import _MONITOR
+        """The MONITOR level answers 401 Not monitor user to management and policymaker users."""
+        from otter_tx.web.management.authz import MONITOR
 
-        self.assertError(self._authorise("mgmt", _MONITOR), 401, "not_authorised", "Not monitor user")
-        self.assertEqual(self._authorise("mon", _MONITOR), "mon")
+        self.assertError(self._authorise("mgmt", MONITOR), 401, "not_authorised", "Not monitor user")
+        self.assertEqual(self._authorise("mon", MONITOR), "mon")
 
     def _authorise(self, user, access):
-        """The user name ``_authenticate`` returns for ``access``, or the HTTPError as a reply."""
-        from otter_tx.web.management import HTTPError
+        """The user name ``authenticate`` returns for ``access``, or the HTTPError as a reply."""
+        from otter_tx.web.management.authz import authenticate
+        from otter_tx.web.management.http import HTTPError
 
         class Req:
             def getHeader(self, name):
@@ -286,7 +312,7 @@ class AuthorisationTests(WebTestCase):
                 return IPv4Address("TCP", "127.0.0.1", 40000)
 
         try:
-            return self.mgmt._authenticate(Req(), access).name
+            return authenticate(self.broker, Req(), access).name
         except HTTPError as e:
             return _Reply(e.code, None, json.dumps({"error": e.error, "reason": e.reason}))
 
@@ -766,6 +792,19 @@ class AdminTests(WebTestCase):
         self.assertEqual(self.delete("/api/vhosts/v1").code, 204)
         self.assertError(self.delete("/api/vhosts/v1"), 404, "Object Not Found", "Not Found")
 
+    def test_vhostDeleteAnswersAtOnce(self):
+        """
+        DELETE of a vhost whose client has not answered connection.close yet
+        is 204 at once (no time passes), as RabbitMQ answers; the client has its 320.
+        """
+        self.put("/api/vhosts/v1")
+        c = FakeClient(AMQPServerFactory(self.broker, self.clock, heartbeat=0), vhost="v1")
+        c.received()
+        r = self.delete("/api/vhosts/v1")
+        self.assertEqual(r.code, 204)
+        self.assertEqual([(m.reply_code, m.reply_text) for m in c.methods() if isinstance(m, spec.ConnectionClose)],
+                         [(320, "CONNECTION_FORCED - vhost 'v1' is deleted")])
+
     def test_users(self):
         """PUT creates a user who can then log in; tags may be a comma string; DELETE removes it."""
         self.assertEqual(self.put("/api/users/bob", {"password": "pw", "tags": "management,monitoring"}).code, 201)
@@ -869,17 +908,32 @@ class ConnectionTests(WebTestCase):
 
 
 class MetricsTests(WebTestCase):
-    """/metrics and the HTML page."""
+    """Prometheus metrics are served on the Prometheus listener only, as RabbitMQ does."""
+
+    def metrics(self, path):
+        """``(code, body text)`` of ``GET path`` on the Prometheus listener's resource."""
+        http = StubTreq(PrometheusResource(self.broker, self.clock))
+        d = http.get(BASE + path)
+        http.flush()
+        resp = self.successResultOf(d)
+        d2 = resp.content()
+        http.flush()
+        return resp.code, self.successResultOf(d2).decode("utf-8")
+
+    def test_notOnManagementPort(self):
+        """The management port answers /metrics and its sub-paths 404 Object Not Found, as RabbitMQ's 15672."""
+        for path in ("/metrics", "/metrics/per-object", "/metrics/detailed?family=queue_metrics"):
+            for auth in (None, GUEST):
+                self.assertError(self.get(path, auth=auth), 404, "Object Not Found", "Not Found")
 
     def test_queueAndDeadLetterMetrics(self):
         """/metrics reports ready messages and dead-letter counters under rabbitmq_ names, without auth."""
         self.put("/api/queues/%2F/q1", {"arguments": {"x-max-length": 1, "x-dead-letter-exchange": ""}})
         self.publish("q1")
         self.publish("q1")
-        r = self.get("/metrics", auth=None)
-        self.assertEqual(r.code, 200)
-        self.assertIn("text/plain", r.header("content-type"))
-        fams = families(r.body)
+        code, body = self.metrics("/metrics")
+        self.assertEqual(code, 200)
+        fams = families(body)
         self.assertEqual(value(fams, "rabbitmq_queue_messages_ready"), 1)
         self.assertEqual(value(fams, "rabbitmq_queues"), 1)
         self.assertEqual(value(fams, "rabbitmq_global_messages_dead_lettered_maxlen_total",
@@ -889,7 +943,7 @@ class MetricsTests(WebTestCase):
         """/metrics/per-object labels queue metrics with vhost and queue."""
         self.put("/api/queues/%2F/q1")
         self.publish("q1")
-        fams = families(self.get("/metrics/per-object", auth=None).body)
+        fams = families(self.metrics("/metrics/per-object")[1])
         self.assertEqual(value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue="q1"), 1)
 
 
@@ -1000,6 +1054,31 @@ class OnlyThisTests(WebTestCase):
         self.amqpRefuses(spec.QueueBind(0, "other", "amq.direct", "k", False, {}))
 
 
+    def test_refusedBeforeBodyParsed(self):
+        """
+        A request refused by a permission is refused before its body is
+        parsed (issue 19): a body that is not JSON still gets the refusal, not 400 not_json.
+        """
+        junk = b"[" * 100000
+        read = "ACCESS_REFUSED - access to queue 'other' in vhost '/' refused for user 'only'"
+        cases = [
+            ("PUT", "/api/queues/%2F/other", 401, "not_authorised", "Access refused."),
+            ("POST", "/api/queues/%2F/other/get", 401, "not_authorised", read),
+            ("POST", "/api/queues/%2F/other/browse", 401, "not_authorised", read),
+            ("PUT", "/api/exchanges/%2F/other", 401, "not_authorised", "Access refused."),
+            ("POST", "/api/exchanges/%2F/amq.direct/publish", 400, "bad_request",
+             "403 ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' refused for user 'only'"),
+            ("POST", "/api/bindings/%2F/e/amq.direct/q/other", 401, "not_authorised", "Access refused."),
+        ]
+        for method, path, code, error, reason in cases:
+            r = self.request(method, path, raw=junk, auth=self.USER, headers={"content-type": ["application/json"]})
+            self.assertError(r, code, error, reason)
+        self.broker.addUser("none", "pw", ["management"])  # no permissions on the vhost at all
+        for method, path, _, _, _ in cases:
+            r = self.request(method, path, raw=junk, auth=("none", "pw"))
+            self.assertIn(r.code, (400, 401), path)
+            self.assertNotEqual(r.json()["reason"], "not_json", path)
+
 class PublishPipelineTests(WebTestCase):
     """HTTP publish goes through the same pipeline as basic.publish."""
 
@@ -1039,6 +1118,31 @@ class PublishPipelineTests(WebTestCase):
         self.assertError(self.post("/api/exchanges/%2F/ix/publish", body), 400, "bad_request",
                          "403 ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")
 
+
+    def test_acceptedDuringAlarm(self):
+        """
+        An HTTP publish during a resource alarm is accepted and routed, as
+        RabbitMQ 3.10 answers it (checked on the peer): only AMQP publishers are blocked.
+        """
+        self.put("/api/queues/%2F/q")
+        for resource in ("memory", "disk"):
+            self.broker.alarms.set(resource)
+        r = self.post("/api/exchanges/%2F/amq.default/publish",
+                      {"properties": {}, "routing_key": "q", "payload": "x", "payload_encoding": "string"})
+        self.assertEqual((r.code, r.json()), (200, {"routed": True}))
+        self.assertEqual(self.vh.queues["q"].readyCount, 1)
+
+    def test_bodyCountsTowardMemoryCheck(self):
+        """An HTTP publish's body counts toward the memory check as an AMQP publish's bytes do (Broker.received)."""
+        self.broker.memoryHighWatermark = 1000
+        monitor = self.broker.memoryMonitor
+        monitor.probe = lambda: 2000
+        self.put("/api/queues/%2F/q")
+        payload = "x" * monitor.step
+        r = self.post("/api/exchanges/%2F/amq.default/publish",
+                      {"properties": {}, "routing_key": "q", "payload": payload, "payload_encoding": "string"})
+        self.assertEqual(r.code, 200)
+        self.assertIn("memory", self.broker.alarms.active)
 
 class VHostLimitTests(WebTestCase):
     """/api/vhost-limits and their enforcement on AMQP (checked on RabbitMQ 3.10)."""

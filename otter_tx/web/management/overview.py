@@ -1,0 +1,133 @@
+"""
+The overview room: ``/api/overview``, ``/api/whoami``, and the admin web
+app's files at ``/`` and ``/static/`` (:mod:`otter_tx.web.webapp`).  It
+also answers every path no other room claims: 404 ``Object Not Found``.
+"""
+
+from otter_tx import __version__
+from otter_tx.broker import stats as S
+from otter_tx.broker.policy import OPERATOR_POLICY_KEYS, POLICY_KEYS
+from otter_tx.web import _format as fmt
+from otter_tx.web.management._room import Room, endpoint, roomApp
+from otter_tx.web.management.authz import NONE
+from otter_tx.web.management.http import (
+    EXCHANGE_TYPE_DESCRIPTIONS, RABBITMQ_COMPAT_VERSION, notFound, queryFlag,
+)
+from otter_tx.web.webapp import CONTENT_SECURITY_POLICY, serveFile
+
+
+def _sumStats(parts):
+    """
+    The sum of several stats objects of the same keys (``{key: int,
+    key_details: {...}}``): values, rates, samples, ``avg`` and
+    ``avg_rate`` added up (the overview of a user who sees some vhosts).
+    """
+    out = {}
+    for part in parts:
+        for k, v in part.items():
+            if not k.endswith("_details"):
+                out[k] = out.get(k, 0) + v
+                continue
+            d = out.get(k)
+            if d is None:
+                out[k] = {x: ([dict(s) for s in y] if x == "samples" else y) for x, y in v.items()}
+                continue
+            for x, y in v.items():
+                if x == "samples":
+                    for mine, theirs in zip(d["samples"], y):
+                        mine["sample"] += theirs["sample"]
+                else:
+                    d[x] = d.get(x, 0.0) + y
+    return out
+
+
+class OverviewRoom(Room):
+    """The overview, whoami and the admin web app."""
+
+    app = roomApp()
+
+    @app.route("/api/overview", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def overview(self, request, user):
+        """
+        ``GET /api/overview``.  ``product_name``/``product_version`` are
+        otter_tx's; ``rabbitmq_version``/``management_version`` report the
+        RabbitMQ release whose API is reproduced (:data:`RABBITMQ_COMPAT_VERSION`),
+        which tools such as rabbitmqadmin and exporters parse.  Otter-only:
+        ``policy_keys``, ``{"policies": [key...], "operator-policies":
+        [key...]}``, the definition keys each kind accepts.
+        """
+        vhosts = self._visibleVHosts(user)
+        queues = [q for vh in vhosts for q in vh.queues.values()]
+        conns = [c for c in self._visibleConnections(user) if c.vhost in vhosts or c.vhost is None]
+        view = self._rateView(request)
+        broker = self.broker
+        if len(vhosts) == len(broker.vhosts):
+            # the node's own series (what the sampler recorded for every vhost)
+            values = S.sumValues([S.vhostValues(vh) for vh in vhosts], len(S.VHOST_KEYS))
+            messageStats = view.messageStats("overview", broker, S.VHOST_KEYS, values)
+            queueTotals = view.lengthStats("overview-lengths", broker, S.lengthValues(queues))
+        else:
+            # a user who sees some vhosts: the sum of theirs, rates included
+            messageStats = _sumStats([view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh))
+                                      for vh in vhosts])
+            queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, S.lengthValues(vh.queues.values()))
+                                     for vh in vhosts])
+        return {
+            "product_name": "otter_tx",
+            "product_version": __version__,
+            "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+            "management_version": RABBITMQ_COMPAT_VERSION,
+            "rates_mode": "basic",
+            "sample_retention_policies": S.SAMPLE_RETENTION_POLICIES,
+            "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
+            "node": fmt.NODE,
+            "erlang_version": None,
+            "erlang_full_version": None,
+            "disable_stats": queryFlag(request, "disable_stats"),
+            "enable_queue_totals": queryFlag(request, "enable_queue_totals"),
+            "exchange_types": [
+                {"name": n, "description": d, "enabled": True} for n, d in EXCHANGE_TYPE_DESCRIPTIONS
+            ],
+            # otter-only: the definition keys policies and operator policies accept (the web app's forms)
+            "policy_keys": {"policies": sorted(POLICY_KEYS), "operator-policies": list(OPERATOR_POLICY_KEYS)},
+            "message_stats": messageStats,
+            "churn_rates": view.messageStats("churn", broker, S.CHURN_KEYS, S.churnValues(broker.counters)),
+            "queue_totals": queueTotals,
+            "object_totals": {
+                "channels": sum(len(c.channels) for c in conns),
+                "connections": len(conns),
+                "consumers": sum(len(q.consumers) for q in queues),
+                "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+                "queues": len(queues),
+            },
+            "statistics_db_event_queue": 0,
+            "listeners": self.root.listenersList(),
+            "contexts": self.root.contexts(),
+        }
+
+    @app.route("/api/whoami", methods=["GET", "OPTIONS"])
+    @endpoint()
+    def whoami(self, request, user):
+        """``GET /api/whoami``: ``{name, tags}`` (tags a list, as 3.10)."""
+        return {"name": user.name, "tags": list(user.tags)}
+
+    @app.route("/", methods=["GET"])
+    @endpoint(NONE)
+    def index(self, request, user):
+        """
+        ``GET /``: the admin web app's page (:mod:`otter_tx.web.webapp`); it
+        asks for credentials itself and uses the JSON API with them.
+        """
+        request.setHeader(b"x-frame-options", b"DENY")
+        request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+        return serveFile(request, "index.html")
+
+    @app.route("/static/<path:path>", methods=["GET"])
+    @endpoint(NONE)
+    def staticFile(self, request, user, path):
+        """``GET /static/{path}``: the app's files with their content types; 404 for anything else."""
+        body = serveFile(request, path)
+        if body is None:
+            raise notFound()
+        return body
