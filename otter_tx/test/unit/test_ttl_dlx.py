@@ -280,7 +280,7 @@ class MessageTTLTests(BrokerTestCase):
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         worst = [0.0]
         reaped = [0]
-        original = q._expiry._onExpire
+        original = q.ready._expiry._onExpire
 
         def record(entries):
             now = self.clock.seconds() * 1000
@@ -289,7 +289,7 @@ class MessageTTLTests(BrokerTestCase):
             reaped[0] += len(entries)
             original(entries)
 
-        q._expiry._onExpire = record
+        q.ready._expiry._onExpire = record
         while q.readyCount:
             calls = self.clock.getDelayedCalls()
             self.assertEqual(len(calls), 1)
