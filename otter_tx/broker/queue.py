@@ -628,4 +628,8 @@ class Queue:
         consumers, self.consumers = self.consumers, []
         for c in consumers:
             c.cancelledByBroker(self)
-        return self.purge()
+        # the ready messages go with the queue (the journal forgets the
+        # queue as a whole), and the expiry timers with them
+        n = self.ready.readyCount
+        self.ready.clear()
+        return n

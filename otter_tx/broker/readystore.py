@@ -398,7 +398,9 @@ class ReadyStore:
         """
         Forget every ready entry at once (purge, delete): the entries are
         marked GONE and the segment files removed a slice per reactor turn
-        afterwards (``freer``); the counts are zero at once.
+        afterwards (``freer``); the counts are zero and the expiry timers
+        cancelled at once (an index keeps its timer after its last entry
+        is taken, until then).
         """
         levels = self._levels
         self._levels = [deque() for _ in levels]

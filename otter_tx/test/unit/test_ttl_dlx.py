@@ -245,6 +245,14 @@ class MessageTTLTests(BrokerTestCase):
         e = q.basicGet(True)
         self.assertEqual(e.message.body, b"new")
 
+    def test_deleteCancelsExpiryTimer(self):
+        """Deleting a queue whose messages with a TTL were all taken leaves no expiry timer behind."""
+        q = self.declare("q")
+        self.publish("q", expiration="60000")
+        self.assertIsNotNone(q.basicGet(True))
+        self.vhost.deleteQueue(q)
+        self.assertEqual([c for c in self.clock.getDelayedCalls() if c.func.__name__ == "_fire"], [])
+
     def test_millionMessagesOneTimer(self):
         """Many messages with mixed TTLs keep exactly one timer per queue."""
         q = self.declare("q")
