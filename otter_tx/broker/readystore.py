@@ -20,8 +20,8 @@ reason ``expired``).  It does not touch the durable store either.
 
 Hot path: :meth:`ReadyStore.append` and :meth:`ReadyStore.popLive` are one
 call each per message taken through the queue (the queue binds the store
-to a local); ``popLive`` pops straight from the only level of a queue
-without priorities or paging, with no further call.
+to a local); ``popLive`` pops from the only level of a queue without
+priorities or paging with one more call (``_popFrom``).
 
 All times are milliseconds on the injected clock (``clock.seconds() * 1000``).
 """
@@ -208,21 +208,10 @@ class ReadyStore:
         """
         levels = self._levels
         if len(levels) == 1 and not self.pagedCount:
-            # the common case, inline: one level, nothing paged
-            dq = levels[0]
-            while dq:
-                entry = dq.popleft()
-                if entry.state == READY:
-                    self.readyCount -= 1
-                    self.readyBytes -= entry.message.size
-                    if entry.expiresAt is not None:
-                        self._expiry.remove(entry)
-                        if entry.expiresAt <= nowMs(self.clock):
-                            return self._popLiveExpired(entry)
-                    return entry
-                self._holes -= 1
-            return None
-        entry = self.popHead()
+            # the common case: one level, nothing paged
+            entry = self._popFrom(levels[0])
+        else:
+            entry = self.popHead()
         if entry is not None and entry.expiresAt is not None and entry.expiresAt <= nowMs(self.clock):
             return self._popLiveExpired(entry)
         return entry
