@@ -15,8 +15,6 @@ around it.  Every real implementation and every test fake is checked with
   uses.  A queue on another node of a later cluster would implement the same
   interface; no cluster code exists yet.
 - :class:`IExchangeType`: the routing table of one exchange type.
-- :class:`IReadyStore`: a queue's ready messages in delivery order (priority
-  levels, paging, the expiry index), as the queue drives them.
 
 The store's seam is :class:`~otter_tx.store.interface.IMessageStore` (and
 its health part, :class:`~otter_tx.store.interface.IStoreHealth`).
@@ -27,7 +25,7 @@ from the rest of the broker.
 
 from zope.interface import Attribute, Interface
 
-__all__ = ["IClientConnection", "IConsumer", "IConsumerSource", "IQueue", "IExchangeType", "IReadyStore"]
+__all__ = ["IClientConnection", "IConsumer", "IConsumerSource", "IQueue", "IExchangeType"]
 
 
 class IClientConnection(Interface):
