@@ -114,9 +114,6 @@ class ReadyStore:
         self.pagedCount = 0
         self.pagedBytes = 0
 
-    def __len__(self):
-        return self.readyCount
-
     def levelOf(self, message):
         """The priority level (int) of ``message`` in this store."""
         maxPriority = self.maxPriority
