@@ -26,7 +26,8 @@ The hot path (enqueue, dispatch to a consumer, settle) stays here, written
 out in :meth:`Queue.enqueue`, :meth:`Queue.dispatch`, :meth:`Queue._deliver`
 and :meth:`Queue.settle`: one call into the ready store per message queued
 (``append``) and per message taken (``popLive``), none into the other
-collaborators unless the queue has a length limit or a requeue is pending.
+collaborators unless the queue has a length limit or an ``x-overflow`` other
+than ``drop-head`` (a pending requeue is one attribute test).
 
 All times are milliseconds on the injected clock (``clock.seconds() * 1000``).
 
