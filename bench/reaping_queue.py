@@ -56,7 +56,7 @@ def run(n, seed, maxTtl):
     worst = [0.0]
     early = [0]
     reaped = [0]
-    original = q._expiry._onExpire
+    original = q.ready._expiry._onExpire
 
     def record(entries):
         now = clock.seconds() * 1000
@@ -68,7 +68,7 @@ def run(n, seed, maxTtl):
         reaped[0] += len(entries)
         original(entries)
 
-    q._expiry._onExpire = record
+    q.ready._expiry._onExpire = record
     t0 = time.perf_counter()
     maxTimers = 0
     while q.readyCount:

@@ -12,9 +12,14 @@ written down in docs/dead-lettering.md.
 - :func:`deathCount`: an x-death ``count`` read defensively (pure).
 - :class:`DeadLetterer`: one per vhost; routes copies through the queue's
   dead-letter exchange and keeps the vhost's dead-letter counters.
+- :class:`HeldDeadLetters`: one per queue; the at-least-once dead letters no
+  queue took yet, tried again every :data:`DLX_RETRY_MS`.
 
 Nothing here does I/O; time comes from the vhost's injected clock.
 """
+
+from itertools import groupby
+from operator import itemgetter
 
 from twisted.logger import Logger
 
@@ -208,8 +213,7 @@ class DeadLetterer:
         """
         RabbitMQ 3.10's at-least-once dead-lettering on one node: a message
         that reaches no queue (its DLX is missing or routes nowhere) stays
-        with ``queue`` (:meth:`Queue.holdDeadLetters
-        <otter_tx.broker.queue.Queue.holdDeadLetters>`, ``messages_dlx`` in
+        with ``queue`` (its :class:`HeldDeadLetters`, ``messages_dlx`` in
         its JSON), tried again every :data:`DLX_RETRY_MS`.
         """
         vhost = self.vhost
@@ -229,7 +233,7 @@ class DeadLetterer:
             vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + done
             queue.deadLetteredBy[reason] = queue.deadLetteredBy.get(reason, 0) + done
         if held:
-            queue.holdDeadLetters(held, reason)
+            queue.heldDeadLetters.hold(held, reason)
 
     def _deadLetterOne(self, ex, queue, m, reason):
         """
@@ -263,3 +267,63 @@ class DeadLetterer:
                 continue
             q.enqueue(copy)
         return True
+
+
+class HeldDeadLetters:
+    """
+    The dead letters of one quorum queue with ``x-dead-letter-strategy:
+    at-least-once`` that no queue took yet (see
+    :meth:`DeadLetterer._atLeastOnce`), tried again every
+    :data:`DLX_RETRY_MS`.  They are not ready messages: RabbitMQ counts
+    them as ``messages_dlx`` / ``message_bytes_dlx``.  Held in memory only.
+
+    :param queue: the :class:`~otter_tx.broker.queue.Queue` (its ``clock``,
+        ``deleted``, ``stopped`` and its vhost's ``deadLetterer``).
+    :ivar messages: ``(Message, reason)`` pairs in order (list), or None.
+    :ivar bytes: their body bytes (int).
+    """
+
+    def __init__(self, queue):
+        self._queue = queue
+        self.messages = None
+        self.bytes = 0
+        self._retry = None
+
+    def hold(self, messages, reason):
+        """
+        Keep ``messages`` (list of Message) dead-lettered for ``reason``
+        (str) and try them again in :data:`DLX_RETRY_MS`; nothing once the
+        queue is deleted.
+        """
+        q = self._queue
+        if q.deleted:
+            return
+        held = self.messages
+        if held is None:
+            held = self.messages = []
+        for m in messages:
+            held.append((m, reason))
+            self.bytes += m.size
+        if self._retry is None and not q.stopped:
+            self._retry = q.clock.callLater(DLX_RETRY_MS / 1000.0, self._retryAll)
+
+    def _retryAll(self):
+        """Dead-letter the held messages again, in order, a run of one reason at a time."""
+        self._retry = None
+        held, self.messages = self.messages or [], None
+        self.bytes = 0
+        q = self._queue
+        for reason, run in groupby(held, key=itemgetter(1)):
+            q.vhost.deadLetterer.deadLetter(q, [m for m, _ in run], reason, retry=True)
+
+    def stop(self):
+        """Cancel the retry timer (broker stop); the messages stay counted."""
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+
+    def drop(self):
+        """Forget the held messages and the retry timer (queue deleted)."""
+        self.stop()
+        self.messages = None
+        self.bytes = 0

@@ -48,6 +48,7 @@ __all__ = [
     "IConsumerSource",
     "IQueue",
     "IExchangeType",
+    "IReadyStore",
 ]
 
 
@@ -383,3 +384,71 @@ class IExchangeType(Interface):
 
     def __len__():
         """The number of bindings (int)."""
+
+
+class IReadyStore(Interface):
+    """
+    The ready messages of one queue in delivery order, as
+    :class:`~otter_tx.broker.queue.Queue` drives them
+    (:class:`~otter_tx.broker.readystore.ReadyStore`): priority levels
+    (``x-max-priority``, highest first, enqueue order within a level),
+    messages beyond the memory budget paged to disk, and every ready
+    message's expiry reaped where it sits.  Entries are
+    :class:`~otter_tx.broker.readystore.QueueEntry` s; the store changes
+    their ``state`` only to mark expired or cleared ones GONE.  It never
+    touches the durable store and dead-letters nothing: expired entries go
+    to the ``onExpired`` callback it was made with.
+    """
+
+    readyCount = Attribute("int: ready messages, paged ones included")
+    readyBytes = Attribute("int: their body bytes")
+    pagedCount = Attribute("int: ready messages paged out to disk")
+    pagedBytes = Attribute("int: their body bytes")
+    memoryBudget = Attribute("int: bytes of ready messages kept in memory (bodies + a fixed overhead each)")
+
+    def levelOf(message):
+        """The priority level (int) a message goes to."""
+
+    def makeEntry(message, seq, expiresAt, redelivered):
+        """A READY entry for a recovered message (``expiresAt`` ms or None)."""
+
+    def append(entry):
+        """Put a new READY entry at the tail of its level."""
+
+    def reinsert(entries):
+        """Put READY ``entries`` (list, descending seq) back at their seq positions."""
+
+    def popHead():
+        """Remove and return the first ready entry (highest level first), expired or not, or None."""
+
+    def popLive():
+        """
+        Remove and return the first ready entry that has not expired, or
+        None; expired ones met on the way go to ``onExpired``.
+        """
+
+    def clear():
+        """Forget every ready entry at once (purge, delete); counts are zero at once."""
+
+    def detachHead(maxLength, maxBytes, work):
+        """
+        Take head entries out until at most ``maxLength`` messages and
+        ``maxBytes`` bytes are left (None: no limit), appending them to the
+        deque ``work`` as ``[segmentRef, entries, 0]`` items (a lowered
+        length limit).
+        """
+
+    def readDetached(segmentRef):
+        """The entries (list) of a paged segment :meth:`detachHead` took unread."""
+
+    def freeze():
+        """Stop every timer for good (broker shutdown); the entries stay."""
+
+    def entries():
+        """Iterate the ready entries in delivery order, paged ones included."""
+
+    def expiries():
+        """Iterate ``(expiresAt, count, exact)`` for the ready messages, reading no file."""
+
+    def persistent():
+        """``(count, bytes)`` of the persistent ready messages."""

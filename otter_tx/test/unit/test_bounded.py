@@ -1,8 +1,8 @@
 """
 Deterministic tests (task.Clock) for the two operations bounded per reactor
 turn besides dispatch and purge (issue 8 "Fair and bounded delivery"): a
-large requeue (Queue.requeue, REQUEUE_SLICE entries per turn) and a length
-limit lowered far below the depth (Queue._enforceLimits, counts at once,
+large requeue (Requeuer, REQUEUE_SLICE entries per turn) and a length
+limit lowered far below the depth (LengthLimits.enforce, counts at once,
 dead-lettering DROP_SLICE messages per turn).
 """
 
@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
-from otter_tx.broker import paging, queue as queuemod
+from otter_tx.broker import limits, paging, queue as queuemod, requeue
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.message import Message
 from otter_tx.door.protocol import AMQPServerFactory
@@ -30,8 +30,8 @@ def runDue(clock, most=1000):
 class SlicedTestCase(PagingTestCase):
     def setUp(self):
         PagingTestCase.setUp(self)
-        self.patch(queuemod, "REQUEUE_SLICE", 10)
-        self.patch(queuemod, "DROP_SLICE", 8)
+        self.patch(requeue, "REQUEUE_SLICE", 10)
+        self.patch(limits, "DROP_SLICE", 8)
 
     def takeAll(self, q):
         """basic.get (ack mode) until empty; the entries, now unacked."""
@@ -184,7 +184,7 @@ class BoundedLimitTests(SlicedTestCase):
         q = self.deep(100)
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         self.assertEqual((q.readyCount, q.readyBytes), (5, 5 * 16))
-        self.assertEqual(q.pagedCount + len([e for dq in q._levels for e in dq if e.state == queuemod.READY]), 5)
+        self.assertEqual(q.pagedCount + len([e for dq in q.ready._levels for e in dq if e.state == queuemod.READY]), 5)
         self.assertEqual([e.message.body for e in q.readyEntries()], [body(i) for i in range(95, 100)])
 
     def test_deadLetteredPerTurn(self):
@@ -193,7 +193,7 @@ class BoundedLimitTests(SlicedTestCase):
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 5})
         counts = [self.dlq.readyCount]
         for _ in range(100):
-            if q._dropCall is None:
+            if q.limits._dropCall is None:
                 break
             oneTurn(self.clock)
             counts.append(self.dlq.readyCount)
@@ -268,14 +268,14 @@ class RequeueThenLimitTests(SlicedTestCase):
         runDue(self.clock)
         self.assertEqual(q.readyCount - q.pagedCount, 70)
         # a hole: one requeued message expires early by the index
-        q._expiry.remove(taken[3])
+        q.ready._expiry.remove(taken[3])
         taken[3].expiresAt = self.clock.seconds() * 1000
-        q._expiry.add(taken[3], taken[3].expiresAt)
+        q.ready._expiry.add(taken[3], taken[3].expiresAt)
         self.clock.advance(0.001)
         self.assertEqual((q.readyCount, dlq.readyCount), (99, 1))
-        head = q._levels[0]
+        head = q.ready._levels[0]
         self.broker.setPolicy("/", "short", "^q$", {"max-length": 25})
-        self.assertIsNot(q._levels[0], head)  # detached whole, not popped one by one
+        self.assertIsNot(q.ready._levels[0], head)  # detached whole, not popped one by one
         self.assertEqual((q.readyCount, q.readyBytes), (25, 25 * 16))
         runDue(self.clock)
         bodies = [e.message.body for e in dlq.readyEntries()]
@@ -287,7 +287,8 @@ class ChannelRequeueTests(SynchronousTestCase):
     """A channel closing or recovering with many unacked deliveries hands them back a slice per turn."""
 
     def setUp(self):
-        self.patch(queuemod, "REQUEUE_SLICE", 10)
+        self.patch(requeue, "REQUEUE_SLICE", 10)
+        self.patch(queuemod, "REQUEUE_SLICE", 10)  # the Session's feeder reads it there
         self.clock = Clock()
         self.broker = Broker(self.clock, memoryHighWatermark=None, queueMemoryBudget=2 ** 40)
         self.factory = AMQPServerFactory(self.broker, self.clock, heartbeat=0, handshakeTimeout=10)
@@ -310,7 +311,7 @@ class ChannelRequeueTests(SynchronousTestCase):
         counts = []
         for _ in range(20):
             counts.append((self.q.readyCount, self.q.unackedCount))
-            if not self.q._requeueFeeders and self.q._requeuePending is None:
+            if not self.q.requeuer.feeders and self.q.requeuer.pending is None:
                 break
             self.assertFalse([m for _, m, _ in other.received() if isinstance(m, spec.BasicDeliver)])
             oneTurn(self.clock)

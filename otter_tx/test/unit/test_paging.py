@@ -12,7 +12,7 @@ from zope.interface import implementer
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import encodeProperties
-from otter_tx.broker import paging, queue as queuemod
+from otter_tx.broker import paging, queue as queuemod, readystore
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
@@ -141,7 +141,7 @@ class PagingOrderTests(PagingTestCase):
 
     def test_refillAheadOfNeed(self):
         """The head is refilled before it runs dry: once a segment fits again it is read back."""
-        self.patch(queuemod, "REFILL_EVERY", 1)
+        self.patch(readystore, "REFILL_EVERY", 1)
         q = self.declare("q")
         self.fill("q", 100)
         self.assertEqual(self.inMemory(q), 10)
@@ -153,7 +153,7 @@ class PagingOrderTests(PagingTestCase):
 
     def test_refillLooksEveryFewMessages(self):
         """With REFILL_EVERY at 3, the head is topped up on every third message taken, not each one."""
-        self.patch(queuemod, "REFILL_EVERY", 3)
+        self.patch(readystore, "REFILL_EVERY", 3)
         q = self.declare("q")
         self.fill("q", 100)
         sizes = []

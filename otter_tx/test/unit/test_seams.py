@@ -24,10 +24,12 @@ from otter_tx.broker.interfaces import (
     IConsumer,
     IConsumerSource,
     IExchangeType,
+    IReadyStore,
     IQueue,
     ISessionClient,
 )
 from otter_tx.broker.queue import Queue
+from otter_tx.broker.readystore import ReadyStore
 from otter_tx.broker.replyto import ReplyToQueue
 from otter_tx.store.interface import IMessageStore, IStoreHealth
 from otter_tx.store.memory import MemoryStore
@@ -140,6 +142,16 @@ class FakeTests(SynchronousTestCase):
         self.assertTrue(verifyClass(IMessageStore, _HeldSyncStore))
 
 
+class ReadyStoreSeamTests(SynchronousTestCase):
+    """A queue's ready messages stand behind IReadyStore (its own suite: test_readystore)."""
+
+    def test_queueReadyStore(self):
+        """A declared queue's ready store is an IReadyStore."""
+        q = Broker(Clock()).vhosts["/"].declareQueue("q", None)
+        self.assertTrue(verifyClass(IReadyStore, ReadyStore))
+        self.assertTrue(verifyObject(IReadyStore, q.ready))
+
+
 class CoverageTests(SynchronousTestCase):
     """Every interface of broker/interfaces.py is checked here against at least one implementation."""
 
@@ -147,7 +159,7 @@ class CoverageTests(SynchronousTestCase):
         """The interfaces this module verifies are all those broker/interfaces.py declares."""
         declared = {getattr(interfaces, name) for name in interfaces.__all__}
         checked = {IClientConnection, IConnectionInfo, ISessionClient, IConsumer, IConsumerSource, IQueue,
-                   IExchangeType}
+                   IExchangeType, IReadyStore}
         self.assertEqual(declared, checked)
 
 

@@ -245,6 +245,14 @@ class MessageTTLTests(BrokerTestCase):
         e = q.basicGet(True)
         self.assertEqual(e.message.body, b"new")
 
+    def test_deleteCancelsExpiryTimer(self):
+        """Deleting a queue whose messages with a TTL were all taken leaves no expiry timer behind."""
+        q = self.declare("q")
+        self.publish("q", expiration="60000")
+        self.assertIsNotNone(q.basicGet(True))
+        self.vhost.deleteQueue(q)
+        self.assertEqual([c for c in self.clock.getDelayedCalls() if c.func.__name__ == "_fire"], [])
+
     def test_millionMessagesOneTimer(self):
         """Many messages with mixed TTLs keep exactly one timer per queue."""
         q = self.declare("q")
@@ -280,7 +288,7 @@ class MessageTTLTests(BrokerTestCase):
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         worst = [0.0]
         reaped = [0]
-        original = q._expiry._onExpire
+        original = q.ready._expiry._onExpire
 
         def record(entries):
             now = self.clock.seconds() * 1000
@@ -289,7 +297,7 @@ class MessageTTLTests(BrokerTestCase):
             reaped[0] += len(entries)
             original(entries)
 
-        q._expiry._onExpire = record
+        q.ready._expiry._onExpire = record
         while q.readyCount:
             calls = self.clock.getDelayedCalls()
             self.assertEqual(len(calls), 1)
