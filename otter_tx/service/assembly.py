@@ -36,6 +36,7 @@ from otter_tx.resources.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, disk
 from otter_tx.broker.broker import Broker
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
+from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE
 
 log = Logger()
 
@@ -350,8 +351,15 @@ class OtterService(MultiService):
     :param defaultDeliveryLimit: delivery limit of a quorum queue that has
         neither ``x-delivery-limit`` nor a ``delivery-limit`` policy (int
         >= 0), or None for none (RabbitMQ 3.10; 4.x uses 20); docs/quorum.md.
+    :param managementMaxBodySize: largest management HTTP request body,
+        bytes (int, at least 1), like RabbitMQ's
+        ``management.http.max_body_size`` (default 20971520, 20 MiB).
+        Credentials and the size are checked on the headers, before any
+        body byte is stored (:mod:`otter_tx.web.request`); a larger body
+        gets 400 ``Exceeded HTTP request body size limit``.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
-        ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
+        ``serverProperties`` entry, a ``maxMessageSize`` out of range, a
+        ``managementMaxBodySize`` that is not a positive int or a
         ``collectStatisticsInterval`` that is not a positive int.
 
     Anything declared through ``service.broker`` before ``startService``
@@ -366,7 +374,8 @@ class OtterService(MultiService):
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
                  queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
-                 configFiles=(), logFiles=(), defaultDeliveryLimit=None):
+                 configFiles=(), logFiles=(), defaultDeliveryLimit=None,
+                 managementMaxBodySize=DEFAULT_MAX_BODY_SIZE):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -381,6 +390,10 @@ class OtterService(MultiService):
         if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
             raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
                              % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
+        if not (isinstance(managementMaxBodySize, int) and not isinstance(managementMaxBodySize, bool)
+                and managementMaxBodySize > 0):
+            raise ValueError("managementMaxBodySize: must be a positive number of bytes, got %r"
+                             % (managementMaxBodySize,))
         if not (isinstance(collectStatisticsInterval, int) and not isinstance(collectStatisticsInterval, bool)
                 and collectStatisticsInterval > 0):
             raise ValueError("collectStatisticsInterval: must be a positive number of ms, got %r"
@@ -461,15 +474,15 @@ class OtterService(MultiService):
             self.amqpServices.append(svc)
         self.managementServices = []
         if management:
-            from twisted.web.server import Site
-
             from otter_tx.web.management import ManagementApp
+            from otter_tx.web.request import BodyGuardSite
 
             self.management = ManagementApp(self.broker, reactor)
             self.management.dataDir = dataDir
             self.management.configFiles = list(configFiles)
             self.management.logFiles = list(logFiles)
-            site = Site(self.management.app.resource())
+            site = BodyGuardSite(self.management.app.resource(), self.management.authenticateRequest,
+                                 managementMaxBodySize)
             site.noisy = False
             for desc in management:
                 svc = Listener("management", desc, self._endpoint("management", desc), site)

@@ -538,6 +538,23 @@ class ManagementApp:
             raise notAuthorisedObject()
         return user
 
+    def authenticateRequest(self, request):
+        """
+        The check every authenticated route makes first (:meth:`_authenticate`
+        at ``is_authorized``: Basic credentials of a broker user, the
+        loopback rule, a management tag), on ``request``'s headers alone:
+        :mod:`otter_tx.web.request` makes it before a body is read.
+
+        :return: None when it passes; else the 401 answer's body (bytes),
+            with its status and headers set on ``request`` as the route
+            would set them.
+        """
+        try:
+            self._authenticate(request, _ANY)
+        except HTTPError as e:
+            return self._renderError(request, e)
+        return None
+
     def _matchesVHost(self, user, vhost):
         """
         ``is_admin orelse user_matches_vhost``: an administrator, no vhost

@@ -290,6 +290,18 @@ class ServerPropertiesTests(SynchronousTestCase):
         for props in ({"version": 3}, {"": "x"}, {"capabilities": "none"}):
             self.assertRaises(ValueError, _service, _Reactor(), serverProperties=props)
 
+    def test_managementBodyGuard(self):
+        """The management listeners serve a BodyGuardSite with the given cap (20 MiB by default); a cap below 1 is a ValueError."""
+        from otter_tx.web.request import BodyGuardSite
+
+        site = _service(_Reactor(), management=["tcp:15672"]).managementServices[0].factory
+        self.assertIsInstance(site, BodyGuardSite)
+        self.assertEqual(site.maxBodySize, 20971520)
+        svc = _service(_Reactor(), management=["tcp:15672"], managementMaxBodySize=100)
+        self.assertEqual(svc.managementServices[0].factory.maxBodySize, 100)
+        for bad in (0, -1, "20MB", True):
+            self.assertRaises(ValueError, _service, _Reactor(), managementMaxBodySize=bad)
+
     def test_badEndpoint(self):
         """An endpoint string Twisted cannot parse is a ValueError naming it."""
         e = self.assertRaises(ValueError, _service, _Reactor(), amqp=["tcp:abc"])
