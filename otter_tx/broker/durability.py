@@ -410,7 +410,7 @@ class Journal:
                 if restore is not None:
                     restore(m, r.seq, r.expiresAtMs, r.redelivered)
                 else:
-                    ex.restore(m, r.seq, r.expiresAtMs)
+                    ex.restore(m, r.seq, r.expiresAtMs, r.redelivered)
         return maxId
 
     def writeAll(self):
