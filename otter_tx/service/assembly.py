@@ -444,8 +444,10 @@ class OtterService(MultiService):
         #: the disk alarm's monitor (otter_tx.resources.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
         if dataDir is not None:
+            # what the store is about to write counts as used (SQLiteStore.pendingWriteBytes)
             self.diskMonitor = DiskMonitor(self.broker.alarms, reactor, dataDir,
-                                           limit=diskFreeLimitBytes(diskFreeLimit))
+                                           limit=diskFreeLimitBytes(diskFreeLimit),
+                                           pending=getattr(store, "pendingWriteBytes", None))
         # publishers are blocked while the store cannot write (otter_tx.resources.alarms.Alarms.watchStore)
         self.broker.alarms.watchStore(store)
         # everything declared from here until recovery is merged and written then

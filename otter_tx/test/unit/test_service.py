@@ -672,6 +672,16 @@ class AlarmWiringTests(SynchronousTestCase):
         r.advance(60)
         self.assertEqual(len(paths), count)
 
+    def test_diskMonitorCountsStorePending(self):
+        """The disk monitor counts what the store is about to write when the store can say (SQLiteStore)."""
+        from otter_tx.store.sqlite import SQLiteStore
+
+        dataDir = self.mktemp()
+        svc = _service(_Reactor(), dataDir=dataDir, store=SQLiteStore(dataDir, _Reactor()))
+        self.assertEqual(svc.diskMonitor.pending, svc.store.pendingWriteBytes)
+        svc = _service(_Reactor(), dataDir=self.mktemp())
+        self.assertIsNone(svc.diskMonitor.pending)
+
     def test_noDataDirNoDiskMonitor(self):
         """Without a dataDir nothing is written to disk, so no disk is watched."""
         svc = _service(_Reactor())
