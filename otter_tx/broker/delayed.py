@@ -71,6 +71,11 @@ ID_HEADER = "x-delayed-id"
 #: header of a command's reply: the HTTP-like status (200, 204, 400, 403, 404)
 STATUS_HEADER = "x-delayed-status"
 
+#: broker ids a durable exchange reserves in the store at a time: after a
+#: restart its ids go on after the reserved ones, so an id is never given to
+#: two messages of one exchange (:meth:`DelayedExchange.idsReserved`)
+ID_BLOCK = 1000
+
 #: paging of held-message lists (RabbitMQ's management API page sizes)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
@@ -390,6 +395,8 @@ class DelayedExchange(Exchange):
         self.delayedType = arguments["x-delayed-type"]
         self._set = HeldSet(vhost.clock, self._fire, vhost.broker.reapingLateness.delayed)
         self._seq = 0
+        #: broker ids up to this one (int) are reserved in the store (durable exchanges)
+        self.idsReserved = 0
         self.journal = None
         #: seqs of restored held messages that may have fired before an
         #: unclean stop: they fire marked redelivered (:meth:`restore`)
@@ -430,7 +437,20 @@ class DelayedExchange(Exchange):
         self._seq += 1
         self._set.add(self._seq, message, fireAt)
         if self.journal is not None:
+            if self._seq > self.idsReserved:
+                # written before the message: it is in the same or an earlier group commit
+                self.idsReserved = self._seq + ID_BLOCK - 1
+                self.journal.idsReserved(self)
             self.journal.held(self, message, self._seq, fireAt, now)
+
+    def restoreIds(self, reserved):
+        """
+        Boot: broker ids up to ``reserved`` (int, from the store) may have
+        been given before the stop, to messages held then and maybe fired
+        since; new messages get ids above them.
+        """
+        self.idsReserved = max(self.idsReserved, reserved)
+        self._seq = max(self._seq, reserved)
 
     def restore(self, message, seq, fireAt, redelivered=False):
         """
