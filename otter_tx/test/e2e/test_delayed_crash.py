@@ -9,8 +9,9 @@ The broker runs as ``twistd -n ottermq`` on a data dir; pika holds
 messages on a durable x-delayed-message exchange, due in bursts over a few
 seconds, a consumer takes them as they fire, and the broker is killed as a
 random delivery arrives (the seed is printed), so within a fire the store
-may not have committed yet; after the restart the consumer takes the rest.  Checked over every message: none is lost, and
-every copy after the first says redelivered and carries the same id.
+may not have committed yet; after the restart the consumer takes the rest.
+Checked over every message: none is lost, and every copy after the first
+says redelivered and carries the same id.
 """
 
 import os

@@ -197,7 +197,7 @@ class DiskMonitorTests(SynchronousTestCase):
         self.assertIn("Free disk space is sufficient. Free bytes: 60000000. Limit: 50000000", lines)
 
     def test_interval(self):
-        """The interval is 2 x headroom / 250 MB/s, from 0.1 s to 2.5 s, as rabbit_disk_monitor's; 0.25 s while alarmed."""
+        """The interval is 2 x headroom / 250 MB/s, from 0.1 to 2.5 s (rabbit_disk_monitor's); 0.25 s alarmed."""
         self.monitor.start()
         self.clock.advance(2.4)
         self.assertEqual(len(self.paths), 1)
@@ -256,7 +256,7 @@ class DiskMonitorTests(SynchronousTestCase):
         self.assertEqual(self.alarms.active, {})
 
     def test_sqlitePendingWriteBytes(self):
-        """SQLiteStore.pendingWriteBytes counts bodies and properties not committed: pending, being written, to retry."""
+        """SQLiteStore.pendingWriteBytes counts bodies and properties not committed: pending, in flight, to retry."""
         from otter_tx.store.sqlite import SQLiteStore, _Batch
 
         store = SQLiteStore(self.mktemp(), self.clock)

@@ -110,12 +110,16 @@ class BodyGuardTests(SynchronousTestCase):
         self.assertEqual(request.bodyBytes, 100000 + len(b"{\"users\":"))
         self.assertEqual(transport.value(), before)
 
+    def assertRefusedWith(self, data, reason, error="not_authorized", host="127.0.0.1"):
+        """Sending ``data`` gets a 401 with RabbitMQ's JSON ``error`` and ``reason`` before any body byte."""
+        answer, transport, request = self.request(data, host=host)
+        self.assertRefused(answer, transport, request, 401)
+        self.assertEqual(answer.json(), {"error": error, "reason": reason})
+
     def test_wrongPassword(self):
         """A wrong password gets RabbitMQ's 401 Login failed before the body."""
-        answer, transport, request = self.request(
-            head(b"PUT", b"/api/vhosts/x", basic("guest", "nope"), b"Content-Length: 500000\r\n"))
-        self.assertRefused(answer, transport, request, 401)
-        self.assertEqual(answer.json(), {"error": "not_authorized", "reason": "Login failed"})
+        self.assertRefusedWith(
+            head(b"PUT", b"/api/vhosts/x", basic("guest", "nope"), b"Content-Length: 500000\r\n"), "Login failed")
 
     def test_malformedAuthorization(self):
         """An Authorization header that is not Basic gets the empty 401 challenge."""
@@ -126,19 +130,15 @@ class BodyGuardTests(SynchronousTestCase):
 
     def test_loopbackRule(self):
         """guest from a non-loopback address is refused as the routes refuse it, before the body."""
-        answer, transport, request = self.request(
+        self.assertRefusedWith(
             head(b"POST", b"/api/definitions", basic("guest", "guest"), b"Content-Length: 50\r\n"),
-            host="192.0.2.7")
-        self.assertRefused(answer, transport, request, 401)
-        self.assertEqual(answer.json(), {"error": "not_authorized", "reason": "User can only log in via localhost"})
+            "User can only log in via localhost", host="192.0.2.7")
 
     def test_notManagementUser(self):
         """A user without a management tag is refused before the body, with the routes' reason."""
         self.broker.addUser("app", "pw")
-        answer, transport, request = self.request(
-            head(b"POST", b"/api/definitions", basic("app", "pw"), b"Content-Length: 50\r\n"))
-        self.assertRefused(answer, transport, request, 401)
-        self.assertEqual(answer.json(), {"error": "not_authorised", "reason": "Not management user"})
+        self.assertRefusedWith(head(b"POST", b"/api/definitions", basic("app", "pw"), b"Content-Length: 50\r\n"),
+                               "Not management user", error="not_authorised")
 
     def test_chunkedWithoutCredentials(self):
         """A chunked body without credentials is refused at its headers too."""

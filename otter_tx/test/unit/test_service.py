@@ -291,7 +291,7 @@ class ServerPropertiesTests(SynchronousTestCase):
             self.assertRaises(ValueError, _service, _Reactor(), serverProperties=props)
 
     def test_managementBodyGuard(self):
-        """The management listeners serve a BodyGuardSite with the given cap (20 MiB by default); a cap below 1 is a ValueError."""
+        """The management listeners serve a BodyGuardSite with the given cap (20 MiB by default); below 1: ValueError."""
         from otter_tx.web.request import BodyGuardSite
 
         site = _service(_Reactor(), management=["tcp:15672"]).managementServices[0].factory

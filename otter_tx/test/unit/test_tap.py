@@ -219,13 +219,14 @@ class ValidationTests(_Parsing, SynchronousTestCase):
         self.assertEqual(tap.makeService(o, reactor=reactor).broker.queueMemoryBudget, 1024 * 1024)
 
     def test_managementMaxBodySize(self):
-        """--management-max-body-size takes bytes with units (RabbitMQ's 20 MiB default), in the file too; 0 and junk stop the start."""
+        """--management-max-body-size takes bytes with units (20 MiB default), in the file too; 0 and junk are refused."""
         self.assertEqual(self.parse()["management-max-body-size"], 20971520)
         self.assertEqual(self.parse("--management-max-body-size", "64MB")["management-max-body-size"], 64000000)
         path = self.config("management_max_body_size = 1000000\n")
         self.assertEqual(self.parse("--config", path)["management-max-body-size"], 1000000)
         wanted = "must be a number of bytes of at least 1, optionally with a unit (20971520, 20MiB, 64MB), got "
-        self.assertEqual(self.refused("--management-max-body-size", "0"), "--management-max-body-size: " + wanted + "'0'")
+        self.assertEqual(self.refused("--management-max-body-size", "0"),
+                         "--management-max-body-size: " + wanted + "'0'")
         self.assertEqual(self.refused("--management-max-body-size", "big"),
                          "--management-max-body-size: " + wanted + "'big'")
         path = self.config("management-max-body-size = -1\n")
