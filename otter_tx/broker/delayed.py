@@ -32,6 +32,15 @@ otter_tx additions:
 
 Held messages are written to the store when the exchange is durable, with
 their absolute fire time, so downtime counts.
+
+After an unclean stop (a crash, ``kill -9``), a held message that was due
+before the broker came back may already have fired: the store records a
+fire (the held entry's removal) in the same group commit as the copies it
+enqueued, but a consumer can get a copy before that commit, and a crash in
+between leaves the message held.  Such a message fires again at boot marked
+redelivered, as a queue marks its recovered messages (AMQP 0-9-1
+``basic.deliver`` ``redelivered``: the message may have been delivered
+before), with the same ``x-delayed-id`` (:meth:`DelayedExchange.restore`).
 """
 
 import json
@@ -62,6 +71,11 @@ ID_HEADER = "x-delayed-id"
 
 #: header of a command's reply: the HTTP-like status (200, 204, 400, 403, 404)
 STATUS_HEADER = "x-delayed-status"
+
+#: broker ids a durable exchange reserves in the store at a time: after a
+#: restart its ids go on after the reserved ones, so an id is never given to
+#: two messages of one exchange (:meth:`DelayedExchange.idsReserved`)
+ID_BLOCK = 1000
 
 #: paging of held-message lists (RabbitMQ's management API page sizes)
 DEFAULT_PAGE_SIZE = 100
@@ -392,7 +406,12 @@ class DelayedExchange(Exchange):
         self.delayedType = arguments["x-delayed-type"]
         self._set = HeldSet(vhost.clock, self._fire, vhost.broker.reapingLateness.delayed)
         self._seq = 0
+        #: broker ids up to this one (int) are reserved in the store (durable exchanges)
+        self.idsReserved = 0
         self.journal = None
+        #: seqs of restored held messages that may have fired before an
+        #: unclean stop: they fire marked redelivered (:meth:`restore`)
+        self._mayHaveFired = set()
 
     @property
     def held(self):
@@ -429,24 +448,59 @@ class DelayedExchange(Exchange):
         self._seq += 1
         self._set.add(self._seq, message, fireAt)
         if self.journal is not None:
+            if self._seq > self.idsReserved:
+                # written before the message: it is in the same or an earlier group commit
+                self.idsReserved = self._seq + ID_BLOCK - 1
+                self.journal.idsReserved(self)
             self.journal.held(self, message, self._seq, fireAt, now)
 
-    def restore(self, message, seq, fireAt):
-        """Put back a held message read from the store (boot only)."""
+    def restoreIds(self, reserved):
+        """
+        Boot: broker ids up to ``reserved`` (int, from the store) may have
+        been given before the stop, to messages held then and maybe fired
+        since; new messages get ids above them.
+        """
+        self.idsReserved = max(self.idsReserved, reserved)
+        self._seq = max(self._seq, reserved)
+
+    def restore(self, message, seq, fireAt, redelivered=False):
+        """
+        Put back a held message read from the store (boot only): ``seq``
+        (int) is its broker id, ``fireAt`` its due time (ms).
+
+        ``redelivered`` is the store's flag for the entry, which the
+        durable store sets on every entry after an unclean stop
+        (:mod:`otter_tx.store.sqlite`, "Clean stop").  When it is set and
+        the message was due by now (so it may have fired before the stop,
+        its removal not yet committed), it fires marked redelivered
+        (:meth:`Queue.enqueue <otter_tx.broker.queue.Queue.enqueue>`), with
+        the same ``x-delayed-id``.  One due later cannot have fired: the
+        broker was down until now.
+        """
         self._seq = max(self._seq, seq)
         self._set.add(seq, message, fireAt)
+        if redelivered and fireAt <= nowMs(self.vhost.clock) + _EPSILON_MS:
+            self._mayHaveFired.add(seq)
 
     def _fire(self, entries):
         vhost = self.vhost
+        mayHaveFired = self._mayHaveFired
         for _, seq, message in entries:
             if self.journal is not None:
                 self.journal.released(self, message)
+            again = False
+            if mayHaveFired and seq in mayHaveFired:
+                mayHaveFired.discard(seq)
+                again = True
             if self.deleted:
                 continue
             out = _swapDelay(message, seq)
             vhost.broker.nextMessageId(out)
             for q in vhost.route(self, out, out.routingKeys()):
-                q.enqueue(out)
+                if again:
+                    q.enqueue(out, None, True)
+                else:
+                    q.enqueue(out)
 
     # --- the held set: list, cancel, purge (HTTP and AMQP) -----------------------
 
@@ -479,6 +533,7 @@ class DelayedExchange(Exchange):
         entry = self._set.remove(seq)
         if entry is None:
             return False
+        self._mayHaveFired.discard(seq)
         if self.journal is not None:
             self.journal.released(self, entry[2])
         return True
@@ -493,6 +548,7 @@ class DelayedExchange(Exchange):
     def purgeHeld(self):
         """Drop every held message (one store call); returns how many there were."""
         n = self._set.clear()
+        self._mayHaveFired.clear()
         if self.journal is not None:
             self.journal.heldPurged(self)
         return n
@@ -508,6 +564,7 @@ class DelayedExchange(Exchange):
         exchange re-created with the same name starts empty.
         """
         self._set.clear()
+        self._mayHaveFired.clear()
 
     # --- commands over AMQP -----------------------------------------------------------
 

@@ -134,8 +134,7 @@ class Journal:
                     store.deleteEntity("queue", obj.storeKey())
             else:
                 if obj.delayed:
-                    store.putEntity("queue", obj.storeKey(),
-                                    {"delayedExchange": True, "names": keys.delayedNames(vhost.name, obj.name)})
+                    self.idsReserved(obj)
                 store.putEntity(
                     "exchange",
                     key,
@@ -205,6 +204,18 @@ class Journal:
         if now is None:
             now = self.clock.seconds() * 1000.0
         store.enqueue(exchange.storeKey(), message.storeId, seq, now, fireAt, False)
+
+    def idsReserved(self, exchange):
+        """
+        Write the record of a durable x-delayed-message exchange's held
+        messages (a pseudo-queue entity) with the broker ids it has reserved
+        (``exchange.idsReserved``), so they are not given again after a
+        restart.
+        """
+        vhost = exchange.vhost
+        self.store.putEntity("queue", exchange.storeKey(),
+                             {"delayedExchange": True, "names": keys.delayedNames(vhost.name, exchange.name),
+                              "idsReserved": exchange.idsReserved})
 
     def released(self, exchange, message):
         """A held message's delay is over (or it was dropped)."""
@@ -324,6 +335,7 @@ class Journal:
                 ex = vh.exchanges.get(name) if vh is not None else None
                 if ex is not None and ex.delayed:
                     delayed[key] = ex
+                    ex.restoreIds(rec.get("idsReserved", 0))
                 continue
             vhName, name = keys.names(key, rec, 2)
             vh = broker.vhosts.get(vhName)
@@ -402,7 +414,7 @@ class Journal:
                 if restore is not None:
                     restore(m, r.seq, r.expiresAtMs, r.redelivered)
                 else:
-                    ex.restore(m, r.seq, r.expiresAtMs)
+                    ex.restore(m, r.seq, r.expiresAtMs, r.redelivered)
         return maxId
 
     def writeAll(self):

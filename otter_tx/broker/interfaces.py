@@ -259,10 +259,15 @@ class IConsumerSource(Interface):
 
     name = Attribute("str: the queue name (``amq.rabbitmq.reply-to`` for the pseudo-queue)")
 
-    def enqueue(message):
+    def enqueue(message, now=None, redelivered=False):
         """
         ``message`` (a Message) was routed here (basic.publish): delivered
         to a consumer that can take it, or kept for later (a queue).
+        ``now``: the clock's seconds if the caller has read them (float, or
+        None to read the clock); ``redelivered`` (bool): the message may have
+        been delivered before (a delayed exchange firing again what it may
+        have fired before an unclean stop), so it goes out marked
+        ``redelivered``.
         Returns True when taken, False when refused (a queue's
         ``reject-publish`` overflow; the publisher then gets basic.nack with
         confirms on, https://www.rabbitmq.com/docs/maxlength).

@@ -270,9 +270,15 @@ class Queue:
 
     # --- enqueue ----------------------------------------------------------
 
-    def enqueue(self, message, now=None):
+    def enqueue(self, message, now=None, redelivered=False):
         """
         Offer ``message`` to this queue (basic.publish routed here).
+
+        ``redelivered``: the message may have been delivered before (a
+        delayed exchange firing again what it may have fired before an
+        unclean stop, :meth:`DelayedExchange.restore
+        <otter_tx.broker.delayed.DelayedExchange.restore>`): its entry is
+        marked redelivered, as :meth:`restore` marks one.
 
         Returns True if accepted, False if refused by ``reject-publish`` /
         ``reject-publish-dlx`` overflow (the publisher gets basic.nack when
@@ -294,6 +300,9 @@ class Queue:
         if self.maxPriority:
             level = min(message.priority, self.maxPriority)
         entry = QueueEntry(message, self._seq, None if ttl is None else now + ttl, level)
+        if redelivered:
+            entry.redelivered = True
+            entry.returns = 1
         self.publishedCount += 1
         # a quorum queue stores every message, as RabbitMQ's Raft log does
         journal = self.journal if (message.persistent or self.quorum) else None

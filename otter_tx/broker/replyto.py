@@ -63,13 +63,15 @@ class ReplyToQueue:
         """A reply goes out as it was published."""
         return entry.message
 
-    def enqueue(self, message):
+    def enqueue(self, message, now=None, redelivered=False):
         """
-        Hand a reply straight to the consumer.  Always True: a reply is
-        never refused; with the consumer gone it is dropped, as RabbitMQ
-        drops it.
+        Hand a reply straight to the consumer (``redelivered``: marked so).
+        Always True: a reply is never refused; with the consumer gone it is
+        dropped, as RabbitMQ drops it.
         """
         c = self.consumer
         if c is not None:
-            c.deliver(self, QueueEntry(message, 0, None, 0))
+            entry = QueueEntry(message, 0, None, 0)
+            entry.redelivered = redelivered
+            c.deliver(self, entry)
         return True

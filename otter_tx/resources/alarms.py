@@ -13,8 +13,9 @@ clear (``AMQPServerProtocol.alarmChanged``), and the health checks answer 503.
   unavailable"``.
 - :class:`DiskMonitor` checks the free space of the filesystem holding the
   data directory against ``disk_free_limit``
-  (https://www.rabbitmq.com/docs/disk-alarms), every 2.5 s like RabbitMQ's
-  ``rabbit_disk_monitor``, every 0.25 s when within twice the limit.
+  (https://www.rabbitmq.com/docs/disk-alarms), less what the store is about
+  to write, at an interval that shrinks with the headroom as RabbitMQ's
+  ``rabbit_disk_monitor`` does (from 2.5 s down to 0.1 s).
 - :class:`MemoryMonitor` compares the process's resident set size (RSS)
   with ``vm_memory_high_watermark`` (https://www.rabbitmq.com/docs/memory;
   RabbitMQ's default strategy is ``rss`` too).  RSS is read every 0.25 s
@@ -232,7 +233,19 @@ class DiskMonitor(_Monitor):
     """
     RabbitMQ's disk alarm (https://www.rabbitmq.com/docs/disk-alarms):
     raises ``"disk"`` in ``alarms`` while the free space of the filesystem
-    holding ``path`` is below ``limit`` bytes, clears it when space returns.
+    holding ``path``, less the bytes the store is about to write
+    (``pending``), is below ``limit`` bytes; clears it when space returns.
+
+    The interval between checks follows ``rabbit_disk_monitor:interval/1``:
+    the time the disk would take to fill twice the headroom (free space
+    above the limit) at :attr:`fastRate` (RabbitMQ's ``FAST_RATE``, 250
+    MB/s), between :attr:`minInterval` (0.1 s, RabbitMQ's
+    ``min_check_interval``) and ``interval`` (2.5 s by default; RabbitMQ's
+    ``max_check_interval`` is 10 s).  So a disk with 1 GB of headroom is
+    read every 2.5 s, one with 100 MB every 0.8 s, one with 12.5 MB or less
+    every 0.1 s.  While the alarm is raised (publishers blocked) it is read
+    every :attr:`alarmedInterval` (0.25 s; RabbitMQ waits its maximum), so
+    the alarm clears soon after space returns.
 
     :param alarms: the :class:`Alarms`.
     :param clock: ``IReactorTime``.
@@ -240,22 +253,34 @@ class DiskMonitor(_Monitor):
     :param limit: bytes (int); RabbitMQ's default is 50 MB.
     :param probe: ``probe(path)`` -> free bytes (int) or None (default
         :func:`diskFreeBytes`).
-    :param interval: seconds between checks (float, default 2.5);
-        :attr:`nearInterval` (0.25 s) when the free space is within twice
-        the limit, so a filling disk is caught in time.
+    :param interval: the longest time between checks, seconds (float,
+        default 2.5).
+    :param pending: ``pending()`` -> bytes (int) the store has accepted and
+        not yet written (``SQLiteStore.pendingWriteBytes``), counted as
+        used: a large batch raises the alarm before it reaches the disk.
+        None (default): nothing is counted.
     """
 
-    nearInterval = 0.25
+    #: RabbitMQ's FAST_RATE: the rate a disk is assumed to fill at, bytes/s (250 MB/s)
+    fastRate = 250 * 1000 * 1000
+    #: the shortest time between checks, seconds (RabbitMQ's min_check_interval, 100 ms)
+    minInterval = 0.1
+    #: time between checks while the alarm is raised, seconds
+    alarmedInterval = 0.25
 
-    def __init__(self, alarms, clock, path, limit=DEFAULT_DISK_FREE_LIMIT, probe=None, interval=2.5):
+    def __init__(self, alarms, clock, path, limit=DEFAULT_DISK_FREE_LIMIT, probe=None, interval=2.5,
+                 pending=None):
         self.alarms = alarms
         self.clock = clock
         self.path = path
         self.limit = limit
         self.probe = probe if probe is not None else diskFreeBytes
         self.interval = interval
-        #: free bytes at the last check (int), None before it or if unknown
+        self.pending = pending
+        #: free bytes at the last check (int, as ``df`` says), None before it or if unknown
         self.free = None
+        #: bytes the store was about to write at the last check (int)
+        self.pendingBytes = 0
         alarms.monitors["disk"] = self
 
     @property
@@ -264,19 +289,24 @@ class DiskMonitor(_Monitor):
         return "disk" in self.alarms.active
 
     def check(self):
-        """Read the free space once; raise or clear the alarm."""
+        """Read the free space (and the store's pending bytes) once; raise or clear the alarm."""
         free = self.probe(self.path)
         self.free = free
         if free is None:
             return
-        if free < self.limit:
+        pending = self.pendingBytes = self.pending() if self.pending is not None else 0
+        available = free - pending
+        if available < self.limit:
             if not self.alarmed:
                 log.info("Free disk space is insufficient. Free bytes: {free}. Limit: {limit}",
-                         free=free, limit=self.limit)
-            self.alarms.set("disk", "free %d bytes, limit %d" % (free, self.limit))
+                         free=available, limit=self.limit)
+            detail = "free %d bytes, limit %d" % (available, self.limit)
+            if pending:
+                detail += " (%d bytes about to be written counted as used)" % (pending,)
+            self.alarms.set("disk", detail)
         elif self.alarmed:
             log.info("Free disk space is sufficient. Free bytes: {free}. Limit: {limit}",
-                     free=free, limit=self.limit)
+                     free=available, limit=self.limit)
             self.alarms.clear("disk")
 
     def setLimit(self, limit):
@@ -286,10 +316,18 @@ class DiskMonitor(_Monitor):
         self.check()
 
     def nextInterval(self):
-        """Seconds until the next check (float)."""
-        if self.free is not None and self.free < 2 * self.limit:
-            return min(self.interval, self.nearInterval)
-        return self.interval
+        """
+        Seconds until the next check (float): ``2 * headroom /
+        fastRate``, from :attr:`minInterval` to ``interval``
+        (``rabbit_disk_monitor:interval/1``); :attr:`alarmedInterval`
+        while alarmed; ``interval`` while the free space is unknown.
+        """
+        if self.free is None:
+            return self.interval
+        if self.alarmed:
+            return min(self.interval, self.alarmedInterval)
+        headroom = self.free - self.pendingBytes - self.limit
+        return max(self.minInterval, min(self.interval, 2.0 * headroom / self.fastRate))
 
 
 class MemoryMonitor(_Monitor):

@@ -38,6 +38,7 @@ from otter_tx.broker.prestart import PreStartRecorder
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
 from otter_tx.door.tls import CertificateLogin
+from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE
 
 log = Logger()
 
@@ -326,9 +327,16 @@ class OtterService(MultiService):
         ``other_name``) and ``sslCertLoginSanIndex`` (int from 0) pick the SAN,
         as ``ssl_cert_login_san_type`` / ``_index`` (docs/tls.md,
         :class:`otter_tx.door.tls.CertificateLogin`).
+    :param managementMaxBodySize: largest management HTTP request body,
+        bytes (int, at least 1), like RabbitMQ's
+        ``management.http.max_body_size`` (default 20971520, 20 MiB).
+        Credentials and the size are checked on the headers, before any
+        body byte is stored (:mod:`otter_tx.web.request`); a larger body
+        gets 400 ``Exceeded HTTP request body size limit``.
     :raise ValueError: for an endpoint string Twisted cannot parse, a bad
         ``sslCertLogin*`` value, a bad
-        ``serverProperties`` entry, a ``maxMessageSize`` out of range or a
+        ``serverProperties`` entry, a ``maxMessageSize`` out of range, a
+        ``managementMaxBodySize`` that is not a positive int or a
         ``collectStatisticsInterval`` that is not a positive int.
 
     Anything declared through ``service.broker`` before ``startService``
@@ -344,7 +352,8 @@ class OtterService(MultiService):
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
                  queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
                  configFiles=(), logFiles=(), defaultDeliveryLimit=None,
-                 sslCertLoginFrom="distinguished_name", sslCertLoginSanType="dns", sslCertLoginSanIndex=0):
+                 sslCertLoginFrom="distinguished_name", sslCertLoginSanType="dns", sslCertLoginSanIndex=0,
+                 managementMaxBodySize=DEFAULT_MAX_BODY_SIZE):
         MultiService.__init__(self)
         if reactor is None:
             from twisted.internet import reactor
@@ -359,6 +368,10 @@ class OtterService(MultiService):
         if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
             raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
                              % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
+        if not (isinstance(managementMaxBodySize, int) and not isinstance(managementMaxBodySize, bool)
+                and managementMaxBodySize > 0):
+            raise ValueError("managementMaxBodySize: must be a positive number of bytes, got %r"
+                             % (managementMaxBodySize,))
         if not (isinstance(collectStatisticsInterval, int) and not isinstance(collectStatisticsInterval, bool)
                 and collectStatisticsInterval > 0):
             raise ValueError("collectStatisticsInterval: must be a positive number of ms, got %r"
@@ -409,8 +422,10 @@ class OtterService(MultiService):
         #: the disk alarm's monitor (otter_tx.resources.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
         if dataDir is not None:
+            # what the store is about to write counts as used (SQLiteStore.pendingWriteBytes)
             self.diskMonitor = DiskMonitor(self.broker.alarms, reactor, dataDir,
-                                           limit=diskFreeLimitBytes(diskFreeLimit))
+                                           limit=diskFreeLimitBytes(diskFreeLimit),
+                                           pending=getattr(store, "pendingWriteBytes", None))
         # publishers are blocked while the store cannot write (otter_tx.resources.alarms.Alarms.watchStore)
         self.broker.alarms.watchStore(store)
         # everything declared from here until recovery is merged and written then
@@ -439,15 +454,15 @@ class OtterService(MultiService):
             self.amqpServices.append(svc)
         self.managementServices = []
         if management:
-            from twisted.web.server import Site
-
             from otter_tx.web.management import ManagementApp
+            from otter_tx.web.request import BodyGuardSite
 
             self.management = ManagementApp(self.broker, reactor)
             self.management.dataDir = dataDir
             self.management.configFiles = list(configFiles)
             self.management.logFiles = list(logFiles)
-            site = Site(self.management.app.resource())
+            site = BodyGuardSite(self.management.app.resource(), self.management.authenticateRequest,
+                                 managementMaxBodySize)
             site.noisy = False
             for desc in management:
                 svc = Listener("management", desc, self._endpoint("management", desc), site)

@@ -52,6 +52,7 @@ _DEFAULTS = {
     "queue-memory-budget": 8 * 1024 * 1024,
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
+    "management-max-body-size": 20971520,
     "collect-statistics-interval": 5000,
     "server-property": [],
     "default-delivery-limit": None,
@@ -339,6 +340,18 @@ def _amount(value, cli=False):
     raise _Invalid("must be an amount of bytes like 8388608, 8MiB or 64MB, got %s" % (_shown(value),))
 
 
+def _bodySize(value, cli=False):
+    """Bytes, at least 1: an integer, or digits with a unit (``20971520``, ``20MiB``, ``64MB``)."""
+    try:
+        amount = _amount(value)
+    except _Invalid:
+        amount = 0
+    if amount < 1:
+        raise _Invalid("must be a number of bytes of at least 1, optionally with a unit "
+                       "(20971520, 20MiB, 64MB), got %s" % (_shown(value),))
+    return amount
+
+
 def checkEndpoint(description):
     """
     Parse a Twisted server endpoint string without listening (against a
@@ -529,6 +542,7 @@ _VALIDATORS = {
     "consumer-timeout": _integer(0),
     "memory-high-watermark": _memory,
     "max-message-size": _maxMessageSize,
+    "management-max-body-size": _bodySize,
     "disk-free-limit": _diskFree,
     "queue-memory-budget": _amount,
     "collect-statistics-interval": _integer(1),
@@ -582,6 +596,9 @@ class Options(usage.Options):
         ["max-message-size", None, None,
          "Largest message body in bytes, like RabbitMQ's max_message_size; units as 128MiB "
          "or 100MB; at most 512MiB [default: 134217728]."],
+        ["management-max-body-size", None, None,
+         "Largest management HTTP request body in bytes, like RabbitMQ's management.http.max_body_size "
+         "(20MiB, 64MB); a larger one gets 400 before it is read [default: 20971520]."],
         ["disk-free-limit", None, None,
          "Free space on the --data-dir filesystem below which publishers are blocked, like "
          "RabbitMQ's disk_free_limit: an amount (50MB, 2GB, 1GiB) or a multiple of RAM "
@@ -761,6 +778,7 @@ def resolveSettings(options):
     disabled), ``data-dir`` (str), ``heartbeat`` (s, int),
     ``frame-max`` (bytes), ``channel-max``, ``handshake-timeout`` (s,
     float), ``consumer-timeout`` (ms), ``max-message-size`` (bytes),
+    ``management-max-body-size`` (bytes),
     ``memory-high-watermark`` (bytes, or None for 40% of RAM),
     ``disk-free-limit`` (bytes), ``queue-memory-budget`` (bytes),
     ``collect-statistics-interval`` (ms),
@@ -849,6 +867,7 @@ def makeService(options, reactor=None):
         consumerTimeout=s["consumer-timeout"],
         serverProperties=s["server-properties"],
         maxMessageSize=s["max-message-size"],
+        managementMaxBodySize=s["management-max-body-size"],
         collectStatisticsInterval=s["collect-statistics-interval"],
         configFiles=[os.path.abspath(options["config"])] if options.get("config") else [],
         logFiles=_logFiles(options),

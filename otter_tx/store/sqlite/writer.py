@@ -122,6 +122,8 @@ class SQLiteStore:
         # writer thread only: batches whose commit failed, to write again
         # ahead of the next one (the tables are writer-thread only too)
         self._retry = []
+        # the batch the writer took and has not finished writing (under _lock)
+        self._writing = None
         self._failures = 0
         # Deferreds of _whenIdle() (under _lock)
         self._idleWaiters = []
@@ -291,6 +293,27 @@ class SQLiteStore:
         with self._lock:
             batch = self._pending
             self._changed(batch, batch.purge(queueKey, keep))
+
+    def pendingWriteBytes(self):
+        """
+        Bytes of message bodies and properties given to :meth:`addMessage`
+        and not committed yet (int): the pending batch, the batch being
+        written and failed batches waiting to be written again.  What the
+        file is about to grow by, roughly; the disk alarm counts it as used
+        (:class:`otter_tx.resources.alarms.DiskMonitor`).  Reactor thread;
+        costs one pass over the messages not committed yet.
+        """
+        with self._lock:
+            batches = [self._pending, self._writing] + list(self._retry)
+            seen = set()
+            total = 0
+            for batch in batches:
+                if batch is None or id(batch) in seen:
+                    continue
+                seen.add(id(batch))
+                for m in batch.adds.values():
+                    total += len(m.body) + len(m.propsRaw)
+        return total
 
     def sync(self):
         """
@@ -463,6 +486,7 @@ class SQLiteStore:
                     return
                 batch = self._pending
                 self._pending = Batch(self._coalesce)
+                self._writing = batch
                 closing = self._state == "closing"
             batches = self._retry + [batch] if batch.size else list(self._retry)
             failure = None
@@ -492,6 +516,8 @@ class SQLiteStore:
                     tables.markClean(conn)
                 except Exception as e:
                     failure = self._writeFailed(conn, e, [])
+            with self._lock:
+                self._writing = None
             for d in waiters:
                 self._fire(d, failure)
             if closing:

@@ -198,16 +198,80 @@ class DiskMonitorTests(SynchronousTestCase):
         self.assertIn("Free disk space is sufficient. Free bytes: 60000000. Limit: 50000000", lines)
 
     def test_interval(self):
-        """Checks every 2.5 s normally, every 0.25 s within twice the limit."""
+        """The interval is 2 x headroom / 250 MB/s, from 0.1 to 2.5 s (rabbit_disk_monitor's); 0.25 s alarmed."""
         self.monitor.start()
         self.clock.advance(2.4)
         self.assertEqual(len(self.paths), 1)
         self.clock.advance(0.1)
         self.assertEqual(len(self.paths), 2)
-        self.free = 99 * 10 ** 6
-        self.clock.advance(2.5)
+        for free, interval in ((10 ** 9, 2.5), (150 * 10 ** 6, 0.8), (60 * 10 ** 6, 0.1), (50 * 10 ** 6, 0.1)):
+            self.free = free
+            self.monitor.check()
+            self.assertAlmostEqual(self.monitor.nextInterval(), interval)
+        self.free = 49 * 10 ** 6
+        self.monitor.check()
+        self.assertEqual(self.monitor.nextInterval(), 0.25)
+        self.free = None
+        self.monitor.check()
+        self.assertEqual(self.monitor.nextInterval(), 2.5)
+
+    def test_fillingDiskCaughtInTime(self):
+        """A disk filling at 10 MB/s is alarmed within 0.1 s of passing the limit (at 2.5 s it was up to 25 MB late)."""
+        self.free = 300 * 10 ** 6
+        start = self.clock.seconds()
+        alarmedAt = []
+
+        def probe(path):
+            self.paths.append(path)
+            free = self.free - int((self.clock.seconds() - start) * 10 ** 7)
+            if free < self.monitor.limit and not alarmedAt:
+                alarmedAt.append(free)
+            return free
+
+        self.monitor.probe = probe
+        self.monitor.start()
+        for _ in range(3000):
+            self.clock.advance(0.01)
+            if "disk" in self.alarms.active:
+                break
+        self.assertIn("disk", self.alarms.active)
+        crossedAt = start + 25.0  # 250 MB of headroom at 10 MB/s
+        self.assertLessEqual(self.clock.seconds() - crossedAt, 0.1 + 1e-6)
+        self.assertGreaterEqual(alarmedAt[0], self.monitor.limit - 10 ** 6)
+        self.assertLess(len(self.paths), 60)
+
+    def test_pendingCountsAsUsed(self):
+        """Bytes the store is about to write count as used: they raise the alarm and shorten the interval."""
+        pending = [0]
+        self.monitor.pending = lambda: pending[0]
+        self.free = 80 * 10 ** 6
+        self.monitor.start()
+        self.assertEqual(self.alarms.active, {})
+        pending[0] = 40 * 10 ** 6
+        self.clock.advance(self.monitor.nextInterval())
+        self.assertEqual(self.alarms.active["disk"],
+                         "free 40000000 bytes, limit 50000000 (40000000 bytes about to be written counted as used)")
+        self.assertEqual(self.monitor.free, 80 * 10 ** 6)
+        pending[0] = 0
         self.clock.advance(0.25)
-        self.assertEqual(len(self.paths), 4)
+        self.assertEqual(self.alarms.active, {})
+
+    def test_sqlitePendingWriteBytes(self):
+        """SQLiteStore.pendingWriteBytes counts bodies and properties not committed: pending, in flight, to retry."""
+        from otter_tx.store.sqlite import SQLiteStore, _Batch
+
+        store = SQLiteStore(self.mktemp(), self.clock)
+        self.assertEqual(store.pendingWriteBytes(), 0)
+        store._pending.addMessage(1, "", "q", b"\x00\x00", b"x" * 100)
+        store._pending.addMessage(2, "", "q", b"\x00\x00", b"y" * 50)
+        self.assertEqual(store.pendingWriteBytes(), 154)
+        writing, retry = _Batch(), _Batch()
+        writing.addMessage(3, "", "q", b"", b"z" * 1000)
+        retry.addMessage(4, "", "q", b"", b"w" * 7)
+        store._writing, store._retry = writing, [retry]
+        self.assertEqual(store.pendingWriteBytes(), 154 + 1000 + 7)
+        store._writing, store._retry = None, []
+        self.assertEqual(store.pendingWriteBytes(), 154)
 
     def test_unknownFreeSpace(self):
         """A probe that cannot tell (None) changes nothing."""

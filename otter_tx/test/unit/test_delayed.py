@@ -188,3 +188,144 @@ class DelayedDurabilityTests(SynchronousTestCase):
         self.assertEqual(q.readyCount, 2)
         clock.advance(0.1)
         self.assertEqual(q.readyCount, 3)
+
+
+def _storeState(store):
+    """A deep copy of what a MemoryStore holds (its committed state at this instant)."""
+    import copy
+
+    return copy.deepcopy((store._entities, store._messages, store._refs, store._queues))
+
+
+def _crash(broker, store, committed):
+    """
+    Stop ``broker`` and leave ``store`` as a kill -9 would: only the
+    ``committed`` state (:func:`_storeState`) is left, and, as the durable
+    store does when it is opened after an unclean stop, every entry is
+    marked redelivered.
+    """
+    broker.stop()
+    store._entities, store._messages, store._refs, store._queues = committed
+    for entries in store._queues.values():
+        for entry in entries.values():
+            entry[3] = True
+    store._open = False
+
+
+class CrashRedeliveryTests(SynchronousTestCase):
+    """
+    After an unclean stop, a held message that may already have fired
+    arrives again marked redelivered, with the same x-delayed-id
+    (docs/delayed.md, "Durability and deletion").
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1_800_000_000)
+        self.store = MemoryStore()
+        self.boot()
+        vh = self.broker.vhosts["/"]
+        ex = vh.declareExchange("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        q = vh.declareQueue("q", None, durable=True)
+        vh.bind(ex, q, "k", {})
+
+    def boot(self):
+        self.broker = journaledBroker(self.store, self.clock)
+        self.vh = self.broker.vhosts["/"]
+        self.factory = AMQPServerFactory(self.broker, self.clock)
+
+    def consumer(self):
+        """A FakeClient consuming q with acks on channel 1."""
+        c = FakeClient(self.factory)
+        c.send(1, spec.ChannelOpen(""))
+        c.send(1, spec.BasicConsume(0, "q", "c", False, False, False, False, {}))
+        c.kept = c.received()
+        return c
+
+    def deliveries(self, client):
+        """``[(redelivered, x-delayed-id, body)]`` of the basic.delivers since the last call."""
+        received, client.kept = client.kept + client.received(), []
+        return [(m.redelivered, props["headers"].get("x-delayed-id"), body)
+                for _, m, content in received if isinstance(m, spec.BasicDeliver)
+                for props, body in [content]]
+
+    def publish(self, delay, body):
+        self.vh.publish(self.vh.exchanges["dx"], msg(delay, body=body, delivery_mode=2))
+
+    def test_firedNotRecorded(self):
+        """A message fired and delivered whose fire was not committed fires again at boot, redelivered, same id."""
+        self.publish(100, b"a")
+        self.publish(200, b"b")
+        c = self.consumer()
+        committed = _storeState(self.store)
+        self.clock.advance(0.1)
+        self.assertEqual(self.deliveries(c), [(False, "1", b"a")])
+        _crash(self.broker, self.store, committed)
+        self.clock.advance(5)
+        self.boot()
+        c = self.consumer()
+        self.clock.advance(0)
+        self.assertEqual(sorted(self.deliveries(c)), [(True, "1", b"a"), (True, "2", b"b")])
+        self.assertEqual(self.vh.exchanges["dx"].held, 0)
+        # the queue's stored entries carry the mark: a later crash still says redelivered
+        key = "/\x00q"
+        self.assertEqual(sorted(e[3] for e in self.store._queues[key].values()), [True, True])
+
+    def test_notDueAtBoot(self):
+        """A held message due after the broker came back cannot have fired: it fires later, not redelivered."""
+        self.publish(100, b"due")
+        self.publish(60000, b"later")
+        committed = _storeState(self.store)
+        self.clock.advance(0.1)
+        _crash(self.broker, self.store, committed)
+        self.clock.advance(1)
+        self.boot()
+        c = self.consumer()
+        self.clock.advance(0)
+        self.assertEqual(self.deliveries(c), [(True, "1", b"due")])
+        self.clock.advance(60)
+        self.assertEqual(self.deliveries(c), [(False, "2", b"later")])
+
+    def test_cleanStop(self):
+        """After a clean stop, messages that fell due while the broker was down fire as new."""
+        self.publish(100, b"a")
+        self.broker.stop()
+        self.successResultOf(self.store.close())
+        self.clock.advance(5)
+        self.boot()
+        c = self.consumer()
+        self.clock.advance(0)
+        self.assertEqual(self.deliveries(c), [(False, "1", b"a")])
+
+    def test_recordedFireNotRepeated(self):
+        """A fire committed before the crash is not repeated; new messages after the boot get new ids."""
+        self.publish(100, b"a")
+        self.publish(200, b"b")
+        c = self.consumer()
+        self.clock.advance(0.1)
+        committed = _storeState(self.store)
+        self.clock.advance(0.1)
+        self.assertEqual(self.deliveries(c), [(False, "1", b"a"), (False, "2", b"b")])
+        _crash(self.broker, self.store, committed)
+        self.boot()
+        c = self.consumer()
+        self.clock.advance(0)
+        # "a" was acked by no one: it is back from the queue, redelivered, as any recovered entry
+        self.assertEqual(sorted(self.deliveries(c)), [(True, "1", b"a"), (True, "2", b"b")])
+        self.publish(100, b"c")
+        self.clock.advance(0.1)
+        # ids 1..1000 were reserved before the crash: a new message's id was never given
+        self.assertEqual(self.deliveries(c), [(False, "1001", b"c")])
+
+    def test_cancelledAfterBoot(self):
+        """A may-have-fired message cancelled after the boot, before it fires, is not delivered."""
+        self.publish(100, b"a")
+        committed = _storeState(self.store)
+        self.clock.advance(0.1)
+        _crash(self.broker, self.store, committed)
+        self.boot()
+        ex = self.vh.exchanges["dx"]
+        self.assertTrue(ex.cancel("1"))
+        self.assertEqual(ex._mayHaveFired, set())
+        self.clock.advance(1)
+        self.assertEqual(self.vh.queues["q"].readyCount, 0)

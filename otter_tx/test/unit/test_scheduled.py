@@ -262,9 +262,34 @@ class DurabilityTests(SynchronousTestCase):
         self.assertEqual([i["id"] for i in ex.heldPage(1, 10)["items"]], ["1", "3", "5"])
         self.assertEqual(ex.cancelMessageId("m4"), 1)
         self.publish(100, body=b"new")
-        self.assertEqual(ex.heldPage(1, 1)["items"][0]["id"], "6")
+        # ids 1..1000 were reserved in the store before the restart: new ones come after them
+        self.assertEqual(ex.heldPage(1, 1)["items"][0]["id"], "1001")
         self.clock.advance(10)
         self.assertEqual([e.message.body for e in self.vh.queues["q"].readyEntries()], [b"new", b"0", b"2"])
+
+    def test_idsNeverGivenTwice(self):
+        """Every message held finds its id unused: after restarts with nothing held, and past a reserved block."""
+        ex = self.vh.exchanges["dx"]
+        self.publish(100)
+        self.clock.advance(1)
+        self.restart()
+        ex = self.vh.exchanges["dx"]
+        self.publish(100)
+        self.assertEqual(ex.heldPage(1, 1)["items"][0]["id"], "1001")
+        for _ in range(1000):
+            self.publish(100)
+        self.restart()
+        ex = self.vh.exchanges["dx"]
+        self.publish(100)
+        # 1001..2001 took the block 1001..2000 and the next one; the restart skips the rest of it
+        self.assertEqual(ex.heldPage(1, 2000)["items"][-1]["id"], "3001")
+        self.assertEqual(ex.idsReserved, 4000)
+        # a re-created exchange starts again from 1 (its record went with the old one)
+        self.vh.deleteExchange("dx")
+        self.vh.declareExchange("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        self.restart()
+        self.publish(100)
+        self.assertEqual(self.vh.exchanges["dx"].heldPage(1, 1)["items"][0]["id"], "1")
 
     def test_purgeSurvivesRestart(self):
         """A purge is durable; messages held after it are kept."""

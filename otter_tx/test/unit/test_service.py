@@ -290,6 +290,18 @@ class ServerPropertiesTests(SynchronousTestCase):
         for props in ({"version": 3}, {"": "x"}, {"capabilities": "none"}):
             self.assertRaises(ValueError, _service, _Reactor(), serverProperties=props)
 
+    def test_managementBodyGuard(self):
+        """The management listeners serve a BodyGuardSite with the given cap (20 MiB by default); below 1: ValueError."""
+        from otter_tx.web.request import BodyGuardSite
+
+        site = _service(_Reactor(), management=["tcp:15672"]).managementServices[0].factory
+        self.assertIsInstance(site, BodyGuardSite)
+        self.assertEqual(site.maxBodySize, 20971520)
+        svc = _service(_Reactor(), management=["tcp:15672"], managementMaxBodySize=100)
+        self.assertEqual(svc.managementServices[0].factory.maxBodySize, 100)
+        for bad in (0, -1, "20MB", True):
+            self.assertRaises(ValueError, _service, _Reactor(), managementMaxBodySize=bad)
+
     def test_badEndpoint(self):
         """An endpoint string Twisted cannot parse is a ValueError naming it."""
         e = self.assertRaises(ValueError, _service, _Reactor(), amqp=["tcp:abc"])
@@ -659,6 +671,16 @@ class AlarmWiringTests(SynchronousTestCase):
         count = len(paths)
         r.advance(60)
         self.assertEqual(len(paths), count)
+
+    def test_diskMonitorCountsStorePending(self):
+        """The disk monitor counts what the store is about to write when the store can say (SQLiteStore)."""
+        from otter_tx.store.sqlite import SQLiteStore
+
+        dataDir = self.mktemp()
+        svc = _service(_Reactor(), dataDir=dataDir, store=SQLiteStore(dataDir, _Reactor()))
+        self.assertEqual(svc.diskMonitor.pending, svc.store.pendingWriteBytes)
+        svc = _service(_Reactor(), dataDir=self.mktemp())
+        self.assertIsNone(svc.diskMonitor.pending)
 
     def test_noDataDirNoDiskMonitor(self):
         """Without a dataDir nothing is written to disk, so no disk is watched."""

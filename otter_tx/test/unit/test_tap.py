@@ -218,6 +218,27 @@ class ValidationTests(_Parsing, SynchronousTestCase):
                         "--queue-memory-budget", "1MiB"])
         self.assertEqual(tap.makeService(o, reactor=reactor).broker.queueMemoryBudget, 1024 * 1024)
 
+    def test_managementMaxBodySize(self):
+        """--management-max-body-size takes bytes with units (20 MiB default), in the file too; 0 and junk are refused."""
+        self.assertEqual(self.parse()["management-max-body-size"], 20971520)
+        self.assertEqual(self.parse("--management-max-body-size", "64MB")["management-max-body-size"], 64000000)
+        path = self.config("management_max_body_size = 1000000\n")
+        self.assertEqual(self.parse("--config", path)["management-max-body-size"], 1000000)
+        wanted = "must be a number of bytes of at least 1, optionally with a unit (20971520, 20MiB, 64MB), got "
+        self.assertEqual(self.refused("--management-max-body-size", "0"),
+                         "--management-max-body-size: " + wanted + "'0'")
+        self.assertEqual(self.refused("--management-max-body-size", "big"),
+                         "--management-max-body-size: " + wanted + "'big'")
+        path = self.config("management-max-body-size = -1\n")
+        self.assertEqual(self.refused("--config", path),
+                         "config file %s: management-max-body-size: %s-1" % (path, wanted))
+        o = tap.Options()
+        o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--data-dir", self.mktemp(),
+                        "--management-max-body-size", "1MiB"])
+        svc = tap.makeService(o, reactor=reactor)
+        site = svc.managementServices[0].factory
+        self.assertEqual(site.maxBodySize, 1024 * 1024)
+
     def test_heartbeat(self):
         """--heartbeat -5 / abc / 70000 are refused; heartbeat = "abc" in the file too."""
         self.assertEqual(self.refused("--heartbeat", "-5"),

@@ -165,6 +165,24 @@ class ManagementApp:
         #: what the site serves: ``app.resource()``
         self.app = _Root(self.rooms)
 
+    def authenticateRequest(self, request):
+        """
+        The check every authenticated route makes first
+        (:func:`~otter_tx.web.management.authz.authenticate` at
+        ``is_authorized``: Basic credentials of a broker user, the loopback
+        rule, a management tag), on ``request``'s headers alone:
+        :mod:`otter_tx.web.request` makes it before a body is read.
+
+        :return: None when it passes; else the 401 answer's body (bytes),
+            with its status and headers set on ``request`` as the route
+            would set them.
+        """
+        try:
+            authenticate(self.broker, request, ANY)
+        except HTTPError as e:
+            return renderError(request, e)
+        return None
+
     def listenersList(self):
         """
         The overview's ``listeners``: ``[{"node","protocol","ip_address",

@@ -1,0 +1,141 @@
+"""
+HTTP requests whose body is checked before it is read: the management
+listeners' :class:`~twisted.web.server.Site`.
+
+twisted.web's :class:`~twisted.web.http.Request` stores a whole body (in
+memory below 100 000 bytes, else in a temporary file) before anything
+renders, so without this module anyone who can reach the management port
+could write a body of any size to disk before its 401.  A
+:class:`BodyGuardRequest` decides as soon as the headers are complete
+(:meth:`~BodyGuardRequest.gotLength`), for a request that announces a body
+(``Content-Length`` above 0, or ``Transfer-Encoding: chunked``):
+
+- credentials first, by the management app's own check (Basic against the
+  broker's users, the loopback rule, a management tag: what every
+  authenticated route checks first, :meth:`ManagementApp.authenticateRequest
+  <otter_tx.web.management.ManagementApp.authenticateRequest>`); a request
+  that fails gets that check's 401 at once;
+- then the size: a ``Content-Length`` above the cap (``maxBodySize``
+  bytes, RabbitMQ's ``management.http.max_body_size``, 20 MiB by default)
+  gets 400 ``{"error":"bad_request","reason":"Exceeded HTTP request body
+  size limit"}`` (RabbitMQ 3.12+'s answer, ``rabbit_mgmt_util``) at once,
+  and a chunked body the moment its decoded bytes pass the cap.
+
+A refused request's body is never stored: the answer carries
+``Connection: close``, the connection is closed once it is written, and
+whatever body bytes still arrive are dropped.  Requests without a body
+(``GET``, a ``DELETE`` or ``POST`` with ``Content-Length: 0``) are left to
+the routes, which answer as before (404 and the ``OPTIONS`` pre-flight need
+no credentials).  https://www.rabbitmq.com/docs/management#http-body-size-limit
+"""
+
+import json
+from io import BytesIO
+
+from twisted.web.server import Request, Site
+
+#: RabbitMQ's default ``management.http.max_body_size``: 20 MiB, in bytes
+DEFAULT_MAX_BODY_SIZE = 20971520
+
+#: RabbitMQ's ``reason`` for a body over the cap (``rabbit_mgmt_util:bad_request``)
+TOO_LARGE_REASON = "Exceeded HTTP request body size limit"
+
+
+def _requestLine(channel):
+    """``(method, uri, version)`` of the request whose headers ``channel`` has just read."""
+    # HTTPChannel (HTTP/1.x) keeps the request line to itself until the body
+    # is complete; H2Stream names the same things without underscores.
+    method = getattr(channel, "_command", None) or getattr(channel, "command", None) or b"GET"
+    uri = getattr(channel, "_path", None) or getattr(channel, "path", None) or b"/"
+    version = getattr(channel, "_version", None) or b"HTTP/1.1"
+    return method, uri, version
+
+
+class BodyGuardRequest(Request):
+    """
+    A :class:`~twisted.web.server.Request` that refuses a body before
+    storing it: no credentials (401) or too large (400), as the module
+    docstring says.  Its :class:`BodyGuardSite` (``self.channel.site``)
+    supplies the check and the cap.
+
+    :ivar bodyBytes: body bytes received so far (int), refused or not.
+    :ivar refused: the status (int) this request was answered with before
+        its body was read, or None.
+    """
+
+    bodyBytes = 0
+    refused = None
+
+    def gotLength(self, length):
+        """
+        Called by the channel once the headers are complete; ``length`` is
+        the ``Content-Length`` (int) or None for a chunked body.  Check the
+        credentials and the announced size before any body byte is stored.
+        """
+        if length == 0:
+            Request.gotLength(self, length)
+            return
+        site = self.channel.site
+        self.method, self.uri, self.clientproto = _requestLine(self.channel)
+        self.content = BytesIO()  # stays empty if refused; replaced below if not
+        body = site.authenticate(self)
+        if body is not None:
+            self._refuse(body)
+        elif length is not None and length > site.maxBodySize:
+            self._refuseTooLarge()
+        else:
+            Request.gotLength(self, length)
+
+    def handleContentChunk(self, data):
+        """Store ``data`` (bytes of body) unless refused; refuse once the body passes the cap."""
+        self.bodyBytes += len(data)
+        if self.refused is not None:
+            return
+        if self.bodyBytes > self.channel.site.maxBodySize:
+            self._refuseTooLarge()
+            return
+        Request.handleContentChunk(self, data)
+
+    def requestReceived(self, command, path, version):
+        """Render as usual, unless the request was already answered."""
+        if self.refused is None:
+            Request.requestReceived(self, command, path, version)
+
+    def _refuseTooLarge(self):
+        self.setResponseCode(400)
+        self.setHeader(b"content-type", b"application/json")
+        self._refuse(json.dumps({"error": "bad_request", "reason": TOO_LARGE_REASON}).encode())
+
+    def _refuse(self, body):
+        """Answer with the status and headers set on this request and ``body`` (bytes), then close."""
+        self.refused = self.code
+        # no "100 Continue" after the answer (HTTPChannel sends one after gotLength)
+        self.requestHeaders.removeHeader(b"expect")
+        self.setHeader(b"content-length", b"%d" % (len(body),))
+        self.setHeader(b"connection", b"close")
+        self.write(body)
+        self.channel.loseConnection()
+
+
+class BodyGuardSite(Site):
+    """
+    The management listeners' :class:`~twisted.web.server.Site`: every
+    request is a :class:`BodyGuardRequest`.
+
+    :param resource: the root resource (the management app's).
+    :param authenticate: ``authenticate(request) -> None | bytes``: None
+        when the request's headers carry acceptable credentials, else the
+        answer's body, with its status and headers already set on
+        ``request`` (:meth:`ManagementApp.authenticateRequest
+        <otter_tx.web.management.ManagementApp.authenticateRequest>`).
+    :param maxBodySize: largest request body, bytes (int, at least 1);
+        RabbitMQ's ``management.http.max_body_size``, default
+        :data:`DEFAULT_MAX_BODY_SIZE`.
+    """
+
+    requestFactory = BodyGuardRequest
+
+    def __init__(self, resource, authenticate, maxBodySize=DEFAULT_MAX_BODY_SIZE, **kwargs):
+        Site.__init__(self, resource, requestFactory=BodyGuardRequest, **kwargs)
+        self.authenticate = authenticate
+        self.maxBodySize = maxBodySize
