@@ -258,7 +258,8 @@ class DiskMonitorTests(SynchronousTestCase):
 
     def test_sqlitePendingWriteBytes(self):
         """SQLiteStore.pendingWriteBytes counts bodies and properties not committed: pending, in flight, to retry."""
-        from otter_tx.store.sqlite import SQLiteStore, _Batch
+        from otter_tx.store.sqlite import SQLiteStore
+        from otter_tx.store.sqlite.batch import Batch as _Batch
 
         store = SQLiteStore(self.mktemp(), self.clock)
         self.assertEqual(store.pendingWriteBytes(), 0)

@@ -256,7 +256,8 @@ class StoreKeyTests(SynchronousTestCase):
         self.assertIn("/\x00p", ents["policy"])
         self.assertIn("guest\x00/", ents["permission"])
         self.assertEqual(dx.storeKey(), "\x01delayed\x00/\x00dx")
-        self.assertEqual(json.loads(ents["queue"][dx.storeKey()]), {"delayedExchange": True, "names": ["", "/", "dx"]})
+        self.assertEqual(json.loads(ents["queue"][dx.storeKey()]),
+                         {"delayedExchange": True, "names": ["", "/", "dx"], "idsReserved": 0})
         (binding,) = ents["binding"]
         self.assertEqual(binding.split("\x00")[:5], ["/", "x", "queue", "q", "rk"])
 

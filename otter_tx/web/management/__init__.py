@@ -55,7 +55,7 @@ from otter_tx.web.management.authz import (  # noqa: F401 (the public names of t
 from otter_tx.web.management.connections import ConnectionsRoom
 from otter_tx.web.management.definitions import DefinitionsRoom
 from otter_tx.web.management.exchanges import ExchangesRoom
-from otter_tx.web.management.http import RABBITMQ_COMPAT_VERSION, HTTPError, Response  # noqa: F401
+from otter_tx.web.management.http import RABBITMQ_COMPAT_VERSION, HTTPError, Response, renderError  # noqa: F401
 from otter_tx.web.management.nodes import NodesRoom
 from otter_tx.web.management.overview import OverviewRoom
 from otter_tx.web.management.policies import PoliciesRoom
