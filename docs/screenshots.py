@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 from twisted.internet import reactor, threads

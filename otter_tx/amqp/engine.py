@@ -461,7 +461,8 @@ class ConnectionEngine:
                         if parts is None:
                             if ch.pending is not None:
                                 raise _unexpectedInContent("content header")
-                            raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+                            raise AMQPError(spec.UNEXPECTED_FRAME,
+                                            "expected method frame, got non method frame instead")
                         remaining = ch.remaining = ch.remaining - size
                         if remaining > 0:
                             parts.append(payload)

@@ -192,7 +192,8 @@ class FrameReader:
         if buf[end] != FRAME_END:
             raise AMQPError(
                 spec.FRAME_ERROR,
-                "%s: {invalid_frame_end_marker,%d}" % (octetsSnippet("type %d, " % (ftype,), buf[off + FRAME_HEADER_SIZE : end]), buf[end]),
+                "%s: {invalid_frame_end_marker,%d}"
+                % (octetsSnippet("type %d, " % (ftype,), buf[off + FRAME_HEADER_SIZE : end]), buf[end]),
             )
         self.offset = end + 1
         return ftype, chno, buf[off + FRAME_HEADER_SIZE : end]

@@ -498,7 +498,7 @@ class RestartTests(SynchronousTestCase):
         broker = self.restart(store, clock)
         vh = broker.vhosts["/"]
         q = vh.declareQueue("q", None, durable=True, arguments=QQ)
-        c = vh.declareQueue("c", None, durable=True)
+        vh.declareQueue("c", None, durable=True)
         for body in (b"acked", b"keep"):
             for name in ("q", "c"):
                 vh.publish(vh.exchanges[""], msg(body, name))
