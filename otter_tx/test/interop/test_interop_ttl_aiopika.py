@@ -605,8 +605,11 @@ class DeadLetterTests(AioTTLCase):
             await channel.default_exchange.publish(aio_pika.Message(b"m"), routing_key=source.name)
             message = await source.get()
             await message.reject(requeue=False)
-            await asyncio.sleep(0.1)
-            self.assertEqual(await messageCountAsync(channel, source.name), 0)
+
+            async def empty():
+                return await messageCountAsync(channel, source.name) == 0
+
+            self.assertTrue(await waitUntilAsync(empty))
             await channel.default_exchange.publish(aio_pika.Message(b"ok"), routing_key=source.name)
             self.assertEqual((await source.get(no_ack=True)).body, b"ok")
             self.assertFalse(channel.is_closed)

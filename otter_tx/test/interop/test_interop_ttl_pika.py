@@ -763,8 +763,8 @@ class PromptReapingTests(PikaTTLCase):
                 channel.basic_publish("", queue, b"s", pika.BasicProperties(expiration="50"))
             channel.basic_publish("", queue, b"tail")
             self.assertEqual(messageCount(channel, queue), 7)
-            time.sleep(0.15)
-            self.assertEqual(messageCount(channel, queue), 2)
+            # reaped without anyone fetching: the count falls by itself
+            self.assertTrue(waitUntil(lambda: messageCount(channel, queue) == 2))
 
         return self.runPika(body)
 
@@ -1098,8 +1098,7 @@ class DeadLetterTests(PikaTTLCase):
             channel.basic_publish("", source, b"reject-me")
             method, _, payload = channel.basic_get(source)
             channel.basic_reject(method.delivery_tag, requeue=False)
-            time.sleep(0.2)
-            self.assertEqual(messageCount(channel, source), 0)
+            self.assertTrue(waitUntil(lambda: messageCount(channel, source) == 0))
             # the same channel still works
             queue = self.queue(channel, "after")
             channel.basic_publish("", queue, b"ok")
@@ -1439,7 +1438,8 @@ class CycleTests(PikaTTLCase):
             channel = self.channel(connection)
             source = self.queue(channel, "self", **{"x-message-ttl": 50, "x-dead-letter-exchange": ""})
             channel.basic_publish("", source, b"m")
-            time.sleep(0.15)
+            self.assertTrue(waitUntil(lambda: messageCount(channel, source) == 0))
+            # and it does not come back
             for i in range(10):
                 self.assertEqual(messageCount(channel, source), 0)
                 time.sleep(0.03)
