@@ -159,8 +159,6 @@ _ACK_SIZE = 4 + 8 + 1
 #: payload octets of basic.deliver besides its consumer tag and address:
 #: class and method ids, delivery-tag (8), redelivered (1)
 _DELIVER_FIXED_SIZE = 4 + 8 + 1
-#: where the property bytes start in a buffered content header frame
-_HEADER_FRAME_PROPERTIES_AT = FRAME_HEADER_SIZE + CONTENT_PROPERTIES_AT
 #: the smallest content header frame up to its end octet
 _HEADER_FRAME_MIN = FRAME_HEADER_SIZE + CONTENT_HEADER_MIN_SIZE
 
@@ -418,9 +416,10 @@ class ConnectionEngine:
             payload = None
             if n - off >= FRAME_HEADER_SIZE:
                 ftype, chno, size = _unpack_frameHeader(buf, off)
-                end = off + FRAME_HEADER_SIZE + size
+                start = off + FRAME_HEADER_SIZE
+                end = start + size
                 if size <= reader.frameMax and end < n and buf[end] == FRAME_END:
-                    payload = buf[off + FRAME_HEADER_SIZE : end]
+                    payload = buf[start:end]
                     reader.offset = end + 1
             if payload is None:
                 f = self._nextFrame()
@@ -581,24 +580,26 @@ class ConnectionEngine:
         n = len(buf)
         if n - o >= _HEADER_FRAME_MIN and self.joinContent:
             ftype, chno, hsize = _unpack_frameHeader(buf, o)
-            hend = o + FRAME_HEADER_SIZE + hsize
+            hstart = o + FRAME_HEADER_SIZE
+            hend = hstart + hsize
             if (ftype == FRAME_HEADER and chno == ch.number and CONTENT_HEADER_MIN_SIZE <= hsize <= reader.frameMax
                     and hend < n and buf[hend] == FRAME_END):
-                classId, _, bodySize = _unpack_HHQ(buf, o + FRAME_HEADER_SIZE)
+                classId, _, bodySize = _unpack_HHQ(buf, hstart)
                 if classId == CLASS_BASIC and bodySize <= self.maxMessageSize:
                     if not bodySize:
                         reader.offset = hend + 1
                         return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
-                                buf[o + _HEADER_FRAME_PROPERTIES_AT : hend], b"")
+                                buf[hstart + CONTENT_PROPERTIES_AT : hend], b"")
                     b = hend + 1
                     if n - b >= FRAME_HEADER_SIZE:
                         ftype, bch, bsize = _unpack_frameHeader(buf, b)
-                        bend = b + FRAME_HEADER_SIZE + bsize
+                        bstart = b + FRAME_HEADER_SIZE
+                        bend = bstart + bsize
                         if (ftype == FRAME_BODY and bch == chno and bsize == bodySize and bsize <= reader.frameMax
                                 and bend < n and buf[bend] == FRAME_END):
                             reader.offset = bend + 1
                             return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
-                                    buf[o + _HEADER_FRAME_PROPERTIES_AT : hend], buf[b + FRAME_HEADER_SIZE : bend])
+                                    buf[hstart + CONTENT_PROPERTIES_AT : hend], buf[bstart:bend])
         ch.pending = True
         ch.header = None
         return (PUBLISH, ch.number, exchange, routingKey, bool(bits & 1), address)
