@@ -304,14 +304,14 @@ async def waitUntilAsync(predicate, timeout=5.0, interval=0.01):
         await asyncio.sleep(interval)
 
 
-async def pollGetAsync(queue, timeout=5.0, interval=0.01):
+async def pollGetAsync(queue, timeout=5.0, interval=0.01, noAck=True):
     """
-    aio-pika ``basic.get`` (no-ack) from ``queue`` until a message arrives or
+    aio-pika ``basic.get`` from ``queue`` until a message arrives or
     ``timeout`` seconds pass; return the message or None.
     """
 
     async def get():
-        return await queue.get(no_ack=True, fail=False)
+        return await queue.get(no_ack=noAck, fail=False)
 
     return await waitUntilAsync(get, timeout, interval)
 
