@@ -19,13 +19,15 @@ sleep: a loaded machine makes a test slower, not red.
 """
 
 import asyncio
+import inspect
 import os
 import sys
 import time
 import uuid
 from urllib.parse import urlparse
 
-from twisted.internet import reactor, threads, utils
+from twisted.internet import reactor, task, threads, utils
+from twisted.internet.defer import inlineCallbacks, returnValue
 from twisted.trial.unittest import SkipTest, TestCase
 
 EXTERNAL_URL = os.environ.get("OTTER_TEST_AMQP_URL")
@@ -293,12 +295,15 @@ def waitCount(channel, queue, expected, timeout=5.0):
 
 async def waitUntilAsync(predicate, timeout=5.0, interval=0.01):
     """
-    Await ``predicate()`` (a coroutine function) until its result is true or
-    ``timeout`` seconds pass; return its last result.
+    Call ``predicate()`` (a plain or a coroutine function: its result is
+    awaited when awaitable) until its result is true or ``timeout`` seconds
+    pass; return its last result.
     """
     deadline = time.monotonic() + timeout
     while True:
-        result = await predicate()
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
         if result or time.monotonic() > deadline:
             return result
         await asyncio.sleep(interval)
@@ -320,3 +325,18 @@ async def messageCountAsync(channel, name):
     """Ready-message count (int) of queue ``name`` from an aio-pika passive declare."""
     queue = await channel.declare_queue(name, passive=True)
     return queue.declaration_result.message_count
+
+
+@inlineCallbacks
+def waitUntilDeferred(produce, ready=bool, timeout=15.0, interval=0.2):
+    """
+    On the reactor thread: call ``produce()`` (returning a Deferred) until
+    ``ready(result)`` or ``timeout`` seconds pass, ``interval`` seconds
+    apart on the reactor; a Deferred firing with the last result.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = yield produce()
+        if ready(result) or time.monotonic() > deadline:
+            returnValue(result)
+        yield task.deferLater(reactor, interval, lambda: None)

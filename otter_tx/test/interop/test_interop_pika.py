@@ -154,19 +154,6 @@ def exchangeExists(connection, exchange):
     return True
 
 
-def waitGone(predicate, timeout=5.0):
-    """
-    Poll ``predicate()`` until it is false or ``timeout`` seconds pass;
-    return its last value.
-    """
-    deadline = time.monotonic() + timeout
-    while predicate():
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 class PikaTestCase(InteropTestCase):
     """
     Helpers for pika tests: connections opened through ``runPika`` are
@@ -475,7 +462,7 @@ class ConnectionTests(PikaTestCase):
             other = connect()
             self.assertTrue(queueExists(other, queue))
             first.close()
-            self.assertFalse(waitGone(lambda: queueExists(other, queue)))
+            self.assertTrue(waitUntil(lambda: not queueExists(other, queue)))
 
         return self.runPika(body)
 
@@ -768,7 +755,7 @@ class ExchangeTests(PikaTestCase):
             channel.queue_unbind(q1, name)
             self.assertTrue(exchangeExists(connection, name))
             channel.queue_delete(q2)
-            self.assertFalse(waitGone(lambda: exchangeExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not exchangeExists(connection, name)))
 
         return self.runPika(body)
 
@@ -799,7 +786,7 @@ class ExchangeTests(PikaTestCase):
             channel.exchange_declare(name, "fanout", auto_delete=True)
             channel.exchange_bind("amq.fanout", name)
             channel.exchange_unbind("amq.fanout", name)
-            self.assertFalse(waitGone(lambda: exchangeExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not exchangeExists(connection, name)))
 
         return self.runPika(body)
 
@@ -1482,7 +1469,7 @@ class QueueTests(PikaTestCase):
             channel.basic_cancel(first)
             self.assertTrue(queueExists(connection, name))
             channel.basic_cancel(second)
-            self.assertFalse(waitGone(lambda: queueExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not queueExists(connection, name)))
 
         return self.runPika(body)
 
@@ -1499,7 +1486,7 @@ class QueueTests(PikaTestCase):
             channel.queue_declare(name, auto_delete=True)
             channel.basic_consume(name, lambda *a: None)
             channel.close()
-            self.assertFalse(waitGone(lambda: queueExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not queueExists(connection, name)))
 
         return self.runPika(body)
 

@@ -64,15 +64,6 @@ async def queueExists(channel, name):
     return not isinstance(getattr(result, "delivery", None), pamqp.commands.Basic.Return)
 
 
-async def waitFor(queue, received, count, timeout=2.0):
-    """
-    Wait until the list ``received`` has ``count`` items.
-    """
-    deadline = time.monotonic() + timeout
-    while len(received) < count and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-
-
 class AioTTLCase(InteropTestCase):
     """
     Base class: run a coroutine with a fresh aio-pika connection; delete
@@ -296,7 +287,7 @@ class ExpiryTests(AioTTLCase):
 
             await source.consume(onMessage, no_ack=True)
             await x.publish(aio_pika.Message(b"ready"), routing_key=source.name)
-            await waitFor(source, received, 1)
+            await waitUntilAsync(lambda: len(received) >= 1, timeout=2.0)
             self.assertEqual(received, [b"ready"])
             await asyncio.sleep(0.1)
             self.assertEqual(await messageCountAsync(channel, dlq.name), 0)
@@ -323,7 +314,7 @@ class ExpiryTests(AioTTLCase):
                 received.append(message.body)
 
             await consumed.consume(onMessage, no_ack=True)
-            await waitFor(consumed, received, 2)
+            await waitUntilAsync(lambda: len(received) >= 2, timeout=2.0)
             await asyncio.sleep(0.2)
             self.assertEqual(received, [b"A", b"C"])
 
