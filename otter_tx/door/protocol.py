@@ -267,8 +267,10 @@ class AMQPServerProtocol(Protocol):
 
     def pauseProducing(self):
         """
-        The socket's write buffer is over Twisted's ``bufferSize`` (64 KiB):
-        consumers here take no more messages until it drains.
+        The socket's write buffer is over Twisted's ``bufferSize`` (64 KiB;
+        on plain TCP the :class:`~otter_tx.door.writer.EagerWriter` says so
+        for the transport): consumers here take no more messages until it
+        drains.
         """
         self._transportPaused = True
         self.paused = True
