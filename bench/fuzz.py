@@ -24,7 +24,6 @@ import collections
 import os
 import random
 import socket
-import struct
 import sys
 import threading
 import time

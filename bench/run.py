@@ -44,7 +44,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import socket

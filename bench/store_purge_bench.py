@@ -6,7 +6,8 @@ with the real reactor, without AMQP:
 
 - ``ack``: a queue of N persistent messages (default 500,000) is acked at
   ``--ack-rate`` messages/s (default 100,000/s, faster than one AMQP
-  consumer acks on otter_tx; 1,000 ``dequeue`` calls per reactor turn) while a second publisher publishes one persistent message at a time into
+  consumer acks on otter_tx; 1,000 ``dequeue`` calls per reactor turn) while a second publisher publishes
+  one persistent message at a time into
   another queue and waits for its ``sync()`` (a confirm window of 1); the
   second publisher's confirm latency p50 / p99 / max is printed.
 - ``purge``: the same with one ``purgeQueue`` of the N-message queue instead

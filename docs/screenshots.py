@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 
 from twisted.internet import reactor, threads

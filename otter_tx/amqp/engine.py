@@ -70,7 +70,23 @@ import struct
 from otter_tx.amqp import spec
 from otter_tx.amqp.codec import FrameSyntaxError, decodeTable
 from otter_tx.amqp.errors import AMQPError, erlBinary, octetsSnippet
-from otter_tx.amqp.frames import HEARTBEAT_FRAME, FrameReader, contentFrames, methodFrame, packFrameHeader
+from otter_tx.amqp.frames import (
+    CONTENT_HEADER_MIN_SIZE,
+    CONTENT_PROPERTIES_AT,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    HEARTBEAT_FRAME,
+    FrameReader,
+    contentFrames,
+    methodFrame,
+    packFrameHeader,
+)
+from otter_tx.amqp.spec import CLASS_BASIC, CLASS_CHANNEL
 
 SERVER = "server"
 CLIENT = "client"
@@ -130,11 +146,21 @@ _unpack_Q = struct.Struct("!Q").unpack_from
 _pack_Q = struct.Struct("!Q").pack
 _pack_I = struct.Struct("!I").pack
 
-_DELIVER_PREFIX = b"\x00\x3c\x00\x3c"
-_GET_OK_PREFIX = b"\x00\x3c\x00\x47"
-# basic.ack / basic.nack (publisher confirms): class 60, method 80 / 120
-_ACK_PREFIX = b"\x00\x3c\x00\x50"
-_NACK_PREFIX = b"\x00\x3c\x00\x78"
+_PUBLISH_PREFIX = spec.BasicPublish.PREFIX
+_DELIVER_PREFIX = spec.BasicDeliver.PREFIX
+_GET_OK_PREFIX = spec.BasicGetOk.PREFIX
+# basic.ack / basic.nack (publisher confirms and the client's acks)
+_ACK_PREFIX = spec.BasicAck.PREFIX
+_NACK_PREFIX = spec.BasicNack.PREFIX
+_CONNECTION_CLOSE_PREFIX = spec.ConnectionClose.PREFIX
+_CONNECTION_CLOSE_OK_PREFIX = spec.ConnectionCloseOk.PREFIX
+#: payload octets of basic.ack / basic.nack: class and method ids, delivery-tag (8), bits (1)
+_ACK_SIZE = 4 + 8 + 1
+#: payload octets of basic.deliver besides its consumer tag and address:
+#: class and method ids, delivery-tag (8), redelivered (1)
+_DELIVER_FIXED_SIZE = 4 + 8 + 1
+#: the smallest content header frame up to its end octet
+_HEADER_FRAME_MIN = FRAME_HEADER_SIZE + CONTENT_HEADER_MIN_SIZE
 
 #: channel methods a client may send (server role); others are 503 "not allowed on a channel"
 _CLIENT_CHANNEL_METHODS = frozenset([
@@ -384,16 +410,17 @@ class ConnectionEngine:
             # the hot path parses a frame that is wholly buffered here, over
             # the reader's buffer; FrameReader.nextFrame does the rest
             # (errors, a frame still arriving)
-            buf = reader._buf
-            off = reader._off
+            buf = reader.buffer
+            off = reader.offset
             n = len(buf)
             payload = None
-            if n - off >= 7:
+            if n - off >= FRAME_HEADER_SIZE:
                 ftype, chno, size = _unpack_frameHeader(buf, off)
-                end = off + 7 + size
-                if size <= reader.frameMax and end < n and buf[end] == 0xCE:
-                    payload = buf[off + 7 : end]
-                    reader._off = end + 1
+                start = off + FRAME_HEADER_SIZE
+                end = start + size
+                if size <= reader.frameMax and end < n and buf[end] == FRAME_END:
+                    payload = buf[start:end]
+                    reader.offset = end + 1
             if payload is None:
                 f = self._nextFrame()
                 if f is None:
@@ -403,18 +430,20 @@ class ConnectionEngine:
             if state is not OPEN and state is CLOSING:
                 # only connection.close / close-ok matter now; the rest is
                 # dropped (rabbit_reader in its 'closed' state)
-                if ftype == 1 and chno == 0 and len(payload) >= 4:
-                    ids = _unpack_HH(payload, 0)
-                    if ids == (10, 50):
+                if ftype == FRAME_METHOD and chno == 0:
+                    ids = payload[:4]
+                    if ids == _CONNECTION_CLOSE_PREFIX:
                         # crossing closes: answer, and wait for the peer's
                         # close-ok or for it to drop the socket
                         return (SEND, methodFrame(0, spec.ConnectionCloseOk()))
-                    if ids == (10, 51):
+                    if ids == _CONNECTION_CLOSE_OK_PREFIX:
                         self.state = CLOSED
                         self._reader.clear()
                         return (CONNECTION_CLOSE_OK,)
                 continue
-            if ftype != 3 and ((ftype == 1 and size < 4) or (ftype == 2 and size < 14) or (ftype == 8 and size)):
+            if ftype != FRAME_BODY and ((ftype == FRAME_METHOD and size < 4)
+                                        or (ftype == FRAME_HEADER and size < CONTENT_HEADER_MIN_SIZE)
+                                        or (ftype == FRAME_HEARTBEAT and size)):
                 # too short to name a method / to be a content header, or a
                 # heartbeat with a payload: rabbit_reader cannot even
                 # analyse it (501, on any channel)
@@ -424,14 +453,15 @@ class ConnectionEngine:
             try:
                 if ch is not None:
                     # the hot path: frames on an open channel
-                    if ftype == 3:
+                    if ftype == FRAME_BODY:
                         if ch.closing:
                             continue
                         parts = ch.bodyParts
                         if parts is None:
                             if ch.pending is not None:
                                 raise _unexpectedInContent("content header")
-                            raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+                            raise AMQPError(spec.UNEXPECTED_FRAME,
+                                            "expected method frame, got non method frame instead")
                         remaining = ch.remaining = ch.remaining - size
                         if remaining > 0:
                             parts.append(payload)
@@ -444,25 +474,25 @@ class ConnectionEngine:
                         event = (CONTENT, chno, ch.header, payload)
                         ch.pending = ch.header = ch.bodyParts = None
                         return event
-                    if ftype == 1:
+                    if ftype == FRAME_METHOD:
                         if ch.pending is None and not ch.closing:
                             ids = payload[:4]
-                            if ids == b"\x00\x3c\x00\x28":
+                            if ids == _PUBLISH_PREFIX:
                                 return self._publish(ch, payload)
-                            if ids == _ACK_PREFIX and size == 13:
+                            if ids == _ACK_PREFIX and size == _ACK_SIZE:
                                 return (ACK, chno, _unpack_Q(payload, 4)[0], bool(payload[12] & 1))
                         event = self._channelMethod(ch, payload)
                         if event is None:
                             continue
                         return event
-                    if ftype == 2:
+                    if ftype == FRAME_HEADER:
                         if ch.closing:
                             continue
                         if ch.pending is not None and ch.header is None:
                             classId, _, bodySize = _unpack_HHQ(payload, 0)
-                            if classId == 60 and 0 < bodySize <= self.maxMessageSize:
+                            if classId == CLASS_BASIC and 0 < bodySize <= self.maxMessageSize:
                                 # the usual header: a body follows
-                                ch.header = payload[12:]
+                                ch.header = payload[CONTENT_PROPERTIES_AT:]
                                 ch.bodyParts = []
                                 ch.remaining = bodySize
                                 continue
@@ -485,16 +515,16 @@ class ConnectionEngine:
             # we sent channel.close: only close-ok ends it; a crossing
             # channel.close from the peer is answered but the channel stays
             # until our close is acknowledged (rabbit_reader, closing channel)
-            if classId == 20:
-                if methodId == 41:
+            if classId == CLASS_CHANNEL:
+                if methodId == spec.ChannelCloseOk.METHOD_ID:
                     del self.channels[ch.number]
                     return (CHANNEL_CLOSED, ch.number)
-                if methodId == 40:
+                if methodId == spec.ChannelClose.METHOD_ID:
                     return (SEND, methodFrame(ch.number, spec.ChannelCloseOk()))
             return None
         if ch.pending is not None:
             raise _unexpectedInContent("content header" if ch.header is None else "content body")
-        if classId == 60 and methodId == 80:
+        if classId == CLASS_BASIC and methodId == spec.BasicAck.METHOD_ID:
             # the fast path in nextEvent took every basic.publish and every
             # well-formed basic.ack (delivery-tag, 8 octets, and the bits
             # octet) of an open channel with no content pending; what is left
@@ -545,29 +575,31 @@ class ConnectionEngine:
         # the whole message (anything else takes the frame-by-frame path,
         # with its errors)
         reader = self._reader
-        buf = reader._buf
-        o = reader._off
+        buf = reader.buffer
+        o = reader.offset
         n = len(buf)
-        if n - o >= 21 and self.joinContent:
+        if n - o >= _HEADER_FRAME_MIN and self.joinContent:
             ftype, chno, hsize = _unpack_frameHeader(buf, o)
-            hend = o + 7 + hsize
-            if (ftype == 2 and chno == ch.number and 14 <= hsize <= reader.frameMax and hend < n
-                    and buf[hend] == 0xCE):
-                classId, _, bodySize = _unpack_HHQ(buf, o + 7)
-                if classId == 60 and bodySize <= self.maxMessageSize:
+            hstart = o + FRAME_HEADER_SIZE
+            hend = hstart + hsize
+            if (ftype == FRAME_HEADER and chno == ch.number and CONTENT_HEADER_MIN_SIZE <= hsize <= reader.frameMax
+                    and hend < n and buf[hend] == FRAME_END):
+                classId, _, bodySize = _unpack_HHQ(buf, hstart)
+                if classId == CLASS_BASIC and bodySize <= self.maxMessageSize:
                     if not bodySize:
-                        reader._off = hend + 1
+                        reader.offset = hend + 1
                         return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
-                                buf[o + 19 : hend], b"")
+                                buf[hstart + CONTENT_PROPERTIES_AT : hend], b"")
                     b = hend + 1
-                    if n - b >= 7:
+                    if n - b >= FRAME_HEADER_SIZE:
                         ftype, bch, bsize = _unpack_frameHeader(buf, b)
-                        bend = b + 7 + bsize
-                        if (ftype == 3 and bch == chno and bsize == bodySize and bsize <= reader.frameMax
-                                and bend < n and buf[bend] == 0xCE):
-                            reader._off = bend + 1
+                        bstart = b + FRAME_HEADER_SIZE
+                        bend = bstart + bsize
+                        if (ftype == FRAME_BODY and bch == chno and bsize == bodySize and bsize <= reader.frameMax
+                                and bend < n and buf[bend] == FRAME_END):
+                            reader.offset = bend + 1
                             return (MESSAGE, chno, exchange, routingKey, bool(bits & 1), address,
-                                    buf[o + 19 : hend], buf[b + 7 : bend])
+                                    buf[hstart + CONTENT_PROPERTIES_AT : hend], buf[bstart:bend])
         ch.pending = True
         ch.header = None
         return (PUBLISH, ch.number, exchange, routingKey, bool(bits & 1), address)
@@ -586,7 +618,7 @@ class ConnectionEngine:
         if ch.header is not None:
             raise _unexpectedInContent("content body")
         classId, _, size = _unpack_HHQ(payload, 0)
-        if classId != 60:
+        if classId != CLASS_BASIC:
             raise AMQPError(
                 spec.UNEXPECTED_FRAME,
                 "expected content header for class 60, got one for class %d instead" % (classId,),
@@ -599,7 +631,7 @@ class ConnectionEngine:
                 "message size %d is larger than configured max size %d" % (size, self.maxMessageSize),
                 spec.BasicPublish,
             )
-        propsRaw = payload[12:]
+        propsRaw = payload[CONTENT_PROPERTIES_AT:]
         if size == 0:
             ch.pending = None
             return (CONTENT, ch.number, propsRaw, b"")
@@ -610,29 +642,29 @@ class ConnectionEngine:
 
     def _otherFrame(self, ftype, chno, payload):
         if chno == 0:
-            if ftype == 1:
+            if ftype == FRAME_METHOD:
                 return self._connectionMethod(payload)
-            if ftype == 8:
+            if ftype == FRAME_HEARTBEAT:
                 return None
-            if ftype in (2, 3):
+            if ftype in (FRAME_HEADER, FRAME_BODY):
                 # rabbit_reader: content frames on channel 0
                 raise AMQPError(spec.UNEXPECTED_FRAME, octetsSnippet("type %d, " % (ftype,), payload))
             raise _unknownFrame(ftype, payload)
         if self.state is not OPEN:
             raise AMQPError(spec.CHANNEL_ERROR, "channel %d used before connection.open" % chno)
-        if ftype == 1:
+        if ftype == FRAME_METHOD:
             return self._openChannel(chno, payload)
-        if ftype in (2, 3):
+        if ftype in (FRAME_HEADER, FRAME_BODY):
             # content frames on a channel that is not open: RabbitMQ's
             # command assembler expects a method first
             raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        if ftype == 8:
+        if ftype == FRAME_HEARTBEAT:
             raise AMQPError(spec.UNEXPECTED_FRAME, octetsSnippet("type 8, ", payload))
         raise _unknownFrame(ftype, payload)
 
     def _openChannel(self, chno, payload):
         classId, methodId = _unpack_HH(payload, 0)
-        if (classId, methodId) != (20, 10):
+        if (classId, methodId) != (spec.ChannelOpen.CLASS_ID, spec.ChannelOpen.METHOD_ID):
             raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'", spec.METHODS.get((classId, methodId)))
         # RabbitMQ limits how many channels are open, not the channel number
         if len(self.channels) >= self.channelMax:
@@ -706,7 +738,7 @@ class ConnectionEngine:
             if f is None:
                 return None
             ftype, chno, payload = f
-            if ftype == 1:
+            if ftype == FRAME_METHOD:
                 cls = spec.METHODS.get(_unpack_HH(payload, 0))
                 if cls is None:
                     raise AMQPError(spec.COMMAND_INVALID, "unknown method %r" % (payload[:4],))
@@ -720,7 +752,7 @@ class ConnectionEngine:
                     continue
                 self._clientTransition(cls)
                 return (METHOD, chno, m)
-            if ftype == 2:
+            if ftype == FRAME_HEADER:
                 ch = channels.get(chno)
                 if ch is None or ch.pending is None:
                     raise AMQPError(spec.UNEXPECTED_FRAME, "content header without a method")
@@ -728,12 +760,12 @@ class ConnectionEngine:
                 if size == 0:
                     m = ch.pending
                     ch.reset()
-                    return (CONTENT, chno, m, payload[12:], b"")
-                ch.header = payload[12:]
+                    return (CONTENT, chno, m, payload[CONTENT_PROPERTIES_AT:], b"")
+                ch.header = payload[CONTENT_PROPERTIES_AT:]
                 ch.bodyParts = []
                 ch.remaining = size
                 continue
-            if ftype == 3:
+            if ftype == FRAME_BODY:
                 ch = channels.get(chno)
                 if ch is None or ch.bodyParts is None:
                     raise AMQPError(spec.UNEXPECTED_FRAME, "content body without a header")
@@ -744,7 +776,7 @@ class ConnectionEngine:
                     ch.reset()
                     return event
                 continue
-            if ftype == 8:
+            if ftype == FRAME_HEARTBEAT:
                 return (HEARTBEAT, chno)
             raise _unknownFrame(ftype, payload)
 
@@ -911,7 +943,7 @@ class ConnectionEngine:
         :param body: bytes, split by the negotiated frame_max.
         """
         size = len(body)
-        if not 0 < size <= self.frameMax - 8:
+        if not 0 < size <= self.frameMax - FRAME_OVERHEAD:
             payload = b"".join(
                 (_DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
                  address)
@@ -919,11 +951,11 @@ class ConnectionEngine:
             return contentFrames(number, payload, header, body, self.frameMax)
         # the hot path: one body frame, built in one join
         return b"".join((
-            packFrameHeader(1, number, 13 + len(consumerTagBytes) + len(address)),
+            packFrameHeader(FRAME_METHOD, number, _DELIVER_FIXED_SIZE + len(consumerTagBytes) + len(address)),
             _DELIVER_PREFIX, consumerTagBytes, _pack_Q(deliveryTag), b"\x01" if redelivered else b"\x00",
             address, b"\xce",
-            packFrameHeader(2, number, len(header)), header, b"\xce",
-            packFrameHeader(3, number, size), body, b"\xce",
+            packFrameHeader(FRAME_HEADER, number, len(header)), header, b"\xce",
+            packFrameHeader(FRAME_BODY, number, size), body, b"\xce",
         ))
 
     def getOk(self, number, deliveryTag, redelivered, address, messageCount, header, body):
@@ -946,7 +978,7 @@ class ConnectionEngine:
         multiple=true`` (every earlier publish is already settled: confirms
         go out in order); a nack is ``multiple=false, requeue=false``.
         """
-        header = packFrameHeader(1, number, 13)
+        header = packFrameHeader(FRAME_METHOD, number, _ACK_SIZE)
         out = []
         runEnd = None
         for seq, ok in confirms:

@@ -14,11 +14,18 @@ import struct
 from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, octetsSnippet
 
-FRAME_METHOD = 1
-FRAME_HEADER = 2
-FRAME_BODY = 3
-FRAME_HEARTBEAT = 8
-FRAME_END = 0xCE
+from otter_tx.amqp.spec import FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD  # noqa: F401
+
+#: octets before a frame's payload: type (1), channel (2), payload size (4)
+FRAME_HEADER_SIZE = 7
+#: octets of a frame besides its payload: the header and the end octet
+FRAME_OVERHEAD = FRAME_HEADER_SIZE + 1
+#: the smallest content header payload: class id (2), weight (2), body size
+#: (8), property flags (2)
+CONTENT_HEADER_MIN_SIZE = 14
+#: where a content header payload's property flags, then property list (the
+#: publisher's property bytes), start
+CONTENT_PROPERTIES_AT = 12
 
 #: the heartbeat frame (type 8 on channel 0, empty payload)
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -48,10 +55,10 @@ def contentFrames(channel, methodPayload, header, body, frameMax):
     """
     pack = _frameHeader.pack
     parts = [
-        pack(1, channel, len(methodPayload)),
+        pack(FRAME_METHOD, channel, len(methodPayload)),
         methodPayload,
         b"\xce",
-        pack(2, channel, len(header)),
+        pack(FRAME_HEADER, channel, len(header)),
         header,
         b"\xce",
     ]
@@ -59,13 +66,13 @@ def contentFrames(channel, methodPayload, header, body, frameMax):
     if size:
         chunk = frameMax - 8
         if size <= chunk:
-            parts.append(pack(3, channel, size))
+            parts.append(pack(FRAME_BODY, channel, size))
             parts.append(body)
             parts.append(b"\xce")
         else:
             for i in range(0, size, chunk):
                 piece = body[i : i + chunk]
-                parts.append(pack(3, channel, len(piece)))
+                parts.append(pack(FRAME_BODY, channel, len(piece)))
                 parts.append(piece)
                 parts.append(b"\xce")
     return b"".join(parts)
@@ -81,12 +88,22 @@ class FrameReader:
     :ivar frameMax: the largest frame (bytes, header and end octet
         included) accepted; a header announcing a larger payload is refused
         as soon as it arrives.
+    :ivar buffer: received octets (bytes); those from ``offset`` on are not
+        yet returned as frames, and a frame, when one is buffered, starts
+        at ``offset``.  Empty while a frame larger than 64 KiB is being
+        gathered.  Read-only for callers.
+    :ivar offset: index (int) in ``buffer`` of the first octet not yet
+        returned.  A caller may parse a frame in place (the engine's hot
+        path parses the usual wholly buffered frames without a call per
+        frame): having checked the whole frame, end octet included, it sets
+        ``offset`` just past that end octet, and takes anything else
+        through :meth:`nextFrame`.
     """
 
     def __init__(self, frameMax):
         self.frameMax = frameMax
-        self._buf = b""
-        self._off = 0
+        self.buffer = b""
+        self.offset = 0
         self._parts = None  # [bytes] gathering one large frame
         self._partsLen = 0
         self._need = 0
@@ -98,23 +115,23 @@ class FrameReader:
             parts.append(data)
             self._partsLen += len(data)
             if self._partsLen >= self._need:
-                self._buf = b"".join(parts)
-                self._off = 0
+                self.buffer = b"".join(parts)
+                self.offset = 0
                 self._parts = None
             return
-        off = self._off
-        if off == len(self._buf):
-            self._buf = data
+        off = self.offset
+        if off == len(self.buffer):
+            self.buffer = data
         else:
             # the unparsed rest is less than one frame
-            self._buf = self._buf[off:] + data
-        self._off = 0
+            self.buffer = self.buffer[off:] + data
+        self.offset = 0
 
     def buffered(self):
         """Octets received and not yet returned as frames (int)."""
         if self._parts is not None:
             return self._partsLen
-        return len(self._buf) - self._off
+        return len(self.buffer) - self.offset
 
     def take(self, n):
         """
@@ -123,22 +140,22 @@ class FrameReader:
         """
         if self._parts is not None:
             self.feed(b"")
-        if self._parts is not None or len(self._buf) - self._off < n:
+        if self._parts is not None or len(self.buffer) - self.offset < n:
             return None
-        off = self._off
-        self._off = off + n
-        return self._buf[off : off + n]
+        off = self.offset
+        self.offset = off + n
+        return self.buffer[off : off + n]
 
     def peek(self):
         """Every unparsed octet buffered (bytes), not consumed."""
         if self._parts is not None:
             return b"".join(self._parts)
-        return self._buf[self._off :]
+        return self.buffer[self.offset :]
 
     def clear(self):
         """Drop everything buffered (after a fatal error: the rest is not parsed)."""
-        self._buf = b""
-        self._off = 0
+        self.buffer = b""
+        self.offset = 0
         self._parts = None
 
     def nextFrame(self):
@@ -151,10 +168,10 @@ class FrameReader:
         ``frameMax`` (RabbitMQ lets up to ``frameMax`` through but names
         ``frameMax - 8`` as the limit), ``{invalid_frame_end_marker, N}``.
         """
-        buf = self._buf
-        off = self._off
+        buf = self.buffer
+        off = self.offset
         n = len(buf)
-        if n - off < 7:
+        if n - off < FRAME_HEADER_SIZE:
             return None
         ftype, chno, size = _frameHeader.unpack_from(buf, off)
         if size > self.frameMax:
@@ -162,20 +179,21 @@ class FrameReader:
                 spec.FRAME_ERROR,
                 "type %d, all octets = <<>>: {frame_too_large,%d,%d}" % (ftype, size, self.frameMax - 8),
             )
-        end = off + 7 + size
+        end = off + FRAME_HEADER_SIZE + size
         if end >= n:
             if size > 65536:
                 # gather a large frame in a list, joined once complete
                 self._parts = [buf[off:]]
                 self._partsLen = n - off
-                self._need = size + 8
-                self._buf = b""
-                self._off = 0
+                self._need = size + FRAME_OVERHEAD
+                self.buffer = b""
+                self.offset = 0
             return None
-        if buf[end] != 0xCE:
+        if buf[end] != FRAME_END:
             raise AMQPError(
                 spec.FRAME_ERROR,
-                "%s: {invalid_frame_end_marker,%d}" % (octetsSnippet("type %d, " % (ftype,), buf[off + 7 : end]), buf[end]),
+                "%s: {invalid_frame_end_marker,%d}"
+                % (octetsSnippet("type %d, " % (ftype,), buf[off + FRAME_HEADER_SIZE : end]), buf[end]),
             )
-        self._off = end + 1
-        return ftype, chno, buf[off + 7 : end]
+        self.offset = end + 1
+        return ftype, chno, buf[off + FRAME_HEADER_SIZE : end]

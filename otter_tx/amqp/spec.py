@@ -2,7 +2,8 @@
 AMQP 0-9-1 constants and method classes.
 
 Each method is a small class (``ConnectionStart``, ``BasicPublish`` ...) with
-``CLASS_ID``, ``METHOD_ID``, ``NAME`` (``"basic.publish"``), ``FIELDS`` and
+``CLASS_ID``, ``METHOD_ID``, ``PREFIX`` (the two as the first four octets
+of its method frame payload), ``NAME`` (``"basic.publish"``), ``FIELDS`` and
 the wire type letters ``TYPES`` (see :mod:`otter_tx.amqp.codec`), plus
 attributes named after the spec's fields (``reserved_1`` for the reserved
 ones).  Source: the AMQP 0-9-1 XML spec (amqp0-9-1.extended.xml as shipped
@@ -18,6 +19,11 @@ FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_MIN_SIZE = 4096
+
+#: class ids (AMQP 0-9-1 section 1.3 onwards)
+CLASS_CONNECTION = 10
+CLASS_CHANNEL = 20
+CLASS_BASIC = 60
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 #: the 0-9 header (txAMQP and other old clients); RabbitMQ accepts it too
@@ -79,6 +85,8 @@ class Method:
     __slots__ = ()
     CLASS_ID = 0
     METHOD_ID = 0
+    #: the four octets (class id, method id) that open its method frame payload
+    PREFIX = b"\x00\x00\x00\x00"
     NAME = ""
     FIELDS = ()
     TYPES = ""
@@ -150,6 +158,7 @@ def _method(pyname, name, classId, methodId, fields, content=False):
             "__slots__": tuple(names),
             "CLASS_ID": classId,
             "METHOD_ID": methodId,
+            "PREFIX": codec._pack_H(classId) + codec._pack_H(methodId),
             "NAME": name,
             "FIELDS": tuple(names),
             "TYPES": "".join(types),

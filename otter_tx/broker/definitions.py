@@ -300,8 +300,8 @@ def importDefinitions(broker, doc, vhost=None):
     vhost) the per-vhost form (``GET /api/definitions/{vhost}``: policies,
     parameters, queues, exchanges and bindings, their ``vhost`` fields
     ignored; users, vhosts, permissions, global parameters and operator
-    policies there are reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not imported
-    (empty when all were); each is also logged.  Raises
+    policies there are reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not
+    imported (empty when all were); each is also logged.  Raises
     :class:`DefinitionsError` when ``doc`` is not a definitions object.
     """
     if not isinstance(doc, dict):

@@ -161,7 +161,10 @@ class OperatorPolicy(Policy):
 
 
 def checkOperatorKeys(definition):
-    """PolicyError ``[{<<"k">>,v}] are not recognised policy settings`` for a key not in :data:`OPERATOR_POLICY_KEYS`."""
+    """
+    PolicyError ``[{<<"k">>,v}] are not recognised policy settings`` for a key not in
+    :data:`OPERATOR_POLICY_KEYS`.
+    """
     for k, v in dict(definition).items():
         if k not in OPERATOR_POLICY_KEYS:
             raise PolicyError("[{<<\"%s\">>,%s}] are not recognised policy settings"

@@ -222,13 +222,6 @@ class Queue:
         """Consumers (int)."""
         return len(self.consumers)
 
-    # --- counts -----------------------------------------------------------
-
-    @property
-    def consumerCount(self):
-        """Consumers (int)."""
-        return len(self.consumers)
-
     @property
     def readyCount(self):
         """Messages ready for delivery, paged ones included (int)."""

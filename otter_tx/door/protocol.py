@@ -39,6 +39,7 @@ from otter_tx.broker.access import LOOPBACK_ONLY, certificateLogin, login
 from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
 from otter_tx.door.channel import Channel
 from otter_tx.door.tls import CertificateLogin, certificateInfo, peerCertificate
+from otter_tx.door.writer import EagerWriter
 
 __all__ = ["AMQPServerFactory", "AMQPServerProtocol", "HEARTBEAT_FRAME", "frame", "methodFrame"]
 
@@ -173,9 +174,15 @@ class AMQPServerProtocol(Protocol):
                 setNoDelay(True)
             except OSError:
                 pass
-        self.transport.registerProducer(self, True)
-        # plain TCP (not TLS): write straight to the socket when nothing is queued
-        self._eagerWrites = isinstance(self.transport, _TCPConnection)
+        if isinstance(self.transport, _TCPConnection):
+            # plain TCP (not TLS): write straight to the socket when the
+            # transport holds nothing of ours (otter_tx.door.writer)
+            writer = EagerWriter(self.transport, self)
+            self._write = writer.write
+            self._loseConnection = writer.loseConnection
+        else:
+            # TLS and the rest: through the transport (the methods below)
+            self.transport.registerProducer(self, True)
         self.connectedAt = self.clock.seconds()
         peer = self.transport.getPeer()
         self.peer = peer
@@ -272,8 +279,10 @@ class AMQPServerProtocol(Protocol):
 
     def pauseProducing(self):
         """
-        The socket's write buffer is over Twisted's ``bufferSize`` (64 KiB):
-        consumers here take no more messages until it drains.
+        The socket's write buffer is over Twisted's ``bufferSize`` (64 KiB;
+        on plain TCP the :class:`~otter_tx.door.writer.EagerWriter` says so
+        for the transport): consumers here take no more messages until it
+        drains.
         """
         self._transportPaused = True
         self.paused = True
@@ -334,28 +343,21 @@ class AMQPServerProtocol(Protocol):
             self.sendCount += 1
             self._write(data)
 
-    _eagerWrites = False
-
     def _write(self, data):
         """
-        Hand ``data`` to the transport, writing it to the socket at once when
-        the transport's buffer is empty (the usual case).  Twisted's
-        ``write`` only buffers and registers the socket for writability, so
-        every reply cost another reactor turn and two ``epoll_ctl`` calls;
-        at low message rates that was a large part of the broker's CPU per
-        message (docs/performance.md).  Whatever the socket does not take
-        goes through ``transport.write`` as before, so ordering and
-        back-pressure (``pauseProducing``) are unchanged.  Only plain TCP
-        transports (``twisted.internet.tcp.Connection``) take this path.
+        Hand ``data`` to the transport; on plain TCP this is an
+        :class:`~otter_tx.door.writer.EagerWriter`'s, which writes straight
+        to the socket when the transport holds nothing of ours: Twisted's
+        ``write`` only buffers and registers the socket for writability,
+        so every reply cost another reactor turn and two ``epoll_ctl``
+        calls (docs/performance.md).  Everything this connection writes
+        goes through here, so bytes keep their order.
         """
-        t = self.transport
-        if self._eagerWrites and not t._tempDataLen and t.offset == len(t.dataBuffer) and not t.disconnecting:
-            n = t.writeSomeData(data)
-            if n.__class__ is int:
-                if n == len(data):
-                    return
-                data = data[n:]
-        t.write(data)
+        self.transport.write(data)
+
+    def _loseConnection(self):
+        """Close once what is buffered is written (on plain TCP the ``EagerWriter``'s)."""
+        self.transport.loseConnection()
 
     def sendMethod(self, channel, method):
         """Send one method frame."""
@@ -588,8 +590,8 @@ class AMQPServerProtocol(Protocol):
         elif kind is _engine.BAD_HEADER:
             # AMQP 0-9-1 section 4.2.2: answer with our header and close
             self._dropped = True
-            self.transport.write(spec.PROTOCOL_HEADER)
-            self.transport.loseConnection()
+            self._write(spec.PROTOCOL_HEADER)
+            self._loseConnection()
         elif kind is _engine.START_OK:
             self._startOk(event[1])
         elif kind is _engine.TUNE_OK:
@@ -631,7 +633,7 @@ class AMQPServerProtocol(Protocol):
             if self.peerCertificate is not None:
                 self.peerCertificateInfo = certificateInfo(self.peerCertificate)
                 mechanisms += b" EXTERNAL"
-        self.transport.write(self.engine.start(props, mechanisms))
+        self._write(self.engine.start(props, mechanisms))
 
     def _startOk(self, m):
         self.clientProperties = m.client_properties or {}
@@ -722,7 +724,7 @@ class AMQPServerProtocol(Protocol):
             self.transport.abortConnection()
             return
         if outcome is not None:
-            self.transport.write(outcome)
+            self._write(outcome)
         self._scheduleHeartbeat()
 
     def _open(self, m):
@@ -886,8 +888,8 @@ class AMQPServerProtocol(Protocol):
         if self._out:
             data = b"".join(self._out)
             self._out = None
-            self.transport.write(data)
-            self.transport.loseConnection()
+            self._write(data)
+            self._loseConnection()
         else:
             self.transport.abortConnection()
 

@@ -165,7 +165,10 @@ def relativeMemory(breakdown):
 
 
 def binaryBreakdown(broker):
-    """``binary`` (``?binary=true``): :data:`BINARY_KEYS`, the ready message bodies (bytes) under ``queue_procs``, 0 elsewhere."""
+    """
+    ``binary`` (``?binary=true``): :data:`BINARY_KEYS`, the ready message bodies (bytes) under
+    ``queue_procs``, 0 elsewhere.
+    """
     out = dict.fromkeys(BINARY_KEYS, 0)
     out["queue_procs"] = broker.queuedBytes()
     return out

@@ -117,7 +117,7 @@ class CrashTests(TestCase):
                     if m[0] is not None:
                         held.append(m[2])
                 return c  # keep it open, unacked, until the kill
-            conn = yield threads.deferToThread(hold)
+            conn = yield threads.deferToThread(hold)  # noqa: F841 (held open, unacked, until the kill)
         stop = threading.Event()
         t = threading.Thread(target=_publishUntilKilled, args=(port, start, confirmed, stop))
         t.start()

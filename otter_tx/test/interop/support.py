@@ -12,15 +12,22 @@ run as child processes through :meth:`InteropTestCase.runProcess`.
 
 Against an external broker every test must clean up the entities it
 creates; names get a per-test unique suffix from :meth:`InteropTestCase.name`.
+
+Waiting is polling for a condition with a deadline (:func:`waitUntil`,
+:func:`pollGet`, :func:`waitCount` and their asyncio forms), never a fixed
+sleep: a loaded machine makes a test slower, not red.
 """
 
 import asyncio
+import inspect
 import os
 import sys
+import time
 import uuid
 from urllib.parse import urlparse
 
-from twisted.internet import reactor, threads, utils
+from twisted.internet import reactor, task, threads, utils
+from twisted.internet.defer import inlineCallbacks, returnValue
 from twisted.trial.unittest import SkipTest, TestCase
 
 EXTERNAL_URL = os.environ.get("OTTER_TEST_AMQP_URL")
@@ -228,3 +235,108 @@ def pamqpInt(value):
 
 
 PYTHON = sys.executable
+
+
+# --- waiting: poll a condition until a deadline ---------------------------------
+
+
+def waitUntil(predicate, timeout=5.0, interval=0.01, connection=None):
+    """
+    Call ``predicate()`` until it returns something true or ``timeout``
+    seconds pass; return its last result.  Between calls the worker thread
+    sleeps ``interval`` seconds or, given a pika ``BlockingConnection`` as
+    ``connection``, processes that connection's I/O for as long (so that
+    its consumer and return callbacks run).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() > deadline:
+            return result
+        if connection is None:
+            time.sleep(interval)
+        else:
+            connection.process_data_events(time_limit=interval)
+
+
+def pollGet(channel, queue, timeout=5.0, interval=0.01, autoAck=True):
+    """
+    pika ``basic.get`` from ``queue`` until a message arrives or ``timeout``
+    seconds pass: ``(method, properties, body)`` or None.
+    """
+
+    def get():
+        method, properties, body = channel.basic_get(queue, auto_ack=autoAck)
+        return None if method is None else (method, properties, body)
+
+    return waitUntil(get, timeout, interval)
+
+
+def messageCount(channel, queue):
+    """Ready-message count (int) of ``queue`` from a pika passive ``queue.declare``."""
+    return channel.queue_declare(queue, passive=True).method.message_count
+
+
+def waitCount(channel, queue, expected, timeout=5.0):
+    """
+    Poll the ready count of ``queue`` (pika) until it equals ``expected`` or
+    ``timeout`` seconds pass (declare-ok counts lag publishes in RabbitMQ);
+    return the last count.
+    """
+    counts = []
+
+    def reached():
+        counts.append(messageCount(channel, queue))
+        return counts[-1] == expected
+
+    waitUntil(reached, timeout, 0.02)
+    return counts[-1]
+
+
+async def waitUntilAsync(predicate, timeout=5.0, interval=0.01):
+    """
+    Call ``predicate()`` (a plain or a coroutine function: its result is
+    awaited when awaitable) until its result is true or ``timeout`` seconds
+    pass; return its last result.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(interval)
+
+
+async def pollGetAsync(queue, timeout=5.0, interval=0.01, noAck=True):
+    """
+    aio-pika ``basic.get`` from ``queue`` until a message arrives or
+    ``timeout`` seconds pass; return the message or None.
+    """
+
+    async def get():
+        return await queue.get(no_ack=noAck, fail=False)
+
+    return await waitUntilAsync(get, timeout, interval)
+
+
+async def messageCountAsync(channel, name):
+    """Ready-message count (int) of queue ``name`` from an aio-pika passive declare."""
+    queue = await channel.declare_queue(name, passive=True)
+    return queue.declaration_result.message_count
+
+
+@inlineCallbacks
+def waitUntilDeferred(produce, ready=bool, timeout=15.0, interval=0.2):
+    """
+    On the reactor thread: call ``produce()`` (returning a Deferred) until
+    ``ready(result)`` or ``timeout`` seconds pass, ``interval`` seconds
+    apart on the reactor; a Deferred firing with the last result.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = yield produce()
+        if ready(result) or time.monotonic() > deadline:
+            returnValue(result)
+        yield task.deferLater(reactor, interval, lambda: None)

@@ -16,7 +16,14 @@ import asyncio
 import datetime
 from decimal import Decimal
 
-from otter_tx.test.interop.support import InteropTestCase, pamqpInt, requireModule
+from otter_tx.test.interop.support import (
+    InteropTestCase,
+    messageCountAsync,
+    pamqpInt,
+    pollGetAsync,
+    requireModule,
+    waitUntilAsync,
+)
 
 #: seconds a whole scenario may take before it is abandoned
 SCENARIO_TIMEOUT = 30
@@ -26,16 +33,10 @@ async def getWithin(queue, timeout=5.0, noAck=False):
     """
     Poll ``queue.get`` until a message arrives; fail after ``timeout`` s.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        message = await queue.get(no_ack=noAck, fail=False)
-        if message is not None:
-            return message
-        if loop.time() > deadline:
-            raise AssertionError("no message on %s within %ss" % (
-                queue.name, timeout))
-        await asyncio.sleep(0.02)
+    message = await pollGetAsync(queue, timeout, 0.02, noAck=noAck)
+    if message is None:
+        raise AssertionError("no message on %s within %ss" % (queue.name, timeout))
+    return message
 
 
 async def collect(q, count, timeout=5.0):
@@ -325,7 +326,7 @@ class AioPikaTests(InteropTestCase):
             self.assertEqual(second.body, b"again")
             self.assertTrue(second.redelivered)
             await second.reject(requeue=False)
-            await asyncio.sleep(0.1)
+            # the channel handles the reject before the get
             self.assertIsNone(await queue.get(fail=False))
 
         return self.runScenario(scenario)
@@ -388,15 +389,21 @@ class AioPikaTests(InteropTestCase):
             received = asyncio.Queue()
             await queue.consume(received.put)
             first = await collect(received, 2)
-            await asyncio.sleep(0.3)
+
+            async def ready(count):
+                # the broker delivered exactly 5 - count: no delivery is still coming
+                return await waitUntilAsync(lambda: readyIs(count))
+
+            async def readyIs(count):
+                return await messageCountAsync(channel, queue.name) == count
+
+            self.assertTrue(await ready(3))
             self.assertEqual(received.qsize(), 0)
             await first[0].ack()
             third = await collect(received, 1)
             self.assertEqual(third[0].body, b"p2")
-            await asyncio.sleep(0.2)
+            self.assertTrue(await ready(2))
             self.assertEqual(received.qsize(), 0)
-            again = await channel.declare_queue(queue.name, passive=True)
-            self.assertEqual(again.declaration_result.message_count, 2)
 
         return self.runScenario(scenario)
 
@@ -496,7 +503,8 @@ class AioPikaTests(InteropTestCase):
             await tx.select()
             await channel.default_exchange.publish(
                 aio_pika.Message(b"committed"), queue.name)
-            await asyncio.sleep(0.1)
+            # a round trip on the tx channel: the publish was handled, and held
+            await channel.declare_queue(queue.name, passive=True)
             self.assertIsNone(await queue.get(fail=False))
             await tx.commit()
             self.assertEqual(
@@ -504,7 +512,6 @@ class AioPikaTests(InteropTestCase):
             await channel.default_exchange.publish(
                 aio_pika.Message(b"rolled-back"), queue.name)
             await tx.rollback()
-            await asyncio.sleep(0.1)
             self.assertIsNone(await queue.get(fail=False))
 
         return self.runScenario(scenario)

@@ -20,7 +20,7 @@ import time
 from twisted.internet import reactor, threads
 from twisted.trial.unittest import SkipTest
 
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, ManagementMixin, inProcessOnly
+from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, ManagementMixin, inProcessOnly, waitUntil
 from otter_tx.test.interop.test_interop_flow import _frame, _shortstr
 HUGE = "1000000GB"
 NORMAL = "50MB"
@@ -67,12 +67,7 @@ class DiskAlarmTests(ManagementMixin, InteropTestCase):
 
     def waitFor(self, predicate, seconds=15):
         """Poll ``predicate()`` until true (or the deadline); returns its last value."""
-        deadline = time.monotonic() + seconds
-        value = predicate()
-        while not value and time.monotonic() < deadline:
-            time.sleep(0.1)
-            value = predicate()
-        return value
+        return waitUntil(predicate, seconds, 0.1)
 
     # --- the test ---------------------------------------------------------------
 

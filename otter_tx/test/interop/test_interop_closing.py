@@ -22,7 +22,6 @@ run against it in CI (``OTTER_TEST_AMQP_URL``, ``OTTER_TEST_MGMT_URL``):
 The frames are built with the independent codec of ``test_interop_raw``.
 """
 
-import os
 import select
 import socket
 import struct
@@ -32,7 +31,7 @@ from urllib.parse import quote
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, ManagementMixin, inProcessOnly
+from otter_tx.test.interop.support import InteropTestCase, ManagementMixin, inProcessOnly
 from otter_tx.test.interop.test_interop_raw import (
     CHANNEL_OPEN_OK,
     CONNECTION_CLOSE,

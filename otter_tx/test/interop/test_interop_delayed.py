@@ -10,7 +10,7 @@ import time
 import aio_pika
 import pika
 
-from otter_tx.test.interop.support import InteropTestCase, inProcessOnly
+from otter_tx.test.interop.support import InteropTestCase, inProcessOnly, waitCount
 
 NO_PLUGIN = "Debian's RabbitMQ 3.10 ships without the delayed-message plugin"
 
@@ -69,8 +69,8 @@ class PikaDelayedTests(InteropTestCase):
                 returned = False
             except pika.exceptions.UnroutableError:
                 returned = True
-            time.sleep(0.3)
-            n = ch.queue_declare(q, passive=True).method.message_count
+            # returned (no queue bound when it was published), then delivered after its delay
+            n = waitCount(ch, q, 1)
             ch.exchange_delete(ex)
             c.close()
             return returned, n

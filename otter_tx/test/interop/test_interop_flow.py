@@ -8,7 +8,7 @@ import socket
 import struct
 import time
 
-from otter_tx.test.interop.support import InteropTestCase, inProcessOnly
+from otter_tx.test.interop.support import InteropTestCase, inProcessOnly, waitUntil
 
 
 class MemoryAlarmTests(InteropTestCase):
@@ -85,10 +85,13 @@ class SlowConsumerTests(InteropTestCase):
                 for _ in range(total):
                     ch.basic_publish("", q, body)
                 ch.queue_declare(q, passive=True)  # round trip: all publishes processed
-                time.sleep(0.3)
-                queue = self.fixture.broker.vhosts["/"].queues[q]
-                ready = queue.readyCount
-                conn = [c for c in self.fixture.broker.connections if c.paused]
+                broker = self.fixture.broker
+
+                def pausedConnections():
+                    return [c for c in list(broker.connections) if c.paused]
+
+                conn = waitUntil(pausedConnections)
+                ready = broker.vhosts["/"].queues[q].readyCount
                 return ready, len(conn)
             finally:
                 s.close()
@@ -118,8 +121,7 @@ def _rawConsumer(host, port, queue):
     s = socket.create_connection((host, port), timeout=5)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.sendall(b"AMQP\x00\x00\x09\x01")
-    time.sleep(0.1)
-    s.recv(65536)
+    s.recv(65536)  # connection.start
     s.sendall(_frame(1, 0, struct.pack("!HH", 10, 11) + b"\x00\x00\x00\x00" + _shortstr("PLAIN")
                      + struct.pack("!I", 12) + b"\x00guest\x00guest" + _shortstr("en_US")))
     s.sendall(_frame(1, 0, struct.pack("!HHHIH", 10, 31, 2047, 131072, 0)))
@@ -127,7 +129,13 @@ def _rawConsumer(host, port, queue):
     s.sendall(_frame(1, 1, struct.pack("!HH", 20, 10) + _shortstr("")))
     s.sendall(_frame(1, 1, struct.pack("!HHH", 60, 20, 0) + _shortstr(queue) + _shortstr("slow")
                      + b"\x02" + b"\x00\x00\x00\x00"))
-    time.sleep(0.2)
+    # read up to basic.consume-ok (class 60, method 21): the consumer is there
+    seen = b""
+    while b"\x00\x3c\x00\x15" not in seen:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before basic.consume-ok: %r" % (seen,))
+        seen += chunk
     return s
 
 

@@ -20,12 +20,11 @@ import json
 import os
 from urllib.parse import quote, urlparse
 
-from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks, returnValue
-from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest
 
+from otter_tx.test.interop.support import waitUntilDeferred
 from otter_tx.test.interop.test_interop_http import EXTERNAL_MGMT, ManagementHTTPCase
 
 EXTERNAL_AMQP = os.environ.get("OTTER_TEST_AMQP_URL")
@@ -198,15 +197,9 @@ class _ManagementFixture(ManagementHTTPCase):
     @inlineCallbacks
     def _poll(self, check, what, deadline=30.0):
         """Call ``check()`` (a Deferred of a bool) until it is true, every 0.2 s for up to ``deadline`` s."""
-        waited = 0.0
-        while True:
-            done = yield check()
-            if done:
-                return
-            if waited >= deadline:
-                self.fail("timed out waiting for %s" % (what,))
-            yield deferLater(reactor, 0.2, lambda: None)
-            waited += 0.2
+        done = yield waitUntilDeferred(check, timeout=deadline)
+        if not done:
+            self.fail("timed out waiting for %s" % (what,))
 
 
 class EndpointAuthorisationTests(_ManagementFixture):

@@ -34,7 +34,7 @@ import pika.compat
 import pika.exceptions
 import pika.spec
 
-from otter_tx.test.interop.support import InteropTestCase
+from otter_tx.test.interop.support import InteropTestCase, messageCount, waitCount, waitUntil
 
 NO_ROUTE = 312
 
@@ -95,48 +95,11 @@ def drain(channel, queue):
         bodies.append(body)
 
 
-def waitUntil(connection, predicate, timeout=5.0):
-    """
-    Process I/O on ``connection`` until ``predicate()`` is true or
-    ``timeout`` seconds pass; return the last value of ``predicate()``.
-    """
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        connection.process_data_events(time_limit=0.02)
-    return predicate()
-
-
-def settle(connection, seconds=0.25):
-    """
-    Process I/O on ``connection`` for ``seconds`` so that anything the
-    broker wrongly still sends arrives before an assertion.
-    """
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.02)
-
-
 def declareOk(channel, queue):
     """
     Passive-declare ``queue``; return the ``Queue.DeclareOk`` method.
     """
     return channel.queue_declare(queue, passive=True).method
-
-
-def waitCount(channel, queue, expected, timeout=5.0):
-    """
-    Poll the ready count of ``queue`` until it equals ``expected`` or
-    ``timeout`` seconds pass (declare-ok counts lag publishes in RabbitMQ);
-    return the last count.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        count = declareOk(channel, queue).message_count
-        if count == expected or time.monotonic() > deadline:
-            return count
-        time.sleep(0.02)
 
 
 def publisher(connection):
@@ -189,19 +152,6 @@ def exchangeExists(connection, exchange):
         return False
     channel.close()
     return True
-
-
-def waitGone(predicate, timeout=5.0):
-    """
-    Poll ``predicate()`` until it is false or ``timeout`` seconds pass;
-    return its last value.
-    """
-    deadline = time.monotonic() + timeout
-    while predicate():
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class PikaTestCase(InteropTestCase):
@@ -436,11 +386,10 @@ class ConnectionTests(PikaTestCase):
 
         def body(connect):
             connection = connect(heartbeat=1)
-            settle(connection, 3.0)
+            checker = connection._impl._heartbeat_checker
+            waitUntil(lambda: checker._heartbeat_frames_received >= 2, timeout=10, connection=connection)
             self.assertTrue(connection.is_open)
-            self.assertGreaterEqual(
-                connection._impl._heartbeat_checker._heartbeat_frames_received, 2
-            )
+            self.assertGreaterEqual(checker._heartbeat_frames_received, 2)
             roundTrip(connection.channel())
 
         return self.runPika(body)
@@ -513,7 +462,7 @@ class ConnectionTests(PikaTestCase):
             other = connect()
             self.assertTrue(queueExists(other, queue))
             first.close()
-            self.assertFalse(waitGone(lambda: queueExists(other, queue)))
+            self.assertTrue(waitUntil(lambda: not queueExists(other, queue)))
 
         return self.runPika(body)
 
@@ -806,7 +755,7 @@ class ExchangeTests(PikaTestCase):
             channel.queue_unbind(q1, name)
             self.assertTrue(exchangeExists(connection, name))
             channel.queue_delete(q2)
-            self.assertFalse(waitGone(lambda: exchangeExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not exchangeExists(connection, name)))
 
         return self.runPika(body)
 
@@ -819,7 +768,7 @@ class ExchangeTests(PikaTestCase):
         def body(connect):
             connection = connect()
             connection.channel().exchange_declare(name, "direct", auto_delete=True)
-            settle(connection, 0.2)
+            # auto-delete acts when a binding goes, not on a timer: declare-ok is the barrier
             self.assertTrue(exchangeExists(connection, name))
 
         return self.runPika(body)
@@ -837,7 +786,7 @@ class ExchangeTests(PikaTestCase):
             channel.exchange_declare(name, "fanout", auto_delete=True)
             channel.exchange_bind("amq.fanout", name)
             channel.exchange_unbind("amq.fanout", name)
-            self.assertFalse(waitGone(lambda: exchangeExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not exchangeExists(connection, name)))
 
         return self.runPika(body)
 
@@ -1520,7 +1469,7 @@ class QueueTests(PikaTestCase):
             channel.basic_cancel(first)
             self.assertTrue(queueExists(connection, name))
             channel.basic_cancel(second)
-            self.assertFalse(waitGone(lambda: queueExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not queueExists(connection, name)))
 
         return self.runPika(body)
 
@@ -1537,7 +1486,7 @@ class QueueTests(PikaTestCase):
             channel.queue_declare(name, auto_delete=True)
             channel.basic_consume(name, lambda *a: None)
             channel.close()
-            self.assertFalse(waitGone(lambda: queueExists(connection, name)))
+            self.assertTrue(waitUntil(lambda: not queueExists(connection, name)))
 
         return self.runPika(body)
 
@@ -1550,7 +1499,7 @@ class QueueTests(PikaTestCase):
         def body(connect):
             connection = connect()
             connection.channel().queue_declare(name, auto_delete=True)
-            settle(connection, 0.2)
+            # auto-delete acts when a consumer goes, not on a timer: declare-ok is the barrier
             self.assertTrue(queueExists(connection, name))
 
         return self.runPika(body)
@@ -2009,14 +1958,19 @@ class QosTests(PikaTestCase):
             def counts():
                 return tuple(len(deliveries[q]) for q in queues)
 
-            waitUntil(connection, lambda: sum(counts()) >= total)
-            settle(connection)
+            def allArrived():
+                # every delivery the broker made (what left the queues' ready
+                # counts) has reached the client: nothing more is coming
+                return 10 - sum(messageCount(channel, q) for q in queues) == sum(counts())
+
+            waitUntil(lambda: sum(counts()) >= total, connection=connection)
+            waitUntil(allArrived, connection=connection)
             result = [counts()]
             if ackFirstOf is not None:
                 held = deliveries[queues[ackFirstOf]] or deliveries[queues[1 - ackFirstOf]]
                 channel.basic_ack(held[0].delivery_tag)
-                waitUntil(connection, lambda: sum(counts()) >= total + 1)
-                settle(connection)
+                waitUntil(lambda: sum(counts()) >= total + 1, connection=connection)
+                waitUntil(allArrived, connection=connection)
                 result.append(counts())
             return result
 
@@ -2158,12 +2112,15 @@ class ConsumeTests(PikaTestCase):
             consumer = connection.channel()
             got = []
             consumer.basic_consume(queue, lambda ch, m, p, b: got.append(b), auto_ack=True)
-            waitUntil(connection, lambda: len(got) == 3)
+            waitUntil(lambda: len(got) == 3, connection=connection)
             consumer.close()
-            settle(connection, 0.1)
             self.assertEqual(got, [b"1", b"2", b"3"])
-            ok = declareOk(channel, queue)
-            self.assertEqual((ok.message_count, ok.consumer_count), (0, 0))
+
+            def counts():
+                ok = declareOk(channel, queue)
+                return (ok.message_count, ok.consumer_count)
+
+            self.assertTrue(waitUntil(lambda: counts() == (0, 0)))
 
         return self.runPika(body)
 
@@ -2181,7 +2138,7 @@ class ConsumeTests(PikaTestCase):
             consumer = connection.channel()
             got = []
             tag = consumer.basic_consume(queue, lambda ch, m, p, b: got.append((m, b)))
-            waitUntil(connection, lambda: len(got) == 2)
+            waitUntil(lambda: len(got) == 2, connection=connection)
             self.assertEqual([(m.consumer_tag, m.redelivered, b) for m, b in got],
                              [(tag, False, b"1"), (tag, False, b"2")])
             consumer.close()
@@ -2204,7 +2161,7 @@ class ConsumeTests(PikaTestCase):
             channel.basic_consume(queue, lambda ch, m, p, b: got["a"].append(b), auto_ack=True)
             channel.basic_consume(queue, lambda ch, m, p, b: got["b"].append(b), auto_ack=True)
             publishMany(publisher(connection), queue, [b"%d" % i for i in range(6)])
-            waitUntil(connection, lambda: len(got["a"]) + len(got["b"]) == 6)
+            waitUntil(lambda: len(got["a"]) + len(got["b"]) == 6, connection=connection)
             self.assertEqual((len(got["a"]), len(got["b"])), (3, 3))
 
         return self.runPika(body)
@@ -2290,7 +2247,9 @@ class ConsumeTests(PikaTestCase):
             self.assertEqual(declareOk(channel, queue).consumer_count, 1)
             self.assertEqual(channel.basic_cancel(tag), [])
             publisher(connection).basic_publish("", queue, b"after-cancel")
-            settle(connection)
+            # it waits in the queue: not delivered to the cancelled consumer
+            self.assertEqual(waitCount(channel, queue, 1), 1)
+            connection.process_data_events(time_limit=0)
             self.assertEqual(got, [])
             ok = declareOk(channel, queue)
             self.assertEqual((ok.message_count, ok.consumer_count), (1, 0))
@@ -2348,7 +2307,7 @@ class ConsumeTests(PikaTestCase):
             channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method))
             tag = channel.basic_consume(name, lambda *a: None)
             connect().channel().queue_delete(name)
-            waitUntil(connection, lambda: cancelled)
+            waitUntil(lambda: cancelled, connection=connection)
             self.assertEqual([m.consumer_tag for m in cancelled], [tag])
             self.assertTrue(channel.is_open)
             roundTrip(channel)
@@ -2379,7 +2338,7 @@ class PublishTests(PikaTestCase):
             channel.basic_publish(
                 "amq.direct", key, b"back", pika.BasicProperties(message_id="m1"), mandatory=True
             )
-            waitUntil(connection, lambda: returned)
+            waitUntil(lambda: returned, connection=connection)
             [(method, props, body_)] = returned
             self.assertEqual(
                 (method.reply_code, method.reply_text, method.exchange, method.routing_key),
@@ -2403,7 +2362,9 @@ class PublishTests(PikaTestCase):
             channel.add_on_return_callback(lambda *a: returned.append(a))
             channel.basic_publish("", queue, b"kept", mandatory=True)
             self.assertEqual(waitCount(channel, queue, 1), 1)
-            settle(connection, 0.1)
+            # a basic.return would come before the reply to a later method on the channel
+            roundTrip(channel)
+            connection.process_data_events(time_limit=0)
             self.assertEqual(returned, [])
 
         return self.runPika(body)
@@ -2419,8 +2380,9 @@ class PublishTests(PikaTestCase):
             returned = []
             channel.add_on_return_callback(lambda *a: returned.append(a))
             channel.basic_publish("amq.direct", self.name("unbound"), b"x")
+            # a basic.return would come before the reply to a later method on the channel
             roundTrip(channel)
-            settle(connection, 0.1)
+            connection.process_data_events(time_limit=0)
             self.assertEqual(returned, [])
 
         return self.runPika(body)
@@ -2640,7 +2602,7 @@ class GetAckTests(PikaTestCase):
             getter = connection.channel()
             self.assertEqual(getter.basic_get(queue, auto_ack=True)[2], b"1")
             getter.close()
-            settle(connection, 0.1)
+            self.assertEqual(waitCount(channel, queue, 2), 2)
             self.assertEqual(drain(channel, queue), [b"2", b"3"])
 
         return self.withMessages(f)
@@ -2688,8 +2650,7 @@ class GetAckTests(PikaTestCase):
             getter.basic_ack(0, multiple=True)
             roundTrip(getter)
             getter.close()
-            settle(connection, 0.2)
-            self.assertEqual(declareOk(channel, queue).message_count, 0)
+            self.assertEqual(waitCount(channel, queue, 0), 0)
 
         return self.withMessages(f)
 
@@ -2719,7 +2680,7 @@ class GetAckTests(PikaTestCase):
             tag = getter.basic_get(queue)[0].delivery_tag
             getter.basic_nack(tag, requeue=False)
             getter.close()
-            settle(connection, 0.1)
+            self.assertEqual(waitCount(channel, queue, 2), 2)
             self.assertEqual(drain(channel, queue), [b"2", b"3"])
 
         return self.withMessages(f)
@@ -2738,7 +2699,7 @@ class GetAckTests(PikaTestCase):
             getter.basic_reject(second, requeue=False)
             roundTrip(getter)
             getter.close()
-            settle(connection, 0.1)
+            self.assertEqual(waitCount(channel, queue, 2), 2)
             self.assertEqual(drain(channel, queue), [b"1", b"3"])
 
         return self.withMessages(f)
@@ -2837,9 +2798,9 @@ class GetAckTests(PikaTestCase):
         def f(connection, channel, queue):
             got = []
             channel.basic_consume(queue, lambda ch, m, p, b: got.append((m.redelivered, b)))
-            waitUntil(connection, lambda: len(got) == 3)
+            waitUntil(lambda: len(got) == 3, connection=connection)
             channel.basic_recover(requeue=True)
-            waitUntil(connection, lambda: len(got) == 6)
+            waitUntil(lambda: len(got) == 6, connection=connection)
             self.assertEqual(got[:3], [(False, b"1"), (False, b"2"), (False, b"3")])
             self.assertEqual(sorted(got[3:]), [(True, b"1"), (True, b"2"), (True, b"3")])
 
@@ -2911,7 +2872,7 @@ class PriorityTests(PikaTestCase):
                 queue, lambda ch, m, p, b: got["hi"].append(b), arguments={"x-priority": 10}
             )
             publishMany(connect().channel(), queue, [b"m%d" % i for i in range(6)])
-            waitUntil(connection, lambda: len(got["hi"]) + len(got["lo"]) == 6)
+            waitUntil(lambda: len(got["hi"]) + len(got["lo"]) == 6, connection=connection)
             self.assertEqual(got, {"hi": [b"m0", b"m1"], "lo": [b"m2", b"m3", b"m4", b"m5"]})
 
         return self.runPika(body)
@@ -2935,12 +2896,14 @@ class PriorityTests(PikaTestCase):
             )
             pub = publisher(connection)
             publishMany(pub, queue, [b"1", b"2", b"3"])
-            waitUntil(connection, lambda: len(got["first"]) == 3)
-            settle(connection, 0.1)
+            waitUntil(lambda: len(got["first"]) == 3, connection=connection)
+            # all three left the queue, to the first consumer: none is left for the second
+            self.assertEqual(waitCount(channel, queue, 0), 0)
+            connection.process_data_events(time_limit=0)
             self.assertEqual(got, {"first": [b"1", b"2", b"3"], "second": []})
             channel.basic_cancel(first)
             publishMany(pub, queue, [b"4", b"5"])
-            waitUntil(connection, lambda: len(got["second"]) == 2)
+            waitUntil(lambda: len(got["second"]) == 2, connection=connection)
             self.assertEqual(got, {"first": [b"1", b"2", b"3"], "second": [b"4", b"5"]})
 
         return self.runPika(body)
@@ -2982,8 +2945,8 @@ class TxTests(PikaTestCase):
             tx = connection.channel()
             tx.tx_select()
             publishMany(tx, queue, [b"1", b"2"])
+            # the publishes were handled before the round trip's reply: held by the transaction
             roundTrip(tx)
-            settle(connection, 0.1)
             self.assertEqual(declareOk(channel, queue).message_count, 0)
             tx.tx_commit()
             self.assertEqual(waitCount(channel, queue, 2), 2)
@@ -3028,8 +2991,7 @@ class TxTests(PikaTestCase):
             tx.basic_ack(tag)
             tx.tx_commit()
             tx.close()
-            settle(connection, 0.2)
-            self.assertEqual(declareOk(channel, queue).message_count, 0)
+            self.assertEqual(waitCount(channel, queue, 0), 0)
 
         return self.runPika(body)
 
@@ -3167,7 +3129,7 @@ class ConfirmTests(PikaTestCase):
                 ack_nack_callback=lambda frame: frames.append(frame.method),
                 callback=lambda frame: selected.append(frame),
             )
-            waitUntil(connection, lambda: selected)
+            waitUntil(lambda: selected, connection=connection)
             total = 200
             for i in range(total):
                 channel._impl.basic_publish("", queue, b"%d" % (i,))
@@ -3185,7 +3147,7 @@ class ConfirmTests(PikaTestCase):
                     confirmed.update(tags)
                 return len(confirmed) == total
 
-            waitUntil(connection, apply, timeout=10)
+            waitUntil(apply, timeout=10, connection=connection)
             self.assertEqual(confirmed, set(range(1, total + 1)))
             self.assertEqual(waitCount(channel, queue, total), total)
 
@@ -3253,7 +3215,7 @@ class ContentTests(PikaTestCase):
             self.assertEqual((body_, props.content_type), (b"", "text/plain"))
             got = []
             channel.basic_consume(queue, lambda ch, m, p, b: got.append(b), auto_ack=True)
-            waitUntil(connection, lambda: got)
+            waitUntil(lambda: got, connection=connection)
             self.assertEqual(got, [b""])
 
         return self.runPika(body)

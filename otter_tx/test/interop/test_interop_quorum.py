@@ -25,8 +25,11 @@ from otter_tx.test.interop.support import (
     ManagementMixin,
     inProcessOnly,
     onlyOtter,
+    pollGet,
+    waitCount,
+    waitUntil,
 )
-from otter_tx.test.interop.test_interop_pika import PikaTestCase, settle, waitCount, waitUntil
+from otter_tx.test.interop.test_interop_pika import PikaTestCase
 from otter_tx.test.unit.test_quorum import QQ, qq
 
 
@@ -35,12 +38,7 @@ def getOne(channel, queue, timeout=5.0, autoAck=False):
     ``basic_get`` ``queue`` until a message comes or ``timeout`` seconds
     pass; ``(method, properties, body)`` or ``(None, None, None)``.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        got = channel.basic_get(queue, auto_ack=autoAck)
-        if got[0] is not None or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
+    return pollGet(channel, queue, timeout, 0.02, autoAck=autoAck) or (None, None, None)
 
 
 def countDeliveries(channel, queue, most):
@@ -249,10 +247,11 @@ class DeliveryLimitTests(QuorumTestCase):
                 chan.basic_nack(method.delivery_tag, requeue=True)
 
             ch.basic_consume(name, onMessage)
-            waitUntil(c, lambda: len(seen) >= 4)
-            settle(c, 0.5)
-            self.assertEqual(seen, [(False, None), (True, 1), (True, 2), (True, 3)])
+            waitUntil(lambda: len(seen) >= 4, connection=c)
+            # once dead-lettered it cannot be delivered a fifth time
             method, props, got = getOne(ch, dlq, autoAck=True)
+            c.process_data_events(time_limit=0)
+            self.assertEqual(seen, [(False, None), (True, 1), (True, 2), (True, 3)])
             self.assertEqual(got, b"poison")
             self.assertEqual((method.exchange, method.routing_key), (dlx, name))
             self.assertEqual(props.delivery_mode, 2)
@@ -286,7 +285,7 @@ class DeliveryLimitTests(QuorumTestCase):
             self.assertEqual(counts, [(False, 0), (True, 1), (True, 2)])
             seen = []
             ch.basic_consume(name, lambda chan, m, p, b: (seen.append(deliveryCount(p)), chan.basic_ack(m.delivery_tag)))
-            waitUntil(c, lambda: seen)
+            waitUntil(lambda: seen, connection=c)
             self.assertEqual(seen, [3])
 
         return self.runPika(body)
@@ -415,8 +414,8 @@ class DeliveryLimitTests(QuorumTestCase):
             dlq = self.tempQueue("quorum-hq")
             ch.queue_declare(dlq, durable=True)
             ch.queue_bind(dlq, dlx)
-            settle(c, 1.0)
-            self.assertIsNone(ch.basic_get(dlq)[0])
+            # nothing arrives within a second (a poll that fails as soon as one does)
+            self.assertIsNone(getOne(ch, dlq, timeout=1.0)[0])
             self.assertIsNone(ch.basic_get(name)[0])
 
         return self.runPika(body)
@@ -512,6 +511,8 @@ class FeatureTests(QuorumTestCase):
             ch.queue_declare(name, durable=True, arguments=qq(x_message_ttl=300))
             ch.basic_publish("", name, b"a")
             ch.basic_publish("", name, b"b", pika.BasicProperties(expiration="100"))
+            # both TTLs must pass first: RabbitMQ's declare-ok count of a quorum
+            # queue lags (0 right after the publish), so it cannot be polled for
             time.sleep(0.8)
             self.assertEqual(waitCount(ch, name, 0), 0)
             self.assertIsNone(ch.basic_get(name)[0])
@@ -550,11 +551,13 @@ class FeatureTests(QuorumTestCase):
                              consumer_tag="B")
             for i in range(3):
                 ch.basic_publish("", name, str(i).encode())
-            waitUntil(c, lambda: len(got) >= 3)
+            waitUntil(lambda: len(got) >= 3, connection=c)
             ch.basic_cancel("A")
             ch.basic_publish("", name, b"3")
-            waitUntil(c, lambda: len(got) >= 4)
-            settle(c)
+            waitUntil(lambda: len(got) >= 4, connection=c)
+            # the queue is empty, every delivery acked before the cancel: nothing more comes
+            self.assertEqual(waitCount(ch, name, 0), 0)
+            c.process_data_events(time_limit=0)
             self.assertEqual(got, [("A", b"0"), ("A", b"1"), ("A", b"2"), ("B", b"3")])
 
         return self.runPika(body)
@@ -592,8 +595,10 @@ class FeatureTests(QuorumTestCase):
             ch.basic_consume(name, lambda *a: None)
             got = []
             ch.basic_consume(classic, lambda chan, m, p, b: got.append(b))
-            waitUntil(c, lambda: len(got) >= 3)
-            settle(c, 0.3)
+            waitUntil(lambda: len(got) >= 3, connection=c)
+            # two of the five are still ready: exactly three were delivered
+            self.assertEqual(waitCount(ch, classic, 2), 2)
+            c.process_data_events(time_limit=0)
             self.assertEqual(len(got), 3)
 
         return self.runPika(body)
@@ -694,7 +699,7 @@ class WorkloadTests(QuorumTestCase):
                 done.append(body)
 
             tag = ch.basic_consume(work, onMessage)
-            waitUntil(c, lambda: len(done) >= 20)
+            waitUntil(lambda: len(done) >= 20, connection=c)
             ch.basic_cancel(tag)
             self.assertEqual(done, [b"job-%d" % i for i in range(20)])
             _, props, got = getOne(ch, dead, autoAck=True)

@@ -19,15 +19,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 import uuid
 from urllib.parse import urlparse
 
-from twisted.internet import reactor, task
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks, returnValue
 from twisted.trial.unittest import SkipTest
 
-from otter_tx.test.interop.support import InteropTestCase, ManagementMixin
+from otter_tx.test.interop.support import InteropTestCase, ManagementMixin, waitUntilDeferred
 
 RABBITMQADMIN = "/usr/bin/rabbitmqadmin"
 
@@ -138,12 +137,8 @@ class RabbitmqadminTests(ManagementMixin, InteropTestCase):
     @inlineCallbacks
     def waitFor(self, produce, ready, seconds=15):
         """Call ``produce()`` (a Deferred) until ``ready(result)`` or the deadline; the last result."""
-        deadline = time.monotonic() + seconds
-        while True:
-            result = yield produce()
-            if ready(result) or time.monotonic() > deadline:
-                returnValue(result)
-            yield task.deferLater(reactor, 0.25, lambda: None)
+        result = yield waitUntilDeferred(produce, ready, seconds, 0.25)
+        returnValue(result)
 
     # --- list and show ---------------------------------------------------------
 

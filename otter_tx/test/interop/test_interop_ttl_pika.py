@@ -37,7 +37,7 @@ import pika.spec
 from pika.compat import long as pikaLong
 from pika.exceptions import ChannelClosedByBroker, NackError, UnroutableError
 
-from otter_tx.test.interop.support import InteropTestCase, onlyOtter
+from otter_tx.test.interop.support import InteropTestCase, messageCount, onlyOtter, pollGet, waitUntil
 
 PROMPT = "prompt reaping: RabbitMQ reaps only at the head"
 FORM313 = "RabbitMQ 3.13/4.x dead-letter headers (x-last-death-*); 3.10 omits them"
@@ -153,41 +153,6 @@ def typedHeaders(properties):
 
 
 # -- helpers run in the worker thread ----------------------------------------
-
-
-def pollGet(channel, queue, timeout=3.0, interval=0.01):
-    """
-    ``basic.get`` (auto-ack) from ``queue`` until a message arrives or
-    ``timeout`` seconds pass; return ``(method, properties, body)`` or None.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is not None:
-            return method, properties, body
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(interval)
-
-
-def messageCount(channel, queue):
-    """
-    Ready-message count of ``queue`` from a passive ``queue.declare``.
-    """
-    return channel.queue_declare(queue, passive=True).method.message_count
-
-
-def waitUntil(predicate, timeout=3.0, interval=0.01):
-    """
-    Call ``predicate`` until it is true or ``timeout`` seconds pass; return
-    its last result.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(interval)
 
 
 def queueExists(probeChannel, queue):
@@ -780,7 +745,8 @@ class PromptReapingTests(PikaTTLCase):
             self.assertIsNotNone(got)
             self.assertEqual(got[2], b"short")
             self.assertEqual(death(got[1])[0]["reason"], "expired")
-            self.assertLess(arrived - published, 0.1 + 0.15)
+            # on time, not when the 60 s head expires (a loaded machine adds its delay)
+            self.assertLess(arrived - published, 1.0)
             self.assertEqual(messageCount(channel, source), 1)
 
         return self.runPika(body)
@@ -797,8 +763,8 @@ class PromptReapingTests(PikaTTLCase):
                 channel.basic_publish("", queue, b"s", pika.BasicProperties(expiration="50"))
             channel.basic_publish("", queue, b"tail")
             self.assertEqual(messageCount(channel, queue), 7)
-            time.sleep(0.15)
-            self.assertEqual(messageCount(channel, queue), 2)
+            # reaped without anyone fetching: the count falls by itself
+            self.assertTrue(waitUntil(lambda: messageCount(channel, queue) == 2))
 
         return self.runPika(body)
 
@@ -852,10 +818,10 @@ class QueueExpiryTests(PikaTTLCase):
             declared = time.monotonic()
             channel.queue_declare(name, arguments={"x-expires": 400})
             self._queues.append(name)
-            time.sleep(0.2)
             self.assertTrue(queueExists(probe, name))
             gone = self._waitGone(probe, name)
             self.assertIsNotNone(gone)
+            # not before the period: declared was taken before the declare was sent
             self.assertGreater(gone - declared, 0.38)
             self.assertAsNotFound(connection, name)
 
@@ -908,12 +874,14 @@ class QueueExpiryTests(PikaTTLCase):
             self._queues.append(name)
             end = time.monotonic() + 0.8
             while True:
-                renew(channel, name)
+                # taken before the renewal is sent: the broker restarts the
+                # period later, so the queue cannot go before last + 0.3 s
                 last = time.monotonic()
+                renew(channel, name)
                 if last > end:
                     break
                 time.sleep(0.1)
-            time.sleep(0.15)
+            # it outlived its first period: renewed
             self.assertTrue(queueExists(probe, name))
             gone = self._waitGone(probe, name)
             self.assertIsNotNone(gone)
@@ -947,9 +915,9 @@ class QueueExpiryTests(PikaTTLCase):
             tag = channel.basic_consume(name, lambda *a: None, auto_ack=True)
             connection.sleep(0.7)
             self.assertTrue(queueExists(probe, name))
-            channel.basic_cancel(tag)
+            # taken before the cancel is sent: the period restarts later
             cancelled = time.monotonic()
-            time.sleep(0.15)
+            channel.basic_cancel(tag)
             self.assertTrue(queueExists(probe, name))
             gone = self._waitGone(probe, name)
             self.assertIsNotNone(gone)
@@ -1130,8 +1098,7 @@ class DeadLetterTests(PikaTTLCase):
             channel.basic_publish("", source, b"reject-me")
             method, _, payload = channel.basic_get(source)
             channel.basic_reject(method.delivery_tag, requeue=False)
-            time.sleep(0.2)
-            self.assertEqual(messageCount(channel, source), 0)
+            self.assertTrue(waitUntil(lambda: messageCount(channel, source) == 0))
             # the same channel still works
             queue = self.queue(channel, "after")
             channel.basic_publish("", queue, b"ok")
@@ -1471,7 +1438,8 @@ class CycleTests(PikaTTLCase):
             channel = self.channel(connection)
             source = self.queue(channel, "self", **{"x-message-ttl": 50, "x-dead-letter-exchange": ""})
             channel.basic_publish("", source, b"m")
-            time.sleep(0.15)
+            self.assertTrue(waitUntil(lambda: messageCount(channel, source) == 0))
+            # and it does not come back
             for i in range(10):
                 self.assertEqual(messageCount(channel, source), 0)
                 time.sleep(0.03)

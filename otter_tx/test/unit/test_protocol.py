@@ -217,14 +217,39 @@ class MessagingTests(ProtocolTestCase):
         self.assertEqual(got, body)
 
     def test_contentHeaderForwardedUntouched(self):
-        """Delivered content-header property bytes are the publisher's own."""
+        """
+        Delivered content-header property bytes are the publisher's own,
+        byte for byte: a headers table with field types and key order the
+        canonical encoder would not write (``b`` and ``l`` for small
+        integers, where it writes ``I``; keys not in its order) comes back
+        as sent, not re-encoded.
+        """
+        import struct
+
+        from otter_tx.amqp.codec import decodeProperties, encodeProperties
+        from otter_tx.door.protocol import frame, methodFrame
+
         c = self.ready()
         self.declare(c)
-        props = {"content_type": "x/y", "headers": {"k": [1, 2]}, "priority": 1}
-        c.publish(1, "", "q", b"b", props=props)
+        table = b"\x01kb\x05" + b"\x01al" + struct.pack("!q", 1)
+        # property flags: content-type (bit 15) and headers (bit 13)
+        propsRaw = struct.pack("!H", 0x8000 | 0x2000) + b"\x03x/y" + struct.pack("!I", len(table)) + table
+        # the bytes decode to properties the canonical encoder writes differently
+        self.assertEqual(decodeProperties(propsRaw), {"content_type": "x/y", "headers": {"k": 5, "a": 1}})
+        self.assertNotEqual(encodeProperties(decodeProperties(propsRaw)), propsRaw)
+        c.feed(methodFrame(1, spec.BasicPublish(0, "", "q", False, False))
+               + frame(2, 1, struct.pack("!HHQ", 60, 0, 1) + propsRaw)
+               + frame(3, 1, b"b"))
+        c.transport.clear()
         c.send(1, spec.BasicGet(0, "q", True))
-        [(_, m, (got, _))] = c.received()
-        self.assertEqual(got, props)
+        raw = c.transport.value()
+        headers = []
+        while raw:
+            ftype, _, size = struct.unpack("!BHI", raw[:7])
+            if ftype == 2:
+                headers.append(raw[7 + 12 : 7 + size])
+            raw = raw[8 + size :]
+        self.assertEqual(headers, [propsRaw])
 
     def test_confirmsCoalesced(self):
         """Confirms for publishes in one read are one basic.ack multiple=true."""

@@ -8,7 +8,7 @@ interop module ``test_interop_quorum`` checks the same rules against
 RabbitMQ 3.10.
 """
 
-from twisted.internet import reactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -391,7 +391,7 @@ class DefaultLimitTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--data-dir", self.mktemp(),
                         "--default-delivery-limit", "20"])
-        self.assertEqual(tap.makeService(o, reactor=reactor).broker.defaultDeliveryLimit, 20)
+        self.assertEqual(tap.makeService(o, reactor=MemoryReactorClock()).broker.defaultDeliveryLimit, 20)
 
     def test_appliesToQuorumOnly(self):
         """The default limits quorum queues without their own limit; classic queues and explicit limits keep theirs."""
@@ -498,7 +498,7 @@ class RestartTests(SynchronousTestCase):
         broker = self.restart(store, clock)
         vh = broker.vhosts["/"]
         q = vh.declareQueue("q", None, durable=True, arguments=QQ)
-        c = vh.declareQueue("c", None, durable=True)
+        vh.declareQueue("c", None, durable=True)
         for body in (b"acked", b"keep"):
             for name in ("q", "c"):
                 vh.publish(vh.exchanges[""], msg(body, name))

@@ -7,7 +7,6 @@ send (no wire, no Twisted protocol).
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 from zope.interface.verify import verifyClass, verifyObject
 
 from otter_tx.amqp.codec import encodeProperties

@@ -10,7 +10,7 @@ import os
 import sys
 
 from twisted.application.service import IServiceMaker
-from twisted.internet import reactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.plugin import getPlugins
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
@@ -75,7 +75,7 @@ class OptionsTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--prometheus", "tcp:0",
                         "--data-dir", self.mktemp()])
-        svc = tap.makeService(o, reactor=reactor)
+        svc = tap.makeService(o, reactor=MemoryReactorClock())
         self.assertEqual([l.description for l in svc.prometheusServices], ["tcp:0"])
 
     def test_repeatableEndpoints(self):
@@ -148,7 +148,7 @@ class OptionsTests(_Parsing, SynchronousTestCase):
         o.parseOptions(["--config", path, "--amqp", "tcp:0", "--management", "tcp:0",
                         "--data-dir", self.mktemp(), "--server-property", "product=RabbitMQ",
                         "--memory-high-watermark", "1GB"])
-        svc = tap.makeService(o, reactor=reactor)
+        svc = tap.makeService(o, reactor=MemoryReactorClock())
         self.assertIsInstance(svc, OtterService)
         self.assertTrue(svc.exitOnFailure)
         self.assertIn("ttl", svc.broker.vhosts["/"].policies)
@@ -216,7 +216,7 @@ class ValidationTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--data-dir", self.mktemp(),
                         "--queue-memory-budget", "1MiB"])
-        self.assertEqual(tap.makeService(o, reactor=reactor).broker.queueMemoryBudget, 1024 * 1024)
+        self.assertEqual(tap.makeService(o, reactor=MemoryReactorClock()).broker.queueMemoryBudget, 1024 * 1024)
 
     def test_managementMaxBodySize(self):
         """--management-max-body-size takes bytes with units (20 MiB default), in the file too; 0 and junk are refused."""
@@ -235,7 +235,7 @@ class ValidationTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         o.parseOptions(["--amqp", "tcp:0", "--management", "tcp:0", "--data-dir", self.mktemp(),
                         "--management-max-body-size", "1MiB"])
-        svc = tap.makeService(o, reactor=reactor)
+        svc = tap.makeService(o, reactor=MemoryReactorClock())
         site = svc.managementServices[0].factory
         self.assertEqual(site.maxBodySize, 1024 * 1024)
 
@@ -461,7 +461,7 @@ class CertificateLoginOptionTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         o.parseOptions(["--config", path, "--amqp", "tcp:0", "--management", "tcp:0", "--prometheus", "none",
                         "--data-dir", self.mktemp()])
-        svc = tap.makeService(o, reactor)
+        svc = tap.makeService(o, MemoryReactorClock())
         self.assertEqual(svc.factory.certificateLogin.loginFrom, "common_name")
 
     def test_bad(self):
@@ -526,7 +526,7 @@ class DiskFreeLimitTests(_Parsing, SynchronousTestCase):
         o = tap.Options()
         dataDir = self.mktemp()
         o.parseOptions(["--amqp", "tcp:0", "--data-dir", dataDir, "--disk-free-limit", "2GB"])
-        svc = tap.makeService(o, reactor=reactor)
+        svc = tap.makeService(o, reactor=MemoryReactorClock())
         self.assertEqual(svc.diskMonitor.limit, 2 * 1000 ** 3)
         self.assertEqual(svc.diskMonitor.path, os.path.abspath(dataDir))
         self.assertIs(svc.broker.alarms.monitors["disk"], svc.diskMonitor)

@@ -488,7 +488,7 @@ class DeadLetterTests(BrokerTestCase):
 
     def test_cycleWithRejectContinues(self):
         """A cycle that includes a rejection keeps circulating (count on the expiring queue grows)."""
-        b1 = self.declare("b1", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b2", "x-message-ttl": 50})
+        self.declare("b1", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b2", "x-message-ttl": 50})
         b2 = self.declare("b2", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b1"})
         self.publish("b1")
         for _ in range(2):

@@ -1178,8 +1178,8 @@ class VHostLimitTests(WebTestCase):
 
     def test_validation(self):
         """Bad values and names answer 400 with RabbitMQ's texts."""
-        for value, shown in (("x", '<<"x">>'), (1.5, "1.5"), (True, "true")):
-            self.assertError(self.limit("max-queues", value), 400, "bad_request",
+        for given, shown in (("x", '<<"x">>'), (1.5, "1.5"), (True, "true")):
+            self.assertError(self.limit("max-queues", given), 400, "bad_request",
                              "Validation failed\n\nmax-queues should be a number, actually was %s\n" % (shown,))
         self.assertError(self.limit("foo", 1), 400, "bad_request",
                          'Validation failed\n\nUnrecognised terms [{<<"foo">>,1}] in limits\n')
