@@ -83,6 +83,31 @@ class LayerTests(SynchronousTestCase):
                         bad.append(os.path.relpath(path, PACKAGE))
         self.assertEqual(bad, [])
 
+    def test_roomsImportOnlyDownward(self):
+        """
+        Each package imports only from the floors below it (docs/architecture.md, "Layer rules"):
+        amqp, store and resources at the bottom; broker over them; the two doors (door, web) over
+        the broker; service, which assembles everything, on top.  No arrow runs back up.
+        """
+        below = {
+            "amqp": {"amqp"},
+            "store": {"store"},
+            "resources": {"resources"},
+            "broker": {"broker", "amqp", "store", "resources"},
+            "door": {"door", "broker", "amqp", "store", "resources"},
+            "web": {"web", "broker", "amqp", "store", "resources"},
+            "service": {"service", "door", "web", "broker", "amqp", "store", "resources"},
+        }
+        bad = []
+        for room, allowed in sorted(below.items()):
+            for path in _modules(room):
+                for module, _ in _imports(path):
+                    parts = module.split(".")
+                    if parts[0] == "otter_tx" and len(parts) > 1 and parts[1] not in allowed | {"__version__"}:
+                        if os.path.exists(os.path.join(PACKAGE, parts[1])) or parts[1] == "testing":
+                            bad.append((os.path.relpath(path, PACKAGE), module))
+        self.assertEqual(bad, [])
+
     def test_rulesSeeAViolation(self):
         """The import reader finds a global reactor import, relative imports resolved."""
         path = os.path.join(self.mktemp() + ".py")
