@@ -44,7 +44,7 @@ from otter_tx.amqp.errors import (
     notFound,
     notImplemented,
     preconditionFailed,
-    rs,
+    resourceText,
 )
 from otter_tx.broker import queue as _queuemod
 from otter_tx.broker.access import (
@@ -346,16 +346,17 @@ class Session:
         if not isInteger(priority):
             raise preconditionFailed(
                 "invalid arg 'x-priority' for %s: \"expected integer, got %s\""
-                % (rs("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
+                % (resourceText("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
             )
         if q.quorum:
             # RabbitMQ 3.10's quorum queues (docs/quorum.md): no global
             # prefetch (540, connection), and the exclusive flag is ignored
             if self.globalPrefetch:
-                raise notImplemented("%s does not support global qos" % (rs("queue", qname, self.vhost.name),))
+                raise notImplemented(
+                    "%s does not support global qos" % (resourceText("queue", qname, self.vhost.name),))
             exclusive = False
         if q.refusesConsumer(exclusive):
-            raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
+            raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
         self.consumers[tag] = c
         if reply is not None:

@@ -19,7 +19,7 @@ from otter_tx.amqp.errors import (
     notAllowed,
     preconditionFailed,
     resourceLocked,
-    rs,
+    resourceText,
 )
 from otter_tx.broker import arguments as A
 from otter_tx.broker.deadletter import DeadLetterer
@@ -100,7 +100,7 @@ def _lockedText(qname, vhost):
     return (
         "cannot obtain exclusive access to locked %s. It could be originally declared on "
         "another connection or the exclusive property value does not match that of the "
-        "original declaration." % (rs("queue", qname, vhost),)
+        "original declaration." % (resourceText("queue", qname, vhost),)
     )
 
 
@@ -174,7 +174,7 @@ class VHost:
         """
         ex = self.exchanges.get(name)
         if ex is None:
-            raise notFound("no %s" % (rs("exchange", name, self.name),))
+            raise notFound("no %s" % (resourceText("exchange", name, self.name),))
         return ex
 
     def declareExchange(self, name, type, passive=False, durable=False, autoDelete=False,
@@ -202,7 +202,7 @@ class VHost:
             if ex.type != type:
                 raise preconditionFailed(
                     "inequivalent arg 'type' for %s: received '%s' but current is '%s'"
-                    % (rs("exchange", name, self.name), type, ex.type)
+                    % (resourceText("exchange", name, self.name), type, ex.type)
                 )
             A.assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
             A.assertFlagEquivalence(
@@ -243,10 +243,10 @@ class VHost:
             return
         if name.startswith("amq."):
             raise accessRefused(
-                "deletion of system %s not allowed" % (rs("exchange", name, self.name),)
+                "deletion of system %s not allowed" % (resourceText("exchange", name, self.name),)
             )
         if ifUnused and ex.hasBindings():
-            raise preconditionFailed("%s in use" % (rs("exchange", name, self.name),))
+            raise preconditionFailed("%s in use" % (resourceText("exchange", name, self.name),))
         self._removeExchange(ex)
 
     def _removeExchange(self, ex):
@@ -275,7 +275,7 @@ class VHost:
         """
         q = self.queues.get(name)
         if q is None:
-            raise notFound("no %s" % (rs("queue", name, self.name),))
+            raise notFound("no %s" % (resourceText("queue", name, self.name),))
         if q.owner is not None and q.owner is not connection:
             raise resourceLocked(_lockedText(name, self.name))
         return q
@@ -359,11 +359,11 @@ class VHost:
             # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)
             raise notImplemented(
                 "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
-                % (rs("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
+                % (resourceText("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
         if ifUnused and q.consumers:
-            raise preconditionFailed("%s in use" % (rs("queue", q.name, self.name),))
+            raise preconditionFailed("%s in use" % (resourceText("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:
-            raise preconditionFailed("%s not empty" % (rs("queue", q.name, self.name),))
+            raise preconditionFailed("%s not empty" % (resourceText("queue", q.name, self.name),))
         if self.queues.get(q.name) is q:
             del self.queues[q.name]
         if q.owner is not None:
