@@ -21,7 +21,17 @@ from otter_tx.amqp.errors import (
     resourceLocked,
     resourceText,
 )
-from otter_tx.broker import arguments as A
+from otter_tx.broker.arguments import (
+    EQUIVALENCE_ARGS,
+    QUORUM,
+    QUORUM_EQUIVALENCE_ARGS,
+    assertArgsEquivalence,
+    assertFlagEquivalence,
+    frozenArguments,
+    queueType,
+    validateQueueArguments,
+    validateQuorumDeclare,
+)
 from otter_tx.broker.deadletter import DeadLetterer
 from otter_tx.broker.delayed import (
     DELAYED_TYPE,
@@ -204,12 +214,12 @@ class VHost:
                     "inequivalent arg 'type' for %s: received '%s' but current is '%s'"
                     % (resourceText("exchange", name, self.name), type, ex.type)
                 )
-            A.assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
-            A.assertFlagEquivalence(
+            assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
+            assertFlagEquivalence(
                 "exchange", name, self.name, "auto_delete", autoDelete, ex.autoDelete
             )
-            A.assertFlagEquivalence("exchange", name, self.name, "internal", internal, ex.internal)
-            A.assertArgsEquivalence(
+            assertFlagEquivalence("exchange", name, self.name, "internal", internal, ex.internal)
+            assertArgsEquivalence(
                 "exchange", name, self.name, arguments, ex.arguments, ("alternate-exchange",)
             )
             return ex
@@ -298,7 +308,7 @@ class VHost:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
             return q
-        quorum = A.queueType(arguments) == A.QUORUM
+        quorum = queueType(arguments) == QUORUM
         if quorum and (name == "" or serverNamed):
             raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
         if name == "":
@@ -311,17 +321,17 @@ class VHost:
                 raise resourceLocked(_lockedText(name, self.name))
             if q.owner is None and exclusive:
                 raise resourceLocked(_lockedText(name, self.name))
-            A.assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
-            A.assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
-            A.assertArgsEquivalence(
+            assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
+            assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
+            assertArgsEquivalence(
                 "queue", name, self.name, arguments, q.arguments,
-                A.QUORUM_EQUIVALENCE_ARGS if q.quorum else A.EQUIVALENCE_ARGS,
+                QUORUM_EQUIVALENCE_ARGS if q.quorum else EQUIVALENCE_ARGS,
             )
             q.touch()
             return q
-        A.validateQueueArguments(arguments, name, self.name)
+        validateQueueArguments(arguments, name, self.name)
         if quorum:
-            A.validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
+            validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
         limit = self.limit("max-queues")
         if limit is not None and len(self.queues) >= limit:
             raise preconditionFailed(
@@ -395,7 +405,7 @@ class VHost:
                 )
         if source.routing.add(destination, routingKey, arguments):
             if not isinstance(destination, Exchange):
-                destination.bindings[(source, routingKey, A.frozenArguments(arguments))] = arguments
+                destination.bindings[(source, routingKey, frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
             self.broker.entityChanged("binding", self, (source, destination, routingKey, arguments))
@@ -412,7 +422,7 @@ class VHost:
         args = arguments
         if source.routing.remove(destination, routingKey, args):
             if not isinstance(destination, Exchange):
-                destination.bindings.pop((source, routingKey, A.frozenArguments(args)), None)
+                destination.bindings.pop((source, routingKey, frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
             self.broker.entityChanged(
