@@ -77,16 +77,16 @@ def connectionName(conn):
 
 
 def channelName(ch):
-    """``"<connection name> (N)"``."""
+    """``"<connection name> (N)"`` of a Channel."""
     return "%s (%d)" % (connectionName(ch.connection), ch.number)
 
 
-def channelDetails(ch):
-    """The ``channel_details`` object of a consumer."""
-    conn = ch.connection
+def channelDetails(session):
+    """The ``channel_details`` object of a consumer, from its Session."""
+    conn = session.client
     return {
-        "name": channelName(ch),
-        "number": ch.number,
+        "name": "%s (%d)" % (connectionName(conn), session.number),
+        "number": session.number,
         "connection_name": connectionName(conn),
         "peer_host": getattr(conn.peer, "host", None),
         "peer_port": getattr(conn.peer, "port", None),
