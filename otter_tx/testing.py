@@ -37,7 +37,7 @@ class BrokerFixture:
 def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=False, **options):
     """
     Start OtterService on 127.0.0.1 port 0; fires with a :class:`BrokerFixture`.
-    ``options`` are OtterService keyword arguments (heartbeat, frameMax,
+    ``options`` are OtterService keyword arguments (heartbeat (seconds), frameMax,
     channelMax, handshakeTimeout (seconds), consumerTimeout (ms),
     memoryHighWatermark, defaultUser, defaultPass, policies ...).
 

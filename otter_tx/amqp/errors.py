@@ -60,7 +60,7 @@ def resourceAccessRefused(kind, name, vhost, user):
     exchange ``""`` is named ``amq.default``, as RabbitMQ shows it.
     """
     shown = "amq.default" if kind == "exchange" and name == "" else name
-    return accessRefused("access to %s refused for user '%s'" % (rs(kind, shown, vhost), user))
+    return accessRefused("access to %s refused for user '%s'" % (resourceText(kind, shown, vhost), user))
 
 
 def resourceLocked(text):
@@ -113,9 +113,16 @@ def internalError(text):
     return AMQPError(spec.INTERNAL_ERROR, text)
 
 
-def rs(kind, name, vhost):
+def resourceText(kind, name, vhost):
     """
-    RabbitMQ's resource rendering: ``queue 'q' in vhost '/'``.
+    Render a resource as RabbitMQ names it in reply texts (its
+    ``rabbit_misc:rs/1``): ``resourceText("queue", "q", "/")`` is
+    ``queue 'q' in vhost '/'``.
+
+    :param kind: ``"queue"`` or ``"exchange"`` (str).
+    :param name: the resource's name (str).
+    :param vhost: the virtual host's name (str).
+    :return: str.
     """
     return "%s '%s' in vhost '%s'" % (kind, name, vhost)
 

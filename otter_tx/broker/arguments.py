@@ -10,7 +10,7 @@ Every error is a channel-level 406 PRECONDITION_FAILED
 """
 
 from otter_tx.amqp.codec import TaggedInt, fieldTypeName
-from otter_tx.amqp.errors import preconditionFailed, rs
+from otter_tx.amqp.errors import preconditionFailed, resourceText
 from otter_tx.broker.message import MAX_EXPIRY_MS
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -73,7 +73,7 @@ def validateQuorumDeclare(qname, vhost, durable, exclusive, autoDelete):
     for bad, prop in ((autoDelete, "auto-delete"), (exclusive, "exclusive-owner"),
                       (not durable, "non-durable")):
         if bad:
-            raise preconditionFailed("invalid property '%s' for %s" % (prop, rs("queue", qname, vhost)))
+            raise preconditionFailed("invalid property '%s' for %s" % (prop, resourceText("queue", qname, vhost)))
 
 
 def frozenArguments(arguments):
@@ -133,7 +133,7 @@ def isInteger(v):
 
 def _invalid(key, qname, vhost, term):
     return preconditionFailed(
-        "invalid arg '%s' for %s: %s" % (key, rs("queue", qname, vhost), term)
+        "invalid arg '%s' for %s: %s" % (key, resourceText("queue", qname, vhost), term)
     )
 
 
@@ -156,7 +156,7 @@ def validateQueueArguments(args, qname, vhost):
         if quorum and key in _QUORUM_UNSUPPORTED_ARGS:
             raise preconditionFailed(
                 "invalid arg '%s' for %s of queue type rabbit_quorum_queue"
-                % (key, rs("queue", qname, vhost))
+                % (key, resourceText("queue", qname, vhost))
             )
         if key in ("x-message-ttl",):
             n = _expectInt(key, v, qname, vhost)
@@ -191,13 +191,13 @@ def validateQueueArguments(args, qname, vhost):
             if not isinstance(v, str):
                 raise preconditionFailed(
                     "invalid type '%s' for arg '%s' in %s"
-                    % (fieldTypeName(v), key, rs("queue", qname, vhost))
+                    % (fieldTypeName(v), key, resourceText("queue", qname, vhost))
                 )
         elif key == "x-dead-letter-routing-key":
             if not isinstance(v, str):
                 raise preconditionFailed(
                     "invalid type '%s' for arg '%s' in %s"
-                    % (fieldTypeName(v), key, rs("queue", qname, vhost))
+                    % (fieldTypeName(v), key, resourceText("queue", qname, vhost))
                 )
             if "x-dead-letter-exchange" not in args:
                 raise _invalid(key, qname, vhost, "routing_key_but_no_dlx_defined")
@@ -218,7 +218,7 @@ def validateQueueArguments(args, qname, vhost):
         elif key in _OTHER_TYPE_ARGS and not quorum:
             raise preconditionFailed(
                 "invalid arg '%s' for %s of queue type rabbit_classic_queue"
-                % (key, rs("queue", qname, vhost))
+                % (key, resourceText("queue", qname, vhost))
             )
 
 
@@ -246,7 +246,7 @@ def assertFlagEquivalence(kind, name, vhost, flag, received, current):
     if bool(received) != bool(current):
         raise preconditionFailed(
             "inequivalent arg '%s' for %s: received '%s' but current is '%s'"
-            % (flag, rs(kind, name, vhost), _render(bool(received)), _render(bool(current)))
+            % (flag, resourceText(kind, name, vhost), _render(bool(received)), _render(bool(current)))
         )
 
 
@@ -266,7 +266,7 @@ def assertArgsEquivalence(kind, name, vhost, received, current, keys):
             continue
         if r is not None and c is not None and _equivalent(r, c):
             continue
-        where = rs(kind, name, vhost)
+        where = resourceText(kind, name, vhost)
         if r is None:
             text = "received none but current is the value '%s' of type '%s'" % (
                 _render(c),

@@ -195,7 +195,11 @@ class Journal:
         )
 
     def held(self, exchange, message, seq, fireAt, now=None):
-        """A durable x-delayed-message exchange is holding ``message`` until ``fireAt`` (ms)."""
+        """
+        A durable x-delayed-message exchange is holding ``message`` until
+        ``fireAt`` (clock ms); ``now``: the clock's time in ms (float), or
+        None to read the clock (the entry's enqueue time in the store).
+        """
         store = self.store
         if not message.stored:
             message.stored = True

@@ -263,8 +263,9 @@ class IConsumerSource(Interface):
         """
         ``message`` (a Message) was routed here (basic.publish): delivered
         to a consumer that can take it, or kept for later (a queue).
-        ``now``: the clock's seconds if the caller has read them (float, or
-        None to read the clock); ``redelivered`` (bool): the message may have
+        ``now``: the clock's time in ms if the caller has read it (float, as
+        :func:`~otter_tx.broker.expiry.nowMs` gives it), or None to read the
+        clock; ``redelivered`` (bool): the message may have
         been delivered before (a delayed exchange firing again what it may
         have fired before an unclean stop), so it goes out marked
         ``redelivered``.
@@ -415,7 +416,7 @@ class IReadyStore(Interface):
         """The priority level (int) a message goes to."""
 
     def makeEntry(message, seq, expiresAt, redelivered):
-        """A READY entry for a recovered message (``expiresAt`` ms or None)."""
+        """A READY entry for a recovered message (``expiresAt``: clock ms, float, or None)."""
 
     def append(entry):
         """Put a new READY entry at the tail of its level."""
@@ -453,7 +454,11 @@ class IReadyStore(Interface):
         """Iterate the ready entries in delivery order, paged ones included."""
 
     def expiries():
-        """Iterate ``(expiresAt, count, exact)`` for the ready messages, reading no file."""
+        """
+        Iterate ``(expiresAt, count, exact)`` for the ready messages, reading
+        no file: ``expiresAt`` in clock ms (float) or None (no TTL),
+        ``exact`` False for a paged segment counted at its earliest expiry.
+        """
 
     def persistent():
         """``(count, bytes)`` of the persistent ready messages."""

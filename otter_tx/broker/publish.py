@@ -21,7 +21,7 @@ sets the method and maps them to its door (channel.close, HTTP status).
 """
 
 from otter_tx.amqp import codec, spec
-from otter_tx.amqp.errors import AMQPError, rs
+from otter_tx.amqp.errors import AMQPError, resourceText
 from otter_tx.broker.access import WRITE
 from otter_tx.broker.delayed import COMMAND
 from otter_tx.broker.replyto import REPLY_TO
@@ -39,11 +39,11 @@ def publishTarget(vhost, access, exchangeName):
     access.check(WRITE, "exchange", exchangeName)
     ex = vhost.exchanges.get(exchangeName)
     if ex is None:
-        raise AMQPError(spec.NOT_FOUND, "no %s" % (rs("exchange", exchangeName, vhost.name),))
+        raise AMQPError(spec.NOT_FOUND, "no %s" % (resourceText("exchange", exchangeName, vhost.name),))
     if ex.internal:
         raise AMQPError(
             spec.ACCESS_REFUSED,
-            "cannot publish to internal %s" % (rs("exchange", exchangeName, vhost.name),),
+            "cannot publish to internal %s" % (resourceText("exchange", exchangeName, vhost.name),),
         )
     return ex
 

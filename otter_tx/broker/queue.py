@@ -267,6 +267,8 @@ class Queue:
         """
         Offer ``message`` to this queue (basic.publish routed here).
 
+        ``now``: the clock's time in ms (float), or None to read the clock;
+        the message's TTL (ms) counts from it.
         ``redelivered``: the message may have been delivered before (a
         delayed exchange firing again what it may have fired before an
         unclean stop, :meth:`DelayedExchange.restore
@@ -340,7 +342,8 @@ class Queue:
     def restore(self, message, seq, expiresAt, redelivered):
         """
         Put a message recovered from the store back at position ``seq``
-        (boot only; entries arrive in seq order).  An expiry already past
+        (boot only; entries arrive in seq order), expiring at ``expiresAt``
+        (clock ms, float, or None: no TTL).  An expiry already past
         fires on the next clock turn.  Beyond the memory budget the message
         is paged, so recovering a huge queue costs bounded memory.  The
         delivery count is not stored: a message delivered before the

@@ -122,7 +122,8 @@ class ReadyStore:
     def makeEntry(self, message, seq, expiresAt, redelivered):
         """
         A READY :class:`QueueEntry` for a message read back from a segment
-        file or the durable store; a redelivered one counts as returned once
+        file or the durable store, expiring at ``expiresAt`` (clock ms,
+        float, or None: no TTL); a redelivered one counts as returned once
         (the delivery count is not stored, docs/quorum.md).
         """
         maxPriority = self.maxPriority

@@ -65,7 +65,9 @@ class ReplyToQueue:
 
     def enqueue(self, message, now=None, redelivered=False):
         """
-        Hand a reply straight to the consumer (``redelivered``: marked so).
+        Hand a reply straight to the consumer (``redelivered``: marked so;
+        ``now``, the clock's time in ms, is not needed: a reply never expires
+        here).
         Always True: a reply is never refused; with the consumer gone it is
         dropped, as RabbitMQ drops it.
         """

@@ -44,7 +44,7 @@ from otter_tx.amqp.errors import (
     notFound,
     notImplemented,
     preconditionFailed,
-    rs,
+    resourceText,
 )
 from otter_tx.broker import queue as _queuemod
 from otter_tx.broker.access import (
@@ -107,7 +107,7 @@ class Consumer:
         exhausted.
         """
         s = self.session
-        if s.connection.paused or s.closed:
+        if s.client.paused or s.closed:
             return False
         if self.noAck:
             return True
@@ -136,7 +136,7 @@ class Consumer:
             s.stats.deliverNoAck += 1
         if entry.redelivered:
             s.stats.redeliver += 1
-        s.connection.delivered(s.number, self, tag, entry.redelivered,
+        s.client.delivered(s.number, self, tag, entry.redelivered,
                                entry.message if not entry.returns else queue.deliveredMessage(entry))
 
     def cancelledByBroker(self, queue):
@@ -148,7 +148,7 @@ class Session:
     """
     One channel's state and operations.
 
-    :param broker: the Broker.  :param connection: the client, an
+    :param broker: the Broker.  :param client: the client, an
         :class:`~otter_tx.broker.interfaces.ISessionClient` (also the owner
         of the exclusive queues this session declares).
     :param vhost: the VHost.  :param user: the authenticated User.
@@ -169,9 +169,9 @@ class Session:
     #: True once this session published (RabbitMQ's rabbitmq_global_publishers)
     publisher = False
 
-    def __init__(self, broker, connection, vhost, user, number=0, stats=None):
+    def __init__(self, broker, client, vhost, user, number=0, stats=None):
         self.broker = broker
-        self.connection = connection
+        self.client = client
         self.vhost = vhost
         self.user = user
         self.number = number
@@ -253,7 +253,7 @@ class Session:
             self.access.checkAll(queueDeclareChecks(name, args))
         existed = name in self.vhost.queues
         q = self.vhost.declareQueue(
-            name, self.connection, passive, durable, exclusive, autoDelete, args,
+            name, self.client, passive, durable, exclusive, autoDelete, args,
             serverNamed=serverNamed,
         )
         if not passive:
@@ -267,7 +267,7 @@ class Session:
         """queue.bind; an empty key with an empty queue name binds with the queue's name."""
         qname = self.queueName(queue)
         self.access.checkAll(bindChecks("queue", qname, exchange))
-        q = self.vhost.getQueue(qname, self.connection)
+        q = self.vhost.getQueue(qname, self.client)
         ex = self.vhost.getExchange(exchange)
         self.vhost.bind(ex, q, routingKey if routingKey or queue else qname, arguments or {})
 
@@ -278,7 +278,7 @@ class Session:
         q = self.vhost.queues.get(qname)
         if q is None:
             return
-        self.vhost.getQueue(qname, self.connection)  # 405 for another connection's exclusive queue
+        self.vhost.getQueue(qname, self.client)  # 405 for another connection's exclusive queue
         ex = self.vhost.exchanges.get(exchange)
         if ex is not None:
             self.vhost.unbind(ex, q, routingKey, arguments or {})
@@ -290,7 +290,7 @@ class Session:
         """
         qname = self.queueName(queue)
         self.access.check(READ, "queue", qname)
-        return self.vhost.getQueue(qname, self.connection)
+        return self.vhost.getQueue(qname, self.client)
 
     def purgeQueue(self, queue):
         """queue.purge: the number of messages purged; 403 without read permission."""
@@ -306,7 +306,7 @@ class Session:
         q = self.vhost.queues.get(name)
         if q is None:
             return None
-        self.vhost.getQueue(name, self.connection)
+        self.vhost.getQueue(name, self.client)
         return self.vhost.deleteQueue(q, ifUnused, ifEmpty)
 
     # --- consumers ------------------------------------------------------------------
@@ -346,16 +346,17 @@ class Session:
         if not isInteger(priority):
             raise preconditionFailed(
                 "invalid arg 'x-priority' for %s: \"expected integer, got %s\""
-                % (rs("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
+                % (resourceText("queue", qname, self.vhost.name), codec.fieldTypeName(priority))
             )
         if q.quorum:
             # RabbitMQ 3.10's quorum queues (docs/quorum.md): no global
             # prefetch (540, connection), and the exclusive flag is ignored
             if self.globalPrefetch:
-                raise notImplemented("%s does not support global qos" % (rs("queue", qname, self.vhost.name),))
+                raise notImplemented(
+                    "%s does not support global qos" % (resourceText("queue", qname, self.vhost.name),))
             exclusive = False
         if q.refusesConsumer(exclusive):
-            raise accessRefused("%s in exclusive use" % (rs("queue", qname, self.vhost.name),))
+            raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
         self.consumers[tag] = c
         if reply is not None:
@@ -395,7 +396,7 @@ class Session:
         if self.consumers.get(consumer.tag) is consumer:
             del self.consumers[consumer.tag]
             if not self.closed:
-                self.connection.consumerCancelled(self.number, consumer.tag)
+                self.client.consumerCancelled(self.number, consumer.tag)
 
     def resumeDelivery(self):
         """Consumers may have room again: let their queues dispatch."""
@@ -543,7 +544,7 @@ class Session:
             return
         entry = next(iter(self.unacked.values()))[1]
         if entry.deliveredAt is not None and entry.deliveredAt < limitSeconds:
-            self.connection.channelFailed(
+            self.client.channelFailed(
                 self.number,
                 preconditionFailed(
                     "delivery acknowledgement on channel %d timed out. Timeout value used: %d ms. "
@@ -597,7 +598,7 @@ class Session:
         if not routed:
             if mandatory:
                 stats.returnUnroutable += 1
-                self.connection.returned(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
+                self.client.returned(self.number, spec.NO_ROUTE, "NO_ROUTE", message)
             else:
                 stats.dropUnroutable += 1
         if seq:
@@ -605,7 +606,7 @@ class Session:
             self._confirms.append((seq, not rejected))
             if message.stored:
                 self._needSync = True
-            self.connection.noteConfirms(self)
+            self.client.noteConfirms(self)
         return routed, rejected
 
     def _sync(self):
@@ -641,7 +642,7 @@ class Session:
             def failed(f):
                 if not f.check(StoreFailedError):
                     log.failure("store sync failed; confirms withheld", f)
-                    self.connection.connectionFailed(
+                    self.client.connectionFailed(
                         spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed"
                     )
                     return
@@ -662,7 +663,7 @@ class Session:
                 continue
             # RabbitMQ counts the basic.acks, not the nacks
             self.stats.confirm += sum(1 for c in confirms if c[1])
-            self.connection.confirmed(self.number, confirms)
+            self.client.confirmed(self.number, confirms)
 
     # --- tx / confirm ------------------------------------------------------------------
 
@@ -699,7 +700,7 @@ class Session:
 
             def failed(f):
                 log.failure("store sync failed; tx.commit not confirmed", f)
-                self.connection.connectionFailed(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
+                self.client.connectionFailed(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
             self._sync().addCallbacks(done, failed)
             return

@@ -345,7 +345,8 @@ def rangeDetails(series, index, nowMs, ageS, incrS, ceil=False, rows=None):
 class Range:
     """
     A requested range (``?<prefix>_age=A&<prefix>_incr=I``, seconds),
-    or None when the request has none.  :ivar age: int.  :ivar incr: int.
+    or None when the request has none.  :ivar age: int, seconds.  :ivar incr:
+    int, seconds.
     """
 
     __slots__ = ("age", "incr")
@@ -361,8 +362,8 @@ class InvalidRange(ValueError):
 
 def parseRange(age, incr):
     """
-    A :class:`Range` from the query strings ``age`` and ``incr`` (str or
-    None), as ``rabbit_mgmt_util:range/3``: None when either is missing or
+    A :class:`Range` from the query strings ``age`` and ``incr`` (seconds,
+    str or None), as ``rabbit_mgmt_util:range/3``: None when either is missing or
     not an integer; :class:`InvalidRange` (``Invalid range parameters: age
     A, incr I``) when either is not positive or ``age // incr > 500``.
     """

@@ -19,9 +19,19 @@ from otter_tx.amqp.errors import (
     notAllowed,
     preconditionFailed,
     resourceLocked,
-    rs,
+    resourceText,
 )
-from otter_tx.broker import arguments as A
+from otter_tx.broker.arguments import (
+    EQUIVALENCE_ARGS,
+    QUORUM,
+    QUORUM_EQUIVALENCE_ARGS,
+    assertArgsEquivalence,
+    assertFlagEquivalence,
+    frozenArguments,
+    queueType,
+    validateQueueArguments,
+    validateQuorumDeclare,
+)
 from otter_tx.broker.deadletter import DeadLetterer
 from otter_tx.broker.delayed import (
     DELAYED_TYPE,
@@ -100,7 +110,7 @@ def _lockedText(qname, vhost):
     return (
         "cannot obtain exclusive access to locked %s. It could be originally declared on "
         "another connection or the exclusive property value does not match that of the "
-        "original declaration." % (rs("queue", qname, vhost),)
+        "original declaration." % (resourceText("queue", qname, vhost),)
     )
 
 
@@ -174,7 +184,7 @@ class VHost:
         """
         ex = self.exchanges.get(name)
         if ex is None:
-            raise notFound("no %s" % (rs("exchange", name, self.name),))
+            raise notFound("no %s" % (resourceText("exchange", name, self.name),))
         return ex
 
     def declareExchange(self, name, type, passive=False, durable=False, autoDelete=False,
@@ -202,14 +212,14 @@ class VHost:
             if ex.type != type:
                 raise preconditionFailed(
                     "inequivalent arg 'type' for %s: received '%s' but current is '%s'"
-                    % (rs("exchange", name, self.name), type, ex.type)
+                    % (resourceText("exchange", name, self.name), type, ex.type)
                 )
-            A.assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
-            A.assertFlagEquivalence(
+            assertFlagEquivalence("exchange", name, self.name, "durable", durable, ex.durable)
+            assertFlagEquivalence(
                 "exchange", name, self.name, "auto_delete", autoDelete, ex.autoDelete
             )
-            A.assertFlagEquivalence("exchange", name, self.name, "internal", internal, ex.internal)
-            A.assertArgsEquivalence(
+            assertFlagEquivalence("exchange", name, self.name, "internal", internal, ex.internal)
+            assertArgsEquivalence(
                 "exchange", name, self.name, arguments, ex.arguments, ("alternate-exchange",)
             )
             return ex
@@ -243,10 +253,10 @@ class VHost:
             return
         if name.startswith("amq."):
             raise accessRefused(
-                "deletion of system %s not allowed" % (rs("exchange", name, self.name),)
+                "deletion of system %s not allowed" % (resourceText("exchange", name, self.name),)
             )
         if ifUnused and ex.hasBindings():
-            raise preconditionFailed("%s in use" % (rs("exchange", name, self.name),))
+            raise preconditionFailed("%s in use" % (resourceText("exchange", name, self.name),))
         self._removeExchange(ex)
 
     def _removeExchange(self, ex):
@@ -275,7 +285,7 @@ class VHost:
         """
         q = self.queues.get(name)
         if q is None:
-            raise notFound("no %s" % (rs("queue", name, self.name),))
+            raise notFound("no %s" % (resourceText("queue", name, self.name),))
         if q.owner is not None and q.owner is not connection:
             raise resourceLocked(_lockedText(name, self.name))
         return q
@@ -298,7 +308,7 @@ class VHost:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
             return q
-        quorum = A.queueType(arguments) == A.QUORUM
+        quorum = queueType(arguments) == QUORUM
         if quorum and (name == "" or serverNamed):
             raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
         if name == "":
@@ -311,17 +321,17 @@ class VHost:
                 raise resourceLocked(_lockedText(name, self.name))
             if q.owner is None and exclusive:
                 raise resourceLocked(_lockedText(name, self.name))
-            A.assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
-            A.assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
-            A.assertArgsEquivalence(
+            assertFlagEquivalence("queue", name, self.name, "durable", durable and not exclusive, q.durable)
+            assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
+            assertArgsEquivalence(
                 "queue", name, self.name, arguments, q.arguments,
-                A.QUORUM_EQUIVALENCE_ARGS if q.quorum else A.EQUIVALENCE_ARGS,
+                QUORUM_EQUIVALENCE_ARGS if q.quorum else EQUIVALENCE_ARGS,
             )
             q.touch()
             return q
-        A.validateQueueArguments(arguments, name, self.name)
+        validateQueueArguments(arguments, name, self.name)
         if quorum:
-            A.validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
+            validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
         limit = self.limit("max-queues")
         if limit is not None and len(self.queues) >= limit:
             raise preconditionFailed(
@@ -359,11 +369,11 @@ class VHost:
             # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)
             raise notImplemented(
                 "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
-                % (rs("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
+                % (resourceText("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
         if ifUnused and q.consumers:
-            raise preconditionFailed("%s in use" % (rs("queue", q.name, self.name),))
+            raise preconditionFailed("%s in use" % (resourceText("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:
-            raise preconditionFailed("%s not empty" % (rs("queue", q.name, self.name),))
+            raise preconditionFailed("%s not empty" % (resourceText("queue", q.name, self.name),))
         if self.queues.get(q.name) is q:
             del self.queues[q.name]
         if q.owner is not None:
@@ -395,7 +405,7 @@ class VHost:
                 )
         if source.routing.add(destination, routingKey, arguments):
             if not isinstance(destination, Exchange):
-                destination.bindings[(source, routingKey, A.frozenArguments(arguments))] = arguments
+                destination.bindings[(source, routingKey, frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
             self.broker.entityChanged("binding", self, (source, destination, routingKey, arguments))
@@ -412,7 +422,7 @@ class VHost:
         args = arguments
         if source.routing.remove(destination, routingKey, args):
             if not isinstance(destination, Exchange):
-                destination.bindings.pop((source, routingKey, A.frozenArguments(args)), None)
+                destination.bindings.pop((source, routingKey, frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
             self.broker.entityChanged(

@@ -16,7 +16,7 @@ import hashlib
 from urllib.parse import quote
 
 from otter_tx.amqp.codec import jsonable  # noqa: F401 (re-exported: the JSON shapes use it)
-from otter_tx.broker import stats as S
+from otter_tx.broker import stats
 from otter_tx.broker.queue import Queue
 
 #: the value of ``node`` everywhere (otter_tx is a single node)
@@ -47,7 +47,7 @@ class RateView:
     def stats(self, kind, obj, keys, values, rng, ceil=False):
         """``{key: value, key_details: {...}}`` of ``obj``'s series ``kind``."""
         sampler = self.sampler
-        return S.statsDict(keys, values, sampler.series(kind, obj), self.nowMs,
+        return stats.statsDict(keys, values, sampler.series(kind, obj), self.nowMs,
                            sampler.intervalMs, rng, ceil)
 
     def messageStats(self, kind, obj, keys, values):
@@ -56,11 +56,11 @@ class RateView:
 
     def lengthStats(self, kind, obj, values):
         """``messages``, ``messages_ready``, ``messages_unacknowledged`` with details (``lengths``)."""
-        return self.stats(kind, obj, S.LENGTH_KEYS, values, self.lengths, ceil=True)
+        return self.stats(kind, obj, stats.LENGTH_KEYS, values, self.lengths, ceil=True)
 
     def dataStats(self, kind, obj, values):
         """``recv_oct``/``send_oct`` with details (``data_rates`` range)."""
-        return self.stats(kind, obj, S.DATA_KEYS, values, self.data)
+        return self.stats(kind, obj, stats.DATA_KEYS, values, self.data)
 
 
 def defaultView(broker):
@@ -77,16 +77,16 @@ def connectionName(conn):
 
 
 def channelName(ch):
-    """``"<connection name> (N)"``."""
+    """``"<connection name> (N)"`` of a Channel."""
     return "%s (%d)" % (connectionName(ch.connection), ch.number)
 
 
-def channelDetails(ch):
-    """The ``channel_details`` object of a consumer."""
-    conn = ch.connection
+def channelDetails(session):
+    """The ``channel_details`` object of a consumer, from its Session."""
+    conn = session.client
     return {
-        "name": channelName(ch),
-        "number": ch.number,
+        "name": "%s (%d)" % (connectionName(conn), session.number),
+        "number": session.number,
         "connection_name": connectionName(conn),
         "peer_host": getattr(conn.peer, "host", None),
         "peer_port": getattr(conn.peer, "port", None),
@@ -173,7 +173,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         "message_bytes_ram": q.readyBytes - q.pagedBytes + ubytes,
         "message_bytes_paged_out": q.pagedBytes,
         "head_message_timestamp": head,
-        "message_stats": view.messageStats("queue", q, S.QUEUE_KEYS, S.queueValues(q)),
+        "message_stats": view.messageStats("queue", q, stats.QUEUE_KEYS, stats.queueValues(q)),
     }
     d.update(view.lengthStats("queue-lengths", q, (ready + una, ready, una)))
     if q.quorum:
@@ -200,7 +200,7 @@ def exchangeDict(ex, view):
     x-delayed-message exchange ``delayed`` (messages taken into hold),
     with details as ``view`` (a :class:`RateView`) asks.
     """
-    keys = S.DELAYED_EXCHANGE_KEYS if ex.delayed else S.EXCHANGE_KEYS
+    keys = stats.DELAYED_EXCHANGE_KEYS if ex.delayed else stats.EXCHANGE_KEYS
     d = {
         "name": ex.name,
         "vhost": ex.vhost.name,
@@ -210,7 +210,7 @@ def exchangeDict(ex, view):
         "internal": ex.internal,
         "arguments": jsonable(ex.arguments),
         "user_who_performed_action": "rmq-internal" if ex.name == "" or ex.name.startswith("amq.") else "",
-        "message_stats": view.messageStats("exchange", ex, keys, S.exchangeValues(ex)),
+        "message_stats": view.messageStats("exchange", ex, keys, stats.exchangeValues(ex)),
     }
     if ex.delayed:
         d["messages_delayed"] = ex.held
@@ -354,6 +354,6 @@ def channelDict(ch, view):
         "messages_uncommitted": uncommitted,
         "acks_uncommitted": acksUncommitted,
         "pending_raft_commands": 0,
-        "message_stats": view.messageStats("channel", session, S.CHANNEL_KEYS,
-                                           S.channelValues(session.stats)),
+        "message_stats": view.messageStats("channel", session, stats.CHANNEL_KEYS,
+                                           stats.channelValues(session.stats)),
     }

@@ -75,7 +75,7 @@ def expiringIn(path, now, deadline):
     (POSIX seconds), as RabbitMQ lists them: ``[]`` for none or no file,
     a list of expiry stamps, or ``{"error": text}`` when the file cannot be
     read or holds no certificate; a certificate not yet valid at ``now``
-    counts as ``{"error": "Certificate is not yet valid"}``.
+    (POSIX seconds) counts as ``{"error": "Certificate is not yet valid"}``.
     """
     if path is None:
         return []

@@ -635,6 +635,7 @@ class PrometheusResource(Resource):
         self.broker = broker
         self.clock = clock
         self.diskMonitor = diskMonitor
+        #: clock seconds when the resource was built (float): the uptime gauge counts from it
         self.startedAt = clock.seconds()
 
     def render(self, request):

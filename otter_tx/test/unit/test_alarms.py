@@ -259,14 +259,14 @@ class DiskMonitorTests(SynchronousTestCase):
     def test_sqlitePendingWriteBytes(self):
         """SQLiteStore.pendingWriteBytes counts bodies and properties not committed: pending, in flight, to retry."""
         from otter_tx.store.sqlite import SQLiteStore
-        from otter_tx.store.sqlite.batch import Batch as _Batch
+        from otter_tx.store.sqlite.batch import Batch
 
         store = SQLiteStore(self.mktemp(), self.clock)
         self.assertEqual(store.pendingWriteBytes(), 0)
         store._pending.addMessage(1, "", "q", b"\x00\x00", b"x" * 100)
         store._pending.addMessage(2, "", "q", b"\x00\x00", b"y" * 50)
         self.assertEqual(store.pendingWriteBytes(), 154)
-        writing, retry = _Batch(), _Batch()
+        writing, retry = Batch(), Batch()
         writing.addMessage(3, "", "q", b"", b"z" * 1000)
         retry.addMessage(4, "", "q", b"", b"w" * 7)
         store._writing, store._retry = writing, [retry]

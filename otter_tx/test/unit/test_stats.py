@@ -12,7 +12,7 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.amqp import spec
-from otter_tx.broker import stats as S
+from otter_tx.broker import stats
 from otter_tx.broker.broker import Broker
 from otter_tx.door.protocol import AMQPServerFactory
 from otter_tx.test.unit.test_web import WebTestCase
@@ -92,7 +92,7 @@ class CounterTests(_KnownWorkload):
     def test_queue(self):
         """A queue counts what arrived and what left it, by kind of delivery."""
         self.workload()
-        values = dict(zip(S.QUEUE_KEYS, S.queueValues(self.q)))
+        values = dict(zip(stats.QUEUE_KEYS, stats.queueValues(self.q)))
         self.assertEqual(
             {k: values[k] for k in ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack",
                                     "get_empty", "ack", "redeliver", "deliver_get")},
@@ -102,7 +102,7 @@ class CounterTests(_KnownWorkload):
     def test_exchange(self):
         """An exchange counts publish_in for every message and publish_out for the routed ones."""
         self.workload()
-        self.assertEqual(S.exchangeValues(self.ex), (7, 5))
+        self.assertEqual(stats.exchangeValues(self.ex), (7, 5))
 
     def test_closedChannelsStayInVHostTotals(self):
         """Closing the channels and the connection keeps their counts and bytes in the vhost's and node's totals."""
@@ -111,9 +111,9 @@ class CounterTests(_KnownWorkload):
         self.client.send(2, spec.ChannelClose(200, "", 0, 0))
         self.client.received()
         self.assertEqual(self.vh.sessions, set())
-        stats = self.get("/api/vhosts/%2F").json()["message_stats"]
-        self.assertEqual((stats["publish"], stats["confirm"], stats["deliver"], stats["ack"],
-                          stats["get_empty"], stats["deliver_get"]), (7, 7, 4, 4, 1, 6))
+        messageStats = self.get("/api/vhosts/%2F").json()["message_stats"]
+        self.assertEqual((messageStats["publish"], messageStats["confirm"], messageStats["deliver"], messageStats["ack"],
+                          messageStats["get_empty"], messageStats["deliver_get"]), (7, 7, 4, 4, 1, 6))
         overview = self.get("/api/overview").json()["message_stats"]
         self.assertEqual((overview["publish"], overview["redeliver"]), (7, 1))
         conn = self.broker.connections.copy().pop()
@@ -137,9 +137,9 @@ class CounterTests(_KnownWorkload):
         self.client.received()
         self.post("/api/queues/%2F/q/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
         self.post("/api/queues/%2F/q/get", {"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
-        stats = self.get("/api/queues/%2F/q").json()["message_stats"]
-        self.assertEqual((stats["get"], stats["get_no_ack"], stats["ack"], stats["redeliver"],
-                          stats["deliver_get"]), (1, 2, 0, 1, 3))
+        messageStats = self.get("/api/queues/%2F/q").json()["message_stats"]
+        self.assertEqual((messageStats["get"], messageStats["get_no_ack"], messageStats["ack"], messageStats["redeliver"],
+                          messageStats["deliver_get"]), (1, 2, 0, 1, 3))
         self.assertEqual(self.q.readyCount, 1)
 
     def test_deadLetteredByReason(self):
@@ -158,12 +158,12 @@ class CounterTests(_KnownWorkload):
         self.client.received()
         self.client.send(1, spec.BasicReject(1, False))
         self.client.received()
-        values = dict(zip(S.QUEUE_KEYS, S.queueValues(src)))
+        values = dict(zip(stats.QUEUE_KEYS, stats.queueValues(src)))
         self.assertEqual((values["expired"], values["dead_lettered_expired"], values["dead_lettered_maxlen"],
                           values["dead_lettered_rejected"]), (2, 2, 1, 1))
-        stats = self.get("/api/vhosts/%2F").json()["message_stats"]
-        self.assertEqual((stats["expired"], stats["dead_lettered_expired"], stats["dead_lettered_maxlen"],
-                          stats["dead_lettered_rejected"], stats["dead_lettered_delivery_limit"]),
+        messageStats = self.get("/api/vhosts/%2F").json()["message_stats"]
+        self.assertEqual((messageStats["expired"], messageStats["dead_lettered_expired"], messageStats["dead_lettered_maxlen"],
+                          messageStats["dead_lettered_rejected"], messageStats["dead_lettered_delivery_limit"]),
                          (2, 2, 1, 1, 0))
         self.assertEqual(self.vh.queues["dlq"].readyCount, 4)
 
@@ -172,7 +172,7 @@ class CounterTests(_KnownWorkload):
         self.vh.declareQueue("ttl", None, arguments={"x-message-ttl": 100})
         self.client.publish(1, "", "ttl", b"x")
         self.clock.advance(0.2)
-        values = dict(zip(S.QUEUE_KEYS, S.queueValues(self.vh.queues["ttl"])))
+        values = dict(zip(stats.QUEUE_KEYS, stats.queueValues(self.vh.queues["ttl"])))
         self.assertEqual((values["expired"], values["dead_lettered_expired"]), (1, 0))
 
     def test_delayed(self):
@@ -368,7 +368,7 @@ class RateTests(_Workload):
     def test_churnRates(self):
         """The overview's churn_rates count connections, channels and queues with RabbitMQ's keys."""
         churn = self.get("/api/overview").json()["churn_rates"]
-        self.assertEqual(sorted(k for k in churn if not k.endswith("_details")), sorted(S.CHURN_KEYS))
+        self.assertEqual(sorted(k for k in churn if not k.endswith("_details")), sorted(stats.CHURN_KEYS))
         self.assertEqual((churn["connection_created"], churn["channel_created"], churn["queue_created"]),
                          (1, 1, 1))
 
@@ -378,7 +378,7 @@ class RateTests(_Workload):
         self.assertEqual((o["rates_mode"], o["statistics_db_event_queue"]), ("basic", 0))
         self.assertEqual(o["sample_retention_policies"],
                          {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]})
-        for key in S.VHOST_KEYS:
+        for key in stats.VHOST_KEYS:
             self.assertEqual(o["message_stats"][key + "_details"], {"rate": 0.0})
 
     def test_monitorSeesItsVHostsSummed(self):
@@ -461,8 +461,8 @@ class SamplerTests(SynchronousTestCase):
             self.q.publishedCount += 1
             sampler.sample()
             self.clock.advance(5)
-        self.assertLessEqual(len(sampler.series("queue", self.q).points), S.RETENTION_S // 5 + 2)
-        self.assertGreaterEqual(len(sampler.series("queue", self.q).points), S.RETENTION_S // 5)
+        self.assertLessEqual(len(sampler.series("queue", self.q).points), stats.RETENTION_S // 5 + 2)
+        self.assertGreaterEqual(len(sampler.series("queue", self.q).points), stats.RETENTION_S // 5)
         self.assertEqual(len(sampler.series("queue", idle).points), 1)
 
     def test_coarseTier(self):
@@ -473,16 +473,16 @@ class SamplerTests(SynchronousTestCase):
             sampler.sample()
             self.clock.advance(5)
         series = sampler.series("queue", self.q)
-        self.assertLessEqual(len(series.coarse), S.COARSE_RETENTION_S // 60 + 2)
+        self.assertLessEqual(len(series.coarse), stats.COARSE_RETENTION_S // 60 + 2)
         now = sampler.nowMs()
-        d = S.rangeDetails(series, 0, now, 900, 60)
+        d = stats.rangeDetails(series, 0, now, 900, 60)
         self.assertEqual(len(d["samples"]), 16)
         # the sample at time t (ms) counted t // 5000 + 1 publishes; the fine tier
         # answers exactly, the coarse one (older than 600 s) at most a minute late
         coarse = 0
         for ts, v in [(smp["timestamp"], smp["sample"]) for smp in d["samples"]]:
             exact = ts // 5000 + 1
-            if ts >= now - S.RETENTION_S * 1000:
+            if ts >= now - stats.RETENTION_S * 1000:
                 self.assertEqual(v, exact)
             else:
                 coarse += 1
@@ -503,7 +503,7 @@ class SamplerTests(SynchronousTestCase):
 
     def test_rangeDetailsBeforeData(self):
         """Samples before an object's first snapshot are 0; avg and avg_rate need two samples."""
-        d = S.rangeDetails(None, 0, 12345, 10, 5)
+        d = stats.rangeDetails(None, 0, 12345, 10, 5)
         self.assertEqual(d, {"rate": 0.0, "samples": [{"sample": 0, "timestamp": 10000},
                                                       {"sample": 0, "timestamp": 5000},
                                                       {"sample": 0, "timestamp": 0}],
@@ -511,13 +511,13 @@ class SamplerTests(SynchronousTestCase):
 
     def test_parseRange(self):
         """parseRange: None unless both are integers; InvalidRange beyond 500 steps or not positive."""
-        self.assertIsNone(S.parseRange(None, "5"))
-        self.assertIsNone(S.parseRange("1.5", "5"))
-        r = S.parseRange("600", "5")
+        self.assertIsNone(stats.parseRange(None, "5"))
+        self.assertIsNone(stats.parseRange("1.5", "5"))
+        r = stats.parseRange("600", "5")
         self.assertEqual((r.age, r.incr), (600, 5))
-        self.assertRaises(S.InvalidRange, S.parseRange, "501", "1")
-        self.assertRaises(S.InvalidRange, S.parseRange, "5", "-1")
-        self.assertEqual(S.parseRange("500", "1").age, 500)
+        self.assertRaises(stats.InvalidRange, stats.parseRange, "501", "1")
+        self.assertRaises(stats.InvalidRange, stats.parseRange, "5", "-1")
+        self.assertEqual(stats.parseRange("500", "1").age, 500)
 
 
 class SettingTests(SynchronousTestCase):

@@ -151,6 +151,7 @@ class ManagementApp:
     def __init__(self, broker, clock):
         self.broker = broker
         self.clock = clock
+        #: clock seconds when the app was built (float): ``uptime`` counts from it
         self.startedAt = clock.seconds()
         #: the node's listeners (:mod:`otter_tx.web.health` records), set by
         #: the service once they are bound; empty for an app built alone

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker import stats as S
+from otter_tx.broker import stats
 from otter_tx.web import _format as fmt
 from otter_tx.web.management import authz
 from otter_tx.web.management.http import (
@@ -148,7 +148,7 @@ class Room:
         ranges = []
         for prefix in ("msg_rates", "lengths", "data_rates"):
             try:
-                ranges.append(S.parseRange(queryArg(request, prefix + "_age"), queryArg(request, prefix + "_incr")))
-            except S.InvalidRange as e:
+                ranges.append(stats.parseRange(queryArg(request, prefix + "_age"), queryArg(request, prefix + "_incr")))
+            except stats.InvalidRange as e:
                 raise badRequest(str(e))
         return fmt.RateView(self.broker.sampler, *ranges)

@@ -119,7 +119,7 @@ class ConnectionsRoom(Room):
         seesAll = self._isMonitor(user)
         return [
             fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
-            if seesAll or self._owns(user, c.session.connection)
+            if seesAll or self._owns(user, c.session.client)
         ]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])

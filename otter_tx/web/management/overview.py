@@ -5,7 +5,7 @@ also answers every path no other room claims: 404 ``Object Not Found``.
 """
 
 from otter_tx import __version__
-from otter_tx.broker import stats as S
+from otter_tx.broker import stats
 from otter_tx.broker.policy import OPERATOR_POLICY_KEYS, POLICY_KEYS
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
@@ -64,14 +64,14 @@ class OverviewRoom(Room):
         broker = self.broker
         if len(vhosts) == len(broker.vhosts):
             # the node's own series (what the sampler recorded for every vhost)
-            values = S.sumValues([S.vhostValues(vh) for vh in vhosts], len(S.VHOST_KEYS))
-            messageStats = view.messageStats("overview", broker, S.VHOST_KEYS, values)
-            queueTotals = view.lengthStats("overview-lengths", broker, S.lengthValues(queues))
+            values = stats.sumValues([stats.vhostValues(vh) for vh in vhosts], len(stats.VHOST_KEYS))
+            messageStats = view.messageStats("overview", broker, stats.VHOST_KEYS, values)
+            queueTotals = view.lengthStats("overview-lengths", broker, stats.lengthValues(queues))
         else:
             # a user who sees some vhosts: the sum of theirs, rates included
-            messageStats = _sumStats([view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh))
+            messageStats = _sumStats([view.messageStats("vhost", vh, stats.VHOST_KEYS, stats.vhostValues(vh))
                                       for vh in vhosts])
-            queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, S.lengthValues(vh.queues.values()))
+            queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, stats.lengthValues(vh.queues.values()))
                                      for vh in vhosts])
         return {
             "product_name": "otter_tx",
@@ -79,7 +79,7 @@ class OverviewRoom(Room):
             "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
             "management_version": RABBITMQ_COMPAT_VERSION,
             "rates_mode": "basic",
-            "sample_retention_policies": S.SAMPLE_RETENTION_POLICIES,
+            "sample_retention_policies": stats.SAMPLE_RETENTION_POLICIES,
             "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
             "node": fmt.NODE,
             "erlang_version": None,
@@ -92,7 +92,7 @@ class OverviewRoom(Room):
             # otter-only: the definition keys policies and operator policies accept (the web app's forms)
             "policy_keys": {"policies": sorted(POLICY_KEYS), "operator-policies": list(OPERATOR_POLICY_KEYS)},
             "message_stats": messageStats,
-            "churn_rates": view.messageStats("churn", broker, S.CHURN_KEYS, S.churnValues(broker.counters)),
+            "churn_rates": view.messageStats("churn", broker, stats.CHURN_KEYS, stats.churnValues(broker.counters)),
             "queue_totals": queueTotals,
             "object_totals": {
                 "channels": sum(len(c.channels) for c in conns),

@@ -4,7 +4,7 @@ The vhosts room: ``/api/vhosts``, ``/api/vhosts/{v}`` and
 ``_limits``, ``_limit``).
 """
 
-from otter_tx.broker import stats as S
+from otter_tx.broker import stats
 from otter_tx.broker.vhost import LimitError
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
@@ -27,7 +27,7 @@ class VHostsRoom(Room):
         caller lists several vhosts).
         """
         if vhostBytes is None:
-            vhostBytes = S.vhostBytes(self.broker)
+            vhostBytes = stats.vhostBytes(self.broker)
         queues = list(vh.queues.values())
         d = {
             "name": vh.name,
@@ -37,9 +37,9 @@ class VHostsRoom(Room):
             "default_queue_type": "undefined",
             "tracing": False,
             "cluster_state": {fmt.NODE: "running"},
-            "message_stats": view.messageStats("vhost", vh, S.VHOST_KEYS, S.vhostValues(vh)),
+            "message_stats": view.messageStats("vhost", vh, stats.VHOST_KEYS, stats.vhostValues(vh)),
         }
-        d.update(view.lengthStats("vhost-lengths", vh, S.lengthValues(queues)))
+        d.update(view.lengthStats("vhost-lengths", vh, stats.lengthValues(queues)))
         d.update(view.dataStats("vhost-data", vh, vhostBytes[vh]))
         return d
 
@@ -48,7 +48,7 @@ class VHostsRoom(Room):
     def vhosts(self, request, user):
         """``GET /api/vhosts``."""
         view = self._rateView(request)
-        vhostBytes = S.vhostBytes(self.broker)
+        vhostBytes = stats.vhostBytes(self.broker)
         return [self._vhostDict(vh, view, vhostBytes) for vh in self._visibleVHosts(user)]
 
     @app.route("/api/vhosts/<vhost>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
