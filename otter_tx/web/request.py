@@ -77,10 +77,16 @@ class BodyGuardRequest(Request):
     :ivar bodyBytes: body bytes received so far (int), refused or not.
     :ivar refused: the status (int) this request was answered with before
         its body was read, or None.
+    :ivar authenticatedUser: the broker :class:`~otter_tx.broker.access.User`
+        the site's check logged in before the body was read (set by that
+        check), or None; the route's own check
+        (:func:`otter_tx.web.management.authz.authenticate`) reuses it
+        rather than logging in twice.
     """
 
     bodyBytes = 0
     refused = None
+    authenticatedUser = None
 
     def gotLength(self, length):
         """
@@ -138,7 +144,8 @@ class BodyGuardSite(Site):
 
     :param resource: the root resource (the management app's).
     :param authenticate: ``authenticate(request) -> None | bytes``: None
-        when the request's headers carry acceptable credentials, else the
+        when the request's headers carry acceptable credentials (it then
+        sets ``request.authenticatedUser``), else the
         answer's body, with its status and headers already set on
         ``request`` (:meth:`ManagementApp.authenticateRequest
         <otter_tx.web.management.ManagementApp.authenticateRequest>`).
