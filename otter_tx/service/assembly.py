@@ -4,7 +4,7 @@ otter_tx as a Twisted service: add :class:`OtterService` to any service tree.
 Example (see docs/embedding.md)::
 
     from twisted.application.service import Application
-    from otter_tx.service.assembly import OtterService
+    from otter_tx.service import OtterService
     application = Application("my app")
     OtterService(amqp=["tcp:5672"], management=["tcp:15672"]).setServiceParent(application)
 
