@@ -8,6 +8,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks, returnValue
 from zope.interface import implementer
 
 from otter_tx.broker.interfaces import IClientConnection, IConnectionInfo, ISessionClient
+from otter_tx.door.tls import certificateInfo
 from otter_tx.service.assembly import OtterService
 
 
@@ -250,7 +251,7 @@ class FakeConnection:
         self.local = None
         self.ssl = False
         self.authMechanism = "PLAIN"
-        self.peerCertificateInfo = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
+        self.peerCertificateInfo = certificateInfo(None)
         self.channels = {}
         self.clientProperties = {}
         self.connectedAt = 0.0

@@ -32,6 +32,20 @@ class AMQPError(Exception):
         self.text = "%s - %s" % (spec.REPLY_NAMES.get(code, "ERROR"), text)
         self.method = method
 
+    @classmethod
+    def fromReplyText(cls, code, replyText, method=None):
+        """
+        An error whose full reply text ``replyText`` (str, with its
+        ``NOT_FOUND - `` prefix already) is given as is, e.g. one the
+        broker already built for a connection.close.
+        """
+        error = cls.__new__(cls)
+        Exception.__init__(error, code, replyText)
+        error.code = code
+        error.text = replyText
+        error.method = method
+        return error
+
     @property
     def channelLevel(self):
         """

@@ -20,6 +20,8 @@ from otter_tx.amqp.spec import FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTB
 FRAME_HEADER_SIZE = 7
 #: octets of a frame besides its payload: the header and the end octet
 FRAME_OVERHEAD = FRAME_HEADER_SIZE + 1
+#: the frame-end octet (:data:`~otter_tx.amqp.spec.FRAME_END`) as bytes, ``b"\xce"``
+FRAME_END_OCTET = bytes((FRAME_END,))
 #: the smallest content header payload: class id (2), weight (2), body size
 #: (8), property flags (2)
 CONTENT_HEADER_MIN_SIZE = 14
@@ -38,7 +40,7 @@ packFrameHeader = _frameHeader.pack
 
 def frame(frameType, channel, payload):
     """One wire frame (bytes) of ``frameType`` on ``channel`` carrying ``payload`` (bytes)."""
-    return _frameHeader.pack(frameType, channel, len(payload)) + payload + b"\xce"
+    return _frameHeader.pack(frameType, channel, len(payload)) + payload + FRAME_END_OCTET
 
 
 def methodFrame(channel, method):
@@ -51,30 +53,31 @@ def contentFrames(channel, methodPayload, header, body, frameMax):
     A content-bearing method as bytes: the method frame for the encoded
     ``methodPayload``, the content header frame (``header``: class, weight,
     body size and properties, bytes) and ``body`` (bytes) split in body
-    frames of at most ``frameMax - 8`` octets (none for an empty body).
+    frames of at most ``frameMax - FRAME_OVERHEAD`` octets (none for an empty body).
     """
     pack = _frameHeader.pack
+    end = FRAME_END_OCTET
     parts = [
         pack(FRAME_METHOD, channel, len(methodPayload)),
         methodPayload,
-        b"\xce",
+        end,
         pack(FRAME_HEADER, channel, len(header)),
         header,
-        b"\xce",
+        end,
     ]
     size = len(body)
     if size:
-        chunk = frameMax - 8
+        chunk = frameMax - FRAME_OVERHEAD
         if size <= chunk:
             parts.append(pack(FRAME_BODY, channel, size))
             parts.append(body)
-            parts.append(b"\xce")
+            parts.append(end)
         else:
             for i in range(0, size, chunk):
                 piece = body[i : i + chunk]
                 parts.append(pack(FRAME_BODY, channel, len(piece)))
                 parts.append(piece)
-                parts.append(b"\xce")
+                parts.append(end)
     return b"".join(parts)
 
 
@@ -177,7 +180,7 @@ class FrameReader:
         if size > self.frameMax:
             raise AMQPError(
                 spec.FRAME_ERROR,
-                "type %d, all octets = <<>>: {frame_too_large,%d,%d}" % (ftype, size, self.frameMax - 8),
+                "type %d, all octets = <<>>: {frame_too_large,%d,%d}" % (ftype, size, self.frameMax - FRAME_OVERHEAD),
             )
         end = off + FRAME_HEADER_SIZE + size
         if end >= n:

@@ -150,10 +150,7 @@ def login(users, username, password, host, loopbackUsers=()):
     "Loopback Connections").  Each door answers with its own refusal (AMQP
     403 ``ACCESS_REFUSED - Login was refused ...``, HTTP 401).
     """
-    user = users.get(username) if username is not None else None
-    if user is None or not user.checkPassword(password):
-        return None, INVALID_CREDENTIALS
-    return _loopbackRule(user, host, loopbackUsers)
+    return _login(users, username, password, host, loopbackUsers)
 
 
 def certificateLogin(users, username, host, loopbackUsers=()):
@@ -168,13 +165,18 @@ def certificateLogin(users, username, host, loopbackUsers=()):
     INVALID_CREDENTIALS)`` for an unknown user or no name, ``(None,
     LOOPBACK_ONLY)``.
     """
+    return _login(users, username, _CERTIFICATE, host, loopbackUsers)
+
+
+#: the password of a :func:`certificateLogin`: the verified certificate stands for it
+_CERTIFICATE = object()
+
+
+def _login(users, username, password, host, loopbackUsers):
+    """:func:`login`, or :func:`certificateLogin` when ``password`` is :data:`_CERTIFICATE`."""
     user = users.get(username) if username is not None else None
-    if user is None:
+    if user is None or password is not _CERTIFICATE and not user.checkPassword(password):
         return None, INVALID_CREDENTIALS
-    return _loopbackRule(user, host, loopbackUsers)
-
-
-def _loopbackRule(user, host, loopbackUsers):
     if user.name in loopbackUsers and not isLoopback(host):
         return None, LOOPBACK_ONLY
     return user, None

@@ -258,6 +258,12 @@ LOGIN_FROM_VALUES = ("distinguished_name", "common_name", "subject_alternative_n
 #: ``ssl_cert_login_san_type`` values (RabbitMQ's ``otp_san_type``)
 SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
 
+#: RabbitMQ's defaults of ``ssl_cert_login_from``, ``ssl_cert_login_san_type``
+#: and ``ssl_cert_login_san_index`` (a 0-based index)
+DEFAULT_LOGIN_FROM = "distinguished_name"
+DEFAULT_SAN_TYPE = "dns"
+DEFAULT_SAN_INDEX = 0
+
 #: attribute short names in a distinguished name, as RabbitMQ writes them
 #: (``rabbit_cert_info:format_rdn``); other attributes as dotted OIDs
 _DN_NAMES = {
@@ -378,7 +384,7 @@ class CertificateLogin:
     :raise ValueError: for a value not listed above, naming it.
     """
 
-    def __init__(self, loginFrom="distinguished_name", sanType="dns", sanIndex=0):
+    def __init__(self, loginFrom=DEFAULT_LOGIN_FROM, sanType=DEFAULT_SAN_TYPE, sanIndex=DEFAULT_SAN_INDEX):
         if loginFrom not in LOGIN_FROM_VALUES:
             raise ValueError("ssl_cert_login_from: must be one of %s, got %r"
                              % (", ".join(LOGIN_FROM_VALUES), loginFrom))

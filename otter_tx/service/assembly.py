@@ -4,7 +4,7 @@ otter_tx as a Twisted service: add :class:`OtterService` to any service tree.
 Example (see docs/embedding.md)::
 
     from twisted.application.service import Application
-    from otter_tx.service.assembly import OtterService
+    from otter_tx.service import OtterService
     application = Application("my app")
     OtterService(amqp=["tcp:5672"], management=["tcp:15672"]).setServiceParent(application)
 
@@ -37,7 +37,7 @@ from otter_tx.broker.broker import Broker
 from otter_tx.broker.prestart import PreStartRecorder
 from otter_tx.broker.stats import DEFAULT_INTERVAL_MS
 from otter_tx.door.protocol import MAX_MESSAGE_SIZE_LIMIT, AMQPServerFactory
-from otter_tx.door.tls import CertificateLogin
+from otter_tx.door.tls import DEFAULT_LOGIN_FROM, DEFAULT_SAN_INDEX, DEFAULT_SAN_TYPE, CertificateLogin
 from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE
 
 log = Logger()
@@ -352,7 +352,8 @@ class OtterService(MultiService):
                  serverProperties=None, maxMessageSize=134217728, diskFreeLimit=DEFAULT_DISK_FREE_LIMIT,
                  queueMemoryBudget=None, collectStatisticsInterval=DEFAULT_INTERVAL_MS,
                  configFiles=(), logFiles=(), defaultDeliveryLimit=None,
-                 sslCertLoginFrom="distinguished_name", sslCertLoginSanType="dns", sslCertLoginSanIndex=0,
+                 sslCertLoginFrom=DEFAULT_LOGIN_FROM, sslCertLoginSanType=DEFAULT_SAN_TYPE,
+                 sslCertLoginSanIndex=DEFAULT_SAN_INDEX,
                  managementMaxBodySize=DEFAULT_MAX_BODY_SIZE):
         MultiService.__init__(self)
         if reactor is None:

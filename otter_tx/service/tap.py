@@ -30,7 +30,14 @@ except ImportError:  # Python < 3.11 (PyPy 3.9): the same parser, as tomli
 
 from twisted.python import usage
 
-from otter_tx.door.tls import LOGIN_FROM_VALUES, SAN_TYPES
+from otter_tx.door.tls import (
+    DEFAULT_LOGIN_FROM,
+    DEFAULT_SAN_INDEX,
+    DEFAULT_SAN_TYPE,
+    LOGIN_FROM_VALUES,
+    SAN_TYPES,
+)
+from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE
 
 #: exit status for a usage or configuration error (sysexits.h EX_USAGE)
 EX_USAGE = 64
@@ -52,13 +59,13 @@ _DEFAULTS = {
     "queue-memory-budget": 8 * 1024 * 1024,
     "consumer-timeout": 1800000,
     "max-message-size": 134217728,
-    "management-max-body-size": 20971520,
+    "management-max-body-size": DEFAULT_MAX_BODY_SIZE,
     "collect-statistics-interval": 5000,
     "server-property": [],
     "default-delivery-limit": None,
-    "ssl-cert-login-from": "distinguished_name",
-    "ssl-cert-login-san-type": "dns",
-    "ssl-cert-login-san-index": 0,
+    "ssl-cert-login-from": DEFAULT_LOGIN_FROM,
+    "ssl-cert-login-san-type": DEFAULT_SAN_TYPE,
+    "ssl-cert-login-san-index": DEFAULT_SAN_INDEX,
 }
 
 #: keys a config file may hold besides the options of _DEFAULTS

@@ -58,9 +58,7 @@ class HTTPRequestConnection:
         The broker failed under the request: an :class:`AMQPError` with
         ``code`` and the full reply ``text`` is raised for its answer.
         """
-        error = AMQPError(code, "")
-        error.text = text
-        raise error
+        raise AMQPError.fromReplyText(code, text)
 
     def delivered(self, number, consumer, deliveryTag, redelivered, message):
         """A request has no consumers: never called."""

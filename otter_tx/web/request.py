@@ -27,12 +27,25 @@ whatever body bytes still arrive are dropped.  Requests without a body
 (``GET``, a ``DELETE`` or ``POST`` with ``Content-Length: 0``) are left to
 the routes, which answer as before (404 and the ``OPTIONS`` pre-flight need
 no credentials).  https://www.rabbitmq.com/docs/management#http-body-size-limit
+
+The request line.  The credentials check needs the method and the path
+(the loopback rule and RabbitMQ's answers depend on them), but at
+``gotLength`` time twisted.web's :class:`~twisted.web.http.Request` has
+neither: :class:`~twisted.web.http.HTTPChannel` keeps the request line in
+``_command``, ``_path`` and ``_version`` until the body is complete and only
+then calls ``requestReceived``; Twisted offers no public way to them.  So
+:func:`_requestLine` reads those three private attributes, with no
+fallback: if a Twisted release renames them, every request with a body
+fails with ``AttributeError`` instead of being checked as ``GET /``, and
+``test_request.TwistedRequestLineTests`` fails on that release.
 """
 
-import json
 from io import BytesIO
 
+from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
+
+from otter_tx.web.management.http import badRequest, renderError
 
 #: RabbitMQ's default ``management.http.max_body_size``: 20 MiB, in bytes
 DEFAULT_MAX_BODY_SIZE = 20971520
@@ -42,13 +55,16 @@ TOO_LARGE_REASON = "Exceeded HTTP request body size limit"
 
 
 def _requestLine(channel):
-    """``(method, uri, version)`` of the request whose headers ``channel`` has just read."""
-    # HTTPChannel (HTTP/1.x) keeps the request line to itself until the body
-    # is complete; H2Stream names the same things without underscores.
-    method = getattr(channel, "_command", None) or getattr(channel, "command", None) or b"GET"
-    uri = getattr(channel, "_path", None) or getattr(channel, "path", None) or b"/"
-    version = getattr(channel, "_version", None) or b"HTTP/1.1"
-    return method, uri, version
+    """
+    ``(method, uri, version)`` (bytes) of the request whose headers
+    ``channel`` has just read.  Private Twisted attributes of
+    :class:`~twisted.web.http.HTTPChannel`, read on purpose; see the module
+    docstring ("The request line").  An HTTP/2 ``H2Stream`` (only with the
+    optional ``h2`` package) names them publicly.
+    """
+    if isinstance(channel, HTTPChannel):
+        return channel._command, channel._path, channel._version
+    return channel.command, channel.path, b"HTTP/2"
 
 
 class BodyGuardRequest(Request):
@@ -61,10 +77,16 @@ class BodyGuardRequest(Request):
     :ivar bodyBytes: body bytes received so far (int), refused or not.
     :ivar refused: the status (int) this request was answered with before
         its body was read, or None.
+    :ivar authenticatedUser: the broker :class:`~otter_tx.broker.access.User`
+        the site's check logged in before the body was read (set by that
+        check), or None; the route's own check
+        (:func:`otter_tx.web.management.authz.authenticate`) reuses it
+        rather than logging in twice.
     """
 
     bodyBytes = 0
     refused = None
+    authenticatedUser = None
 
     def gotLength(self, length):
         """
@@ -102,9 +124,7 @@ class BodyGuardRequest(Request):
             Request.requestReceived(self, command, path, version)
 
     def _refuseTooLarge(self):
-        self.setResponseCode(400)
-        self.setHeader(b"content-type", b"application/json")
-        self._refuse(json.dumps({"error": "bad_request", "reason": TOO_LARGE_REASON}).encode())
+        self._refuse(renderError(self, badRequest(TOO_LARGE_REASON)))
 
     def _refuse(self, body):
         """Answer with the status and headers set on this request and ``body`` (bytes), then close."""
@@ -124,7 +144,8 @@ class BodyGuardSite(Site):
 
     :param resource: the root resource (the management app's).
     :param authenticate: ``authenticate(request) -> None | bytes``: None
-        when the request's headers carry acceptable credentials, else the
+        when the request's headers carry acceptable credentials (it then
+        sets ``request.authenticatedUser``), else the
         answer's body, with its status and headers already set on
         ``request`` (:meth:`ManagementApp.authenticateRequest
         <otter_tx.web.management.ManagementApp.authenticateRequest>`).

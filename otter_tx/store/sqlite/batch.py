@@ -94,10 +94,12 @@ class Batch:
     :ivar entries: ``{queueKey: {storeId: EntryChange}}``.
     :ivar waiters: the ``sync()`` Deferreds waiting for this batch.
     :ivar size: number of changes recorded (for "is there anything to write").
+    :ivar addedBytes: bytes of the bodies and properties in ``adds`` (int),
+        kept as they come and go (``SQLiteStore.pendingWriteBytes``).
     :ivar coalesce: cancel enqueue/dequeue pairs (``SQLiteStore(coalesce=)``).
     """
 
-    __slots__ = ("entities", "purges", "adds", "entries", "waiters", "size", "coalesce")
+    __slots__ = ("entities", "purges", "adds", "entries", "waiters", "size", "addedBytes", "coalesce")
 
     def __init__(self, coalesce=True):
         self.entities = {}
@@ -106,6 +108,7 @@ class Batch:
         self.entries = {}
         self.waiters = []
         self.size = 0
+        self.addedBytes = 0
         self.coalesce = coalesce
 
     def putEntity(self, kind, key, raw):
@@ -121,7 +124,12 @@ class Batch:
 
     def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
         """Write message ``storeId`` (its enqueues follow)."""
-        self.adds[storeId] = PendingMessage(exchange, routingKey, propsRaw, body)
+        adds = self.adds
+        previous = adds.get(storeId)
+        if previous is not None:
+            self.addedBytes -= len(previous.body) + len(previous.propsRaw)
+        adds[storeId] = PendingMessage(exchange, routingKey, propsRaw, body)
+        self.addedBytes += len(body) + len(propsRaw)
 
     def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """Put message ``storeId`` in queue ``queueKey`` (replacing a pending change of that entry)."""
@@ -212,5 +220,6 @@ class Batch:
         add.enqueueCancelled = True
         if add.liveEnqueues <= 0 and self.coalesce:
             del self.adds[storeId]
+            self.addedBytes -= len(add.body) + len(add.propsRaw)
             return 1
         return 0

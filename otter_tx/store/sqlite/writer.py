@@ -301,18 +301,17 @@ class SQLiteStore:
         written and failed batches waiting to be written again.  What the
         file is about to grow by, roughly; the disk alarm counts it as used
         (:class:`otter_tx.resources.alarms.DiskMonitor`).  Reactor thread;
-        costs one pass over the messages not committed yet.
+        sums each batch's running ``Batch.addedBytes`` (a failed batch is
+        both in ``_retry`` and ``_writing`` until the writer lets go of it).
         """
         with self._lock:
-            batches = [self._pending, self._writing] + list(self._retry)
-            seen = set()
-            total = 0
-            for batch in batches:
-                if batch is None or id(batch) in seen:
-                    continue
-                seen.add(id(batch))
-                for m in batch.adds.values():
-                    total += len(m.body) + len(m.propsRaw)
+            total = self._pending.addedBytes
+            retry = self._retry
+            for batch in retry:
+                total += batch.addedBytes
+            writing = self._writing
+            if writing is not None and writing not in retry:
+                total += writing.addedBytes
         return total
 
     def sync(self):

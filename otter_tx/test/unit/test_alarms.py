@@ -271,6 +271,14 @@ class DiskMonitorTests(SynchronousTestCase):
         retry.addMessage(4, "", "q", b"", b"w" * 7)
         store._writing, store._retry = writing, [retry]
         self.assertEqual(store.pendingWriteBytes(), 154 + 1000 + 7)
+        # a failed batch is in _retry and still _writing: counted once
+        store._retry = [retry, writing]
+        self.assertEqual(store.pendingWriteBytes(), 154 + 1000 + 7)
+        # a pending message whose only enqueue is cancelled is no longer counted
+        store._pending.enqueue("q", 2, 1, 1.0, None, False)
+        store._pending.dequeue("q", 2)
+        self.assertEqual(store.pendingWriteBytes(), 102 + 1000 + 7)
+        store._pending.addMessage(2, "", "q", b"\x00\x00", b"y" * 50)
         store._writing, store._retry = None, []
         self.assertEqual(store.pendingWriteBytes(), 154)
 

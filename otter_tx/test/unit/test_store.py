@@ -584,6 +584,43 @@ class PendingBatchTests(SynchronousTestCase):
         self.assertEqual(b.entries["q"][1], batchModule.DEQUEUE)
         self.assertEqual((b.adds[1].liveEnqueues, b.adds[1].enqueueCancelled), (0, True))
 
+    def assertAddedBytes(self, b):
+        """``addedBytes`` equals the bodies and properties in ``adds``; returns it."""
+        self.assertEqual(b.addedBytes, sum(len(a.body) + len(a.propsRaw) for a in b.adds.values()))
+        return b.addedBytes
+
+    def test_addedBytes(self):
+        """addedBytes follows adds through a replace and every cancel path (dequeue, purge, queue delete)."""
+        b = self.batch()
+        self.assertEqual(self.assertAddedBytes(b), 0)
+        b.addMessage(1, "", "rk", b"pp", b"x" * 10)
+        b.addMessage(1, "", "rk", b"p", b"x" * 20)
+        self.assertEqual(self.assertAddedBytes(b), 21)
+        for i in (2, 3, 4, 5):
+            b.addMessage(i, "", "rk", b"", b"m" * i)
+        self.enqueue(b, "q", 1)
+        self.enqueue(b, "r", 1)
+        self.enqueue(b, "q", 2)
+        self.enqueue(b, "q", 3)
+        self.enqueue(b, "d", 4)
+        self.assertEqual(self.assertAddedBytes(b), 21 + 2 + 3 + 4 + 5)
+        b.dequeue("q", 1)
+        self.assertEqual(self.assertAddedBytes(b), 21 + 2 + 3 + 4 + 5)  # still enqueued in r
+        b.dequeue("r", 1)
+        self.assertEqual(self.assertAddedBytes(b), 2 + 3 + 4 + 5)
+        b.purge("q", frozenset({3}))
+        self.assertEqual(self.assertAddedBytes(b), 3 + 4 + 5)
+        b.deleteEntity("queue", "d")
+        self.assertEqual(self.assertAddedBytes(b), 3 + 5)
+
+    def test_addedBytesNoCoalesce(self):
+        """Without coalescing a cancelled message is still written, so still counted."""
+        b = self.batch(coalesce=False)
+        b.addMessage(1, "", "rk", b"p", b"m")
+        self.enqueue(b, "q", 1)
+        b.dequeue("q", 1)
+        self.assertEqual(self.assertAddedBytes(b), 2)
+
 
 class _SQLiteFixture:
     """

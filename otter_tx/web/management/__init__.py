@@ -174,12 +174,14 @@ class ManagementApp:
         rule, a management tag), on ``request``'s headers alone:
         :mod:`otter_tx.web.request` makes it before a body is read.
 
-        :return: None when it passes; else the 401 answer's body (bytes),
-            with its status and headers set on ``request`` as the route
-            would set them.
+        :return: None when it passes, the user it logged in then kept as
+            ``request.authenticatedUser`` (the route's check reuses it
+            instead of logging in again); else the 401 answer's body
+            (bytes), with its status and headers set on ``request`` as the
+            route would set them.
         """
         try:
-            authenticate(self.broker, request, ANY)
+            request.authenticatedUser = authenticate(self.broker, request, ANY)
         except HTTPError as e:
             return renderError(request, e)
         return None

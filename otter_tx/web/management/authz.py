@@ -53,22 +53,15 @@ def authenticate(broker, request, access, vhost=None):
     Basic credentials, authorised for ``access`` (one of :data:`ANY`...) on
     the path's ``vhost`` (str or None), or an :class:`HTTPError` (401) as
     RabbitMQ answers (``rabbit_web_dispatch_access_control:is_authorized``).
+
+    A request whose credentials the body guard already checked (its
+    ``authenticatedUser``, set by :meth:`ManagementApp.authenticateRequest
+    <otter_tx.web.management.ManagementApp.authenticateRequest>` before the
+    body was read) is not logged in again; the checks of ``access`` still run.
     """
-    challenge = [(b"www-authenticate", b'Basic realm="RabbitMQ Management"')]
-    header = request.getHeader(b"authorization")
-    if not header or not header[:6].lower() == b"basic ":
-        raise HTTPError(401, "not_authorized", None, challenge)
-    try:
-        raw = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-        name, password = raw.split(":", 1)
-    except Exception:
-        raise HTTPError(401, "not_authorized", "Login failed", challenge)
-    user, refusal = login(broker.users, name, password, getattr(request.getClientAddress(), "host", None),
-                          broker.loopbackUsers)
-    if refusal == LOOPBACK_ONLY:
-        raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
+    user = getattr(request, "authenticatedUser", None)
     if user is None:
-        raise HTTPError(401, "not_authorized", "Login failed", challenge)
+        user = _login(broker, request)
     tags = set(user.tags)
     if not tags & MANAGEMENT_TAGS:
         raise notAuthorised("Not management user")
@@ -86,6 +79,29 @@ def authenticate(broker, request, access, vhost=None):
         isAdmin(user) or tags & POLICYMAKER_TAGS and matchesVHost(broker, user, vhost)
     ):
         raise notAuthorisedObject()
+    return user
+
+
+def _login(broker, request):
+    """
+    The broker User for the request's Basic credentials (``login``), or
+    RabbitMQ's 401 with its ``www-authenticate`` challenge.
+    """
+    challenge = [(b"www-authenticate", b'Basic realm="RabbitMQ Management"')]
+    header = request.getHeader(b"authorization")
+    if not header or not header[:6].lower() == b"basic ":
+        raise HTTPError(401, "not_authorized", None, challenge)
+    try:
+        raw = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+        name, password = raw.split(":", 1)
+    except Exception:
+        raise HTTPError(401, "not_authorized", "Login failed", challenge)
+    user, refusal = login(broker.users, name, password, getattr(request.getClientAddress(), "host", None),
+                          broker.loopbackUsers)
+    if refusal == LOOPBACK_ONLY:
+        raise HTTPError(401, "not_authorized", "User can only log in via localhost", challenge)
+    if user is None:
+        raise HTTPError(401, "not_authorized", "Login failed", challenge)
     return user
 
 

@@ -298,14 +298,7 @@ def render(request, result):
     if isinstance(result, bytes):
         return result
     if isinstance(result, Response):
-        request.setResponseCode(result.code)
-        for k, v in result.headers:
-            request.setHeader(k, v)
-        if result.body is None:
-            request.defaultContentType = None
-            return b""
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(result.body).encode()
+        return _writeJSON(request, result.code, result.headers, result.body)
     if isinstance(result, list):
         try:
             result = listQuery(request, result)
@@ -320,11 +313,20 @@ def render(request, result):
 
 def renderError(request, e):
     """Write :class:`HTTPError` ``e`` to ``request``: its code, headers and RabbitMQ's JSON body (or none)."""
-    request.setResponseCode(e.code)
-    for k, v in e.headers:
+    return _writeJSON(request, e.code, e.headers, None if e.reason is None else {"error": e.error, "reason": e.reason})
+
+
+def _writeJSON(request, code, headers, body):
+    """
+    Set status ``code`` (int) and ``headers`` (``[(bytes, bytes)]``) on
+    ``request``; return ``body`` as JSON (bytes, with its content type), or
+    ``b""`` and no content type when ``body`` is None.
+    """
+    request.setResponseCode(code)
+    for k, v in headers:
         request.setHeader(k, v)
-    if e.reason is None:
+    if body is None:
         request.defaultContentType = None
         return b""
     request.setHeader(b"content-type", b"application/json")
-    return json.dumps({"error": e.error, "reason": e.reason}).encode()
+    return json.dumps(body).encode()
