@@ -38,7 +38,7 @@ from otter_tx.broker.delayed import (
     DelayedExchange,
     validateDelayedArguments,
 )
-from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
+from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange, isExchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
@@ -115,7 +115,9 @@ def _lockedText(qname, vhost):
 
 
 #: the exchange classes a binding's destination may be; any other
-#: destination is a queue (an IQueue), whatever its class
+#: destination is a queue (an IQueue), whatever its class: the test of
+#: :func:`~otter_tx.broker.exchange.isExchange` as a frozenset lookup, which
+#: the publish path (:meth:`VHost.route`) can afford
 _EXCHANGE_CLASSES = frozenset([Exchange, DelayedExchange])
 
 
@@ -392,7 +394,7 @@ class VHost:
         Bind ``destination`` (Queue or Exchange) to exchange ``source``.
         403 for the default exchange.
         """
-        if source.name == "" or (isinstance(destination, Exchange) and destination.name == ""):
+        if source.name == "" or (isExchange(destination) and destination.name == ""):
             raise accessRefused(
                 "operation not permitted on the default exchange"
             )
@@ -404,7 +406,7 @@ class VHost:
                     % (erlBinary(xmatch.encode() if isinstance(xmatch, str) else str(xmatch).encode()),)
                 )
         if source.routing.add(destination, routingKey, arguments):
-            if not isinstance(destination, Exchange):
+            if not isExchange(destination):
                 destination.bindings[(source, routingKey, frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
@@ -421,7 +423,7 @@ class VHost:
     def _unbind(self, source, destination, routingKey, arguments):
         args = arguments
         if source.routing.remove(destination, routingKey, args):
-            if not isinstance(destination, Exchange):
+            if not isExchange(destination):
                 destination.bindings.pop((source, routingKey, frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from otter_tx.amqp.codec import jsonable  # noqa: F401 (re-exported: the JSON shapes use it)
 from otter_tx.broker import stats
-from otter_tx.broker.queue import Queue
+from otter_tx.broker.exchange import destinationKind
 
 #: the value of ``node`` everywhere (otter_tx is a single node)
 NODE = "otter_tx@localhost"
@@ -241,7 +241,7 @@ def bindingDict(vhostName, source, dest, routingKey, arguments):
         "source": source,
         "vhost": vhostName,
         "destination": dest.name,
-        "destination_type": "queue" if isinstance(dest, Queue) else "exchange",
+        "destination_type": destinationKind(dest),
         "routing_key": routingKey,
         "arguments": jsonable(arguments or {}),
         "properties_key": propertiesKey(routingKey, arguments),
