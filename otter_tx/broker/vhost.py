@@ -491,6 +491,11 @@ class VHost:
         then the alternate exchange of one that routes nowhere; each exchange
         once), but counting nothing, holding nothing (an x-delayed-message
         exchange routes as if the message were due) and enqueueing nothing.
+        The walk's rules are :meth:`route`'s, written a second time so that
+        the publish path keeps its own loop: an exchange whose destinations
+        hold no queue and no exchange not yet visited passes the message to
+        its alternate exchange (``ReachableQueuesTests`` compares the two
+        over exchange-to-exchange cycles and alternate exchanges).
         With ``routingKey`` None the message keeps routing keys of its own
         (a dead letter without ``x-dead-letter-routing-key``), so every
         destination bound to an exchange on the walk counts, under its
@@ -519,13 +524,18 @@ class VHost:
                 pairs = [(d, routingKey) for d in dests]
             else:
                 pairs = [(d, k) for d, k, _ in ex.routing.bindings()]
+            # route's rules, with route's exchange test: a queue or a new
+            # exchange routes here; otherwise the alternate exchange is tried
+            routedHere = False
             for d, key in pairs:
-                if type(d) is Queue:
+                if d.__class__ not in _EXCHANGE_CLASSES:
                     found.setdefault(d.name, key)
+                    routedHere = True
                 elif d not in visited:
                     visited.add(d)
                     pending.append(d)
-            if not pairs and ex.alternate is not None:
+                    routedHere = True
+            if not routedHere and ex.alternate is not None:
                 ae = self.exchanges.get(ex.alternate)
                 if ae is not None and ae not in visited:
                     visited.add(ae)
