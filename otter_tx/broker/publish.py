@@ -27,16 +27,31 @@ from otter_tx.broker.delayed import COMMAND
 from otter_tx.broker.replyto import REPLY_TO
 
 
-def publishTarget(vhost, access, exchangeName):
+def checkPublish(access, exchangeName):
+    """
+    The check of a publish to ``exchangeName`` (str) that needs neither
+    the exchange nor the message: 403 ``access to exchange 'X' in vhost 'V'
+    refused for user 'U'`` unless the user of ``access`` (an
+    :class:`~otter_tx.broker.access.Access`) has write permission on it.
+    A door that reads the message later (the HTTP ``/publish``) runs it
+    first, then :func:`publishTarget` with ``checked``.
+    """
+    access.check(WRITE, "exchange", exchangeName)
+
+
+def publishTarget(vhost, access, exchangeName, checked=False):
     """
     The Exchange ``exchangeName`` (str) of ``vhost`` that the user of
-    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to.
+    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to;
+    with ``checked`` (bool), :func:`checkPublish` has already passed.
 
     Errors: 403 ``access to exchange 'X' in vhost 'V' refused for user 'U'``;
     404 ``no exchange 'X' in vhost 'V'``; 403 ``cannot publish to internal
     exchange 'X' in vhost 'V'``.
     """
-    access.check(WRITE, "exchange", exchangeName)
+    if not checked:
+        # checkPublish, written inline: the publish hot path
+        access.check(WRITE, "exchange", exchangeName)
     ex = vhost.exchanges.get(exchangeName)
     if ex is None:
         raise AMQPError(spec.NOT_FOUND, "no %s" % (resourceText("exchange", exchangeName, vhost.name),))

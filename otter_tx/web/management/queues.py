@@ -10,7 +10,6 @@ import base64
 import itertools
 
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, READ
 from otter_tx.broker.expiry import nowMs
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
@@ -87,7 +86,7 @@ class QueuesRoom(Room):
         vh = self._vhost(vhost)
         if request.method == b"PUT":
             session = self._session(user, vh)
-            session.access.check(CONFIGURE, "queue", name)  # a refused request's body is never parsed
+            session.checkQueueDeclare(name)  # a refused request's body is never parsed
             body = self._body(request)
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
@@ -186,7 +185,7 @@ class QueuesRoom(Room):
         """
         session = self._session(user, vh)
         try:
-            session.access.check(READ, "queue", name)
+            session.checkQueueRead(name)
         except AMQPError as e:
             raise getRefusal(e)
         return session
