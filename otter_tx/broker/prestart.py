@@ -55,7 +55,7 @@ class PreStartRecorder:
 
     @staticmethod
     def key(kind, vhost, obj):
-        """The identity of an entity change: ``(kind, name parts...)``."""
+        """The identity of an entity change: ``(kind, name parts...)`` (a binding's: ``(kind, its store key)``)."""
         if kind in ("vhost", "user"):
             return (kind, obj.name)
         if kind == "permission":
@@ -64,8 +64,8 @@ class PreStartRecorder:
             return (kind, obj)
         if kind == "binding":
             source, dest, routingKey, arguments = obj
-            return (kind, vhost.name, source.name, destinationKind(dest), dest.name, routingKey,
-                    tableToText(arguments))
+            return (kind, keys.bindingKey(vhost.name, source.name, destinationKind(dest), dest.name, routingKey,
+                                          tableToText(arguments)))
         return (kind, vhost.name, obj.name)
 
     def attachJournal(self, store, state):
