@@ -183,10 +183,10 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["members"] = [NODE]
         d["online"] = [NODE]
         # at-least-once dead letters waiting for a queue to take them
-        d["messages_dlx"] = len(q.dlxHeld or ())
-        d["message_bytes_dlx"] = q.dlxHeldBytes
+        d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
+        d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     if detail:
-        d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
+        d["messages_persistent"], d["message_bytes_persistent"] = q.ready.persistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
         d["deliveries"] = []
         d["incoming"] = []

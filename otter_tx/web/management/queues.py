@@ -268,7 +268,7 @@ class QueuesRoom(Room):
         the queue has consumers), and ``"estimated"``: how many of the
         counted messages are paged out and were placed by their segment's
         earliest expiry (no file is read: O(in-memory messages + paged
-        segments), :meth:`~otter_tx.broker.queue.Queue.readyExpiries`).
+        segments), :meth:`ReadyStore.expiries <otter_tx.broker.readystore.ReadyStore.expiries>`).
         404 for no queue.
         """
         vh = self._vhost(vhost)
@@ -277,7 +277,7 @@ class QueuesRoom(Room):
         counts = dict.fromkeys(("within_1s", "within_10s", "within_1min", "later", "never"), 0)
         buckets = self._EXPIRY_BUCKETS
         estimated = 0
-        for at, n, exact in q.readyExpiries():
+        for at, n, exact in q.ready.expiries():
             if not exact:
                 estimated += n
             if at is None:
