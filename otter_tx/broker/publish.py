@@ -34,33 +34,49 @@ def checkPublish(access, exchangeName):
     refused for user 'U'`` unless the user of ``access`` (an
     :class:`~otter_tx.broker.access.Access`) has write permission on it.
     A door that reads the message later (the HTTP ``/publish``) runs it
-    first, then :func:`publishTarget` with ``checked``.
+    first, then :func:`checkedPublishTarget`.
     """
     access.check(WRITE, "exchange", exchangeName)
 
 
-def publishTarget(vhost, access, exchangeName, checked=False):
+def publishTarget(vhost, access, exchangeName):
     """
     The Exchange ``exchangeName`` (str) of ``vhost`` that the user of
-    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to;
-    with ``checked`` (bool), :func:`checkPublish` has already passed.
+    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to:
+    :func:`checkPublish`, then :func:`checkedPublishTarget`, written inline
+    (the publish hot path).
 
     Errors: 403 ``access to exchange 'X' in vhost 'V' refused for user 'U'``;
     404 ``no exchange 'X' in vhost 'V'``; 403 ``cannot publish to internal
     exchange 'X' in vhost 'V'``.
     """
-    if not checked:
-        # checkPublish, written inline: the publish hot path
-        access.check(WRITE, "exchange", exchangeName)
+    access.check(WRITE, "exchange", exchangeName)
     ex = vhost.exchanges.get(exchangeName)
+    if ex is None or ex.internal:
+        _refuseTarget(vhost, exchangeName, ex)
+    return ex
+
+
+def checkedPublishTarget(vhost, exchangeName):
+    """
+    :func:`publishTarget` once :func:`checkPublish` has passed: the
+    Exchange ``exchangeName`` (str) of ``vhost``; 404 ``no exchange 'X' in
+    vhost 'V'``; 403 ``cannot publish to internal exchange 'X' in vhost 'V'``.
+    """
+    ex = vhost.exchanges.get(exchangeName)
+    if ex is None or ex.internal:
+        _refuseTarget(vhost, exchangeName, ex)
+    return ex
+
+
+def _refuseTarget(vhost, exchangeName, ex):
+    """Raise the refusal of a publish to ``ex`` (None: missing, else internal)."""
     if ex is None:
         raise AMQPError(spec.NOT_FOUND, "no %s" % (resourceText("exchange", exchangeName, vhost.name),))
-    if ex.internal:
-        raise AMQPError(
-            spec.ACCESS_REFUSED,
-            "cannot publish to internal %s" % (resourceText("exchange", exchangeName, vhost.name),),
-        )
-    return ex
+    raise AMQPError(
+        spec.ACCESS_REFUSED,
+        "cannot publish to internal %s" % (resourceText("exchange", exchangeName, vhost.name),),
+    )
 
 
 def prepareMessage(message, userName, replyTo=None):

@@ -58,7 +58,7 @@ from otter_tx.broker.access import (
 from otter_tx.broker.arguments import isInteger
 from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
-from otter_tx.broker.publish import checkPublish, prepareMessage, publishTarget
+from otter_tx.broker.publish import checkedPublishTarget, checkPublish, prepareMessage, publishTarget
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.stats import MessageCounts
 from otter_tx.broker.vhost import serverNamedQueue
@@ -606,9 +606,12 @@ class Session:
         """
         The Exchange a publish to ``exchange`` (str) goes to (see
         :func:`publish.publishTarget`); with ``checked``, after
-        :meth:`checkPublish`, whose check is not run again.
+        :meth:`checkPublish`, whose check is not run again
+        (:func:`publish.checkedPublishTarget`).
         """
-        return publishTarget(self.vhost, self.access, exchange, checked)
+        if checked:
+            return checkedPublishTarget(self.vhost, exchange)
+        return publishTarget(self.vhost, self.access, exchange)
 
     def publish(self, ex, routingKey, mandatory, propsRaw, body, address=None, props=None):
         """
