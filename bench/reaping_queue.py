@@ -41,7 +41,7 @@ def run(n, seed, maxTtl):
     vhost = broker.vhosts["/"]
     q = vhost.declareQueue("q", None)
     # all in memory: reaping of paged segments is tested in test_paging
-    q.memoryBudget = 2 ** 62
+    q.ready.memoryBudget = 2 ** 62
     rnd = random.Random(seed)
     ex = vhost.exchanges[""]
     failures = []

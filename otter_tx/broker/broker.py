@@ -346,14 +346,6 @@ class Broker:
         if meter is not None:
             meter.received(nbytes)
 
-    def checkMemory(self):
-        """
-        Compare the process's memory (RSS) with the high-watermark now;
-        raise or clear the memory alarm (see ``otter_tx.resources.alarms.MemoryMonitor``).
-        """
-        if self.memoryMonitor is not None:
-            self.memoryMonitor.check()
-
     def startAlarmChecks(self):
         """Check the memory watermark periodically on the clock (no-op without one)."""
         if self.memoryMonitor is not None:

@@ -497,10 +497,7 @@ class DelayedExchange(Exchange):
             out = _swapDelay(message, seq)
             vhost.broker.nextMessageId(out)
             for q in vhost.route(self, out, out.routingKeys()):
-                if again:
-                    q.enqueue(out, None, True)
-                else:
-                    q.enqueue(out)
+                q.enqueue(out, None, again)
 
     # --- the held set: list, cancel, purge (HTTP and AMQP) -----------------------
 

@@ -26,18 +26,13 @@ from twisted.logger import Logger
 from otter_tx.amqp.codec import decodeTable, encodeTable
 from otter_tx.broker.access import DEFAULT_HASHING
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
-from otter_tx.broker.exchange import Exchange
+from otter_tx.broker.exchange import Exchange, destinationKind
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import OperatorPolicy
 from otter_tx.broker.queue import UNACKED
 from otter_tx.store import keys
 
 log = Logger()
-
-
-def destinationKind(dest):
-    """A binding destination's kind in its store key and record: ``"queue"`` or ``"exchange"``."""
-    return "exchange" if isinstance(dest, Exchange) else "queue"
 
 
 def tableToText(table):

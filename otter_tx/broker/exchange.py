@@ -411,3 +411,24 @@ class Exchange:
     def hasBindings(self):
         """True if this exchange is the source of any binding."""
         return len(self.routing) > 0
+
+
+def isExchange(destination):
+    """
+    Whether a binding ``destination`` is an exchange (an :class:`Exchange`
+    or a subclass, such as the x-delayed-message exchange); any other
+    destination is a queue (any ``IQueue``).  The one test of a
+    destination's kind: :meth:`VHost.route
+    <otter_tx.broker.vhost.VHost.route>` writes it as a frozenset lookup
+    for speed.
+    """
+    return isinstance(destination, Exchange)
+
+
+def destinationKind(destination):
+    """
+    A binding destination's kind as the store keys and records and
+    ``GET /api/bindings``'s ``destination_type`` name it: ``"queue"`` or
+    ``"exchange"`` (:func:`isExchange`).
+    """
+    return "exchange" if isExchange(destination) else "queue"

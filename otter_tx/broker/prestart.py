@@ -18,8 +18,8 @@ those of :mod:`otter_tx.store.keys`.
 
 from twisted.logger import Logger
 
-from otter_tx.broker.durability import destinationKind, tableToText
-from otter_tx.broker.queue import Queue
+from otter_tx.broker.durability import tableToText
+from otter_tx.broker.exchange import destinationKind, isExchange
 from otter_tx.store import keys
 from otter_tx.store.interface import RecoveredState
 
@@ -55,7 +55,7 @@ class PreStartRecorder:
 
     @staticmethod
     def key(kind, vhost, obj):
-        """The identity of an entity change: ``(kind, name parts...)``."""
+        """The identity of an entity change: ``(kind, name parts...)`` (a binding's: ``(kind, its store key)``)."""
         if kind in ("vhost", "user"):
             return (kind, obj.name)
         if kind == "permission":
@@ -64,8 +64,8 @@ class PreStartRecorder:
             return (kind, obj)
         if kind == "binding":
             source, dest, routingKey, arguments = obj
-            return (kind, vhost.name, source.name, destinationKind(dest), dest.name, routingKey,
-                    tableToText(arguments))
+            return (kind, keys.bindingKey(vhost.name, source.name, destinationKind(dest), dest.name, routingKey,
+                                          tableToText(arguments)))
         return (kind, vhost.name, obj.name)
 
     def attachJournal(self, store, state):
@@ -224,7 +224,7 @@ class PreStartRecorder:
                     journal.entityChanged("binding", vh, obj, False)
                 else:
                     src = vh.exchanges.get(source.name)
-                    table = vh.queues if isinstance(dest, Queue) else vh.exchanges
+                    table = vh.exchanges if isExchange(dest) else vh.queues
                     dst = table.get(dest.name)
                     if src is not None and dst is not None and src.name:
                         vh.unbind(src, dst, routingKey, arguments)

@@ -27,10 +27,24 @@ from otter_tx.broker.delayed import COMMAND
 from otter_tx.broker.replyto import REPLY_TO
 
 
+def checkPublish(access, exchangeName):
+    """
+    The check of a publish to ``exchangeName`` (str) that needs neither
+    the exchange nor the message: 403 ``access to exchange 'X' in vhost 'V'
+    refused for user 'U'`` unless the user of ``access`` (an
+    :class:`~otter_tx.broker.access.Access`) has write permission on it.
+    A door that reads the message later (the HTTP ``/publish``) runs it
+    first, then :func:`checkedPublishTarget`.
+    """
+    access.check(WRITE, "exchange", exchangeName)
+
+
 def publishTarget(vhost, access, exchangeName):
     """
     The Exchange ``exchangeName`` (str) of ``vhost`` that the user of
-    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to.
+    ``access`` (an :class:`~otter_tx.broker.access.Access`) may publish to:
+    :func:`checkPublish`, then :func:`checkedPublishTarget`, written inline
+    (the publish hot path).
 
     Errors: 403 ``access to exchange 'X' in vhost 'V' refused for user 'U'``;
     404 ``no exchange 'X' in vhost 'V'``; 403 ``cannot publish to internal
@@ -38,14 +52,31 @@ def publishTarget(vhost, access, exchangeName):
     """
     access.check(WRITE, "exchange", exchangeName)
     ex = vhost.exchanges.get(exchangeName)
+    if ex is None or ex.internal:
+        _refuseTarget(vhost, exchangeName, ex)
+    return ex
+
+
+def checkedPublishTarget(vhost, exchangeName):
+    """
+    :func:`publishTarget` once :func:`checkPublish` has passed: the
+    Exchange ``exchangeName`` (str) of ``vhost``; 404 ``no exchange 'X' in
+    vhost 'V'``; 403 ``cannot publish to internal exchange 'X' in vhost 'V'``.
+    """
+    ex = vhost.exchanges.get(exchangeName)
+    if ex is None or ex.internal:
+        _refuseTarget(vhost, exchangeName, ex)
+    return ex
+
+
+def _refuseTarget(vhost, exchangeName, ex):
+    """Raise the refusal of a publish to ``ex`` (None: missing, else internal)."""
     if ex is None:
         raise AMQPError(spec.NOT_FOUND, "no %s" % (resourceText("exchange", exchangeName, vhost.name),))
-    if ex.internal:
-        raise AMQPError(
-            spec.ACCESS_REFUSED,
-            "cannot publish to internal %s" % (resourceText("exchange", exchangeName, vhost.name),),
-        )
-    return ex
+    raise AMQPError(
+        spec.ACCESS_REFUSED,
+        "cannot publish to internal %s" % (resourceText("exchange", exchangeName, vhost.name),),
+    )
 
 
 def prepareMessage(message, userName, replyTo=None):

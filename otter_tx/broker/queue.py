@@ -242,25 +242,6 @@ class Queue:
         """Their body bytes (int)."""
         return self.ready.pagedBytes
 
-    @property
-    def memoryBudget(self):
-        """Bytes of ready messages kept in memory (bodies + ``ENTRY_OVERHEAD`` each; int)."""
-        return self.ready.memoryBudget
-
-    @memoryBudget.setter
-    def memoryBudget(self, value):
-        self.ready.memoryBudget = value
-
-    @property
-    def dlxHeld(self):
-        """At-least-once dead letters no queue took yet: ``(Message, reason)`` list, or None."""
-        return self.heldDeadLetters.messages
-
-    @property
-    def dlxHeldBytes(self):
-        """Their body bytes (int)."""
-        return self.heldDeadLetters.bytes
-
     # --- enqueue ----------------------------------------------------------
 
     def enqueue(self, message, now=None, redelivered=False):
@@ -291,6 +272,7 @@ class Queue:
         if qttl is not None and (ttl is None or qttl < ttl):
             ttl = qttl
         self._seq += 1
+        # ReadyStore.levelOf, written inline: the hot path
         level = 0
         if self.maxPriority:
             level = min(message.priority, self.maxPriority)
@@ -599,22 +581,6 @@ class Queue:
         the store), paged ones included (read from their files).
         """
         return self.ready.entries()
-
-    def readyExpiries(self):
-        """
-        The ready messages' expiry times without reading any file:
-        ``(expiresAt, count, exact)`` triples (see
-        :meth:`ReadyStore.expiries <otter_tx.broker.readystore.ReadyStore.expiries>`;
-        management's expiry histogram, refreshed every few seconds).
-        """
-        return self.ready.expiries()
-
-    def readyPersistent(self):
-        """
-        ``(count, bytes)`` of persistent ready messages, paged ones included
-        (from the segments' counters: no file is read).
-        """
-        return self.ready.persistent()
 
     def stopTimers(self):
         """

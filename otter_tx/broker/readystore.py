@@ -126,8 +126,7 @@ class ReadyStore:
         float, or None: no TTL); a redelivered one counts as returned once
         (the delivery count is not stored, docs/quorum.md).
         """
-        maxPriority = self.maxPriority
-        entry = QueueEntry(message, seq, expiresAt, min(message.priority, maxPriority) if maxPriority else 0)
+        entry = QueueEntry(message, seq, expiresAt, self.levelOf(message))
         entry.redelivered = redelivered
         entry.returns = 1 if redelivered else 0
         return entry

@@ -58,7 +58,7 @@ from otter_tx.broker.access import (
 from otter_tx.broker.arguments import isInteger
 from otter_tx.broker.interfaces import IConsumer
 from otter_tx.broker.message import Message
-from otter_tx.broker.publish import prepareMessage, publishTarget
+from otter_tx.broker.publish import checkedPublishTarget, checkPublish, prepareMessage, publishTarget
 from otter_tx.broker.replyto import REPLY_TO, ReplyToQueue
 from otter_tx.broker.stats import MessageCounts
 from otter_tx.broker.vhost import serverNamedQueue
@@ -208,8 +208,19 @@ class Session:
         """exchange.declare; 403 without configure permission (and the alternate's)."""
         arguments = arguments or {}
         if not passive:
-            self.access.checkAll(exchangeDeclareChecks(name, arguments))
+            self.checkExchangeDeclare(name, arguments)
         return self.vhost.declareExchange(name, type, passive, durable, autoDelete, internal, arguments)
+
+    def checkExchangeDeclare(self, name, arguments=None):
+        """
+        The permission checks of a (non-passive) declare of exchange
+        ``name`` with ``arguments`` (dict;
+        :func:`~otter_tx.broker.access.exchangeDeclareChecks`); with
+        ``arguments`` None, those that need no arguments (configure on the
+        exchange), for a door to run before it reads a request's body.
+        403 ``ACCESS_REFUSED``.
+        """
+        self.access.checkAll(exchangeDeclareChecks(name, arguments or {}))
 
     def deleteExchange(self, name, ifUnused=False):
         """exchange.delete; 403 without configure permission."""
@@ -218,18 +229,27 @@ class Session:
 
     def bindExchange(self, destination, source, routingKey, arguments=None):
         """exchange.bind; 403 without write on ``destination`` and read on ``source``; 404."""
-        self.access.checkAll(bindChecks("exchange", destination, source))
+        self.checkBind("exchange", destination, source)
         dest = self.vhost.getExchange(destination)
         src = self.vhost.getExchange(source)
         self.vhost.bind(src, dest, routingKey, arguments or {})
 
     def unbindExchange(self, destination, source, routingKey, arguments=None):
         """exchange.unbind (no error when either end or the binding is missing)."""
-        self.access.checkAll(bindChecks("exchange", destination, source))
+        self.checkBind("exchange", destination, source)
         dest = self.vhost.exchanges.get(destination)
         src = self.vhost.exchanges.get(source)
         if dest is not None and src is not None:
             self.vhost.unbind(src, dest, routingKey, arguments or {})
+
+    def checkBind(self, destinationKind, destination, source):
+        """
+        The permission checks of a bind or unbind of ``destination`` (str;
+        ``destinationKind`` ``"queue"`` or ``"exchange"``) to exchange
+        ``source`` (str), which need no arguments
+        (:func:`~otter_tx.broker.access.bindChecks`): 403 ``ACCESS_REFUSED``.
+        """
+        self.access.checkAll(bindChecks(destinationKind, destination, source))
 
     # --- queues -----------------------------------------------------------------
 
@@ -250,7 +270,7 @@ class Session:
             if name == "":
                 name = serverNamedQueue()
                 serverNamed = True
-            self.access.checkAll(queueDeclareChecks(name, args))
+            self.checkQueueDeclare(name, args)
         existed = name in self.vhost.queues
         q = self.vhost.declareQueue(
             name, self.client, passive, durable, exclusive, autoDelete, args,
@@ -263,10 +283,21 @@ class Session:
         self.lastQueue = q.name
         return q
 
+    def checkQueueDeclare(self, name, arguments=None):
+        """
+        The permission checks of a (non-passive) declare of queue ``name``
+        with ``arguments`` (dict;
+        :func:`~otter_tx.broker.access.queueDeclareChecks`); with
+        ``arguments`` None, those that need no arguments (configure on the
+        queue), for a door to run before it reads a request's body.
+        403 ``ACCESS_REFUSED``.
+        """
+        self.access.checkAll(queueDeclareChecks(name, arguments or {}))
+
     def bindQueue(self, queue, exchange, routingKey, arguments=None):
         """queue.bind; an empty key with an empty queue name binds with the queue's name."""
         qname = self.queueName(queue)
-        self.access.checkAll(bindChecks("queue", qname, exchange))
+        self.checkBind("queue", qname, exchange)
         q = self.vhost.getQueue(qname, self.client)
         ex = self.vhost.getExchange(exchange)
         self.vhost.bind(ex, q, routingKey if routingKey or queue else qname, arguments or {})
@@ -274,7 +305,7 @@ class Session:
     def unbindQueue(self, queue, exchange, routingKey, arguments=None):
         """queue.unbind (no error when the exchange or the binding is missing)."""
         qname = self.queueName(queue)
-        self.access.checkAll(bindChecks("queue", qname, exchange))
+        self.checkBind("queue", qname, exchange)
         q = self.vhost.queues.get(qname)
         if q is None:
             return
@@ -289,8 +320,16 @@ class Session:
         last declared) reads: 403 without read permission, then 404 or 405.
         """
         qname = self.queueName(queue)
-        self.access.check(READ, "queue", qname)
+        self.checkQueueRead(qname)
         return self.vhost.getQueue(qname, self.client)
+
+    def checkQueueRead(self, name):
+        """
+        The permission check of a get, consume or purge of queue ``name``
+        (str), which needs nothing else: 403 ``ACCESS_REFUSED`` without read
+        permission.
+        """
+        self.access.check(READ, "queue", name)
 
     def purgeQueue(self, queue):
         """queue.purge: the number of messages purged; 403 without read permission."""
@@ -555,8 +594,23 @@ class Session:
 
     # --- publish ---------------------------------------------------------------------
 
-    def publishTarget(self, exchange):
-        """The Exchange a publish to ``exchange`` (str) goes to (see :func:`publish.publishTarget`)."""
+    def checkPublish(self, exchange):
+        """
+        The permission check of a publish to ``exchange`` (str), which needs
+        no message: 403 ``ACCESS_REFUSED`` without write permission
+        (:func:`publish.checkPublish`).
+        """
+        checkPublish(self.access, exchange)
+
+    def publishTarget(self, exchange, checked=False):
+        """
+        The Exchange a publish to ``exchange`` (str) goes to (see
+        :func:`publish.publishTarget`); with ``checked``, after
+        :meth:`checkPublish`, whose check is not run again
+        (:func:`publish.checkedPublishTarget`).
+        """
+        if checked:
+            return checkedPublishTarget(self.vhost, exchange)
         return publishTarget(self.vhost, self.access, exchange)
 
     def publish(self, ex, routingKey, mandatory, propsRaw, body, address=None, props=None):

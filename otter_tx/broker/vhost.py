@@ -38,7 +38,7 @@ from otter_tx.broker.delayed import (
     DelayedExchange,
     validateDelayedArguments,
 )
-from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange
+from otter_tx.broker.exchange import EXCHANGE_TYPES, Exchange, isExchange
 from otter_tx.broker.message import Message
 from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperatorPolicy
 from otter_tx.broker.queue import Queue
@@ -115,7 +115,9 @@ def _lockedText(qname, vhost):
 
 
 #: the exchange classes a binding's destination may be; any other
-#: destination is a queue (an IQueue), whatever its class
+#: destination is a queue (an IQueue), whatever its class: the test of
+#: :func:`~otter_tx.broker.exchange.isExchange` as a frozenset lookup, which
+#: the publish path (:meth:`VHost.route`) can afford
 _EXCHANGE_CLASSES = frozenset([Exchange, DelayedExchange])
 
 
@@ -392,7 +394,7 @@ class VHost:
         Bind ``destination`` (Queue or Exchange) to exchange ``source``.
         403 for the default exchange.
         """
-        if source.name == "" or (isinstance(destination, Exchange) and destination.name == ""):
+        if source.name == "" or (isExchange(destination) and destination.name == ""):
             raise accessRefused(
                 "operation not permitted on the default exchange"
             )
@@ -404,7 +406,7 @@ class VHost:
                     % (erlBinary(xmatch.encode() if isinstance(xmatch, str) else str(xmatch).encode()),)
                 )
         if source.routing.add(destination, routingKey, arguments):
-            if not isinstance(destination, Exchange):
+            if not isExchange(destination):
                 destination.bindings[(source, routingKey, frozenArguments(arguments))] = arguments
             else:
                 destination.inboundCount += 1
@@ -421,7 +423,7 @@ class VHost:
     def _unbind(self, source, destination, routingKey, arguments):
         args = arguments
         if source.routing.remove(destination, routingKey, args):
-            if not isinstance(destination, Exchange):
+            if not isExchange(destination):
                 destination.bindings.pop((source, routingKey, frozenArguments(args)), None)
             else:
                 destination.inboundCount -= 1
@@ -489,6 +491,11 @@ class VHost:
         then the alternate exchange of one that routes nowhere; each exchange
         once), but counting nothing, holding nothing (an x-delayed-message
         exchange routes as if the message were due) and enqueueing nothing.
+        The walk's rules are :meth:`route`'s, written a second time so that
+        the publish path keeps its own loop: an exchange whose destinations
+        hold no queue and no exchange not yet visited passes the message to
+        its alternate exchange (``ReachableQueuesTests`` compares the two
+        over exchange-to-exchange cycles and alternate exchanges).
         With ``routingKey`` None the message keeps routing keys of its own
         (a dead letter without ``x-dead-letter-routing-key``), so every
         destination bound to an exchange on the walk counts, under its
@@ -517,13 +524,18 @@ class VHost:
                 pairs = [(d, routingKey) for d in dests]
             else:
                 pairs = [(d, k) for d, k, _ in ex.routing.bindings()]
+            # route's rules, with route's exchange test: a queue or a new
+            # exchange routes here; otherwise the alternate exchange is tried
+            routedHere = False
             for d, key in pairs:
-                if type(d) is Queue:
+                if d.__class__ not in _EXCHANGE_CLASSES:
                     found.setdefault(d.name, key)
+                    routedHere = True
                 elif d not in visited:
                     visited.add(d)
                     pending.append(d)
-            if not pairs and ex.alternate is not None:
+                    routedHere = True
+            if not routedHere and ex.alternate is not None:
                 ae = self.exchanges.get(ex.alternate)
                 if ae is not None and ae not in visited:
                     visited.add(ae)

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from otter_tx.amqp.codec import jsonable  # noqa: F401 (re-exported: the JSON shapes use it)
 from otter_tx.broker import stats
-from otter_tx.broker.queue import Queue
+from otter_tx.broker.exchange import destinationKind
 
 #: the value of ``node`` everywhere (otter_tx is a single node)
 NODE = "otter_tx@localhost"
@@ -183,10 +183,10 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["members"] = [NODE]
         d["online"] = [NODE]
         # at-least-once dead letters waiting for a queue to take them
-        d["messages_dlx"] = len(q.dlxHeld or ())
-        d["message_bytes_dlx"] = q.dlxHeldBytes
+        d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
+        d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     if detail:
-        d["messages_persistent"], d["message_bytes_persistent"] = q.readyPersistent()
+        d["messages_persistent"], d["message_bytes_persistent"] = q.ready.persistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
         d["deliveries"] = []
         d["incoming"] = []
@@ -241,7 +241,7 @@ def bindingDict(vhostName, source, dest, routingKey, arguments):
         "source": source,
         "vhost": vhostName,
         "destination": dest.name,
-        "destination_type": "queue" if isinstance(dest, Queue) else "exchange",
+        "destination_type": destinationKind(dest),
         "routing_key": routingKey,
         "arguments": jsonable(arguments or {}),
         "properties_key": propertiesKey(routingKey, arguments),

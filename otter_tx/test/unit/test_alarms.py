@@ -489,14 +489,14 @@ class BlockingTests(SynchronousTestCase):
         self.free = 10
         self.disk.check()
         used[0] = 2000
-        self.broker.checkMemory()
+        self.broker.memoryMonitor.check()
         c.publish(1, "", "q", b"x")
         self.free = 10 ** 9
         self.disk.check()
         [(_, m, _)] = c.received()
         self.assertEqual(m.reason, "low on disk & memory")
         used[0] = 0
-        self.broker.checkMemory()
+        self.broker.memoryMonitor.check()
         self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
 
     def test_bothReasons(self):

@@ -166,3 +166,46 @@ class ReachableQueuesTests(SynchronousTestCase):
         self.assertEqual(self.vh.reachableQueues("", "qa"), {"qa": "qa"})
         self.assertEqual(self.vh.reachableQueues("", None), {"qa": "qa", "qb": "qb"})
         self.assertEqual(self.vh.reachableQueues("nope", "qa"), {})
+
+    def assertAsRouted(self, exchangeName, routingKey):
+        """reachableQueues names exactly the queues route delivers a message with ``routingKey`` to."""
+        ex = self.vh.exchanges[exchangeName]
+        routed = self.vh.route(ex, msg(routingKey, exchangeName), [routingKey])
+        self.assertEqual(set(self.vh.reachableQueues(exchangeName, routingKey)), {q.name for q in routed},
+                         (exchangeName, routingKey))
+
+    def test_asRouteDeliversOverTopologies(self):
+        """
+        Over exchange-to-exchange chains and cycles and alternate exchanges,
+        reachableQueues follows route's rules: each exchange once, and an
+        exchange whose destinations are all exchanges already visited passes
+        the message to its alternate exchange.
+        """
+        vh = self.vh
+        qc = vh.declareQueue("qc", None)
+        ae = vh.declareExchange("ae", "fanout")
+        vh.bind(ae, qc, "", {})
+        # a -> b -> a (a cycle); b's only destination is visited: its alternate applies
+        a = vh.declareExchange("a", "direct")
+        b = vh.declareExchange("b", "direct", arguments={"alternate-exchange": "ae"})
+        vh.bind(a, b, "k", {})
+        vh.bind(b, a, "k", {})
+        # t: topic to a queue and to itself; u: no bindings, with an alternate
+        t = vh.declareExchange("t", "topic", arguments={"alternate-exchange": "ae"})
+        vh.bind(t, self.qa, "x.*", {})
+        vh.bind(t, t, "#", {})
+        vh.declareExchange("u", "direct", arguments={"alternate-exchange": "ae"})
+        # c -> d -> c with a queue on d; the alternate chain ends in a cycle ae2 <-> ae3
+        c = vh.declareExchange("c", "fanout", arguments={"alternate-exchange": "ae2"})
+        d = vh.declareExchange("d", "direct")
+        vh.bind(c, d, "", {})
+        vh.bind(d, c, "k", {})
+        vh.bind(d, self.qb, "q", {})
+        ae2 = vh.declareExchange("ae2", "fanout", arguments={"alternate-exchange": "ae3"})
+        ae3 = vh.declareExchange("ae3", "fanout", arguments={"alternate-exchange": "ae2"})
+        vh.bind(ae2, ae3, "", {})
+        vh.bind(ae3, ae2, "", {})
+        for name in ("a", "b", "t", "u", "c", "d", "ae", "ae2", "ae3"):
+            for key in ("k", "q", "x.y", "z"):
+                self.assertAsRouted(name, key)
+        self.assertEqual(vh.reachableQueues("a", "k"), {"qc": "k"})

@@ -560,7 +560,7 @@ class PagingManagementTests(PagingTestCase):
         q = self.declare("q")
         self.fill("q", 30)
         self.fill("q", 20, start=30, delivery_mode=2)
-        self.assertEqual(q.readyPersistent(), (20, 320))
+        self.assertEqual(q.ready.persistent(), (20, 320))
         d = queueDict(q, detail=True)
         self.assertEqual(d["messages_ready"], 50)
         self.assertEqual(d["message_bytes_ready"], 800)
@@ -569,9 +569,9 @@ class PagingManagementTests(PagingTestCase):
         self.assertEqual(d["messages_ready_ram"], 10)
         self.assertEqual((d["messages_persistent"], d["message_bytes_persistent"]), (20, 320))
         q.basicGet(True)
-        self.assertEqual(q.readyPersistent(), (20, 320))
+        self.assertEqual(q.ready.persistent(), (20, 320))
         self.drainEntries(q)
-        self.assertEqual(q.readyPersistent(), (0, 0))
+        self.assertEqual(q.ready.persistent(), (0, 0))
 
 
 class PagingPurgeUnackedTests(PagingTestCase):

@@ -362,7 +362,7 @@ class MessagingTests(ProtocolTestCase):
         self.declare(c)
         c.publish(1, "", "q", b"x" * 20)
         used[0] = 1001
-        self.broker.checkMemory()
+        self.broker.memoryMonitor.check()
         self.assertEqual(c.received(), [])  # told only when it publishes, as RabbitMQ
         c.publish(1, "", "q", b"y")
         [(_, m, _)] = c.received()
@@ -370,7 +370,7 @@ class MessagingTests(ProtocolTestCase):
         self.assertEqual(m.reason, "low on memory")
         self.assertEqual(c.transport.producerState, "paused")
         used[0] = 899
-        self.broker.checkMemory()
+        self.broker.memoryMonitor.check()
         self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
         self.assertEqual(c.transport.producerState, "producing")
 

@@ -420,7 +420,7 @@ class AtLeastOnceTests(BrokerTestCase):
     def test_heldUntilRetry(self):
         """A dead letter the DLX routes nowhere is held (messages_dlx), not ready, and sent on the retry after 180 s, not on a new binding."""
         self.rejectOne(b"held")
-        self.assertEqual((self.q.readyCount, len(self.q.dlxHeld), self.q.dlxHeldBytes), (0, 1, 4))
+        self.assertEqual((self.q.readyCount, len(self.q.heldDeadLetters.messages), self.q.heldDeadLetters.bytes), (0, 1, 4))
         dlq = self.declare("dlq")
         self.vhost.bind(self.vhost.exchanges["dlx"], dlq, "", {})
         self.assertEqual(dlq.readyCount, 0)
@@ -429,7 +429,7 @@ class AtLeastOnceTests(BrokerTestCase):
         self.clock.advance(0.1)
         (m,) = self.drain(dlq)
         self.assertEqual((m.body, m.headers["x-death"][0]["reason"]), (b"held", "rejected"))
-        self.assertIsNone(self.q.dlxHeld)
+        self.assertIsNone(self.q.heldDeadLetters.messages)
         self.assertEqual(self.vhost.deadLettered["rejected"], 1)
 
     def test_missingExchangeHeldAndRetried(self):
@@ -437,7 +437,7 @@ class AtLeastOnceTests(BrokerTestCase):
         self.vhost.deleteExchange("dlx")
         self.rejectOne()
         self.clock.advance(180)
-        self.assertEqual(len(self.q.dlxHeld), 1)
+        self.assertEqual(len(self.q.heldDeadLetters.messages), 1)
         self.assertEqual(self.vhost.deadLetterDropped, 0)
 
     def test_routedAtOnce(self):
@@ -445,13 +445,13 @@ class AtLeastOnceTests(BrokerTestCase):
         dlq = self.declare("dlq")
         self.vhost.bind(self.vhost.exchanges["dlx"], dlq, "", {})
         self.rejectOne()
-        self.assertEqual((dlq.readyCount, self.q.dlxHeld), (1, None))
+        self.assertEqual((dlq.readyCount, self.q.heldDeadLetters.messages), (1, None))
 
     def test_deleteForgets(self):
         """Deleting the queue drops its held dead letters and their timer."""
         self.rejectOne()
         self.vhost.deleteQueue(self.q)
-        self.assertEqual((self.q.dlxHeld, self.clock.getDelayedCalls()), (None, []))
+        self.assertEqual((self.q.heldDeadLetters.messages, self.clock.getDelayedCalls()), (None, []))
 
     def test_json(self):
         """messages_dlx and message_bytes_dlx of a quorum queue count the held dead letters."""

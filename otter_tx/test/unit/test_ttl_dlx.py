@@ -277,7 +277,7 @@ class MessageTTLTests(BrokerTestCase):
         n = 20000
         q = self.declare("q")
         # all in memory: reaping of paged segments is tested in test_paging
-        q.memoryBudget = 2 ** 62
+        q.ready.memoryBudget = 2 ** 62
         rnd = random.Random(20261122)
         ex = self.vhost.exchanges[""]
         for _ in range(n):

@@ -12,7 +12,6 @@ from urllib.parse import quote, unquote
 
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, WRITE, bindChecks
 from otter_tx.broker.delayed import DELAYED_TYPE, checkHeldAccess, pageParameters
 from otter_tx.broker.exchange import EXCHANGE_TYPES
 from otter_tx.web import _format as fmt
@@ -71,7 +70,7 @@ class ExchangesRoom(Room):
         xname = self._exchangeName(name)
         if request.method == b"PUT":
             session = self._session(user, vh)
-            session.access.check(CONFIGURE, "exchange", xname)  # a refused request's body is never parsed
+            session.checkExchangeDeclare(xname)  # a refused request's body is never parsed
             body = self._body(request)
             xtype = body.get("type", "direct")
             if xtype != DELAYED_TYPE and xtype not in EXCHANGE_TYPES:
@@ -131,7 +130,7 @@ class ExchangesRoom(Room):
         xname = self._exchangeName(name)
         session = self._session(user, vh)
         try:
-            session.access.check(WRITE, "exchange", xname)  # a refused request's body is never parsed
+            session.checkPublish(xname)  # a refused request's body is never parsed
         except AMQPError as e:
             raise badRequest(str(e))
         body = self._body(request)
@@ -151,7 +150,7 @@ class ExchangesRoom(Room):
         # does not refuse an HTTP publish, as in RabbitMQ (Broker.received)
         self.broker.received(len(data))
         try:
-            ex = session.publishTarget(xname)
+            ex = session.publishTarget(xname, checked=True)
             props = self._properties(body["properties"])
             routed, _ = session.publish(ex, str(body["routing_key"]), False, encodeProperties(props), data,
                                         props=props)
@@ -293,7 +292,7 @@ class ExchangesRoom(Room):
         kind = "queue" if dtype == "q" else "exchange"
         dname = dest if dtype == "q" else self._exchangeName(dest)
         session = self._session(user, vh)
-        session.access.checkAll(bindChecks(kind, dname, self._exchangeName(source)))
+        session.checkBind(kind, dname, self._exchangeName(source))
         return session
 
     def _bindingEnds(self, vh, source, dtype, dest):

@@ -10,7 +10,6 @@ import base64
 import itertools
 
 from otter_tx.amqp.errors import AMQPError
-from otter_tx.broker.access import CONFIGURE, READ
 from otter_tx.broker.expiry import nowMs
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
@@ -87,7 +86,7 @@ class QueuesRoom(Room):
         vh = self._vhost(vhost)
         if request.method == b"PUT":
             session = self._session(user, vh)
-            session.access.check(CONFIGURE, "queue", name)  # a refused request's body is never parsed
+            session.checkQueueDeclare(name)  # a refused request's body is never parsed
             body = self._body(request)
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
@@ -186,7 +185,7 @@ class QueuesRoom(Room):
         """
         session = self._session(user, vh)
         try:
-            session.access.check(READ, "queue", name)
+            session.checkQueueRead(name)
         except AMQPError as e:
             raise getRefusal(e)
         return session
@@ -269,7 +268,7 @@ class QueuesRoom(Room):
         the queue has consumers), and ``"estimated"``: how many of the
         counted messages are paged out and were placed by their segment's
         earliest expiry (no file is read: O(in-memory messages + paged
-        segments), :meth:`~otter_tx.broker.queue.Queue.readyExpiries`).
+        segments), :meth:`ReadyStore.expiries <otter_tx.broker.readystore.ReadyStore.expiries>`).
         404 for no queue.
         """
         vh = self._vhost(vhost)
@@ -278,7 +277,7 @@ class QueuesRoom(Room):
         counts = dict.fromkeys(("within_1s", "within_10s", "within_1min", "later", "never"), 0)
         buckets = self._EXPIRY_BUCKETS
         estimated = 0
-        for at, n, exact in q.readyExpiries():
+        for at, n, exact in q.ready.expiries():
             if not exact:
                 estimated += n
             if at is None:
