@@ -37,8 +37,11 @@ from otter_tx.test.interop.test_interop_raw import (
     CONNECTION_CLOSE,
     CONNECTION_CLOSE_OK,
     CONNECTION_OPEN_OK,
+    BASIC_CONSUME,
+    BASIC_CONSUME_OK,
     CONNECTION_START,
     CONNECTION_TUNE,
+    QUEUE_DECLARE,
     QUEUE_DECLARE_OK,
     RawTestMixin,
     basicPublish,
@@ -60,11 +63,8 @@ from otter_tx.test.interop.test_interop_raw import (
 CHANNEL_CLOSE = (20, 40)
 CHANNEL_CLOSE_OK = (20, 41)
 EXCHANGE_DECLARE = (40, 10)
-QUEUE_DECLARE = (50, 10)
 QUEUE_DELETE = (50, 40)
 QUEUE_DELETE_OK = (50, 41)
-BASIC_CONSUME = (60, 20)
-BASIC_CONSUME_OK = (60, 21)
 BASIC_CANCEL = (60, 30)
 
 

@@ -13,6 +13,9 @@ import struct
 
 from otter_tx.test.interop.support import InteropTestCase, waitUntil
 from otter_tx.test.interop.test_interop_raw import (
+    BASIC_CONSUME,
+    BASIC_CONSUME_OK,
+    BASIC_DELIVER,
     FRAME_BODY,
     FRAME_HEADER,
     QUEUE_DECLARE_OK,
@@ -23,10 +26,6 @@ from otter_tx.test.interop.test_interop_raw import (
     shortstr,
     table,
 )
-
-BASIC_CONSUME = (60, 20)
-BASIC_CONSUME_OK = (60, 21)
-BASIC_DELIVER = (60, 60)
 
 
 def body(i, size):
