@@ -602,16 +602,17 @@ class Session:
         """
         checkPublish(self.access, exchange)
 
-    def publishTarget(self, exchange, checked=False):
-        """
-        The Exchange a publish to ``exchange`` (str) goes to (see
-        :func:`publish.publishTarget`); with ``checked``, after
-        :meth:`checkPublish`, whose check is not run again
-        (:func:`publish.checkedPublishTarget`).
-        """
-        if checked:
-            return checkedPublishTarget(self.vhost, exchange)
+    def publishTarget(self, exchange):
+        """The Exchange a publish to ``exchange`` (str) goes to (see :func:`publish.publishTarget`)."""
         return publishTarget(self.vhost, self.access, exchange)
+
+    def checkedPublishTarget(self, exchange):
+        """
+        :meth:`publishTarget` after :meth:`checkPublish` passed, whose check
+        is not run again (:func:`publish.checkedPublishTarget`): 404, or 403
+        for an internal exchange.
+        """
+        return checkedPublishTarget(self.vhost, exchange)
 
     def publish(self, ex, routingKey, mandatory, propsRaw, body, address=None, props=None):
         """

@@ -150,7 +150,7 @@ class ExchangesRoom(Room):
         # does not refuse an HTTP publish, as in RabbitMQ (Broker.received)
         self.broker.received(len(data))
         try:
-            ex = session.publishTarget(xname, checked=True)
+            ex = session.checkedPublishTarget(xname)
             props = self._properties(body["properties"])
             routed, _ = session.publish(ex, str(body["routing_key"]), False, encodeProperties(props), data,
                                         props=props)
