@@ -6,6 +6,7 @@ against the in-process broker or, with ``OTTER_TEST_AMQP_URL`` and
 free of alarms.
 """
 
+import time
 from urllib.parse import urlparse
 
 from otter_tx.test.interop.support import InteropTestCase, ManagementMixin
@@ -73,6 +74,7 @@ class HealthCheckTests(ManagementMixin, InteropTestCase):
         """The overview has one management context on the API's port (a string), and an amqp listener."""
         def check(r):
             code, overview = r
+            self.assertEqual(code, 200)
             port = str(urlparse(self.mgmtBase()).port)
             [ctx] = [c for c in overview["contexts"] if c["port"] == port]
             self.assertEqual({k: ctx[k] for k in ("description", "path", "ssl_opts")},
@@ -80,4 +82,15 @@ class HealthCheckTests(ManagementMixin, InteropTestCase):
             self.assertIn(("amqp", self.port),
                           [(l["protocol"], l["port"]) for l in overview["listeners"]])
 
-        return self.inThread(self.http, "/api/overview").addCallback(check)
+        def run():
+            # RabbitMQ lists a node's contexts from its periodic node stats
+            # (rabbit_mgmt_external_stats, every 5 s), so right after the
+            # node starts they may not be there yet: ask again, bounded.
+            for _ in range(60):
+                code, overview = self.http("/api/overview")
+                if code != 200 or overview.get("contexts"):
+                    break
+                time.sleep(0.5)
+            return code, overview
+
+        return self.inThread(run).addCallback(check)
