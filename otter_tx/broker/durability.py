@@ -181,9 +181,10 @@ class Journal:
         """A persistent message entered durable ``queue``."""
         m = entry.message
         store = self.store
-        if not m.stored:
-            m.stored = True
-            store.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body)
+        # given with every enqueue: the message log writes the message with
+        # each queue's entry (a store that holds it once ignores a repeat)
+        store.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body, m.stored)
+        m.stored = True
         store.enqueue(
             self.queueKey(queue), m.storeId, entry.seq, self.clock.seconds() * 1000.0,
             entry.expiresAt, entry.redelivered,
@@ -196,10 +197,9 @@ class Journal:
         None to read the clock (the entry's enqueue time in the store).
         """
         store = self.store
-        if not message.stored:
-            message.stored = True
-            store.addMessage(message.storeId, message.exchange, message.routingKey, message.propsRaw,
-                             message.body)
+        store.addMessage(message.storeId, message.exchange, message.routingKey, message.propsRaw,
+                         message.body, message.stored)
+        message.stored = True
         if now is None:
             now = self.clock.seconds() * 1000.0
         store.enqueue(exchange.storeKey(), message.storeId, seq, now, fireAt, False)

@@ -391,10 +391,10 @@ class OtterService(MultiService):
 
                 store = MemoryStore()
             else:
-                from otter_tx.store.sqlite import SQLiteStore
+                from otter_tx.store.log import LogStore
 
                 os.makedirs(dataDir, exist_ok=True)
-                store = SQLiteStore(dataDir, reactor)
+                store = LogStore(dataDir, reactor)
         #: the IMessageStore (SQLite under dataDir by default; memory without one)
         self.store = store
         self._ready = None  # None until started, then True or a Failure

@@ -303,9 +303,14 @@ class IMessageStore(IStoreHealth):
         drops every message entry of that queue.
         """
 
-    def addMessage(storeId, exchange, routingKey, propsRaw, body):
+    def addMessage(storeId, exchange, routingKey, propsRaw, body, again=False):
         """
-        Store one message once; it is placed in queues with :meth:`enqueue`.
+        Give a message's content; it is placed in queues with
+        :meth:`enqueue`.  Call it before EVERY enqueue of the message (the
+        message log writes the message with each queue's entry, so its
+        ``enqueue`` needs the content in the same batch), with ``again``
+        True after the first time: a store that keeps a message once
+        (SQLite, memory) then changes nothing it already holds.
 
         :param storeId: ``int`` unique for the life of the store; the broker
             must not reuse an id.
@@ -314,11 +319,12 @@ class IMessageStore(IStoreHealth):
         :param propsRaw: ``bytes``-like: the encoded content-header property
             flags and list.
         :param body: ``bytes``-like (copied if it is not ``bytes``).
+        :param again: ``bool``, the message was given before.
         """
 
     def enqueue(queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
         """
-        Put message ``storeId`` (already given to :meth:`addMessage`) in queue
+        Put message ``storeId`` (just given to :meth:`addMessage`) in queue
         ``queueKey`` at position ``seq`` (``int``).  ``enqueuedAtMs`` and
         ``expiresAtMs`` (``float`` or ``None``) are absolute times in ms
         since the epoch.  Enqueueing the same ``(queueKey, storeId)`` again

@@ -191,7 +191,7 @@ class MemoryStore:
 
     # --- messages --------------------------------------------------------
 
-    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body, again=False):
         """
         Store a message once (see :meth:`IMessageStore.addMessage`).
         """

@@ -36,17 +36,20 @@ class PendingMessage:
     :ivar liveEnqueues: pending enqueues of it not cancelled (int).
     :ivar enqueueCancelled: True once one of its pending enqueues was
         cancelled (a dequeue or purge in the same batch).
+    :ivar fresh: False when the message was given again (``again=True``):
+        entries of it may be on disk already.
     """
 
-    __slots__ = ("exchange", "routingKey", "propsRaw", "body", "liveEnqueues", "enqueueCancelled")
+    __slots__ = ("exchange", "routingKey", "propsRaw", "body", "liveEnqueues", "enqueueCancelled", "fresh")
 
-    def __init__(self, exchange, routingKey, propsRaw, body):
+    def __init__(self, exchange, routingKey, propsRaw, body, fresh=True):
         self.exchange = exchange
         self.routingKey = routingKey
         self.propsRaw = propsRaw
         self.body = body
         self.liveEnqueues = 0
         self.enqueueCancelled = False
+        self.fresh = fresh
 
 
 class EntryChange(namedtuple("EntryChange", "op seq enqueuedAtMs expiresAtMs redelivered replaces")):
@@ -122,13 +125,17 @@ class Batch:
             return self.purge(key)
         return 0
 
-    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
-        """Write message ``storeId`` (its enqueues follow)."""
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body, again=False):
+        """
+        Write message ``storeId`` (its enqueues follow).  ``again``: it was
+        given before, in this batch or an earlier one (the message log
+        writes it with each queue's entry); a repeat in the same batch
+        changes nothing.
+        """
         adds = self.adds
-        previous = adds.get(storeId)
-        if previous is not None:
-            self.addedBytes -= len(previous.body) + len(previous.propsRaw)
-        adds[storeId] = PendingMessage(exchange, routingKey, propsRaw, body)
+        if storeId in adds:
+            return
+        adds[storeId] = PendingMessage(exchange, routingKey, propsRaw, body, not again)
         self.addedBytes += len(body) + len(propsRaw)
 
     def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
@@ -142,7 +149,8 @@ class Batch:
         # new in this batch or the queue was purged in it (a purge forgets
         # the pending entries, so `previous` is then from after it).
         if previous is None:
-            replaces = storeId not in self.adds and queueKey not in self.purges
+            add = self.adds.get(storeId)
+            replaces = (add is None or not add.fresh) and queueKey not in self.purges
         else:
             replaces = previous.op != ENQ or previous.replaces
         entries[storeId] = _tupleNew(EntryChange, (ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered), replaces))

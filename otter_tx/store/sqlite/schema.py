@@ -248,19 +248,13 @@ def create(path, directory):
 # --- recovery (writer thread) --------------------------------------------------
 
 
-def recover(conn, path, integrityCheck, tables):
+def check(conn, path, integrityCheck, readsUpTo=SCHEMA_VERSION):
     """
-    Check the file, migrate an older schema, repair what an unclean stop
-    leaves (in one transaction), and count everything.
+    Check that the file is an otter_tx store this code reads (schema
+    version at most ``readsUpTo``), run the integrity check, and set WAL
+    mode.  Returns ``(version, meta)``: the file's schema version (int) and
+    its ``meta`` table (dict).
 
-    :param conn: the writer's connection (from :func:`connect`).
-    :param path: the file's path (``str``), for errors and the streams.
-    :param integrityCheck: run ``PRAGMA quick_check`` first (``bool``).
-    :param tables: the writer's :class:`~otter_tx.store.sqlite.tables.Tables`,
-        whose queue id map is loaded (and pruned of queues whose entity is
-        gone) here.
-    :return: the ``RecoveredState``; its messages are one lazy
-        :class:`QueueStream` per queue.
     :raise StoreCorruptError: the file is not a usable otter_tx store.
     """
     try:
@@ -281,11 +275,11 @@ def recover(conn, path, integrityCheck, tables):
         raise StoreCorruptError(
             path, f"its schema version {rows.get('schema_version')!r} is unreadable"
         ) from None
-    if version > SCHEMA_VERSION:
+    if version > readsUpTo:
         raise StoreCorruptError(
             path,
             f"it was written by a newer otter_tx (schema version {version}, "
-            f"this one reads up to {SCHEMA_VERSION}); upgrade otter_tx "
+            f"this one reads up to {readsUpTo}); upgrade otter_tx "
             "rather than moving the file aside",
         )
     if integrityCheck:
@@ -297,6 +291,25 @@ def recover(conn, path, integrityCheck, tables):
     mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
     if mode != "wal":
         raise StoreCorruptError(path, f"SQLite cannot use WAL mode on it (got {mode!r})")
+    return version, rows
+
+
+def recover(conn, path, integrityCheck, tables):
+    """
+    Check the file, migrate an older schema, repair what an unclean stop
+    leaves (in one transaction), and count everything.
+
+    :param conn: the writer's connection (from :func:`connect`).
+    :param path: the file's path (``str``), for errors and the streams.
+    :param integrityCheck: run ``PRAGMA quick_check`` first (``bool``).
+    :param tables: the writer's :class:`~otter_tx.store.sqlite.tables.Tables`,
+        whose queue id map is loaded (and pruned of queues whose entity is
+        gone) here.
+    :return: the ``RecoveredState``; its messages are one lazy
+        :class:`QueueStream` per queue.
+    :raise StoreCorruptError: the file is not a usable otter_tx store.
+    """
+    version, rows = check(conn, path, integrityCheck)
     if version < 2:
         migrate(conn, path)
     # a file of schema 1 does not say whether its last stop was clean

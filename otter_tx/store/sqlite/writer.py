@@ -234,9 +234,10 @@ class SQLiteStore:
             batch = self._pending
             self._changed(batch, batch.deleteEntity(kind, key))
 
-    def addMessage(self, storeId, exchange, routingKey, propsRaw, body):
+    def addMessage(self, storeId, exchange, routingKey, propsRaw, body, again=False):
         """
-        Store a message once (see :meth:`IMessageStore.addMessage`).
+        Store a message (see :meth:`IMessageStore.addMessage`); ``again``:
+        it was given before (written again only if not pending).
         """
         self._checkOpen()
         if type(propsRaw) is not bytes:
@@ -245,7 +246,7 @@ class SQLiteStore:
             body = bytes(body)
         with self._lock:
             batch = self._pending
-            batch.addMessage(storeId, exchange, routingKey, propsRaw, body)
+            batch.addMessage(storeId, exchange, routingKey, propsRaw, body, again)
             self._changed(batch)
 
     def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):

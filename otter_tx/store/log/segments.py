@@ -1,0 +1,829 @@
+"""
+One queue's message log: append-only segment files of records, written in
+chunks (one per group commit), read back from any offset.
+
+Plain file I/O and plain data: no Twisted, no thread of its own, no lock.
+:class:`~otter_tx.store.log.store.LogStore`'s writer thread owns every
+:class:`QueueLog` it writes; a recovery stream reads one on the reactor
+thread only before that queue changes (the store contract).  The format is
+documented in ``docs/storage.md`` ("The message log").
+
+Files.  A queue log is a directory ``q<qid>/`` of segments named by the
+offset of their first message record, ``%020d.seg``.  A segment starts with
+a 16-byte file header (:data:`FILE_MAGIC`, 8 bytes, then the first offset,
+u64) followed by chunks.  A chunk is one group commit's records for this
+queue: a 16-byte header (:data:`CHUNK_MAGIC`, payload length u32, CRC-32 of
+the payload u32, record count u32) and its payload.  A torn write can only
+damage the last chunk of the last segment (each commit appends one chunk
+and fsyncs it before its syncs fire); recovery drops such a chunk (its CRC
+or length fails) and truncates the file there.
+
+Records (little endian; each is its length u32, not counting those 4
+bytes, then the type u8):
+
+- ``ENQ`` (1): a message entering the queue.  storeId u64, seq i64,
+  enqueuedAtMs f64, expiresAtMs f64 (NaN for none), flags u8 (1:
+  redelivered), exchange length u8, routing key length u8, property bytes
+  length u32, then exchange, routing key (UTF-8, surrogateescape), the
+  encoded content-header properties and the body.  Each ENQ record has an
+  *offset*: the segment's first offset plus its index among the segment's
+  ENQ records (offsets count messages, not bytes, and never repeat).
+- ``ACK`` (2): offset u64: that message left the queue (ack, expiry,
+  dead-lettering, drop).
+- ``MARK`` (3): offset u64: that message was delivered (it comes back
+  redelivered).
+- ``PURGE`` (4): upto u64, count u32, then ``count`` offsets u64: every
+  message below ``upto`` left except those listed (``queue.purge`` keeps
+  unacknowledged messages).
+- ``REDELIVER_ALL`` (5): upto u64: every message below ``upto`` comes back
+  redelivered (written once per queue after an unclean stop).
+
+Reclaiming.  A segment is deleted once it is not the active (last) one,
+none of its messages is live, and no record in it still matters to an
+older segment: an ``ACK``/``MARK``/``PURGE``/``REDELIVER_ALL`` in segment
+S about a message of an older segment T *pins* S until T is deleted
+(otherwise T's message would come back at recovery).
+"""
+
+import bisect
+import math
+import os
+import struct
+import zlib
+from array import array
+
+#: the first 8 bytes of every segment file (format version 1)
+FILE_MAGIC = b"OTXLOG\x00\x01"
+#: the first 4 bytes of every chunk
+CHUNK_MAGIC = b"OTXC"
+FILE_HEADER = struct.Struct("<8sQ")
+CHUNK_HEADER = struct.Struct("<4sIII")
+
+ENQ = 1
+ACK = 2
+MARK = 3
+PURGE = 4
+REDELIVER_ALL = 5
+
+#: ENQ: length, type, storeId, seq, enqueuedAtMs, expiresAtMs, flags, exchange
+#: length, routing key length, property bytes length (44 bytes)
+ENQ_HEAD = struct.Struct("<IBQqddBBBI")
+#: ACK, MARK, REDELIVER_ALL: length, type, offset (13 bytes)
+REF = struct.Struct("<IBQ")
+#: PURGE: length, type, upto, count (then count u64 offsets)
+PURGE_HEAD = struct.Struct("<IBQI")
+_LEN_TYPE = struct.Struct("<IB")
+_U64 = struct.Struct("<Q")
+_ID_SEQ = struct.Struct("<Qq")
+
+#: a new segment is started when the active one holds this many bytes
+SEGMENT_BYTES = 4 * 1024 * 1024
+
+#: the sparse offset index keeps the byte position of every Nth message
+INDEX_EVERY = 64
+
+# flags per message in a segment (Segment.flags)
+LIVE = 1
+REDELIVERED = 2
+#: the message id slot is a copy of the previous one (its id is in
+#: QueueLog.exceptions): see QueueLog.locate
+OUT_OF_ORDER = 4
+
+_NAN = float("nan")
+
+# bytes.translate table: every live message becomes live and redelivered
+_ALL_REDELIVERED = bytes((f | REDELIVERED) if f & LIVE else f for f in range(256))
+
+
+class LogCorruptError(Exception):
+    """
+    A segment is damaged somewhere other than its torn tail.
+
+    :ivar path: the segment file (``str``).  :ivar reason: ``str``.
+    """
+
+    def __init__(self, path, reason):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+def segmentName(firstOffset):
+    """The file name of the segment starting at ``firstOffset`` (int)."""
+    return "%020d.seg" % (firstOffset,)
+
+
+def encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey,
+              propsRaw, body):
+    """
+    Append one ENQ record to ``out`` (bytearray); ``exchange`` and
+    ``routingKey`` are the encoded names (bytes, at most 255 each).
+    Returns the record's length in bytes.
+    """
+    n = ENQ_HEAD.size - 4 + len(exchange) + len(routingKey) + len(propsRaw) + len(body)
+    out += ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs,
+                         _NAN if expiresAtMs is None else expiresAtMs,
+                         1 if redelivered else 0, len(exchange), len(routingKey), len(propsRaw))
+    out += exchange
+    out += routingKey
+    out += propsRaw
+    out += body
+    return n + 4
+
+
+def decodeEnq(buf, pos):
+    """
+    The fields of the ENQ record at ``pos`` in ``buf``: ``(storeId, seq,
+    enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
+    body)`` with names as bytes.
+    """
+    n, _, storeId, seq, enq, exp, flags, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
+    p = pos + ENQ_HEAD.size
+    exchange = buf[p:p + exLen]
+    p += exLen
+    routingKey = buf[p:p + rkLen]
+    p += rkLen
+    propsRaw = buf[p:p + propsLen]
+    p += propsLen
+    body = buf[p:pos + 4 + n]
+    return (storeId, seq, enq, None if math.isnan(exp) else exp, bool(flags & 1), exchange,
+            routingKey, propsRaw, body)
+
+
+class Segment:
+    """
+    One segment file's state in memory.
+
+    :ivar first: offset of its first message (int).
+    :ivar path: its file (str).
+    :ivar size: bytes of the file that are committed (int).
+    :ivar ids: ``array('q')``: the storeId of each of its messages, by
+        offset (an out-of-order id holds a copy of the previous id; see
+        :meth:`QueueLog.locate`).
+    :ivar flags: ``bytearray``: :data:`LIVE`, :data:`REDELIVERED`,
+        :data:`OUT_OF_ORDER` per message.
+    :ivar live: number of live messages (int).
+    :ivar minId: the storeId of its first in-order message, or None.
+    :ivar pins: the older segments a record of this one is about (set).
+    :ivar pinnedBy: the newer segments whose records are about this one (set).
+    :ivar index: ``array('I')``: byte position of every
+        :data:`INDEX_EVERY`-th message (the sparse offset index).
+    :ivar stamps: ``array('d')``: enqueuedAtMs of the same messages (the
+        sparse timestamp index).
+    """
+
+    __slots__ = ("first", "path", "size", "ids", "flags", "live", "minId", "pins", "pinnedBy",
+                 "index", "stamps", "positions", "__weakref__")
+
+    def __init__(self, first, path, size):
+        self.first = first
+        self.path = path
+        self.size = size
+        self.ids = array("q")
+        self.flags = bytearray()
+        self.live = 0
+        self.minId = None
+        self.pins = set()
+        self.pinnedBy = set()
+        self.index = array("I")
+        self.stamps = array("d")
+        # byte position of every message, kept only between recovery and
+        # the recovery stream (QueueLog.recovered)
+        self.positions = None
+
+    @property
+    def next(self):
+        """The offset after its last message (int)."""
+        return self.first + len(self.ids)
+
+    def __repr__(self):
+        return f"<Segment {self.first}+{len(self.ids)} live={self.live} {self.size}B>"
+
+
+class QueueLog:
+    """
+    One queue's log: its segments, which messages are live, and the
+    records of the commit being built.
+
+    Writing is three steps, all on the store's writer thread:
+    :meth:`enqueue` / :meth:`ack` / :meth:`mark` / :meth:`purge` update the
+    state and append records to a pending chunk; :meth:`flush` writes the
+    chunk and fsyncs; :meth:`reclaim` deletes the segments the commit freed.
+    If anything fails before the commit is done, :meth:`rollback` truncates
+    the files and reads the state back from them.
+
+    :param directory: the queue's directory (str; created by :meth:`create`).
+    :ivar exceptions: ``{storeId: offset}`` of live messages enqueued out
+        of id order.
+    :ivar committed: the offset after the last committed message (int).
+    """
+
+    def __init__(self, directory, segmentBytes=SEGMENT_BYTES):
+        self.directory = directory
+        self.segmentBytes = segmentBytes
+        self.segments = []
+        # minId of the segments that have one, and those segments (bisect)
+        self._minIds = []
+        self._byMinId = []
+        self.exceptions = {}
+        # the same, offset -> storeId
+        self._exceptionIds = {}
+        self._lastId = -1
+        self._lastSeq = None
+        #: True when a message's seq is lower than one before it (the
+        #: recovery stream then sorts by seq)
+        self.disordered = False
+        self.committed = 0
+        self._chunk = bytearray()
+        self._count = 0
+        self._fd = None
+        # segments created by the commit being built (fsync the directory)
+        self._created = False
+        self._createdPaths = []
+        self._rollbackSizes = None
+
+    # --- opening --------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory, firstOffset=0, segmentBytes=SEGMENT_BYTES):
+        """A new, empty log in ``directory`` (made now; its first segment on the first write)."""
+        os.makedirs(directory, exist_ok=True)
+        log = cls(directory, segmentBytes)
+        log.committed = firstOffset
+        return log
+
+    @classmethod
+    def open(cls, directory, segmentBytes=SEGMENT_BYTES, truncateTail=True):
+        """
+        Read an existing log's state from its segments (every record is
+        read once; message bodies are not kept).  A torn last chunk of the
+        last segment is cut off (with ``truncateTail``).
+
+        :raise LogCorruptError: a segment is damaged elsewhere.
+        """
+        log = cls(directory, segmentBytes)
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".seg"))
+        for i, name in enumerate(names):
+            path = os.path.join(directory, name)
+            log._scan(path, last=(i == len(names) - 1), truncateTail=truncateTail)
+        if log.segments:
+            log.committed = log.segments[-1].next
+        return log
+
+    def _scan(self, path, last, truncateTail):
+        with open(path, "rb") as f:
+            buf = f.read()
+        if len(buf) < FILE_HEADER.size:
+            if last:
+                # created but its header never made it: nothing was in it
+                if truncateTail:
+                    os.remove(path)
+                return
+            raise LogCorruptError(path, "shorter than its header")
+        magic, first = FILE_HEADER.unpack_from(buf, 0)
+        if magic != FILE_MAGIC:
+            raise LogCorruptError(path, f"not a message log segment (magic {magic!r})")
+        if self.segments and first != self.segments[-1].next:
+            raise LogCorruptError(path, f"starts at offset {first}, expected {self.segments[-1].next}")
+        seg = Segment(first, path, FILE_HEADER.size)
+        seg.positions = array("I")
+        self._addSegment(seg)
+        pos = FILE_HEADER.size
+        end = len(buf)
+        while pos < end:
+            bad = None
+            if end - pos < CHUNK_HEADER.size:
+                bad = "a torn chunk header"
+            else:
+                magic, length, crc, count = CHUNK_HEADER.unpack_from(buf, pos)
+                start = pos + CHUNK_HEADER.size
+                if magic != CHUNK_MAGIC:
+                    bad = "a chunk without its magic"
+                elif start + length > end:
+                    bad = "a torn chunk"
+                elif zlib.crc32(buf[start:start + length]) != crc:
+                    bad = "a chunk failing its CRC"
+            if bad is not None:
+                if not last:
+                    raise LogCorruptError(path, f"{bad} at byte {pos} of a sealed segment")
+                if truncateTail:
+                    with open(path, "r+b") as f:
+                        f.truncate(pos)
+                        os.fsync(f.fileno())
+                break
+            self._replay(seg, buf, start, start + length)
+            pos = start + length
+            seg.size = pos
+
+    def _replay(self, seg, buf, pos, end):
+        """Apply the records of one chunk (recovery)."""
+        unpackLT = _LEN_TYPE.unpack_from
+        unpackQ = _U64.unpack_from
+        ids = seg.ids
+        flags = seg.flags
+        positions = seg.positions
+        while pos < end:
+            n, kind = unpackLT(buf, pos)
+            if kind == ENQ:
+                storeId, seq = _ID_SEQ.unpack_from(buf, pos + 5)
+                if self._lastSeq is not None and seq < self._lastSeq:
+                    self.disordered = True
+                self._lastSeq = seq
+                if len(ids) % INDEX_EVERY == 0:
+                    seg.index.append(pos)
+                    seg.stamps.append(struct.unpack_from("<d", buf, pos + 21)[0])
+                positions.append(pos)
+                self._appendId(seg, storeId)
+                flags[-1] |= (buf[pos + 37] & 1) * REDELIVERED
+            elif kind == ACK or kind == MARK or kind == REDELIVER_ALL:
+                offset = unpackQ(buf, pos + 5)[0]
+                if kind == ACK:
+                    self._ackOffset(seg, offset)
+                elif kind == MARK:
+                    self._markOffset(seg, offset)
+                else:
+                    self._redeliverAll(seg, offset)
+            elif kind == PURGE:
+                upto, count = struct.unpack_from("<QI", buf, pos + 5)
+                keep = set(struct.unpack_from("<%dQ" % count, buf, pos + 17)) if count else ()
+                self._purgeBelow(seg, upto, keep)
+            else:
+                raise LogCorruptError(seg.path, f"unknown record type {kind} at byte {pos}")
+            pos += 4 + n
+
+    # --- state ----------------------------------------------------------------
+
+    def _addSegment(self, seg):
+        self.segments.append(seg)
+
+    def _appendId(self, seg, storeId):
+        """A message at the next offset of ``seg`` (the active segment), live."""
+        if storeId > self._lastId:
+            seg.ids.append(storeId)
+            seg.flags.append(LIVE)
+            if seg.minId is None:
+                seg.minId = storeId
+                self._minIds.append(storeId)
+                self._byMinId.append(seg)
+            self._lastId = storeId
+        else:
+            seg.ids.append(self._lastId)
+            seg.flags.append(LIVE | OUT_OF_ORDER)
+            offset = seg.first + len(seg.ids) - 1
+            self.exceptions[storeId] = offset
+            self._exceptionIds[offset] = storeId
+        seg.live += 1
+
+    def segmentOf(self, offset):
+        """The segment holding ``offset``, or None (deleted or never written)."""
+        segs = self.segments
+        if not segs:
+            return None
+        i = bisect.bisect_right(segs, offset, key=_first) - 1 if _KEYED else _bisectFirst(segs, offset)
+        if i < 0:
+            return None
+        seg = segs[i]
+        return seg if offset < seg.next else None
+
+    def locate(self, storeId):
+        """
+        The offset of live message ``storeId`` (int), or None.  In-order
+        ids (each greater than every id before it) are found by bisection
+        over the segments' ids; the others are in :attr:`exceptions`.
+        """
+        offset = self.exceptions.get(storeId)
+        if offset is not None:
+            return offset
+        i = bisect.bisect_right(self._minIds, storeId) - 1
+        if i < 0:
+            return None
+        seg = self._byMinId[i]
+        ids = seg.ids
+        j = bisect.bisect_left(ids, storeId)
+        if j < len(ids) and ids[j] == storeId and seg.flags[j] & LIVE and not seg.flags[j] & OUT_OF_ORDER:
+            return seg.first + j
+        return None
+
+    def _pin(self, seg, target):
+        if target is not seg:
+            seg.pins.add(target)
+            target.pinnedBy.add(seg)
+
+    def _ackOffset(self, seg, offset):
+        target = self.segmentOf(offset)
+        if target is None:
+            return False
+        j = offset - target.first
+        f = target.flags[j]
+        if not f & LIVE:
+            return False
+        target.flags[j] = f & OUT_OF_ORDER
+        target.live -= 1
+        if f & OUT_OF_ORDER:
+            self._dropException(offset)
+        self._pin(seg, target)
+        return True
+
+    def _dropException(self, offset):
+        storeId = self._exceptionIds.pop(offset, None)
+        if storeId is not None:
+            del self.exceptions[storeId]
+
+    def _markOffset(self, seg, offset):
+        target = self.segmentOf(offset)
+        if target is None:
+            return False
+        j = offset - target.first
+        if not target.flags[j] & LIVE:
+            return False
+        target.flags[j] |= REDELIVERED
+        self._pin(seg, target)
+        return True
+
+    def _redeliverAll(self, seg, upto):
+        for target in self.segments:
+            if target.first >= upto:
+                break
+            if target.live:
+                target.flags = bytearray(target.flags.translate(_ALL_REDELIVERED))
+                self._pin(seg, target)
+
+    def _purgeBelow(self, seg, upto, keep):
+        for target in self.segments:
+            if target.first >= upto:
+                break
+            if not target.live:
+                continue
+            flags = target.flags
+            kept = [o for o in keep if target.first <= o < target.next and flags[o - target.first] & LIVE]
+            # every message goes (out-of-order bits kept), then the kept come back
+            target.flags = bytearray(flags.translate(_DEAD))
+            for o in kept:
+                target.flags[o - target.first] = flags[o - target.first]
+            target.live = len(kept)
+            self._pin(seg, target)
+        if self.exceptions:
+            self.exceptions = {i: o for i, o in self.exceptions.items() if o >= upto or o in keep}
+            self._exceptionIds = {o: i for i, o in self.exceptions.items()}
+
+    # --- writing (writer thread) ---------------------------------------------------
+
+    def _active(self):
+        """The segment the next records go to, starting a new one when needed."""
+        segs = self.segments
+        if segs:
+            seg = segs[-1]
+            if seg.size + len(self._chunk) < self.segmentBytes or not (self._count or seg.ids):
+                return seg
+        # a new segment: only at a chunk boundary
+        if self._chunk:
+            self._writeChunk()
+        first = segs[-1].next if segs else self.committed
+        path = os.path.join(self.directory, segmentName(first))
+        seg = Segment(first, path, 0)
+        self._closeFd()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(self._fd, FILE_HEADER.pack(FILE_MAGIC, first))
+        seg.size = FILE_HEADER.size
+        self._created = True
+        self._createdPaths.append(path)
+        self._addSegment(seg)
+        return seg
+
+    def enqueue(self, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey,
+                propsRaw, body):
+        """Append a message (names encoded, bytes); returns its offset."""
+        seg = self._active()
+        chunk = self._chunk
+        if len(seg.ids) % INDEX_EVERY == 0:
+            seg.index.append(seg.size + CHUNK_HEADER.size + len(chunk))
+            seg.stamps.append(enqueuedAtMs)
+        encodeEnq(chunk, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey,
+                  propsRaw, body)
+        self._count += 1
+        if self._lastSeq is not None and seq < self._lastSeq:
+            self.disordered = True
+        self._lastSeq = seq
+        self._appendId(seg, storeId)
+        if redelivered:
+            seg.flags[-1] |= REDELIVERED
+        return seg.next - 1
+
+    def ack(self, storeId):
+        """Message ``storeId`` left the queue; False if it was not live here."""
+        offset = self.locate(storeId)
+        if offset is None:
+            return False
+        seg = self._active()
+        self._ackOffset(seg, offset)
+        self._chunk += REF.pack(9, ACK, offset)
+        self._count += 1
+        return True
+
+    def mark(self, storeId):
+        """Message ``storeId`` was delivered (comes back redelivered)."""
+        offset = self.locate(storeId)
+        if offset is None:
+            return False
+        seg = self._active()
+        self._markOffset(seg, offset)
+        self._chunk += REF.pack(9, MARK, offset)
+        self._count += 1
+        return True
+
+    def purge(self, keepIds):
+        """Every live message leaves except those of the storeIds in ``keepIds``."""
+        keep = [o for o in (self.locate(i) for i in keepIds) if o is not None]
+        seg = self._active()
+        upto = seg.next
+        self._purgeBelow(seg, upto, set(keep))
+        self._chunk += PURGE_HEAD.pack(13 + 8 * len(keep), PURGE, upto, len(keep))
+        if keep:
+            self._chunk += struct.pack("<%dQ" % len(keep), *keep)
+        self._count += 1
+
+    def redeliverAll(self):
+        """Every live message comes back redelivered (after an unclean stop)."""
+        seg = self._active()
+        upto = seg.next
+        self._redeliverAll(seg, upto)
+        self._chunk += REF.pack(9, REDELIVER_ALL, upto)
+        self._count += 1
+
+    def hasPending(self):
+        return bool(self._count)
+
+    def _writeChunk(self):
+        chunk = self._chunk
+        seg = self.segments[-1]
+        if self._fd is None:
+            self._fd = os.open(seg.path, os.O_WRONLY)
+        if self._rollbackSizes is None:
+            self._rollbackSizes = {}
+        self._rollbackSizes.setdefault(seg.path, seg.size)
+        data = CHUNK_HEADER.pack(CHUNK_MAGIC, len(chunk), zlib.crc32(chunk), self._count) + chunk
+        written = os.pwrite(self._fd, data, seg.size)
+        while written < len(data):
+            written += os.pwrite(self._fd, data[written:], seg.size + written)
+        seg.size += len(data)
+        self._chunk = bytearray()
+        self._count = 0
+        return seg
+
+    def flush(self):
+        """
+        Write the pending chunk to the active segment and fsync it (and
+        the directory when a segment was created).
+        """
+        if not self._count and not self._created:
+            return
+        if self._count:
+            self._writeChunk()
+        os.fdatasync(self._fd)
+        if self._created:
+            _fsyncDirectory(self.directory)
+            self._created = False
+        self.committed = self.segments[-1].next
+
+    def done(self):
+        """The commit covering the flushed chunks succeeded: forget how to undo it."""
+        self._rollbackSizes = None
+        self._createdPaths = []
+
+    def rollback(self):
+        """
+        The commit failed: cut the files back to what they held before it,
+        remove the segments it created, and read the state back from disk.
+        """
+        self._closeFd()
+        created = set(self._createdPaths)
+        for path, size in (self._rollbackSizes or {}).items():
+            if path not in created and os.path.exists(path):
+                with open(path, "r+b") as f:
+                    f.truncate(size)
+        for path in created:
+            _remove(path)
+        fresh = QueueLog.open(self.directory, self.segmentBytes, truncateTail=True)
+        if not fresh.segments:
+            fresh.committed = self._firstOffsetAfterRollback()
+        self.__dict__.update(fresh.__dict__)
+
+    def _firstOffsetAfterRollback(self):
+        created = set(self._createdPaths)
+        for seg in self.segments:
+            if seg.path in created:
+                return seg.first
+        return self.committed
+
+    def reclaim(self):
+        """
+        Delete the segments that hold nothing live and pin nothing (never
+        the active one); returns how many were deleted.
+        """
+        deleted = 0
+        while True:
+            gone = [s for s in self.segments[:-1] if not s.live and not s.pins]
+            if not gone:
+                return deleted
+            for seg in gone:
+                _remove(seg.path)
+                self._forget(seg)
+                deleted += 1
+            _fsyncDirectory(self.directory)
+
+    def _forget(self, seg):
+        self.segments.remove(seg)
+        if seg.minId is not None:
+            i = self._byMinId.index(seg)
+            del self._byMinId[i]
+            del self._minIds[i]
+        for newer in seg.pinnedBy:
+            newer.pins.discard(seg)
+        for older in seg.pins:
+            older.pinnedBy.discard(seg)
+
+    def close(self):
+        self._closeFd()
+
+    def _closeFd(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # --- reading -----------------------------------------------------------------
+
+    def liveCount(self):
+        """Messages live in the log (int)."""
+        return sum(s.live for s in self.segments)
+
+    def liveBytes(self):
+        """
+        Body bytes of the live messages (int); only known between
+        :meth:`open` and the recovery stream (reads record headers).
+        """
+        total = 0
+        for seg in self.segments:
+            if not seg.live or seg.positions is None:
+                continue
+            with open(seg.path, "rb") as f:
+                buf = f.read(seg.size)
+            flags = seg.flags
+            for j, pos in enumerate(seg.positions):
+                if flags[j] & LIVE:
+                    n, _, _, _, _, _, _, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
+                    total += n + 4 - ENQ_HEAD.size - exLen - rkLen - propsLen
+        return total
+
+    def recovered(self, allRedelivered=False):
+        """
+        Yield ``(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered,
+        exchange, routingKey, propsRaw, body)`` (names as bytes) for each
+        live message in offset order, reading one segment at a time.
+        Meant for the recovery stream, before the queue changes.
+        """
+        for seg in list(self.segments):
+            if not seg.live:
+                continue
+            with open(seg.path, "rb") as f:
+                buf = f.read(seg.size)
+            flags = seg.flags
+            positions = seg.positions
+            if positions is None:
+                positions = _positions(buf, seg)
+            for j, pos in enumerate(positions):
+                f = flags[j]
+                if f & LIVE:
+                    rec = decodeEnq(buf, pos)
+                    if allRedelivered or f & REDELIVERED:
+                        rec = rec[:4] + (True,) + rec[5:]
+                    yield rec
+            seg.positions = None
+
+    def read(self, offset, limit=None):
+        """
+        Yield ``(offset, record)`` for the messages from ``offset`` on, acked
+        or not, up to the committed end (what a stream reader or a follower
+        reads; ``record`` as in :meth:`recovered`).  Finds the start with
+        the sparse index, without reading the log before it.
+        """
+        emitted = 0
+        offset = max(offset, self.segments[0].first if self.segments else offset)
+        for seg in list(self.segments):
+            if seg.next <= offset:
+                continue
+            end = min(seg.next, self.committed)
+            if offset >= end:
+                return
+            with open(seg.path, "rb") as f:
+                buf = f.read(seg.size)
+            k = (offset - seg.first) // INDEX_EVERY
+            pos = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
+            o = seg.first + k * INDEX_EVERY
+            for o2, p in _iterEnq(buf, pos, seg.size):
+                o_ = o + o2
+                if o_ >= end:
+                    break
+                if o_ >= offset:
+                    yield o_, decodeEnq(buf, p)
+                    emitted += 1
+                    if limit is not None and emitted >= limit:
+                        return
+            offset = end
+
+    def offsetAt(self, timestampMs):
+        """
+        The first offset whose message was enqueued at or after
+        ``timestampMs`` (float, ms since the epoch), or the committed end
+        if there is none: the sparse timestamp index finds the block, one
+        block (at most :data:`INDEX_EVERY` records) is read.  Enqueue
+        times are assumed to grow with the offset (as they do when the
+        broker's clock does not step back).
+        """
+        for seg in self.segments:
+            stamps = seg.stamps
+            if not stamps or seg.next <= seg.first:
+                continue
+            k = bisect.bisect_left(stamps, timestampMs)
+            if k == len(stamps) and seg is not self.segments[-1]:
+                # maybe in the last block of this segment
+                start = seg.first + (k - 1) * INDEX_EVERY
+                for offset, rec in self.read(start, INDEX_EVERY):
+                    if rec[2] >= timestampMs:
+                        return offset
+                continue
+            start = seg.first + max(k - 1, 0) * INDEX_EVERY
+            for offset, rec in self.read(start, 2 * INDEX_EVERY):
+                if rec[2] >= timestampMs:
+                    return offset
+        return self.committed
+
+
+_DEAD = bytes(f & OUT_OF_ORDER for f in range(256))
+
+
+def _first(seg):
+    return seg.first
+
+
+try:
+    bisect.bisect_right([], 0, key=_first)
+    _KEYED = True
+except TypeError:  # Python < 3.10 (Debian's PyPy 3.9)
+    _KEYED = False
+
+
+def _bisectFirst(segs, offset):
+    lo, hi = 0, len(segs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if offset < segs[mid].first:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+
+
+def _iterEnq(buf, pos, end):
+    """Yield (index among ENQ records from pos, byte position) through chunks and records."""
+    # pos is either the file header end or a record position inside a chunk;
+    # walk chunk by chunk from the start when it is a chunk boundary
+    unpackLT = _LEN_TYPE.unpack_from
+    k = 0
+    p = FILE_HEADER.size
+    while p < end:
+        magic, length, _, _ = CHUNK_HEADER.unpack_from(buf, p)
+        start = p + CHUNK_HEADER.size
+        stop = start + length
+        if stop <= pos:
+            p = stop
+            continue
+        q = max(start, pos) if pos >= start else start
+        while q < stop:
+            n, kind = unpackLT(buf, q)
+            if kind == ENQ:
+                yield k, q
+                k += 1
+            q += 4 + n
+        p = stop
+
+
+def _positions(buf, seg):
+    out = array("I")
+    for _, p in _iterEnq(buf, FILE_HEADER.size, seg.size):
+        out.append(p)
+    return out
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsyncDirectory(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
