@@ -1,5 +1,7 @@
 """
-SIGKILL of a process writing to a :class:`SQLiteStore`: a child process
+SIGKILL of a process writing to a :class:`SQLiteStore` or a
+:class:`~otter_tx.store.log.LogStore` (64 KiB segments, so segments roll and
+are reclaimed under the kills): a child process
 streams messages into the store and reports each ``sync()`` that fired; it is
 killed with SIGKILL three times mid-stream, and every message it reported
 durable must be recovered.  The store contract and the other SQLite tests
@@ -12,6 +14,7 @@ import sys
 from twisted.internet import defer, protocol, reactor
 from twisted.trial.unittest import TestCase
 
+from otter_tx.test.unit.test_logstore import _LogFixture
 from otter_tx.test.unit.test_store import _SQLiteFixture, listed
 
 
@@ -20,10 +23,14 @@ from otter_tx.test.unit.test_store import _SQLiteFixture, listed
 _CRASH_CHILD = r"""
 import sys
 from twisted.internet import reactor
+from otter_tx.store.log import LogStore
 from otter_tx.store.sqlite import SQLiteStore
 
-path, start = sys.argv[1], int(sys.argv[2])
-store = SQLiteStore(path, reactor)
+path, start, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if kind == "log":
+    store = LogStore(path, reactor, segmentBytes=64 * 1024)
+else:
+    store = SQLiteStore(path, reactor)
 nextId = [start]
 
 def report(_, top):
@@ -36,6 +43,7 @@ def step():
         nextId[0] += 1
         store.addMessage(n, "ex", "rk%d" % n, b"props%d" % n, b"body-%d-" % n * 20)
         store.enqueue("q1", n, n, 1000.0 + n, None, False)
+        store.addMessage(n, "ex", "rk%d" % n, b"props%d" % n, b"body-%d-" % n * 20, True)
         store.enqueue("q2", n, n, 1000.0 + n, 9000.0 + n, False)
         if n - 25 >= start:
             store.dequeue("q2", n - 25)
@@ -92,6 +100,8 @@ class _KillAfter(protocol.ProcessProtocol):
 class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
     """A store process killed with SIGKILL loses nothing it reported durable."""
 
+    kind = "sqlite"
+
     async def test_sigkillRecovery(self):
         """A store process killed with SIGKILL mid-stream three times loses nothing it reported durable."""
         path = os.path.abspath(self.mktemp()) + ".sqlite3"
@@ -103,7 +113,7 @@ class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
             reactor.spawnProcess(
                 child,
                 sys.executable,
-                [sys.executable, "-c", _CRASH_CHILD, path, str(start)],
+                [sys.executable, "-c", _CRASH_CHILD, path, str(start), self.kind],
                 env=env,
             )
             top, stderr = await child.ended
@@ -128,6 +138,13 @@ class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
             for n, message in q2.items():
                 self.assertEqual(message.expiresAtMs, 9000.0 + n)
                 self.assertIn(n, q1)
-            self.assertEqual(recovered.stats["messages"], len(q1))
+            # the message log keeps each queue's copy
+            self.assertEqual(recovered.stats["messages"], len(q1) + (len(q2) if self.kind == "log" else 0))
             self.assertEqual(sorted(q1), list(range(len(q1))))
             start = max(q1) + 1
+
+
+class LogStoreCrashTests(_LogFixture, SQLiteStoreCrashTests):
+    """The same kills with the message log (64 KiB segments)."""
+
+    kind = "log"
