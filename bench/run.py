@@ -122,6 +122,13 @@ SCENARIOS = [
              ["-x", "1", "-y", "1", "-s", "1024", "--persistent",
               "--confirm", "100", "--prefetch", "100"],
              durable=True),
+    # RabbitMQ 4.0's published persistent setting (issue 20's second row)
+    Scenario("persist-confirm192-12B-multiack200",
+             "1p/1c, 12 B persistent, confirms (window 192), durable queue, "
+             "prefetch 200, multi-ack every 200",
+             ["-x", "1", "-y", "1", "-s", "12", "--persistent",
+              "--confirm", "192", "--prefetch", "200", "--multi-ack-every", "200"],
+             durable=True),
     # fanout: every message is delivered 4 times; recv msg/s counts deliveries
     Scenario("fanout4-16B",
              "1 producer -> fanout exchange -> 4 queues, 4 consumers, 16 B, autoack "

@@ -132,6 +132,10 @@ class LogTables:
         self.vacuumDue = False
         self._nextQid = 1
         self._names = {}
+        # the adds of the last batch written: the broker's addMessage and
+        # its enqueue are two calls, and the writer can take the pending
+        # batch between them, so an enqueue's message can be one batch back
+        self._lastAdds = {}
 
     # --- the Tables interface used by SQLiteStore's writer loop ----------------
 
@@ -200,6 +204,7 @@ class LogTables:
         qids = self.qids
         logs = self.logs
         name = self._name
+        earlier = [self._lastAdds]
         try:
             for batch in batches:
                 for kk, raw in batch.entities.items():
@@ -233,10 +238,12 @@ class LogTables:
                                 created.append(qid)
                             a = adds.get(storeId)
                             if a is None:
+                                a = _lookBack(earlier, storeId)
+                            if a is None:
                                 raise ValueError(
                                     f"enqueue of message {storeId} in {key!r} without its addMessage "
-                                    "in the same batch (the message log writes the message with "
-                                    "each queue's entry)")
+                                    "just before (the message log writes the message with each "
+                                    "queue's entry)")
                             if entry[5]:
                                 qlog.ack(storeId)
                             _, seq, enq, exp, redelivered, _ = entry
@@ -250,6 +257,7 @@ class LogTables:
                             qlog.mark(storeId)
                     if qlog is not None:
                         touched[qid] = qlog
+                earlier.append(adds)
             for qlog in touched.values():
                 if qlog.hasPending():
                     qlog.flush()
@@ -264,6 +272,8 @@ class LogTables:
                 shutil.rmtree(self._dir(qid), ignore_errors=True)
             raise
         self.stats["commits"] += 1
+        if batches:
+            self._lastAdds = batches[-1].adds
         for qid in died:
             qlog = logs.pop(qid, None)
             if qlog is not None:
@@ -351,6 +361,14 @@ class LogTables:
             conn.execute("VACUUM")
         self.stats["migratedEntries"] += migrated
         return migrated
+
+
+def _lookBack(earlier, storeId):
+    for adds in reversed(earlier):
+        a = adds.get(storeId)
+        if a is not None:
+            return a
+    return None
 
 
 def recover(conn, path, integrityCheck, tables):

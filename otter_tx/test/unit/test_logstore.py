@@ -34,3 +34,37 @@ class LogStoreContractTests(StoreContractMixin, _LogFixture, TestCase):
 
     def drive(self, coroutine):
         return defer.Deferred.fromCoroutine(coroutine)
+
+
+class LogStoreBatchTests(_LogFixture, TestCase):
+    """How the message log meets the pending batches."""
+
+    async def test_enqueueOneBatchAfterItsMessage(self):
+        """
+        The writer can take the pending batch between the broker's
+        addMessage and its enqueue: the enqueue finds the message in the
+        batch written just before.
+        """
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.addMessage(1, "ex", "rk", b"\x00\x00", b"body")
+        await store.sync()
+        store.enqueue("q", 1, 1, 1000.0, None, False)
+        await store.close()
+        store = self.newStore()
+        recovered = listed(await store.open())
+        [message] = recovered.messages["q"]
+        self.assertEqual((message.storeId, message.body, message.routingKey), (1, b"body", "rk"))
+
+    def test_enqueueWithoutMessageFails(self):
+        """An enqueue whose message was never given fails its batch's sync (a bug in the caller)."""
+        async def run():
+            store = self.newStore(retryDelays=(60,))
+            await store.open()
+            store.putEntity("queue", "q", {})
+            store.enqueue("q", 7, 1, 1000.0, None, False)
+            failure = await store.sync().addCallbacks(lambda _: None, lambda f: f)
+            self.assertIn("without its addMessage", str(failure.value))
+            store._abandon()
+        return defer.Deferred.fromCoroutine(run())
