@@ -64,7 +64,7 @@ class LogStoreBatchTests(_LogFixture, TestCase):
             await store.open()
             store.putEntity("queue", "q", {})
             store.enqueue("q", 7, 1, 1000.0, None, False)
-            failure = await store.sync().addCallbacks(lambda _: None, lambda f: f)
+            [failure] = await store.sync().addCallbacks(lambda _: [None], lambda f: [f])
             self.assertIn("without its addMessage", str(failure.value))
             store._abandon()
         return defer.Deferred.fromCoroutine(run())
