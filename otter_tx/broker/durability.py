@@ -226,15 +226,26 @@ class Journal:
 
     def delivered(self, queue, entry):
         """
-        A persistent message was delivered and not acked yet (redelivered
-        after a restart); remembered until it is removed, for :meth:`purged`.
+        A persistent message was delivered and not acked yet; remembered
+        until it is removed, for :meth:`purged`.  Nothing is written: a
+        delivery that is acked never needs its redelivered flag on disk.
+        After a crash every recovered message comes back redelivered (it
+        may have been delivered); a delivered message that goes back to
+        its queue, at any time or when the broker stops cleanly and its
+        channels close, is marked by :meth:`requeued`.
         """
-        storeId = entry.message.storeId
         held = self._held.get(queue)
         if held is None:
             held = self._held[queue] = {}
-        held[storeId] = entry
-        self.store.markRedelivered(self.queueKey(queue), storeId)
+        held[entry.message.storeId] = entry
+
+    def requeued(self, queue, entry):
+        """
+        A delivered persistent message is ready again (basic.reject/nack
+        with requeue, basic.recover, its channel closed): it comes back
+        redelivered after a restart.
+        """
+        self.store.markRedelivered(self.queueKey(queue), entry.message.storeId)
 
     def removed(self, queue, entry):
         """A persistent message left durable ``queue`` for good."""

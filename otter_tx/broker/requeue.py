@@ -159,6 +159,8 @@ class Requeuer:
         back = []
         limit = q.settings.deliveryLimit
         removed = q.forget
+        journal = q.journal
+        quorum = q.quorum
         for entry in sorted(entries, key=_bySeqDesc):
             if entry.state != UNACKED:
                 continue
@@ -177,6 +179,8 @@ class Requeuer:
                 continue
             entry.state = READY
             entry.redelivered = True
+            if journal is not None and (entry.message.persistent or quorum):
+                journal.requeued(q, entry)
             back.append(entry)
         q.ready.reinsert(back)
         if expired:

@@ -449,3 +449,55 @@ class JournalPurgedTests(_ClientOnJournaledBroker, SynchronousTestCase):
         queue = self.broker.vhosts["/"].queues["d"]
         self.broker.journal.purged(queue)
         self.assertEqual(self.storedIds(), [])
+
+
+class JournalRedeliveredTests(_ClientOnJournaledBroker, SynchronousTestCase):
+    """
+    The redelivered flag reaches the store when a delivered persistent
+    message goes back to its queue, not at each delivery (an acked delivery
+    writes nothing but its removal).
+    """
+
+    makeStore = MemoryStore
+
+    def flags(self):
+        """{storeId: redelivered} of the store's entries of queue d."""
+        return {i: e[3] for i, e in self.store._queues.get("/\x00d", {}).items()}
+
+    def deliverOne(self):
+        from otter_tx.amqp import spec
+
+        c = self.client
+        c.send(1, spec.QueueDeclare(0, "d", durable=True))
+        for i in range(2):
+            c.publish(1, "", "d", b"m%d" % i, props={"delivery_mode": 2})
+        c.send(1, spec.BasicGet(0, "d", False))
+        c.received()
+        [tag] = list(c.protocol.channels[1].unacked)
+        return tag
+
+    def test_deliveryWritesNoMark(self):
+        """A delivered, unacked message is not marked; acked, it is removed."""
+        from otter_tx.amqp import spec
+
+        tag = self.deliverOne()
+        self.assertEqual(sorted(self.flags().values()), [False, False])
+        self.client.send(1, spec.BasicAck(tag, False))
+        self.assertEqual(list(self.flags().values()), [False])
+
+    def test_requeueMarks(self):
+        """basic.reject with requeue marks the message redelivered in the store."""
+        from otter_tx.amqp import spec
+
+        tag = self.deliverOne()
+        self.client.send(1, spec.BasicReject(tag, True))
+        self.assertEqual(sorted(self.flags().values()), [False, True])
+
+    def test_closedConnectionMarks(self):
+        """A connection that goes away (or is closed by a stopping broker) marks its unacked deliveries."""
+        from twisted.python.failure import Failure
+        from twisted.internet.error import ConnectionDone
+
+        self.deliverOne()
+        self.client.protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(sorted(self.flags().values()), [False, True])
