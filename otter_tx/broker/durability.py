@@ -61,6 +61,10 @@ class Journal:
         # {queue: {storeId: QueueEntry}}: persistent entries delivered and not
         # removed yet (UNACKED, or READY again after a requeue), for purged()
         self._held = {}
+        #: the store's optional one-call addMessage + enqueue (``enqueueMessage``
+        #: of :class:`~otter_tx.store.sqlite.writer.SQLiteStore` and the log
+        #: store), or None
+        self._enqueueMessage = getattr(store, "enqueueMessage", None)
 
     # --- keys ------------------------------------------------------------------
 
@@ -181,14 +185,22 @@ class Journal:
         """A persistent message entered durable ``queue``."""
         m = entry.message
         store = self.store
-        # given with every enqueue: the message log writes the message with
-        # each queue's entry (a store that holds it once ignores a repeat)
-        store.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body, m.stored)
+        # the message is given with every enqueue: the message log writes it
+        # with each queue's entry (a store that holds it once ignores a
+        # repeat); one call where the store offers it (the hot path)
+        key = queue.journalKey
+        if key is None:
+            key = self.queueKey(queue)
+        again = m.stored
         m.stored = True
-        store.enqueue(
-            self.queueKey(queue), m.storeId, entry.seq, self.clock.seconds() * 1000.0,
-            entry.expiresAt, entry.redelivered,
-        )
+        enqueueMessage = self._enqueueMessage
+        if enqueueMessage is not None:
+            enqueueMessage(key, m.storeId, entry.seq, self.clock.seconds() * 1000.0, entry.expiresAt,
+                           entry.redelivered, m.exchange, m.routingKey, m.propsRaw, m.body, again)
+            return
+        store.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body, again)
+        store.enqueue(key, m.storeId, entry.seq, self.clock.seconds() * 1000.0, entry.expiresAt,
+                      entry.redelivered)
 
     def held(self, exchange, message, seq, fireAt, now=None):
         """
@@ -253,7 +265,8 @@ class Journal:
         held = self._held.get(queue)
         if held is not None:
             held.pop(storeId, None)
-        self.store.dequeue(self.queueKey(queue), storeId)
+        key = queue.journalKey
+        self.store.dequeue(key if key is not None else self.queueKey(queue), storeId)
 
     def purged(self, queue, keep=None):
         """

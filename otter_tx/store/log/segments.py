@@ -379,11 +379,15 @@ class QueueLog:
         segs = self.segments
         if not segs:
             return None
-        i = bisect.bisect_right(segs, offset, key=_first) - 1 if _KEYED else _bisectFirst(segs, offset)
+        seg = segs[-1]
+        if offset >= seg.first:
+            # most acks are about the active segment
+            return seg if offset < seg.first + len(seg.ids) else None
+        i = _bisectFirst(segs, offset)
         if i < 0:
             return None
         seg = segs[i]
-        return seg if offset < seg.next else None
+        return seg if offset < seg.first + len(seg.ids) else None
 
     def locate(self, storeId):
         """
@@ -394,9 +398,15 @@ class QueueLog:
         offset = self.exceptions.get(storeId)
         if offset is not None:
             return offset
-        i = bisect.bisect_right(self._minIds, storeId) - 1
-        if i < 0:
+        minIds = self._minIds
+        if not minIds:
             return None
+        if storeId >= minIds[-1]:
+            i = len(minIds) - 1
+        else:
+            i = bisect.bisect_right(minIds, storeId) - 1
+            if i < 0:
+                return None
         seg = self._byMinId[i]
         ids = seg.ids
         j = bisect.bisect_left(ids, storeId)
@@ -475,6 +485,11 @@ class QueueLog:
             seg = segs[-1]
             if seg.size + len(self._chunk) < self.segmentBytes or not (self._count or seg.ids):
                 return seg
+        return self._roll()
+
+    def _roll(self):
+        """Seal the active segment (at a chunk boundary) and start the next."""
+        segs = self.segments
         # a new segment: only at a chunk boundary
         if self._chunk:
             self._writeChunk()
@@ -515,7 +530,16 @@ class QueueLog:
         if offset is None:
             return False
         seg = self._active()
-        self._ackOffset(seg, offset)
+        if offset >= seg.first:
+            # in the active segment (the common case), inline _ackOffset
+            j = offset - seg.first
+            f = seg.flags[j]
+            seg.flags[j] = f & OUT_OF_ORDER
+            seg.live -= 1
+            if f & OUT_OF_ORDER:
+                self._dropException(offset)
+        else:
+            self._ackOffset(seg, offset)
         self._chunk += REF.pack(9, ACK, offset)
         self._count += 1
         return True
@@ -759,17 +783,6 @@ class QueueLog:
 
 
 _DEAD = bytes(f & OUT_OF_ORDER for f in range(256))
-
-
-def _first(seg):
-    return seg.first
-
-
-try:
-    bisect.bisect_right([], 0, key=_first)
-    _KEYED = True
-except TypeError:  # Python < 3.10 (Debian's PyPy 3.9)
-    _KEYED = False
 
 
 def _bisectFirst(segs, offset):
