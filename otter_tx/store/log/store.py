@@ -96,6 +96,12 @@ class LogStore(SQLiteStore):
         self.stats.update({"segmentsDeleted": 0, "logBytes": 0, "migratedEntries": 0})
         self._tables = LogTables(self.stats, self.messagesPath, segmentBytes)
 
+    def close(self):
+        """Write what is pending and close (see :meth:`SQLiteStore.close`); logs the store's counters."""
+        if self._state == "open":
+            log.info("store {path}: {stats}", path=self.path, stats=dict(self.stats))
+        return super().close()
+
     def _recover(self, conn):
         return recover(conn, self.path, self._integrityCheck, self._tables)
 
