@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """
-Recovery time and peak memory of N persistent messages (default 1,000,000;
+Recovery time and peak memory of N persistent messages (--store log, the
+default: the message log; --store sqlite: the SQLite store) (default 1,000,000;
 one durable queue) for the otter_tx checkout at ROOT.
 
 Without DIR: fill a fresh store, close it, then time ``SQLiteStore.open()``
@@ -34,6 +35,8 @@ p.add_argument("root")
 p.add_argument("n", nargs="?", type=int, default=1_000_000)
 p.add_argument("--dir", help="keep the store here (fill once, then recover only)")
 p.add_argument("--body", type=int, default=100, help="body bytes per message")
+p.add_argument("--store", choices=("log", "sqlite"), default="log",
+               help="the message log (LogStore, the default store) or the SQLite store")
 args = p.parse_args()
 ROOT = args.root
 N = args.n
@@ -46,11 +49,16 @@ from otter_tx.broker.broker import Broker  # noqa: E402
 from otter_tx.broker.durability import Journal, tableToText  # noqa: E402
 from otter_tx.store.sqlite import STORE_FILENAME, SQLiteStore  # noqa: E402
 
+if args.store == "log":
+    from otter_tx.store.log import LogStore as Store  # noqa: E402
+else:
+    Store = SQLiteStore
+
 assert otter_tx.__file__.startswith(ROOT), otter_tx.__file__
 
 
 async def fill(reactor, d):
-    s = SQLiteStore(d, reactor)
+    s = Store(d, reactor)
     await s.open()
     s.putEntity("vhost", "/", {})
     s.putEntity("queue", "/\x00big", {"autoDelete": False, "arguments": tableToText({})})
@@ -64,7 +72,7 @@ async def fill(reactor, d):
 
 
 async def recover(reactor, d):
-    s = SQLiteStore(d, reactor)
+    s = Store(d, reactor)
     t = time.perf_counter()
     state = await s.open()
     opened = time.perf_counter() - t
@@ -74,7 +82,7 @@ async def recover(reactor, d):
     rebuilt = time.perf_counter() - t
     count = b.vhosts["/"].queues["big"].readyCount
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{ROOT} {count:,}: open {opened:.2f} s, rebuild {rebuilt:.2f} s, "
+    print(f"{ROOT} {args.store} {count:,}: open {opened:.2f} s, rebuild {rebuilt:.2f} s, "
           f"total {opened + rebuilt:.2f} s, peak RSS {rss:.0f} MiB", flush=True)
     await s.close()
 

@@ -28,6 +28,7 @@ from otter_tx.broker.access import DEFAULT_HASHING
 from otter_tx.broker.delayed import DELAYED_TYPE, DelayedExchange
 from otter_tx.broker.exchange import Exchange, destinationKind
 from otter_tx.broker.message import Message
+from otter_tx.broker.paging import StoredRun
 from otter_tx.broker.policy import OperatorPolicy
 from otter_tx.broker.queue import UNACKED
 from otter_tx.store import keys
@@ -420,6 +421,12 @@ class Journal:
             if q is None and ex is None:
                 continue
             restore = q.restore if q is not None else None
+            # a deep classic queue: once it pages, the rest stays in the
+            # message log (paged without being read or copied)
+            pagedRanges = getattr(recs, "pagedRanges", None)
+            if q is None or q.quorum or q.ready.maxPriority:
+                pagedRanges = None
+            ready = q.ready if q is not None else None
             for r in recs:
                 storeId = r.storeId
                 raw = r.propsRaw
@@ -436,6 +443,14 @@ class Journal:
                     maxId = storeId
                 if restore is not None:
                     restore(m, r.seq, r.expiresAtMs, r.redelivered)
+                    if pagedRanges is not None and ready.pagedCount:
+                        ranges = pagedRanges()
+                        if ranges is not None:
+                            for rng in ranges:
+                                q.restoreStored(StoredRun(rng))
+                            maxId = max(maxId, recs.maxStoreId())
+                            break
+                        pagedRanges = None
                 else:
                     ex.restore(m, r.seq, r.expiresAtMs, r.redelivered)
         return maxId

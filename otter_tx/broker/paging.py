@@ -85,6 +85,9 @@ class SegmentFile:
 
     __slots__ = ("path", "written", "failed", "dropped")
 
+    #: the pager owns the file (it writes and removes it)
+    owned = True
+
     def __init__(self, path):
         self.path = path
         self.written = False
@@ -111,6 +114,8 @@ def dropSegmentFile(sfile):
     The file is not wanted any more: remove it now if written, else the
     writer removes it when done.  Returns True if it was removed here.
     """
+    if not sfile.owned:
+        return False
     with _fileLock:
         sfile.dropped = True
         done = sfile.written
@@ -118,6 +123,51 @@ def dropSegmentFile(sfile):
         _unlink(sfile.path)
         return True
     return False
+
+
+class StoredRun:
+    """
+    The "file" of a paged segment whose messages the durable store keeps:
+    a :class:`~otter_tx.store.log.segments.LogRange` of the message log,
+    handed over at recovery so a deep queue's tail is not copied into
+    paging files (issue 20: "no second copy").  The pager neither writes
+    nor removes it; the store deletes its segment once every message in it
+    is acked.
+
+    :ivar range: the ``LogRange``.
+    """
+
+    __slots__ = ("range", "dropped")
+
+    owned = False
+    written = True
+    failed = False
+    path = None
+
+    def __init__(self, rng):
+        self.range = rng
+        self.dropped = False
+
+    def read(self, makeEntry):
+        """The entries, read from the store's file (``makeEntry`` as for :func:`decodeEntries`)."""
+        out = []
+        names = {}
+        propsCache = {}
+        for storeId, seq, _, exp, redelivered, exchange, routingKey, raw, body in self.range.read():
+            ex = names.get(exchange)
+            if ex is None:
+                ex = names[exchange] = exchange.decode("utf-8", "surrogateescape")
+            rk = names.get(routingKey)
+            if rk is None:
+                rk = names[routingKey] = routingKey.decode("utf-8", "surrogateescape")
+            props = propsCache.get(raw)
+            m = Message(ex, rk, raw, body, props)
+            if props is None and len(propsCache) < 256:
+                propsCache[raw] = m.props
+            m.storeId = storeId
+            m.stored = True
+            out.append(makeEntry(m, seq, exp, redelivered))
+        return out
 
 
 class Segment:
@@ -385,6 +435,31 @@ class Pager:
             self._close(seg)
         return seg
 
+    def appendStored(self, run):
+        """
+        Page at the tail a run of messages the durable store keeps
+        (:class:`StoredRun`): nothing is written, the entries are read from
+        the store's file when paged in.  Returns the new segment.
+        """
+        seg = Segment(self.level)
+        seg.entries = None
+        seg.file = run
+        rng = run.range
+        seg.firstSeq = rng.firstSeq
+        seg.lastSeq = rng.lastSeq
+        seg.count = rng.count
+        seg.bytes = rng.bytes
+        seg.minExpiresAt = rng.minExpiresAt
+        # a classic queue's log holds persistent messages only
+        seg.persistent = rng.count
+        seg.persistentBytes = rng.bytes
+        self.segments.append(seg)
+        self.count += seg.count
+        self.bytes += seg.bytes
+        self.persistent += seg.persistent
+        self.persistentBytes += seg.persistentBytes
+        return seg
+
     def _close(self, seg):
         """
         Close ``seg``: its file is written (by the writer thread); its
@@ -416,6 +491,8 @@ class Pager:
         self._settle()
         if seg.entries is not None:
             return list(seg.entries)
+        if not seg.file.owned:
+            return seg.file.read(makeEntry)
         with open(seg.file.path, "rb") as f:
             data = f.read()
         return decodeEntries(data, makeEntry)
@@ -483,7 +560,7 @@ class Pager:
         paths = []
         for s in self.segments:
             f = s.file
-            if f is not None:
+            if f is not None and f.owned:
                 with _fileLock:
                     f.dropped = True
                     if f.written and not f.failed:

@@ -334,6 +334,16 @@ class Queue:
         self._seq = max(self._seq, seq)
         self.ready.append(self.ready.makeEntry(message, seq, expiresAt, redelivered))
 
+    def restoreStored(self, run):
+        """
+        Page a run of recovered messages that the durable store keeps
+        (:class:`~otter_tx.broker.paging.StoredRun`, boot only, after the
+        ones given to :meth:`restore`, in seq order): they are read from
+        the store when paged in, never copied.
+        """
+        self._seq = max(self._seq, run.range.lastSeq)
+        self.ready.appendStored(run)
+
     # --- dispatch -----------------------------------------------------------
 
     def dispatch(self):

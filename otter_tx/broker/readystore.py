@@ -297,6 +297,35 @@ class ReadyStore:
                     self._pageExpiry.freeze()
             self._pageExpiry.add(seg, seg.minExpiresAt)
 
+    def pagesFrom(self):
+        """True when level 0 of a store without priorities pages (new messages go to its tail)."""
+        return not self.maxPriority and self._pagers is not None and bool(self._pagers[0])
+
+    def appendStored(self, run):
+        """
+        Page at the tail a run of READY messages kept by the durable store
+        (:class:`~otter_tx.broker.paging.StoredRun`; recovery of a deep
+        queue without priorities), counted and indexed by expiry without
+        reading them.
+        """
+        pagers = self._pagers
+        if pagers is None:
+            pagers = self._pagers = [None] * len(self._levels)
+        p = pagers[0]
+        if p is None:
+            p = pagers[0] = Pager(self._paging, 0)
+        seg = p.appendStored(run)
+        self.readyCount += seg.count
+        self.readyBytes += seg.bytes
+        self.pagedCount += seg.count
+        self.pagedBytes += seg.bytes
+        if seg.minExpiresAt is not None:
+            if self._pageExpiry is None:
+                self._pageExpiry = ExpiryIndex(self.clock, self._pagedExpired, self._lateness)
+                if self._frozen:
+                    self._pageExpiry.freeze()
+            self._pageExpiry.add(seg, seg.minExpiresAt)
+
     def _pageIn(self, level, force):
         """
         Move the oldest segment of ``level``'s pager back into memory if it

@@ -173,7 +173,7 @@ class Segment:
     """
 
     __slots__ = ("first", "path", "size", "ids", "flags", "live", "minId", "pins", "pinnedBy",
-                 "index", "stamps", "positions", "__weakref__")
+                 "index", "stamps", "positions", "meta", "__weakref__")
 
     def __init__(self, first, path, size):
         self.first = first
@@ -187,9 +187,10 @@ class Segment:
         self.pinnedBy = set()
         self.index = array("I")
         self.stamps = array("d")
-        # byte position of every message, kept only between recovery and
-        # the recovery stream (QueueLog.recovered)
+        # byte position of every message, and (seqs, body sizes, expiries),
+        # kept only between recovery and the recovery stream
         self.positions = None
+        self.meta = None
 
     @property
     def next(self):
@@ -287,6 +288,7 @@ class QueueLog:
             raise LogCorruptError(path, f"starts at offset {first}, expected {self.segments[-1].next}")
         seg = Segment(first, path, FILE_HEADER.size)
         seg.positions = array("I")
+        seg.meta = (array("q"), array("I"), array("d"))
         self._addSegment(seg)
         pos = FILE_HEADER.size
         end = len(buf)
@@ -322,19 +324,25 @@ class QueueLog:
         ids = seg.ids
         flags = seg.flags
         positions = seg.positions
+        seqs, sizes, expiries = seg.meta
+        unpackEnq = ENQ_HEAD.unpack_from
+        headSize = ENQ_HEAD.size - 4
         while pos < end:
             n, kind = unpackLT(buf, pos)
             if kind == ENQ:
-                storeId, seq = _ID_SEQ.unpack_from(buf, pos + 5)
+                _, _, storeId, seq, enq, exp, f, exLen, rkLen, propsLen = unpackEnq(buf, pos)
                 if self._lastSeq is not None and seq < self._lastSeq:
                     self.disordered = True
                 self._lastSeq = seq
                 if len(ids) % INDEX_EVERY == 0:
                     seg.index.append(pos)
-                    seg.stamps.append(struct.unpack_from("<d", buf, pos + 21)[0])
+                    seg.stamps.append(enq)
                 positions.append(pos)
+                seqs.append(seq)
+                sizes.append(n - headSize - exLen - rkLen - propsLen)
+                expiries.append(exp)
                 self._appendId(seg, storeId)
-                flags[-1] |= (buf[pos + 37] & 1) * REDELIVERED
+                flags[-1] |= (f & 1) * REDELIVERED
             elif kind == ACK or kind == MARK or kind == REDELIVER_ALL:
                 offset = unpackQ(buf, pos + 5)[0]
                 if kind == ACK:
@@ -483,7 +491,9 @@ class QueueLog:
         segs = self.segments
         if segs:
             seg = segs[-1]
-            if seg.size + len(self._chunk) < self.segmentBytes or not (self._count or seg.ids):
+            # a segment without messages is never sealed: the next one would
+            # start at the same offset, under the same file name
+            if seg.size + len(self._chunk) < self.segmentBytes or not seg.ids:
                 return seg
         return self._roll()
 
@@ -687,16 +697,54 @@ class QueueLog:
         """
         total = 0
         for seg in self.segments:
-            if not seg.live or seg.positions is None:
+            if not seg.live or seg.meta is None:
                 continue
-            with open(seg.path, "rb") as f:
-                buf = f.read(seg.size)
             flags = seg.flags
-            for j, pos in enumerate(seg.positions):
-                if flags[j] & LIVE:
-                    n, _, _, _, _, _, _, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
-                    total += n + 4 - ENQ_HEAD.size - exLen - rkLen - propsLen
+            sizes = seg.meta[1]
+            if seg.live == len(flags):
+                total += sum(sizes)
+            else:
+                total += sum(size for f, size in zip(flags, sizes) if f & LIVE)
         return total
+
+    def ranges(self, start, limit=512):
+        """
+        The live messages from ``start`` = ``(segment index, index in it)``
+        on, as :class:`LogRange` s of at most ``limit`` messages within one
+        segment (what a queue pages without reading: recovery hands the
+        tail of a deep queue to the broker this way, so the paged messages
+        stay in the log and are not copied).  Only between :meth:`open` and
+        the end of the recovery stream (needs the scan's positions).
+        """
+        out = []
+        i, j = start
+        segs = self.segments
+        while i < len(segs):
+            seg = segs[i]
+            if seg.positions is None:
+                raise ValueError("ranges() after the recovery stream")
+            flags = seg.flags
+            positions = seg.positions
+            seqs, sizes, expiries = seg.meta
+            n = len(flags)
+            while j < n:
+                rng = LogRange(seg.path)
+                while j < n and rng.count < limit:
+                    f = flags[j]
+                    if f & LIVE:
+                        rng.add(positions[j], bool(f & REDELIVERED), seqs[j], sizes[j], expiries[j])
+                    j += 1
+                if rng.count:
+                    out.append(rng)
+            i += 1
+            j = 0
+        return out
+
+    def releaseRecovery(self):
+        """Forget the scan's per-message arrays (after the recovery stream)."""
+        for seg in self.segments:
+            seg.positions = None
+            seg.meta = None
 
     def recovered(self, allRedelivered=False):
         """
@@ -721,7 +769,6 @@ class QueueLog:
                     if allRedelivered or f & REDELIVERED:
                         rec = rec[:4] + (True,) + rec[5:]
                     yield rec
-            seg.positions = None
 
     def read(self, offset, limit=None):
         """
@@ -780,6 +827,59 @@ class QueueLog:
                 if rec[2] >= timestampMs:
                     return offset
         return self.committed
+
+
+class LogRange:
+    """
+    Live messages of one segment, by byte position: a paged run of a
+    recovered queue that stays in the log (:meth:`QueueLog.ranges`).
+
+    :ivar path: the segment file (str).  :ivar positions: ``array('I')``.
+    :ivar redelivered: ``bytearray`` of 0/1 per message.
+    :ivar firstSeq, lastSeq: ints.  :ivar count: int.  :ivar bytes: body
+        bytes (int).  :ivar minExpiresAt: earliest expiry (ms) or None.
+    """
+
+    __slots__ = ("path", "positions", "redelivered", "firstSeq", "lastSeq", "count", "bytes",
+                 "minExpiresAt")
+
+    def __init__(self, path):
+        self.path = path
+        self.positions = array("I")
+        self.redelivered = bytearray()
+        self.firstSeq = None
+        self.lastSeq = None
+        self.count = 0
+        self.bytes = 0
+        self.minExpiresAt = None
+
+    def add(self, position, redelivered, seq, size, expiresAt):
+        """One more message (``expiresAt`` NaN for none)."""
+        self.positions.append(position)
+        self.redelivered.append(1 if redelivered else 0)
+        if self.firstSeq is None:
+            self.firstSeq = seq
+        self.lastSeq = seq
+        self.count += 1
+        self.bytes += size
+        if expiresAt == expiresAt and (self.minExpiresAt is None or expiresAt < self.minExpiresAt):
+            self.minExpiresAt = expiresAt
+
+    def read(self):
+        """
+        Read the messages back: a list of ``(storeId, seq, enqueuedAtMs,
+        expiresAtMs, redelivered, exchange, routingKey, propsRaw, body)``
+        (names as bytes), in order.
+        """
+        with open(self.path, "rb") as f:
+            buf = f.read()
+        out = []
+        for pos, redelivered in zip(self.positions, self.redelivered):
+            rec = decodeEnq(buf, pos)
+            if redelivered and not rec[4]:
+                rec = rec[:4] + (True,) + rec[5:]
+            out.append(rec)
+        return out
 
 
 _DEAD = bytes(f & OUT_OF_ORDER for f in range(256))

@@ -48,7 +48,15 @@ import shutil
 from twisted.logger import Logger
 
 from otter_tx.store.interface import RecoveredMessage, RecoveredState, StoreCorruptError
-from otter_tx.store.log.segments import SEGMENT_BYTES, LogCorruptError, QueueLog
+from otter_tx.store.log.segments import (
+    LIVE,
+    REDELIVERED,
+    SEGMENT_BYTES,
+    LogCorruptError,
+    QueueLog,
+    _positions,
+    decodeEnq,
+)
 from otter_tx.store.sqlite import schema
 from otter_tx.store.sqlite.batch import DEQ, ENQ
 from otter_tx.store.sqlite.schema import blob, unblob
@@ -459,13 +467,17 @@ class LogQueueStream:
     reading the queue's segments one at a time.  Iterate it before the
     queue changes.  ``len()`` is the number of messages when the store
     was opened.
+
+    While iterating, :meth:`pagedRanges` hands the rest over as ranges of
+    the log instead (what a queue pages without reading them now).
     """
 
-    __slots__ = ("qlog", "count")
+    __slots__ = ("qlog", "count", "_at")
 
     def __init__(self, qlog, count):
         self.qlog = qlog
         self.count = count
+        self._at = None
 
     def __len__(self):
         return self.count
@@ -473,10 +485,9 @@ class LogQueueStream:
     def __iter__(self):
         names = {}
         Recovered = RecoveredMessage
-        records = self.qlog.recovered()
-        if self.qlog.disordered:
-            records = sorted(records, key=_seqOf)
-        for storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body in records:
+
+        def make(rec):
+            storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body = rec
             ex = names.get(exchange)
             if ex is None:
                 ex = unblob(exchange)
@@ -487,7 +498,51 @@ class LogQueueStream:
                 rk = unblob(routingKey)
                 if len(names) < _NAME_CACHE:
                     names[routingKey] = rk
-            yield Recovered(storeId, seq, enq, exp, redelivered, ex, rk, props, body)
+            return Recovered(storeId, seq, enq, exp, redelivered, ex, rk, props, body)
+
+        qlog = self.qlog
+        if qlog.disordered:
+            for rec in sorted(qlog.recovered(), key=_seqOf):
+                yield make(rec)
+            qlog.releaseRecovery()
+            return
+        for i, seg in enumerate(list(qlog.segments)):
+            if not seg.live:
+                continue
+            with open(seg.path, "rb") as f:
+                buf = f.read(seg.size)
+            flags = seg.flags
+            positions = seg.positions
+            if positions is None:
+                positions = _positions(buf, seg)
+            for j, pos in enumerate(positions):
+                f = flags[j]
+                if f & LIVE:
+                    rec = decodeEnq(buf, pos)
+                    if f & REDELIVERED and not rec[4]:
+                        rec = rec[:4] + (True,) + rec[5:]
+                    self._at = (i, j + 1)
+                    yield make(rec)
+        self._at = None
+        qlog.releaseRecovery()
+
+    def maxStoreId(self):
+        """The highest storeId in the queue's log (int; -1 if none)."""
+        return self.qlog._lastId
+
+    def pagedRanges(self, limit=512):
+        """
+        During iteration: the messages after the last one yielded, as
+        :class:`~otter_tx.store.log.segments.LogRange` s of at most
+        ``limit`` (list), or None when the order needs a sort.  Stop
+        iterating after calling it.
+        """
+        if self._at is None or self.qlog.disordered:
+            return None
+        ranges = self.qlog.ranges(self._at, limit)
+        self._at = None
+        self.qlog.releaseRecovery()
+        return ranges
 
     def __repr__(self):
         return f"<LogQueueStream {self.qlog.directory} messages={self.count}>"
