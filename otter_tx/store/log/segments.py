@@ -131,6 +131,20 @@ def encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchang
     return n + 4
 
 
+def encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
+               body):
+    """One ENQ record as ``bytes`` (see :func:`encodeEnq`)."""
+    n = ENQ_HEAD.size - 4 + len(exchange) + len(routingKey) + len(propsRaw) + len(body)
+    return b"".join((
+        ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs, _NAN if expiresAtMs is None else expiresAtMs,
+                      1 if redelivered else 0, len(exchange), len(routingKey), len(propsRaw)),
+        exchange, routingKey, propsRaw, body))
+
+
+#: the byte of an ENQ record holding its flags (redelivered)
+ENQ_FLAGS_AT = 37
+
+
 def decodeEnq(buf, pos):
     """
     The fields of the ENQ record at ``pos`` in ``buf``: ``(storeId, seq,
@@ -235,11 +249,18 @@ class QueueLog:
         #: recovery stream then sorts by seq)
         self.disordered = False
         self.committed = 0
+        # pending records of the active segment (ENQ / the others) and of
+        # segments sealed before they were written
         self._chunk = bytearray()
         self._count = 0
-        self._fd = None
-        # segments created by the commit being built (fsync the directory)
-        self._created = False
+        self._other = bytearray()
+        self._otherCount = 0
+        self._sealed = []
+        # segments whose file is not made yet
+        self._unborn = set()
+        # writer: open segment files {path: fd}; files made by the commit
+        # being written; {path: size before it}
+        self._fds = {}
         self._createdPaths = []
         self._rollbackSizes = None
 
@@ -463,7 +484,9 @@ class QueueLog:
             if target.first >= upto:
                 break
             if target.live:
-                target.flags = bytearray(target.flags.translate(_ALL_REDELIVERED))
+                below = min(upto, target.next) - target.first
+                flags = target.flags
+                target.flags = bytearray(flags[:below].translate(_ALL_REDELIVERED)) + flags[below:]
                 self._pin(seg, target)
 
     def _purgeBelow(self, seg, upto, keep):
@@ -473,18 +496,34 @@ class QueueLog:
             if not target.live:
                 continue
             flags = target.flags
-            kept = [o for o in keep if target.first <= o < target.next and flags[o - target.first] & LIVE]
-            # every message goes (out-of-order bits kept), then the kept come back
-            target.flags = bytearray(flags.translate(_DEAD))
+            below = min(upto, target.next) - target.first
+            kept = [o for o in keep if target.first <= o < target.first + below
+                    and flags[o - target.first] & LIVE]
+            # every message below upto goes (out-of-order bits kept), then
+            # the kept come back; messages from upto on stay
+            newFlags = bytearray(flags[:below].translate(_DEAD)) + flags[below:]
             for o in kept:
-                target.flags[o - target.first] = flags[o - target.first]
-            target.live = len(kept)
+                newFlags[o - target.first] = flags[o - target.first]
+            target.flags = newFlags
+            # a message that is not live has flag 0 or OUT_OF_ORDER
+            target.live = len(newFlags) - newFlags.count(0) - newFlags.count(OUT_OF_ORDER)
             self._pin(seg, target)
         if self.exceptions:
             self.exceptions = {i: o for i, o in self.exceptions.items() if o >= upto or o in keep}
             self._exceptionIds = {o: i for i, o in self.exceptions.items()}
 
     # --- writing (writer thread) ---------------------------------------------------
+    #
+    # Records are appended to the pending chunks of the active segment:
+    # ``_chunk`` for ENQ records, ``_other`` for the rest (ACK, MARK, PURGE,
+    # REDELIVER_ALL).  A segment sealed before they were written keeps its
+    # pending chunks in ``_sealed``.  writePhase() writes them: phase 1 the
+    # ENQ chunks, phase 2 the others (each chunk at a position fixed when
+    # its first record was appended: a segment's ENQ chunk, then its other
+    # chunk), phase 0 both.  The store fsyncs every log's phase 1 before any
+    # phase 2 when a commit moves messages between queues, so a crash can
+    # leave a message in both queues, never in neither.  finish() then
+    # makes the written chunks part of the segments; rollback() undoes them.
 
     def _active(self):
         """The segment the next records go to, starting a new one when needed."""
@@ -493,46 +532,62 @@ class QueueLog:
             seg = segs[-1]
             # a segment without messages is never sealed: the next one would
             # start at the same offset, under the same file name
-            if seg.size + len(self._chunk) < self.segmentBytes or not seg.ids:
+            if seg.size + len(self._chunk) + len(self._other) < self.segmentBytes or not seg.ids:
                 return seg
         return self._roll()
 
     def _roll(self):
-        """Seal the active segment (at a chunk boundary) and start the next."""
+        """Seal the active segment and start the next (its file is made when written)."""
         segs = self.segments
-        # a new segment: only at a chunk boundary
-        if self._chunk:
-            self._writeChunk()
+        if segs and (self._count or self._otherCount):
+            self._sealed.append(_Pending(segs[-1], self._chunk, self._count, self._other,
+                                         self._otherCount, segs[-1] in self._unborn))
+            self._chunk = bytearray()
+            self._other = bytearray()
+            self._count = self._otherCount = 0
         first = segs[-1].next if segs else self.committed
-        path = os.path.join(self.directory, segmentName(first))
-        seg = Segment(first, path, 0)
-        self._closeFd()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(self._fd, FILE_HEADER.pack(FILE_MAGIC, first))
-        seg.size = FILE_HEADER.size
-        self._created = True
-        self._createdPaths.append(path)
+        seg = Segment(first, os.path.join(self.directory, segmentName(first)), FILE_HEADER.size)
+        self._unborn.add(seg)
         self._addSegment(seg)
         return seg
 
     def enqueue(self, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey,
                 propsRaw, body):
         """Append a message (names encoded, bytes); returns its offset."""
+        return self.enqueueRecord(storeId, seq, enqueuedAtMs, redelivered, encodedEnq(
+            storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw, body))
+
+    def enqueueRecord(self, storeId, seq, enqueuedAtMs, redelivered, record):
+        """Append a message already encoded (:func:`encodedEnq`); returns its offset."""
         seg = self._active()
         chunk = self._chunk
         if len(seg.ids) % INDEX_EVERY == 0:
+            # the ENQ chunk is written first at seg.size
             seg.index.append(seg.size + CHUNK_HEADER.size + len(chunk))
             seg.stamps.append(enqueuedAtMs)
-        encodeEnq(chunk, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey,
-                  propsRaw, body)
+        if redelivered and not record[ENQ_FLAGS_AT]:
+            # marked after it was encoded
+            record = record[:ENQ_FLAGS_AT] + b"\x01" + record[ENQ_FLAGS_AT + 1:]
+        chunk += record
         self._count += 1
         if self._lastSeq is not None and seq < self._lastSeq:
             self.disordered = True
         self._lastSeq = seq
-        self._appendId(seg, storeId)
-        if redelivered:
-            seg.flags[-1] |= REDELIVERED
-        return seg.next - 1
+        if storeId > self._lastId:
+            # _appendId, inline (the hot path)
+            seg.ids.append(storeId)
+            seg.flags.append(LIVE | REDELIVERED if redelivered else LIVE)
+            if seg.minId is None:
+                seg.minId = storeId
+                self._minIds.append(storeId)
+                self._byMinId.append(seg)
+            self._lastId = storeId
+            seg.live += 1
+        else:
+            self._appendId(seg, storeId)
+            if redelivered:
+                seg.flags[-1] |= REDELIVERED
+        return seg.first + len(seg.ids) - 1
 
     def ack(self, storeId):
         """Message ``storeId`` left the queue; False if it was not live here."""
@@ -550,8 +605,8 @@ class QueueLog:
                 self._dropException(offset)
         else:
             self._ackOffset(seg, offset)
-        self._chunk += REF.pack(9, ACK, offset)
-        self._count += 1
+        self._other += REF.pack(9, ACK, offset)
+        self._otherCount += 1
         return True
 
     def mark(self, storeId):
@@ -561,8 +616,8 @@ class QueueLog:
             return False
         seg = self._active()
         self._markOffset(seg, offset)
-        self._chunk += REF.pack(9, MARK, offset)
-        self._count += 1
+        self._other += REF.pack(9, MARK, offset)
+        self._otherCount += 1
         return True
 
     def purge(self, keepIds):
@@ -571,56 +626,114 @@ class QueueLog:
         seg = self._active()
         upto = seg.next
         self._purgeBelow(seg, upto, set(keep))
-        self._chunk += PURGE_HEAD.pack(13 + 8 * len(keep), PURGE, upto, len(keep))
+        self._other += PURGE_HEAD.pack(13 + 8 * len(keep), PURGE, upto, len(keep))
         if keep:
-            self._chunk += struct.pack("<%dQ" % len(keep), *keep)
-        self._count += 1
+            self._other += struct.pack("<%dQ" % len(keep), *keep)
+        self._otherCount += 1
 
     def redeliverAll(self):
         """Every live message comes back redelivered (after an unclean stop)."""
         seg = self._active()
         upto = seg.next
         self._redeliverAll(seg, upto)
-        self._chunk += REF.pack(9, REDELIVER_ALL, upto)
-        self._count += 1
+        self._other += REF.pack(9, REDELIVER_ALL, upto)
+        self._otherCount += 1
+
+    def _pending(self):
+        """The pending chunks, sealed segments first: a list of :class:`_Pending`."""
+        pending = list(self._sealed)
+        if self._count or self._otherCount:
+            seg = self.segments[-1]
+            pending.append(_Pending(seg, self._chunk, self._count, self._other, self._otherCount,
+                                    seg in self._unborn))
+        return pending
 
     def hasPending(self):
-        return bool(self._count)
+        """True when records wait to be written."""
+        return bool(self._sealed or self._count or self._otherCount)
 
-    def _writeChunk(self):
-        chunk = self._chunk
-        seg = self.segments[-1]
-        if self._fd is None:
-            self._fd = os.open(seg.path, os.O_WRONLY)
+    def pendingKinds(self):
+        """``(has ENQ records, has other records)`` waiting to be written."""
+        enq = bool(self._count) or any(p.count for p in self._sealed)
+        other = bool(self._otherCount) or any(p.otherCount for p in self._sealed)
+        return enq, other
+
+    def _fdFor(self, pend, synced):
+        seg = pend.seg
+        fd = self._fds.get(seg.path)
+        if fd is None:
+            if pend.new and seg.path not in self._createdPaths:
+                fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.pwrite(fd, FILE_HEADER.pack(FILE_MAGIC, seg.first), 0)
+                self._createdPaths.append(seg.path)
+                synced.setdefault("dirs", set()).add(self.directory)
+            else:
+                fd = os.open(seg.path, os.O_WRONLY)
+            self._fds[seg.path] = fd
+        return fd
+
+    def writePhase(self, phase, synced):
+        """
+        Write the pending ENQ chunks (``phase`` 1), the other chunks (2) or
+        both (0), creating segment files as needed; adds the descriptors
+        written to ``synced`` (``{fd: True}``, and ``"dirs"``: the
+        directories to fsync).  Nothing is part of the log until
+        :meth:`finish`.
+        """
         if self._rollbackSizes is None:
             self._rollbackSizes = {}
-        self._rollbackSizes.setdefault(seg.path, seg.size)
-        data = CHUNK_HEADER.pack(CHUNK_MAGIC, len(chunk), zlib.crc32(chunk), self._count) + chunk
-        written = os.pwrite(self._fd, data, seg.size)
-        while written < len(data):
-            written += os.pwrite(self._fd, data[written:], seg.size + written)
-        seg.size += len(data)
+        for pend in self._pending():
+            seg = pend.seg
+            self._rollbackSizes.setdefault(seg.path, seg.size)
+            at = seg.size
+            for which, data, count in ((1, pend.enq, pend.count), (2, pend.other, pend.otherCount)):
+                if not count:
+                    continue
+                out = CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data), count) + data
+                if phase == 0 or phase == which:
+                    fd = self._fdFor(pend, synced)
+                    written = os.pwrite(fd, out, at)
+                    while written < len(out):
+                        written += os.pwrite(fd, out[written:], at + written)
+                    synced[fd] = True
+                at += len(out)
+
+    def finish(self):
+        """The written chunks are durable and committed: they are part of the segments now."""
+        for pend in self._pending():
+            seg = pend.seg
+            if pend.count:
+                seg.size += CHUNK_HEADER.size + len(pend.enq)
+            if pend.otherCount:
+                seg.size += CHUNK_HEADER.size + len(pend.other)
+            self._unborn.discard(seg)
+        self._sealed = []
         self._chunk = bytearray()
-        self._count = 0
-        return seg
+        self._other = bytearray()
+        self._count = self._otherCount = 0
+        segs = self.segments
+        self.committed = segs[-1].next if segs else self.committed
+        # keep only the active segment's file open
+        active = segs[-1].path if segs else None
+        for path in [p for p in self._fds if p != active]:
+            os.close(self._fds.pop(path))
 
     def flush(self):
         """
-        Write the pending chunk to the active segment and fsync it (and
-        the directory when a segment was created).
+        Write and fsync the pending records on the calling thread
+        (recovery, migration, tests): :meth:`writePhase` 0, fsync,
+        :meth:`finish`.  :meth:`rollback` can still undo it until
+        :meth:`done`.
         """
-        if not self._count and not self._created:
+        if not self.hasPending():
             return
-        if self._count:
-            self._writeChunk()
-        os.fdatasync(self._fd)
-        if self._created:
-            _fsyncDirectory(self.directory)
-            self._created = False
-        self.committed = self.segments[-1].next
+        synced = {}
+        self.writePhase(0, synced)
+        syncWritten(synced)
+        self.finish()
 
     def done(self):
-        """The commit covering the flushed chunks succeeded: forget how to undo it."""
+        """The commit covering the flushed records succeeded: forget how to undo it."""
         self._rollbackSizes = None
         self._createdPaths = []
 
@@ -637,17 +750,12 @@ class QueueLog:
                     f.truncate(size)
         for path in created:
             _remove(path)
+        committed = self.committed
+        first = self.segments[0].first if self.segments else committed
         fresh = QueueLog.open(self.directory, self.segmentBytes, truncateTail=True)
         if not fresh.segments:
-            fresh.committed = self._firstOffsetAfterRollback()
+            fresh.committed = min(committed, first)
         self.__dict__.update(fresh.__dict__)
-
-    def _firstOffsetAfterRollback(self):
-        created = set(self._createdPaths)
-        for seg in self.segments:
-            if seg.path in created:
-                return seg.first
-        return self.committed
 
     def reclaim(self):
         """
@@ -677,12 +785,13 @@ class QueueLog:
             older.pinnedBy.discard(seg)
 
     def close(self):
+        """Close the segment files (writer thread)."""
         self._closeFd()
 
     def _closeFd(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     # --- reading -----------------------------------------------------------------
 
@@ -827,6 +936,29 @@ class QueueLog:
                 if rec[2] >= timestampMs:
                     return offset
         return self.committed
+
+
+class _Pending:
+    """A segment's records not written yet: its ENQ chunk and its other chunk."""
+
+    __slots__ = ("seg", "enq", "count", "other", "otherCount", "new")
+
+    def __init__(self, seg, enq, count, other, otherCount, new):
+        self.seg = seg
+        self.enq = enq
+        self.count = count
+        self.other = other
+        self.otherCount = otherCount
+        self.new = new
+
+
+def syncWritten(synced):
+    """fdatasync the descriptors :meth:`QueueLog.writePhase` wrote, then fsync the directories of new files."""
+    for fd in synced:
+        if fd != "dirs":
+            os.fdatasync(fd)
+    for directory in synced.get("dirs", ()):
+        _fsyncDirectory(directory)
 
 
 class LogRange:

@@ -50,12 +50,14 @@ from twisted.logger import Logger
 from otter_tx.store.interface import RecoveredMessage, RecoveredState, StoreCorruptError
 from otter_tx.store.log.segments import (
     LIVE,
+    syncWritten,
     REDELIVERED,
     SEGMENT_BYTES,
     LogCorruptError,
     QueueLog,
     _positions,
     decodeEnq,
+    encodedEnq,
 )
 from otter_tx.store.sqlite import schema
 from otter_tx.store.sqlite.batch import DEQ, ENQ
@@ -103,12 +105,53 @@ class LogStore(SQLiteStore):
         self.messagesPath = messagesDirectory(self.path)
         self.stats.update({"segmentsDeleted": 0, "logBytes": 0, "migratedEntries": 0})
         self._tables = LogTables(self.stats, self.messagesPath, segmentBytes)
+        # reactor thread: names' stored bytes
+        self._names = {}
 
     def close(self):
         """Write what is pending and close (see :meth:`SQLiteStore.close`); logs the store's counters."""
         if self._state == "open":
             log.info("store {path}: {stats}", path=self.path, stats=dict(self.stats))
         return super().close()
+
+    def enqueueMessage(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered,
+                       exchange, routingKey, propsRaw, body, again=False):
+        """
+        :meth:`addMessage` then :meth:`enqueue` in one call, with the ENQ
+        record encoded here on the reactor thread, so the writer thread
+        (which holds up every confirm while it works) only appends it.
+        """
+        if self._state != "open":
+            self._checkOpen()
+        if type(propsRaw) is not bytes:
+            propsRaw = bytes(propsRaw)
+        if type(body) is not bytes:
+            body = bytes(body)
+        names = self._names
+        ex = names.get(exchange)
+        if ex is None:
+            ex = self._name(exchange)
+        rk = names.get(routingKey)
+        if rk is None:
+            rk = self._name(routingKey)
+        record = encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, ex, rk, propsRaw, body)
+        with self._lock:
+            batch = self._pending
+            batch.addMessage(storeId, exchange, routingKey, propsRaw, body, again)
+            batch.enqueue(queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, record)
+            self.stats["changes"] += 2
+            batch.size += 2
+            if batch.size == 2 and not batch.waiters:
+                self._wake.notify()
+
+    def _name(self, text):
+        """A name's stored bytes (cached; reactor thread)."""
+        raw = self._names.get(text)
+        if raw is None:
+            raw = blob(text)
+            if len(self._names) < _NAME_CACHE:
+                self._names[text] = raw
+        return raw
 
     def _recover(self, conn):
         return recover(conn, self.path, self._integrityCheck, self._tables)
@@ -251,18 +294,21 @@ class LogTables:
                                                                     segmentBytes=self.segmentBytes)
                                 created.append(qid)
                             a = adds.get(storeId)
-                            if a is None:
+                            if a is None and entry[6] is None:
                                 a = _lookBack(earlier, storeId)
-                            if a is None:
+                            if a is None and entry[6] is None:
                                 raise ValueError(
                                     f"enqueue of message {storeId} in {key!r} without its addMessage "
                                     "just before (the message log writes the message with each "
                                     "queue's entry)")
                             if entry[5]:
                                 qlog.ack(storeId)
-                            _, seq, enq, exp, redelivered, _ = entry
-                            qlog.enqueue(storeId, seq, enq, exp, redelivered, name(a.exchange),
-                                         name(a.routingKey), a.propsRaw, a.body)
+                            _, seq, enq, exp, redelivered, _, record = entry
+                            if record is not None:
+                                qlog.enqueueRecord(storeId, seq, enq, redelivered, record)
+                            else:
+                                qlog.enqueue(storeId, seq, enq, exp, redelivered, name(a.exchange),
+                                             name(a.routingKey), a.propsRaw, a.body)
                         elif qlog is None:
                             continue
                         elif op == DEQ:
@@ -272,9 +318,28 @@ class LogTables:
                     if qlog is not None:
                         touched[qid] = qlog
                 earlier.append(adds)
-            for qlog in touched.values():
-                if qlog.hasPending():
-                    qlog.flush()
+            pending = [qlog for qlog in touched.values() if qlog.hasPending()]
+            synced = {}
+            if len(pending) > 1:
+                kinds = [qlog.pendingKinds() for qlog in pending]
+                moves = any(k[0] for k in kinds) and any(k[1] for k in kinds)
+            else:
+                moves = False
+            if moves:
+                # messages may move between queues in this commit (a
+                # dead-lettering, a delayed message released): every
+                # enqueue is durable before any removal, so a crash in
+                # between leaves a copy in both queues, never in neither
+                for qlog in pending:
+                    qlog.writePhase(1, synced)
+                syncWritten(synced)
+                synced = {}
+                for qlog in pending:
+                    qlog.writePhase(2, synced)
+            else:
+                for qlog in pending:
+                    qlog.writePhase(0, synced)
+            syncWritten(synced)
             if entities or qmap or finish:
                 self._commit(conn, entities, qmap, finish)
         except BaseException:
@@ -295,6 +360,7 @@ class LogTables:
             self.dead.append(qid)
         deleted = 0
         for qlog in touched.values():
+            qlog.finish()
             qlog.done()
             deleted += qlog.reclaim()
         if deleted:

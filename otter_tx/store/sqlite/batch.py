@@ -52,7 +52,7 @@ class PendingMessage:
         self.fresh = fresh
 
 
-class EntryChange(namedtuple("EntryChange", "op seq enqueuedAtMs expiresAtMs redelivered replaces")):
+class EntryChange(namedtuple("EntryChange", "op seq enqueuedAtMs expiresAtMs redelivered replaces record")):
     """
     The net pending change of one (queue, message) entry (a tuple with
     named fields; made with :data:`_tupleNew`).
@@ -64,6 +64,8 @@ class EntryChange(namedtuple("EntryChange", "op seq enqueuedAtMs expiresAtMs red
     :ivar redelivered: bool (``ENQ`` only).
     :ivar replaces: the entry may already be on disk, so cancelling this
         enqueue must still delete it (``ENQ`` only).
+    :ivar record: the entry already encoded by the store (``bytes``; the
+        message log's ENQ record, made on the reactor thread), or None.
     """
 
     __slots__ = ()
@@ -75,8 +77,8 @@ _tupleNew = tuple.__new__
 
 
 #: the (shared, never changed) pending change of a dequeue and of a redelivered mark
-DEQUEUE = EntryChange(DEQ, None, None, None, False, False)
-MARK_REDELIVERED = EntryChange(MARK, None, None, None, False, False)
+DEQUEUE = EntryChange(DEQ, None, None, None, False, False, None)
+MARK_REDELIVERED = EntryChange(MARK, None, None, None, False, False, None)
 
 
 class Batch:
@@ -138,8 +140,11 @@ class Batch:
         adds[storeId] = PendingMessage(exchange, routingKey, propsRaw, body, not again)
         self.addedBytes += len(body) + len(propsRaw)
 
-    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered):
-        """Put message ``storeId`` in queue ``queueKey`` (replacing a pending change of that entry)."""
+    def enqueue(self, queueKey, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, record=None):
+        """
+        Put message ``storeId`` in queue ``queueKey`` (replacing a pending
+        change of that entry); ``record``: the entry as the store encoded it.
+        """
         entries = self.entries.get(queueKey)
         if entries is None:
             entries = self.entries[queueKey] = {}
@@ -153,7 +158,8 @@ class Batch:
             replaces = (add is None or not add.fresh) and queueKey not in self.purges
         else:
             replaces = previous.op != ENQ or previous.replaces
-        entries[storeId] = _tupleNew(EntryChange, (ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered), replaces))
+        entries[storeId] = _tupleNew(EntryChange, (ENQ, seq, enqueuedAtMs, expiresAtMs, bool(redelivered),
+                                                   replaces, record))
         if previous is None or previous.op != ENQ:
             add = self.adds.get(storeId)
             if add is not None:
