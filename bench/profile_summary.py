@@ -155,7 +155,7 @@ def main():
     print(f"samples per thread: {out['samples']}")
     for kind, cats in out["categories"].items():
         print(f"{kind}: " + ", ".join(f"{c} {p}%" for c, p in cats.items()))
-        print(f"  paths (inclusive): " + ", ".join(f"{c} {p}%" for c, p in out["paths"][kind].items()))
+        print("  paths (inclusive): " + ", ".join(f"{c} {p}%" for c, p in out["paths"][kind].items()))
     if gc:
         keep = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in gc.items()
                 if k not in ("interpreter",)}
