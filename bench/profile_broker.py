@@ -12,6 +12,7 @@ number of threads alive, and the switch interval.  With ``OTTER_PROF_VMPROF=1``
 The signal handlers run on the reactor thread between events, as every Python
 signal handler does; the window's edges are as exact as the reactor's turns.
 
+``OTTER_PROF_SWITCHINTERVAL=S`` sets ``sys.setswitchinterval(S)`` first (an experiment).
 bench/profile_persistent.sh starts the broker this way.
 """
 
@@ -130,6 +131,10 @@ def _close(signum, frame):
     with open(out + ".gc.json", "w") as f:
         json.dump(report, f, indent=1)
 
+
+if os.environ.get("OTTER_PROF_SWITCHINTERVAL"):
+    # an experiment: the GIL switch interval (s) for the whole run
+    sys.setswitchinterval(float(os.environ["OTTER_PROF_SWITCHINTERVAL"]))
 
 signal.signal(signal.SIGRTMIN + 1, _open)
 signal.signal(signal.SIGRTMIN + 2, _close)
