@@ -215,6 +215,51 @@ class GCTests(SynchronousTestCase):
         self.assertEqual(gc.get_threshold(), before)
         self.assertIsNone(svc._gcTimer)
 
+    def test_freezeAfterBoot(self):
+        """
+        With the full-collection timer (CPython), boot's objects are collected
+        once and frozen after recovery, before any port listens, and unfrozen
+        at stop; without the timer nothing is frozen.
+        """
+        calls = []
+
+        class FakeGC(_GCWithoutThresholds):
+            def get_threshold(self):
+                return (700, 10, 10)
+
+            def set_threshold(self, *t):
+                calls.append(("set_threshold",) + t)
+
+            def collect(self, *generation):
+                calls.append(("collect",))
+                return 0
+
+            def freeze(self):
+                calls.append(("freeze", len(r.tcpServers)))
+
+            def unfreeze(self):
+                calls.append(("unfreeze",))
+
+        self.patch(service_module, "gc", FakeGC())
+        r = _Reactor()
+        svc = _service(r, amqp=["tcp:0"])
+        svc.gcFullInterval = 300.0
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        # collected, then frozen while nothing listened yet
+        self.assertEqual(calls[1:], [("collect",), ("freeze", 0)])
+        self.assertEqual(len(r.tcpServers), 1)
+        del calls[:]
+        svc.stopService()
+        self.assertIn(("unfreeze",), calls)
+
+        del calls[:]
+        svc = _service(_Reactor())
+        svc.startService()
+        self.successResultOf(svc.whenReady())
+        svc.stopService()
+        self.assertEqual(calls, [])
+
     def test_pypyNurseryHint(self):
         """On PyPy an unset PYPY_GC_NURSERY is pointed out once at start; a set one is left alone."""
         self.assertIn("PYPY_GC_NURSERY=4MB", service_module.pypyNurseryHint({}))
