@@ -422,6 +422,14 @@ class SQLiteStore:
         else:
             self._reactor.callFromThread(d.callback, result)
 
+    def _fireAll(self, waiters, result):
+        """Fire ``waiters`` in order with ``result`` (reactor thread)."""
+        for d in waiters:
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(result)
+
     def _run(self):
         """
         The writer thread: open and recover, then write batches until
@@ -550,8 +558,9 @@ class SQLiteStore:
                     failure = self._writeFailed(conn, e, [])
             with self._lock:
                 self._writing = None
-            for d in waiters:
-                self._fire(d, failure)
+            if waiters:
+                # one hand-over to the reactor thread for all of them
+                self._reactor.callFromThread(self._fireAll, waiters, failure)
             if closing:
                 with self._lock:
                     more = self._pending.size or self._pending.waiters
