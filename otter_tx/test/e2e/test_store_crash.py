@@ -66,6 +66,15 @@ reactor.run()
 """
 
 
+def _killIfRunning(process):
+    """SIGKILL a child process that has not ended."""
+    if process.pid is not None:
+        try:
+            process.signalProcess("KILL")
+        except Exception:
+            pass
+
+
 class _KillAfter(protocol.ProcessProtocol):
     """
     Reads the child's "durable N" lines and SIGKILLs it after ``lines`` of
@@ -110,13 +119,20 @@ class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
         durable = []
         for round_ in range(3):
             child = _KillAfter(lines=2 + round_)
-            reactor.spawnProcess(
+            process = reactor.spawnProcess(
                 child,
                 sys.executable,
                 [sys.executable, "-c", _CRASH_CHILD, path, str(start), self.kind],
                 env=env,
             )
-            top, stderr = await child.ended
+            # never leave a writer running: SIGKILL it after 20 s whatever happens
+            guard = reactor.callLater(20, _killIfRunning, process)
+            self.addCleanup(_killIfRunning, process)
+            try:
+                top, stderr = await child.ended
+            finally:
+                if guard.active():
+                    guard.cancel()
             self.assertIsNotNone(top, stderr.decode("utf-8", "replace"))
             self.assertTrue(child.killed)
             durable.append((start, top))
