@@ -72,6 +72,10 @@ LOG_SCHEMA_VERSION = 3
 #: the directory beside the SQLite file that holds the queue logs
 MESSAGES_DIRNAME = "messages"
 
+#: ENQ records of messages with bodies up to this many bytes are encoded on
+#: the reactor thread (enqueueMessage); bigger ones by the writer
+PRE_ENCODE_MAX = 256
+
 #: distinct names decoded once per recovered queue, at most this many
 _NAME_CACHE = 4096
 
@@ -127,14 +131,20 @@ class LogStore(SQLiteStore):
             propsRaw = bytes(propsRaw)
         if type(body) is not bytes:
             body = bytes(body)
-        names = self._names
-        ex = names.get(exchange)
-        if ex is None:
-            ex = self._name(exchange)
-        rk = names.get(routingKey)
-        if rk is None:
-            rk = self._name(routingKey)
-        record = encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, ex, rk, propsRaw, body)
+        if len(body) <= PRE_ENCODE_MAX:
+            names = self._names
+            ex = names.get(exchange)
+            if ex is None:
+                ex = self._name(exchange)
+            rk = names.get(routingKey)
+            if rk is None:
+                rk = self._name(routingKey)
+            record = encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, ex, rk, propsRaw,
+                                body)
+        else:
+            # a big body is copied once, by the writer, and only if its
+            # enqueue is not cancelled by an ack in the same batch
+            record = None
         with self._lock:
             batch = self._pending
             batch.addMessage(storeId, exchange, routingKey, propsRaw, body, again)
