@@ -42,7 +42,8 @@ Reclaiming.  A segment is deleted once it is not the active (last) one,
 none of its messages is live, and no record in it still matters to an
 older segment: an ``ACK``/``MARK``/``PURGE``/``REDELIVER_ALL`` in segment
 S about a message of an older segment T *pins* S until T is deleted
-(otherwise T's message would come back at recovery).
+(otherwise T's message would come back at recovery).  Segments between
+others can go, so the offsets of a log's files may have gaps.
 """
 
 import bisect
@@ -283,8 +284,10 @@ class QueueLog:
         magic, first = FILE_HEADER.unpack_from(buf, 0)
         if magic != FILE_MAGIC:
             raise LogCorruptError(path, f"not a message log segment (magic {magic!r})")
-        if self.segments and first != self.segments[-1].next:
-            raise LogCorruptError(path, f"starts at offset {first}, expected {self.segments[-1].next}")
+        # a gap is a reclaimed segment (any sealed one with nothing live and
+        # no pin is deleted, not only the oldest); an overlap is damage
+        if self.segments and first < self.segments[-1].next:
+            raise LogCorruptError(path, f"starts at offset {first}, before {self.segments[-1].next}")
         seg = Segment(first, path, FILE_HEADER.size)
         seg.positions = array("I")
         self._addSegment(seg)
@@ -711,6 +714,8 @@ class QueueLog:
         for seg in list(self.segments):
             if seg.next <= offset:
                 continue
+            # past a reclaimed segment: go on at this one's first message
+            offset = max(offset, seg.first)
             end = min(seg.next, self.committed)
             if offset >= end:
                 return
