@@ -476,7 +476,9 @@ class QueueLog:
         segs = self.segments
         if segs:
             seg = segs[-1]
-            if seg.size + len(self._chunk) < self.segmentBytes or not (self._count or seg.ids):
+            # a segment without a message of its own is not sealed: the next
+            # one would start at the same offset, in the same file
+            if seg.size + len(self._chunk) < self.segmentBytes or not seg.ids:
                 return seg
         # a new segment: only at a chunk boundary
         if self._chunk:
