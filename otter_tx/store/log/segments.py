@@ -15,8 +15,9 @@ u64) followed by chunks.  A chunk is one group commit's records for this
 queue: a 16-byte header (:data:`CHUNK_MAGIC`, payload length u32, CRC-32 of
 the payload u32, record count u32) and its payload.  A torn write can only
 damage the last chunk of the last segment (each commit appends one chunk
-and fsyncs it before its syncs fire); recovery drops such a chunk (its CRC
-or length fails) and truncates the file there.
+and fsyncs it before its syncs fire; a commit that fills the active
+segment fsyncs its chunk there before it starts the next one); recovery
+drops such a chunk (its CRC or length fails) and truncates the file there.
 
 Records (little endian; each is its length u32, not counting those 4
 bytes, then the type u8):
@@ -480,9 +481,14 @@ class QueueLog:
             # one would start at the same offset, in the same file
             if seg.size + len(self._chunk) < self.segmentBytes or not seg.ids:
                 return seg
-        # a new segment: only at a chunk boundary
+        # a new segment: only at a chunk boundary.  The chunk written to the
+        # old segment is part of the commit being built: fsync it now (flush
+        # syncs only the active segment), or the commit's syncs fire for
+        # records not on disk and a crash leaves a torn chunk in a segment
+        # that is no longer the last one (LogCorruptError at open)
         if self._chunk:
             self._writeChunk()
+            os.fdatasync(self._fd)
         first = segs[-1].next if segs else self.committed
         path = os.path.join(self.directory, segmentName(first))
         seg = Segment(first, path, 0)

@@ -29,7 +29,9 @@ appends one PURGE record.  If a step fails the logs are cut back to what
 they held before it and the batch is retried (``SQLiteStore``'s retry).
 
 Atomicity: a batch's records in one queue log are one chunk, all there or
-none after a crash.  Across queues and between the logs and SQLite a
+none after a crash, unless the batch fills a segment: then a crash may
+leave the records written before the roll without those after it.  Across
+queues and between the logs and SQLite a
 crash can leave part of a batch whose ``sync()`` had not fired: for
 example the enqueues of a batch without its binding.  Entries of a queue
 whose entity did not make it are dropped at recovery (their qid is not in
