@@ -243,6 +243,8 @@ class QueueLog:
         self._created = False
         self._createdPaths = []
         self._rollbackSizes = None
+        # the end of the last flush, committed at done()
+        self._flushed = None
 
     # --- opening --------------------------------------------------------------
 
@@ -594,12 +596,20 @@ class QueueLog:
         if self._created:
             _fsyncDirectory(self.directory)
             self._created = False
-        self.committed = self.segments[-1].next
+        self._flushed = self.segments[-1].next
 
     def done(self):
-        """The commit covering the flushed chunks succeeded: forget how to undo it."""
+        """
+        The commit covering the flushed chunks succeeded: forget how to undo
+        it, and let readers see its messages (:attr:`committed`; not at
+        :meth:`flush`, since a failed commit is rolled back and its offsets
+        are used again).
+        """
         self._rollbackSizes = None
         self._createdPaths = []
+        if self._flushed is not None:
+            self.committed = self._flushed
+            self._flushed = None
 
     def rollback(self):
         """
