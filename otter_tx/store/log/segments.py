@@ -251,7 +251,10 @@ class QueueLog:
     @classmethod
     def create(cls, directory, firstOffset=0, segmentBytes=SEGMENT_BYTES):
         """A new, empty log in ``directory`` (made now; its first segment on the first write)."""
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+            # the new directory's entry must survive a power loss as its files do
+            _fsyncDirectory(os.path.dirname(os.path.abspath(directory)))
         log = cls(directory, segmentBytes)
         log.committed = firstOffset
         return log

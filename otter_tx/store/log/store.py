@@ -50,7 +50,7 @@ import shutil
 from twisted.logger import Logger
 
 from otter_tx.store.interface import RecoveredMessage, RecoveredState, StoreCorruptError
-from otter_tx.store.log.segments import SEGMENT_BYTES, LogCorruptError, QueueLog
+from otter_tx.store.log.segments import SEGMENT_BYTES, LogCorruptError, QueueLog, _fsyncDirectory
 from otter_tx.store.sqlite import schema
 from otter_tx.store.sqlite.batch import DEQ, ENQ
 from otter_tx.store.sqlite.schema import blob, unblob
@@ -374,7 +374,9 @@ def recover(conn, path, integrityCheck, tables):
     top = conn.execute("SELECT max(m) FROM (SELECT max(qid) AS m FROM queues "
                        "UNION ALL SELECT max(qid) FROM dead_queues)").fetchone()[0]
     tables._nextQid = (top or 0) + 1
-    os.makedirs(tables.directory, exist_ok=True)
+    if not os.path.isdir(tables.directory):
+        os.makedirs(tables.directory)
+        _fsyncDirectory(os.path.dirname(os.path.abspath(tables.directory)))
     if version < LOG_SCHEMA_VERSION:
         tables.migrate(conn, path)
     # queues whose entity is gone, and directories no queue owns
