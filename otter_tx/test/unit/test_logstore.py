@@ -3,14 +3,19 @@ Tests for :class:`otter_tx.store.log.LogStore` (the message log): the store
 contract suite of ``test_store`` on it, and what is specific to the log.
 """
 
+import errno
 import os
 import random
+import sqlite3
 
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from otter_tx.store import keys
+from otter_tx.store.interface import RecoveredMessage, StoreCorruptError, StoreFailedError
 from otter_tx.store.log import LogStore, segments
 from otter_tx.store.log.segments import LogCorruptError, QueueLog
+from otter_tx.store.sqlite import SQLiteStore
 from otter_tx.test.unit.test_store import StoreContractMixin, _SQLiteFixture, listed
 
 
@@ -637,3 +642,389 @@ class QueueLogTests(SynchronousTestCase):
         _commit(qlog)
         self.assertIn(parent, synced)
         self.assertIn(os.path.join(parent, "q1"), synced)
+
+
+class _FailingOs:
+    """
+    Stands in for ``segments.os``: ``os.open`` with ``O_CREAT`` (a new
+    segment) or ``os.fdatasync`` raises ``OSError(errno)`` while the
+    matching count in ``failures`` is above zero (counting down).
+    """
+
+    def __init__(self):
+        self.failures = {"create": 0, "fdatasync": 0}
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def _failing(self, what):
+        if self.failures[what] > 0:
+            self.failures[what] -= 1
+            return True
+        return False
+
+    def open(self, path, flags, *args):
+        if flags & os.O_CREAT and self._failing("create"):
+            raise OSError(errno.ENOSPC, "No space left on device (test)")
+        return os.open(path, flags, *args)
+
+    def fdatasync(self, fd):
+        if self._failing("fdatasync"):
+            raise OSError(errno.EIO, "Input/output error (test)")
+        return os.fdatasync(fd)
+
+
+def _fields(message):
+    return tuple(getattr(message, name) for name in RecoveredMessage.__slots__)
+
+
+class LogStoreTests(_LogFixture, TestCase):
+    """What is specific to :class:`LogStore`: recovery order and flags, purges, failed writes, migration."""
+
+    async def _reopen(self, store, **kwargs):
+        await store.close()
+        again = self.newStore(store.path, **kwargs)
+        return again, listed(await again.open())
+
+    def add(self, store, queueKey, storeId, seq=None, redelivered=False, body=None, again=False, ts=None):
+        store.addMessage(storeId, "ex", "rk.%d" % storeId, b"\x80\x00p",
+                         b"body-%d" % storeId if body is None else body, again)
+        store.enqueue(queueKey, storeId, storeId if seq is None else seq,
+                      float(storeId if ts is None else ts), None, redelivered)
+
+    def ids(self, recovered, queueKey="q"):
+        return [m.storeId for m in recovered.messages.get(queueKey, [])]
+
+    def logRecords(self, store, queueKey="q"):
+        """``[(offset, storeId)]`` of every record of ``queueKey``'s log (acked ones too)."""
+        qlog = store.queueLog(queueKey)
+        return [(offset, rec[0]) for offset, rec in qlog.read(0)]
+
+    async def test_disorderedSeqsRecoveredInSeqOrder(self):
+        """Messages whose seqs are not in log order come back sorted by seq, across segments."""
+        store = self.newStore(segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        seqs = [5, 1, 9, 2, 8, 3, 7, 4, 6, 10]
+        for storeId, seq in enumerate(seqs, 1):
+            self.add(store, "q", storeId, seq=seq)
+            await store.sync()
+        store.dequeue("q", 3)
+        store.markRedelivered("q", 4)
+        await store.sync()
+        self.assertGreater(len(store.queueLog("q").segments), 2)
+        store, recovered = await self._reopen(store, segmentBytes=256)
+        self.assertEqual([m.seq for m in recovered.messages["q"]], [1, 2, 3, 4, 5, 6, 7, 8, 10])
+        self.assertEqual([(m.storeId, m.redelivered, m.body) for m in recovered.messages["q"]],
+                         [(storeId, storeId == 4, b"body-%d" % storeId) for storeId in (2, 4, 6, 8, 1, 9, 7, 5, 10)])
+        await store.close()
+
+    async def test_uncleanStopRedeliversAll(self):
+        """
+        After an unclean stop every recovered message is redelivered; a
+        later clean stop keeps them so; a message enqueued after the
+        crash is not.
+        """
+        store = self.newStore(segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.putEntity("queue", "empty", {})
+        for i in range(1, 9):
+            self.add(store, "q", i, redelivered=(i == 2))
+        await store.sync()
+        store.dequeue("q", 5)
+        await store.sync()
+        await store._abandon()
+        crashed = self.newStore(store.path, segmentBytes=256)
+        recovered = listed(await crashed.open())
+        self.assertEqual([(m.storeId, m.redelivered) for m in recovered.messages["q"]],
+                         [(i, True) for i in (1, 2, 3, 4, 6, 7, 8)])
+        self.add(crashed, "q", 9)
+        crashed, recovered = await self._reopen(crashed, segmentBytes=256)
+        self.assertEqual([(m.storeId, m.redelivered) for m in recovered.messages["q"]],
+                         [(i, True) for i in (1, 2, 3, 4, 6, 7, 8)] + [(9, False)])
+        crashed, recovered = await self._reopen(crashed, segmentBytes=256)
+        self.assertEqual([m.redelivered for m in recovered.messages["q"]], [True] * 7 + [False])
+        await crashed.close()
+
+    async def test_purgeAndDeleteThenRecover(self):
+        """
+        A purge, a purge keeping some messages and a queue delete are what
+        recovery sees; the logs of purged and deleted queues are removed.
+        """
+        store = self.newStore(segmentBytes=256)
+        await store.open()
+        for key in ("purged", "kept", "deleted"):
+            store.putEntity("queue", key, {})
+            for i in range(1, 11):
+                self.add(store, key, i)
+        await store.sync()
+        oldPurged = store.queueLog("purged").directory
+        oldDeleted = store.queueLog("deleted").directory
+        store.purgeQueue("purged")
+        store.purgeQueue("kept", keep=[2, 7])
+        store.deleteEntity("queue", "deleted")
+        self.add(store, "purged", 11, again=True)
+        await store.sync()
+        await store._whenIdle()
+        self.assertFalse(os.path.exists(oldPurged))
+        self.assertFalse(os.path.exists(oldDeleted))
+        self.assertIsNone(store.queueLog("deleted"))
+        store, recovered = await self._reopen(store)
+        self.assertEqual(sorted(recovered.messages), ["kept", "purged"])
+        self.assertEqual(self.ids(recovered, "purged"), [11])
+        self.assertEqual(self.ids(recovered, "kept"), [2, 7])
+        self.assertEqual(len(os.listdir(store.messagesPath)), 2)
+        store.purgeQueue("kept")
+        store, recovered = await self._reopen(store)
+        self.assertEqual(sorted(recovered.messages), ["purged"])
+        self.assertEqual(len(os.listdir(store.messagesPath)), 1)
+        await store.close()
+
+    async def test_purgeNotCollectedBeforeStop(self):
+        """The log directory of a queue purged just before a stop is removed at the next open."""
+        store = self.newStore()
+        await store.open()
+        store.putEntity("queue", "q", {})
+        self.add(store, "q", 1)
+        await store.sync()
+        store._tables.hasBackgroundWork = lambda: False    # the clean-up does not get to run
+        store.purgeQueue("q")
+        await store.sync()
+        await store._abandon()
+        self.assertEqual(len(os.listdir(store.messagesPath)), 1)
+        again = self.newStore(store.path)
+        recovered = listed(await again.open())
+        self.assertEqual(recovered.messages, {})
+        self.assertEqual(os.listdir(store.messagesPath), [])
+        await again.close()
+
+    async def test_failedCommitRollsBackAndRetries(self):
+        """
+        A batch whose SQLite commit fails after its logs were written fails
+        its syncs; the logs are cut back and the batch is written again
+        after the retry, each record once.
+        """
+        store = self.newStore(retryDelays=(0.05,), segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        for i in range(1, 4):
+            self.add(store, "q", i)
+        await store.sync()
+        tables = store._tables
+        calls = []
+
+        def failingOnce(conn, *args, _original=tables._commit):
+            calls.append(1)
+            if len(calls) == 1:
+                raise sqlite3.OperationalError("disk I/O error")
+            return _original(conn, *args)
+
+        tables._commit = failingOnce
+        store.putEntity("vhost", "/", {})
+        for i in range(4, 12):
+            self.add(store, "q", i)
+        store.dequeue("q", 2)
+        with self.assertRaises(StoreFailedError):
+            await store.sync()
+        self.assertEqual(self.logRecords(store), [(0, 1), (1, 2), (2, 3)])
+        await store.sync()
+        self.assertEqual(self.logRecords(store), [(i - 1, i) for i in range(1, 12)])
+        store, recovered = await self._reopen(store)
+        self.assertEqual(self.ids(recovered), [1] + list(range(3, 12)))
+        self.assertEqual(set(recovered.entities["vhost"]), {"/"})
+        await store.close()
+
+    async def test_failedSegmentCreationMidBatch(self):
+        """
+        A new segment that cannot be created (disk full) in the middle of a
+        queue's changes fails the batch without leaving any of them behind:
+        after the retry each message is in the log once.
+        """
+        fake = _FailingOs()
+        self.patch(segments, "os", fake)
+        store = self.newStore(retryDelays=(0.05,), segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        self.add(store, "q", 1)
+        await store.sync()
+        fake.failures["create"] = 1
+        for i in range(2, 12):
+            self.add(store, "q", i)
+        with self.assertRaises(StoreFailedError) as caught:
+            await store.sync()
+        self.assertIn("No space left", str(caught.exception))
+        self.assertEqual(self.logRecords(store), [(0, 1)])
+        await store.sync()
+        self.assertEqual(self.logRecords(store), [(i - 1, i) for i in range(1, 12)])
+        store, recovered = await self._reopen(store)
+        self.assertEqual(self.ids(recovered), list(range(1, 12)))
+
+    async def test_failedFsyncRetries(self):
+        """An fsync of a queue log that fails nacks the batch; the retry writes it once."""
+        fake = _FailingOs()
+        self.patch(segments, "os", fake)
+        store = self.newStore(retryDelays=(0.05,), segmentBytes=256)
+        await store.open()
+        health = []
+        store.addHealthObserver(lambda healthy, reason: health.append(healthy))
+        store.putEntity("queue", "q", {})
+        store.putEntity("queue", "r", {})
+        self.add(store, "q", 1)
+        self.add(store, "r", 1, again=True)
+        await store.sync()
+        fake.failures["fdatasync"] = 1
+        for i in range(2, 8):
+            self.add(store, "q", i)
+            self.add(store, "r", i, again=True)
+        store.dequeue("r", 1)
+        with self.assertRaises(StoreFailedError):
+            await store.sync()
+        await store.sync()
+        self.assertEqual(health, [False, True])
+        for key in ("q", "r"):
+            self.assertEqual(self.logRecords(store, key), [(i - 1, i) for i in range(1, 8)])
+        store, recovered = await self._reopen(store)
+        self.assertEqual(self.ids(recovered, "q"), list(range(1, 8)))
+        self.assertEqual(self.ids(recovered, "r"), list(range(2, 8)))
+
+    async def test_damagedSealedSegmentRefusesOpen(self):
+        """A queue log damaged in a sealed segment makes open() fail with StoreCorruptError naming that file."""
+        store = self.newStore(segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        for i in range(1, 10):
+            self.add(store, "q", i)
+            await store.sync()
+        path = store.queueLog("q").segments[0].path
+        await store.close()
+        with open(path, "r+b") as f:
+            f.seek(40)
+            f.write(b"\x00\x01")
+        again = self.newStore(store.path, segmentBytes=256)
+        try:
+            await again.open()
+        except StoreCorruptError as e:
+            error = e
+        else:
+            self.fail("a damaged queue log was opened")
+        self.assertEqual(error.path, path)
+        self.assertIn(path, str(error))
+        self.assertIn("CRC", error.reason)
+        self.assertNotIn("\n", str(error))
+
+    async def test_queueLogReadFromReactor(self):
+        """queueLog(key).read() and offsetAt() on the reactor thread see each commit once its sync fired."""
+        store = self.newStore(segmentBytes=256)
+        await store.open()
+        self.assertIsNone(store.queueLog("q"))
+        store.putEntity("queue", "q", {})
+        for i in range(1, 21):
+            self.add(store, "q", i, ts=1000 + i)
+            if i % 4 == 0:
+                await store.sync()
+                qlog = store.queueLog("q")
+                self.assertEqual([o for o, _ in qlog.read(0)], list(range(i)))
+                self.assertEqual(qlog.offsetAt(1000.5 + i), i)
+        store.dequeue("q", 3)
+        await store.sync()
+        qlog = store.queueLog("q")
+        self.assertEqual([(o, rec[0], rec[-1]) for o, rec in qlog.read(17)],
+                         [(17, 18, b"body-18"), (18, 19, b"body-19"), (19, 20, b"body-20")])
+        self.assertEqual([o for o, _ in qlog.read(2, 2)], [2, 3])
+        self.assertEqual(qlog.offsetAt(1010), 9)
+        self.assertEqual(qlog.offsetAt(0), 0)
+        self.assertEqual(qlog.offsetAt(5000), 20)
+        await store.close()
+
+    async def _schema2Store(self):
+        """
+        A closed schema-2 store (SQLiteStore) with messages in several
+        queues, one disordered, one a delayed exchange's pseudo-queue;
+        returns ``(path, expected messages by queue)``.
+        """
+        old = SQLiteStore(self.dataDir, reactor)
+        self.addCleanup(self._cleanupStore, old)
+        await old.open()
+        delayed = keys.DELAYED_PREFIX + keys.SEP + "/" + keys.SEP + "dx"
+        for key in ("/\x00a", "/\x00b", delayed, "/\x00empty"):
+            old.putEntity("queue", key, {"durable": True})
+        for i in range(1, 6):
+            old.addMessage(i, "amq.direct", "k\udcff%d" % i, b"\x90\x00props", b"m%d" % i * 50)
+            old.enqueue("/\x00a", i, 100 + i, 1000.0 + i, 9000.0 if i == 2 else None, i == 3)
+        old.enqueue("/\x00b", 1, 7, 1000.0, None, False)
+        for storeId, seq in ((6, 3), (7, 1), (8, 2)):
+            old.addMessage(storeId, "", "b", b"", b"b%d" % seq)
+            old.enqueue("/\x00b", storeId, seq, 2000.0, None, False)
+        old.addMessage(9, "dx", "later", b"\x01", b"delayed")
+        old.enqueue(delayed, 9, 1, 3000.0, None, False)
+        old.dequeue("/\x00a", 4)
+        await old.close()
+        check = SQLiteStore(self.dataDir, reactor)
+        self.addCleanup(self._cleanupStore, check)
+        expected = listed(await check.open()).messages
+        await check.close()
+        self.assertEqual(sorted(expected), sorted(["/\x00a", "/\x00b", delayed]))
+        self.assertEqual([m.seq for m in expected["/\x00b"]], [1, 2, 3, 7])
+        return check.path, {k: [_fields(m) for m in v] for k, v in expected.items()}
+
+    def _meta(self, path):
+        conn = sqlite3.connect(path)
+        try:
+            version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+            counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                      for t in ("messages", "queue_messages", "dead_queues")]
+        finally:
+            conn.close()
+        return version, counts
+
+    async def test_migrateSchema2(self):
+        """
+        A schema-2 file (messages in SQLite) opened by LogStore comes back
+        with the same messages, then holds them in queue logs: schema
+        version 3, message tables empty; it opens again, and an older
+        otter_tx (SQLiteStore) refuses it saying to upgrade.
+        """
+        path, expected = await self._schema2Store()
+        self.assertEqual(self._meta(path)[0], "2")
+        store = self.newStore()
+        recovered = listed(await store.open())
+        self.assertEqual({k: [_fields(m) for m in v] for k, v in recovered.messages.items()}, expected)
+        self.assertEqual(store.stats["migratedEntries"], 9)
+        self.assertEqual(self._meta(path), ("3", [0, 0, 0]))
+        store, recovered = await self._reopen(store)
+        self.assertEqual({k: [_fields(m) for m in v] for k, v in recovered.messages.items()}, expected)
+        self.assertEqual(store.stats["migratedEntries"], 0)
+        self.add(store, "/\x00a", 10, seq=200)
+        store, recovered = await self._reopen(store)
+        self.assertEqual([m.storeId for m in recovered.messages["/\x00a"]], [1, 2, 3, 5, 10])
+        await store.close()
+        old = SQLiteStore(self.dataDir, reactor)
+        self.addCleanup(self._cleanupStore, old)
+        with self.assertRaises(StoreCorruptError) as caught:
+            await old.open()
+        self.assertIn("upgrade otter_tx", str(caught.exception))
+        self.assertNotIn("\n", str(caught.exception))
+        self.assertEqual(self._meta(path)[0], "3")
+
+    async def test_migrationInterruptedRunsAgain(self):
+        """
+        A migration stopped after writing the logs but before its SQLite
+        transaction runs again at the next open: the logs are written
+        afresh, not appended to.
+        """
+        path, expected = await self._schema2Store()
+        with open(path, "rb") as f:
+            schema2 = f.read()
+        first = self.newStore()
+        await first.open()
+        await first.close()
+        self.assertTrue(os.listdir(first.messagesPath))
+        # the SQLite file as it was before the migration's transaction, the logs as written
+        with open(path, "wb") as f:
+            f.write(schema2)
+        again = self.newStore()
+        recovered = listed(await again.open())
+        self.assertEqual({k: [_fields(m) for m in v] for k, v in recovered.messages.items()}, expected)
+        self.assertEqual(self._meta(path), ("3", [0, 0, 0]))
+        await again.close()
