@@ -211,9 +211,10 @@ class LogTables:
                     if qid is None:
                         continue
                     if keep:
-                        qlog = logs[qid]
+                        # touched before it changes: a failure inside (a new
+                        # segment on a full disk) must roll it back too
+                        qlog = touched[qid] = logs[qid]
                         qlog.purge(keep)
-                        touched[qid] = qlog
                     else:
                         del qids[key]
                         qmap[key] = None
@@ -222,6 +223,8 @@ class LogTables:
                 for key, entries in batch.entries.items():
                     qid = qids.get(key)
                     qlog = None if qid is None else logs[qid]
+                    if qlog is not None:
+                        touched[qid] = qlog
                     for storeId, entry in entries.items():
                         op = entry[0]
                         if op == ENQ:
@@ -230,9 +233,10 @@ class LogTables:
                                 self._nextQid += 1
                                 qids[key] = qid
                                 qmap[key] = qid
+                                created.append(qid)
                                 qlog = logs[qid] = QueueLog.create(self._dir(qid),
                                                                     segmentBytes=self.segmentBytes)
-                                created.append(qid)
+                                touched[qid] = qlog
                             a = adds.get(storeId)
                             if a is None:
                                 raise ValueError(
@@ -250,8 +254,6 @@ class LogTables:
                             qlog.ack(storeId)
                         else:
                             qlog.mark(storeId)
-                    if qlog is not None:
-                        touched[qid] = qlog
             for qlog in touched.values():
                 if qlog.hasPending():
                     qlog.flush()
