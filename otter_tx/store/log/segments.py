@@ -26,7 +26,10 @@ bytes, then the type u8):
   enqueuedAtMs f64, expiresAtMs f64 (NaN for none), flags u8 (1:
   redelivered), exchange length u8, routing key length u8, property bytes
   length u32, then exchange, routing key (UTF-8, surrogateescape), the
-  encoded content-header properties and the body.  Each ENQ record has an
+  encoded content-header properties and the body.  A name of 255 bytes
+  or more has the length byte 255 and its length as u32 just before it
+  (AMQP names are short strings, but the HTTP API and
+  ``x-dead-letter-routing-key`` allow longer ones).  Each ENQ record has an
   *offset*: the segment's first offset plus its index among the segment's
   ENQ records (offsets count messages, not bytes, and never repeat).
 - ``ACK`` (2): offset u64: that message left the queue (ack, expiry,
@@ -75,6 +78,9 @@ REF = struct.Struct("<IBQ")
 #: PURGE: length, type, upto, count (then count u64 offsets)
 PURGE_HEAD = struct.Struct("<IBQI")
 _LEN_TYPE = struct.Struct("<IB")
+_U32 = struct.Struct("<I")
+#: an ENQ name length byte meaning "the length follows as u32"
+LONG_NAME = 255
 _U64 = struct.Struct("<Q")
 _ID_SEQ = struct.Struct("<Qq")
 
@@ -119,14 +125,23 @@ def encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchang
               propsRaw, body):
     """
     Append one ENQ record to ``out`` (bytearray); ``exchange`` and
-    ``routingKey`` are the encoded names (bytes, at most 255 each).
-    Returns the record's length in bytes.
+    ``routingKey`` are the encoded names (bytes).  Returns the record's
+    length in bytes.
     """
-    n = ENQ_HEAD.size - 4 + len(exchange) + len(routingKey) + len(propsRaw) + len(body)
+    exLen = len(exchange)
+    rkLen = len(routingKey)
+    n = ENQ_HEAD.size - 4 + exLen + rkLen + len(propsRaw) + len(body)
+    if exLen >= LONG_NAME or rkLen >= LONG_NAME:
+        n += 4 * ((exLen >= LONG_NAME) + (rkLen >= LONG_NAME))
     out += ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs,
                          _NAN if expiresAtMs is None else expiresAtMs,
-                         1 if redelivered else 0, len(exchange), len(routingKey), len(propsRaw))
+                         1 if redelivered else 0, min(exLen, LONG_NAME), min(rkLen, LONG_NAME),
+                         len(propsRaw))
+    if exLen >= LONG_NAME:
+        out += _U32.pack(exLen)
     out += exchange
+    if rkLen >= LONG_NAME:
+        out += _U32.pack(rkLen)
     out += routingKey
     out += propsRaw
     out += body
@@ -141,8 +156,14 @@ def decodeEnq(buf, pos):
     """
     n, _, storeId, seq, enq, exp, flags, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
     p = pos + ENQ_HEAD.size
+    if exLen == LONG_NAME:
+        exLen = _U32.unpack_from(buf, p)[0]
+        p += 4
     exchange = buf[p:p + exLen]
     p += exLen
+    if rkLen == LONG_NAME:
+        rkLen = _U32.unpack_from(buf, p)[0]
+        p += 4
     routingKey = buf[p:p + rkLen]
     p += rkLen
     propsRaw = buf[p:p + propsLen]
@@ -695,6 +716,10 @@ class QueueLog:
             for j, pos in enumerate(seg.positions):
                 if flags[j] & LIVE:
                     n, _, _, _, _, _, _, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
+                    if exLen == LONG_NAME:
+                        exLen = 4 + _U32.unpack_from(buf, pos + ENQ_HEAD.size)[0]
+                    if rkLen == LONG_NAME:
+                        rkLen = 4 + _U32.unpack_from(buf, pos + ENQ_HEAD.size + exLen)[0]
                     total += n + 4 - ENQ_HEAD.size - exLen - rkLen - propsLen
         return total
 

@@ -888,6 +888,30 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertEqual(self.ids(recovered, "q"), list(range(1, 8)))
         self.assertEqual(self.ids(recovered, "r"), list(range(2, 8)))
 
+    async def test_longNamesAreStorable(self):
+        """
+        Exchange names and routing keys longer than a short string (the
+        HTTP API and x-dead-letter-routing-key allow them) are written and
+        read back; a name of exactly 255 bytes too.
+        """
+        store = self.newStore(retryDelays=(0.05,), segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        odd = b"\xff\xed".decode("utf-8", "surrogateescape")
+        names = [("e" * 300, "k" * 70000 + odd), ("x" * 255, "r" * 254), ("", "k" * 255), (odd * 200, "")]
+        for storeId, (exchange, routingKey) in enumerate(names, 1):
+            store.addMessage(storeId, exchange, routingKey, b"p%d" % storeId, b"b%d" % storeId)
+            store.enqueue("q", storeId, storeId, 1.0, None, False)
+        await store.sync()
+        records = [(rec[5], rec[6], rec[7], rec[8]) for _, rec in store.queueLog("q").read(0)]
+        self.assertEqual(records, [(e.encode("utf-8", "surrogateescape"), rk.encode("utf-8", "surrogateescape"),
+                                    b"p%d" % i, b"b%d" % i) for i, (e, rk) in enumerate(names, 1)])
+        store, recovered = await self._reopen(store)
+        self.assertEqual([(m.exchange, m.routingKey, m.propsRaw, m.body) for m in recovered.messages["q"]],
+                         [(e, rk, b"p%d" % i, b"b%d" % i) for i, (e, rk) in enumerate(names, 1)])
+        self.assertEqual(recovered.stats["bodyBytes"], 8)
+        await store.close()
+
     async def test_damagedSealedSegmentRefusesOpen(self):
         """A queue log damaged in a sealed segment makes open() fail with StoreCorruptError naming that file."""
         store = self.newStore(segmentBytes=256)
