@@ -765,8 +765,12 @@ class QueueLog:
             end = min(seg.next, self.committed)
             if offset >= end:
                 return
-            with open(seg.path, "rb") as f:
-                buf = f.read(seg.size)
+            try:
+                with open(seg.path, "rb") as f:
+                    buf = f.read(seg.size)
+            except FileNotFoundError:
+                # reclaimed by the writer since this reader took the list
+                continue
             k = (offset - seg.first) // INDEX_EVERY
             pos = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
             o = seg.first + k * INDEX_EVERY
@@ -790,7 +794,7 @@ class QueueLog:
         times are assumed to grow with the offset (as they do when the
         broker's clock does not step back).
         """
-        for seg in self.segments:
+        for seg in list(self.segments):
             stamps = seg.stamps
             if not stamps or seg.next <= seg.first:
                 continue

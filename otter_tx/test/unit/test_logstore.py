@@ -536,6 +536,27 @@ class QueueLogTests(SynchronousTestCase):
                 self.assertEqual([o for o, _ in log.read(start)], expected)
             self.assertEqual([o for o, _ in log.read(4, 1)], [6])
 
+    def test_readWhileSegmentsAreReclaimed(self):
+        """
+        A reader part way through read() (a stream consumer on the reactor
+        thread) while the writer reclaims segments ahead of it goes on with
+        the segments that are left, without an error.
+        """
+        qlog = self.newLog(segmentBytes=1 << 20)
+        for group in ((1, 2), (3, 4), (5, 6)):
+            for i in group:
+                _enq(qlog, i)
+            _commit(qlog)
+            self.roll(qlog)
+        _enq(qlog, 7)
+        _commit(qlog)
+        reader = qlog.read(0)
+        self.assertEqual(next(reader)[0], 0)
+        for i in (3, 4):
+            qlog.ack(i)
+        self.assertEqual(_commit(qlog), 1)
+        self.assertEqual([o for o, _ in reader], [1, 4, 5, 6])
+
     def test_readOnlyCommitted(self):
         """
         read() and offsetAt() see only messages of finished commits: not
