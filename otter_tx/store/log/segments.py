@@ -17,7 +17,8 @@ the payload u32, record count u32) and its payload.  A torn write can only
 damage the last chunk of the last segment (each commit appends one chunk
 and fsyncs it before its syncs fire; a commit that fills the active
 segment fsyncs its chunk there before it starts the next one); recovery
-drops such a chunk (its CRC or length fails) and truncates the file there.
+drops such a chunk (its CRC or length fails) and truncates the file there;
+a chunk failing its CRC with a sound chunk after it is damage.
 
 Records (little endian; each is its length u32, not counting those 4
 bytes, then the type u8):
@@ -336,6 +337,10 @@ class QueueLog:
             if bad is not None:
                 if not last:
                     raise LogCorruptError(path, f"{bad} at byte {pos} of a sealed segment")
+                if _validChunkAt(buf, start + length) if bad == "a chunk failing its CRC" else False:
+                    # a torn write damages only the last chunk: one that is
+                    # followed by a sound chunk was damaged after its commit
+                    raise LogCorruptError(path, f"{bad} at byte {pos}, followed by committed chunks")
                 if truncateTail:
                     with open(path, "r+b") as f:
                         f.truncate(pos)
@@ -860,6 +865,15 @@ def _iterEnq(buf, pos, end):
                 k += 1
             q += 4 + n
         p = stop
+
+
+def _validChunkAt(buf, pos):
+    """True if a whole chunk with its magic and a matching CRC starts at ``pos`` of ``buf``."""
+    if len(buf) - pos < CHUNK_HEADER.size:
+        return False
+    magic, length, crc, _ = CHUNK_HEADER.unpack_from(buf, pos)
+    start = pos + CHUNK_HEADER.size
+    return magic == CHUNK_MAGIC and start + length <= len(buf) and zlib.crc32(buf[start:start + length]) == crc
 
 
 def _positions(buf, seg):

@@ -402,6 +402,26 @@ class QueueLogTests(SynchronousTestCase):
             self.assertEqual(os.path.getsize(last), start, damage)
             self.assertEqual(_enq(again, 13), 12)
 
+    def test_damageBeforeTheTailOfTheLastSegment(self):
+        """
+        A chunk of the last segment failing its CRC with sound chunks after
+        it was damaged after its commit (a torn write hits only the last
+        chunk): LogCorruptError, and the file is left as it is.
+        """
+        qlog = self.newLog(segmentBytes=1 << 20)
+        for i in range(1, 5):
+            _enq(qlog, i)
+            _commit(qlog)
+        qlog.close()
+        path = qlog.segments[-1].path
+        with open(path, "r+b") as f:
+            f.seek(self._lastChunkStart(path) - 3)
+            f.write(b"\xff")
+        before = _files(qlog.directory)
+        error = self.assertRaises(LogCorruptError, QueueLog.open, qlog.directory, 1 << 20)
+        self.assertIn("followed by committed chunks", error.reason)
+        self.assertEqual(_files(qlog.directory), before)
+
     def test_tornSegmentHeader(self):
         """A last segment created but without its whole header is removed."""
         qlog = self.newLog()
