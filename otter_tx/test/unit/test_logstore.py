@@ -16,7 +16,7 @@ from otter_tx.store.interface import RecoveredMessage, StoreCorruptError, StoreF
 from otter_tx.store.log import LogStore, segments
 from otter_tx.store.log.segments import LogCorruptError, QueueLog
 from otter_tx.store.sqlite import SQLiteStore
-from otter_tx.test.unit.test_store import StoreContractMixin, _SQLiteFixture, listed
+from otter_tx.test.unit.test_store import _SCHEMA_1, StoreContractMixin, _SQLiteFixture, listed
 
 
 class _LogFixture(_SQLiteFixture):
@@ -1071,6 +1071,32 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertIn("upgrade otter_tx", str(caught.exception))
         self.assertNotIn("\n", str(caught.exception))
         self.assertEqual(self._meta(path)[0], "3")
+
+    async def test_migrateSchema1(self):
+        """A schema-1 file is migrated through schema 2 into the queue logs in one open."""
+        path = os.path.abspath(self.mktemp()) + ".sqlite3"
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(_SCHEMA_1 + """
+            INSERT INTO meta VALUES ('format', 'otter_tx-store'), ('schema_version', '1');
+            INSERT INTO entities VALUES ('queue', '/' || char(0) || 'q', '{"a": 1}');
+            INSERT INTO messages VALUES (1, 'ex', 'rk', x'01', x'626f6479');
+            INSERT INTO messages VALUES (2, 'ex', 'rk2', x'', x'');
+            INSERT INTO queue_messages VALUES ('/' || char(0) || 'q', 1, 11, 5.0, NULL, 1);
+            INSERT INTO queue_messages VALUES ('/' || char(0) || 'q', 2, 10, 5.0, 9.0, 0);
+        """)
+        conn.close()
+        store = self.newStore(path)
+        recovered = listed(await store.open())
+        self.assertEqual(
+            [(m.storeId, m.seq, m.exchange, m.routingKey, m.body, m.expiresAtMs, m.redelivered)
+             for m in recovered.messages["/\x00q"]],
+            [(2, 10, "ex", "rk2", b"", 9.0, True), (1, 11, "ex", "rk", b"body", None, True)],
+        )
+        self.assertEqual(self._meta(path), ("3", [0, 0, 0]))
+        store, recovered = await self._reopen(store)
+        self.assertEqual([m.storeId for m in recovered.messages["/\x00q"]], [2, 1])
+        await store.close()
 
     async def test_migrationInterruptedRunsAgain(self):
         """
