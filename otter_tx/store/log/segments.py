@@ -761,6 +761,8 @@ class QueueLog:
         the sparse index, without reading the log before it.
         """
         emitted = 0
+        if limit is not None and limit <= 0:
+            return
         offset = max(offset, self.segments[0].first if self.segments else offset)
         for seg in list(self.segments):
             if seg.next <= offset:

@@ -534,6 +534,7 @@ class QueueLogTests(SynchronousTestCase):
             for start in range(62):
                 got = [(o, rec[0], rec[-1]) for o, rec in log.read(start)]
                 self.assertEqual(got, [(o, 1000 + o, b"body-%d" % (1000 + o)) for o in range(start, 60)])
+                self.assertEqual(list(log.read(start, 0)), [])
                 for limit in (1, 3, 7):
                     self.assertEqual([o for o, _ in log.read(start, limit)],
                                      list(range(start, min(60, start + limit))))
