@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from otter_tx.store import keys
 from otter_tx.store.interface import RecoveredMessage, StoreCorruptError, StoreFailedError
 from otter_tx.store.log import LogStore, segments
+from otter_tx.store.memory import MemoryStore
 from otter_tx.store.log.segments import LogCorruptError, QueueLog
 from otter_tx.store.sqlite import SQLiteStore
 from otter_tx.test.unit.test_store import _SCHEMA_1, StoreContractMixin, _SQLiteFixture, listed
@@ -952,6 +953,134 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertEqual([(m.exchange, m.routingKey, m.propsRaw, m.body) for m in recovered.messages["q"]],
                          [(e, rk, b"p%d" % i, b"b%d" % i) for i, (e, rk) in enumerate(names, 1)])
         self.assertEqual(recovered.stats["bodyBytes"], 8)
+        await store.close()
+
+    maxDiff = None
+
+    async def test_agreesWithMemoryStore(self):
+        """
+        A pseudo-random run of the broker's calls (addMessage before each
+        enqueue, dequeues, redelivered marks, purges with and without kept
+        messages, re-enqueues, several queues sharing messages) over
+        256-byte segments recovers what a MemoryStore given the same calls
+        recovers, after each reopen (clean, or abandoned after a sync).
+        """
+        rnd = random.Random(int(os.environ.get("LOGTEST_SEED", "2020")))
+        fake = _FailingOs()
+        self.patch(segments, "os", fake)
+        failCommit = []
+        failures = [0]
+        memory = MemoryStore()
+        await memory.open()
+
+        def newStore():
+            store = self.newStore(self.dataDir, segmentBytes=256, retryDelays=(0.01,))
+            original = store._tables._commit
+
+            def commit(*args):
+                if failCommit:
+                    del failCommit[:]
+                    raise sqlite3.OperationalError("disk I/O error (test)")
+                return original(*args)
+
+            store._tables._commit = commit
+            return store
+
+        store = newStore()
+        await store.open()
+        queues = ["a", "b", "c"]
+        live = {key: set() for key in queues}
+        added = set()
+        nextId = 0
+        seq = 0
+        reopens = deleted = 0
+
+        def both(name, *args):
+            getattr(memory, name)(*args)
+            getattr(store, name)(*args)
+
+        for key in queues:
+            both("putEntity", "queue", key, {})
+        for step in range(1500):
+            key = rnd.choice(queues)
+            r = rnd.random()
+            if r < 0.4:
+                if rnd.random() < 0.15 and added:
+                    storeId = rnd.choice(sorted(added))
+                    if storeId in live[key]:
+                        both("dequeue", key, storeId)
+                else:
+                    nextId += 1
+                    storeId = nextId
+                seq += 1
+                both("addMessage", storeId, "ex", "rk%d" % storeId, b"p", b"m%d" % storeId * (1 + storeId % 8),
+                     storeId in added)
+                added.add(storeId)
+                both("enqueue", key, storeId, seq, 1.0 * seq, None, rnd.random() < 0.1)
+                live[key].add(storeId)
+            elif r < 0.75 and live[key]:
+                storeId = rnd.choice(sorted(live[key]))
+                both("dequeue", key, storeId)
+                live[key].discard(storeId)
+            elif r < 0.9 and live[key]:
+                both("markRedelivered", key, rnd.choice(sorted(live[key])))
+            elif r < 0.93:
+                keep = set(rnd.sample(sorted(live[key]), min(2, len(live[key])))) if rnd.random() < 0.5 else set()
+                both("purgeQueue", key, keep)
+                live[key] = keep
+            if rnd.random() < 0.2:
+                await store.sync()
+            if rnd.random() < 0.04:
+                # a failed write: its syncs fail, it is written again after the retry
+                if rnd.random() < 0.5:
+                    fake.failures[rnd.choice(["create", "fdatasync"])] = 1
+                else:
+                    failCommit.append(1)
+                try:
+                    await store.sync()
+                except StoreFailedError:
+                    failures[0] += 1
+                fake.failures.update(create=0, fdatasync=0)
+                del failCommit[:]
+                await store.sync()
+            if rnd.random() < 0.015:
+                await store.sync()
+                reopens += 1
+                deleted += store.stats["segmentsDeleted"]
+                await memory.close()
+                expected = listed(await memory.open())
+                if rnd.random() < 0.3:
+                    await store._abandon()
+                    store = newStore()
+                    recovered = listed(await store.open())
+                    # an unclean stop: everything comes back redelivered
+                    for messages in expected.messages.values():
+                        for m in messages:
+                            m.redelivered = True
+                    await memory.close()
+                    memory = MemoryStore()
+                    await memory.open()
+                    for key2 in queues:
+                        memory.putEntity("queue", key2, {})
+                    for key2, messages in expected.messages.items():
+                        for m in messages:
+                            memory.addMessage(m.storeId, m.exchange, m.routingKey, m.propsRaw, m.body, True)
+                            memory.enqueue(key2, m.storeId, m.seq, m.enqueuedAtMs, m.expiresAtMs, True)
+                else:
+                    await store.close()
+                    store = newStore()
+                    recovered = listed(await store.open())
+                self.assertEqual(
+                    {k: [_fields(m) for m in v] for k, v in recovered.messages.items()},
+                    {k: [_fields(m) for m in v] for k, v in expected.messages.items()}, step)
+        store, recovered = await self._reopen(store, segmentBytes=256)
+        await memory.close()
+        expected = listed(await memory.open())
+        self.assertEqual({k: [_fields(m) for m in v] for k, v in recovered.messages.items()},
+                         {k: [_fields(m) for m in v] for k, v in expected.messages.items()})
+        self.assertGreater(reopens, 10)
+        self.assertGreater(failures[0], 10)
+        self.assertGreater(deleted + store.stats["segmentsDeleted"], 50)
         await store.close()
 
     async def test_damagedSealedSegmentRefusesOpen(self):
