@@ -297,6 +297,10 @@ class QueueLog:
             log._scan(path, last=(i == len(names) - 1), truncateTail=truncateTail)
         if log.segments:
             log.committed = log.segments[-1].next
+        for seg in log.segments:
+            # only the recovery stream reads them, and only where a message is live
+            if not seg.live:
+                seg.positions = None
         return log
 
     def _scan(self, path, last, truncateTail):
@@ -654,6 +658,9 @@ class QueueLog:
         for path in created:
             _remove(path)
         fresh = QueueLog.open(self.directory, self.segmentBytes, truncateTail=True)
+        for seg in fresh.segments:
+            # no recovery stream reads them (it would find them again)
+            seg.positions = None
         if not fresh.segments:
             fresh.committed = self._firstOffsetAfterRollback()
         self.__dict__.update(fresh.__dict__)

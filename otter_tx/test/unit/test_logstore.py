@@ -183,7 +183,9 @@ class QueueLogTests(SynchronousTestCase):
         _commit(qlog)
         again = self.reopen(qlog)
         self.assertSameState(qlog, again)
+        self.assertEqual([s for s in again.segments if s.positions is not None and not s.live], [])
         self.assertEqual(sorted((r[0], r[4]) for r in again.recovered()), sorted(model.items()))
+        self.assertEqual([s.positions for s in again.segments], [None] * len(again.segments))
         self.assertGreater(qlog.reclaim() + len(qlog.segments), 3)
 
     def test_outOfOrderIds(self):
@@ -488,6 +490,7 @@ class QueueLogTests(SynchronousTestCase):
         qlog.flush()
         self.assertGreater(len(qlog.segments), len(firsts))
         qlog.rollback()
+        self.assertEqual([s.positions for s in qlog.segments], [None] * len(qlog.segments))
         self.assertEqual(_files(qlog.directory), files)
         self.assertEqual(_liveView(qlog), view)
         self.assertEqual(qlog.committed, 7)
