@@ -341,7 +341,7 @@ class QueueLog:
             if bad is not None:
                 if not last:
                     raise LogCorruptError(path, f"{bad} at byte {pos} of a sealed segment")
-                if _validChunkAt(buf, start + length) if bad == "a chunk failing its CRC" else False:
+                if bad == "a chunk failing its CRC" and _validChunkAt(buf, start + length):
                     # a torn write damages only the last chunk: one that is
                     # followed by a sound chunk was damaged after its commit
                     raise LogCorruptError(path, f"{bad} at byte {pos}, followed by committed chunks")
