@@ -960,7 +960,15 @@ class LogStoreTests(_LogFixture, TestCase):
 
     maxDiff = None
 
-    async def test_agreesWithMemoryStore(self):
+    def test_agreesWithMemoryStore(self):
+        """The pseudo-random run of :meth:`_agreesWithMemoryStore`, with coalescing."""
+        return defer.Deferred.fromCoroutine(self._agreesWithMemoryStore(True))
+
+    def test_agreesWithMemoryStoreNotCoalescing(self):
+        """The pseudo-random run of :meth:`_agreesWithMemoryStore`, every change written (the bench's setting)."""
+        return defer.Deferred.fromCoroutine(self._agreesWithMemoryStore(False))
+
+    async def _agreesWithMemoryStore(self, coalesce):
         """
         A pseudo-random run of the broker's calls (addMessage before each
         enqueue, dequeues, redelivered marks, purges with and without kept
@@ -977,7 +985,7 @@ class LogStoreTests(_LogFixture, TestCase):
         await memory.open()
 
         def newStore():
-            store = self.newStore(self.dataDir, segmentBytes=256, retryDelays=(0.01,))
+            store = self.newStore(self.dataDir, segmentBytes=256, retryDelays=(0.01,), coalesce=coalesce)
             original = store._tables._commit
 
             def commit(*args):
