@@ -1213,6 +1213,28 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertNotIn("\n", str(caught.exception))
         self.assertEqual(self._meta(path)[0], "3")
 
+    async def test_migrateAfterUncleanStop(self):
+        """A schema-2 file left by an unclean stop migrates with every message redelivered and no orphan."""
+        old = SQLiteStore(self.dataDir, reactor)
+        self.addCleanup(self._cleanupStore, old)
+        await old.open()
+        old.putEntity("queue", "q", {})
+        for i in range(1, 4):
+            old.addMessage(i, "", "q", b"", b"m%d" % i)
+            old.enqueue("q", i, i, 1.0, None, False)
+        old.addMessage(9, "", "q", b"", b"orphan")
+        await old.sync()
+        await old._abandon()
+        store = self.newStore()
+        recovered = listed(await store.open())
+        self.assertEqual([(m.storeId, m.redelivered) for m in recovered.messages["q"]],
+                         [(1, True), (2, True), (3, True)])
+        self.assertEqual(self._meta(store.path), ("3", [0, 0, 0]))
+        store, recovered = await self._reopen(store)
+        self.assertEqual([(m.storeId, m.redelivered) for m in recovered.messages["q"]],
+                         [(1, True), (2, True), (3, True)])
+        await store.close()
+
     async def test_migrateSchema1(self):
         """A schema-1 file is migrated through schema 2 into the queue logs in one open."""
         path = os.path.abspath(self.mktemp()) + ".sqlite3"
