@@ -273,10 +273,18 @@ class LogTables:
             if qlog is not None:
                 qlog.close()
             self.dead.append(qid)
-        deleted = 0
+        # the batch is committed: nothing below may fail it (its syncs would
+        # fail and the retry would write it again)
         for qlog in touched.values():
             qlog.done()
-            deleted += qlog.reclaim()
+        deleted = 0
+        for qlog in touched.values():
+            try:
+                deleted += qlog.reclaim()
+            except OSError as e:
+                # what it could not delete goes at a later commit
+                log.warn("queue log {directory}: reclaiming segments failed: {error}",
+                         directory=qlog.directory, error=e)
         if deleted:
             self.stats["segmentsDeleted"] += deleted
         if finish:

@@ -934,6 +934,51 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertEqual(self.ids(recovered, "q"), list(range(1, 8)))
         self.assertEqual(self.ids(recovered, "r"), list(range(2, 8)))
 
+    async def test_failedReclaimAfterCommit(self):
+        """
+        A segment deletion that fails after the batch committed does not
+        fail the committed batch, nor write it again: the segment goes at a
+        later commit.
+        """
+        store = self.newStore(retryDelays=(0.05,), segmentBytes=256)
+        await store.open()
+        store.putEntity("queue", "q", {})
+        store.putEntity("queue", "r", {})
+        for i in range(1, 9):
+            self.add(store, "q", i)
+            self.add(store, "r", i, again=True)
+            await store.sync()
+        failing = [1]
+        real = segments._remove
+
+        def remove(path):
+            if failing:
+                del failing[:]
+                raise OSError(errno.EIO, "Input/output error (test)")
+            return real(path)
+
+        self.patch(segments, "_remove", remove)
+        for i in range(1, 5):
+            store.dequeue("q", i)
+            store.dequeue("r", i)
+        await store.sync()
+        self.assertEqual(failing, [])
+        self.assertTrue(store.healthy)
+        self.assertEqual(store.stats["failedCommits"], 0)
+        for key in ("q", "r"):
+            # each message once (the segments left start somewhere in 1..5)
+            ids = [storeId for _, storeId in self.logRecords(store, key)]
+            self.assertEqual(ids, list(range(ids[0], 9)))
+            self.assertLessEqual(ids[0], 5)
+        kept = len(store.queueLog("q").segments)
+        store.dequeue("q", 5)
+        await store.sync()
+        self.assertLess(len(store.queueLog("q").segments), kept)
+        store, recovered = await self._reopen(store)
+        self.assertEqual(self.ids(recovered, "q"), [6, 7, 8])
+        self.assertEqual(self.ids(recovered, "r"), [5, 6, 7, 8])
+        await store.close()
+
     async def test_longNamesAreStorable(self):
         """
         Exchange names and routing keys longer than a short string (the
