@@ -788,7 +788,8 @@ class QueueLog:
             k = (offset - seg.first) // INDEX_EVERY
             pos = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
             o = seg.first + k * INDEX_EVERY
-            for o2, p in _iterEnq(buf, pos, seg.size):
+            # len(buf): a rollback may have cut the file since seg.size was read
+            for o2, p in _iterEnq(buf, pos, len(buf)):
                 o_ = o + o2
                 if o_ >= end:
                     break
@@ -856,18 +857,21 @@ def _iterEnq(buf, pos, end):
     """Yield (index among ENQ records from pos, byte position) through chunks and records."""
     # pos is either the file header end or a record position inside a chunk;
     # walk chunk by chunk from the start when it is a chunk boundary
+    # (a reader on the reactor thread may see a chunk being written past
+    # the committed end: stop at what is whole in buf)
     unpackLT = _LEN_TYPE.unpack_from
     k = 0
     p = FILE_HEADER.size
-    while p < end:
+    end = min(end, len(buf))
+    while p + CHUNK_HEADER.size <= end:
         magic, length, _, _ = CHUNK_HEADER.unpack_from(buf, p)
         start = p + CHUNK_HEADER.size
-        stop = start + length
+        stop = min(start + length, end)
         if stop <= pos:
             p = stop
             continue
         q = max(start, pos) if pos >= start else start
-        while q < stop:
+        while q + _LEN_TYPE.size <= stop:
             n, kind = unpackLT(buf, q)
             if kind == ENQ:
                 yield k, q

@@ -582,6 +582,25 @@ class QueueLogTests(SynchronousTestCase):
         self.assertEqual(_commit(qlog), 1)
         self.assertEqual([o for o, _ in reader], [1, 4, 5, 6])
 
+    def test_readWhileACommitIsRolledBack(self):
+        """
+        A reader part way through read() when the writer rolls a failed
+        commit back (the file cut shorter than the segment it holds) reads
+        the committed messages and stops there, without an error.
+        """
+        qlog = self.newLog(segmentBytes=1 << 20)
+        _enq(qlog, 1)
+        _commit(qlog)
+        self.roll(qlog)
+        _enq(qlog, 2)
+        _commit(qlog)
+        reader = qlog.read(0)
+        self.assertEqual(next(reader)[0], 0)
+        _enq(qlog, 3)
+        qlog.flush()
+        qlog.rollback()
+        self.assertEqual([o for o, _ in reader], [1])
+
     def test_readOnlyCommitted(self):
         """
         read() and offsetAt() see only messages of finished commits: not
