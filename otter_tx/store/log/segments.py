@@ -25,7 +25,10 @@ bytes, then the type u8):
   enqueuedAtMs f64, expiresAtMs f64 (NaN for none), flags u8 (1:
   redelivered), exchange length u8, routing key length u8, property bytes
   length u32, then exchange, routing key (UTF-8, surrogateescape), the
-  encoded content-header properties and the body.  Each ENQ record has an
+  encoded content-header properties and the body.  A name of 255 bytes
+  or more has the length byte 255 and its length as u32 just before it
+  (AMQP names are short strings, but the HTTP API and
+  ``x-dead-letter-routing-key`` allow longer ones).  Each ENQ record has an
   *offset*: the segment's first offset plus its index among the segment's
   ENQ records (offsets count messages, not bytes, and never repeat).
 - ``ACK`` (2): offset u64: that message left the queue (ack, expiry,
@@ -42,7 +45,8 @@ Reclaiming.  A segment is deleted once it is not the active (last) one,
 none of its messages is live, and no record in it still matters to an
 older segment: an ``ACK``/``MARK``/``PURGE``/``REDELIVER_ALL`` in segment
 S about a message of an older segment T *pins* S until T is deleted
-(otherwise T's message would come back at recovery).
+(otherwise T's message would come back at recovery).  Segments between
+others can go, so the offsets of a log's files may have gaps.
 """
 
 import bisect
@@ -73,6 +77,9 @@ REF = struct.Struct("<IBQ")
 #: PURGE: length, type, upto, count (then count u64 offsets)
 PURGE_HEAD = struct.Struct("<IBQI")
 _LEN_TYPE = struct.Struct("<IB")
+_U32 = struct.Struct("<I")
+#: an ENQ name length byte meaning "the length follows as u32"
+LONG_NAME = 255
 _U64 = struct.Struct("<Q")
 _ID_SEQ = struct.Struct("<Qq")
 
@@ -117,14 +124,23 @@ def encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchang
               propsRaw, body):
     """
     Append one ENQ record to ``out`` (bytearray); ``exchange`` and
-    ``routingKey`` are the encoded names (bytes, at most 255 each).
-    Returns the record's length in bytes.
+    ``routingKey`` are the encoded names (bytes).  Returns the record's
+    length in bytes.
     """
-    n = ENQ_HEAD.size - 4 + len(exchange) + len(routingKey) + len(propsRaw) + len(body)
+    exLen = len(exchange)
+    rkLen = len(routingKey)
+    n = ENQ_HEAD.size - 4 + exLen + rkLen + len(propsRaw) + len(body)
+    if exLen >= LONG_NAME or rkLen >= LONG_NAME:
+        n += 4 * ((exLen >= LONG_NAME) + (rkLen >= LONG_NAME))
     out += ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs,
                          _NAN if expiresAtMs is None else expiresAtMs,
-                         1 if redelivered else 0, len(exchange), len(routingKey), len(propsRaw))
+                         1 if redelivered else 0, min(exLen, LONG_NAME), min(rkLen, LONG_NAME),
+                         len(propsRaw))
+    if exLen >= LONG_NAME:
+        out += _U32.pack(exLen)
     out += exchange
+    if rkLen >= LONG_NAME:
+        out += _U32.pack(rkLen)
     out += routingKey
     out += propsRaw
     out += body
@@ -134,11 +150,18 @@ def encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchang
 def encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
                body):
     """One ENQ record as ``bytes`` (see :func:`encodeEnq`)."""
-    n = ENQ_HEAD.size - 4 + len(exchange) + len(routingKey) + len(propsRaw) + len(body)
-    return b"".join((
-        ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs, _NAN if expiresAtMs is None else expiresAtMs,
-                      1 if redelivered else 0, len(exchange), len(routingKey), len(propsRaw)),
-        exchange, routingKey, propsRaw, body))
+    exLen = len(exchange)
+    rkLen = len(routingKey)
+    n = ENQ_HEAD.size - 4 + exLen + rkLen + len(propsRaw) + len(body)
+    if exLen < LONG_NAME and rkLen < LONG_NAME:
+        return b"".join((
+            ENQ_HEAD.pack(n, ENQ, storeId, seq, enqueuedAtMs, _NAN if expiresAtMs is None else expiresAtMs,
+                          1 if redelivered else 0, exLen, rkLen, len(propsRaw)),
+            exchange, routingKey, propsRaw, body))
+    out = bytearray()
+    encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
+              body)
+    return bytes(out)
 
 
 #: the byte of an ENQ record holding its flags (redelivered)
@@ -153,8 +176,14 @@ def decodeEnq(buf, pos):
     """
     n, _, storeId, seq, enq, exp, flags, exLen, rkLen, propsLen = ENQ_HEAD.unpack_from(buf, pos)
     p = pos + ENQ_HEAD.size
+    if exLen == LONG_NAME:
+        exLen = _U32.unpack_from(buf, p)[0]
+        p += 4
     exchange = buf[p:p + exLen]
     p += exLen
+    if rkLen == LONG_NAME:
+        rkLen = _U32.unpack_from(buf, p)[0]
+        p += 4
     routingKey = buf[p:p + rkLen]
     p += rkLen
     propsRaw = buf[p:p + propsLen]
@@ -263,13 +292,20 @@ class QueueLog:
         self._fds = {}
         self._createdPaths = []
         self._rollbackSizes = None
+        # the end of the last written commit, made visible at done()
+        self._flushed = None
+        # the pending records were written as two chunks (phases 1 and 2)
+        self._split = False
 
     # --- opening --------------------------------------------------------------
 
     @classmethod
     def create(cls, directory, firstOffset=0, segmentBytes=SEGMENT_BYTES):
         """A new, empty log in ``directory`` (made now; its first segment on the first write)."""
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+            # the new directory's entry must survive a power loss as its files do
+            _fsyncDirectory(os.path.dirname(os.path.abspath(directory)))
         log = cls(directory, segmentBytes)
         log.committed = firstOffset
         return log
@@ -290,6 +326,11 @@ class QueueLog:
             log._scan(path, last=(i == len(names) - 1), truncateTail=truncateTail)
         if log.segments:
             log.committed = log.segments[-1].next
+        for seg in log.segments:
+            # only the recovery stream reads them, and only where a message is live
+            if not seg.live:
+                seg.positions = None
+                seg.meta = None
         return log
 
     def _scan(self, path, last, truncateTail):
@@ -305,8 +346,10 @@ class QueueLog:
         magic, first = FILE_HEADER.unpack_from(buf, 0)
         if magic != FILE_MAGIC:
             raise LogCorruptError(path, f"not a message log segment (magic {magic!r})")
-        if self.segments and first != self.segments[-1].next:
-            raise LogCorruptError(path, f"starts at offset {first}, expected {self.segments[-1].next}")
+        # a gap is a reclaimed segment (any sealed one with nothing live and
+        # no pin is deleted, not only the oldest); an overlap is damage
+        if self.segments and first < self.segments[-1].next:
+            raise LogCorruptError(path, f"starts at offset {first}, before {self.segments[-1].next}")
         seg = Segment(first, path, FILE_HEADER.size)
         seg.positions = array("I")
         seg.meta = (array("q"), array("I"), array("d"))
@@ -329,6 +372,10 @@ class QueueLog:
             if bad is not None:
                 if not last:
                     raise LogCorruptError(path, f"{bad} at byte {pos} of a sealed segment")
+                if bad == "a chunk failing its CRC" and _validChunkAt(buf, start + length):
+                    # a torn write damages only the last chunk: one that is
+                    # followed by a sound chunk was damaged after its commit
+                    raise LogCorruptError(path, f"{bad} at byte {pos}, followed by committed chunks")
                 if truncateTail:
                     with open(path, "r+b") as f:
                         f.truncate(pos)
@@ -360,6 +407,12 @@ class QueueLog:
                     seg.stamps.append(enq)
                 positions.append(pos)
                 seqs.append(seq)
+                if exLen == LONG_NAME or rkLen == LONG_NAME:
+                    at = pos + ENQ_HEAD.size
+                    if exLen == LONG_NAME:
+                        exLen = 4 + _U32.unpack_from(buf, at)[0]
+                    if rkLen == LONG_NAME:
+                        rkLen = 4 + _U32.unpack_from(buf, at + exLen)[0]
                 sizes.append(n - headSize - exLen - rkLen - propsLen)
                 expiries.append(exp)
                 self._appendId(seg, storeId)
@@ -465,7 +518,9 @@ class QueueLog:
 
     def _dropException(self, offset):
         storeId = self._exceptionIds.pop(offset, None)
-        if storeId is not None:
+        # the id may be live again at a later offset (acked and enqueued
+        # again in one commit: its ENQ record comes before the ACK on disk)
+        if storeId is not None and self.exceptions.get(storeId) == offset:
             del self.exceptions[storeId]
 
     def _markOffset(self, seg, offset):
@@ -667,8 +722,10 @@ class QueueLog:
             # thread waits for the GIL after each call it makes)
             if pend.new and seg.path not in self._createdPaths:
                 fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DSYNC, 0o644)
-                os.pwrite(fd, FILE_HEADER.pack(FILE_MAGIC, seg.first), 0)
+                # made: a rollback removes it, even if the header write fails
+                self._fds[seg.path] = fd
                 self._createdPaths.append(seg.path)
+                os.pwrite(fd, FILE_HEADER.pack(FILE_MAGIC, seg.first), 0)
                 synced.setdefault("dirs", set()).add(self.directory)
             else:
                 fd = os.open(seg.path, os.O_WRONLY | os.O_DSYNC)
@@ -686,21 +743,30 @@ class QueueLog:
         """
         if self._rollbackSizes is None:
             self._rollbackSizes = {}
+        if phase:
+            self._split = True
         for pend in self._pending():
             seg = pend.seg
             self._rollbackSizes.setdefault(seg.path, seg.size)
             at = seg.size
             start = None
             parts = []
-            for which, data, count in ((1, pend.enq, pend.count), (2, pend.other, pend.otherCount)):
-                if not count:
-                    continue
-                if phase == 0 or phase == which:
-                    if start is None:
+            if phase == 0:
+                # one chunk: the commit is all there or not at all
+                data = pend.enq + pend.other
+                start = at
+                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data),
+                                               pend.count + pend.otherCount))
+                parts.append(data)
+            else:
+                for which, data, count in ((1, pend.enq, pend.count), (2, pend.other, pend.otherCount)):
+                    if not count:
+                        continue
+                    if phase == which:
                         start = at
-                    parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data), count))
-                    parts.append(data)
-                at += CHUNK_HEADER.size + len(data)
+                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data), count))
+                        parts.append(data)
+                    at += CHUNK_HEADER.size + len(data)
             if parts:
                 # the chunks of one phase are contiguous: one write
                 out = b"".join(parts)
@@ -713,17 +779,23 @@ class QueueLog:
         """The written chunks are durable and committed: they are part of the segments now."""
         for pend in self._pending():
             seg = pend.seg
-            if pend.count:
-                seg.size += CHUNK_HEADER.size + len(pend.enq)
-            if pend.otherCount:
-                seg.size += CHUNK_HEADER.size + len(pend.other)
+            if self._split:
+                if pend.count:
+                    seg.size += CHUNK_HEADER.size + len(pend.enq)
+                if pend.otherCount:
+                    seg.size += CHUNK_HEADER.size + len(pend.other)
+            else:
+                seg.size += CHUNK_HEADER.size + len(pend.enq) + len(pend.other)
             self._unborn.discard(seg)
+        self._split = False
         self._sealed = []
         self._chunk = bytearray()
         self._other = bytearray()
         self._count = self._otherCount = 0
         segs = self.segments
-        self.committed = segs[-1].next if segs else self.committed
+        # readers see it at done(): a failed commit is rolled back and its
+        # offsets are used again
+        self._flushed = segs[-1].next if segs else self.committed
         # keep only the active segment's file open
         active = segs[-1].path if segs else None
         for path in [p for p in self._fds if p != active]:
@@ -744,9 +816,15 @@ class QueueLog:
         self.finish()
 
     def done(self):
-        """The commit covering the flushed records succeeded: forget how to undo it."""
+        """
+        The commit covering the flushed records succeeded: forget how to
+        undo it, and let readers see its messages (:attr:`committed`).
+        """
         self._rollbackSizes = None
         self._createdPaths = []
+        if self._flushed is not None:
+            self.committed = self._flushed
+            self._flushed = None
 
     def rollback(self):
         """
@@ -764,6 +842,10 @@ class QueueLog:
         committed = self.committed
         first = self.segments[0].first if self.segments else committed
         fresh = QueueLog.open(self.directory, self.segmentBytes, truncateTail=True)
+        for seg in fresh.segments:
+            # no recovery stream reads them (it would find them again)
+            seg.positions = None
+            seg.meta = None
         if not fresh.segments:
             fresh.committed = min(committed, first)
         self.__dict__.update(fresh.__dict__)
@@ -889,6 +971,8 @@ class QueueLog:
                     if allRedelivered or f & REDELIVERED:
                         rec = rec[:4] + (True,) + rec[5:]
                     yield rec
+            seg.positions = None
+            seg.meta = None
 
     def read(self, offset, limit=None):
         """
@@ -898,19 +982,28 @@ class QueueLog:
         the sparse index, without reading the log before it.
         """
         emitted = 0
+        if limit is not None and limit <= 0:
+            return
         offset = max(offset, self.segments[0].first if self.segments else offset)
         for seg in list(self.segments):
             if seg.next <= offset:
                 continue
+            # past a reclaimed segment: go on at this one's first message
+            offset = max(offset, seg.first)
             end = min(seg.next, self.committed)
             if offset >= end:
                 return
-            with open(seg.path, "rb") as f:
-                buf = f.read(seg.size)
+            try:
+                with open(seg.path, "rb") as f:
+                    buf = f.read(seg.size)
+            except FileNotFoundError:
+                # reclaimed by the writer since this reader took the list
+                continue
             k = (offset - seg.first) // INDEX_EVERY
             pos = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
             o = seg.first + k * INDEX_EVERY
-            for o2, p in _iterEnq(buf, pos, seg.size):
+            # len(buf): a rollback may have cut the file since seg.size was read
+            for o2, p in _iterEnq(buf, pos, len(buf)):
                 o_ = o + o2
                 if o_ >= end:
                     break
@@ -930,7 +1023,7 @@ class QueueLog:
         times are assumed to grow with the offset (as they do when the
         broker's clock does not step back).
         """
-        for seg in self.segments:
+        for seg in list(self.segments):
             stamps = seg.stamps
             if not stamps or seg.next <= seg.first:
                 continue
@@ -1054,13 +1147,22 @@ def _iterEnq(buf, pos, end):
             p = stop
             continue
         q = max(start, pos) if pos >= start else start
-        while q < stop:
+        while q + _LEN_TYPE.size <= stop:
             n, kind = unpackLT(buf, q)
             if kind == ENQ:
                 yield k, q
                 k += 1
             q += 4 + n
         p = stop
+
+
+def _validChunkAt(buf, pos):
+    """True if a whole chunk with its magic and a matching CRC starts at ``pos`` of ``buf``."""
+    if len(buf) - pos < CHUNK_HEADER.size:
+        return False
+    magic, length, crc, _ = CHUNK_HEADER.unpack_from(buf, pos)
+    start = pos + CHUNK_HEADER.size
+    return magic == CHUNK_MAGIC and start + length <= len(buf) and zlib.crc32(buf[start:start + length]) == crc
 
 
 def _positions(buf, seg):

@@ -55,6 +55,7 @@ from otter_tx.store.log.segments import (
     SEGMENT_BYTES,
     LogCorruptError,
     QueueLog,
+    _fsyncDirectory,
     _positions,
     decodeEnq,
     encodedEnq,
@@ -281,9 +282,10 @@ class LogTables:
                     if qid is None:
                         continue
                     if keep:
-                        qlog = logs[qid]
+                        # touched before it changes: a failure inside (a new
+                        # segment on a full disk) must roll it back too
+                        qlog = touched[qid] = logs[qid]
                         qlog.purge(keep)
-                        touched[qid] = qlog
                     else:
                         del qids[key]
                         qmap[key] = None
@@ -292,6 +294,8 @@ class LogTables:
                 for key, entries in batch.entries.items():
                     qid = qids.get(key)
                     qlog = None if qid is None else logs[qid]
+                    if qlog is not None:
+                        touched[qid] = qlog
                     for storeId, entry in entries.items():
                         op = entry[0]
                         if op == ENQ:
@@ -300,9 +304,10 @@ class LogTables:
                                 self._nextQid += 1
                                 qids[key] = qid
                                 qmap[key] = qid
+                                created.append(qid)
                                 qlog = logs[qid] = QueueLog.create(self._dir(qid),
                                                                     segmentBytes=self.segmentBytes)
-                                created.append(qid)
+                                touched[qid] = qlog
                             a = adds.get(storeId)
                             if a is None and entry[6] is None:
                                 a = _lookBack(earlier, storeId)
@@ -325,8 +330,6 @@ class LogTables:
                             qlog.ack(storeId)
                         else:
                             qlog.mark(storeId)
-                    if qlog is not None:
-                        touched[qid] = qlog
                 earlier.append(adds)
             pending = [qlog for qlog in touched.values() if qlog.hasPending()]
             synced = {}
@@ -368,11 +371,19 @@ class LogTables:
             if qlog is not None:
                 qlog.close()
             self.dead.append(qid)
-        deleted = 0
+        # the batch is committed: nothing below may fail it (its syncs would
+        # fail and the retry would write it again)
         for qlog in touched.values():
             qlog.finish()
             qlog.done()
-            deleted += qlog.reclaim()
+        deleted = 0
+        for qlog in touched.values():
+            try:
+                deleted += qlog.reclaim()
+            except OSError as e:
+                # what it could not delete goes at a later commit
+                log.warn("queue log {directory}: reclaiming segments failed: {error}",
+                         directory=qlog.directory, error=e)
         if deleted:
             self.stats["segmentsDeleted"] += deleted
         if finish:
@@ -480,7 +491,9 @@ def recover(conn, path, integrityCheck, tables):
     top = conn.execute("SELECT max(m) FROM (SELECT max(qid) AS m FROM queues "
                        "UNION ALL SELECT max(qid) FROM dead_queues)").fetchone()[0]
     tables._nextQid = (top or 0) + 1
-    os.makedirs(tables.directory, exist_ok=True)
+    if not os.path.isdir(tables.directory):
+        os.makedirs(tables.directory)
+        _fsyncDirectory(os.path.dirname(os.path.abspath(tables.directory)))
     if version < LOG_SCHEMA_VERSION:
         tables.migrate(conn, path)
     # queues whose entity is gone, and directories no queue owns

@@ -11,7 +11,7 @@ are in ``otter_tx.test.unit.test_store``.
 import os
 import sys
 
-from twisted.internet import defer, protocol, reactor
+from twisted.internet import defer, error, protocol, reactor
 from twisted.trial.unittest import TestCase
 
 from otter_tx.test.unit.test_logstore import _LogFixture
@@ -32,12 +32,23 @@ if kind == "log":
 else:
     store = SQLiteStore(path, reactor)
 nextId = [start]
+# syncs not fired yet: at most a few, so the writer keeps up (without it a
+# slow fsync lets the batches grow without bound and no sync fires for
+# the rest of the test)
+outstanding = [0]
 
 def report(_, top):
     sys.stdout.write("durable %d\n" % top)
     sys.stdout.flush()
 
+def fired(result):
+    outstanding[0] -= 1
+    return result
+
 def step():
+    if outstanding[0] >= 4:
+        reactor.callLater(0.001, step)
+        return
     for _ in range(40):
         n = nextId[0]
         nextId[0] += 1
@@ -47,7 +58,8 @@ def step():
         store.enqueue("q2", n, n, 1000.0 + n, 9000.0 + n, False)
         if n - 25 >= start:
             store.dequeue("q2", n - 25)
-    store.sync().addCallback(report, nextId[0] - 1)
+    outstanding[0] += 1
+    store.sync().addBoth(fired).addCallback(report, nextId[0] - 1)
     reactor.callLater(0, step)
 
 def opened(recovered):
@@ -64,15 +76,6 @@ def failed(f):
 store.open().addCallbacks(opened, failed)
 reactor.run()
 """
-
-
-def _killIfRunning(process):
-    """SIGKILL a child process that has not ended."""
-    if process.pid is not None:
-        try:
-            process.signalProcess("KILL")
-        except Exception:
-            pass
 
 
 class _KillAfter(protocol.ProcessProtocol):
@@ -106,6 +109,17 @@ class _KillAfter(protocol.ProcessProtocol):
         self.ended.callback((self.durable[-1] if self.durable else None, self.stderr))
 
 
+def _killIfRunning(child):
+    """Kill ``child``'s process if it still runs (the test failed or timed out) and wait for it."""
+    if child.ended.called:
+        return None
+    try:
+        child.transport.signalProcess("KILL")
+    except error.ProcessExitedAlready:
+        pass
+    return child.ended
+
+
 class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
     """A store process killed with SIGKILL loses nothing it reported durable."""
 
@@ -119,15 +133,15 @@ class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
         durable = []
         for round_ in range(3):
             child = _KillAfter(lines=2 + round_)
-            process = reactor.spawnProcess(
+            self.addCleanup(_killIfRunning, child)
+            reactor.spawnProcess(
                 child,
                 sys.executable,
                 [sys.executable, "-c", _CRASH_CHILD, path, str(start), self.kind],
                 env=env,
             )
             # never leave a writer running: SIGKILL it after 20 s whatever happens
-            guard = reactor.callLater(20, _killIfRunning, process)
-            self.addCleanup(_killIfRunning, process)
+            guard = reactor.callLater(20, _killIfRunning, child)
             try:
                 top, stderr = await child.ended
             finally:
