@@ -186,7 +186,8 @@ class RecoveredState:
         iteration reads again).  A message held by several queues appears
         in each, as equal but possibly distinct objects.
     :ivar stats: ``{str: int}``: one count per entity kind, ``messages``
-        (distinct messages), ``queuedMessages`` (queue entries),
+        (distinct messages; the message log counts each queue's copy, as it
+        stores it), ``queuedMessages`` (queue entries),
         ``bodyBytes``, and the repairs done while opening:
         ``droppedOrphanMessages`` (message rows no queue referred to, left by
         a stop between ``addMessage`` and ``enqueue``) and

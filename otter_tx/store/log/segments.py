@@ -344,6 +344,12 @@ class QueueLog:
                 return
             raise LogCorruptError(path, "shorter than its header")
         magic, first = FILE_HEADER.unpack_from(buf, 0)
+        if last and buf[:FILE_HEADER.size] == bytes(FILE_HEADER.size):
+            # created but its header never reached the disk (zeros after a
+            # crash): nothing was in it
+            if truncateTail:
+                os.remove(path)
+            return
         if magic != FILE_MAGIC:
             raise LogCorruptError(path, f"not a message log segment (magic {magic!r})")
         # a gap is a reclaimed segment (any sealed one with nothing live and

@@ -81,6 +81,24 @@ PRE_ENCODE_MAX = 256
 _NAME_CACHE = 4096
 
 
+class LogDamagedError(StoreCorruptError):
+    """
+    A queue log segment is damaged (somewhere a torn write cannot reach):
+    raised as the failure of ``open()``; the broker does not start.
+    ``str(error)`` names the file and says what to do.
+    """
+
+    def __init__(self, path, reason):
+        self.path = path
+        self.reason = reason
+        Exception.__init__(
+            self,
+            f"otter_tx message log segment {path!r} is damaged: {reason}. The broker did not start "
+            "and did not change it. To recover: stop the broker, move the segment file aside (keep "
+            "it for inspection) and start again: the messages it held that are not acked are lost, "
+            "the rest of the store is used as it is; or restore the data directory from a backup.")
+
+
 def messagesDirectory(path):
     """The queue logs' directory for the store file ``path`` (str)."""
     directory, name = os.path.split(path)
@@ -108,7 +126,7 @@ class LogStore(SQLiteStore):
                  retryDelays=RETRY_DELAYS, segmentBytes=SEGMENT_BYTES):
         super().__init__(pathOrDataDir, reactor, integrityCheck, coalesce, retryDelays)
         self.messagesPath = messagesDirectory(self.path)
-        self.stats.update({"segmentsDeleted": 0, "logBytes": 0, "migratedEntries": 0})
+        self.stats.update({"segmentsDeleted": 0, "logBytes": 0, "migratedEntries": 0, "droppedEnqueues": 0})
         self._tables = LogTables(self.stats, self.messagesPath, segmentBytes)
         # reactor thread: names' stored bytes
         self._names = {}
@@ -312,10 +330,14 @@ class LogTables:
                             if a is None and entry[6] is None:
                                 a = _lookBack(earlier, storeId)
                             if a is None and entry[6] is None:
-                                raise ValueError(
-                                    f"enqueue of message {storeId} in {key!r} without its addMessage "
-                                    "just before (the message log writes the message with each "
-                                    "queue's entry)")
+                                # a bug in the caller: raising would fail
+                                # this batch for good (it is retried as it
+                                # is), so the entry is left out, loudly
+                                self.stats["droppedEnqueues"] += 1
+                                log.error("queue log {key!r}: enqueue of message {storeId} without its "
+                                          "addMessage just before; not stored (a bug)",
+                                          key=key, storeId=storeId)
+                                continue
                             if entry[5]:
                                 qlog.ack(storeId)
                             _, seq, enq, exp, redelivered, _, record = entry
@@ -512,8 +534,7 @@ def recover(conn, path, integrityCheck, tables):
         for key, qid in tables.qids.items():
             tables.logs[qid] = tables._openLog(qid)
     except LogCorruptError as e:
-        raise StoreCorruptError(
-            e.path, f"its message log is damaged ({e.reason}); the broker did not start") from e
+        raise LogDamagedError(e.path, e.reason) from e
     conn.execute("BEGIN IMMEDIATE")
     try:
         for key in gone:
