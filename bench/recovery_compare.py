@@ -375,7 +375,6 @@ def main(argv=None):
         baseline = dirSize(broker.dataDir)
         log("empty start %.2f s; baseline %d bytes" % (result["start_empty_s"], baseline[0]))
 
-        broker.start()
         waitReady(broker, 0, args.timeout)
         log("publishing %d x %d B" % (args.messages, args.body))
         t1 = time.monotonic()
