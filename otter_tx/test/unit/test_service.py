@@ -262,7 +262,7 @@ class GCTests(SynchronousTestCase):
 
     def test_pypyNurseryHint(self):
         """On PyPy an unset PYPY_GC_NURSERY is pointed out once at start; a set one is left alone."""
-        self.assertIn("PYPY_GC_NURSERY=4MB", service_module.pypyNurseryHint({}))
+        self.assertIn("PYPY_GC_NURSERY=16MB", service_module.pypyNurseryHint({}))
         self.assertIsNone(service_module.pypyNurseryHint({"PYPY_GC_NURSERY": "4MB"}))
 
     def test_noThresholds(self):
