@@ -929,6 +929,11 @@ class QueueLog:
         segs = self.segments
         while i < len(segs):
             seg = segs[i]
+            if not seg.live:
+                # nothing to page (its positions were not kept)
+                i += 1
+                j = 0
+                continue
             if seg.positions is None:
                 raise ValueError("ranges() after the recovery stream")
             flags = seg.flags

@@ -198,6 +198,52 @@ def _files(directory):
             out[name] = f.read()
     return out
 
+    async def test_deadSegmentInTheTail(self):
+        """Recovery pages past a kept segment whose messages were all acked (it is not read)."""
+        from otter_tx.broker.durability import tableToText
+        from otter_tx.broker.paging import StoredRun
+
+        store = self.newStore(segmentBytes=16 * 1024)
+        await store.open()
+        store.putEntity("vhost", "/", {})
+        store.putEntity("queue", "/\x00deep", {"autoDelete": False, "arguments": tableToText({})})
+
+        def add(i):
+            store.addMessage(i, "ex", "rk", b"\x10\x00\x02", b"body-%05d" % i + b"x" * 90)
+            store.enqueue("/\x00deep", i, i, 1000.0, None, False)
+
+        for i in range(1, 1001):
+            add(i)
+        await store.sync()
+        # an ACK of the first segment's message 1 lands in a later segment,
+        # which that pins while the first segment lives
+        store.dequeue("/\x00deep", 1)
+        for i in range(1001, 3001):
+            add(i)
+        await store.sync()
+        qlog = store.queueLog("/\x00deep")
+        [pinning] = [seg for seg in qlog.segments if seg.pins]
+        dead = set(pinning.ids)
+        for storeId in dead:
+            store.dequeue("/\x00deep", storeId)
+        await store.sync()
+        self.assertIn(pinning, qlog.segments)
+        self.assertEqual(pinning.live, 0)
+        await store.close()
+        broker, store, clock, q = await self.recoverInto()
+        want = [i for i in range(2, 3001) if i not in dead]
+        self.assertEqual(q.readyCount, len(want))
+        pager = q.ready._pagers[0]
+        self.assertTrue(all(isinstance(seg.file, StoredRun) for seg in list(pager.segments)[1:]))
+        got = []
+        while True:
+            entry = q.ready.popLive()
+            if entry is None:
+                break
+            got.append(entry.message.storeId)
+        self.assertEqual(got, want)
+        await store.close()
+
 
 class QueueLogTests(SynchronousTestCase):
     """:class:`QueueLog` directly: segments, reopening, reclaiming, damage, rollback, reads."""
