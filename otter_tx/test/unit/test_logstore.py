@@ -161,43 +161,6 @@ class DeepQueueRecoveryTests(_LogFixture, TestCase):
         self.assertEqual(q.readyCount, 2999)
         await store.close()
 
-
-def _enq(qlog, storeId, seq=None, ts=None, body=None, redelivered=False):
-    """Enqueue message ``storeId`` in ``qlog`` (seq and timestamp default to the id); returns its offset."""
-    return qlog.enqueue(storeId, storeId if seq is None else seq,
-                        float(storeId if ts is None else ts), None, redelivered, b"ex", b"rk.%d" % storeId,
-                        b"\x80\x00p", b"body-%d" % storeId if body is None else body)
-
-
-def _commit(qlog):
-    """Flush, finish the commit and reclaim; returns the segments deleted."""
-    qlog.flush()
-    qlog.done()
-    return qlog.reclaim()
-
-
-def _liveView(qlog):
-    """``[(offset, storeId, redelivered)]`` of the live messages, from the in-memory state."""
-    out = []
-    for seg in qlog.segments:
-        for j, f in enumerate(seg.flags):
-            if f & segments.LIVE:
-                offset = seg.first + j
-                storeId = seg.ids[j]
-                if f & segments.OUT_OF_ORDER:
-                    storeId = qlog._exceptionIds[offset]
-                out.append((offset, storeId, bool(f & segments.REDELIVERED)))
-    return out
-
-
-def _files(directory):
-    """``{name: bytes}`` of the files in ``directory``."""
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            out[name] = f.read()
-    return out
-
     async def test_deadSegmentInTheTail(self):
         """Recovery pages past a kept segment whose messages were all acked (it is not read)."""
         from otter_tx.broker.durability import tableToText
@@ -243,6 +206,44 @@ def _files(directory):
             got.append(entry.message.storeId)
         self.assertEqual(got, want)
         await store.close()
+
+
+
+def _enq(qlog, storeId, seq=None, ts=None, body=None, redelivered=False):
+    """Enqueue message ``storeId`` in ``qlog`` (seq and timestamp default to the id); returns its offset."""
+    return qlog.enqueue(storeId, storeId if seq is None else seq,
+                        float(storeId if ts is None else ts), None, redelivered, b"ex", b"rk.%d" % storeId,
+                        b"\x80\x00p", b"body-%d" % storeId if body is None else body)
+
+
+def _commit(qlog):
+    """Flush, finish the commit and reclaim; returns the segments deleted."""
+    qlog.flush()
+    qlog.done()
+    return qlog.reclaim()
+
+
+def _liveView(qlog):
+    """``[(offset, storeId, redelivered)]`` of the live messages, from the in-memory state."""
+    out = []
+    for seg in qlog.segments:
+        for j, f in enumerate(seg.flags):
+            if f & segments.LIVE:
+                offset = seg.first + j
+                storeId = seg.ids[j]
+                if f & segments.OUT_OF_ORDER:
+                    storeId = qlog._exceptionIds[offset]
+                out.append((offset, storeId, bool(f & segments.REDELIVERED)))
+    return out
+
+
+def _files(directory):
+    """``{name: bytes}`` of the files in ``directory``."""
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = f.read()
+    return out
 
 
 class QueueLogTests(SynchronousTestCase):
