@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -477,6 +478,8 @@ class WebAppBrowserTests(TestCase):
             quick = "Array.from(document.querySelectorAll('form .quick button')).map((b) => b.textContent)" \
                     ".filter((t) => t !== '+ row')"
             page.click("nav a[data-nav=policies]")
+            # the policies page itself, not the queue page's quick buttons still shown
+            page.locator("h1", has_text=re.compile("^Policies$")).wait_for()
             page.locator("form .quick button").first.wait_for()
             seen["policyKeys"] = page.evaluate(quick)
             page.click("nav a[data-nav=operator-policies]")
