@@ -959,14 +959,14 @@ class QueueLog:
             seg.positions = None
             seg.meta = None
 
-    def recovered(self, allRedelivered=False):
+    def liveRecords(self, release=True):
         """
-        Yield ``(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered,
-        exchange, routingKey, propsRaw, body)`` (names as bytes) for each
-        live message in offset order, reading one segment at a time.
-        Meant for the recovery stream, before the queue changes.
+        Yield ``(segment index, index in it, record)`` for each live message
+        in offset order, reading one segment at a time; ``record`` as in
+        :meth:`recovered`, its redelivered flag from the log's state.  With
+        ``release`` a segment's recovery arrays are dropped once it is read.
         """
-        for seg in list(self.segments):
+        for i, seg in enumerate(list(self.segments)):
             if not seg.live:
                 continue
             with open(seg.path, "rb") as f:
@@ -979,11 +979,24 @@ class QueueLog:
                 f = flags[j]
                 if f & LIVE:
                     rec = decodeEnq(buf, pos)
-                    if allRedelivered or f & REDELIVERED:
+                    if f & REDELIVERED and not rec[4]:
                         rec = rec[:4] + (True,) + rec[5:]
-                    yield rec
-            seg.positions = None
-            seg.meta = None
+                    yield i, j, rec
+            if release:
+                seg.positions = None
+                seg.meta = None
+
+    def recovered(self, allRedelivered=False):
+        """
+        Yield ``(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered,
+        exchange, routingKey, propsRaw, body)`` (names as bytes) for each
+        live message in offset order, reading one segment at a time.
+        Meant for the recovery stream, before the queue changes.
+        """
+        for _, _, rec in self.liveRecords():
+            if allRedelivered and not rec[4]:
+                rec = rec[:4] + (True,) + rec[5:]
+            yield rec
 
     def read(self, offset, limit=None):
         """

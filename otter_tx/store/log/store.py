@@ -49,20 +49,16 @@ from twisted.logger import Logger
 
 from otter_tx.store.interface import RecoveredMessage, RecoveredState, StoreCorruptError
 from otter_tx.store.log.segments import (
-    LIVE,
     syncWritten,
-    REDELIVERED,
     SEGMENT_BYTES,
     LogCorruptError,
     QueueLog,
     _fsyncDirectory,
-    _positions,
-    decodeEnq,
     encodedEnq,
 )
 from otter_tx.store.sqlite import schema
 from otter_tx.store.sqlite.batch import DEQ, ENQ
-from otter_tx.store.sqlite.schema import blob, unblob
+from otter_tx.store.sqlite.schema import blob, cachedName, unblob
 from otter_tx.store.sqlite.writer import RETRY_DELAYS, SQLiteStore
 
 log = Logger()
@@ -76,9 +72,6 @@ MESSAGES_DIRNAME = "messages"
 #: ENQ records of messages with bodies up to this many bytes are encoded on
 #: the reactor thread (enqueueMessage); bigger ones by the writer
 PRE_ENCODE_MAX = 256
-
-#: distinct names decoded once per recovered queue, at most this many
-_NAME_CACHE = 4096
 
 
 class LogDamagedError(StoreCorruptError):
@@ -126,7 +119,7 @@ class LogStore(SQLiteStore):
                  retryDelays=RETRY_DELAYS, segmentBytes=SEGMENT_BYTES):
         super().__init__(pathOrDataDir, reactor, integrityCheck, coalesce, retryDelays)
         self.messagesPath = messagesDirectory(self.path)
-        self.stats.update({"segmentsDeleted": 0, "logBytes": 0, "migratedEntries": 0, "droppedEnqueues": 0})
+        self.stats.update({"segmentsDeleted": 0, "migratedEntries": 0, "droppedEnqueues": 0})
         self._tables = LogTables(self.stats, self.messagesPath, segmentBytes)
         # reactor thread: names' stored bytes
         self._names = {}
@@ -152,14 +145,9 @@ class LogStore(SQLiteStore):
             body = bytes(body)
         if len(body) <= PRE_ENCODE_MAX:
             names = self._names
-            ex = names.get(exchange)
-            if ex is None:
-                ex = self._name(exchange)
-            rk = names.get(routingKey)
-            if rk is None:
-                rk = self._name(routingKey)
-            record = encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, ex, rk, propsRaw,
-                                body)
+            record = encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered,
+                                cachedName(names, blob, exchange), cachedName(names, blob, routingKey),
+                                propsRaw, body)
         else:
             # a big body is copied once, by the writer, and only if its
             # enqueue is not cancelled by an ack in the same batch
@@ -172,15 +160,6 @@ class LogStore(SQLiteStore):
             batch.size += 2
             if batch.size == 2 and not batch.waiters:
                 self._wake.notify()
-
-    def _name(self, text):
-        """A name's stored bytes (cached; reactor thread)."""
-        raw = self._names.get(text)
-        if raw is None:
-            raw = blob(text)
-            if len(self._names) < _NAME_CACHE:
-                self._names[text] = raw
-        return raw
 
     def _recover(self, conn):
         return recover(conn, self.path, self._integrityCheck, self._tables)
@@ -262,14 +241,6 @@ class LogTables:
             return QueueLog.create(directory, segmentBytes=self.segmentBytes)
         return QueueLog.open(directory, self.segmentBytes)
 
-    def _name(self, text):
-        raw = self._names.get(text)
-        if raw is None:
-            raw = blob(text)
-            if len(self._names) < _NAME_CACHE:
-                self._names[text] = raw
-        return raw
-
     def write(self, conn, batches, finish=False):
         """
         Apply ``batches`` in order: the queue logs' chunks (fsync'd), then
@@ -289,7 +260,7 @@ class LogTables:
         created = []
         qids = self.qids
         logs = self.logs
-        name = self._name
+        names = self._names
         earlier = [self._lastAdds]
         try:
             for batch in batches:
@@ -344,8 +315,9 @@ class LogTables:
                             if record is not None:
                                 qlog.enqueueRecord(storeId, seq, enq, redelivered, record)
                             else:
-                                qlog.enqueue(storeId, seq, enq, exp, redelivered, name(a.exchange),
-                                             name(a.routingKey), a.propsRaw, a.body)
+                                qlog.enqueue(storeId, seq, enq, exp, redelivered,
+                                             cachedName(names, blob, a.exchange),
+                                             cachedName(names, blob, a.routingKey), a.propsRaw, a.body)
                         elif qlog is None:
                             continue
                         elif op == DEQ:
@@ -598,17 +570,8 @@ class LogQueueStream:
 
         def make(rec):
             storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body = rec
-            ex = names.get(exchange)
-            if ex is None:
-                ex = unblob(exchange)
-                if len(names) < _NAME_CACHE:
-                    names[exchange] = ex
-            rk = names.get(routingKey)
-            if rk is None:
-                rk = unblob(routingKey)
-                if len(names) < _NAME_CACHE:
-                    names[routingKey] = rk
-            return Recovered(storeId, seq, enq, exp, redelivered, ex, rk, props, body)
+            return Recovered(storeId, seq, enq, exp, redelivered, cachedName(names, unblob, exchange),
+                             cachedName(names, unblob, routingKey), props, body)
 
         qlog = self.qlog
         if qlog.disordered:
@@ -616,23 +579,10 @@ class LogQueueStream:
                 yield make(rec)
             qlog.releaseRecovery()
             return
-        for i, seg in enumerate(list(qlog.segments)):
-            if not seg.live:
-                continue
-            with open(seg.path, "rb") as f:
-                buf = f.read(seg.size)
-            flags = seg.flags
-            positions = seg.positions
-            if positions is None:
-                positions = _positions(buf, seg)
-            for j, pos in enumerate(positions):
-                f = flags[j]
-                if f & LIVE:
-                    rec = decodeEnq(buf, pos)
-                    if f & REDELIVERED and not rec[4]:
-                        rec = rec[:4] + (True,) + rec[5:]
-                    self._at = (i, j + 1)
-                    yield make(rec)
+        # the arrays are kept until the end: pagedRanges needs the rest's
+        for i, j, rec in qlog.liveRecords(release=False):
+            self._at = (i, j + 1)
+            yield make(rec)
         self._at = None
         qlog.releaseRecovery()
 

@@ -165,6 +165,20 @@ def unblob(raw):
     return raw.decode("utf-8", "surrogateescape")
 
 
+def cachedName(cache, convert, name):
+    """
+    ``convert(name)`` through ``cache`` (a dict kept by the caller, holding
+    at most :data:`_NAME_CACHE` names): a queue's messages share a few
+    exchange names and routing keys, converted once each.
+    """
+    out = cache.get(name)
+    if out is None:
+        out = convert(name)
+        if len(cache) < _NAME_CACHE:
+            cache[name] = out
+    return out
+
+
 def resolvePath(pathOrDataDir):
     """
     The store file for ``pathOrDataDir`` (``str`` or path-like): a name
@@ -491,16 +505,7 @@ def _readQueue(path, qid):
         for storeId, seq, enq, exp, redelivered, exchange, routingKey, props, body in conn.execute(
             LOAD_BY_SEQ if disordered else LOAD_MESSAGES, (qid,)
         ):
-            ex = names.get(exchange)
-            if ex is None:
-                ex = unblob(exchange)
-                if len(names) < _NAME_CACHE:
-                    names[exchange] = ex
-            rk = names.get(routingKey)
-            if rk is None:
-                rk = unblob(routingKey)
-                if len(names) < _NAME_CACHE:
-                    names[routingKey] = rk
-            yield Recovered(storeId, seq, enq, exp, redelivered == 1, ex, rk, props, body)
+            yield Recovered(storeId, seq, enq, exp, redelivered == 1, cachedName(names, unblob, exchange),
+                            cachedName(names, unblob, routingKey), props, body)
     finally:
         conn.close()
