@@ -57,6 +57,7 @@ class Message:
         "stored",
         "addressCache",
         "commandUser",
+        "forwarded",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):
@@ -66,6 +67,8 @@ class Message:
         self.size = len(body)
         self.storeId = 0
         self.stored = False
+        #: True once forwarded to a queue on another node (its confirm waits for that node)
+        self.forwarded = False
         self.addressCache = None
         if props is None:
             props = codec.decodeProperties(propsRaw) if propsRaw[:2] != _EMPTY_PROPS else {}

@@ -33,6 +33,7 @@ import os
 from collections import OrderedDict, deque
 from operator import itemgetter
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -271,11 +272,17 @@ class Session:
                 name = serverNamedQueue()
                 serverNamed = True
             self.checkQueueDeclare(name, args)
-        existed = name in self.vhost.queues
+        existed = self.vhost.findQueue(name) is not None
         q = self.vhost.declareQueue(
             name, self.client, passive, durable, exclusive, autoDelete, args,
             serverNamed=serverNamed,
         )
+        if isinstance(q, Deferred):
+            # a new queue of a cluster: declared once its record is written
+            return q.addCallback(self._declared, passive, existed)
+        return self._declared(q, passive, existed)
+
+    def _declared(self, q, passive, existed):
         if not passive:
             self.counters.queuesDeclared += 1
             if not existed:
@@ -306,7 +313,7 @@ class Session:
         """queue.unbind (no error when the exchange or the binding is missing)."""
         qname = self.queueName(queue)
         self.checkBind("queue", qname, exchange)
-        q = self.vhost.queues.get(qname)
+        q = self.vhost.findQueue(qname)
         if q is None:
             return
         self.vhost.getQueue(qname, self.client)  # 405 for another connection's exclusive queue
@@ -342,7 +349,7 @@ class Session:
         """
         name = self.queueName(queue)
         self.access.check(CONFIGURE, "queue", name)
-        q = self.vhost.queues.get(name)
+        q = self.vhost.findQueue(name)
         if q is None:
             return None
         self.vhost.getQueue(name, self.client)
@@ -449,6 +456,12 @@ class Session:
         """
         q = self.readableQueue(queue)
         entry = q.basicGet(noAck)
+        if isinstance(entry, Deferred):
+            # a queue on another node
+            return entry.addCallback(self._got, q, noAck)
+        return self._got(entry, q, noAck)
+
+    def _got(self, entry, q, noAck):
         stats = self.stats
         if entry is None:
             stats.getEmpty += 1
@@ -659,14 +672,14 @@ class Session:
         if seq:
             stats.publishConfirm += 1
             self._confirms.append((seq, not rejected))
-            if message.stored:
+            if message.stored or message.forwarded:
                 self._needSync = True
             self.client.noteConfirms(self)
         return routed, rejected
 
     def _sync(self):
         """A Deferred that fires once the store has synced everything written so far."""
-        return self.broker.journal.sync()
+        return self.broker.sync()
 
     def flushConfirms(self):
         """
@@ -747,7 +760,7 @@ class Session:
                 self._settle(taken)
             else:
                 self._doReject(taken, requeue)
-        if any(message.stored for _, message, _ in publishes):
+        if any(message.stored or message.forwarded for _, message, _ in publishes):
             # persistent messages in durable queues: commit-ok once on disk
             def done(_):
                 if not self.closed:
