@@ -349,7 +349,7 @@ class EtcdClient:
 
     # -- plumbing --------------------------------------------------------------------------------
 
-    def _attempt(self, url, payload, idempotent):
+    def _attempt(self, url, payload, idempotent, timeout):
         """
         One POST of ``payload`` (bytes) to ``url`` (str): fires with ``(status int, body bytes)``, fails
         after ``timeout`` seconds (``defer.TimeoutError``) or with Twisted's HTTP client errors.
@@ -365,13 +365,13 @@ class EtcdClient:
             urlBytes = self._urls[url] = url.encode("ascii")
         d = agent.request(b"POST", urlBytes, Headers({b"Content-Type": [b"application/json"]}), _Body(payload))
         d.addCallback(lambda r: readBody(r).addCallback(lambda body: (r.code, body)))
-        d.addTimeout(self.timeout, self._reactor)
+        d.addTimeout(timeout, self._reactor)
         return d
 
-    def _call(self, path, body, idempotent):
-        return defer.Deferred.fromCoroutine(self._request(path, body, idempotent))
+    def _call(self, path, body, idempotent, timeout=None):
+        return defer.Deferred.fromCoroutine(self._request(path, body, idempotent, timeout or self.timeout))
 
-    async def _request(self, path, body, idempotent):
+    async def _request(self, path, body, idempotent, timeout):
         payload = json.dumps(body).encode("utf-8")
         n = len(self.endpoints)
         failures = []
@@ -380,7 +380,7 @@ class EtcdClient:
             idx = (start + i) % n
             endpoint = self.endpoints[idx]
             try:
-                status, data = await self._attempt(endpoint + path, payload, idempotent)
+                status, data = await self._attempt(endpoint + path, payload, idempotent, timeout)
             except (ConnectError, RequestTransmissionFailed) as e:
                 failures.append((endpoint, e))  # never sent: safe to send elsewhere
                 continue
@@ -390,7 +390,7 @@ class EtcdClient:
                 failures.append((endpoint, e))
                 if idempotent:
                     continue
-                raise EtcdTimeout("no answer from %s for %s within %ss: %s" % (endpoint, path, self.timeout, e),
+                raise EtcdTimeout("no answer from %s for %s within %ss: %s" % (endpoint, path, timeout, e),
                                   failures)
             obj = decodeResponse(status, data)  # raises EtcdError
             self._current = idx
@@ -472,12 +472,13 @@ class EtcdClient:
             return _int(obj, "ID")
         return d.addCallback(granted)
 
-    def keepAlive(self, leaseId):
+    def keepAlive(self, leaseId, timeout=None):
         """
         Refresh lease ``leaseId`` (int) once. Fires with its remaining TTL in seconds (int); 0 means the
-        lease no longer exists (expired or revoked). (``/v3/lease/keepalive``, one message of the stream)
+        lease no longer exists (expired or revoked). ``timeout``: seconds per endpoint tried (default
+        the client's). (``/v3/lease/keepalive``, one message of the stream)
         """
-        d = self._call("/v3/lease/keepalive", {"ID": str(int(leaseId))}, True)
+        d = self._call("/v3/lease/keepalive", {"ID": str(int(leaseId))}, True, timeout)
         return d.addCallback(lambda obj: _int(obj.get("result") or obj, "TTL"))
 
     def revokeLease(self, leaseId):
@@ -725,6 +726,20 @@ class Watch:
             self._timer.cancel()
         self._timer = None
 
+    def reconnect(self):
+        """
+        Drop the stream and make it again on the next endpoint (from the last revision + 1), as after a
+        failure. For an owner that has reason to think the member went quiet (a paused or partitioned
+        member keeps the stream open and silent; etcd cancels it only when the member knows it lost
+        its leader).
+        """
+        if self._stopped:
+            return
+        if self._pending is not None:
+            self._pending.cancel()  # its errback retries
+        elif self._stream is not None and self._stream.transport is not None:
+            self._stream.transport.stopProducing()  # connectionLost retries
+
     def stop(self):
         """Stop watching. Fires once the stream's connection is closed. No callback runs after this."""
         self._stop()
@@ -824,7 +839,9 @@ class LeaseKeeper:
                 return
             _log.info("etcd lease keepalive failed: {e}", e=f.getErrorMessage())
             self._schedule()  # try again; the expiry timer decides when it is lost
-        self._client.keepAlive(leaseId).addCallbacks(answered, failed)
+        # a member that does not answer is left after a quarter of the TTL, so that the other endpoints
+        # are tried before the lease runs out
+        self._client.keepAlive(leaseId, timeout=self.ttl / 4.0).addCallbacks(answered, failed)
 
     def _cancelTimers(self):
         for call in (self._tick, self._expiry):

@@ -280,12 +280,17 @@ class ThreeMemberTests(_EtcdCase):
 
     members = 3
 
-    async def test_requestsFailOver(self):
-        """With the member the client talks to killed (a follower), requests go to the next member, which is remembered."""
+    async def followerFirst(self, timeout=5.0):
+        """A follower's index and a client whose first endpoint is that follower."""
         statuses = [await self.makeClient([ep]).status() for ep in self.cluster.endpoints]
         follower = [i for i, st in enumerate(statuses) if st["memberId"] != st["leader"]][0]
         eps = self.cluster.endpoints
-        client = self.makeClient([eps[follower]] + [ep for ep in eps if ep != eps[follower]])
+        return follower, self.makeClient([eps[follower]] + [ep for ep in eps if ep != eps[follower]], timeout)
+
+    async def test_requestsFailOver(self):
+        """With the member the client talks to killed (a follower), requests go to the next member, which is remembered."""
+        follower, client = await self.followerFirst()
+        eps = self.cluster.endpoints
         await client.put(self.prefix + "a", "1")
         self.assertEqual(client.endpoint, eps[follower])
         self.cluster.kill(follower)
@@ -323,3 +328,16 @@ class ThreeMemberTests(_EtcdCase):
         self.assertEqual(revs, sorted(set(revs)))
         self.assertEqual(states[:2], [True, False])
         self.assertEqual(states[-1], True)
+
+    async def test_leaseKeptThroughPausedMember(self):
+        """The member a LeaseKeeper talks to is paused: keepalives go to the others and the 3 s lease is kept."""
+        follower, client = await self.followerFirst(timeout=10.0)
+        lost = []
+        keeper = LeaseKeeper(client, 3, reactor, onLost=lost.append)
+        lease = await keeper.start()
+        self.addCleanup(keeper.stop)
+        self.cluster.pause(follower)
+        self.addCleanup(self.cluster.resume, follower)
+        await sleep(7)
+        self.assertEqual(lost, [])
+        self.assertGreater(await self.makeClient(self.cluster.endpoints[follower + 1:] + self.cluster.endpoints[:follower]).keepAlive(lease), 0)

@@ -145,7 +145,7 @@ class _ScriptedClient(EtcdClient):
         self.script = script
         self.calls = []
 
-    def _attempt(self, url, payload, idempotent):
+    def _attempt(self, url, payload, idempotent, timeout):
         endpoint = [e for e in self.endpoints if url.startswith(e)][0]
         self.calls.append((endpoint, url[len(endpoint):]))
         try:
@@ -352,6 +352,20 @@ class WatchTests(SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(self.states, [False])
 
+    def test_reconnect(self):
+        """reconnect() drops a live stream and makes it again on the next endpoint from the next revision."""
+        w = self.watch(3)
+        s = self.http.answer()
+        s.dataReceived(_created(3) + _line({"result": {"events": [_put(b"/p/a", 4)]}}))
+        w.reconnect()
+        self.assertTrue(s.transport.stopped)
+        self.clock.advance(0.05)
+        self.assertEqual(self.http.requests[-1][0], "http://b/v3/watch")
+        self.assertEqual(self.http.requests[-1][1]["create_request"]["start_revision"], "5")
+        w.reconnect()  # while connecting: the attempt is cancelled and made again
+        self.clock.advance(0.1)
+        self.assertEqual(len(self.http.requests), 3)
+
     def test_errorObjectDropsStream(self):
         """An error object in the stream (no leader) drops the stream and reconnects."""
         self.watch(3)
@@ -372,7 +386,8 @@ class _LeaseClient:
     def grantLease(self, ttl):
         return defer.succeed(42)
 
-    def keepAlive(self, leaseId):
+    def keepAlive(self, leaseId, timeout=None):
+        self.timeout = timeout
         d = defer.Deferred()
         self.keepalives.append(d)
         return d
@@ -399,6 +414,11 @@ class LeaseKeeperTests(SynchronousTestCase):
             self.assertEqual(len(self.client.keepalives), i)
             self.client.keepalives[-1].callback(6)
         self.assertEqual((self.lost, self.keeper.leaseId), ([], 42))
+
+    def test_keepaliveTimeout(self):
+        """Keepalives give up on a member after a quarter of the TTL, so the others are tried in time."""
+        self.clock.advance(2)
+        self.assertEqual(self.client.timeout, 1.5)
 
     def test_ttlZeroIsLost(self):
         """A keepalive answered with TTL 0 reports the loss at once."""
