@@ -2,7 +2,8 @@
 """
 What one :class:`otter_tx.cluster.etcd.EtcdClient` gets out of etcd here: puts/s and txns/s (a
 declare-shaped transaction: create the key if its version is 0, else read it) with 1 request in
-flight and with ``--concurrency`` in flight, and the watch latency (put sent -> event received on a
+flight and with ``--concurrency`` in flight, keys/s written by transactions of 64 puts each (etcd's
+``--max-txn-ops`` is 128), and the watch latency (put sent -> event received on a
 prefix watch of the same client) as p50/p99/max in ms. Also the client's own CPU per request
 (``time.process_time`` of this process, which runs only the client: etcd runs in its own processes).
 
@@ -93,6 +94,9 @@ async def oneRound(reactor, members, args):
             res["txn x1"] = await rate(reactor, args.n, 1, lambda i: declare(i, "a"))
             res["txn x%d" % args.concurrency] = await rate(reactor, args.n, args.concurrency,
                                                            lambda i: declare(i, "b"))
+            batches, cpu = await rate(reactor, args.n // 10, 1, lambda i: client.txn(
+                [], [Op.put(prefix + "b%d-%d" % (i, j), "{}") for j in range(64)]))
+            res["64-put txn x1"] = (batches * 64, cpu / 64)  # keys/s and CPU per key
             res["get x1"] = await rate(reactor, args.n, 1, lambda i: client.get(prefix + "p%d" % (i % 1000)))
             lat = await watchLatency(reactor, client, args.watch_n)
             res["watch"] = (pct(lat, 0.5), pct(lat, 0.99), lat[-1])
@@ -111,7 +115,7 @@ async def main(reactor, args):
             print("round %d, %d member(s): done" % (r + 1, members), file=sys.stderr)
     print("etcd 3.4 (%s), one EtcdClient, %d requests per figure, median of %d rounds" % (
         args.data_dir or "tmpfs", args.n, args.rounds))
-    print("%-10s %22s %22s" % ("", "1 member", "3 members"))
+    print("%-14s %22s %22s" % ("", "1 member", "3 members"))
     for key in results[1][0]:
         if key == "watch":
             continue
@@ -120,14 +124,14 @@ async def main(reactor, args):
             ops = statistics.median(x[key][0] for x in results[members])
             cpu = statistics.median(x[key][1] for x in results[members])
             cells.append("%7.0f/s %5.0f µs CPU" % (ops, cpu))
-        print("%-10s %22s %22s" % (key, cells[0], cells[1]))
+        print("%-14s %22s %22s" % (key, cells[0], cells[1]))
     cells = []
     for members in (1, 3):
         p50 = statistics.median(x["watch"][0] for x in results[members])
         p99 = statistics.median(x["watch"][1] for x in results[members])
         mx = statistics.median(x["watch"][2] for x in results[members])
         cells.append("%.2f/%.2f/%.1f ms" % (p50, p99, mx))
-    print("%-10s %22s %22s   (put -> event, p50/p99/max)" % ("watch", cells[0], cells[1]))
+    print("%-14s %22s %22s   (put -> event, p50/p99/max)" % ("watch", cells[0], cells[1]))
 
 
 if __name__ == "__main__":
