@@ -52,6 +52,9 @@ UNAVAILABLE = 14
 #: a key-value pair of a range (get/getPrefix/txn) answer: key and value bytes, modRevision and version ints
 KeyValue = namedtuple("KeyValue", "key value modRevision version")
 
+#: one key read by :meth:`EtcdClient.get`: value bytes, modRevision and version ints
+Value = namedtuple("Value", "value modRevision version")
+
 #: a watch event: type ``"PUT"`` or ``"DELETE"``, key and value bytes (``b""`` for a delete), and the
 #: revision of the change (for a delete, the revision that deleted the key)
 Event = namedtuple("Event", "type key value modRevision")
@@ -349,21 +352,21 @@ class EtcdClient:
 
     # -- plumbing --------------------------------------------------------------------------------
 
-    def _attempt(self, url, payload, idempotent, timeout):
+    def _attempt(self, url, payload, timeout):
         """
         One POST of ``payload`` (bytes) to ``url`` (str): fires with ``(status int, body bytes)``, fails
         after ``timeout`` seconds (``defer.TimeoutError``) or with Twisted's HTTP client errors.
         """
-        # Twisted's Agent (what treq wraps) with a bytes URL: treq parses every URL string with
-        # hyperlink and idna, about 100 µs of CPU per request (bench/etcd_bench.py). Writes use the
-        # pooled connections too: a fresh connection per write would let a refused connect prove that
-        # a write was never sent, but costs about 400 µs of CPU per write; on a pooled connection to a
-        # member that died in this very reactor turn, a write fails as EtcdTimeout (unclear).
-        agent = self._agent
+        # Twisted's Agent (what treq wraps) with a bytes URL and cached endpoints: treq's URL parsing
+        # (hyperlink, idna) and Agent's endpoint per request cost about 130 µs of CPU per request
+        # (docs/cluster.md). Writes use the pooled connections too: a fresh connection per write would
+        # let a refused connect prove that a write was never sent, but costs about 400 µs of CPU per
+        # write; on a pooled connection to a member that died in this very reactor turn, a write fails
+        # as EtcdTimeout (unclear).
         urlBytes = self._urls.get(url)
         if urlBytes is None:
             urlBytes = self._urls[url] = url.encode("ascii")
-        d = agent.request(b"POST", urlBytes, Headers({b"Content-Type": [b"application/json"]}), _Body(payload))
+        d = self._agent.request(b"POST", urlBytes, Headers({b"Content-Type": [b"application/json"]}), _Body(payload))
         d.addCallback(lambda r: readBody(r).addCallback(lambda body: (r.code, body)))
         d.addTimeout(timeout, self._reactor)
         return d
@@ -380,7 +383,7 @@ class EtcdClient:
             idx = (start + i) % n
             endpoint = self.endpoints[idx]
             try:
-                status, data = await self._attempt(endpoint + path, payload, idempotent, timeout)
+                status, data = await self._attempt(endpoint + path, payload, timeout)
             except (ConnectError, RequestTransmissionFailed) as e:
                 failures.append((endpoint, e))  # never sent: safe to send elsewhere
                 continue
@@ -412,7 +415,7 @@ class EtcdClient:
             if not kvs:
                 return None
             kv = decodeKeyValue(kvs[0])
-            return _Value(kv.value, kv.modRevision, kv.version)
+            return Value(kv.value, kv.modRevision, kv.version)
         return d.addCallback(got)
 
     def getPrefix(self, prefix):
@@ -532,9 +535,6 @@ class EtcdClient:
         ds.append(self._pool.closeCachedConnections())
         ds.append(self._streamPool.closeCachedConnections())
         return defer.gatherResults(ds).addCallback(lambda _: None)
-
-
-_Value = namedtuple("Value", "value modRevision version")
 
 
 @implementer(IAgentEndpointFactory)

@@ -145,7 +145,7 @@ class _ScriptedClient(EtcdClient):
         self.script = script
         self.calls = []
 
-    def _attempt(self, url, payload, idempotent, timeout):
+    def _attempt(self, url, payload, timeout):
         endpoint = [e for e in self.endpoints if url.startswith(e)][0]
         self.calls.append((endpoint, url[len(endpoint):]))
         try:
