@@ -341,3 +341,18 @@ class ThreeMemberTests(_EtcdCase):
         await sleep(7)
         self.assertEqual(lost, [])
         self.assertGreater(await self.makeClient(self.cluster.endpoints[follower + 1:] + self.cluster.endpoints[:follower]).keepAlive(lease), 0)
+
+    async def test_watchReportsLostQuorum(self):
+        """Two members of three killed: the survivor cancels the watch (it has no leader) and the watch reports it is not connected."""
+        states = []
+        w = self.client.watchPrefix(self.prefix, None, lambda events: None, onStateChange=states.append,
+                                    maxBackoff=0.5)
+        self.addCleanup(w.stop)
+        await waitUntil(lambda: w.connected, 5, "the watch to be created")
+        self.cluster.kill(1)
+        self.cluster.kill(2)
+        await waitUntil(lambda: states[-1] is False, 15, "the watch to report the lost quorum")
+        await sleep(2)
+        self.assertFalse(w.connected)  # no stream can be made while the member has no leader
+        await self.cluster.restart(1)
+        await waitUntil(lambda: w.connected, 15, "the watch to come back with the quorum")
