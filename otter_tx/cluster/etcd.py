@@ -322,6 +322,8 @@ class EtcdClient:
     :param timeout: seconds for each request on one endpoint (connect included)
 
     Every method returns a Deferred. Call :meth:`close` when done (it closes pooled connections).
+    Requests in flight at once travel on separate pooled connections and may be applied in any order:
+    wait for one before sending the next, or put them in one :meth:`txn`, when order matters.
     """
 
     def __init__(self, endpoints, reactor=None, timeout=5.0):
@@ -403,12 +405,16 @@ class EtcdClient:
 
     # -- kv --------------------------------------------------------------------------------------
 
-    def get(self, key):
+    def get(self, key, serializable=False):
         """
-        Read one key. Fires with ``(value bytes, modRevision int, version int)`` (a namedtuple with
-        those fields), or ``None`` when the key does not exist. (``/v3/kv/range``)
+        Read one key. Fires with ``(value bytes, modRevision int, version int)`` (a :class:`Value`), or
+        ``None`` when the key does not exist. A linearizable read by default (a round to the leader);
+        ``serializable=True`` reads the answering member's copy, which may lag. (``/v3/kv/range``)
         """
-        d = self._call("/v3/kv/range", {"key": encodeBytes(key)}, True)
+        body = {"key": encodeBytes(key)}
+        if serializable:
+            body["serializable"] = True
+        d = self._call("/v3/kv/range", body, True)
 
         def got(obj):
             kvs = obj.get("kvs")
@@ -418,13 +424,17 @@ class EtcdClient:
             return Value(kv.value, kv.modRevision, kv.version)
         return d.addCallback(got)
 
-    def getPrefix(self, prefix):
+    def getPrefix(self, prefix, serializable=False):
         """
         Read every key starting with ``prefix``, sorted by key. Fires with ``(kvs, revision)``: a list
         of :class:`KeyValue` ``(key, value, modRevision, version)`` and the store revision (int) the
-        read saw (watch from ``revision + 1`` to follow on). (``/v3/kv/range``)
+        read saw (watch from ``revision + 1`` to follow on). ``serializable`` as for :meth:`get`: the
+        answer is a consistent snapshot at ``revision`` either way. (``/v3/kv/range``)
         """
-        d = self._call("/v3/kv/range", _range(prefix, True), True)
+        body = _range(prefix, True)
+        if serializable:
+            body["serializable"] = True
+        d = self._call("/v3/kv/range", body, True)
         return d.addCallback(lambda obj: ([decodeKeyValue(kv) for kv in obj.get("kvs") or ()], headerRevision(obj)))
 
     def put(self, key, value, lease=None):

@@ -75,6 +75,8 @@ class KVTests(_EtcdCase):
         self.assertEqual([(kv.key, kv.value, kv.version) for kv in kvs],
                          [((self.prefix + n).encode(), n.upper().encode(), 1) for n in "abc"])
         self.assertEqual(rev, last)
+        self.assertEqual(await self.client.getPrefix(self.prefix, serializable=True), (kvs, rev))
+        self.assertEqual((await self.client.get(self.prefix + "a", serializable=True)).value, b"A")
         self.assertEqual(await self.client.deletePrefix(self.prefix), 3)
         self.assertEqual((await self.client.getPrefix(self.prefix))[0], [])
         self.assertIsNotNone(await self.client.get(outside))

@@ -201,19 +201,21 @@ class FailOverTests(SynchronousTestCase):
         self.assertEqual(len(c.calls), 1)
 
     def test_requestShapes(self):
-        """get, getPrefix, put with a lease, deletePrefix and keepAlive send the documented JSON."""
+        """get, getPrefix (serializable too), put with a lease, deletePrefix and keepAlive send the documented JSON."""
         seen = []
         c = self.client({"http://a": lambda p, b: seen.append((p, b)) or (200, b'{"result":{"TTL":"4"}}')})
         c.get("k")
         c.getPrefix("/p/")
         c.put("k", b"v", lease=5)
         c.deletePrefix("/p/")
+        c.getPrefix("/p/", serializable=True)
         self.assertEqual(self.successResultOf(c.keepAlive(5)), 4)
         self.assertEqual(seen, [
             ("/v3/kv/range", {"key": b64(b"k")}),
             ("/v3/kv/range", {"key": b64(b"/p/"), "range_end": b64(b"/p0")}),
             ("/v3/kv/put", {"key": b64(b"k"), "value": b64(b"v"), "lease": "5"}),
             ("/v3/kv/deleterange", {"key": b64(b"/p/"), "range_end": b64(b"/p0")}),
+            ("/v3/kv/range", {"key": b64(b"/p/"), "range_end": b64(b"/p0"), "serializable": True}),
             ("/v3/lease/keepalive", {"ID": "5"})])
 
 
