@@ -357,7 +357,8 @@ class VHost:
         cluster = self.broker.cluster
         if cluster is not None and not cluster.applying:
             # a new queue of a cluster: its record first (otter_tx.cluster.node)
-            return cluster.declareQueue(self, name, connection, durable, exclusive, autoDelete, arguments)
+            return cluster.declareQueue(self, name, connection, durable, exclusive, autoDelete, arguments,
+                                        serverNamed)
         q = Queue(
             self,
             name,

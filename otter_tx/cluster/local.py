@@ -166,8 +166,12 @@ def main(argv=None):
     p.add_argument("--shared-port", type=int, default=None,
                    help="every node listens on this AMQP port (SO_REUSEPORT)")
     p.add_argument("--dir", default=None, help="where the data directories go (default: a temp dir)")
+    p.add_argument("--locator", default="client-local", choices=("client-local", "balanced"),
+                   help="the nodes' queue leader locator")
+    p.add_argument("--python", default=None, help="the interpreter the nodes run on (default: this one)")
     a = p.parse_args(argv)
-    cluster = LocalCluster(reactor, a.nodes, a.etcd_members, a.dir, a.shared_port)
+    cluster = LocalCluster(reactor, a.nodes, a.etcd_members, a.dir, a.shared_port,
+                           extraArgs=["--queue-leader-locator", a.locator], python=a.python)
 
     def started(c):
         print("etcd: %s" % (",".join(c.etcd.endpoints),))

@@ -306,7 +306,8 @@ class ClusterNode:
         return min(up, key=lambda n: (counts[n], n))
 
     @defer.inlineCallbacks
-    def declareQueue(self, vhost, name, connection, durable, exclusive, autoDelete, arguments):
+    def declareQueue(self, vhost, name, connection, durable, exclusive, autoDelete, arguments,
+                     serverNamed=False):
         """
         A new queue: the create-if-absent transaction, then the queue at its
         home.  Fires with the Queue or RemoteQueue; the AMQPErrors of
@@ -327,13 +328,15 @@ class ClusterNode:
                 self._queue(vhost.name, name, current)
             self.applying = True
             try:
-                return vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments)
+                return vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments,
+                                          serverNamed=serverNamed)
             finally:
                 self.applying = False
         if home == self.name:
             self.applying = True
             try:
-                q = vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments)
+                q = vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments,
+                                       serverNamed=serverNamed)
             finally:
                 self.applying = False
             self.broker.entityChanged("queue", vhost, q)
@@ -342,7 +345,8 @@ class ClusterNode:
         if link is None:
             raise notFound(downText(home, name, vhost.name))
         yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
-                                  "autoDelete": autoDelete, "arguments": md.toJSON(arguments)})
+                                  "autoDelete": autoDelete, "arguments": md.toJSON(arguments),
+                                  "serverNamed": serverNamed})
         self._queue(vhost.name, name, record)
         return vhost.remoteQueues[name]
 
@@ -379,7 +383,7 @@ class ClusterNode:
             self.applying = True
             try:
                 q = vh.declareQueue(name, None, False, args["durable"], False, args["autoDelete"],
-                                    md.fromJSON(args["arguments"]))
+                                    md.fromJSON(args["arguments"]), serverNamed=args.get("serverNamed", False))
             finally:
                 self.applying = False
             self.broker.entityChanged("queue", vh, q)
