@@ -197,6 +197,8 @@ class Session:
         self.confirmMode = False
         self.publishSeq = 0
         self._confirms = []
+        #: [(publish seq, [(link, forward number)])] of confirms waiting on other nodes' answers
+        self._forwardedConfirms = None
         self.txMode = False
         self._txPublishes = []
         self._txAcks = []
@@ -672,7 +674,15 @@ class Session:
         if seq:
             stats.publishConfirm += 1
             self._confirms.append((seq, not rejected))
-            if message.stored or message.forwarded:
+            forwarded = message.forwarded
+            if forwarded:
+                # taken by queues on other nodes: the confirm waits for their answer
+                # (and a nack for a queue there that refused it, reject-publish)
+                self._needSync = True
+                if self._forwardedConfirms is None:
+                    self._forwardedConfirms = []
+                self._forwardedConfirms.append((seq, forwarded))
+            elif message.stored:
                 self._needSync = True
             self.client.noteConfirms(self)
         return routed, rejected
@@ -696,6 +706,7 @@ class Session:
         if self.closed or not confirms:
             return
         needSync, self._needSync = self._needSync, False
+        forwarded, self._forwardedConfirms = self._forwardedConfirms, None
         outbox = self._confirmOutbox
         if outbox is None:
             outbox = self._confirmOutbox = deque()
@@ -704,6 +715,11 @@ class Session:
             outbox.append(slot)
 
             def synced(_):
+                if forwarded:
+                    refused = {seq for seq, fwds in forwarded
+                               if any([link.refused(n) for link, n in fwds])}
+                    if refused:
+                        slot[0] = [(seq, ok and seq not in refused) for seq, ok in confirms]
                 slot[1] = True
                 self._drainConfirms()
 

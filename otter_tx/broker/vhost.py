@@ -317,6 +317,9 @@ class VHost:
             if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
                 return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
+            if self.remoteQueues.get(name) is q:
+                # on another node: its counts come from there (a Deferred)
+                return q.declared(renew=not q.quorum)
             if not q.quorum:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
@@ -344,6 +347,8 @@ class VHost:
                 "queue", name, self.name, arguments, q.arguments,
                 QUORUM_EQUIVALENCE_ARGS if q.quorum else EQUIVALENCE_ARGS,
             )
+            if self.remoteQueues.get(name) is q:
+                return q.declared(renew=True)
             q.touch()
             return q
         validateQueueArguments(arguments, name, self.name)

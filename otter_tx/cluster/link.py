@@ -74,6 +74,10 @@ class LinkProtocol(protocol.Protocol):
         self._credits = {}       # cid -> credit to return (batched)
         self._settles = {}       # how -> [eid]
         self.connected = False
+        self._fwdOut = 0         # forwards sent
+        self._fwdIn = 0          # forwards received
+        self._refusedIn = []     # numbers of forwards received that our queue refused, since the last SYNC
+        self._refused = set()    # numbers of our forwards the other node said were refused
 
     # --- connection ----------------------------------------------------------
 
@@ -153,8 +157,18 @@ class LinkProtocol(protocol.Protocol):
             self._flushCall = self.clock.callLater(0, self.flush)
 
     def forward(self, vhost, queue, redelivered, message):
+        """Forward ``message`` to ``queue`` there; its forward number (int)."""
         self._forwarded = True
+        self._fwdOut += 1
         self.send(wire.forward(vhost, queue, redelivered, message))
+        return self._fwdOut
+
+    def refused(self, n):
+        """True when the other node's queue refused forward ``n`` (reject-publish; asked once)."""
+        if n in self._refused:
+            self._refused.discard(n)
+            return True
+        return False
 
     def credit(self, cid, n):
         self._credits[cid] = self._credits.get(cid, 0) + n
@@ -218,7 +232,9 @@ class LinkProtocol(protocol.Protocol):
         if kind == wire.FORWARD:
             vhost, queue, flags = r.string(), r.string(), r.u8()
             ex, rk, props, body = r.message()
-            node.forwarded(self, vhost, queue, bool(flags & 1), Message(ex, rk, props, body))
+            self._fwdIn += 1
+            if node.forwarded(self, vhost, queue, bool(flags & 1), Message(ex, rk, props, body)) is False:
+                self._refusedIn.append(self._fwdIn)
         elif kind == wire.DELIVER:
             cid, eid, flags = r.u32(), r.u64(), r.u8()
             ex, rk, props, body = r.message()
@@ -240,9 +256,12 @@ class LinkProtocol(protocol.Protocol):
                 c.queue.dispatch()
         elif kind == wire.SYNC:
             n = r.u64()
-            node.broker.journal.sync().addBoth(lambda _: self.send(wire.u64frame(wire.SYNCED, n)))
+            refused, self._refusedIn = self._refusedIn, []
+            node.broker.journal.sync().addBoth(lambda _: self.send(wire.synced(n, refused)))
         elif kind == wire.SYNCED:
             n = r.u64()
+            for _ in range(r.u32()):
+                self._refused.add(r.u64())
             for k in sorted(k for k in self._syncWaiters if k <= n):
                 for d in self._syncWaiters.pop(k):
                     d.callback(None)

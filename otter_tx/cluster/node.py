@@ -372,7 +372,7 @@ class ClusterNode:
         if q is None or q.deleted:
             return
         self.broker.nextMessageId(message)
-        q.enqueue(message, None, redelivered)
+        return q.enqueue(message, None, redelivered)
 
     def answer(self, link, op, args):
         vh = self._vhost(args["vhost"])
@@ -394,6 +394,10 @@ class ClusterNode:
         if op == "touch":
             q.touch()
             return {}
+        if op == "declare":
+            if args["renew"]:
+                q.touch()
+            return {"messages": q.readyCount, "consumers": q.consumerCount}
         if op == "purge":
             return {"messages": q.purge()}
         if op == "delete":

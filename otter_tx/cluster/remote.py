@@ -122,6 +122,19 @@ class RemoteQueue:
             raise notFound(downText(self.home, self.name, self.vhost.name))
         return link
 
+    def declared(self, renew):
+        """
+        A declare of this queue here: its counts from the home node (and its
+        x-expires lease renewed there when ``renew``); a Deferred firing with
+        this queue.
+        """
+        def counted(r):
+            self.figures = dict(self.figures, messages_ready=r["messages"], consumers=r["consumers"])
+            return self
+
+        return self._link().ask("declare", {"vhost": self.vhost.name, "name": self.name,
+                                            "renew": renew}).addCallback(counted)
+
     def touch(self):
         """A declare renews the home queue's x-expires lease (no answer awaited)."""
         link = self.node.links.get(self.home)
@@ -135,8 +148,11 @@ class RemoteQueue:
         link = self.node.links.get(self.home)
         if link is None or self.down or self.deleted:
             return None
-        link.forward(self.vhost.name, self.name, redelivered, message)
-        message.forwarded = True
+        n = link.forward(self.vhost.name, self.name, redelivered, message)
+        if message.forwarded is None:
+            message.forwarded = [(link, n)]
+        else:
+            message.forwarded.append((link, n))
         return True
 
     # --- consumers -------------------------------------------------------------

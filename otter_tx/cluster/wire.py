@@ -19,7 +19,7 @@ _Q = struct.Struct(">Q")
 HELLO = 1          # name: the dialling node's name
 FORWARD = 2        # vhost, queue, flags, message: enqueue there
 SYNC = 3           # u64 n: answer SYNCED n once everything before is taken (and fsync'd)
-SYNCED = 4         # u64 n
+SYNCED = 4         # u64 n, u32 count, u64 refused forward numbers
 CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit
 CONSUME_ERR = 6    # u32 cid, u16 code, text
 CREDIT = 7         # u32 cid, u32 n
@@ -72,6 +72,11 @@ def consume(cid, vhost, queue, noAck, exclusive, priority, credit):
 
 def settle(how, eids):
     return frame(SETTLE, bytes((how,)) + _U32.pack(len(eids)) + b"".join(_Q.pack(e) for e in eids))
+
+
+def synced(n, refused):
+    """SYNCED: u64 n, u32 count, u64 forward numbers refused (reject-publish)."""
+    return frame(SYNCED, _Q.pack(n) + _U32.pack(len(refused)) + b"".join(_Q.pack(x) for x in refused))
 
 
 def request(rid, op, args):

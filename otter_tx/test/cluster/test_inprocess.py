@@ -233,3 +233,28 @@ class SetupOnly(ClusterCase):
             return "ok"
         r = yield self.inThread(run)
         self.assertEqual(r, "ok")
+
+
+class OverflowAndCountsTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_rejectPublishAcrossNodes(self):
+        """A queue on node 2 with reject-publish: publishes confirmed on node 1 are nacked once it is full."""
+        def run():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("rq", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+            ch1 = self.conn(0).channel()
+            ch1.confirm_delivery()
+            out = []
+            for i in range(4):
+                try:
+                    ch1.basic_publish("", "rq", b"r%d" % i)
+                    out.append("ack")
+                except pika.exceptions.NackError:
+                    out.append("nack")
+            n = ch1.queue_declare("rq", passive=True).method.message_count
+            return out, n
+
+        out, n = yield self.inThread(run)
+        self.assertEqual(out, ["ack", "ack", "nack", "nack"])
+        self.assertEqual(n, 2)
