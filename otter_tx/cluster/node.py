@@ -29,6 +29,9 @@ from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, notFound
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster import wire
+from otter_tx.cluster.entities import KINDS as ENTITY_KINDS
+from otter_tx.cluster.entities import PREFIX as ENTITIES
+from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
 from otter_tx.cluster.remote import RemoteQueue, downText
 
@@ -89,7 +92,17 @@ class ClusterNode:
         record.update(self.info)
         yield self.metadata.put(md.nodeKey(self.name), record, lease=self.lease)
         items, revision = yield self.metadata.load("")
-        self._apply([("put", k, v) for k, v in items])
+        self.entities = Entities(self, _logged)
+        definitions = [(k, v) for k, v in items if k.startswith(ENTITIES)]
+        self.applying = True
+        try:
+            if definitions:
+                self.entities.adopt(definitions)
+        finally:
+            self.applying = False
+        if not definitions:
+            self.entities.publishAll()
+        self._apply([("put", k, v) for k, v in items if not k.startswith(ENTITIES)])
         self.metadata.watch("", revision + 1, self._apply)
         self._registerLocal()
         self.broker.listeners.append(self._entityChanged)
@@ -147,6 +160,12 @@ class ClusterNode:
                     self._exchange(parts[0], parts[1], value if kind == "put" else None)
                 elif what == "bindings":
                     self._binding(parts[0], key, value if kind == "put" else None)
+                elif key.startswith(ENTITIES):
+                    self.applying = True
+                    try:
+                        self.entities.apply(key, value if kind == "put" else None)
+                    finally:
+                        self.applying = False
             except Exception:
                 log.failure("applying cluster record {key}", key=key)
 
@@ -257,7 +276,9 @@ class ClusterNode:
         if self.applying:
             return
         m = self.metadata
-        if kind == "queue":
+        if kind in ENTITY_KINDS:
+            self.entities.changed(kind, vhost, obj, deleted)
+        elif kind == "queue":
             if obj.vhost.queues.get(obj.name) is not obj and not deleted:
                 return
             key = md.queueKey(vhost.name, obj.name)

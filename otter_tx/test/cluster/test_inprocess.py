@@ -258,3 +258,44 @@ class OverflowAndCountsTests(ClusterCase):
         out, n = yield self.inThread(run)
         self.assertEqual(out, ["ack", "ack", "nack", "nack"])
         self.assertEqual(n, 2)
+
+
+class DefinitionsTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_vhostUserPermissionPolicyEverywhere(self):
+        """A vhost, a user, its permissions and a policy made on node 1 reach nodes 2 and 3 within 1 s."""
+        b1 = self.fixtures[0].broker
+        b1.addVHost("v2")
+        b1.addUser("alice", "secret", ["management"])
+        b1.setPermissions("alice", "v2", ".*", ".*", ".*")
+        b1.setPolicy("v2", "lim", "^lim", {"max-length": 3}, 0, "queues")
+        others = [f.broker for f in self.fixtures[1:]]
+        yield waitUntil(lambda: all("v2" in b.vhosts and "alice" in b.users
+                                    and ("alice", "v2") in b.permissions
+                                    and "lim" in b.vhosts["v2"].policies for b in others), 1)
+        b3 = others[1]
+        self.assertEqual(b3.users["alice"].passwordHash, b1.users["alice"].passwordHash)
+        b3.clearPolicy("v2", "lim")
+        b3.deleteVHost("v2")
+        yield waitUntil(lambda: "v2" not in b1.vhosts and "v2" not in others[0].vhosts, 1)
+
+    @inlineCallbacks
+    def test_policyAppliesToQueueOnOtherNode(self):
+        """A max-length policy set on node 1 limits a queue whose home is node 2."""
+        def declare():
+            self.conn(1).channel().queue_declare("plq")
+
+        yield self.inThread(declare)
+        self.fixtures[0].broker.setPolicy("/", "pl", "^plq$", {"max-length": 1}, 0, "queues")
+        home = self.fixtures[1].broker.vhosts["/"]
+        yield waitUntil(lambda: "pl" in home.policies, 1)
+
+        def publish():
+            ch = self.conn(2).channel()
+            ch.confirm_delivery()
+            for i in range(3):
+                ch.basic_publish("", "plq", b"p%d" % i)
+
+        yield self.inThread(publish)
+        self.assertEqual(home.queues["plq"].readyCount, 1)
