@@ -299,3 +299,112 @@ class DefinitionsTests(ClusterCase):
 
         yield self.inThread(publish)
         self.assertEqual(home.queues["plq"].readyCount, 1)
+
+
+class ExpiryAndDeadLetterTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_ttlDeadLettersToQueueOnOtherNode(self):
+        """
+        A queue on node 1 with x-message-ttl and a dead-letter exchange whose queue lives on
+        node 3: expired messages arrive there with x-death; published from node 2.
+        """
+        def run():
+            ch3 = self.conn(2).channel()
+            ch3.exchange_declare("dlx", "fanout")
+            ch3.queue_declare("dead")
+            ch3.queue_bind("dead", "dlx")
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("ttlq", arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "dlx"})
+            ch2 = self.conn(1).channel()
+            ch2.confirm_delivery()
+            ch2.basic_publish("", "ttlq", b"soon")
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch3.basic_get("dead", auto_ack=True)
+                if m[0] is not None:
+                    return m[1].headers["x-death"][0], m[2]
+                time.sleep(0.02)
+
+        death, body = yield self.inThread(run)
+        self.assertEqual(body, b"soon")
+        self.assertEqual((death["reason"], death["queue"], death["count"]), ("expired", "ttlq", 1))
+
+    @inlineCallbacks
+    def test_rejectedDeadLetteredAcrossNodes(self):
+        """A message rejected by a consumer on node 2 of a queue on node 1 is dead-lettered to node 3's queue."""
+        def run():
+            ch3 = self.conn(2).channel()
+            ch3.queue_declare("rejected")
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("src", arguments={"x-dead-letter-exchange": "",
+                                                "x-dead-letter-routing-key": "rejected"})
+            ch2 = self.conn(1).channel()
+            ch2.basic_publish("", "src", b"no")
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch2.basic_get("src", auto_ack=False)
+                if m[0] is not None:
+                    ch2.basic_reject(m[0].delivery_tag, requeue=False)
+                    break
+                time.sleep(0.02)
+            while time.time() < deadline:
+                m = ch3.basic_get("rejected", auto_ack=True)
+                if m[0] is not None:
+                    return m[1].headers["x-death"][0]["reason"], m[2]
+                time.sleep(0.02)
+
+        reason, body = yield self.inThread(run)
+        self.assertEqual((reason, body), ("rejected", b"no"))
+
+    @inlineCallbacks
+    def test_delayedExchangeToQueueOnOtherNode(self):
+        """An x-delayed-message exchange declared on node 1 delivers, when due, to a queue on node 2."""
+        def run():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("later")
+            ch1 = self.conn(0).channel()
+            ch1.exchange_declare("dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+            ch1.queue_bind("later", "dx", "k")
+            ch3 = self.conn(2).channel()
+            ch3.confirm_delivery()
+            sent = time.time()
+            ch3.basic_publish("dx", "k", b"tick", pika.BasicProperties(headers={"x-delay": 200}))
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch2.basic_get("later", auto_ack=True)
+                if m[0] is not None:
+                    return m[2], time.time() - sent
+                time.sleep(0.01)
+
+        body, after = yield self.inThread(run)
+        self.assertEqual(body, b"tick")
+        self.assertGreaterEqual(after, 0.19)
+
+    @inlineCallbacks
+    def test_prefetchAcrossTheLink(self):
+        """A consumer on node 2 with prefetch 3 of a queue on node 1 holds at most 3 unacked."""
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("pq")
+            for i in range(20):
+                ch1.basic_publish("", "pq", b"%d" % i)
+            c2 = self.conn(1)
+            ch2 = c2.channel()
+            ch2.basic_qos(prefetch_count=3)
+            got = []
+            ch2.basic_consume("pq", lambda ch, m, p, b: got.append(m.delivery_tag))
+            deadline = time.time() + 1
+            while time.time() < deadline:
+                c2.process_data_events(0.05)
+            held = len(got)
+            ch2.basic_ack(got[-1], multiple=True)
+            deadline = time.time() + 1
+            while time.time() < deadline and len(got) < 6:
+                c2.process_data_events(0.05)
+            return held, len(got)
+
+        held, after = yield self.inThread(run)
+        self.assertEqual((held, after), (3, 6))
+        q = self.fixtures[0].broker.vhosts["/"].queues["pq"]
+        self.assertEqual((q.readyCount, q.unackedCount), (14, 3))
