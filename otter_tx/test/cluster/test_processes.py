@@ -160,3 +160,39 @@ class ProcessClusterTests(TestCase):
             return False
 
         self.assertTrue((yield threads.deferToThread(gone)))
+
+
+class SharedPortTests(TestCase):
+    timeout = 120
+
+    @inlineCallbacks
+    def test_twoNodesOnePort(self):
+        """Two nodes on one AMQP port (otterreuse:, SO_REUSEPORT): connections land on both."""
+        if not etcdAvailable():
+            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
+        from otter_tx.cluster.etcdtest import freePort
+
+        port = freePort()
+        cluster = LocalCluster(reactor, nodes=2, sharedPort=port)
+        self.addCleanup(cluster.stop)
+        yield cluster.start()
+
+        def connect():
+            import base64
+            import json
+            import urllib.request
+
+            conns = [pika.BlockingConnection(params(port)) for _ in range(16)]
+            counts = []
+            for n in cluster.nodes:
+                req = urllib.request.Request("http://127.0.0.1:%d/api/connections" % (n.managementPort,))
+                req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+                listed = json.loads(urllib.request.urlopen(req, timeout=5).read())
+                counts.append(len([c for c in listed if c.get("node") == n.name]))
+            for c in conns:
+                c.close()
+            return counts
+
+        counts = yield threads.deferToThread(connect)
+        self.assertEqual(sum(counts), 16)
+        self.assertTrue(all(counts), counts)
