@@ -87,6 +87,11 @@ class ClusterNode:
         """
         self.linkPort = linkPort
         self.info = dict(info or {})
+        #: None while the node holds its lease, else why not (str): it can no longer tell
+        #: which nodes are up, so new queues, exchanges and bindings are refused (541)
+        self.lost = None
+        if hasattr(self.metadata, "onLost"):
+            self.metadata.onLost = self._lostMetadata
         self.lease = yield self.metadata.grantLease(self.leaseTTL)
         record = {"name": self.name, "host": self.advertise, "link": linkPort, "lease": self.lease}
         record.update(self.info)
@@ -112,6 +117,16 @@ class ClusterNode:
     def _later(self, seconds, f, *a):
         self._calls = [c for c in self._calls if c.active()]
         self._calls.append(self.clock.callLater(seconds, f, *a))
+
+    def _lostMetadata(self, reason):
+        if self.lost is None:
+            log.error("cluster: node {node} lost the metadata store: {reason}; it refuses declares until "
+                      "restarted (docs/cluster.md)", node=self.name, reason=reason)
+        self.lost = reason
+
+    def health(self):
+        """None when the node is in the cluster, else the reason (str) for the health checks."""
+        return self.lost
 
     def stop(self):
         """Leave: links closed, the lease revoked (a Deferred)."""
@@ -334,6 +349,8 @@ class ClusterNode:
         home.  Fires with the Queue or RemoteQueue; the AMQPErrors of
         :meth:`VHost.declareQueue <otter_tx.broker.vhost.VHost.declareQueue>`.
         """
+        if self.lost is not None:
+            raise AMQPError(spec.INTERNAL_ERROR, "cluster metadata store unreachable: %s" % (self.lost,))
         home = self.name if exclusive else self.locate(arguments)
         record = {"vhost": vhost.name, "name": name, "node": home, "durable": durable and not exclusive,
                   "auto_delete": autoDelete, "exclusive": exclusive, "arguments": md.toJSON(arguments),

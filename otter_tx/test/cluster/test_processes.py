@@ -197,3 +197,32 @@ class SharedPortTests(TestCase):
         counts = yield threads.deferToThread(connect)
         self.assertEqual(sum(counts), 16)
         self.assertTrue(all(counts), counts)
+
+
+class UnreachableEtcdTests(TestCase):
+    timeout = 60
+
+    @inlineCallbacks
+    def test_startWithoutEtcd(self):
+        """A node whose etcd does not answer stops its start with one line naming it, status 1."""
+        import os
+        import sys
+        import tempfile
+
+        from twisted.internet import utils
+
+        from otter_tx.cluster.etcdtest import freePort
+
+        url = "http://127.0.0.1:%d" % (freePort(),)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        out, err, code = yield utils.getProcessOutputAndValue(
+            sys.executable,
+            ["-c", "from twisted.scripts.twistd import run; run()", "--nodaemon", "--pidfile=", "ottermq",
+             "--amqp", "tcp:0:interface=127.0.0.1", "--management", "tcp:0:interface=127.0.0.1",
+             "--prometheus", "none",
+             "--data-dir", tempfile.mkdtemp(), "--cluster-etcd", url, "--node-name", "lonely"],
+            env=dict(os.environ, PYTHONPATH=root), path=root)
+        self.assertEqual(code, 1)
+        lines = [line for line in (out + err).decode().splitlines() if "cannot start" in line]
+        self.assertEqual(len(lines), 1, out + err)
+        self.assertIn("cluster: cannot join through %s" % (url,), lines[0])
