@@ -26,17 +26,19 @@ def entityKey(kind, key):
 class _Capture:
     """The store side of a Journal that writes entity records to the metadata store."""
 
-    def __init__(self, metadata, onError):
-        self.metadata = metadata
+    def __init__(self, node, onError):
+        self.node = node
         self.onError = onError
 
     def putEntity(self, kind, key, value):
         k = entityKey(kind, key)
-        self.metadata.put(k, value).addErrback(self.onError, k)
+        m = self.node.metadata
+        self.node.writes.write(k, lambda: m.put(k, value)).addErrback(self.onError, k)
 
     def deleteEntity(self, kind, key):
         k = entityKey(kind, key)
-        self.metadata.delete(k).addErrback(self.onError, k)
+        m = self.node.metadata
+        self.node.writes.write(k, lambda: m.delete(k)).addErrback(self.onError, k)
 
 
 class Entities:
@@ -45,7 +47,7 @@ class Entities:
     def __init__(self, node, onError):
         self.node = node
         self.broker = node.broker
-        self.capture = _Capture(node.metadata, onError)
+        self.capture = _Capture(node, onError)
         self.journal = Journal(self.broker, self.capture)
         self.records = {}   # full key -> value, what the cluster holds
 

@@ -59,11 +59,11 @@ class EtcdMetadata:
                             [Op.get(k)])
 
         def done(result):
-            ok, responses, _ = result
+            ok, responses, revision = result
             if ok:
-                return True, value
+                return True, value, revision
             kvs = responses[0].kvs if responses else []
-            return False, json.loads(kvs[0].value) if kvs else None
+            return False, json.loads(kvs[0].value) if kvs else None, revision
 
         return d.addCallback(done)
 
@@ -71,7 +71,8 @@ class EtcdMetadata:
         return self.client.put(self._k(key), json.dumps(value).encode(), lease)
 
     def delete(self, key):
-        return self.client.delete(self._k(key))
+        """Delete ``key``; fires the store revision after it (a transaction, for its revision)."""
+        return self.client.txn([], [Op.delete(self._k(key))]).addCallback(lambda r: r[2])
 
     def load(self, prefix):
         n = len(self.prefix)
@@ -87,7 +88,8 @@ class EtcdMetadata:
 
         def events(evs):
             onEvents([("put" if e.type == "PUT" else "delete", e.key.decode()[n:],
-                       json.loads(e.value) if e.type == "PUT" and e.value else None) for e in evs])
+                       json.loads(e.value) if e.type == "PUT" and e.value else None, e.modRevision)
+                      for e in evs])
 
         def state(up):
             self.connected = up

@@ -169,9 +169,10 @@ def main(argv=None):
     p.add_argument("--locator", default="client-local", choices=("client-local", "balanced"),
                    help="the nodes' queue leader locator")
     p.add_argument("--python", default=None, help="the interpreter the nodes run on (default: this one)")
+    p.add_argument("node_args", nargs="*", help="after --: more twistd ottermq options for every node")
     a = p.parse_args(argv)
     cluster = LocalCluster(reactor, a.nodes, a.etcd_members, a.dir, a.shared_port,
-                           extraArgs=["--queue-leader-locator", a.locator], python=a.python)
+                           extraArgs=["--queue-leader-locator", a.locator] + a.node_args, python=a.python)
 
     def started(c):
         print("etcd: %s" % (",".join(c.etcd.endpoints),))

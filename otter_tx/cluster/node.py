@@ -74,6 +74,8 @@ class ClusterNode:
         self._calls = []
         self.info = {}
         self._bindings = {}  # binding key -> record (to unbind on delete events)
+        #: this node's writes, in order per key; the watch's echo of them filtered
+        self.writes = md.OrderedWrites(metadata, self._applyNow)
         broker.cluster = self
 
     # --- joining --------------------------------------------------------------
@@ -107,7 +109,7 @@ class ClusterNode:
             self.applying = False
         if not definitions:
             self.entities.publishAll()
-        self._apply([("put", k, v) for k, v in items if not k.startswith(ENTITIES)])
+        self._applyNow([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)])
         self.metadata.watch("", revision + 1, self._apply)
         self._registerLocal()
         self.broker.listeners.append(self._entityChanged)
@@ -147,7 +149,8 @@ class ClusterNode:
         for vh in self.broker.vhosts.values():
             for q in list(vh.queues.values()):
                 key = md.queueKey(vh.name, q.name)
-                self.metadata.create(key, self._queueRecord(q), self._leaseFor(q.durable, self.name))
+                self.writes.write(key, lambda key=key, q=q: self.metadata.create(
+                    key, self._queueRecord(q), self._leaseFor(q.durable, self.name)))
 
     def _queueRecord(self, q):
         return {"vhost": q.vhost.name, "name": q.name, "node": self.name, "durable": q.durable,
@@ -164,7 +167,12 @@ class ClusterNode:
     # --- the mirror -------------------------------------------------------------
 
     def _apply(self, events):
-        for kind, key, value in events:
+        """The watch's events: those not held back by this node's own writes (OrderedWrites)."""
+        accept = self.writes.accept
+        self._applyNow([e for e in events if accept(e)])
+
+    def _applyNow(self, events):
+        for kind, key, value, _ in events:
             what, parts = md.splitKey(key)
             try:
                 if what == "nodes":
@@ -298,16 +306,16 @@ class ClusterNode:
                 return
             key = md.queueKey(vhost.name, obj.name)
             if deleted:
-                m.delete(key).addErrback(_logged, key)
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
             # creations go through declareQueue's transaction
         elif kind == "exchange":
             key = md.exchangeKey(vhost.name, obj.name)
             if deleted:
-                m.delete(key).addErrback(_logged, key)
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
             else:
-                m.put(key, {"type": obj.type, "durable": obj.durable, "auto_delete": obj.autoDelete,
-                            "internal": obj.internal, "arguments": md.toJSON(obj.arguments)}
-                      ).addErrback(_logged, key)
+                record = {"type": obj.type, "durable": obj.durable, "auto_delete": obj.autoDelete,
+                          "internal": obj.internal, "arguments": md.toJSON(obj.arguments)}
+                self.writes.write(key, lambda: m.put(key, record)).addErrback(_logged, key)
         elif kind == "binding":
             source, dest, routingKey, arguments = obj
             isQueue = hasattr(dest, "consumers")
@@ -315,7 +323,7 @@ class ClusterNode:
             key = md.bindingKey(vhost.name, source.name, dtype, dest.name, routingKey, arguments)
             if deleted:
                 self._bindings.pop(key, None)
-                m.delete(key).addErrback(_logged, key)
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
             else:
                 record = {"source": source.name, "destination_type": dtype, "destination": dest.name,
                           "routing_key": routingKey, "arguments": md.toJSON(arguments)}
@@ -323,7 +331,7 @@ class ClusterNode:
                 lease = None
                 if isQueue and not dest.durable:
                     lease = self._leaseFor(False, getattr(dest, "home", self.name))
-                m.put(key, record, lease=lease).addErrback(_logged, key)
+                self.writes.write(key, lambda: m.put(key, record, lease=lease)).addErrback(_logged, key)
 
     # --- declares that need the cluster --------------------------------------------
 
@@ -357,7 +365,8 @@ class ClusterNode:
                   "leader": home, "members": [home], "epoch": 1}
         key = md.queueKey(vhost.name, name)
         try:
-            created, current = yield self.metadata.create(key, record, self._leaseFor(record["durable"], home))
+            created, current, _ = yield self.writes.write(
+                key, lambda: self.metadata.create(key, record, self._leaseFor(record["durable"], home)))
         except Exception as e:
             raise AMQPError(spec.INTERNAL_ERROR, "cluster metadata store unavailable (%s)" % (e,))
         if not created:
@@ -500,7 +509,8 @@ class ClusterNode:
                     continue
                 if rq.exclusive or not rq.durable:
                     self._dropRemote(vh, rq)
-                    self.metadata.delete(md.queueKey(vh.name, rq.name)).addErrback(lambda f: None)
+                    key = md.queueKey(vh.name, rq.name)
+                    self.writes.write(key, lambda key=key: self.metadata.delete(key)).addErrback(lambda f: None)
                 else:
                     rq.homeDown()
 

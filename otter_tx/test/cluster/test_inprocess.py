@@ -408,3 +408,29 @@ class ExpiryAndDeadLetterTests(ClusterCase):
         self.assertEqual((held, after), (3, 6))
         q = self.fixtures[0].broker.vhosts["/"].queues["pq"]
         self.assertEqual((q.readyCount, q.unackedCount), (14, 3))
+
+
+class OwnEchoTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_declareDeleteCheck(self):
+        """An exchange declared and deleted at once stays deleted (the declare's echo is not applied)."""
+        def run():
+            ch = self.conn(0).channel()
+            out = []
+            for i in range(20):
+                ch.exchange_declare("ee%d" % i, "fanout")
+                ch.exchange_delete("ee%d" % i)
+            time.sleep(0.2)
+            for i in range(20):
+                try:
+                    ch.exchange_declare("ee%d" % i, "fanout", passive=True)
+                    out.append(i)
+                except pika.exceptions.ChannelClosedByBroker:
+                    ch = self.conn(0).channel()
+            return out
+
+        alive = yield self.inThread(run)
+        self.assertEqual(alive, [])
+        for f in self.fixtures:
+            self.assertFalse([n for n in f.broker.vhosts["/"].exchanges if n.startswith("ee")])
