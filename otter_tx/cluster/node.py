@@ -437,6 +437,9 @@ class ClusterNode:
             return {"messages": q.readyCount}
         q = vh.queues.get(name)
         if q is None:
+            if op == "delete":
+                # deleted meanwhile (auto-delete, x-expires): queue.delete of a missing queue is ok
+                return {"messages": 0}
             raise notFound("no queue '%s' in vhost '%s'" % (name, vh.name))
         if op == "touch":
             q.touch()

@@ -86,6 +86,7 @@ class RemoteQueue:
         self.update(record)
         self._cids = {}          # Consumer -> cid
         self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
+        self._onHand = set()     # cids whose credit comes back when handed over (no prefetch)
 
     def update(self, record):
         self.record = record
@@ -168,7 +169,12 @@ class RemoteQueue:
         self._cids[consumer] = cid
         self._backlog[cid] = deque()
         self.consumers.append(consumer)
-        window = getattr(consumer, "prefetch", 0) or DEFAULT_WINDOW
+        prefetch = getattr(consumer, "prefetch", 0)
+        window = prefetch or DEFAULT_WINDOW
+        if not prefetch:
+            # no prefetch: the window only bounds what is in flight on the link;
+            # credit comes back as deliveries are handed to the client
+            self._onHand.add(cid)
         link.send(wire.consume(cid, self.vhost.name, self.name, consumer.noAck, exclusive,
                                consumer.priority, window))
 
@@ -176,6 +182,7 @@ class RemoteQueue:
         cid = self._cids.pop(consumer, None)
         if cid is None:
             return
+        self._onHand.discard(cid)
         self.consumers.remove(consumer)
         self.node.consumerGone(cid)
         backlog = self._backlog.pop(cid, ())
@@ -198,7 +205,7 @@ class RemoteQueue:
     def _hand(self, consumer, entry):
         entry.deliveredAt = self.clock.seconds()
         consumer.deliver(self, entry)
-        if consumer.noAck:
+        if consumer.noAck or entry.cid in self._onHand:
             link = self.node.links.get(self.home)
             if link is not None:
                 link.credit(entry.cid, 1)
@@ -230,8 +237,9 @@ class RemoteQueue:
             return
         link.settle(how, [e.eid for e in entries])
         credits = {}
+        onHand = self._onHand
         for e in entries:
-            if e.cid:
+            if e.cid and e.cid not in onHand:
                 credits[e.cid] = credits.get(e.cid, 0) + 1
         for cid, n in credits.items():
             if self.node.consumerQueue(cid) is self:

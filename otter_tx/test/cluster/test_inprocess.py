@@ -434,3 +434,26 @@ class OwnEchoTests(ClusterCase):
         self.assertEqual(alive, [])
         for f in self.fixtures:
             self.assertFalse([n for n in f.broker.vhosts["/"].exchanges if n.startswith("ee")])
+
+
+class NoPrefetchTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_unackedBeyondTheWindow(self):
+        """A consumer without prefetch that acks nothing gets every message of a queue elsewhere (1500 > the window)."""
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("np")
+            for i in range(1500):
+                ch1.basic_publish("", "np", b"%d" % i)
+            c2 = self.conn(1)
+            ch2 = c2.channel()
+            got = []
+            ch2.basic_consume("np", lambda ch, m, p, b: got.append(b))
+            deadline = time.time() + 10
+            while len(got) < 1500 and time.time() < deadline:
+                c2.process_data_events(0.05)
+            return len(got)
+
+        n = yield self.inThread(run)
+        self.assertEqual(n, 1500)
