@@ -87,6 +87,9 @@ class RemoteQueue:
         self._cids = {}          # Consumer -> cid
         self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
         self._onHand = set()     # cids whose credit comes back when handed over (no prefetch)
+        self._exclusive = None   # this node's exclusive consumer, if any
+        self._holds = set()      # requeue feeders holding deliveries (holdRequeue)
+        self._heldRequeues = []  # entries whose requeue waits for the holds to end
 
     def update(self, record):
         self.record = record
@@ -106,11 +109,13 @@ class RemoteQueue:
 
     @property
     def readyCount(self):
-        return self.figures.get("messages_ready", 0)
+        """Ready at home (its last figures) and here, delivered but not handed to a consumer yet."""
+        return self.figures.get("messages_ready", 0) + sum(len(b) for b in self._backlog.values())
 
     @property
     def consumerCount(self):
-        return self.figures.get("consumers", 0) + 0
+        """The home's last count, or this node's consumers when it has more (the count is a second old)."""
+        return max(self.figures.get("consumers", 0), len(self.consumers))
 
     @property
     def downText(self):
@@ -159,13 +164,19 @@ class RemoteQueue:
     # --- consumers -------------------------------------------------------------
 
     def refusesConsumer(self, exclusive):
-        # the home node decides; a refusal there cancels the consumer here
+        """
+        This node's consumers decide here (an exclusive one, or an exclusive one
+        asked beside others); consumers on other nodes are the home node's to
+        weigh: a refusal there cancels the consumer (basic.cancel).
+        """
         self._link()
-        return False
+        return self._exclusive is not None or bool(exclusive and self.consumers)
 
     def addConsumer(self, consumer, exclusive=False):
         link = self._link()
         cid = self.node.newConsumerId(self, consumer)
+        if exclusive:
+            self._exclusive = consumer
         self._cids[consumer] = cid
         self._backlog[cid] = deque()
         self.consumers.append(consumer)
@@ -183,6 +194,8 @@ class RemoteQueue:
         if cid is None:
             return
         self._onHand.discard(cid)
+        if self._exclusive is consumer:
+            self._exclusive = None
         self.consumers.remove(consumer)
         self.node.consumerGone(cid)
         backlog = self._backlog.pop(cid, ())
@@ -197,7 +210,7 @@ class RemoteQueue:
         backlog = self._backlog.get(cid)
         if backlog is None:
             return
-        if not backlog and consumer.canTake():
+        if not backlog and not self._holds and consumer.canTake():
             self._hand(consumer, entry)
         else:
             backlog.append(entry)
@@ -221,6 +234,8 @@ class RemoteQueue:
                 consumer.cancelledByBroker(self)
 
     def dispatch(self):
+        if self._holds:
+            return
         for consumer, cid in list(self._cids.items()):
             backlog = self._backlog.get(cid)
             while backlog and consumer.canTake():
@@ -252,13 +267,22 @@ class RemoteQueue:
         self._settle(wire.REJECT, entries)
 
     def requeue(self, entries, dispatch=True):
+        if self._holds:
+            self._heldRequeues.extend(entries)
+            return
         self._settle(wire.REQUEUE, entries)
 
     def holdRequeue(self, feeder):
-        pass
+        """Deliveries here wait, and requeues are kept here, until :meth:`releaseRequeue`."""
+        self._holds.add(feeder)
 
     def releaseRequeue(self, feeder):
-        pass
+        self._holds.discard(feeder)
+        if not self._holds:
+            held, self._heldRequeues = self._heldRequeues, []
+            if held:
+                self._settle(wire.REQUEUE, held)
+            self.dispatch()
 
     # --- requests ------------------------------------------------------------
 

@@ -83,6 +83,13 @@ class ConsumerSourceContractMixin:
         """The IConsumerSource under test, on ``self.vhost``."""
         raise NotImplementedError()
 
+    def pump(self):
+        """Let what the source started finish (a queue on another node: the link's frames)."""
+
+    def result(self, value):
+        """The outcome of a call that a queue on another node answers later (a Deferred there)."""
+        return value
+
     def message(self, body=b"m"):
         """A message as published to the default exchange with the source's name as routing key."""
         return Message("", self.source.name, encodeProperties({}), body)
@@ -95,8 +102,10 @@ class ConsumerSourceContractMixin:
         """A routed message goes to a registered no-ack consumer with room, as a fresh entry of this source."""
         c = RecordingConsumer()
         self.source.addConsumer(c)
+        self.pump()
         m = self.message(b"hello")
         self.assertTrue(self.source.enqueue(m))
+        self.pump()
         [(queue, entry)] = c.delivered
         self.assertIs(queue, self.source)
         self.assertIs(entry.message, m)
@@ -106,7 +115,9 @@ class ConsumerSourceContractMixin:
         """deliveredMessage of a delivered entry is a message with the published body."""
         c = RecordingConsumer()
         self.source.addConsumer(c)
+        self.pump()
         self.source.enqueue(self.message(b"body"))
+        self.pump()
         [(_, entry)] = c.delivered
         self.assertEqual(self.source.deliveredMessage(entry).body, b"body")
 
@@ -114,20 +125,28 @@ class ConsumerSourceContractMixin:
         """After removeConsumer, a routed message does not reach the consumer."""
         c = RecordingConsumer()
         self.source.addConsumer(c)
+        self.pump()
         self.source.removeConsumer(c)
+        self.pump()
         self.source.enqueue(self.message())
+        self.pump()
         self.source.dispatch()
+        self.pump()
         self.assertEqual(c.delivered, [])
 
     def test_removeUnknownConsumer(self):
         """Removing a consumer that was never added is not an error."""
         self.source.removeConsumer(RecordingConsumer())
+        self.pump()
 
     def test_dispatchAndRequeueOfNothing(self):
         """dispatch() with no consumer and requeue([]) are harmless."""
         self.source.dispatch()
+        self.pump()
         self.source.requeue([])
+        self.pump()
         self.source.requeue([], dispatch=False)
+        self.pump()
 
 
 class QueueContractMixin(ConsumerSourceContractMixin):
@@ -138,7 +157,7 @@ class QueueContractMixin(ConsumerSourceContractMixin):
 
     def get(self):
         """basic.get with acknowledgement: the entry (asserted present)."""
-        entry = self.source.basicGet(False)
+        entry = self.result(self.source.basicGet(False))
         self.assertIsNotNone(entry)
         return entry
 
@@ -150,24 +169,28 @@ class QueueContractMixin(ConsumerSourceContractMixin):
     def test_keptWithoutConsumer(self):
         """A message with no consumer is kept: readyCount counts it until a get takes it."""
         self.assertTrue(self.source.enqueue(self.message(b"a")))
+        self.pump()
         self.assertEqual(self.source.readyCount, 1)
         entry = self.get()
         self.assertEqual((entry.message.body, entry.redelivered), (b"a", False))
         self.assertEqual(self.source.readyCount, 0)
         self.source.settle(entry)
-        self.assertIsNone(self.source.basicGet(False))
+        self.pump()
+        self.assertIsNone(self.result(self.source.basicGet(False)))
 
     def test_getEmpty(self):
         """basic.get on an empty queue is None."""
-        self.assertIsNone(self.source.basicGet(True))
-        self.assertIsNone(self.source.basicGet(False))
+        self.assertIsNone(self.result(self.source.basicGet(True)))
+        self.assertIsNone(self.result(self.source.basicGet(False)))
 
     def test_order(self):
         """A consumer added later gets the ready messages in publish order."""
         for body in (b"1", b"2", b"3"):
             self.source.enqueue(self.message(body))
+            self.pump()
         c = RecordingConsumer(noAck=False)
         self.source.addConsumer(c)
+        self.pump()
         self.assertEqual([e.message.body for _, e in c.delivered], [b"1", b"2", b"3"])
         self.assertEqual(self.source.readyCount, 0)
 
@@ -176,26 +199,36 @@ class QueueContractMixin(ConsumerSourceContractMixin):
         c = RecordingConsumer(noAck=False)
         c.room = False
         self.source.addConsumer(c)
+        self.pump()
         self.source.enqueue(self.message())
+        self.pump()
+        self.pump()
         self.assertEqual((c.delivered, self.source.readyCount), ([], 1))
         c.room = True
         self.source.dispatch()
+        self.pump()
+        self.pump()
         self.assertEqual(len(c.delivered), 1)
 
     def test_consumerCount(self):
         """consumerCount follows addConsumer and removeConsumer."""
         a, b = RecordingConsumer("a"), RecordingConsumer("b")
         self.source.addConsumer(a)
+        self.pump()
         self.source.addConsumer(b)
+        self.pump()
         self.assertEqual(self.source.consumerCount, 2)
         self.source.removeConsumer(a)
+        self.pump()
         self.assertEqual(self.source.consumerCount, 1)
 
     def test_requeueRedelivered(self):
         """A requeued entry is ready again and comes back marked redelivered, with the same message."""
         self.source.enqueue(self.message(b"x"))
+        self.pump()
         entry = self.get()
         self.source.requeue([entry])
+        self.pump()
         self.assertEqual(self.source.readyCount, 1)
         again = self.get()
         self.assertEqual((again.message.body, again.redelivered), (b"x", True))
@@ -203,15 +236,19 @@ class QueueContractMixin(ConsumerSourceContractMixin):
     def test_rejectDrops(self):
         """A rejected entry (no dead-letter exchange) is gone."""
         self.source.enqueue(self.message())
+        self.pump()
         self.source.reject([self.get()])
+        self.pump()
         self.assertEqual(self.source.readyCount, 0)
-        self.assertIsNone(self.source.basicGet(False))
+        self.assertIsNone(self.result(self.source.basicGet(False)))
 
     def test_purge(self):
         """purge() drops the ready messages and says how many."""
         for _ in range(3):
             self.source.enqueue(self.message())
-        self.assertEqual(self.source.purge(), 3)
+            self.pump()
+        self.assertEqual(self.result(self.source.purge()), 3)
+        self.pump()
         self.assertEqual(self.source.readyCount, 0)
 
     def test_exclusiveConsumer(self):
@@ -219,27 +256,36 @@ class QueueContractMixin(ConsumerSourceContractMixin):
         self.assertFalse(self.source.refusesConsumer(True))
         a = RecordingConsumer("a")
         self.source.addConsumer(a, exclusive=True)
+        self.pump()
         self.assertTrue(self.source.refusesConsumer(False))
         self.source.removeConsumer(a)
+        self.pump()
         self.assertFalse(self.source.refusesConsumer(False))
         self.source.addConsumer(RecordingConsumer("b"))
+        self.pump()
         self.assertTrue(self.source.refusesConsumer(True))
         self.assertFalse(self.source.refusesConsumer(False))
 
     def test_requeueHold(self):
         """While a feeder holds the queue, requeued entries are not delivered; after release they are."""
         self.source.enqueue(self.message(b"x"))
+        self.pump()
         entry = self.get()
         c = RecordingConsumer(noAck=False)
         self.source.addConsumer(c)
+        self.pump()
         feeder = _Feeder()
         self.source.holdRequeue(feeder)
+        self.pump()
         self.source.requeue([entry], dispatch=False)
+        self.pump()
         self.clock.advance(0)
         self.assertEqual(c.delivered, [])
         self.source.releaseRequeue(feeder)
+        self.pump()
         self.clock.advance(0)
         self.source.dispatch()
+        self.pump()
         [(_, again)] = c.delivered
         self.assertEqual((again.message.body, again.redelivered), (b"x", True))
 
@@ -275,3 +321,87 @@ class ReplyToContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
     def test_notAQueue(self):
         """It holds nothing, so it does not claim IQueue."""
         self.assertFalse(IQueue.providedBy(self.source))
+
+
+class RemoteQueueContractTests(QueueContractMixin, SynchronousTestCase):
+    """
+    A queue on another node (:class:`~otter_tx.cluster.remote.RemoteQueue`)
+    keeps the IQueue contract: two brokers on one ``task.Clock``, joined
+    through a :class:`~otter_tx.cluster.metadata.MemoryMetadata` and a link
+    over an in-memory transport (``twisted.test.iosim``); the queue lives on
+    node ``a``, the source under test is node ``b``'s view of it.
+    """
+
+    def setUp(self):
+        from twisted.test import iosim
+
+        from otter_tx.cluster.link import LinkProtocol
+        from otter_tx.cluster.metadata import MemoryMetadata
+        from otter_tx.cluster.node import ClusterNode
+
+        self.clock = Clock()
+        self.clock.advance(1000)
+        meta = MemoryMetadata(self.clock)
+        self.home = Broker(self.clock)
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.vhosts["/"]
+        nodes = []
+        for name, broker in (("a", self.home), ("b", self.broker)):
+            node = ClusterNode(broker, name, meta, self.clock)
+            node._dial = lambda peer: None
+            self.successResultOf(node.start(1))
+            nodes.append(node)
+        self.addCleanup(lambda: [n.stop() for n in nodes])
+        dialler, server = LinkProtocol(nodes[0], dialled="b"), LinkProtocol(nodes[1])
+        self.io = iosim.connect(server, iosim.FakeTransport(server, True), dialler,
+                                iosim.FakeTransport(dialler, False))
+        self.pump()
+        self.result(self.home.vhosts["/"].declareQueue("remote", None))
+        self.pump()
+        self.source = self.vhost.remoteQueues["remote"]
+        self.homeQueue = self.home.vhosts["/"].queues["remote"]
+
+    def pump(self):
+        for _ in range(6):
+            self.clock.advance(0)
+            self.io.flush()
+        # the home node's figures (readyCount, consumers) come once a second
+        self.clock.advance(1)
+        self.io.flush()
+        self.clock.advance(0)
+
+    def result(self, value):
+        from twisted.internet.defer import Deferred
+
+        if isinstance(value, Deferred):
+            self.pump()
+            return self.successResultOf(value)
+        return value
+
+    def test_quorumFlag(self):
+        """A classic queue on another node is not quorum."""
+        self.assertFalse(self.source.quorum)
+
+    def test_homeHoldsTheMessages(self):
+        """Published through node b, the message is in node a's queue."""
+        self.source.enqueue(self.message(b"there"))
+        self.pump()
+        self.assertEqual(self.homeQueue.readyCount, 1)
+
+    def test_enqueueDelivers(self):
+        """
+        A routed message reaches a no-ack consumer with room as a fresh entry
+        of this source: a copy (it crossed the link), same exchange, routing
+        key, property bytes and body.
+        """
+        c = RecordingConsumer()
+        self.source.addConsumer(c)
+        self.pump()
+        m = self.message(b"hello")
+        self.assertTrue(self.source.enqueue(m))
+        self.pump()
+        [(queue, entry)] = c.delivered
+        self.assertIs(queue, self.source)
+        self.assertEqual((entry.message.exchange, entry.message.routingKey, entry.message.propsRaw,
+                          entry.message.body), (m.exchange, m.routingKey, m.propsRaw, m.body))
+        self.assertEqual((entry.redelivered, entry.returns), (False, 0))

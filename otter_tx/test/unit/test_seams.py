@@ -50,6 +50,17 @@ class RealImplementationTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IQueue, self.vhost.declareQueue("q", None)))
         self.assertTrue(IConsumerSource.implementedBy(Queue))
 
+    def test_clusterSeams(self):
+        """
+        A queue on another node is an IQueue (it runs the queue contract:
+        RemoteQueueContractTests); the home node's side of a consumer on
+        another node is an IConsumer.
+        """
+        from otter_tx.cluster.remote import LinkConsumer, RemoteQueue
+
+        self.assertTrue(verifyClass(IQueue, RemoteQueue))
+        self.assertTrue(verifyClass(IConsumer, LinkConsumer))
+
     def test_replyToQueue(self):
         """The direct reply-to pseudo-queue is the narrower IConsumerSource, not an IQueue."""
         self.assertTrue(verifyClass(IConsumerSource, ReplyToQueue))
