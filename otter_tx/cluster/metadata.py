@@ -193,7 +193,10 @@ class OrderedWrites:
         self._held = {}      # key -> the latest event seen while writes were in flight
 
     def write(self, key, call):
-        """``call()`` (returning a Deferred of a revision, or a tuple ending with one) after the key's previous write."""
+        """
+        ``call()`` (a Deferred of a revision, or of a tuple ending with one)
+        once the key's previous write is answered; a Deferred of its result.
+        """
         self._inflight[key] = self._inflight.get(key, 0) + 1
         result = defer.Deferred()
         turn = defer.Deferred()
