@@ -18,17 +18,15 @@ from twisted.logger import Logger
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.message import Message
 from otter_tx.cluster import wire
-from otter_tx.cluster.remote import LinkConsumer, RemoteEntry
-from otter_tx.store.interface import StoreFailedError
+from otter_tx.cluster.remote import LinkConsumer, LinkLost, RemoteEntry
 
 log = Logger()
 
 #: bytes of unsent output past which consumers on the link stop taking
 HIGH_WATER = 4 * 1024 * 1024
 
-
-class LinkLost(StoreFailedError):
-    """The link to a node went away before it answered (confirms become nacks)."""
+#: seconds a request to another node may take before it fails (a paused node)
+ASK_TIMEOUT = 10.0
 
 
 def messageJSON(message, **extra):
@@ -200,9 +198,22 @@ class LinkProtocol(protocol.Protocol):
         if not self.connected:
             return defer.fail(LinkLost("link to node '%s' lost" % (self.peer,)))
         self._rid += 1
-        d = self._asks[self._rid] = defer.Deferred()
-        self.send(wire.request(self._rid, op, args))
-        return d
+        rid = self._rid
+        d = self._asks[rid] = defer.Deferred()
+        self.send(wire.request(rid, op, args))
+
+        def late():
+            if self._asks.pop(rid, None) is d:
+                d.errback(LinkLost("node '%s' did not answer %s in %d s" % (self.peer, op, ASK_TIMEOUT)))
+
+        timer = self.clock.callLater(ASK_TIMEOUT, late)
+
+        def answered(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(answered)
 
     def outstanding(self, queue, entry):
         self._eid += 1

@@ -33,7 +33,7 @@ from otter_tx.cluster.entities import KINDS as ENTITY_KINDS
 from otter_tx.cluster.entities import PREFIX as ENTITIES
 from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
-from otter_tx.cluster.remote import RemoteQueue, downText
+from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
 
 log = Logger()
 
@@ -391,9 +391,12 @@ class ClusterNode:
         link = self.links.get(home)
         if link is None:
             raise notFound(downText(home, name, vhost.name))
-        yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
-                                  "autoDelete": autoDelete, "arguments": md.toJSON(arguments),
-                                  "serverNamed": serverNamed})
+        try:
+            yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
+                                      "autoDelete": autoDelete, "arguments": md.toJSON(arguments),
+                                      "serverNamed": serverNamed})
+        except LinkLost:
+            raise notFound(downText(home, name, vhost.name))
         self._queue(vhost.name, name, record)
         return vhost.remoteQueues[name]
 

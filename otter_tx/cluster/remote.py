@@ -20,6 +20,7 @@ from otter_tx.amqp.errors import notFound
 from otter_tx.broker.arguments import QUORUM, queueType
 from otter_tx.broker.interfaces import IConsumer, IQueue
 from otter_tx.cluster import wire
+from otter_tx.store.interface import StoreFailedError
 
 #: credit a consumer without a prefetch gets (deliveries in flight on the link)
 DEFAULT_WINDOW = 1000
@@ -29,6 +30,10 @@ def downText(node, name, vhost):
     """RabbitMQ 3.10's text for an operation on a durable queue whose node is down."""
     return "home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible" % (
         node, name, vhost)
+
+
+class LinkLost(StoreFailedError):
+    """The link to a node went away, or the node did not answer in time (confirms become nacks)."""
 
 
 class RemoteOwner:
@@ -122,6 +127,14 @@ class RemoteQueue:
         """The 404 text while the home node is down."""
         return downText(self.home, self.name, self.vhost.name)
 
+    def _ask(self, op, args):
+        """A request to the home node; a link lost or a home that does not answer is its 404."""
+        def lost(f):
+            f.trap(LinkLost)
+            raise notFound(downText(self.home, self.name, self.vhost.name))
+
+        return self._link().ask(op, args).addErrback(lost)
+
     def _link(self):
         link = self.node.links.get(self.home)
         if link is None or self.down:
@@ -138,8 +151,8 @@ class RemoteQueue:
             self.figures = dict(self.figures, messages_ready=r["messages"], consumers=r["consumers"])
             return self
 
-        return self._link().ask("declare", {"vhost": self.vhost.name, "name": self.name,
-                                            "renew": renew}).addCallback(counted)
+        return self._ask("declare", {"vhost": self.vhost.name, "name": self.name,
+                                     "renew": renew}).addCallback(counted)
 
     def touch(self):
         """A declare renews the home queue's x-expires lease (no answer awaited)."""
@@ -288,8 +301,6 @@ class RemoteQueue:
 
     def basicGet(self, noAck):
         """basic.get at home: a Deferred firing with a RemoteEntry or None."""
-        link = self._link()
-
         def got(result):
             if result is None:
                 return None
@@ -298,16 +309,16 @@ class RemoteQueue:
             self.figures["messages_ready"] = result["remaining"]
             return entry
 
-        return link.ask("get", {"vhost": self.vhost.name, "name": self.name, "noAck": noAck}).addCallback(got)
+        return self._ask("get", {"vhost": self.vhost.name, "name": self.name, "noAck": noAck}).addCallback(got)
 
     def purge(self):
         """queue.purge at home: a Deferred firing with the number purged."""
-        return self._link().ask("purge", {"vhost": self.vhost.name, "name": self.name}).addCallback(
+        return self._ask("purge", {"vhost": self.vhost.name, "name": self.name}).addCallback(
             lambda r: r["messages"])
 
     def remoteDelete(self, ifUnused, ifEmpty):
         """queue.delete at home: a Deferred firing with the number of ready messages deleted."""
-        return self._link().ask(
+        return self._ask(
             "delete", {"vhost": self.vhost.name, "name": self.name, "ifUnused": ifUnused, "ifEmpty": ifEmpty}
         ).addCallback(lambda r: r["messages"])
 
