@@ -122,9 +122,28 @@ class ClusterNode:
 
     def _lostMetadata(self, reason):
         if self.lost is None:
-            log.error("cluster: node {node} lost the metadata store: {reason}; it refuses declares until "
-                      "restarted (docs/cluster.md)", node=self.name, reason=reason)
+            log.error("cluster: node {node} lost its place in the metadata store: {reason}; it refuses "
+                      "declares until it is back (docs/cluster.md)", node=self.name, reason=reason)
+            self._later(1, self._rejoin)
         self.lost = reason
+
+    @defer.inlineCallbacks
+    def _rejoin(self):
+        """After a lost lease (etcd unreachable, or this process paused): a new lease, the node's record, its queues'."""
+        if not self.running or self.lost is None:
+            return
+        try:
+            self.lease = yield self.metadata.grantLease(self.leaseTTL)
+            record = {"name": self.name, "host": self.advertise, "link": self.linkPort, "lease": self.lease}
+            record.update(self.info)
+            yield self.metadata.put(md.nodeKey(self.name), record, lease=self.lease)
+        except Exception as e:
+            log.info("cluster: node {node} cannot rejoin yet: {e}", node=self.name, e=e)
+            self._later(1, self._rejoin)
+            return
+        self._registerLocal()
+        self.lost = None
+        log.info("cluster: node {node} is back in the cluster", node=self.name)
 
     def health(self):
         """None when the node is in the cluster, else the reason (str) for the health checks."""
@@ -198,6 +217,10 @@ class ClusterNode:
         if record is None:
             if self.nodes.pop(name, None) is not None:
                 self._nodeDown(name)
+                # its lease lapsed (a paused or cut-off node): it is out until it registers again
+                link = self.links.get(name)
+                if link is not None:
+                    link.transport.loseConnection()
             return
         self.nodes[name] = record
         if name not in self.links and self.name < name:

@@ -226,3 +226,72 @@ class UnreachableEtcdTests(TestCase):
         lines = [line for line in (out + err).decode().splitlines() if "cannot start" in line]
         self.assertEqual(len(lines), 1, out + err)
         self.assertIn("cluster: cannot join through %s" % (url,), lines[0])
+
+
+class PausedNodeTests(TestCase):
+    timeout = 120
+
+    @inlineCallbacks
+    def test_pausedHomeNode(self):
+        """
+        SIGSTOP of a durable queue's home node: its sockets stay open, so the others learn
+        it is gone when its etcd lease lapses (5 s): the consumer elsewhere is cancelled and
+        the queue answers 404 "home node ... is down" within 10 s of the pause.
+        """
+        if not etcdAvailable():
+            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
+        cluster = LocalCluster(reactor, nodes=2)
+        self.addCleanup(cluster.stop)
+        yield cluster.start()
+
+        def setup():
+            c2 = pika.BlockingConnection(params(cluster.nodes[1].amqpPort))
+            c2.channel().queue_declare("pq", durable=True)
+            c2.close()
+            c1 = pika.BlockingConnection(params(cluster.nodes[0].amqpPort))
+            ch = c1.channel()
+            cancelled = []
+            ch.add_on_cancel_callback(lambda frame: cancelled.append(time.monotonic()))
+            ch.basic_consume("pq", lambda *a: None)
+            return c1, cancelled
+
+        c1, cancelled = yield threads.deferToThread(setup)
+        paused = time.monotonic()
+        yield cluster.nodes[1].kill(signal.SIGSTOP)
+        try:
+            def wait():
+                deadline = paused + 10
+                while not cancelled and time.monotonic() < deadline:
+                    c1.process_data_events(0.05)
+                ch = c1.channel()
+                try:
+                    ch.queue_declare("pq", durable=True, passive=True)
+                    return None
+                except pika.exceptions.ChannelClosedByBroker as e:
+                    return e.reply_code
+                finally:
+                    c1.close()
+
+            code = yield threads.deferToThread(wait)
+        finally:
+            yield cluster.nodes[1].kill(signal.SIGCONT)
+        self.assertTrue(cancelled, "no basic.cancel within 10 s of the pause")
+        self.assertLess(cancelled[0] - paused, 10)
+        self.assertEqual(code, 404)
+
+        # resumed, the node finds its lease gone, takes a new one and is back: the queue answers again
+        def back():
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                c = pika.BlockingConnection(params(cluster.nodes[0].amqpPort))
+                try:
+                    c.channel().queue_declare("pq", durable=True, passive=True)
+                    return True
+                except pika.exceptions.ChannelClosedByBroker:
+                    time.sleep(0.2)
+                finally:
+                    if c.is_open:
+                        c.close()
+            return False
+
+        self.assertTrue((yield threads.deferToThread(back)))
