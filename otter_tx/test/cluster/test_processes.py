@@ -127,6 +127,30 @@ class ProcessClusterTests(TestCase):
         self.assertLessEqual({b"k%d" % i for i in range(10)}, {b for b, r in out if r})
 
     @inlineCallbacks
+    def test_concurrentDeclaresThroughEtcd(self):
+        """
+        One name declared at once on nodes 1 and 3 with different x-max-length, 20 times: each
+        time exactly one declare-ok and one 406 PRECONDITION_FAILED, and one queue.
+        """
+        def declare(i, name, n):
+            c = pika.BlockingConnection(params(self.port(i)))
+            try:
+                c.channel().queue_declare(name, durable=True, arguments={"x-max-length": n})
+                return "ok"
+            except pika.exceptions.ChannelClosedByBroker as e:
+                return e.reply_code
+            finally:
+                if c.is_open:
+                    c.close()
+
+        for k in range(20):
+            name = "race-%d" % (k,)
+            a = threads.deferToThread(declare, 0, name, 1)
+            b = threads.deferToThread(declare, 2, name, 2)
+            results = sorted([(yield a), (yield b)], key=str)
+            self.assertEqual(results, [406, "ok"], name)
+
+    @inlineCallbacks
     def test_exclusiveQueueGoesWithItsNode(self):
         """An exclusive queue of a connection to node 3: gone cluster-wide once node 3 is killed."""
         def declare():
