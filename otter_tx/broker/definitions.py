@@ -23,6 +23,7 @@ accepted with a warning: on a single node they have no effect, as on a
 single RabbitMQ node.
 """
 
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import Logger
 
 from otter_tx.amqp.errors import AMQPError
@@ -66,6 +67,8 @@ class _Import:
         self.broker = broker
         self.vhost = vhost
         self.problems = []
+        #: Deferreds of queue declares answered later (a cluster)
+        self.pending = []
 
     def report(self, kind, name, reason):
         """Record and log one item not imported."""
@@ -251,10 +254,17 @@ class _Import:
                 self.report("queue", label, "%s queues are not supported" % (qtype,))
                 continue
             try:
-                vh.declareQueue(item.get("name"), None, durable=_flag(item.get("durable")),
-                                autoDelete=_flag(item.get("auto_delete")), arguments=args)
+                declared = vh.declareQueue(item.get("name"), None, durable=_flag(item.get("durable")),
+                                           autoDelete=_flag(item.get("auto_delete")), arguments=args)
             except AMQPError as e:
                 self.report("queue", label, e.text)
+                continue
+            if isinstance(declared, Deferred):
+                # a cluster: declared once its record is written (bindings wait for it)
+                def failed(f, label=label):
+                    f.trap(AMQPError)
+                    self.report("queue", label, f.value.text)
+                self.pending.append(declared.addErrback(failed))
 
     def exchanges(self, items):
         for item in items:
@@ -282,8 +292,10 @@ class _Import:
                 continue
             source = vh.exchanges.get(item.get("source"))
             kind = item.get("destination_type")
-            table = vh.queues if kind == "queue" else vh.exchanges if kind == "exchange" else {}
-            dest = table.get(item.get("destination"))
+            if kind == "queue":
+                dest = vh.findQueue(item.get("destination"))
+            else:
+                dest = vh.exchanges.get(item.get("destination")) if kind == "exchange" else None
             if source is None or dest is None:
                 self.report("binding", label, "source or destination not found")
                 continue
@@ -301,7 +313,8 @@ def importDefinitions(broker, doc, vhost=None):
     parameters, queues, exchanges and bindings, their ``vhost`` fields
     ignored; users, vhosts, permissions, global parameters and operator
     policies there are reported, as RabbitMQ 3.10 ignores them).  Returns the list of texts naming each item not
-    imported (empty when all were); each is also logged.  Raises
+    imported (empty when all were); each is also logged.  In a cluster, where a new queue is declared
+    through etcd first, a Deferred of that list.  Raises
     :class:`DefinitionsError` when ``doc`` is not a definitions object.
     """
     if not isinstance(doc, dict):
@@ -321,6 +334,15 @@ def importDefinitions(broker, doc, vhost=None):
         imp.parameters(_list(doc, "parameters"))
     imp.policies(_list(doc, "policies"))
     imp.queues(_list(doc, "queues"))
+    if imp.pending:
+        # a cluster's new queues: their declares are answered later; the
+        # exchanges and bindings follow them (a Deferred of the problems)
+        def rest(_):
+            imp.exchanges(_list(doc, "exchanges"))
+            imp.bindings(_list(doc, "bindings"))
+            return imp.problems
+
+        return gatherResults(imp.pending).addCallback(rest)
     imp.exchanges(_list(doc, "exchanges"))
     imp.bindings(_list(doc, "bindings"))
     return imp.problems

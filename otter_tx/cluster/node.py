@@ -73,6 +73,8 @@ class ClusterNode:
         self._figuresCall = None
         self._calls = []
         self.info = {}
+        #: every node name seen in the cluster (a stopped node stays listed in /api/nodes)
+        self.known = {name}
         self._bindings = {}  # binding key -> record (to unbind on delete events)
         #: this node's writes, in order per key; the watch's echo of them filtered
         self.writes = md.OrderedWrites(metadata, self._applyNow)
@@ -129,7 +131,10 @@ class ClusterNode:
 
     @defer.inlineCallbacks
     def _rejoin(self):
-        """After a lost lease (etcd unreachable, or this process paused): a new lease, the node's record, its queues'."""
+        """
+        After a lost lease (etcd unreachable, or this process paused): a new
+        lease, the node's record and its queues' records again.
+        """
         if not self.running or self.lost is None:
             return
         try:
@@ -223,6 +228,7 @@ class ClusterNode:
                     link.transport.loseConnection()
             return
         self.nodes[name] = record
+        self.known.add(name)
         if name not in self.links and self.name < name:
             self._dial(name)
 
@@ -564,7 +570,15 @@ class ClusterNode:
                 queues["%s\x00%s" % (vh.name, q.name)] = {
                     "messages_ready": q.readyCount, "messages_unacknowledged": q.unackedCount,
                     "messages": q.readyCount + q.unackedCount, "consumers": len(q.consumers)}
-        frame = wire.jsonframe(wire.STATS, {"queues": queues})
+        figures = {"queues": queues}
+        describe = getattr(self.broker, "describeNode", None)
+        if describe is not None:
+            # the management app's own /api/nodes object for this node
+            try:
+                figures["node"] = describe()
+            except Exception:
+                log.failure("describing node {node}", node=self.name)
+        frame = wire.jsonframe(wire.STATS, figures)
         for link in self.links.values():
             link.send(frame)
         self._figuresCall = self.clock.callLater(1, self._sendFigures)

@@ -23,6 +23,11 @@ from otter_tx.broker.exchange import destinationKind
 NODE = "otter_tx@localhost"
 
 
+def nodeName(broker):
+    """This node's name: ``--node-name`` in a cluster, else :data:`NODE`."""
+    return getattr(broker, "nodeName", NODE)
+
+
 def rate():
     """A ``*_details`` object of a figure otter_tx does not sample: ``{"rate": 0.0}``."""
     return {"rate": 0.0}
@@ -91,7 +96,7 @@ def channelDetails(session):
         "peer_host": getattr(conn.peer, "host", None),
         "peer_port": getattr(conn.peer, "port", None),
         "user": conn.user.name if conn.user is not None else None,
-        "node": NODE,
+        "node": nodeName(session.broker),
     }
 
 
@@ -133,6 +138,9 @@ def queueDict(q, unacked=None, detail=False, view=None):
     """
     if view is None:
         view = defaultView(q.vhost.broker)
+    if q.vhost.remoteQueues.get(q.name) is q:
+        return remoteQueueDict(q, detail)
+    node = nodeName(q.vhost.broker)
     ready = q.readyCount
     una = q.unackedCount
     ubytes = (unacked or {}).get(q, 0)
@@ -152,7 +160,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         "auto_delete": q.autoDelete,
         "exclusive": q.exclusive,
         "arguments": jsonable(q.arguments),
-        "node": NODE,
+        "node": node,
         "type": q.queueType,
         "state": "running",
         "policy": policy.name if policy is not None else None,
@@ -179,15 +187,57 @@ def queueDict(q, unacked=None, detail=False, view=None):
     if q.quorum:
         # RabbitMQ 3.10's quorum keys; one node: it leads, the only member
         # (replication needs a cluster; docs/quorum.md)
-        d["leader"] = NODE
-        d["members"] = [NODE]
-        d["online"] = [NODE]
+        d["leader"] = node
+        d["members"] = [node]
+        d["online"] = [node]
         # at-least-once dead letters waiting for a queue to take them
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.ready.persistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
+        d["deliveries"] = []
+        d["incoming"] = []
+    return d
+
+
+def remoteQueueDict(q, detail=False):
+    """
+    A queue whose home is another node of the cluster
+    (:class:`~otter_tx.cluster.remote.RemoteQueue`), from its record and the
+    figures its home node sends every second: ``node`` is the home node,
+    ``state`` ``"down"`` while that node is unreachable, as RabbitMQ 3.10
+    lists a durable queue of a stopped node.
+    """
+    f = q.figures
+    ready = f.get("messages_ready", 0)
+    una = f.get("messages_unacknowledged", 0)
+    d = {
+        "name": q.name,
+        "vhost": q.vhost.name,
+        "durable": q.durable,
+        "auto_delete": q.autoDelete,
+        "exclusive": q.exclusive,
+        "arguments": jsonable(q.arguments),
+        "node": q.home,
+        "type": q.queueType,
+        "state": "down" if q.down else "running",
+        "policy": f.get("policy"),
+        "operator_policy": f.get("operator_policy"),
+        "effective_policy_definition": f.get("effective_policy_definition", {}),
+        "consumers": f.get("consumers", 0),
+        "messages": ready + una,
+        "messages_ready": ready,
+        "messages_unacknowledged": una,
+        "message_bytes": f.get("message_bytes", 0),
+        "message_stats": {},
+    }
+    if q.quorum:
+        d["leader"] = q.home
+        d["members"] = [q.home]
+        d["online"] = [] if q.down else [q.home]
+    if detail:
+        d["consumer_details"] = []
         d["deliveries"] = []
         d["incoming"] = []
     return d
@@ -293,7 +343,7 @@ def connectionDict(conn, view):
     host = conn.local
     d = {
         "name": connectionName(conn),
-        "node": NODE,
+        "node": nodeName(conn.vhost.broker) if conn.vhost is not None else NODE,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
         "user": conn.user.name if conn.user is not None else None,
         "user_who_performed_action": conn.user.name if conn.user is not None else None,
@@ -334,7 +384,7 @@ def channelDict(ch, view):
     return {
         "name": channelName(ch),
         "number": ch.number,
-        "node": NODE,
+        "node": nodeName(session.broker),
         "connection_details": {
             "name": connectionName(conn),
             "peer_host": getattr(conn.peer, "host", None),

@@ -33,18 +33,22 @@ def waitUntil(predicate, timeout=5.0):
 class ClusterCase(TestCase):
     timeout = 60
     nodes = 3
+    management = False
 
     @inlineCallbacks
     def setUp(self):
         self.meta = MemoryMetadata(reactor)
+        self.ports = []
         self.fixtures = []
         self.cluster = []
         for i in range(self.nodes):
-            f = yield startBroker(reactor)
+            f = yield startBroker(reactor, management=self.management)
             self.addCleanup(f.stop)
+            f.broker.nodeName = "n%d" % (i + 1,)
             node = ClusterNode(f.broker, "n%d" % (i + 1,), self.meta, reactor)
             port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
             self.addCleanup(port.stopListening)
+            self.ports.append(port)
             self.addCleanup(node.stop)
             yield node.start(port.getHost().port)
             self.fixtures.append(f)
@@ -457,3 +461,77 @@ class NoPrefetchTests(ClusterCase):
 
         n = yield self.inThread(run)
         self.assertEqual(n, 1500)
+
+
+class ManagementTests(ClusterCase):
+    """Any node's management API answers for the cluster (three nodes with their management apps)."""
+
+    management = True
+
+    def api(self, i, method, path, body=None):
+        import base64
+        import json
+        import urllib.request
+
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.fixtures[i].managementPort, path),
+                                     method=method, data=json.dumps(body).encode() if body is not None else None)
+        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+        req.add_header("content-type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                data = r.read()
+                return r.status, json.loads(data) if data else None
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    @inlineCallbacks
+    def test_queuesAndNodes(self):
+        """
+        A queue declared over HTTP on node 1 with the balanced locator lands elsewhere; every
+        node lists it with its home node; get, purge and delete over HTTP on node 1 work;
+        /api/nodes lists the three nodes running.
+        """
+        def run():
+            # node 1 holds one queue, so balanced puts the next one on node 2
+            self.api(0, "PUT", "/api/queues/%2F/filler", {"durable": False})
+            code, _ = self.api(0, "PUT", "/api/queues/%2F/hq", {"durable": True, "arguments": {
+                "x-queue-leader-locator": "balanced"}})
+            assert code == 201, code
+            homes = {q["node"] for i in range(3) for q in self.api(i, "GET", "/api/queues")[1]
+                     if q["name"] == "hq"}
+            code, _ = self.api(0, "POST", "/api/exchanges/%2F/amq.default/publish", {
+                "properties": {}, "routing_key": "hq", "payload": "p1", "payload_encoding": "string"})
+            got = self.api(0, "POST", "/api/queues/%2F/hq/get", {
+                "count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+            purged = self.api(0, "DELETE", "/api/queues/%2F/hq/contents")[0]
+            deleted = self.api(0, "DELETE", "/api/queues/%2F/hq")[0]
+            return homes, got, purged, deleted
+
+        yield waitUntil(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
+        homes, got, purged, deleted = yield self.inThread(run)
+        self.assertEqual(homes, {"n2"})
+        self.assertEqual((got[0], [m["payload"] for m in got[1]]), (200, ["p1"]))
+        self.assertEqual((purged, deleted), (204, 204))
+        code, nodes = yield self.inThread(self.api, 1, "GET", "/api/nodes")
+        self.assertEqual(sorted((n["name"], n["running"]) for n in nodes),
+                         [("n1", True), ("n2", True), ("n3", True)])
+
+    @inlineCallbacks
+    def test_downNodeInLists(self):
+        """Node 2's links drop: node 1 lists it running false and its durable queue with state down."""
+        def declare():
+            self.conn(1).channel().queue_declare("dq2", durable=True)
+
+        yield self.inThread(declare)
+        yield waitUntil(lambda: "dq2" in self.fixtures[0].broker.vhosts["/"].remoteQueues, 5)
+        n2 = self.cluster[1]
+        n2.running = False
+        yield self.ports[1].stopListening()
+        for link in list(n2.links.values()):
+            link.transport.abortConnection()
+        yield waitUntil(lambda: "n2" not in self.cluster[0].links, 5)
+        code, nodes = yield self.inThread(self.api, 0, "GET", "/api/nodes")
+        self.assertEqual(sorted((n["name"], n["running"]) for n in nodes),
+                         [("n1", True), ("n2", False), ("n3", True)])
+        code, q = yield self.inThread(self.api, 0, "GET", "/api/queues/%2F/dq2")
+        self.assertEqual((code, q["node"], q["state"]), (200, "n2", "down"))

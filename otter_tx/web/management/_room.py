@@ -90,7 +90,15 @@ class Room:
         except AMQPError as e:
             return renderError(request, amqpHTTPError(e))
         if isinstance(result, Deferred):
-            return result.addCallback(lambda r: render(request, r))
+            # answered later (a cluster: etcd, or another node)
+            def failed(f):
+                if f.check(HTTPError):
+                    return renderError(request, f.value)
+                if f.check(AMQPError):
+                    return renderError(request, amqpHTTPError(f.value))
+                return f
+
+            return result.addCallbacks(lambda r: render(request, r), failed)
         return render(request, result)
 
     # --- the authorisation model, for the handlers (authz) --------------------
@@ -123,7 +131,7 @@ class Room:
     @staticmethod
     def _queue(vh, name):
         """Queue ``name`` of vhost ``vh``, or 404 when missing."""
-        q = vh.queues.get(name)
+        q = vh.findQueue(name)
         if q is None:
             raise notFound()
         return q

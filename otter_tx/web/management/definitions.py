@@ -7,6 +7,8 @@ validates policies as the policies room does).  Administrators only.
 
 import json
 
+from twisted.internet.defer import Deferred
+
 from otter_tx import __version__
 from otter_tx.broker.definitions import DefinitionsError, importDefinitions
 from otter_tx.web import _format as fmt
@@ -74,9 +76,16 @@ class DefinitionsRoom(Room):
             problems = importDefinitions(self.broker, doc, vhost)
         except DefinitionsError as e:
             raise badRequest(str(e))
-        if problems:
-            raise badRequest("; ".join(problems))
-        return Response(204)
+
+        def answer(problems):
+            if problems:
+                raise badRequest("; ".join(problems))
+            return Response(204)
+
+        if isinstance(problems, Deferred):
+            # a cluster: new queues are declared through etcd first
+            return problems.addCallback(answer)
+        return answer(problems)
 
     def _exportDefinitions(self, request, vhost):
         """
@@ -119,7 +128,8 @@ class DefinitionsRoom(Room):
                     "bindings": []})
         for vname, vh in vhosts:
             exported = set()
-            for qname, q in sorted(vh.queues.items()):
+            for qname in sorted(set(vh.queues) | set(vh.remoteQueues)):
+                q = vh.findQueue(qname)
                 if q.exclusive:
                     continue
                 exported.add(qname)

@@ -299,7 +299,7 @@ class ExchangesRoom(Room):
         """The source Exchange and destination (Queue or Exchange) or 404 ``not_found``."""
         src = vh.getExchange(self._exchangeName(source))
         if dtype == "q":
-            dst = vh.queues.get(dest)
+            dst = vh.findQueue(dest)
             if dst is None:
                 raise HTTPError(404, "not_found", "no queue '%s' in vhost '%s'" % (dest, vh.name))
         else:

@@ -7,6 +7,9 @@ The nodes and health room: ``/api/nodes...``, ``/api/healthchecks/node...``,
 
 import re
 
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import deferLater
+
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.access import CONFIGURE, READ, WRITE
 from otter_tx.web.health import expiringIn, normalizeProtocol, parseWithin
@@ -22,6 +25,11 @@ class NodesRoom(Room):
     """This node, its memory, the health checks and the aliveness test."""
 
     app = roomApp()
+
+    def __init__(self, root):
+        Room.__init__(self, root)
+        # in a cluster this node sends its /api/nodes object to the others once a second
+        self.broker.describeNode = self._nodeDict
 
     @app.route("/api/healthchecks/node", methods=["GET", "OPTIONS"])
     @endpoint()
@@ -234,12 +242,38 @@ class NodesRoom(Room):
         ``?binary=true`` add the breakdowns.  401 "Not monitor user" below
         the ``monitoring`` tag.
         """
-        return [self._nodeDict(request)]
+        return [self._nodeDict(request)] + self._otherNodes()
+
+    def _otherNodes(self):
+        """
+        In a cluster, the other nodes as each last described itself over its
+        link (once a second), ``running`` false while it is unreachable (a
+        stopped node stays listed, as a RabbitMQ cluster member does).
+        """
+        cluster = self.broker.cluster
+        if cluster is None:
+            return []
+        out = []
+        for name in sorted(cluster.known - {cluster.name}):
+            d = dict(cluster.figures.get(name, {}).get("node") or {"type": "disc", "partitions": []})
+            d["name"] = name
+            d["running"] = name in cluster.links and name in cluster.nodes
+            out.append(d)
+        return out
 
     @app.route("/api/nodes/<name>", methods=["GET", "OPTIONS"])
     @endpoint(MONITOR)
     def node(self, request, user, name):
-        """``GET /api/nodes/{name}``: this node as in ``/api/nodes``; 404 for another name."""
+        """
+        ``GET /api/nodes/{name}``: this node as in ``/api/nodes``; another
+        node of the cluster as it last described itself; 404 for a name not
+        in the cluster.
+        """
+        cluster = self.broker.cluster
+        if cluster is not None and name != self.broker.alarms.nodeName:
+            for d in self._otherNodes():
+                if d["name"] == name:
+                    return d
         self._thisNode(name)
         return self._nodeDict(request)
 
@@ -281,10 +315,31 @@ class NodesRoom(Room):
             ])
         except AMQPError as e:
             raise channelRefusal(e)
-        session.declareQueue("aliveness-test")
+        declared = session.declareQueue("aliveness-test")
+        if isinstance(declared, Deferred):
+            # a cluster: the queue is new, or lives on another node
+            return self._alivenessLater(session, declared)
         routed, _ = session.publish(session.publishTarget(""), "aliveness-test", False, b"\x00\x00",
                                     b"test_message", props={})
         got = session.get("aliveness-test")
+        if got is not None:
+            session.ack(got[0])
+        if not routed or got is None:
+            return Response(503, {"status": "failed", "reason": "aliveness test failed"})
+        return {"status": "ok"}
+
+    @inlineCallbacks
+    def _alivenessLater(self, session, declared):
+        """The aliveness test when the queue's declare or get is answered later (a cluster)."""
+        yield declared
+        routed, _ = session.publish(session.publishTarget(""), "aliveness-test", False, b"\x00\x00",
+                                    b"test_message", props={})
+        got = None
+        for _ in range(50):
+            got = yield session.get("aliveness-test")
+            if got is not None or not routed:
+                break
+            yield deferLater(self.clock, 0.01, lambda: None)
         if got is not None:
             session.ack(got[0])
         if not routed or got is None:

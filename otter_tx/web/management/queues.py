@@ -9,6 +9,8 @@ RabbitMQ's plugin opens a channel.
 import base64
 import itertools
 
+from twisted.internet.defer import Deferred, inlineCallbacks
+
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.expiry import nowMs
 from otter_tx.web import _format as fmt
@@ -45,6 +47,20 @@ def _queueList(request, queues):
     return [{k: q[k] for k in keep if k in q} for q in queues]
 
 
+def _allQueues(vh):
+    """The vhost's queues, this node's and (in a cluster) those of other nodes, by name."""
+    if not vh.remoteQueues:
+        return [q for _, q in sorted(vh.queues.items())]
+    return [vh.findQueue(n) for n in sorted(set(vh.queues) | set(vh.remoteQueues))]
+
+
+def _then(result, answer):
+    """``answer`` now, or once ``result`` (a Deferred: a cluster's) fires."""
+    if isinstance(result, Deferred):
+        return result.addCallback(lambda _: answer)
+    return answer
+
+
 class QueuesRoom(Room):
     """The queues of the user's vhosts, one queue, its contents, bindings, ``/get`` and the insight views."""
 
@@ -59,7 +75,7 @@ class QueuesRoom(Room):
         return _queueList(request, [
             fmt.queueDict(q, unacked, view=view)
             for vh in self._loginVHosts(user)
-            for _, q in sorted(vh.queues.items())
+            for q in _allQueues(vh)
         ])
 
     @app.route("/api/queues/<vhost>", methods=["GET", "OPTIONS"])
@@ -69,7 +85,7 @@ class QueuesRoom(Room):
         vh = self._vhost(vhost)
         unacked = fmt.unackedBytes(self.broker)
         view = self._rateView(request)
-        return _queueList(request, [fmt.queueDict(q, unacked, view=view) for _, q in sorted(vh.queues.items())])
+        return _queueList(request, [fmt.queueDict(q, unacked, view=view) for q in _allQueues(vh)])
 
     @app.route("/api/queues/<vhost>/<name>", methods=["GET", "PUT", "DELETE", "OPTIONS"])
     @endpoint(VHOST)
@@ -91,15 +107,15 @@ class QueuesRoom(Room):
             args = body.get("arguments") or {}
             if not isinstance(args, dict):
                 raise badRequest("arguments must be an object")
-            existed = name in vh.queues
-            session.declareQueue(name, durable=jsonFlag(body.get("durable")),
-                                 autoDelete=jsonFlag(body.get("auto_delete")), arguments=args)
-            return Response(204 if existed else 201)
+            existed = vh.findQueue(name) is not None
+            declared = session.declareQueue(name, durable=jsonFlag(body.get("durable")),
+                                            autoDelete=jsonFlag(body.get("auto_delete")), arguments=args)
+            return _then(declared, Response(204 if existed else 201))
         q = self._queue(vh, name)
         if request.method == b"DELETE":
-            self._session(user, vh).deleteQueue(
+            deleted = self._session(user, vh).deleteQueue(
                 name, ifUnused=queryFlag(request, "if-unused"), ifEmpty=queryFlag(request, "if-empty"))
-            return Response(204)
+            return _then(deleted, Response(204))
         return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True, view=self._rateView(request))
 
     @app.route("/api/queues/<vhost>/<name>/contents", methods=["DELETE", "OPTIONS"])
@@ -112,8 +128,7 @@ class QueuesRoom(Room):
         """
         vh = self._vhost(vhost)
         self._queue(vh, name)  # 404 when missing
-        self._session(user, vh).purgeQueue(name)
-        return Response(204)
+        return _then(self._session(user, vh).purgeQueue(name), Response(204))
 
     @app.route("/api/queues/<vhost>/<name>/bindings", methods=["GET", "OPTIONS"])
     @endpoint(VHOST)
@@ -151,10 +166,15 @@ class QueuesRoom(Room):
         except (TypeError, ValueError):
             raise badRequest("count and truncate must be integers")
         out = []
+        remote = None
         try:
-            session.readableQueue(name)
+            q = session.readableQueue(name)
             # ack_requeue_false is a no-ack basic.get, as the plugin's (its get_no_ack count)
             noAck = ackmode == "ack_requeue_false"
+            if vh.remoteQueues.get(name) is q:
+                # a queue on another node: each get is answered there (it closes the session)
+                remote = self._remoteGet(session, name, count, ackmode, noAck, encoding, truncate)
+                return remote
             for _ in range(max(0, count)):
                 got = session.get(name, noAck=noAck)
                 if got is None:
@@ -170,6 +190,30 @@ class QueuesRoom(Room):
                 elif noAck:
                     pass
                 else:
+                    session.nack(0, multiple=True, requeue=False)
+        except AMQPError as e:
+            raise getRefusal(e)
+        finally:
+            if remote is None:
+                session.close()
+        return out
+
+    @inlineCallbacks
+    def _remoteGet(self, session, name, count, ackmode, noAck, encoding, truncate):
+        """:meth:`queueGet` of a queue on another node (the same rules, each get a request there)."""
+        out = []
+        try:
+            for _ in range(max(0, count)):
+                got = yield session.get(name, noAck=noAck)
+                if got is None:
+                    break
+                _, entry, q = got
+                out.append(self._messageJson(q.deliveredMessage(entry, get=True), entry.redelivered,
+                                             q.readyCount, encoding, truncate))
+            if out:
+                if ackmode in ("ack_requeue_true", "reject_requeue_true"):
+                    session.nack(0, multiple=True, requeue=True)
+                elif not noAck:
                     session.nack(0, multiple=True, requeue=False)
         except AMQPError as e:
             raise getRefusal(e)
