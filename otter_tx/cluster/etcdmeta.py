@@ -74,6 +74,10 @@ class EtcdMetadata:
         """Delete ``key``; fires the store revision after it (a transaction, for its revision)."""
         return self.client.txn([], [Op.delete(self._k(key))]).addCallback(lambda r: r[2])
 
+    def deletePrefix(self, prefix):
+        """Delete every key under ``prefix``; fires the store revision after it."""
+        return self.client.txn([], [Op.delete(self._k(prefix), prefix=True)]).addCallback(lambda r: r[2])
+
     def load(self, prefix):
         n = len(self.prefix)
 

@@ -29,9 +29,11 @@ _MGMT_LINE = re.compile(rb"management http://[^:]+:(\d+)")
 
 
 class _NodeProcess(protocol.ProcessProtocol):
-    def __init__(self, name, echo=False):
+    def __init__(self, name, echo=False, logPath=None):
         self.name = name
         self.echo = echo
+        # the node's log, also kept in a file beside its data directory
+        self.log = open(logPath, "ab") if logPath else None
         self.output = b""
         self.ready = defer.Deferred()
         self.ended = defer.Deferred()
@@ -39,6 +41,9 @@ class _NodeProcess(protocol.ProcessProtocol):
 
     def outReceived(self, data):
         self.output += data
+        if self.log is not None:
+            self.log.write(data)
+            self.log.flush()
         if len(self.output) > 1 << 20:
             self.output = self.output[-(1 << 19):]
         if self.echo:
@@ -53,6 +58,9 @@ class _NodeProcess(protocol.ProcessProtocol):
 
     def processEnded(self, reason):
         self.exited = True
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         if not self.ready.called:
             self.ready.errback(RuntimeError("node %s exited:\n%s" % (
                 self.name, self.output.decode("utf-8", "replace")[-3000:])))
@@ -90,7 +98,7 @@ class LocalNode:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         env.update(c.env)
-        self.process = _NodeProcess(self.name, c.echo)
+        self.process = _NodeProcess(self.name, c.echo, self.dataDir + ".log")
         self.transport = c.reactor.spawnProcess(self.process, c.python, args, env=env, path=root)
         return self.process.ready
 
@@ -176,6 +184,7 @@ def main(argv=None):
 
     def started(c):
         print("etcd: %s" % (",".join(c.etcd.endpoints),))
+        print("logs: %s/<node>.log" % (c.top,))
         for n in c.nodes:
             print("%s: amqp 127.0.0.1:%d  management http://127.0.0.1:%d  pid %d" % (
                 n.name, c.sharedPort or n.amqpPort, n.managementPort, n.pid))

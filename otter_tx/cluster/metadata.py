@@ -153,6 +153,14 @@ class MemoryMetadata:
     def delete(self, key):
         return defer.maybeDeferred(lambda: (self._check(), self._delete(key), self.revision)[2])
 
+    def deletePrefix(self, prefix):
+        def delete():
+            self._check()
+            for key in sorted(k for k in self.data if k.startswith(prefix)):
+                self._delete(key)
+            return self.revision
+        return defer.maybeDeferred(delete)
+
     def load(self, prefix):
         def load():
             self._check()
@@ -191,6 +199,7 @@ class OrderedWrites:
         self._inflight = {}  # key -> writes not answered yet
         self._own = {}       # key -> revision of this node's last answered write
         self._held = {}      # key -> the latest event seen while writes were in flight
+        self._prefixes = {}  # prefix -> Deferred fired when a write to the whole prefix is answered
 
     def write(self, key, call):
         """
@@ -202,6 +211,13 @@ class OrderedWrites:
         turn = defer.Deferred()
         prev = self._tail.get(key)
         self._tail[key] = turn
+        for prefix, barrier in list(self._prefixes.items()):
+            if key.startswith(prefix) and not barrier.called:
+                # after a pending write to the whole prefix (a deleted vhost's records)
+                if prev is None or prev.called:
+                    prev = barrier
+                else:
+                    prev = defer.gatherResults([prev, barrier])
 
         def go(_=None):
             defer.maybeDeferred(call).addBoth(done)
@@ -233,6 +249,22 @@ class OrderedWrites:
         else:
             prev.addCallback(go)
         return result
+
+    def writePrefix(self, prefix, call):
+        """
+        ``call()`` for every key under ``prefix`` (a deletePrefix): later
+        writes to keys under it wait until it is answered.
+        """
+        barrier = defer.Deferred()
+        self._prefixes[prefix] = barrier
+
+        def done(r):
+            if self._prefixes.get(prefix) is barrier:
+                del self._prefixes[prefix]
+            barrier.callback(None)
+            return r
+
+        return defer.maybeDeferred(call).addBoth(done)
 
     def accept(self, event):
         """True when watch ``event`` ``(kind, key, value, revision)`` is to be applied now."""

@@ -21,6 +21,8 @@ queues elsewhere get basic.cancel; its durable queues answer 404 ``home node
 it returns.
 """
 
+from urllib.parse import quote
+
 from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.logger import Logger
@@ -330,6 +332,14 @@ class ClusterNode:
         m = self.metadata
         if kind in ENTITY_KINDS:
             self.entities.changed(kind, vhost, obj, deleted)
+            if kind == "vhost" and deleted:
+                # its queues, exchanges and bindings go from the cluster's records at once (the
+                # queues' home nodes delete their own when they see the vhost go)
+                q = quote(vhost.name, safe="")
+                for what in ("queues/", "exchanges/", "bindings/"):
+                    prefix = "%s%s/" % (what, q)
+                    self.writes.writePrefix(prefix, lambda prefix=prefix: m.deletePrefix(prefix)
+                                            ).addErrback(_logged, prefix)
         elif kind == "queue":
             if obj.vhost.queues.get(obj.name) is not obj and not deleted:
                 return

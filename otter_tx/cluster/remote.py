@@ -158,7 +158,7 @@ class RemoteQueue:
         """A declare renews the home queue's x-expires lease (no answer awaited)."""
         link = self.node.links.get(self.home)
         if link is not None:
-            link.ask("touch", {"vhost": self.vhost.name, "name": self.name})
+            link.ask("touch", {"vhost": self.vhost.name, "name": self.name}).addErrback(lambda f: None)
 
     # --- publish ---------------------------------------------------------------
 

@@ -535,3 +535,35 @@ class ManagementTests(ClusterCase):
                          [("n1", True), ("n2", False), ("n3", True)])
         code, q = yield self.inThread(self.api, 0, "GET", "/api/queues/%2F/dq2")
         self.assertEqual((code, q["node"], q["state"]), (200, "n2", "down"))
+
+    @inlineCallbacks
+    def test_definitionsRoundTrip(self):
+        """
+        Export a vhost whose queues live on other nodes, delete the vhost, import the export
+        through another node: every queue and binding is back (records of a deleted vhost go
+        with it; the re-declares wait for that).
+        """
+        def run():
+            assert self.api(0, "PUT", "/api/vhosts/dv")[0] == 201
+            self.api(0, "PUT", "/api/permissions/dv/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+            for i in range(4):
+                self.api(0, "PUT", "/api/queues/dv/dq%d" % i, {"durable": True, "arguments": {
+                    "x-queue-leader-locator": "balanced"}})
+                self.api(0, "POST", "/api/bindings/dv/e/amq.direct/q/dq%d" % i, {"routing_key": "k%d" % i})
+            code, doc = self.api(1, "GET", "/api/definitions/dv")
+            homes = {q["name"]: q["node"] for q in self.api(2, "GET", "/api/queues/dv")[1]}
+            assert self.api(1, "DELETE", "/api/vhosts/dv")[0] == 204
+            assert self.api(1, "PUT", "/api/vhosts/dv")[0] == 201
+            self.api(1, "PUT", "/api/permissions/dv/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+            imported = self.api(1, "POST", "/api/definitions/dv", doc)
+            time.sleep(0.3)
+            after = sorted(q["name"] for q in self.api(0, "GET", "/api/queues/dv")[1])
+            bindings = sorted(b["destination"] for b in self.api(2, "GET", "/api/bindings/dv")[1]
+                              if b["source"] == "amq.direct")
+            return homes, imported, after, bindings
+
+        homes, imported, after, bindings = yield self.inThread(run)
+        self.assertEqual(len(set(homes.values())), 3, homes)
+        self.assertEqual(imported[0], 204, imported)
+        self.assertEqual(after, ["dq0", "dq1", "dq2", "dq3"])
+        self.assertEqual(bindings, ["dq0", "dq1", "dq2", "dq3"])
