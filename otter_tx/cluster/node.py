@@ -575,11 +575,17 @@ class ClusterNode:
         if not self.running:
             return
         queues = {}
+        # the management app's message_stats of a queue (its rates), when it runs here
+        queueStats = getattr(self.broker, "describeQueueStats", None)
         for vh in self.broker.vhosts.values():
             for q in vh.queues.values():
-                queues["%s\x00%s" % (vh.name, q.name)] = {
+                f = queues["%s\x00%s" % (vh.name, q.name)] = {
                     "messages_ready": q.readyCount, "messages_unacknowledged": q.unackedCount,
-                    "messages": q.readyCount + q.unackedCount, "consumers": len(q.consumers)}
+                    "messages": q.readyCount + q.unackedCount, "consumers": len(q.consumers),
+                    "policy": q.policy.name if q.policy is not None else None,
+                    "message_bytes": q.readyBytes}
+                if queueStats is not None:
+                    f["message_stats"] = queueStats(q)
         figures = {"queues": queues}
         describe = getattr(self.broker, "describeNode", None)
         if describe is not None:

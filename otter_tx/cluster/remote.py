@@ -105,6 +105,7 @@ class RemoteQueue:
         self.owner = REMOTE_OWNER if self.exclusive else None
         self.arguments = record["arguments"]
         self.queueType = queueType(self.arguments)
+        self.singleActive = bool(self.arguments.get("x-single-active-consumer"))
         self.quorum = self.queueType == QUORUM
 
     def __repr__(self):

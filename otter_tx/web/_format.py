@@ -230,7 +230,7 @@ def remoteQueueDict(q, detail=False):
         "messages_ready": ready,
         "messages_unacknowledged": una,
         "message_bytes": f.get("message_bytes", 0),
-        "message_stats": {},
+        "message_stats": f.get("message_stats", {}),
     }
     if q.quorum:
         d["leader"] = q.home
@@ -306,6 +306,8 @@ def vhostBindings(vh, includeDefault=True):
     out = []
     if includeDefault:
         for q in vh.queues.values():
+            out.append(bindingDict(vh.name, "", q, q.name, {}))
+        for q in vh.remoteQueues.values():
             out.append(bindingDict(vh.name, "", q, q.name, {}))
     for ex in vh.exchanges.values():
         if ex.name == "":

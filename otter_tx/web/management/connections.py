@@ -109,7 +109,7 @@ class ConnectionsRoom(Room):
         ch = found[0]
         d = fmt.channelDict(ch, self._rateView(request))
         d["consumer_details"] = [fmt.consumerDict(c.queue, c) for _, c in sorted(ch.session.consumers.items())
-                                 if c.queue.vhost.queues.get(c.queue.name) is c.queue]
+                                 if c.queue.vhost.findQueue(c.queue.name) is c.queue]
         d["deliveries"] = []
         d["publishes"] = []
         return d
@@ -117,10 +117,25 @@ class ConnectionsRoom(Room):
     def _consumers(self, user, vhosts):
         """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
         seesAll = self._isMonitor(user)
-        return [
-            fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
-            if seesAll or self._owns(user, c.session.client)
-        ]
+        if self.broker.cluster is None:
+            return [
+                fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
+                if seesAll or self._owns(user, c.session.client)
+            ]
+        # a cluster: this node's consumers, of its queues and of queues on other nodes
+        # (a queue here also holds other nodes' consumers: they list those)
+        wanted = {id(vh) for vh in vhosts}
+        found = []
+        for conn in list(self.broker.connections):
+            for ch in list(getattr(conn, "channels", {}).values()):
+                for c in ch.session.consumers.values():
+                    q = c.queue
+                    vh = getattr(q, "vhost", None)
+                    if vh is None or id(vh) not in wanted or vh.findQueue(q.name) is not q:
+                        continue
+                    if seesAll or self._owns(user, c.session.client):
+                        found.append((vh.name, q.name, c.tag, q, c))
+        return [fmt.consumerDict(q, c) for _, _, _, q, c in sorted(found, key=lambda t: t[:3])]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
     @endpoint()

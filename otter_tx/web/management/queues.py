@@ -12,6 +12,7 @@ import itertools
 from twisted.internet.defer import Deferred, inlineCallbacks
 
 from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker import stats
 from otter_tx.broker.expiry import nowMs
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
@@ -65,6 +66,13 @@ class QueuesRoom(Room):
     """The queues of the user's vhosts, one queue, its contents, bindings, ``/get`` and the insight views."""
 
     app = roomApp()
+
+    def __init__(self, root):
+        Room.__init__(self, root)
+        # in a cluster this node sends its queues' message_stats to the others once a second
+        broker = self.broker
+        self.broker.describeQueueStats = lambda q: fmt.defaultView(broker).messageStats(
+            "queue", q, stats.QUEUE_KEYS, stats.queueValues(q))
 
     @app.route("/api/queues", methods=["GET", "OPTIONS"])
     @endpoint()
