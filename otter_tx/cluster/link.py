@@ -232,11 +232,20 @@ class LinkProtocol(protocol.Protocol):
         frames, used = wire.splitFrames(buf)
         if used:
             del buf[:used]
-        for kind, payload in frames:
-            try:
-                self._frame(kind, wire.Reader(payload))
-            except Exception:
-                log.failure("link frame {kind} from node {peer}", kind=kind, peer=self.peer)
+        # deliveries to this node's clients caused by these frames are written
+        # once per connection at the end, not once per message
+        batchers = self.node.batchers
+        for b in batchers:
+            b.beginBatch()
+        try:
+            for kind, payload in frames:
+                try:
+                    self._frame(kind, wire.Reader(payload))
+                except Exception:
+                    log.failure("link frame {kind} from node {peer}", kind=kind, peer=self.peer)
+        finally:
+            for b in batchers:
+                b.endBatch()
 
     def _frame(self, kind, r):
         node = self.node

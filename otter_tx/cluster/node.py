@@ -78,6 +78,9 @@ class ClusterNode:
         #: every node name seen in the cluster (a stopped node stays listed in /api/nodes)
         self.known = {name}
         self._bindings = {}  # binding key -> record (to unbind on delete events)
+        #: objects with beginBatch()/endBatch() (the AMQP door's factory): a link's
+        #: frames are handled inside a batch of theirs, so client writes are gathered
+        self.batchers = []
         #: this node's writes, in order per key; the watch's echo of them filtered
         self.writes = md.OrderedWrites(metadata, self._applyNow)
         broker.cluster = self

@@ -1060,6 +1060,20 @@ class AMQPServerFactory(Factory):
         self._dirty = []
         self.serverProperties = dict(serverProperties or {})
 
+    def beginBatch(self):
+        """
+        Work that may deliver to many connections begins outside a client's
+        chunk (a cluster link's frames): their writes are gathered until
+        :meth:`endBatch`, one write per connection.
+        """
+        self._batchDepth += 1
+
+    def endBatch(self):
+        """The batch begun by :meth:`beginBatch` is done: write what it gathered."""
+        self._batchDepth -= 1
+        if not self._batchDepth and self._dirty:
+            self.flushDirty()
+
     def flushDirty(self):
         """Flush every connection whose writes were batched during a chunk."""
         dirty, self._dirty = self._dirty, []

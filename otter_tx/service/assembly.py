@@ -626,6 +626,7 @@ class OtterService(MultiService):
                            leaseTTL=settings.get("leaseTTL", 5),
                            advertise=settings.get("advertise", "127.0.0.1"))
         self.clusterNode = node
+        node.batchers.append(self.factory)
         endpoint = serverFromString(self.reactor, settings.get("link", "tcp:0:interface=127.0.0.1"))
 
         def listening(port):
