@@ -907,7 +907,7 @@ class StreamQueue(Queue):
                         more = True
                         break
                     if not state.buffer:
-                        state.buffer = state.reader.read(min(READ_BATCH, max(c.prefetch or READ_BATCH, 1)))
+                        state.buffer = state.reader.read(min(READ_BATCH, getattr(c, "prefetch", 0) or READ_BATCH))
                         state.buffer.reverse()
                         if not state.buffer:
                             break
