@@ -324,3 +324,23 @@ class StreamContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
         """dispatch() and a channel close's requeue([], dispatch=False) are harmless (nack is 540)."""
         self.source.dispatch()
         self.source.requeue([], dispatch=False)
+
+
+class ManagementTests(SynchronousTestCase):
+    """The management JSON of a stream (RabbitMQ 3.10's keys plus the ``stream`` object)."""
+
+    def test_queueDict(self):
+        from otter_tx.web._format import queueDict
+        clock = Clock()
+        clock.advance(1000)
+        broker = Broker(clock)
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments=dict(S))
+        for _ in range(3):
+            q.enqueue(message())
+        clock.advance(0)
+        d = queueDict(q)
+        self.assertEqual((d["type"], d["messages"], d["messages_ready"], d["durable"]), ("stream", 3, 3, True))
+        self.assertEqual((d["stream"]["first_offset"], d["stream"]["committed_offset"]), (0, 3))
+        self.assertEqual(len(d["stream"]["segments"]), 1)
+        self.assertIn("members", d)
