@@ -829,18 +829,19 @@ class StreamQueue(Queue):
 
     def checkConsume(self, noAck, prefetch, arguments):
         """
-        RabbitMQ 3.10's stream consumer rules (checked on the peer): no-ack
-        is 540 ``automatic acknowledgement not supported by stream queues
-        queue 'Q' in vhost 'V'`` (connection); a zero consumer prefetch 406
-        ``consumer prefetch count is not set for 'queue 'Q' in vhost 'V''``;
+        RabbitMQ 3.10's stream consumer rules (checked on the peer, in this
+        order): a zero consumer prefetch is 406 ``consumer prefetch count is
+        not set for 'queue 'Q' in vhost 'V''`` (a global one does not
+        count); no-ack 540 ``automatic acknowledgement not supported by
+        stream queues queue 'Q' in vhost 'V'`` (connection);
         a malformed ``x-stream-offset`` 406 ``{invalid_stream_offset_arg,
         ...}`` (or 541, where RabbitMQ crashes).
         """
         where = resourceText("queue", self.name, self.vhost.name)
-        if noAck:
-            raise notImplemented("automatic acknowledgement not supported by stream queues %s" % (where,))
         if not prefetch:
             raise preconditionFailed("consumer prefetch count is not set for '%s'" % (where,))
+        if noAck:
+            raise notImplemented("automatic acknowledgement not supported by stream queues %s" % (where,))
         value = (arguments or {}).get("x-stream-offset", "next")
         try:
             parseOffsetSpec(value, nowMs(self.clock))

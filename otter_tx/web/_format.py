@@ -187,10 +187,9 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     stream = getattr(q, "stream", None)
     if stream is not None:
-        # RabbitMQ 3.10's stream keys (one node: it leads, the only member; the
-        # peer shows ``readers`` {node: 1} for a stream without consumers), and
+        # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
+        # ``readers`` {node: 1} with or without consumers and no ``leader``), and
         # otter_tx's own ``stream`` object (docs/management.md, docs/streams.md)
-        d["leader"] = NODE
         d["members"] = [NODE]
         d["online"] = [NODE]
         d["readers"] = {NODE: 1}

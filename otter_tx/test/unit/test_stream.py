@@ -344,3 +344,18 @@ class ManagementTests(SynchronousTestCase):
         self.assertEqual((d["stream"]["first_offset"], d["stream"]["committed_offset"]), (0, 3))
         self.assertEqual(len(d["stream"]["segments"]), 1)
         self.assertIn("members", d)
+
+    def test_prometheus(self):
+        """The queue gauges of /metrics count a stream's messages."""
+        from otter_tx.web.metrics import renderMetrics
+        clock = Clock()
+        clock.advance(1000)
+        broker = Broker(clock)
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments=dict(S))
+        for _ in range(4):
+            q.enqueue(message())
+        clock.advance(0)
+        text = renderMetrics(broker, 1.0, perObject=True)
+        text = text.decode() if isinstance(text, bytes) else text
+        self.assertIn('rabbitmq_queue_messages_ready{queue="s",vhost="/"} 4.0', text)
