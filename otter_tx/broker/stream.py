@@ -121,7 +121,11 @@ def parseOffsetSpec(value, now=None):
 
 
 class _Count:
-    """Stands for a sealed segment's per-message id array: only its length is kept."""
+    """
+    Stands for a stream segment's per-message id array (``Segment.ids``):
+    only its length is kept (a stream's messages are never acknowledged, so
+    the log never looks an id up); ``append`` counts.
+    """
 
     __slots__ = ("n",)
 
@@ -130,6 +134,24 @@ class _Count:
 
     def __len__(self):
         return self.n
+
+    def append(self, _):
+        self.n += 1
+
+
+class _NoFlags:
+    """Stands for a stream segment's per-message flags (``Segment.flags``): nothing is kept."""
+
+    __slots__ = ()
+
+    def append(self, _):
+        pass
+
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, i):
+        raise IndexError(i)
 
 
 def _dirName(vhost, name):
@@ -225,7 +247,7 @@ class StreamLog:
             self.log = QueueLog.open(directory, segmentBytes)
             self.log.releaseRecovery()
             self._lastChunk = _lastChunkFirst(self.log)
-            for seg in self.log.segments[:-1]:
+            for seg in self.log.segments:
                 _trim(seg)
         else:
             self.log = QueueLog.create(directory, segmentBytes=segmentBytes)
@@ -324,6 +346,9 @@ class StreamLog:
             o = log.enqueueRecord(log._lastId + 1, 0, now, False, rec)
             if firstOffset is None:
                 firstOffset = o
+        for seg in log.segments[nseg - 1 if nseg else 0:]:
+            # the per-message arrays hold at most this turn's messages
+            _trim(seg)
         self._waiting = [(d, firstOffset + i) for i, (_, _, d) in enumerate(incoming)]
         self._writing = True
         rolled = len(log.segments) > nseg
@@ -348,8 +373,6 @@ class StreamLog:
         waiting, self._waiting = self._waiting, []
         self.registry.unsynced -= len(waiting)
         if rolled:
-            for seg in log.segments[:-1]:
-                _trim(seg)
             self.applyRetention()
         for d, offset in waiting:
             if d is not None:
@@ -363,6 +386,8 @@ class StreamLog:
         self._writing = False
         try:
             self.log.rollback()
+            for seg in self.log.segments:
+                _trim(seg)
         except Exception:
             pass
         self._nextOffset = self.log.committed
@@ -515,10 +540,10 @@ class StreamLog:
 
 
 def _trim(seg):
-    """A sealed stream segment keeps only its sparse indexes (memory stays bounded)."""
+    """A stream segment keeps only its sparse indexes (memory stays bounded, active segment too)."""
     if not isinstance(seg.ids, _Count):
         seg.ids = _Count(len(seg.ids))
-        seg.flags = bytearray()
+        seg.flags = _NoFlags()
         seg.pins = set()
         seg.pinnedBy = set()
 

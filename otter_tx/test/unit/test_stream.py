@@ -98,13 +98,14 @@ class CoreTests(SynchronousTestCase):
             self.assertEqual(offsets, list(range(start, 500)))
 
     def test_sealedSegmentsKeepOnlyIndexes(self):
-        """Sealed segments drop their per-message arrays (memory bounded by the sparse index)."""
+        """Segments, the active one too, keep no per-message arrays (memory bounded by the sparse index)."""
         log = self.open(segmentBytes=4096)
         for _ in range(10):
             self.fill(log, 50)
-        for seg in log.log.segments[:-1]:
+        for seg in log.log.segments:
             self.assertIsInstance(seg.ids, _Count)
             self.assertEqual(len(seg.flags), 0)
+        self.assertEqual(sum(len(s.ids) for s in log.log.segments), 500)
 
     def test_listenersToldOnCommit(self):
         """listen(): called when committed moves, once per group commit."""
