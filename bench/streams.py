@@ -114,7 +114,8 @@ def run(port, name, n):
     _, startNearEnd = read(n - 10, 10)
     ch.queue_delete(name)
     c.close()
-    return {"publish_s": publish, "read_all_s": readAll, "read_rate": n / readAll, "start_near_end_ms": startNearEnd * 1000}
+    return {"publish_s": publish, "read_all_s": readAll, "read_rate": n / readAll,
+            "start_near_end_ms": startNearEnd * 1000}
 
 
 def main():
@@ -146,7 +147,8 @@ def main():
         if not rows:
             continue
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        print("%-9s publish (until declare-ok counts them) %.2f s  read from first %.2f s (%.0f msg/s)  start at N-10: %.1f ms"
+        print("%-9s publish (until declare-ok counts them) %.2f s  read from first %.2f s (%.0f msg/s)  "
+              "start at N-10: %.1f ms"
               % (broker, med["publish_s"], med["read_all_s"], med["read_rate"], med["start_near_end_ms"]))
     print("otter_tx RSS: %.1f MiB at start, %.1f MiB after the last round (max %.1f MiB)"
           % (base / 2 ** 20, rsses[-1] / 2 ** 20, max(rsses) / 2 ** 20))
