@@ -97,6 +97,23 @@ class CoreTests(SynchronousTestCase):
                 offsets.extend(o for o, _, _ in batch)
             self.assertEqual(offsets, list(range(start, 500)))
 
+    def test_readerOverSmallChunks(self):
+        """One message per group commit (a chunk header between each): readers start anywhere."""
+        log = self.open(segmentBytes=8192)
+        for _ in range(300):
+            self.fill(log, 1)
+        for start in (0, 1, 65, 200, 299):
+            r = log.reader(start)
+            offsets = []
+            while True:
+                # one read call touches at most a few segments (bounded work)
+                batch = r.read(500)
+                if not batch:
+                    break
+                offsets.extend(o for o, _, _ in batch)
+            self.assertEqual(offsets, list(range(start, 300)))
+        self.assertEqual(log.last, 299)
+
     def test_sealedSegmentsKeepOnlyIndexes(self):
         """Segments, the active one too, keep no per-message arrays (memory bounded by the sparse index)."""
         log = self.open(segmentBytes=4096)
