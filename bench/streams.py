@@ -6,7 +6,7 @@ messages (pika, no confirms, then wait until the stream holds them), time
 one reader from ``first`` to the last message (prefetch 1000, an ack with
 ``multiple`` every 500), time starting a reader at offset N-10 (consume to
 its first delivery), and for otter_tx the broker process's RSS (VmRSS) with
-the stream in place.  otter_tx runs as ``twistd ottermq`` with a temporary
+the stream in place (after both reads).  otter_tx runs as ``twistd ottermq`` with a temporary
 ``--data-dir`` (the stream is on disk, as RabbitMQ's).  Medians over the
 rounds are printed; pika is the client for both, so the reader rate is
 bounded by the client on this machine.
@@ -69,7 +69,7 @@ def connect(port):
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
 
 
-def run(port, name, n):
+def run(port, name, n, sample=None):
     c = connect(port)
     ch = c.channel()
     try:
@@ -88,34 +88,40 @@ def run(port, name, n):
         c.process_data_events(0.05)
     publish = time.perf_counter() - t0
 
-    def read(offset, count):
+    def read(offset):
+        """Consume from ``offset`` to the last message (offset n - 1); (total s, s to the first delivery)."""
         rc = connect(port)
         rch = rc.channel()
         rch.basic_qos(prefetch_count=1000)
-        state = {"n": 0, "first": None}
+        state = {"n": 0, "first": None, "done": False}
         t = time.perf_counter()
 
         def cb(ch_, method, props, body):
             state["n"] += 1
             if state["first"] is None:
                 state["first"] = time.perf_counter() - t
-            if state["n"] % 500 == 0 or state["n"] == count:
+            last = props.headers["x-stream-offset"] == n - 1
+            if state["n"] % 500 == 0 or last:
                 ch_.basic_ack(method.delivery_tag, multiple=True)
+            if last:
+                state["done"] = True
 
         rch.basic_consume(name, cb, arguments={"x-stream-offset": offset})
         end = time.time() + 600
-        while state["n"] < count and time.time() < end:
+        while not state["done"] and time.time() < end:
             rc.process_data_events(0.01)
         total = time.perf_counter() - t
+        # nothing is left in pika's buffer (the last message was read), so closing nacks nothing
         rc.close()
         return total, state["first"]
 
-    readAll, _ = read("first", n)
-    _, startNearEnd = read(n - 10, 10)
+    readAll, _ = read("first")
+    _, startNearEnd = read(n - 10)
+    memory = sample() if sample is not None else None
     ch.queue_delete(name)
     c.close()
     return {"publish_s": publish, "read_all_s": readAll, "read_rate": n / readAll,
-            "start_near_end_ms": startNearEnd * 1000}
+            "start_near_end_ms": startNearEnd * 1000, "rss": memory or 0}
 
 
 def main():
@@ -134,8 +140,8 @@ def main():
         base = rss(proc.pid)
         for r in range(a.rounds):
             name = "bench-stream-%d-%d" % (os.getpid(), r)
-            results["otter_tx"].append(run(port, name + "-o", a.messages))
-            rsses.append(rss(proc.pid))
+            results["otter_tx"].append(run(port, name + "-o", a.messages, lambda: rss(proc.pid)))
+            rsses.append(results["otter_tx"][-1]["rss"])
             if not a.no_peer:
                 results["rabbitmq"].append(run(a.peer_port, name + "-r", a.messages))
     finally:
@@ -150,7 +156,7 @@ def main():
         print("%-9s publish (until declare-ok counts them) %.2f s  read from first %.2f s (%.0f msg/s)  "
               "start at N-10: %.1f ms"
               % (broker, med["publish_s"], med["read_all_s"], med["read_rate"], med["start_near_end_ms"]))
-    print("otter_tx RSS: %.1f MiB at start, %.1f MiB after the last round (max %.1f MiB)"
+    print("otter_tx RSS: %.1f MiB at start, %.1f MiB with the last round's stream in place (max %.1f MiB)"
           % (base / 2 ** 20, rsses[-1] / 2 ** 20, max(rsses) / 2 ** 20))
 
 
