@@ -100,6 +100,7 @@ class ImportTests(WebTestCase):
 
     def test_reported(self):
         """A queue of an unknown type is named in the 400 reason; quorum and stream ones import (3.10 export)."""
+        self.addCleanup(self.broker.streams.close)
         r = self.post("/api/definitions", {"queues": [
             {"name": "s", "vhost": "/", "durable": True, "auto_delete": False,
              "arguments": {"x-queue-type": "stream", "x-max-age": "7D", "x-max-length-bytes": 20000000000,
