@@ -784,6 +784,7 @@ class StreamQueue(Queue):
                                           int(seg) if seg else DEFAULT_SEGMENT_BYTES)
         self.stream.listen(self._committed)
         self._states = {}
+        self._turn = 0
         self._dispatchScheduled = None
         self._applyRetention()
 
@@ -920,8 +921,13 @@ class StreamQueue(Queue):
         self._dispatching = True
         n = 0
         more = False
+        states = list(self._states.values())
+        if len(states) > 1:
+            # start with the next consumer each call, so no reader starves the others
+            self._turn = (self._turn + 1) % len(states)
+            states = states[self._turn:] + states[:self._turn]
         try:
-            for state in list(self._states.values()):
+            for state in states:
                 c = state.consumer
                 while c.canTake():
                     if n >= DISPATCH_MESSAGES:

@@ -247,6 +247,19 @@ class ConsumerTests(SynchronousTestCase):
                          ([0, 1, 2], [1, 2]))
         self.assertEqual(sorted(dict(self.q.readerOffsets()).items()), [("a", 3), ("b", 3)])
 
+    def test_boundedAndFairDispatch(self):
+        """A deep backlog goes out at most DISPATCH_MESSAGES per call, readers taking turns."""
+        from otter_tx.broker.stream import DISPATCH_MESSAGES
+        self.publish(1000)
+        a, b = self.consumer("first", prefetch=5000, tag="a"), self.consumer("first", prefetch=5000, tag="b")
+        self.q.addConsumer(a)
+        self.assertEqual(len(a.delivered), DISPATCH_MESSAGES)
+        self.q.addConsumer(b)
+        self.assertEqual(len(b.delivered), DISPATCH_MESSAGES)
+        for _ in range(10):
+            self.clock.advance(0)
+        self.assertEqual((len(a.delivered), len(b.delivered)), (1000, 1000))
+
     def test_refusals(self):
         """basic.get, purge, nack: 540; no prefetch 406; no-ack 540 (checkConsume)."""
         for f in (lambda: self.q.basicGet(False), self.q.purge, lambda: self.q.reject([]),
