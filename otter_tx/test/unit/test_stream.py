@@ -320,6 +320,15 @@ class ConsumerTests(SynchronousTestCase):
         self.assertTrue(deleteStream(self.broker, "/", "t"))
         self.assertFalse(deleteStream(self.broker, "/", "t"))
 
+    def test_refusedInACluster(self):
+        """A node of an otter_tx cluster refuses stream declares for now (406, not a half-served stream)."""
+        class Cluster:
+            applying = False
+        self.broker.cluster = Cluster()
+        e = self.assertRaises(AMQPError, self.vhost.declareQueue, "t", None, durable=True, arguments=dict(S))
+        self.assertEqual(e.code, 406)
+        self.assertIn("not supported in an otter_tx cluster", e.text)
+
     def test_policy(self):
         """The max-length-bytes and max-age policy keys apply to a stream."""
         from otter_tx.broker.policy import Policy
