@@ -5,7 +5,8 @@ https://www.rabbitmq.com/docs/parameters#policies).
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
 ``max-length-bytes``, ``overflow``, ``delivery-limit`` (quorum queues only:
-docs/quorum.md); the ``ha-*`` mirroring keys are accepted
+docs/quorum.md), ``max-age`` and ``stream-max-segment-size-bytes`` (streams:
+docs/streams.md, with ``max-length-bytes``); the ``ha-*`` mirroring keys are accepted
 without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
