@@ -367,9 +367,14 @@ class StreamLog:
         else:
             run(log.flush).addCallbacks(lambda _: self._written(firstOffset, rolled), self._failed)
 
+    def _removeFiles(self):
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
     def _written(self, chunkFirst, rolled):
         self._writing = False
         if self.deleted:
+            self._removeFiles()
             return
         log = self.log
         log.done()
@@ -388,6 +393,9 @@ class StreamLog:
 
     def _failed(self, failure):
         self._writing = False
+        if self.deleted:
+            self._removeFiles()
+            return
         try:
             self.log.rollback()
             for seg in self.log.segments:
@@ -576,8 +584,9 @@ class StreamLog:
         for d in self._syncWaiters:
             d.callback(None)
         self._syncWaiters = []
-        self.log.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self._writing:
+            self._removeFiles()
+        # else: a write is running on the thread pool; the files go when it ends
         self.registry.forget(self)
         self._notify()
         self._listeners = []

@@ -197,6 +197,30 @@ class CoreTests(SynchronousTestCase):
         self.fill(again, 1)
         self.assertEqual(again.committed, 201)
 
+    def test_deleteDuringThreadedWrite(self):
+        """A stream deleted while its write runs on the thread pool keeps its files until the write ends."""
+        import os
+        from twisted.internet import defer
+        pending = []
+
+        def run(f):
+            d = defer.Deferred()
+            pending.append((f, d))
+            return d
+
+        self.registry.runInThread = run
+        log = self.open()
+        appended = log.append(message())
+        self.clock.advance(0)
+        [(f, d)] = pending
+        log.delete()
+        self.failureResultOf(appended, AMQPError)
+        self.assertTrue(os.path.isdir(log.directory))
+        f()
+        d.callback(None)
+        self.assertFalse(os.path.isdir(log.directory))
+        self.assertEqual(self.registry.unsynced, 0)
+
     def test_parseOffsetSpec(self):
         """The x-stream-offset values."""
         self.assertEqual(parseOffsetSpec("first"), OffsetSpec("first"))
