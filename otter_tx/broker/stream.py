@@ -584,6 +584,13 @@ class StreamLog:
         for d in self._syncWaiters:
             d.callback(None)
         self._syncWaiters = []
+        # out of the way at once: a stream declared again under this name gets a fresh directory
+        gone = "%s.deleted-%d" % (self.directory, id(self))
+        try:
+            os.rename(self.directory, gone)
+            self.directory = gone
+        except OSError:
+            pass
         if not self._writing:
             self._removeFiles()
         # else: a write is running on the thread pool; the files go when it ends

@@ -215,10 +215,18 @@ class CoreTests(SynchronousTestCase):
         [(f, d)] = pending
         log.delete()
         self.failureResultOf(appended, AMQPError)
+        # moved out of the way at once (a new stream of that name gets a fresh directory)
         self.assertTrue(os.path.isdir(log.directory))
-        f()
-        d.callback(None)
+        self.assertIn(".deleted-", log.directory)
+        again = self.open()
+        try:
+            f()  # the write made no new file in the moved directory: it fails
+        except OSError as e:
+            d.errback(e)
+        else:
+            d.callback(None)
         self.assertFalse(os.path.isdir(log.directory))
+        self.assertTrue(os.path.isdir(again.directory))
         self.assertEqual(self.registry.unsynced, 0)
 
     def test_parseOffsetSpec(self):
