@@ -29,6 +29,7 @@ Parts:
 Nothing here imports the global reactor; time comes from the vhost's clock.
 """
 
+import bisect
 import os
 import shutil
 import tempfile
@@ -498,7 +499,31 @@ class StreamLog:
         stamped one by one, so the two differ only when one group commit
         straddles ``ms``.
         """
-        return max(self.log.offsetAt(ms), self.first)
+        segs = [s for s in self.log.segments if s.first < self.committed]
+        for i, seg in enumerate(segs):
+            nxt = segs[i + 1] if i + 1 < len(segs) else None
+            if nxt is not None and nxt.stamps and nxt.stamps[0] < ms:
+                # every message of this segment came before the next one's first
+                continue
+            stamps = seg.stamps
+            if not stamps:
+                continue
+            # the sparse timestamp index: the block before the first whose first stamp is >= ms
+            k = max(bisect.bisect_left(stamps, ms) - 1, 0)
+            reader = StreamReader(self, seg.first + k * INDEX_EVERY)
+            try:
+                while reader.offset < min(seg.next, self.committed):
+                    batch = reader.read(INDEX_EVERY)
+                    if not batch:
+                        break
+                    for offset, stamp, _ in batch:
+                        if stamp >= ms:
+                            return offset
+            finally:
+                reader.close()
+            if nxt is not None:
+                return nxt.first
+        return self.committed
 
     def chunkStart(self, offset):
         """The first offset of the chunk holding committed ``offset`` (int); reads back one index block at a time."""

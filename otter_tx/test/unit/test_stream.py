@@ -107,6 +107,17 @@ class CoreTests(SynchronousTestCase):
         self.assertEqual(log.startOffset(("timestamp", 999 * 1000.0)), 0)
         self.assertEqual(log.startOffset(("timestamp", 1021 * 1000.0)), 30)
 
+    def test_timestampAcrossSegments(self):
+        """Timestamp starts through the sparse timestamp index, across many segments and blocks."""
+        log = self.open(segmentBytes=4096)
+        for i in range(40):
+            self.fill(log, 25)          # 25 messages per second
+            self.clock.advance(1)
+        self.assertGreater(len(log.log.segments), 5)
+        for second in (0, 1, 7, 20, 39):
+            self.assertEqual(log.startOffset(("timestamp", (1000 + second) * 1000.0)), 25 * second)
+        self.assertEqual(log.startOffset(("timestamp", 1039.5 * 1000.0)), 1000)
+
     def test_readerAcrossSegmentsAndIndex(self):
         """A reader starts anywhere through the sparse index and crosses segment ends."""
         log = self.open(segmentBytes=4096)
