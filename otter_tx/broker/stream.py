@@ -379,7 +379,8 @@ class StreamLog:
             return
         log = self.log
         log.done()
-        self._lastChunk = chunkFirst
+        # a commit that rolled over wrote one chunk per segment: the last starts the last segment
+        self._lastChunk = max(chunkFirst, log.segments[-1].first)
         waiting, self._waiting = self._waiting, []
         self.registry.unsynced -= len(waiting)
         if rolled:
