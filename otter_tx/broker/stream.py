@@ -178,6 +178,7 @@ class StreamRegistry:
     def __init__(self, root=None):
         self.root = root
         self._temp = None
+        self._swept = False
         self.runInThread = None
         #: appends not durable yet, over every stream (int; publisher confirms wait when non-zero)
         self.unsynced = 0
@@ -190,7 +191,13 @@ class StreamRegistry:
             if self._temp is None:
                 self._temp = tempfile.mkdtemp(prefix="otter-streams-")
             return self._temp
-        os.makedirs(self.root, exist_ok=True)
+        if not self._swept:
+            os.makedirs(self.root, exist_ok=True)
+            # streams deleted just before a crash: their directories were moved aside
+            for name in os.listdir(self.root):
+                if ".deleted-" in name:
+                    shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+            self._swept = True
         return self.root
 
     def open(self, clock, vhost, name, segmentBytes=DEFAULT_SEGMENT_BYTES):
