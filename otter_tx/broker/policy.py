@@ -5,7 +5,8 @@ https://www.rabbitmq.com/docs/parameters#policies).
 Supported definition keys: ``message-ttl`` (ms), ``expires`` (ms),
 ``dead-letter-exchange``, ``dead-letter-routing-key``, ``max-length``,
 ``max-length-bytes``, ``overflow``, ``delivery-limit`` (quorum queues only:
-docs/quorum.md); the ``ha-*`` mirroring keys are accepted
+docs/quorum.md), ``max-age`` and ``stream-max-segment-size-bytes`` (streams:
+docs/streams.md, with ``max-length-bytes``); the ``ha-*`` mirroring keys are accepted
 without effect (:data:`HA_KEYS`).  The highest-priority policy whose
 ``pattern`` (a regular expression) matches the queue name applies.  Queue
 arguments beat the policy for the dead-letter keys and ``overflow``;
@@ -15,7 +16,7 @@ numeric keys (``delivery-limit`` too) take the lower of argument and policy (Rab
 
 import re
 
-from otter_tx.broker.arguments import OVERFLOW_MODES, QUORUM, isInteger, queueType
+from otter_tx.broker.arguments import OVERFLOW_MODES, QUORUM, _Crash, _duration, isInteger, queueType
 from otter_tx.broker.queue import QueueSettings
 
 POLICY_KEYS = {
@@ -27,6 +28,9 @@ POLICY_KEYS = {
     "max-length-bytes",
     "overflow",
     "delivery-limit",
+    # streams (docs/streams.md)
+    "max-age",
+    "stream-max-segment-size-bytes",
 }
 
 
@@ -138,8 +142,24 @@ def validateDefinition(d):
         if k == "delivery-limit" and not (isInteger(v) and v >= 0):
             raise PolicyError("%s is not a valid delivery limit"
                               % ('<<"%s">>' % (v,) if isinstance(v, str) else v,))
+        if k == "max-age" and not (isinstance(v, str) and _validAge(v)):
+            raise PolicyError("%s is not a valid max age" % (_erl(v),))
+        if k == "stream-max-segment-size-bytes" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid segment size" % (_erl(v),))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
+
+
+def _erl(v):
+    """A policy value as RabbitMQ prints it in a validation text (strings as ``<<"v">>``)."""
+    return '<<"%s">>' % (v,) if isinstance(v, str) else v
+
+
+def _validAge(text):
+    try:
+        return bool(_duration(text))
+    except _Crash:
+        return False
 
 
 #: the keys an operator policy may set (RabbitMQ 3.10's, but

@@ -403,6 +403,10 @@ class Session:
                 raise notImplemented(
                     "%s does not support global qos" % (resourceText("queue", qname, self.vhost.name),))
             exclusive = False
+        checkConsume = getattr(q, "checkConsume", None)
+        if checkConsume is not None:
+            # a queue kind's own consumer rules (a stream's: docs/streams.md)
+            checkConsume(noAck, self.prefetchCount, args)
         if q.refusesConsumer(exclusive):
             raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
@@ -682,7 +686,8 @@ class Session:
                 if self._forwardedConfirms is None:
                     self._forwardedConfirms = []
                 self._forwardedConfirms.append((seq, forwarded))
-            elif message.stored:
+            elif message.stored or self.broker.streams.unsynced:
+                # (or a stream append not durable yet: docs/streams.md)
                 self._needSync = True
             self.client.noteConfirms(self)
         return routed, rejected
