@@ -607,7 +607,7 @@ def streamStatsResponse(corr, code, stats):
 
 def publishConfirm(publisherId, ids):
     n = len(ids)
-    return (_I.pack(7 + 8 * n) + _HH.pack(PUBLISH_CONFIRM, 1) + bytes((publisherId,))
+    return (_I.pack(9 + 8 * n) + _HH.pack(PUBLISH_CONFIRM, 1) + bytes((publisherId,))
             + _I.pack(n) + struct.pack(">%dQ" % n, *ids))
 
 
