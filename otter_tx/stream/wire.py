@@ -124,6 +124,7 @@ _HHIH = struct.Struct(">HHIH")
 _IHH = struct.Struct(">IHH")
 _IHHIH = struct.Struct(">IHHIH")
 _QH = struct.Struct(">QH")
+_SUB = struct.Struct(">HII")
 
 
 class FrameError(Exception):
@@ -425,18 +426,18 @@ def publishedMessages(body, pos, count, version):
                 if flen != 0xFFFF:
                     pos += flen
             (size,) = unpackI(body, pos)
-            pos += 4
             if size & 0x80000000:
+                # 1:1 CompressionType:3 Unused:4 NumRecords:16 Uncompressed:32 Length:32
                 ctype = (size >> 28) & 0x7
-                records = (size >> 12) & 0xFFFF
-                uncompressed, length = struct.unpack_from(">II", body, pos)
-                pos += 8
+                records, uncompressed, length = _SUB.unpack_from(body, pos + 1)
+                pos += 11
                 end = pos + length
                 if end > n:
                     raise FrameError("short publish")
                 append((pubId, SubBatch(ctype, records, uncompressed, bytes(body[pos:end]))))
                 pos = end
                 continue
+            pos += 4
             end = pos + size
             if end > n:
                 raise FrameError("short publish")
