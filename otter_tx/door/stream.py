@@ -18,7 +18,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from otter_tx.broker.access import READ, WRITE, CONFIGURE, isLoopback, login
+from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -221,8 +221,6 @@ class StreamServerProtocol(Protocol):
         return self._corr
 
     def _dispatch(self, key, version, corr, args):
-        import os
-        if os.environ.get("SPDEBUG"): print("IN", key, version, corr, str(args)[:200])
         if self.state != "open" and key not in _PRE_AUTH:
             log.warn("stream connection: command {key} before open, closing", key=key)
             self.transport.loseConnection()
@@ -353,7 +351,6 @@ class StreamServerProtocol(Protocol):
         return self.broker.canAccess(self.user, self.vhost) and self._permits(perm, name)
 
     def _permits(self, perm, name):
-        from otter_tx.broker.access import permits
         return permits(self.broker.permissions, self.user.name, self.vhost, perm, "queue", name)
 
     # --- streams
