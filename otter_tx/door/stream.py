@@ -213,8 +213,13 @@ class StreamServerProtocol(Protocol):
             self.closed = True
 
     def _closeSoon(self):
+        """Close once what was written is out (the client reads the refusal first)."""
         self.state = "closing"
-        self.clock.callLater(1, self.transport.loseConnection)
+        if self._out:
+            self.transport.writeSequence(self._out)
+            self._out = []
+        self.closed = True
+        self.transport.loseConnection()
 
     def _nextCorr(self):
         self._corr = (self._corr + 1) & 0xFFFFFFFF

@@ -18,8 +18,9 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
 - ``bounds(vhost, name)`` -> ``(first, next)`` offsets
 - ``read(vhost, name, offset, maxMessages, maxBytes)`` -> list of
   ``(offset, timestampMs, bytes)`` from ``offset`` (committed entries only)
-- ``offsetAt(vhost, name, timestampMs)`` -> the first offset whose
-  timestamp is at or after it (``next`` when none)
+- ``offsetAt(vhost, name, timestampMs)`` -> where a timestamp reader
+  starts: the chunk holding the timestamp, the last written at or before it
+  (the first when none), as RabbitMQ 3.10 does
 - ``listen(vhost, name, callback)`` / ``unlisten(...)``: ``callback()`` when
   entries were appended
 - ``storeOffset(vhost, name, reference, offset)``,
@@ -36,7 +37,7 @@ from otter_tx.stream import wire
 
 
 class _Stream:
-    __slots__ = ("name", "arguments", "messages", "first", "sequences", "offsets", "listeners")
+    __slots__ = ("name", "arguments", "messages", "first", "sequences", "offsets", "listeners", "batches")
 
     def __init__(self, name, arguments):
         self.name = name
@@ -46,6 +47,7 @@ class _Stream:
         self.sequences = {}
         self.offsets = {}
         self.listeners = []
+        self.batches = []  # (first offset, ts) of each publish call
 
 
 class MemoryStreams:
@@ -85,6 +87,7 @@ class MemoryStreams:
         ts = int(self.clock.seconds() * 1000)
         seq = s.sequences.get(reference, 0) if reference else None
         nxt = s.first + len(s.messages)
+        start = nxt
         added = False
         for pid, data in entries:
             ids.append(pid)
@@ -98,6 +101,7 @@ class MemoryStreams:
         if seq is not None:
             s.sequences[reference] = seq
         if added:
+            s.batches.append((start, ts))
             for cb in list(s.listeners):
                 cb()
         return ids, None
@@ -128,11 +132,18 @@ class MemoryStreams:
         return out
 
     def offsetAt(self, vhost, name, ts):
+        """
+        RabbitMQ 3.10 (checked on the peer) attaches a timestamp reader at the chunk holding the
+        timestamp: the last one written at or before it (the first when none). A chunk here is
+        what one publish call wrote.
+        """
         s = self._get(vhost, name)
-        for off, t, _ in s.messages:
-            if t >= ts:
-                return off
-        return s.first + len(s.messages)
+        found = s.first
+        for off, t in s.batches:
+            if t > ts:
+                break
+            found = off
+        return max(found, s.first)
 
     def listen(self, vhost, name, cb):
         s = self._get(vhost, name)
