@@ -26,9 +26,6 @@ log = Logger()
 
 #: most chunks a turn writes before yielding to the reactor
 CHUNKS_PER_TURN = 16
-#: most messages and bytes in one chunk the door builds
-CHUNK_MESSAGES = 2000
-CHUNK_BYTES = 512 * 1024
 MAX_PUBLISHERS = 256
 MAX_SUBSCRIPTIONS = 256
 MAX_REFERENCE = 256
@@ -452,14 +449,27 @@ class StreamServerProtocol(Protocol):
         self.send(wire.response(wire.DELETE_PUBLISHER, corr, wire.OK))
 
     def _publish(self, corr, version, pid, count, body, pos):
+        p = self.publishers.get(pid)
         try:
-            entries = wire.publishedMessages(body, pos, count, version)
+            batch = wire.publishBatch(body, pos, count, version) if p is not None else None
+            entries = None if batch is not None else wire.publishedMessages(body, pos, count, version)
         except wire.FrameError:
             self._unknownFrame()
             return
-        p = self.publishers.get(pid)
         if p is None:
             self.send(wire.publishError(pid, [(i, wire.PUBLISHER_DOES_NOT_EXIST) for i, _ in entries]))
+            return
+        if batch is not None:
+            # the fast path: the frame's entries are the chunk's, as they came
+            ids, data = batch
+            if not self.backend.exists(self.vhost, p.stream):
+                self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
+                return
+            confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
+            if d is None:
+                self.send(wire.publishConfirm(pid, confirmed))
+            else:
+                d.addCallback(lambda _: self.send(wire.publishConfirm(pid, confirmed)))
             return
         flat = []
         rejected = []
@@ -543,9 +553,9 @@ class StreamServerProtocol(Protocol):
         if kind == wire.OFFSET_FIRST:
             return first
         if kind == wire.OFFSET_LAST:
-            # the start of the last chunk: the door's chunks are built from the reader's
-            # offset, so "last" is the last message
-            return max(first, nxt - 1)
+            # the start of the last chunk, as RabbitMQ
+            last = self.backend.chunks(self.vhost, stream, nxt - 1, 1) if nxt > first else []
+            return last[0].first if last else nxt
         if kind == wire.OFFSET_NEXT:
             return nxt
         if kind == wire.OFFSET_OFFSET:
@@ -648,24 +658,25 @@ class StreamServerProtocol(Protocol):
         if self.closed or self.paused:
             return
         budget = CHUNKS_PER_TURN
-        maxBytes = min(CHUNK_BYTES, (self.frameMax or CHUNK_BYTES) - 64)
         more = False
         out = []
         backend = self.backend
         vhost = self.vhost
+        deliverHeader = wire.deliverHeader
+        chunkHeader = _chunk.header
         for sub in list(self.subscriptions.values()):
-            while sub.credit > 0 and sub.active and budget > 0:
-                entries = backend.read(vhost, sub.stream, sub.offset, CHUNK_MESSAGES, maxBytes)
-                if not entries:
-                    break
-                first, ts, _ = entries[0]
-                c = _chunk.chunk(first, [e[2] for e in entries], ts)
-                out.append(wire.deliverHeader(sub.sid, len(c)))
-                out.append(c)
-                sub.offset = entries[-1][0] + 1
-                sub.credit -= 1
-                budget -= 1
-            if budget == 0:
+            if sub.credit <= 0 or not sub.active:
+                continue
+            chunks = backend.chunks(vhost, sub.stream, sub.offset, min(sub.credit, budget))
+            for c in chunks:
+                data = c.data
+                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + len(data)))
+                out.append(chunkHeader(c.first, c.count, c.timestamp, data, c.crc))
+                out.append(data)
+                sub.offset = c.first + c.count
+            sub.credit -= len(chunks)
+            budget -= len(chunks)
+            if budget <= 0:
                 more = True
                 break
         if out:

@@ -9,15 +9,19 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
 - ``create(vhost, name, arguments)`` -> response code (wire.OK,
   STREAM_ALREADY_EXISTS, PRECONDITION_FAILED)
 - ``delete(vhost, name)`` -> response code
-- ``publish(vhost, name, reference, entries)`` -> ``(confirmedIds, d)``:
-  ``entries`` are ``(publishingId, bytes)``; de-duplicated ones (publishing
-  id not above the reference's sequence) are confirmed without a write; ``d``
-  is None when all is safe now, else a Deferred firing when the written
-  entries are durable.
+- ``append(vhost, name, reference, ids, data, count)`` -> ``(confirmedIds,
+  d)``: ``count`` messages as a chunk holds them (``data``: size-prefixed
+  entries, otter_tx.stream.chunk) with their publishing ``ids``; with a
+  ``reference``, the ids not above the reference's sequence are confirmed
+  without a write (de-duplication); ``d`` is None when all is safe now, else
+  a Deferred firing when the written entries are durable
+- ``publish(vhost, name, reference, entries)``: the same for a list of
+  ``(publishingId, bytes)``
 - ``sequence(vhost, name, reference)`` -> int (0 when none)
 - ``bounds(vhost, name)`` -> ``(first, next)`` offsets
-- ``read(vhost, name, offset, maxMessages, maxBytes)`` -> list of
-  ``(offset, timestampMs, bytes)`` from ``offset`` (committed entries only)
+- ``chunks(vhost, name, offset, maxChunks)`` -> up to ``maxChunks``
+  :class:`Chunk` from the one holding ``offset`` (committed ones only); a
+  reader starting inside a chunk gets all of it, as from RabbitMQ
 - ``offsetAt(vhost, name, timestampMs)`` -> where a timestamp reader
   starts: the chunk holding the timestamp, the last written at or before it
   (the first when none), as RabbitMQ 3.10 does
@@ -33,21 +37,51 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
 fallback when no broker streams are wired in).
 """
 
+import bisect
+import zlib
+
+from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
 
+class Chunk:
+    """
+    What one write appended: ``count`` messages from offset ``first``, stamped
+    ``timestamp`` (ms), their entries ``data``; ``crc`` is computed once, on
+    first delivery.
+    """
+
+    __slots__ = ("first", "timestamp", "count", "data", "_crc")
+
+    def __init__(self, first, timestamp, count, data):
+        self.first = first
+        self.timestamp = timestamp
+        self.count = count
+        self.data = data
+        self._crc = None
+
+    @property
+    def crc(self):
+        c = self._crc
+        if c is None:
+            c = self._crc = zlib.crc32(self.data)
+        return c
+
+
 class _Stream:
-    __slots__ = ("name", "arguments", "messages", "first", "sequences", "offsets", "listeners", "batches")
+    __slots__ = ("name", "arguments", "chunks", "firsts", "first", "next", "sequences", "offsets",
+                 "listeners")
 
     def __init__(self, name, arguments):
         self.name = name
         self.arguments = arguments
-        self.messages = []  # (offset, ts, bytes), offset = first + index
+        self.chunks = []
+        self.firsts = []
         self.first = 0
+        self.next = 0
         self.sequences = {}
         self.offsets = {}
         self.listeners = []
-        self.batches = []  # (first offset, ts) of each publish call
 
 
 class MemoryStreams:
@@ -66,8 +100,7 @@ class MemoryStreams:
 
     def create(self, vhost, name, arguments):
         if (vhost, name) in self.streams:
-            s = self.streams[(vhost, name)]
-            return wire.OK if s.arguments == arguments else wire.STREAM_ALREADY_EXISTS
+            return wire.STREAM_ALREADY_EXISTS
         self.streams[(vhost, name)] = _Stream(name, dict(arguments))
         return wire.OK
 
@@ -79,32 +112,40 @@ class MemoryStreams:
             cb()
         return wire.OK
 
-    def publish(self, vhost, name, reference, entries):
+    def append(self, vhost, name, reference, ids, data, count):
         s = self._get(vhost, name)
-        ids = []
         if s is None:
-            return ids, None
-        ts = int(self.clock.seconds() * 1000)
-        seq = s.sequences.get(reference, 0) if reference else None
-        nxt = s.first + len(s.messages)
-        start = nxt
-        added = False
-        for pid, data in entries:
-            ids.append(pid)
-            if seq is not None:
-                if pid <= seq:
-                    continue
-                seq = pid
-            s.messages.append((nxt, ts, data))
-            nxt += 1
-            added = True
-        if seq is not None:
-            s.sequences[reference] = seq
-        if added:
-            s.batches.append((start, ts))
-            for cb in list(s.listeners):
-                cb()
+            return [], None
+        if reference:
+            seq = s.sequences.get(reference, 0)
+            if min(ids) <= seq:
+                # de-duplication: keep the entries above the sequence
+                keep = []
+                for pid, m in zip(ids, _chunk.split(data, count)):
+                    if pid > seq:
+                        keep.append(m)
+                        seq = pid
+                s.sequences[reference] = seq
+                if not keep:
+                    return ids, None
+                data = _chunk.entries(keep)
+                count = len(keep)
+            else:
+                s.sequences[reference] = max(ids)
+        self._write(s, data, count)
         return ids, None
+
+    def publish(self, vhost, name, reference, entries):
+        return self.append(vhost, name, reference, [e[0] for e in entries],
+                           _chunk.entries([e[1] for e in entries]), len(entries))
+
+    def _write(self, s, data, count):
+        ts = int(self.clock.seconds() * 1000)
+        s.chunks.append(Chunk(s.next, ts, count, data))
+        s.firsts.append(s.next)
+        s.next += count
+        for cb in list(s.listeners):
+            cb()
 
     def sequence(self, vhost, name, reference):
         s = self._get(vhost, name)
@@ -112,38 +153,34 @@ class MemoryStreams:
 
     def bounds(self, vhost, name):
         s = self._get(vhost, name)
-        return s.first, s.first + len(s.messages)
+        return s.first, s.next
 
-    def read(self, vhost, name, offset, maxMessages, maxBytes):
+    def chunks(self, vhost, name, offset, maxChunks):
         s = self._get(vhost, name)
-        if s is None:
+        if s is None or offset >= s.next:
             return []
-        i = max(0, offset - s.first)
+        i = max(bisect.bisect_right(s.firsts, offset) - 1, 0)
+        return s.chunks[i:i + maxChunks]
+
+    def messages(self, vhost, name):
+        """Every ``(offset, bytes)`` (tests)."""
         out = []
-        size = 0
-        msgs = s.messages
-        while i < len(msgs) and len(out) < maxMessages:
-            e = msgs[i]
-            size += len(e[2])
-            if out and size > maxBytes:
-                break
-            out.append(e)
-            i += 1
+        for c in self._get(vhost, name).chunks:
+            out.extend(zip(range(c.first, c.first + c.count), _chunk.split(c.data, c.count)))
         return out
 
     def offsetAt(self, vhost, name, ts):
         """
         RabbitMQ 3.10 (checked on the peer) attaches a timestamp reader at the chunk holding the
-        timestamp: the last one written at or before it (the first when none). A chunk here is
-        what one publish call wrote.
+        timestamp: the last one written at or before it (the first when none).
         """
         s = self._get(vhost, name)
         found = s.first
-        for off, t in s.batches:
-            if t > ts:
+        for c in s.chunks:
+            if c.timestamp > ts:
                 break
-            found = off
-        return max(found, s.first)
+            found = c.first
+        return found
 
     def listen(self, vhost, name, cb):
         s = self._get(vhost, name)
@@ -192,5 +229,6 @@ class MemoryStreams:
         return None if parts is None else [p for p, k in parts if k == key]
 
     def stats(self, vhost, name):
-        first, nxt = self.bounds(vhost, name)
-        return {"first_chunk_id": first, "committed_chunk_id": max(first, nxt - 1)}
+        s = self._get(vhost, name)
+        last = s.chunks[-1].first if s.chunks else 0
+        return {"first_chunk_id": s.first, "committed_chunk_id": last}

@@ -26,6 +26,26 @@ def entries(messages):
     return b"".join([pack(len(m)) + m for m in messages])
 
 
+def header(firstOffset, count, timestamp, data, crc=None, epoch=1):
+    """The 48-byte header of a user chunk of ``count`` simple entries ``data``."""
+    if crc is None:
+        crc = zlib.crc32(data)
+    return HEADER.pack(MAGIC_VERSION, CHUNK_USER, count, count, timestamp, epoch, firstOffset,
+                       crc, len(data), 0, 0, 0, 0)
+
+
+def split(data, count):
+    """The messages of ``count`` simple entries ``data`` (list of bytes)."""
+    out = []
+    p = 0
+    unpack = _I.unpack_from
+    for _ in range(count):
+        (size,) = unpack(data, p)
+        out.append(data[p + 4:p + 4 + size])
+        p += 4 + size
+    return out
+
+
 def chunk(firstOffset, messages, timestamp, epoch=1):
     """One user chunk of ``messages`` (list of bytes) starting at ``firstOffset``."""
     data = entries(messages)

@@ -258,7 +258,7 @@ class PublishTests(StreamDoorTestCase):
         self.assertEqual(c.declarePublisher(1, "", "s"), wire.OK)
         c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b")]))
         self.assertEqual(confirms(c.read()), [(1, [1, 2])])
-        self.assertEqual([m[2] for m in self.backend.read("/", "s", 0, 10, 1000)], [b"a", b"b"])
+        self.assertEqual(self.backend.messages("/", "s"), [(0, b"a"), (1, b"b")])
 
     def test_declareErrors(self):
         c = self.client()
@@ -277,7 +277,7 @@ class PublishTests(StreamDoorTestCase):
         c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b")]))
         c.feed(wire.publishFrame(1, [(2, b"b"), (3, b"c")]))
         self.assertEqual(confirms(c.read()), [(1, [1, 2]), (1, [2, 3])])
-        self.assertEqual([m[2] for m in self.backend.read("/", "s", 0, 10, 1000)], [b"a", b"b", b"c"])
+        self.assertEqual(self.backend.messages("/", "s"), [(0, b"a"), (1, b"b"), (2, b"c")])
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("s"))
         self.assertEqual((code, body), (wire.OK, struct.pack(">Q", 3)))
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("m"))
@@ -309,9 +309,11 @@ class PublishTests(StreamDoorTestCase):
 
 
 class SubscribeTests(StreamDoorTestCase):
-    def publish(self, c, stream, n, start=0):
+    def publish(self, c, stream, n, start=0, perChunk=1):
+        """``n`` messages, ``perChunk`` to a publish frame (one frame is one chunk)."""
         c.declarePublisher(200, "", stream) if 200 not in c.proto.publishers else None
-        c.feed(wire.publishFrame(200, [(start + i, b"m%d" % (start + i)) for i in range(n)]))
+        for f in range(start, start + n, perChunk):
+            c.feed(wire.publishFrame(200, [(i, b"m%d" % i) for i in range(f, min(f + perChunk, start + n))]))
         c.read()
 
     def test_offsetSpecifications(self):
@@ -320,7 +322,7 @@ class SubscribeTests(StreamDoorTestCase):
         self.publish(c, "s", 5)
         specs = [((wire.OFFSET_FIRST, None), 0), ((wire.OFFSET_LAST, None), 4),
                  ((wire.OFFSET_NEXT, None), None), ((wire.OFFSET_OFFSET, 3), 3),
-                 ((wire.OFFSET_OFFSET, 99), None), ((wire.OFFSET_TIMESTAMP, 0), 0)]
+                 ((wire.OFFSET_OFFSET, 99), None), ((wire.OFFSET_TIMESTAMP, 0), 4)]
         for sid, (spec, first) in enumerate(specs):
             self.assertEqual(c.subscribe(sid, "s", spec), wire.OK)
             got = c.deliveries()
@@ -336,10 +338,10 @@ class SubscribeTests(StreamDoorTestCase):
         self.clock.advance(10)
         self.publish(c, "s", 2, 2)
         c.subscribe(1, "s", (wire.OFFSET_TIMESTAMP, 10000))
-        self.assertEqual(c.deliveries()[0][1:], (2, [b"m2", b"m3"]))
+        self.assertEqual(c.deliveries()[0][1:], (3, [b"m3"]))
         # as RabbitMQ 3.10: the chunk holding the timestamp, the last one at or before it
         c.subscribe(2, "s", (wire.OFFSET_TIMESTAMP, 9999))
-        self.assertEqual(c.deliveries()[0][1], 0)
+        self.assertEqual(c.deliveries()[0][1], 1)
 
     def test_live(self):
         """A subscriber at next gets what is published afterwards."""
@@ -349,14 +351,23 @@ class SubscribeTests(StreamDoorTestCase):
         self.assertEqual(c.deliveries(), [])
         p = self.client()
         self.publish(p, "s", 3)
-        self.assertEqual(c.deliveries(), [(1, 0, [b"m0", b"m1", b"m2"])])
+        self.assertEqual(c.deliveries(), [(1, 0, [b"m0"]), (1, 1, [b"m1"]), (1, 2, [b"m2"])])
+
+    def test_chunkAsPublished(self):
+        """A publish frame is one chunk; a reader starting inside it gets all of it, as from RabbitMQ."""
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 6, perChunk=3)
+        c.subscribe(1, "s", (wire.OFFSET_OFFSET, 4))
+        self.assertEqual(c.deliveries(), [(1, 3, [b"m3", b"m4", b"m5"])])
+        c.subscribe(2, "s", (wire.OFFSET_LAST, None))
+        self.assertEqual(c.deliveries(), [(2, 3, [b"m3", b"m4", b"m5"])])
 
     def test_credit(self):
         """One chunk per credit; credit brings the next."""
-        self.patch(door, "CHUNK_MESSAGES", 2)
         c = self.client()
         c.create("s")
-        self.publish(c, "s", 5)
+        self.publish(c, "s", 5, perChunk=2)
         c.subscribe(1, "s", credit=1)
         self.assertEqual(c.deliveries(), [(1, 0, [b"m0", b"m1"])])
         self.assertEqual(c.deliveries(), [])
@@ -380,7 +391,6 @@ class SubscribeTests(StreamDoorTestCase):
 
     def test_backPressure(self):
         """While the transport is paused nothing is read or written; a turn writes at most CHUNKS_PER_TURN."""
-        self.patch(door, "CHUNK_MESSAGES", 1)
         c = self.client()
         c.create("s")
         self.publish(c, "s", 40)
