@@ -466,10 +466,7 @@ class StreamServerProtocol(Protocol):
                 self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
                 return
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
-            if d is None:
-                self.send(wire.publishConfirm(pid, confirmed))
-            else:
-                d.addCallback(lambda _: self.send(wire.publishConfirm(pid, confirmed)))
+            self._confirm(pid, confirmed, d)
             return
         flat = []
         rejected = []
@@ -510,10 +507,19 @@ class StreamServerProtocol(Protocol):
                 d = d1 or d
         else:
             confirmed, d = backend.publish(self.vhost, p.stream, p.reference, entries)
+        self._confirm(p.pid, confirmed, d)
+
+    def _confirm(self, pid, ids, d):
+        """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""
         if d is None:
-            self.send(wire.publishConfirm(p.pid, confirmed))
-        else:
-            d.addCallback(lambda _: self.send(wire.publishConfirm(p.pid, confirmed)))
+            self.send(wire.publishConfirm(pid, ids))
+            return
+
+        def failed(f):
+            log.failure("stream publish failed", f)
+            self.send(wire.publishError(pid, [(i, wire.INTERNAL_ERROR) for i in ids]))
+
+        d.addCallbacks(lambda _: self.send(wire.publishConfirm(pid, ids)), failed)
 
     def _querySequence(self, corr, version, reference, stream):
         if not self._permits(READ, stream):
@@ -548,6 +554,9 @@ class StreamServerProtocol(Protocol):
                 self.send(wire.queryOffsetResponse(corr, wire.OK, off))
 
     def _resolve(self, stream, spec):
+        resolve = getattr(self.backend, "resolve", None)
+        if resolve is not None:
+            return resolve(self.vhost, stream, spec)
         kind, value = spec
         first, nxt = self.backend.bounds(self.vhost, stream)
         if kind == wire.OFFSET_FIRST:
@@ -587,7 +596,7 @@ class StreamServerProtocol(Protocol):
             return reply(wire.PRECONDITION_FAILED)
         sub = _Subscription(sid, stream, self._resolve(stream, spec), credit, props)
         self.subscriptions[sid] = sub
-        sub.listener = lambda: self._schedulePump()
+        sub.listener = lambda: self._streamChanged(sub.stream)
         self.backend.listen(self.vhost, stream, sub.listener)
         reply(wire.OK)
         if sac:
@@ -598,6 +607,15 @@ class StreamServerProtocol(Protocol):
                 index = parts.index(stream) if stream in parts else -1
             sub.group = (self.vhost, stream, sub.name)
             self.factory.groups.join(sub.group, self, sub, index)
+        else:
+            self._schedulePump()
+
+    def _streamChanged(self, stream):
+        """The core's listen callback: new data, or the stream was deleted (by any protocol)."""
+        if self.closed:
+            return
+        if not self.backend.exists(self.vhost, stream):
+            self.streamGone(stream)
         else:
             self._schedulePump()
 
@@ -823,15 +841,20 @@ class StreamServerFactory(Factory):
                 c.streamGone(name)
 
 
-def streamsBackend(broker, clock):
+def streamsBackend(broker, clock, directory=None):
     """
     The streams the door serves: the broker's stream queues when the core
-    provides them (``broker.streamsBackend()``), else in-memory streams
-    (otter_tx.door.streambackend.MemoryStreams), one per broker.
+    (otter_tx.broker.stream) is there (BrokerStreams; publisher sequences and
+    consumer offsets in ``directory``), else in-memory streams
+    (MemoryStreams), one per broker.
     """
-    make = getattr(broker, "streamsBackend", None)
-    if make is not None:
-        return make()
+    try:
+        from otter_tx.broker import stream as core
+    except ImportError:
+        core = None
+    if core is not None and hasattr(core, "findStream"):
+        from otter_tx.door.streambackend import BrokerStreams
+        return BrokerStreams(broker, clock, directory)
     backend = getattr(broker, "_memoryStreams", None)
     if backend is None:
         from otter_tx.door.streambackend import MemoryStreams

@@ -38,6 +38,7 @@ fallback when no broker streams are wired in).
 """
 
 import bisect
+import struct
 import zlib
 
 from otter_tx.stream import chunk as _chunk
@@ -232,3 +233,347 @@ class MemoryStreams:
         s = self._get(vhost, name)
         last = s.chunks[-1].first if s.chunks else 0
         return {"first_chunk_id": s.first, "committed_chunk_id": last}
+
+
+# --- the broker's stream queues (otter_tx.broker.stream, the stream core)
+
+#: the stream protocol's create arguments and the queue arguments they become
+#: (rabbit_stream_manager:stream_queue_arguments): integers for the sizes
+_CREATE_ARGUMENTS = {
+    "max-length-bytes": ("x-max-length-bytes", int),
+    "max-age": ("x-max-age", str),
+    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+    "initial-cluster-size": ("x-initial-cluster-size", int),
+    "queue-leader-locator": ("x-queue-leader-locator", str),
+}
+
+
+def queueArguments(arguments):
+    """
+    The queue arguments of a stream protocol create: RabbitMQ's five keys
+    with their types, the others ignored (as RabbitMQ). Raises ValueError on
+    a size that is not an integer (RabbitMQ's reader crashes there and drops
+    the connection; the door answers PRECONDITION_FAILED).
+    """
+    out = {}
+    for key, value in arguments.items():
+        conv = _CREATE_ARGUMENTS.get(key)
+        if conv is not None:
+            out[conv[0]] = conv[1](value)
+    return out
+
+
+class Tracking:
+    """
+    Publisher sequences (de-duplication) and consumer offsets per stream,
+    kept in memory and, with a ``directory``, written to one small JSON file
+    per stream a moment after they change (RabbitMQ keeps them in the
+    stream's own log; the core does not, yet).
+    """
+
+    def __init__(self, clock, directory=None, delay=0.2):
+        self.clock = clock
+        self.directory = directory
+        self.delay = delay
+        self.data = {}
+        self._dirty = set()
+        self._call = None
+
+    def _path(self, vhost, name):
+        import hashlib
+        import os
+        h = hashlib.sha1(("%s\x00%s" % (vhost, name)).encode("utf-8", "surrogateescape")).hexdigest()
+        return os.path.join(self.directory, h + ".json")
+
+    def get(self, vhost, name):
+        key = (vhost, name)
+        t = self.data.get(key)
+        if t is None:
+            t = {"sequences": {}, "offsets": {}}
+            if self.directory is not None:
+                import json
+                try:
+                    with open(self._path(vhost, name)) as f:
+                        t = json.load(f)
+                except (OSError, ValueError):
+                    pass
+            self.data[key] = t
+        return t
+
+    def changed(self, vhost, name):
+        if self.directory is None:
+            return
+        self._dirty.add((vhost, name))
+        if self._call is None:
+            self._call = self.clock.callLater(self.delay, self.flush)
+
+    def flush(self):
+        import json
+        import os
+        self._call = None
+        os.makedirs(self.directory, exist_ok=True)
+        for vhost, name in self._dirty:
+            t = self.data.get((vhost, name))
+            path = self._path(vhost, name)
+            if t is None:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                continue
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(dict(t, vhost=vhost, stream=name), f)
+            os.replace(tmp, path)
+        self._dirty.clear()
+
+    def forget(self, vhost, name):
+        self.data.pop((vhost, name), None)
+        self.changed(vhost, name)
+
+
+class BrokerStreams:
+    """
+    The backend interface on the broker's stream queues (docs:
+    /work STREAM_API, ``otter_tx.broker.stream``): a stream is a queue with
+    ``x-queue-type: stream`` whatever protocol made it, so AMQP 0-9-1 and the
+    stream protocol read and write the same log.
+
+    Messages: what a stream client publishes (AMQP 1.0) is stored as the
+    broker Message RabbitMQ 3.10's to_amqp091 makes of it; what a stream
+    client reads is from_amqp091 of the stored Message (x-exchange and
+    x-routing-key annotations first), byte for byte what RabbitMQ 3.10 sends
+    for a message published over AMQP 0-9-1. A chunk the door delivers is
+    what one read of the core returned.
+    """
+
+    #: most messages and bytes one chunk holds
+    chunkMessages = 1000
+    chunkBytes = 512 * 1024
+
+    def __init__(self, broker, clock, directory=None):
+        from otter_tx.broker import stream as core
+
+        self.core = core
+        self.broker = broker
+        self.clock = clock
+        self.tracking = Tracking(clock, directory)
+        self._readers = {}
+
+    def _log(self, vhost, name):
+        log = self.core.findStream(self.broker, vhost, name)
+        if log is None or getattr(log, "deleted", False):
+            return None
+        return log
+
+    def exists(self, vhost, name):
+        return self._log(vhost, name) is not None
+
+    def create(self, vhost, name, arguments):
+        from otter_tx.amqp.errors import AMQPError
+
+        if self._log(vhost, name) is not None:
+            return wire.STREAM_ALREADY_EXISTS
+        v = self.broker.vhosts.get(vhost)
+        if v is not None and name in v.queues:
+            return wire.PRECONDITION_FAILED
+        try:
+            self.core.declareStream(self.broker, vhost, name, queueArguments(arguments))
+        except (AMQPError, ValueError, TypeError):
+            return wire.PRECONDITION_FAILED
+        return wire.OK
+
+    def delete(self, vhost, name):
+        if self._log(vhost, name) is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        self.core.deleteStream(self.broker, vhost, name)
+        self.tracking.forget(vhost, name)
+        self._dropReaders(vhost, name)
+        return wire.OK
+
+    def append(self, vhost, name, reference, ids, data, count):
+        return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
+
+    def publish(self, vhost, name, reference, entries):
+        from twisted.internet.defer import gatherResults
+
+        log = self._log(vhost, name)
+        ids = [e[0] for e in entries]
+        if log is None:
+            return ids, None
+        if reference:
+            t = self.tracking.get(vhost, name)
+            seq = t["sequences"].get(reference, 0)
+            keep = []
+            for pid, m in entries:
+                if pid > seq:
+                    keep.append((pid, m))
+                    seq = pid
+            entries = keep
+        if not entries:
+            return ids, None
+        ds = [log.append(_toMessage(name, m)) for _, m in entries]
+        if reference:
+            last = entries[-1][0]
+
+            def durable(_):
+                t = self.tracking.get(vhost, name)
+                if last > t["sequences"].get(reference, 0):
+                    t["sequences"][reference] = last
+                    self.tracking.changed(vhost, name)
+
+            d = gatherResults(ds).addCallback(durable)
+            # the sequence moves at once for the next frames; durable() persists it
+            self.tracking.get(vhost, name)["sequences"][reference] = max(
+                last, self.tracking.get(vhost, name)["sequences"].get(reference, 0))
+        else:
+            d = gatherResults(ds)
+        return ids, d
+
+    def sequence(self, vhost, name, reference):
+        return self.tracking.get(vhost, name)["sequences"].get(reference, 0)
+
+    def bounds(self, vhost, name):
+        log = self._log(vhost, name)
+        return log.first, log.committed
+
+    def resolve(self, vhost, name, spec):
+        """The offset an offset specification starts at, as the core's readers start."""
+        kind, value = spec
+        log = self._log(vhost, name)
+        if kind == wire.OFFSET_FIRST:
+            return log.first
+        if kind == wire.OFFSET_NEXT:
+            return log.committed
+        if kind == wire.OFFSET_LAST:
+            return log.last if log.last is not None else log.committed
+        if kind == wire.OFFSET_OFFSET:
+            return min(max(value, log.first), log.committed)
+        r = log.reader(("timestamp", value))
+        try:
+            return r.offset
+        finally:
+            r.close()
+
+    def offsetAt(self, vhost, name, ts):
+        return self.resolve(vhost, name, (wire.OFFSET_TIMESTAMP, ts))
+
+    def _reader(self, log, vhost, name, offset):
+        readers = self._readers.setdefault((vhost, name), [])
+        for i, r in enumerate(readers):
+            if r.offset == offset:
+                return readers.pop(i)
+        return log.reader(offset)
+
+    def _dropReaders(self, vhost, name):
+        for r in self._readers.pop((vhost, name), []):
+            r.close()
+
+    def chunks(self, vhost, name, offset, maxChunks):
+        log = self._log(vhost, name)
+        if log is None or offset >= log.committed:
+            return []
+        r = self._reader(log, vhost, name, offset)
+        out = []
+        for _ in range(maxChunks):
+            entries = r.read(self.chunkMessages, self.chunkBytes)
+            if not entries:
+                break
+            msgs = [_fromMessage(m) for _, _, m in entries]
+            out.append(Chunk(entries[0][0], entries[0][1], len(msgs), _chunk.entries(msgs)))
+        readers = self._readers.setdefault((vhost, name), [])
+        readers.append(r)
+        while len(readers) > 64:
+            readers.pop(0).close()
+        return out
+
+    def listen(self, vhost, name, cb):
+        log = self._log(vhost, name)
+        if log is not None:
+            log.listen(cb)
+
+    def unlisten(self, vhost, name, cb):
+        log = self.core.findStream(self.broker, vhost, name)
+        if log is not None:
+            log.unlisten(cb)
+
+    def storeOffset(self, vhost, name, reference, offset):
+        self.tracking.get(vhost, name)["offsets"][reference] = offset
+        self.tracking.changed(vhost, name)
+
+    def queryOffset(self, vhost, name, reference):
+        return self.tracking.get(vhost, name)["offsets"].get(reference)
+
+    # super streams: a direct exchange with x-super-stream, its partitions bound with their keys
+    # and x-stream-partition-order (RabbitMQ 3.11's rabbit_stream_manager)
+
+    def _partitionBindings(self, vhost, superStream):
+        v = self.broker.vhosts.get(vhost)
+        if v is None or superStream not in v.exchanges:
+            return None
+        out = []
+        for q in list(v.queues.values()):
+            for (src, key, _), args in list(q.bindings.items()):
+                if src.name == superStream:
+                    out.append(((args or {}).get("x-stream-partition-order", 0), q.name, key))
+        out.sort(key=lambda e: e[0])
+        return out
+
+    def partitions(self, vhost, superStream):
+        b = self._partitionBindings(vhost, superStream)
+        return None if b is None else [q for _, q, _ in b]
+
+    def route(self, vhost, superStream, key):
+        b = self._partitionBindings(vhost, superStream)
+        return None if b is None else [q for _, q, k in b if k == key]
+
+    def createSuperStream(self, vhost, name, partitions, keys, arguments):
+        from otter_tx.amqp.errors import AMQPError
+
+        v = self.broker.vhosts.get(vhost)
+        if v is None:
+            return wire.PRECONDITION_FAILED
+        if name in v.exchanges or any(p in v.queues for p in partitions):
+            return wire.STREAM_ALREADY_EXISTS
+        try:
+            args = queueArguments(arguments)
+            ex = v.declareExchange(name, "direct", durable=True, arguments={"x-super-stream": True})
+            for i, (p, k) in enumerate(zip(partitions, keys)):
+                self.core.declareStream(self.broker, vhost, p, dict(args))
+                v.bind(ex, v.queues[p], k, {"x-stream-partition-order": i})
+        except (AMQPError, ValueError, TypeError):
+            return wire.PRECONDITION_FAILED
+        return wire.OK
+
+    def deleteSuperStream(self, vhost, name):
+        parts = self.partitions(vhost, name)
+        if parts is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        for p in parts:
+            self.delete(vhost, p)
+        self.broker.vhosts[vhost].deleteExchange(name)
+        return wire.OK
+
+    def stats(self, vhost, name):
+        log = self._log(vhost, name)
+        return {"first_chunk_id": log.first,
+                "committed_chunk_id": log.last if log.last is not None else log.first}
+
+
+def _toMessage(stream, data):
+    """A stream client's AMQP 1.0 message as the broker Message (to_amqp091); opaque bytes as a body."""
+    from otter_tx.amqp.codec import encodeProperties
+    from otter_tx.broker.message import Message
+    from otter_tx.stream import amqp10
+
+    try:
+        props, body = amqp10.toAmqp091(data)
+    except (amqp10.DecodeError, ValueError, struct.error):
+        props, body = {}, data
+    return Message("", stream, encodeProperties(props) if props else b"\x00\x00", body, props)
+
+
+def _fromMessage(m):
+    from otter_tx.stream import amqp10
+
+    return amqp10.fromAmqp091(m.props, m.body, m.exchange, m.routingKey)

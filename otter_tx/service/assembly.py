@@ -485,7 +485,8 @@ class OtterService(MultiService):
         """The RabbitMQ stream protocol listeners (:mod:`otter_tx.door.stream`)."""
         from otter_tx.door.stream import StreamServerFactory, streamsBackend
 
-        self.streamFactory = StreamServerFactory(self.broker, streamsBackend(self.broker, self.reactor),
+        tracking = os.path.join(self.dataDir, "stream-tracking") if self.dataDir is not None else None
+        self.streamFactory = StreamServerFactory(self.broker, streamsBackend(self.broker, self.reactor, tracking),
                                                  self.reactor, advertisedHost=host, advertisedPort=port)
         for desc in endpoints:
             svc = Listener("stream", desc, self._endpoint("stream", desc), self.streamFactory)
