@@ -9,8 +9,10 @@ Every error is a channel-level 406 PRECONDITION_FAILED
 (:func:`otter_tx.amqp.errors.preconditionFailed`).
 """
 
+import re
+
 from otter_tx.amqp.codec import TaggedInt, fieldTypeName
-from otter_tx.amqp.errors import preconditionFailed, resourceText
+from otter_tx.amqp.errors import AMQPError, preconditionFailed, resourceText
 from otter_tx.broker.message import MAX_EXPIRY_MS
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -47,19 +49,48 @@ _QUORUM_UNSUPPORTED_ARGS = frozenset(
     ]
 )
 
+#: arguments a stream queue accepts (RabbitMQ 3.10, checked on the peer); every
+#: other argument that some queue type takes is refused with 406 ``invalid arg
+#: 'K' for queue 'Q' in vhost '/' of queue type rabbit_stream_queue``
+_STREAM_ARGS = frozenset(
+    [
+        "x-queue-type",
+        "x-max-length-bytes",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
+        "x-stream-filter-size-bytes",
+    ]
+)
+
+#: every queue argument some queue type knows (the ones a stream refuses are
+#: these minus :data:`_STREAM_ARGS`)
+_KNOWN_QUEUE_ARGS = _OTHER_TYPE_ARGS | _QUORUM_UNSUPPORTED_ARGS | frozenset(
+    [
+        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+        "x-max-length", "x-max-length-bytes", "x-overflow", "x-single-active-consumer",
+        "x-delivery-limit", "x-queue-type", "x-queue-leader-locator",
+    ]
+)
+
 #: values of ``x-dead-letter-strategy`` (quorum queues)
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 
 QUORUM = "quorum"
+STREAM = "stream"
 
 
 def queueType(arguments):
     """
     The type of a queue declared with ``arguments`` (dict): ``"quorum"`` for
-    ``x-queue-type: quorum``, else ``"classic"`` (the only other type
-    otter_tx declares).
+    ``x-queue-type: quorum``, ``"stream"`` for ``x-queue-type: stream``
+    (docs/streams.md), else ``"classic"``.
     """
-    return QUORUM if arguments.get("x-queue-type") == QUORUM else "classic"
+    t = arguments.get("x-queue-type")
+    if t == QUORUM or t == STREAM:
+        return t
+    return "classic"
 
 
 def validateQuorumDeclare(qname, vhost, durable, exclusive, autoDelete):
@@ -151,7 +182,11 @@ def validateQueueArguments(args, qname, vhost):
     :data:`_QUORUM_UNSUPPORTED_ARGS` and accepts its own (``x-delivery-limit``
     of any type, as 3.10 does; a non-integer one is no limit).
     """
-    quorum = queueType(args) == QUORUM
+    qtype = queueType(args)
+    if qtype == STREAM:
+        _validateStreamArguments(args, qname, vhost)
+        return
+    quorum = qtype == QUORUM
     for key, v in args.items():
         if quorum and key in _QUORUM_UNSUPPORTED_ARGS:
             raise preconditionFailed(
@@ -207,7 +242,7 @@ def validateQueueArguments(args, qname, vhost):
         elif key == "x-queue-type":
             if not isinstance(v, str):
                 raise _invalid(key, qname, vhost, "{unacceptable_type,%s}" % fieldTypeName(v))
-            if v not in ("classic", QUORUM):
+            if v not in ("classic", QUORUM, STREAM):
                 raise _invalid(key, qname, vhost, "\"unsupported queue type '%s'\"" % (v,))
         elif key == "x-dead-letter-strategy" and quorum:
             if v not in DEAD_LETTER_STRATEGIES:
@@ -220,6 +255,92 @@ def validateQueueArguments(args, qname, vhost):
                 "invalid arg '%s' for %s of queue type rabbit_classic_queue"
                 % (key, resourceText("queue", qname, vhost))
             )
+
+
+def _validateStreamArguments(args, qname, vhost):
+    """
+    A stream's arguments, as RabbitMQ 3.10 checks them (on the peer): the
+    other types' arguments refused (``of queue type rabbit_stream_queue``),
+    ``x-max-length-bytes`` and ``x-stream-max-segment-size-bytes`` integers
+    >= 0, ``x-initial-cluster-size`` an integer > 0, ``x-max-age`` a
+    duration (:func:`otter_tx.broker.stream.parseMaxAge`'s rules).
+    """
+    for key, v in args.items():
+        if key in _KNOWN_QUEUE_ARGS and key not in _STREAM_ARGS:
+            raise preconditionFailed(
+                "invalid arg '%s' for %s of queue type rabbit_stream_queue"
+                % (key, resourceText("queue", qname, vhost)))
+        if key in ("x-max-length-bytes", "x-stream-max-segment-size-bytes"):
+            n = _expectInt(key, v, qname, vhost)
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+        elif key == "x-initial-cluster-size":
+            n = _expectInt(key, v, qname, vhost)
+            if n == 0:
+                raise _invalid(key, qname, vhost, "{value_zero,0}")
+            if n < 0:
+                raise _invalid(key, qname, vhost, "{value_negative,%d}" % n)
+        elif key == "x-max-age":
+            parseMaxAge(v, qname, vhost)
+
+
+_UNIT_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"^([0-9]*)(.*)$", re.S)
+
+
+class _Crash(Exception):
+    """Where RabbitMQ 3.10 crashes (541 INTERNAL_ERROR) on a malformed value."""
+
+
+def _duration(text):
+    """Seconds (int) of a duration string ``<n><unit>``; None for a bad unit; _Crash without digits."""
+    m = _DURATION.match(text)
+    digits, unit = m.group(1), m.group(2)
+    if not digits:
+        raise _Crash(text)
+    factor = _UNIT_SECONDS.get(unit)
+    if factor is None:
+        return None
+    return int(digits) * factor
+
+
+def parseMaxAge(value, qname, vhost):
+    """
+    ``x-max-age`` (a string such as ``7D``, ``10m``, ``30s``; units Y M D h
+    m s as ``rabbit_amqqueue:check_max_age``) in seconds (int), or raise as
+    RabbitMQ 3.10 answers (checked on the peer): 406 ``{unacceptable_type,
+    signedint}`` for a non-string, 406 ``invalid_max_age`` for an unknown
+    unit or zero, 541 INTERNAL_ERROR (connection) when no digits lead.
+    """
+    where = resourceText("queue", qname, vhost)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise preconditionFailed("invalid arg 'x-max-age' for %s: {unacceptable_type,%s}"
+                                 % (where, fieldTypeName(value)))
+    try:
+        seconds = _duration(value)
+    except _Crash:
+        raise AMQPError.fromReplyText(541, "INTERNAL_ERROR")
+    if not seconds:
+        raise preconditionFailed("invalid arg 'x-max-age' for %s: invalid_max_age" % (where,))
+    return seconds
+
+
+
+def validateStreamDeclare(qname, vhost, durable, exclusive, autoDelete):
+    """A stream's flags: the quorum queue's rules and texts (checked on the peer)."""
+    validateQuorumDeclare(qname, vhost, durable, exclusive, autoDelete)
+
+
+#: arguments compared on redeclare of a stream (rabbit_stream_queue, 3.10)
+STREAM_EQUIVALENCE_ARGS = (
+    "x-max-length-bytes",
+    "x-queue-type",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+)
 
 
 def _render(v):

@@ -15,6 +15,7 @@ from otter_tx.broker.counters import GlobalCounters
 from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
 from otter_tx.broker.durability import Journal
 from otter_tx.broker.lateness import ReapingLateness
+from otter_tx.broker.stream import StreamRegistry
 from otter_tx.broker.paging import DEFAULT_BUDGET, IncrementalFree, PagingDirectory
 from otter_tx.broker.policy import Policy
 from otter_tx.broker.vhost import USER_LIMIT_NAMES, VHost, enforcedLimit, validateLimit
@@ -42,6 +43,8 @@ class Broker:
         (:data:`~otter_tx.broker.paging.DEFAULT_BUDGET`).
     :param pagingDirectory: directory (str) for paged messages, or None for
         a temporary directory made on first use.
+    :param streamDirectory: directory (str) for the stream queues' logs
+        (docs/streams.md), or None for a temporary directory made on first use.
     :param defaultDeliveryLimit: delivery limit of quorum queues declared
         without one (int), None for none (RabbitMQ 3.10; 4.x uses 20).
     :param consumerTimeout: the delivery acknowledgement timeout in
@@ -52,7 +55,7 @@ class Broker:
     def __init__(self, clock, memoryHighWatermark=None, defaultUser="guest",
                  defaultPass="guest", loopbackUsers=("guest",), consumerTimeout=1800000,
                  memoryProbe=None, queueMemoryBudget=None, pagingDirectory=None,
-                 defaultDeliveryLimit=None):
+                 defaultDeliveryLimit=None, streamDirectory=None):
         self.clock = clock
         #: per-queue memory budget for ready messages, bytes (see otter_tx.broker.paging)
         self.queueMemoryBudget = DEFAULT_BUDGET if queueMemoryBudget is None else queueMemoryBudget
@@ -60,6 +63,9 @@ class Broker:
         self.defaultDeliveryLimit = defaultDeliveryLimit
         #: where queues page their overflow (a PagingDirectory)
         self.paging = PagingDirectory(pagingDirectory)
+        #: where stream queues keep their logs (otter_tx.broker.stream; a temporary
+        #: directory when ``streamDirectory`` is None)
+        self.streams = StreamRegistry(streamDirectory)
         #: frees purged and deleted messages a slice per reactor turn
         self.freer = IncrementalFree(clock)
         #: delivery acknowledgement timeout in ms (RabbitMQ 3.10 default 30 min); 0 disables

@@ -21,6 +21,7 @@ store opened is merged in by :mod:`otter_tx.broker.prestart`.
 import base64
 import gc
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable, encodeTable
@@ -178,9 +179,14 @@ class Journal:
         durable (the store's fsync'd group commit), or fails with
         :class:`~otter_tx.store.interface.StoreFailedError` as
         ``IMessageStore.sync`` does.  Publisher confirms of persistent
-        messages wait for it.
+        messages wait for it, and so do those of messages appended to a
+        stream (``Broker.streams``: its logs' group commits, docs/streams.md).
         """
-        return self.store.sync()
+        streams = self.broker.streams.pending()
+        if not streams:
+            return self.store.sync()
+        return defer.gatherResults([self.store.sync()] + streams, consumeErrors=True).addCallbacks(
+            lambda _: None, lambda f: f.value.subFailure)
 
     def enqueued(self, queue, entry):
         """A persistent message entered durable ``queue``."""

@@ -15,7 +15,7 @@ numeric keys (``delivery-limit`` too) take the lower of argument and policy (Rab
 
 import re
 
-from otter_tx.broker.arguments import OVERFLOW_MODES, QUORUM, isInteger, queueType
+from otter_tx.broker.arguments import OVERFLOW_MODES, QUORUM, _Crash, _duration, isInteger, queueType
 from otter_tx.broker.queue import QueueSettings
 
 POLICY_KEYS = {
@@ -27,6 +27,9 @@ POLICY_KEYS = {
     "max-length-bytes",
     "overflow",
     "delivery-limit",
+    # streams (docs/streams.md)
+    "max-age",
+    "stream-max-segment-size-bytes",
 }
 
 
@@ -138,8 +141,19 @@ def validateDefinition(d):
         if k == "delivery-limit" and not (isInteger(v) and v >= 0):
             raise PolicyError("%s is not a valid delivery limit"
                               % ('<<"%s">>' % (v,) if isinstance(v, str) else v,))
+        if k == "max-age" and not (isinstance(v, str) and _validAge(v)):
+            raise PolicyError("%s is not a valid max age" % (v,))
+        if k == "stream-max-segment-size-bytes" and not (isInteger(v) and v >= 0):
+            raise PolicyError("%s is not a valid segment size" % (v,))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
+
+
+def _validAge(text):
+    try:
+        return bool(_duration(text))
+    except _Crash:
+        return False
 
 
 #: the keys an operator policy may set (RabbitMQ 3.10's, but

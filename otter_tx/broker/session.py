@@ -394,6 +394,10 @@ class Session:
                 raise notImplemented(
                     "%s does not support global qos" % (resourceText("queue", qname, self.vhost.name),))
             exclusive = False
+        checkConsume = getattr(q, "checkConsume", None)
+        if checkConsume is not None:
+            # a queue kind's own consumer rules (a stream's: docs/streams.md)
+            checkConsume(noAck, self.prefetchCount, args)
         if q.refusesConsumer(exclusive):
             raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
@@ -659,7 +663,8 @@ class Session:
         if seq:
             stats.publishConfirm += 1
             self._confirms.append((seq, not rejected))
-            if message.stored:
+            if message.stored or self.broker.streams.unsynced:
+                # (a stream append not durable yet: docs/streams.md)
                 self._needSync = True
             self.client.noteConfirms(self)
         return routed, rejected

@@ -25,12 +25,15 @@ from otter_tx.broker.arguments import (
     EQUIVALENCE_ARGS,
     QUORUM,
     QUORUM_EQUIVALENCE_ARGS,
+    STREAM,
+    STREAM_EQUIVALENCE_ARGS,
     assertArgsEquivalence,
     assertFlagEquivalence,
     frozenArguments,
     queueType,
     validateQueueArguments,
     validateQuorumDeclare,
+    validateStreamDeclare,
 )
 from otter_tx.broker.deadletter import DeadLetterer
 from otter_tx.broker.delayed import (
@@ -44,6 +47,7 @@ from otter_tx.broker.policy import effectiveSettings, matchPolicy, mergeOperator
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.replyto import REPLY_PREFIX, REPLY_TO
 from otter_tx.broker.stats import MessageCounts
+from otter_tx.broker.stream import StreamQueue
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -310,9 +314,10 @@ class VHost:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
             return q
-        quorum = queueType(arguments) == QUORUM
-        if quorum and (name == "" or serverNamed):
-            raise preconditionFailed("Cannot declare a server-named queue for type rabbit_quorum_queue")
+        qtype = queueType(arguments)
+        quorum = qtype == QUORUM
+        if qtype != "classic" and (name == "" or serverNamed):
+            raise preconditionFailed("Cannot declare a server-named queue for type rabbit_%s_queue" % (qtype,))
         if name == "":
             name = serverNamedQueue()
         elif name.startswith("amq.") and not serverNamed:
@@ -327,19 +332,21 @@ class VHost:
             assertFlagEquivalence("queue", name, self.name, "auto_delete", autoDelete, q.autoDelete)
             assertArgsEquivalence(
                 "queue", name, self.name, arguments, q.arguments,
-                QUORUM_EQUIVALENCE_ARGS if q.quorum else EQUIVALENCE_ARGS,
+                _EQUIVALENCE.get(q.queueType, EQUIVALENCE_ARGS),
             )
             q.touch()
             return q
         validateQueueArguments(arguments, name, self.name)
         if quorum:
             validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
+        elif qtype == STREAM:
+            validateStreamDeclare(name, self.name, durable, exclusive, autoDelete)
         limit = self.limit("max-queues")
         if limit is not None and len(self.queues) >= limit:
             raise preconditionFailed(
                 "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached"
                 % (name, self.name, limit))
-        q = Queue(
+        q = _QUEUE_KINDS.get(qtype, Queue)(
             self,
             name,
             durable and not exclusive,
@@ -673,6 +680,12 @@ class VHost:
         for q in list(connection.exclusiveQueues):
             if q.vhost is self:
                 self.deleteQueue(q, reason="exclusive_owner_down")
+
+
+#: the queue kind of each x-queue-type (classic and quorum are both Queue)
+_QUEUE_KINDS = {STREAM: StreamQueue}
+#: the arguments a redeclare compares, per queue type
+_EQUIVALENCE = {QUORUM: QUORUM_EQUIVALENCE_ARGS, STREAM: STREAM_EQUIVALENCE_ARGS}
 
 
 class _ReplyToDeclared:

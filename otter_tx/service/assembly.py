@@ -30,6 +30,7 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, fail, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 from otter_tx.resources.alarms import DEFAULT_DISK_FREE_LIMIT, DiskMonitor, diskFreeLimitBytes, totalMemoryBytes
@@ -423,7 +424,10 @@ class OtterService(MultiService):
             queueMemoryBudget=queueMemoryBudget,
             defaultDeliveryLimit=defaultDeliveryLimit,
             pagingDirectory=os.path.join(dataDir, "paging") if dataDir is not None else None,
+            streamDirectory=os.path.join(dataDir, "streams") if dataDir is not None else None,
         )
+        # stream group commits are written on the reactor's thread pool (docs/streams.md)
+        self.broker.streams.runInThread = lambda f: deferToThreadPool(reactor, reactor.getThreadPool(), f)
         self.broker.sampler.intervalMs = collectStatisticsInterval
         #: the disk alarm's monitor (otter_tx.resources.alarms.DiskMonitor), None without a dataDir
         self.diskMonitor = None
@@ -889,6 +893,8 @@ class OtterService(MultiService):
                     log.failure("while stopping a listener", result)
 
         d.addCallback(logFailures)
+        d.addBoth(lambda _: self.broker.streams.drain())
+        d.addBoth(lambda _: self.broker.streams.close())
         d.addBoth(lambda _: self.store.close())
 
         def unlock(result):

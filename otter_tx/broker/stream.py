@@ -1,0 +1,1050 @@
+"""
+Streams: RabbitMQ's append-only, replayable queues (``x-queue-type: stream``;
+https://www.rabbitmq.com/docs/streams), on the message log's segment files
+(:class:`~otter_tx.store.log.segments.QueueLog`, docs/storage.md "The message
+log").  docs/streams.md describes what works and what differs; the API the
+stream protocol door builds on is :class:`StreamLog` / :class:`StreamReader`
+(``/work/wt/STREAM_API.md`` while both are built).
+
+Parts:
+
+- :class:`StreamRegistry` (``Broker.streams``): where stream logs live
+  (``<dataDir>/streams``, or a temporary directory for a broker without a
+  data directory: a stream always has its messages in a log on disk) and
+  how their writes run (inline, or on a thread the service provides).
+- :class:`StreamLog`: one stream: appends as one group commit per reactor
+  turn (a Deferred per message fires when it is durable: publisher
+  confirms), offsets, readers, listeners told when the committed end moves,
+  retention by size and age (whole segments, evaluated when a segment
+  rolls over, as RabbitMQ does).
+- :class:`StreamReader`: a cursor at an offset, reading committed messages
+  from disk through the sparse offset index, a bounded batch per call; memory
+  stays bounded whatever the backlog (sealed segments keep only their sparse
+  indexes in memory).
+- :class:`StreamQueue`: the AMQP 0-9-1 face (an :class:`~otter_tx.broker.
+  interfaces.IQueue`): each consumer is a reader at its ``x-stream-offset``,
+  deliveries carry ``x-stream-offset``, acks only return credit.
+- the argument rules: :func:`parseMaxAge`, :func:`parseOffsetSpec`.
+
+Nothing here imports the global reactor; time comes from the vhost's clock.
+"""
+
+import os
+import shutil
+import tempfile
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from otter_tx.amqp.codec import TaggedInt, Timestamp
+from otter_tx.amqp.errors import AMQPError, notImplemented, preconditionFailed, resourceText
+from otter_tx.broker.arguments import _DURATION, _Crash, _duration, parseMaxAge
+from otter_tx.broker.expiry import nowMs
+from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.message import Message
+from otter_tx.broker.queue import Queue
+from otter_tx.store.log import segments as _seg
+from otter_tx.store.log.segments import CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog, decodeEnq
+
+__all__ = ["StreamRegistry", "StreamLog", "StreamReader", "StreamQueue", "OffsetSpec", "parseMaxAge",
+           "parseOffsetSpec", "findStream", "declareStream", "deleteStream", "STREAM"]
+
+STREAM = "stream"
+
+#: RabbitMQ's default x-stream-max-segment-size-bytes (500 MB)
+DEFAULT_SEGMENT_BYTES = 500_000_000
+#: messages one StreamQueue.dispatch call hands out before yielding the reactor
+DISPATCH_MESSAGES = 256
+#: messages one reader read fetches (a bounded piece of disk work)
+READ_BATCH = 128
+#: most bytes one reader read takes from the file at once
+READ_BYTES = 1024 * 1024
+
+class OffsetSpec:
+    """
+    Where a reader starts: ``kind`` is ``first``, ``last``, ``next``,
+    ``offset`` (``value`` int), ``timestamp`` (``value`` ms since the epoch).
+    """
+
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind, value=None):
+        self.kind = kind
+        self.value = value
+
+    def __repr__(self):
+        return "OffsetSpec(%r, %r)" % (self.kind, self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, OffsetSpec) and (self.kind, self.value) == (other.kind, other.value)
+
+
+def parseOffsetSpec(value, now=None):
+    """
+    An :class:`OffsetSpec` from an ``x-stream-offset`` consumer argument or
+    an API value: ``"first"``, ``"last"``, ``"next"``, an integer offset
+    (negative: first), an AMQP timestamp (:class:`~otter_tx.amqp.codec.
+    Timestamp`, seconds), an interval string such as ``"10m"`` (that long
+    before ``now``, ms), ``("timestamp", ms)``, ``("interval", "10m")``, or
+    an OffsetSpec.  Raises ValueError for anything else (see
+    :meth:`StreamQueue.checkConsume` for RabbitMQ's errors).
+    """
+    if isinstance(value, OffsetSpec):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        kind, v = value
+        if kind == "timestamp":
+            return OffsetSpec("timestamp", float(v))
+        if kind == "interval":
+            value = v
+        else:
+            raise ValueError(value)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if type(value) is Timestamp:
+        return OffsetSpec("timestamp", int(value) * 1000.0)
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return OffsetSpec(value)
+        try:
+            seconds = _duration(value)
+        except _Crash:
+            raise ValueError(value)
+        if seconds is None:
+            raise ValueError(value)
+        if now is None:
+            raise ValueError("an interval needs the time")
+        return OffsetSpec("timestamp", now - seconds * 1000.0)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return OffsetSpec("offset", max(int(value), 0))
+    raise ValueError(value)
+
+
+class _Count:
+    """Stands for a sealed segment's per-message id array: only its length is kept."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def _dirName(vhost, name):
+    return "%s.%s" % (vhost.encode("utf-8", "surrogateescape").hex(), name.encode("utf-8", "surrogateescape").hex())
+
+
+class StreamRegistry:
+    """
+    Where the streams' logs live and how their writes run (``Broker.streams``).
+
+    :param root: directory (str) holding one subdirectory per stream, or None
+        for a temporary directory made on first use (a broker without a data
+        directory; removed by :meth:`close`).
+    :ivar runInThread: ``f -> Deferred`` running ``f()`` off the reactor
+        (the service sets ``threads.deferToThread``), or None: writes run
+        inline on the reactor at the end of the turn (tests).
+    """
+
+    def __init__(self, root=None):
+        self.root = root
+        self._temp = None
+        self.runInThread = None
+        #: appends not durable yet, over every stream (int; publisher confirms wait when non-zero)
+        self.unsynced = 0
+        #: {(vhost, name): StreamLog}
+        self.logs = {}
+
+    def directory(self):
+        """The root directory, made now if needed."""
+        if self.root is None:
+            if self._temp is None:
+                self._temp = tempfile.mkdtemp(prefix="otter-streams-")
+            return self._temp
+        os.makedirs(self.root, exist_ok=True)
+        return self.root
+
+    def open(self, clock, vhost, name, segmentBytes=DEFAULT_SEGMENT_BYTES):
+        """The :class:`StreamLog` of stream ``name`` in ``vhost`` (str), opened or created."""
+        key = (vhost, name)
+        log = self.logs.get(key)
+        if log is None:
+            path = os.path.join(self.directory(), _dirName(vhost, name))
+            log = self.logs[key] = StreamLog(self, clock, vhost, name, path, segmentBytes)
+        return log
+
+    def forget(self, log):
+        """``log`` was deleted."""
+        if self.logs.get((log.vhost, log.name)) is log:
+            del self.logs[(log.vhost, log.name)]
+
+    def pending(self):
+        """Deferreds of the appends not durable yet (list)."""
+        out = []
+        for log in self.logs.values():
+            if log._waiting or log._incoming:
+                d = defer.Deferred()
+                log._syncWaiters.append(d)
+                out.append(d)
+        return out
+
+    def drain(self):
+        """A Deferred firing once every append made so far is durable (or failed)."""
+        return defer.DeferredList(self.pending(), consumeErrors=True)
+
+    def close(self):
+        """Close every log's files (after :meth:`drain`); a temporary root is removed."""
+        for log in list(self.logs.values()):
+            log.close()
+        self.logs = {}
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
+
+
+class StreamLog:
+    """
+    One stream: a :class:`~otter_tx.store.log.segments.QueueLog` whose
+    messages are never acknowledged, appended to by :meth:`append` and read
+    by any number of :class:`StreamReader` s.
+
+    Offsets are the log's: 0 for the first message ever, never reused.
+    ``first`` moves when retention deletes the oldest segments.
+    """
+
+    def __init__(self, registry, clock, vhost, name, directory, segmentBytes=DEFAULT_SEGMENT_BYTES):
+        self.registry = registry
+        self.clock = clock
+        self.vhost = vhost
+        self.name = name
+        self.directory = directory
+        self.segmentBytes = segmentBytes
+        if os.path.isdir(directory) and any(n.endswith(".seg") for n in os.listdir(directory)):
+            self.log = QueueLog.open(directory, segmentBytes)
+            self.log.releaseRecovery()
+            self._lastChunk = _lastChunkFirst(self.log)
+            for seg in self.log.segments[:-1]:
+                _trim(seg)
+        else:
+            self.log = QueueLog.create(directory, segmentBytes=segmentBytes)
+            self._lastChunk = None
+        #: retention: bytes (x-max-length-bytes) and seconds (x-max-age), None for none
+        self.maxBytes = None
+        self.maxAgeSeconds = None
+        self.deleted = False
+        self._listeners = []
+        # appends of this turn: (record bytes, enqueuedAtMs, Deferred or None)
+        self._incoming = []
+        # appends being written: their Deferreds (offset order)
+        self._waiting = []
+        self._syncWaiters = []
+        self._flushCall = None
+        self._writing = False
+        self._nextOffset = self.log.committed
+        #: messages appended (counter, for rates)
+        self.appended = 0
+        #: segments deleted by retention (counter)
+        self.segmentsDeleted = 0
+
+    def __repr__(self):
+        return "<StreamLog %r in %r %d..%d>" % (self.name, self.vhost, self.first, self.committed)
+
+    # --- offsets ---------------------------------------------------------------
+
+    @property
+    def first(self):
+        """The first offset still kept (int)."""
+        segs = self.log.segments
+        return segs[0].first if segs else self.log.committed
+
+    @property
+    def committed(self):
+        """The offset after the last durable message (int): where ``next`` attaches."""
+        return self.log.committed
+
+    @property
+    def last(self):
+        """The first offset of the last committed chunk (int), or None when empty."""
+        if self.committed <= self.first:
+            return None
+        return self._lastChunk if self._lastChunk is not None else self.committed - 1
+
+    @property
+    def count(self):
+        """Messages kept (int)."""
+        return self.committed - self.first
+
+    @property
+    def bytes(self):
+        """Bytes of the kept segments (int)."""
+        return sum(s.size for s in self.log.segments)
+
+    def segmentsInfo(self):
+        """``[{"first", "next", "bytes", "path"}]`` per segment, oldest first."""
+        c = self.committed
+        return [{"first": s.first, "next": min(s.next, c), "bytes": s.size, "path": s.path}
+                for s in self.log.segments if s.first < c or s is self.log.segments[0]]
+
+    # --- appending -------------------------------------------------------------
+
+    def append(self, message, wantDeferred=True):
+        """
+        Append ``message`` (a :class:`~otter_tx.broker.message.Message`);
+        returns a Deferred firing with its offset once it is durable (None
+        with ``wantDeferred=False``).  Appends of one reactor turn are one
+        group commit.
+        """
+        if self.deleted:
+            return defer.fail(AMQPError(404, "stream deleted")) if wantDeferred else None
+        now = nowMs(self.clock)
+        offset = self._nextOffset
+        self._nextOffset += 1
+        ex = message.exchange.encode("utf-8", "surrogateescape")
+        rk = message.routingKey.encode("utf-8", "surrogateescape")
+        rec = _seg.encodedEnq(offset, offset, now, None, False, ex, rk, message.propsRaw, message.body)
+        d = defer.Deferred() if wantDeferred else None
+        self._incoming.append((rec, now, d))
+        self.appended += 1
+        self.registry.unsynced += 1
+        if self._flushCall is None and not self._writing:
+            self._flushCall = self.clock.callLater(0, self._flush)
+        return d
+
+    def _flush(self):
+        self._flushCall = None
+        if self._writing or not self._incoming or self.deleted:
+            return
+        incoming, self._incoming = self._incoming, []
+        log = self.log
+        nseg = len(log.segments)
+        firstOffset = None
+        for rec, now, d in incoming:
+            o = log.enqueueRecord(log._lastId + 1, 0, now, False, rec)
+            if firstOffset is None:
+                firstOffset = o
+        self._waiting = [(d, firstOffset + i) for i, (_, _, d) in enumerate(incoming)]
+        self._writing = True
+        rolled = len(log.segments) > nseg
+        run = self.registry.runInThread
+        if run is None:
+            try:
+                log.flush()
+            except Exception as e:
+                self._failed(e)
+            else:
+                self._written(firstOffset, rolled)
+        else:
+            run(log.flush).addCallbacks(lambda _: self._written(firstOffset, rolled), self._failed)
+
+    def _written(self, chunkFirst, rolled):
+        self._writing = False
+        if self.deleted:
+            return
+        log = self.log
+        log.done()
+        self._lastChunk = chunkFirst
+        waiting, self._waiting = self._waiting, []
+        self.registry.unsynced -= len(waiting)
+        if rolled:
+            for seg in log.segments[:-1]:
+                _trim(seg)
+            self.applyRetention()
+        for d, offset in waiting:
+            if d is not None:
+                d.callback(offset)
+        self._fireSync()
+        self._notify()
+        if self._incoming:
+            self._flush()
+
+    def _failed(self, failure):
+        self._writing = False
+        try:
+            self.log.rollback()
+        except Exception:
+            pass
+        self._nextOffset = self.log.committed
+        waiting, self._waiting = self._waiting, []
+        incoming, self._incoming = self._incoming, []
+        self.registry.unsynced -= len(waiting) + len(incoming)
+        for d, _ in waiting:
+            if d is not None:
+                d.errback(failure)
+        for _, _, d in incoming:
+            if d is not None:
+                d.errback(failure)
+        syncs, self._syncWaiters = self._syncWaiters, []
+        for d in syncs:
+            d.errback(failure)
+
+    def _fireSync(self):
+        if self._incoming or self._waiting:
+            return
+        syncs, self._syncWaiters = self._syncWaiters, []
+        for d in syncs:
+            d.callback(None)
+
+    def sync(self):
+        """A Deferred firing once every append so far is durable."""
+        if not self._incoming and not self._waiting:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._syncWaiters.append(d)
+        return d
+
+    # --- retention -------------------------------------------------------------
+
+    def setRetention(self, maxBytes=None, maxAgeSeconds=None):
+        """Retention limits (None: none); evaluated now and when a segment rolls over."""
+        self.maxBytes = maxBytes
+        self.maxAgeSeconds = maxAgeSeconds
+        self.applyRetention()
+
+    def applyRetention(self):
+        """
+        Delete whole sealed segments (never the active one) from the oldest
+        while the stream holds more than ``maxBytes`` or the segment's
+        messages are all older than ``maxAgeSeconds``; returns how many.
+        """
+        log = self.log
+        segs = log.segments
+        if self._writing or len(segs) < 2:
+            return 0
+        deleted = 0
+        total = sum(s.size for s in segs)
+        now = nowMs(self.clock)
+        while len(segs) > 1 and segs[1].first <= log.committed:
+            old, nxt = segs[0], segs[1]
+            drop = self.maxBytes is not None and total > self.maxBytes
+            if not drop and self.maxAgeSeconds is not None and nxt.stamps:
+                # every message of `old` came before the first of `nxt`
+                drop = nxt.stamps[0] < now - self.maxAgeSeconds * 1000.0
+            if not drop:
+                break
+            total -= old.size
+            _seg._remove(old.path)
+            log._forget(old)
+            deleted += 1
+        if deleted:
+            self.segmentsDeleted += deleted
+            _seg._fsyncDirectory(log.directory)
+        return deleted
+
+    # --- readers and listeners -------------------------------------------------
+
+    def startOffset(self, spec):
+        """The offset (int) a reader for ``spec`` (OffsetSpec or a value parseOffsetSpec takes) starts at."""
+        spec = parseOffsetSpec(spec, nowMs(self.clock))
+        kind = spec.kind
+        if kind == "first":
+            return self.first
+        if kind == "next":
+            return self.committed
+        if kind == "last":
+            last = self.last
+            return self.committed if last is None else last
+        if kind == "offset":
+            return min(max(spec.value, self.first), self.committed)
+        if kind == "timestamp":
+            return max(self.log.offsetAt(spec.value), self.first)
+        raise ValueError(spec)
+
+    def reader(self, spec="next"):
+        """A :class:`StreamReader` at ``spec`` (see :meth:`startOffset`)."""
+        return StreamReader(self, self.startOffset(spec))
+
+    def listen(self, callback):
+        """``callback()`` each time ``committed`` moves, and once when the stream is deleted."""
+        self._listeners.append(callback)
+
+    def unlisten(self, callback):
+        """Stop calling ``callback``; unknown ones are ignored."""
+        try:
+            self._listeners.remove(callback)
+        except ValueError:
+            pass
+
+    def _notify(self):
+        for cb in list(self._listeners):
+            cb()
+
+    # --- life --------------------------------------------------------------------
+
+    def close(self):
+        """Stop (broker shutdown, after StreamRegistry.drain): close the files."""
+        if self._flushCall is not None and self._flushCall.active():
+            self._flushCall.cancel()
+        self._flushCall = None
+        if self._incoming and not self._writing:
+            run, self.registry.runInThread = self.registry.runInThread, None
+            try:
+                self._flush()
+            finally:
+                self.registry.runInThread = run
+        if not self._writing:
+            self.log.close()
+
+    def delete(self):
+        """The stream is deleted: its files go, listeners are told, appends fail."""
+        if self.deleted:
+            return
+        self.deleted = True
+        if self._flushCall is not None and self._flushCall.active():
+            self._flushCall.cancel()
+        self._flushCall = None
+        err = AMQPError(404, "stream deleted")
+        self.registry.unsynced -= len(self._waiting) + len(self._incoming)
+        for d, _ in self._waiting:
+            if d is not None:
+                d.errback(err)
+        for _, _, d in self._incoming:
+            if d is not None:
+                d.errback(err)
+        self._waiting = []
+        self._incoming = []
+        for d in self._syncWaiters:
+            d.callback(None)
+        self._syncWaiters = []
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.registry.forget(self)
+        self._notify()
+        self._listeners = []
+
+
+def _trim(seg):
+    """A sealed stream segment keeps only its sparse indexes (memory stays bounded)."""
+    if not isinstance(seg.ids, _Count):
+        seg.ids = _Count(len(seg.ids))
+        seg.flags = bytearray()
+        seg.pins = set()
+        seg.pinnedBy = set()
+
+
+def _lastChunkFirst(log):
+    """The offset of the first message of the last chunk of ``log`` (after open), or None."""
+    if not log.segments:
+        return None
+    seg = log.segments[-1]
+    last = None
+    k = 0
+    with open(seg.path, "rb") as f:
+        p = FILE_HEADER.size
+        while p + CHUNK_HEADER.size <= seg.size:
+            f.seek(p)
+            _, length, _, count = CHUNK_HEADER.unpack(f.read(CHUNK_HEADER.size))
+            if count:
+                last = seg.first + k
+            k += count
+            p += CHUNK_HEADER.size + length
+    return last
+
+
+class StreamReader:
+    """
+    A cursor over a stream's committed messages.
+
+    :ivar offset: the next offset :meth:`read` returns (int).
+
+    Each read does bounded work: at most ``maxMessages`` records from at
+    most :data:`READ_BYTES` bytes of one segment file, found through the
+    sparse offset index (never by reading the stream before it).
+    """
+
+    def __init__(self, stream, offset):
+        self.stream = stream
+        self.offset = offset
+        self._f = None
+        self._seg = None
+        # the current chunk: its end and the next record's position
+        self._chunkEnd = None
+        self._pos = None
+        self.closed = False
+
+    def close(self):
+        """Release the open segment file."""
+        self.closed = True
+        self._drop()
+
+    def _drop(self):
+        if self._f is not None:
+            self._f.close()
+        self._f = None
+        self._seg = None
+
+    def _seek(self):
+        """Position the cursor at ``self.offset``; False when it is past the committed end."""
+        log = self.stream.log
+        segs = log.segments
+        if not segs or self.offset >= log.committed:
+            return False
+        if self.offset < segs[0].first:
+            self.offset = segs[0].first
+        i = _seg._bisectFirst(segs, self.offset)
+        seg = segs[max(i, 0)]
+        if self.offset >= seg.next:
+            # in a gap: go on at the next segment
+            if i + 1 >= len(segs):
+                return False
+            seg = segs[i + 1]
+            self.offset = seg.first
+        self._drop()
+        try:
+            self._f = open(seg.path, "rb")
+        except FileNotFoundError:
+            return False
+        self._seg = seg
+        k = (self.offset - seg.first) // INDEX_EVERY
+        target = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
+        o = seg.first + k * INDEX_EVERY if k < len(seg.index) else seg.first
+        # walk the chunk headers to the chunk holding `target`
+        f = self._f
+        p = FILE_HEADER.size
+        while True:
+            f.seek(p)
+            head = f.read(CHUNK_HEADER.size)
+            if len(head) < CHUNK_HEADER.size:
+                self._drop()
+                return False
+            _, length, _, _ = CHUNK_HEADER.unpack(head)
+            end = p + CHUNK_HEADER.size + length
+            if target < end:
+                break
+            p = end
+        self._chunkEnd = end
+        self._pos = max(target, p + CHUNK_HEADER.size)
+        # skip records to the wanted offset
+        skip = self.offset - o
+        self._cursorOffset = o
+        while skip > 0:
+            got = self._records(min(skip, 4096), None, decode=False)
+            if not got:
+                return False
+            skip -= len(got)
+        return True
+
+    def _records(self, limit, maxBytes, decode=True):
+        """Up to ``limit`` ENQ records from the cursor within one segment; advances it."""
+        f = self._f
+        seg = self._seg
+        out = []
+        size = 0
+        committed = self.stream.log.committed
+        while len(out) < limit and self._cursorOffset < committed:
+            if self._pos >= self._chunkEnd:
+                # the next chunk, or the next segment
+                if self._chunkEnd + CHUNK_HEADER.size > seg.size or self._cursorOffset >= seg.next:
+                    return out
+                f.seek(self._chunkEnd)
+                head = f.read(CHUNK_HEADER.size)
+                if len(head) < CHUNK_HEADER.size:
+                    return out
+                _, length, _, _ = CHUNK_HEADER.unpack(head)
+                start = self._chunkEnd + CHUNK_HEADER.size
+                self._pos = start
+                self._chunkEnd = start + length
+                continue
+            f.seek(self._pos)
+            want = min(self._chunkEnd - self._pos, READ_BYTES)
+            buf = f.read(want)
+            p = 0
+            while p + 5 <= len(buf) and len(out) < limit and self._cursorOffset < committed:
+                n, kind = _seg._LEN_TYPE.unpack_from(buf, p)
+                if p + 4 + n > len(buf):
+                    if p == 0:
+                        # one record larger than READ_BYTES
+                        f.seek(self._pos)
+                        buf = f.read(4 + n)
+                        continue
+                    break
+                if kind == ENQ:
+                    if decode:
+                        out.append((self._cursorOffset, decodeEnq(buf, p)))
+                    else:
+                        out.append(None)
+                    self._cursorOffset += 1
+                    if decode:
+                        size += n
+                        if maxBytes is not None and size >= maxBytes:
+                            p += 4 + n
+                            break
+                p += 4 + n
+            self._pos += p
+            if maxBytes is not None and size >= maxBytes:
+                break
+        return out
+
+    def read(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES):
+        """
+        Up to ``maxMessages`` committed messages from :attr:`offset` on, as
+        ``(offset, timestampMs, Message)``; ``[]`` when there is nothing
+        (yet).  A reader whose offset retention removed goes on at ``first``.
+        """
+        if self.closed or self.stream.deleted:
+            return []
+        out = []
+        for _ in range(4):
+            if self.offset >= self.stream.log.committed:
+                break
+            if self._seg is None or self._seg not in self.stream.log.segments or \
+                    self._cursorOffset != self.offset:
+                if not self._seek():
+                    break
+            recs = self._records(maxMessages - len(out), maxBytes)
+            for offset, rec in recs:
+                _, _, ts, _, _, ex, rk, propsRaw, body = rec
+                out.append((offset, ts, Message(ex.decode("utf-8", "surrogateescape"),
+                                                 rk.decode("utf-8", "surrogateescape"),
+                                                 bytes(propsRaw), bytes(body))))
+            if recs:
+                self.offset = recs[-1][0] + 1
+            else:
+                # end of this segment: the next one
+                nxt = [s for s in self.stream.log.segments if s.first > self._seg.first]
+                self._drop()
+                if not nxt:
+                    break
+                self.offset = max(self.offset, nxt[0].first)
+            if len(out) >= maxMessages:
+                break
+        return out
+
+
+# --- the AMQP 0-9-1 face ------------------------------------------------------------------
+
+
+class _StreamEntry:
+    """A delivery of a stream consumer (what the Session's ledger holds; see IConsumerSource)."""
+
+    __slots__ = ("message", "redelivered", "returns", "deliveredAt", "state", "offset", "consumer")
+
+    def __init__(self, message, offset, consumer, deliveredAt):
+        self.message = message
+        self.offset = offset
+        self.consumer = consumer
+        self.redelivered = False
+        self.returns = 0
+        self.deliveredAt = deliveredAt
+        self.state = 2
+
+
+class _ConsumerState:
+    __slots__ = ("consumer", "reader", "buffer")
+
+    def __init__(self, consumer, reader):
+        self.consumer = consumer
+        self.reader = reader
+        self.buffer = []
+
+
+@implementer(IQueue)
+class StreamQueue(Queue):
+    """
+    A stream queue as AMQP 0-9-1 sees it (RabbitMQ 3.10, checked on the
+    peer): consumers need a prefetch and manual acks, each reads from its
+    ``x-stream-offset`` (default ``next``) and gets ``x-stream-offset`` on
+    each delivery; acks only return credit; consuming removes nothing;
+    basic.get, purge, nack and reject are refused (540).
+
+    :ivar stream: the :class:`StreamLog`.
+    """
+
+    queueType = STREAM
+
+    def __init__(self, vhost, name, durable, autoDelete, owner, arguments):
+        Queue.__init__(self, vhost, name, durable, autoDelete, owner, arguments)
+        self.queueType = STREAM
+        self.quorum = False
+        self.singleActive = False
+        broker = vhost.broker
+        seg = arguments.get("x-stream-max-segment-size-bytes")
+        self.stream = broker.streams.open(self.clock, vhost.name, name,
+                                          int(seg) if seg else DEFAULT_SEGMENT_BYTES)
+        self.stream.listen(self._committed)
+        self._states = {}
+        self._dispatchScheduled = None
+        self._applyRetention()
+
+    def __repr__(self):
+        return "<StreamQueue %r in %r>" % (self.name, self.vhost.name)
+
+    def _applyRetention(self):
+        args = self.arguments
+        pol = self.effectiveDefinition or {}
+        maxBytes = args.get("x-max-length-bytes", pol.get("max-length-bytes"))
+        age = args.get("x-max-age", pol.get("max-age"))
+        seconds = None
+        if age is not None:
+            try:
+                seconds = parseMaxAge(age, self.name, self.vhost.name)
+            except AMQPError:
+                seconds = None
+        segBytes = args.get("x-stream-max-segment-size-bytes", pol.get("stream-max-segment-size-bytes"))
+        if segBytes:
+            self.stream.log.segmentBytes = int(segBytes)
+        self.stream.setRetention(int(maxBytes) if maxBytes is not None else None, seconds)
+
+    def applySettings(self, settings, policy=None):
+        """Policies: ``max-length-bytes``, ``max-age``, ``stream-max-segment-size-bytes`` apply."""
+        self.settings = settings
+        self.policy = policy
+        self._applyRetention()
+
+    def touch(self):
+        """Streams have no x-expires lease."""
+
+    # --- counts --------------------------------------------------------------------
+
+    @property
+    def readyCount(self):
+        """Messages in the stream (int): RabbitMQ's ``messages`` for a stream."""
+        return self.stream.count
+
+    @property
+    def readyBytes(self):
+        return self.stream.bytes
+
+    @property
+    def pagedCount(self):
+        return 0
+
+    @property
+    def pagedBytes(self):
+        return 0
+
+    def readyEntries(self):
+        return iter(())
+
+    # --- publish ---------------------------------------------------------------------
+
+    def enqueue(self, message, now=None, redelivered=False):
+        """Append ``message`` to the stream (durable at the end of the turn)."""
+        self.publishedCount += 1
+        self.stream.append(message, wantDeferred=False)
+        return True
+
+    # --- consumers ----------------------------------------------------------------------
+
+    def checkConsume(self, noAck, prefetch, arguments):
+        """
+        RabbitMQ 3.10's stream consumer rules (checked on the peer): no-ack
+        is 540 ``automatic acknowledgement not supported by stream queues
+        queue 'Q' in vhost 'V'`` (connection); a zero consumer prefetch 406
+        ``consumer prefetch count is not set for 'queue 'Q' in vhost 'V''``;
+        a malformed ``x-stream-offset`` 406 ``{invalid_stream_offset_arg,
+        ...}`` (or 541, where RabbitMQ crashes).
+        """
+        where = resourceText("queue", self.name, self.vhost.name)
+        if noAck:
+            raise notImplemented("automatic acknowledgement not supported by stream queues %s" % (where,))
+        if not prefetch:
+            raise preconditionFailed("consumer prefetch count is not set for '%s'" % (where,))
+        value = (arguments or {}).get("x-stream-offset", "next")
+        try:
+            parseOffsetSpec(value, nowMs(self.clock))
+        except ValueError:
+            if isinstance(value, (str, bytes)):
+                text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+                m = _DURATION.match(text)
+                if m.group(1):
+                    raise preconditionFailed(
+                        "invalid arg 'x-stream-offset' for %s: {invalid_stream_offset_arg,{longstr,<<\"%s\">>}}"
+                        % (where, text))
+            raise AMQPError.fromReplyText(541, "INTERNAL_ERROR")
+
+    def refusesConsumer(self, exclusive):
+        """Stream consumers are never exclusive of one another (the flag is ignored, as RabbitMQ 3.10)."""
+        return False
+
+    def addConsumer(self, consumer, exclusive=False):
+        """``consumer`` reads from its ``x-stream-offset`` (default ``next``)."""
+        spec = (consumer.arguments or {}).get("x-stream-offset", "next") if hasattr(consumer, "arguments") else "next"
+        try:
+            reader = self.stream.reader(parseOffsetSpec(spec, nowMs(self.clock)))
+        except ValueError:
+            reader = self.stream.reader("next")
+        self.consumers.append(consumer)
+        self._states[consumer] = _ConsumerState(consumer, reader)
+        self.dispatch()
+
+    def removeConsumer(self, consumer):
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        state = self._states.pop(consumer, None)
+        if state is not None:
+            state.reader.close()
+
+    def readerOffsets(self):
+        """``[(consumer tag, next offset)]`` of the consumers (management)."""
+        return [(s.consumer.tag, s.reader.offset - len(s.buffer) if s.buffer else s.reader.offset)
+                for s in self._states.values()]
+
+    def _committed(self):
+        if self.deleted or self.stream.deleted:
+            return
+        self.dispatch()
+
+    def dispatch(self):
+        """
+        Deliver to each consumer with credit from its reader, at most
+        :data:`DISPATCH_MESSAGES` messages per call (the rest on a later
+        turn), reading a bounded batch from disk at a time.
+        """
+        if self._dispatching or self.deleted or self.stopped:
+            return
+        self._dispatching = True
+        n = 0
+        more = False
+        try:
+            for state in list(self._states.values()):
+                c = state.consumer
+                while c.canTake():
+                    if n >= DISPATCH_MESSAGES:
+                        more = True
+                        break
+                    if not state.buffer:
+                        state.buffer = state.reader.read(min(READ_BATCH, max(c.prefetch or READ_BATCH, 1)))
+                        state.buffer.reverse()
+                        if not state.buffer:
+                            break
+                    offset, _, message = state.buffer.pop()
+                    self._deliverOne(state, offset, message)
+                    n += 1
+                if more:
+                    break
+        finally:
+            self._dispatching = False
+        if more and self._dispatchScheduled is None:
+            self._dispatchScheduled = self.clock.callLater(0, self._dispatchLater)
+
+    def _dispatchLater(self):
+        self._dispatchScheduled = None
+        self.dispatch()
+
+    def _deliverOne(self, state, offset, message):
+        headers = dict(message.headers or {})
+        headers["x-stream-offset"] = TaggedInt(offset, "l")
+        m = message.withHeaders(headers)
+        entry = _StreamEntry(m, offset, state.consumer, self.clock.seconds())
+        self.deliveredCount += 1
+        self.unackedCount += 1
+        state.consumer.deliver(self, entry)
+
+    def deliveredMessage(self, entry, get=False):
+        return entry.message
+
+    # --- settling -------------------------------------------------------------------------
+
+    def settle(self, entry):
+        """An ack returns credit (the message stays in the stream)."""
+        if entry.state == 2:
+            entry.state = 3
+            self.unackedCount -= 1
+            self.ackCount += 1
+            self.dispatch()
+
+    def requeue(self, entries, dispatch=True):
+        """
+        A channel closing hands its deliveries back (``dispatch=False``):
+        credit only.  basic.nack / basic.recover with requeue (dispatch) are
+        540 ``basic.nack and basic.reject not supported by stream queues``.
+        """
+        for entry in entries:
+            if entry.state == 2:
+                entry.state = 3
+                self.unackedCount -= 1
+        if dispatch:
+            raise self._noNack()
+
+    def reject(self, entries):
+        for entry in entries:
+            if entry.state == 2:
+                entry.state = 3
+                self.unackedCount -= 1
+        raise self._noNack()
+
+    def _noNack(self):
+        return notImplemented("basic.nack and basic.reject not supported by stream queues %s"
+                              % (resourceText("queue", self.name, self.vhost.name),))
+
+    def holdRequeue(self, feeder):
+        pass
+
+    def releaseRequeue(self, feeder):
+        pass
+
+    def basicGet(self, noAck):
+        """540 ``basic.get not supported by stream queues queue 'Q' in vhost 'V'`` (RabbitMQ 3.10)."""
+        raise notImplemented("basic.get not supported by stream queues %s"
+                             % (resourceText("queue", self.name, self.vhost.name),))
+
+    def purge(self):
+        """540 ``queue.purge not supported by stream queues queue 'Q' in vhost 'V'`` (RabbitMQ 3.10)."""
+        raise notImplemented("queue.purge not supported by stream queues %s"
+                             % (resourceText("queue", self.name, self.vhost.name),))
+
+    # --- life ---------------------------------------------------------------------------
+
+    def stopTimers(self):
+        """Broker stop: no more deliveries (the service drains and closes the streams)."""
+        if self._dispatchScheduled is not None and self._dispatchScheduled.active():
+            self._dispatchScheduled.cancel()
+        self._dispatchScheduled = None
+        self.stopped = True
+
+    def shutdown(self):
+        """Deleted: consumers are cancelled, the stream's files go; returns 0 (as RabbitMQ's delete-ok)."""
+        self.deleted = True
+        if self._dispatchScheduled is not None and self._dispatchScheduled.active():
+            self._dispatchScheduled.cancel()
+        self._dispatchScheduled = None
+        consumers, self.consumers = self.consumers, []
+        for state in self._states.values():
+            state.reader.close()
+        self._states = {}
+        for c in consumers:
+            c.cancelledByBroker(self)
+        self.stream.unlisten(self._committed)
+        self.stream.delete()
+        return 0
+
+
+# --- the helpers the stream protocol door uses ---------------------------------------------
+
+
+def findStream(broker, vhostName, name):
+    """The :class:`StreamLog` of stream ``name`` in vhost ``vhostName``, or None."""
+    vh = broker.vhosts.get(vhostName)
+    q = vh.queues.get(name) if vh is not None else None
+    return getattr(q, "stream", None)
+
+
+def declareStream(broker, vhostName, name, arguments=None):
+    """
+    Declare stream ``name`` (the AMQP declare's rules and errors); returns
+    its :class:`StreamLog`.  Raises AMQPError (404 for an unknown vhost).
+    """
+    vh = broker.vhosts.get(vhostName)
+    if vh is None:
+        raise AMQPError(404, "vhost '%s' not found" % (vhostName,))
+    args = dict(arguments or {})
+    args["x-queue-type"] = STREAM
+    q = vh.declareQueue(name, None, durable=True, arguments=args)
+    if getattr(q, "stream", None) is None:
+        raise preconditionFailed("inequivalent arg 'x-queue-type' for %s" % (resourceText("queue", name, vhostName),))
+    return q.stream
+
+
+def deleteStream(broker, vhostName, name):
+    """Delete stream ``name``; True when it existed."""
+    vh = broker.vhosts.get(vhostName)
+    q = vh.queues.get(name) if vh is not None else None
+    if getattr(q, "stream", None) is None:
+        return False
+    vh.deleteQueue(q)
+    return True
+
