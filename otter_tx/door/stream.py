@@ -13,6 +13,7 @@ reactor. A subscription only gets chunks while it has credit (one credit =
 one chunk, as RabbitMQ).
 """
 
+from twisted.application.service import Service
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -841,6 +842,19 @@ class StreamServerFactory(Factory):
                 c.streamGone(name)
 
 
+class TrackingService(Service):
+    """Writes the stream backend's pending offsets and sequences when the service stops."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def stopService(self):
+        Service.stopService(self)
+        tracking = getattr(self.backend, "tracking", None)
+        if tracking is not None:
+            tracking.stop()
+
+
 def streamsBackend(broker, clock, directory=None):
     """
     The streams the door serves: the broker's stream queues when the core
@@ -852,7 +866,7 @@ def streamsBackend(broker, clock, directory=None):
         from otter_tx.broker import stream as core
     except ImportError:
         core = None
-    if core is not None and hasattr(core, "findStream"):
+    if core is not None and hasattr(core, "StreamLog") and hasattr(getattr(broker, "streams", None), "open"):
         from otter_tx.door.streambackend import BrokerStreams
         return BrokerStreams(broker, clock, directory)
     backend = getattr(broker, "_memoryStreams", None)

@@ -327,6 +327,14 @@ class Tracking:
             os.replace(tmp, path)
         self._dirty.clear()
 
+    def stop(self):
+        """Write what changed now (service stop)."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        if self._dirty:
+            self.flush()
+        self._call = None
+
     def forget(self, vhost, name):
         self.data.pop((vhost, name), None)
         self.changed(vhost, name)
@@ -352,16 +360,13 @@ class BrokerStreams:
     chunkBytes = 512 * 1024
 
     def __init__(self, broker, clock, directory=None):
-        from otter_tx.broker import stream as core
-
-        self.core = core
         self.broker = broker
         self.clock = clock
         self.tracking = Tracking(clock, directory)
         self._readers = {}
 
     def _log(self, vhost, name):
-        log = self.core.findStream(self.broker, vhost, name)
+        log = findStream(self.broker, vhost, name)
         if log is None or getattr(log, "deleted", False):
             return None
         return log
@@ -378,7 +383,7 @@ class BrokerStreams:
         if v is not None and name in v.queues:
             return wire.PRECONDITION_FAILED
         try:
-            self.core.declareStream(self.broker, vhost, name, queueArguments(arguments))
+            declareStream(self.broker, vhost, name, queueArguments(arguments))
         except (AMQPError, ValueError, TypeError):
             return wire.PRECONDITION_FAILED
         return wire.OK
@@ -386,7 +391,7 @@ class BrokerStreams:
     def delete(self, vhost, name):
         if self._log(vhost, name) is None:
             return wire.STREAM_DOES_NOT_EXIST
-        self.core.deleteStream(self.broker, vhost, name)
+        deleteStream(self.broker, vhost, name)
         self.tracking.forget(vhost, name)
         self._dropReaders(vhost, name)
         return wire.OK
@@ -441,19 +446,34 @@ class BrokerStreams:
         """The offset an offset specification starts at, as the core's readers start."""
         kind, value = spec
         log = self._log(vhost, name)
-        if kind == wire.OFFSET_FIRST:
-            return log.first
-        if kind == wire.OFFSET_NEXT:
-            return log.committed
-        if kind == wire.OFFSET_LAST:
-            return log.last if log.last is not None else log.committed
-        if kind == wire.OFFSET_OFFSET:
-            return min(max(value, log.first), log.committed)
-        r = log.reader(("timestamp", value))
-        try:
-            return r.offset
-        finally:
-            r.close()
+        core = {wire.OFFSET_FIRST: "first", wire.OFFSET_LAST: "last", wire.OFFSET_NEXT: "next",
+                wire.OFFSET_OFFSET: value, wire.OFFSET_TIMESTAMP: ("timestamp", value)}.get(kind, "next")
+        off = log.startOffset(core)
+        if kind == wire.OFFSET_TIMESTAMP:
+            # RabbitMQ 3.10 (checked on the peer) attaches at the chunk holding the timestamp,
+            # the last message written at or before it (the first when none); the core's answer
+            # comes from its sparse index: walk on from there (a bounded read at subscribe time)
+            r = log.reader(off)
+            best = None
+            try:
+                for _ in range(64):
+                    batch = r.read(256)
+                    if not batch:
+                        break
+                    over = False
+                    for o, ts, _ in batch:
+                        if ts > value:
+                            over = True
+                            break
+                        best = o
+                    if over:
+                        break
+            finally:
+                r.close()
+            if best is not None:
+                return best
+            return off - 1 if off > log.first else off
+        return off
 
     def offsetAt(self, vhost, name, ts):
         return self.resolve(vhost, name, (wire.OFFSET_TIMESTAMP, ts))
@@ -480,7 +500,7 @@ class BrokerStreams:
             if not entries:
                 break
             msgs = [_fromMessage(m) for _, _, m in entries]
-            out.append(Chunk(entries[0][0], entries[0][1], len(msgs), _chunk.entries(msgs)))
+            out.append(Chunk(entries[0][0], int(entries[0][1]), len(msgs), _chunk.entries(msgs)))
         readers = self._readers.setdefault((vhost, name), [])
         readers.append(r)
         while len(readers) > 64:
@@ -493,7 +513,7 @@ class BrokerStreams:
             log.listen(cb)
 
     def unlisten(self, vhost, name, cb):
-        log = self.core.findStream(self.broker, vhost, name)
+        log = findStream(self.broker, vhost, name)
         if log is not None:
             log.unlisten(cb)
 
@@ -539,7 +559,7 @@ class BrokerStreams:
             args = queueArguments(arguments)
             ex = v.declareExchange(name, "direct", durable=True, arguments={"x-super-stream": True})
             for i, (p, k) in enumerate(zip(partitions, keys)):
-                self.core.declareStream(self.broker, vhost, p, dict(args))
+                declareStream(self.broker, vhost, p, dict(args))
                 v.bind(ex, v.queues[p], k, {"x-stream-partition-order": i})
         except (AMQPError, ValueError, TypeError):
             return wire.PRECONDITION_FAILED
@@ -558,6 +578,35 @@ class BrokerStreams:
         log = self._log(vhost, name)
         return {"first_chunk_id": log.first,
                 "committed_chunk_id": log.last if log.last is not None else log.first}
+
+
+def findStream(broker, vhost, name):
+    """The StreamLog of stream queue ``name`` in ``vhost``, or None."""
+    v = broker.vhosts.get(vhost)
+    q = v.queues.get(name) if v is not None else None
+    log = getattr(q, "stream", None)
+    return log if log is not None and hasattr(log, "startOffset") else None
+
+
+def declareStream(broker, vhost, name, arguments):
+    """Declare stream queue ``name`` as an AMQP 0-9-1 declare would (raises AMQPError)."""
+    from otter_tx.amqp.errors import AMQPError
+
+    v = broker.vhosts.get(vhost)
+    if v is None:
+        raise AMQPError(404, "no vhost")
+    args = dict(arguments)
+    args["x-queue-type"] = "stream"
+    return v.declareQueue(name, None, durable=True, arguments=args)
+
+
+def deleteStream(broker, vhost, name):
+    v = broker.vhosts.get(vhost)
+    q = v.queues.get(name) if v is not None else None
+    if q is None:
+        return False
+    v.deleteQueue(q)
+    return True
 
 
 def _toMessage(stream, data):

@@ -487,11 +487,12 @@ class OtterService(MultiService):
 
     def _listenStream(self, endpoints, host, port):
         """The RabbitMQ stream protocol listeners (:mod:`otter_tx.door.stream`)."""
-        from otter_tx.door.stream import StreamServerFactory, streamsBackend
+        from otter_tx.door.stream import StreamServerFactory, TrackingService, streamsBackend
 
         tracking = os.path.join(self.dataDir, "stream-tracking") if self.dataDir is not None else None
         self.streamFactory = StreamServerFactory(self.broker, streamsBackend(self.broker, self.reactor, tracking),
                                                  self.reactor, advertisedHost=host, advertisedPort=port)
+        TrackingService(self.streamFactory.backend).setServiceParent(self)
         for desc in endpoints:
             svc = Listener("stream", desc, self._endpoint("stream", desc), self.streamFactory)
             svc.setServiceParent(self)
