@@ -462,7 +462,7 @@ class BrokerStreams:
                         break
                     over = False
                     for o, ts, _ in batch:
-                        if ts > value:
+                        if int(ts) > value:
                             over = True
                             break
                         best = o
@@ -506,6 +506,20 @@ class BrokerStreams:
         while len(readers) > 64:
             readers.pop(0).close()
         return out
+
+    def messages(self, vhost, name):
+        """Every ``(offset, bytes)`` as a stream client reads it (tests)."""
+        log = self._log(vhost, name)
+        r = log.reader("first")
+        out = []
+        try:
+            while True:
+                batch = r.read(256)
+                if not batch:
+                    return out
+                out.extend((o, _fromMessage(m)) for o, _, m in batch)
+        finally:
+            r.close()
 
     def listen(self, vhost, name, cb):
         log = self._log(vhost, name)

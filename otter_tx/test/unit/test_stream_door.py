@@ -484,3 +484,83 @@ class SingleActiveConsumerTests(StreamDoorTestCase):
         c.declarePublisher(9, "", stream)
         c.feed(wire.publishFrame(9, [(1, b"x")]))
         self.clock.advance(0)
+
+
+class OnBrokerStreams:
+    """The same tests on the broker's stream queues (BrokerStreams) instead of MemoryStreams."""
+
+    def setUp(self):
+        from otter_tx.door.streambackend import BrokerStreams
+
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None)
+        self.backend = BrokerStreams(self.broker, self.clock)
+        self.factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0)
+        self.addCleanup(self.broker.streams.close)
+
+    def settle(self):
+        for _ in range(5):
+            self.clock.advance(0)
+            self.broker.streams.drain() if hasattr(self.broker.streams, "drain") else None
+
+
+class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
+    def test_roundTrip(self):
+        """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
+        from otter_tx.stream import amqp10
+
+        c = self.client()
+        self.assertEqual(c.create("s", {"max-length-bytes": "1000000"}), wire.OK)
+        self.assertEqual(self.broker.vhosts["/"].queues["s"].arguments["x-max-length-bytes"], 1000000)
+        self.assertEqual(c.create("t", {"max-length-bytes": "lots"}), wire.PRECONDITION_FAILED)
+        c.declarePublisher(1, "ref", "s")
+        m = amqp10.encodeMessage(b"hello", applicationProperties={"k": "v"})
+        c.feed(wire.publishFrame(1, [(1, m), (2, m)]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1, 2])])
+        c.feed(wire.publishFrame(1, [(2, m)]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [2])])
+        msgs = self.backend.messages("/", "s")
+        self.assertEqual([o for o, _ in msgs], [0, 1])
+        self.assertEqual(amqp10.toAmqp091(msgs[0][1]), ({"headers": {"k": "v"}}, b"hello"))
+        c.subscribe(1, "s")
+        self.settle()
+        got = c.deliveries()
+        self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 2)])
+
+    def test_amqpDeleteTellsSubscribers(self):
+        """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
+        c = self.client()
+        c.create("s")
+        c.subscribe(1, "s")
+        v = self.broker.vhosts["/"]
+        v.deleteQueue(v.queues["s"])
+        self.settle()
+        frames = c.read()
+        self.assertIn((wire.METADATA_UPDATE, 1, struct.pack(">H", wire.STREAM_NOT_AVAILABLE) + wire.encodeString("s")),
+                      frames)
+        self.assertEqual(c.proto.subscriptions, {})
+
+    def test_offsetTracking(self):
+        c = self.client()
+        c.create("s")
+        q = wire.encodeString("app") + wire.encodeString("s")
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q)[0], wire.NO_OFFSET)
+        c.feed(wire._frame(struct.pack(">HH", wire.STORE_OFFSET, 1) + q + struct.pack(">Q", 7)))
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q), (wire.OK, struct.pack(">Q", 7)))
+
+    def test_superStream(self):
+        c = self.client()
+        payload = (wire.encodeString("inv") + struct.pack(">I", 2) + wire.encodeString("inv-0")
+                   + wire.encodeString("inv-1") + struct.pack(">I", 2) + wire.encodeString("a")
+                   + wire.encodeString("b") + wire.encodeStringMap({}))
+        self.assertEqual(c.call(wire.CREATE_SUPER_STREAM, payload)[0], wire.OK)
+        self.assertEqual(self.broker.vhosts["/"].exchanges["inv"].arguments, {"x-super-stream": True})
+        code, body = c.call(wire.PARTITIONS, wire.encodeString("inv"))
+        self.assertEqual(body, struct.pack(">I", 2) + wire.encodeString("inv-0") + wire.encodeString("inv-1"))
+        code, body = c.call(wire.ROUTE, wire.encodeString("b") + wire.encodeString("inv"))
+        self.assertEqual(body, struct.pack(">I", 1) + wire.encodeString("inv-1"))
+        self.assertEqual(c.call(wire.DELETE_SUPER_STREAM, wire.encodeString("inv"))[0], wire.OK)
+        self.assertNotIn("inv", self.broker.vhosts["/"].exchanges)
+        self.assertNotIn("inv-0", self.broker.vhosts["/"].queues)
