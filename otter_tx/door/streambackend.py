@@ -417,7 +417,12 @@ class BrokerStreams:
             entries = keep
         if not entries:
             return ids, None
-        ds = [log.append(_toMessage(name, m)) for _, m in entries]
+        # appends are durable in order (one group commit a turn): the last one's Deferred
+        # stands for the frame
+        append = log.append
+        for _, m in entries[:-1]:
+            append(_toMessage(name, m), False)
+        ds = [append(_toMessage(name, entries[-1][1]))]
         if reference:
             last = entries[-1][0]
 
@@ -623,17 +628,26 @@ def deleteStream(broker, vhost, name):
     return True
 
 
+_EMPTY_PROPS = b"\x00\x00"
+
+
 def _toMessage(stream, data):
     """A stream client's AMQP 1.0 message as the broker Message (to_amqp091); opaque bytes as a body."""
     from otter_tx.amqp.codec import encodeProperties
     from otter_tx.broker.message import Message
     from otter_tx.stream import amqp10
 
+    if data[:1] != b"\x00":
+        # not an AMQP 1.0 section: opaque bytes
+        return Message("", stream, _EMPTY_PROPS, data, {})
+    body = amqp10.onlyData(data)
+    if body is not None:
+        return Message("", stream, _EMPTY_PROPS, body, {})
     try:
         props, body = amqp10.toAmqp091(data)
-    except (amqp10.DecodeError, ValueError, struct.error):
+    except (amqp10.DecodeError, ValueError, struct.error, IndexError):
         props, body = {}, data
-    return Message("", stream, encodeProperties(props) if props else b"\x00\x00", body, props)
+    return Message("", stream, encodeProperties(props) if props else _EMPTY_PROPS, body, props)
 
 
 def _fromMessage(m):

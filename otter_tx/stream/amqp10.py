@@ -344,6 +344,33 @@ def _headerTo10(v):
 _SKIP = object()
 
 
+def onlyData(data):
+    """The body of a message that is one data section and nothing else, else None (a fast path)."""
+    if data[:3] != b"\x00\x53\x75":
+        return None
+    c = data[3:4]
+    if c == b"\xa0" and len(data) >= 5 and len(data) == 5 + data[4]:
+        return data[5:]
+    if c == b"\xb0" and len(data) >= 8 and len(data) == 8 + struct.unpack_from(">I", data, 4)[0]:
+        return data[8:]
+    return None
+
+
+_ANNOTATIONS = {}
+
+
+def _addressAnnotations(exchange, routingKey):
+    """The message-annotations section of a message without properties (cached per address)."""
+    key = (exchange, routingKey)
+    b = _ANNOTATIONS.get(key)
+    if b is None:
+        if len(_ANNOTATIONS) > 1024:
+            _ANNOTATIONS.clear()
+        b = _ANNOTATIONS[key] = section(MESSAGE_ANNOTATIONS, {Typed("symbol", "x-routing-key"): routingKey,
+                                                              Typed("symbol", "x-exchange"): exchange})
+    return b
+
+
 def fromAmqp091(props, body, exchange=None, routingKey=None):
     """
     The AMQP 1.0 bytes RabbitMQ 3.10 stores in a stream for an AMQP 0-9-1
@@ -352,6 +379,8 @@ def fromAmqp091(props, body, exchange=None, routingKey=None):
     x-routing-key and x-exchange, first, as rabbit_stream_queue adds them;
     None: left out). Checked byte for byte against RabbitMQ 3.10.
     """
+    if not props and exchange is not None and routingKey is not None:
+        return _addressAnnotations(exchange, routingKey) + dataSection(body)
     p = {}
     ma = {}
     if routingKey is not None:
