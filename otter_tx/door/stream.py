@@ -46,7 +46,7 @@ class _Publisher:
 
 class _Subscription:
     __slots__ = ("sid", "stream", "offset", "credit", "props", "active", "group", "listener",
-                 "name", "superStream")
+                 "name", "superStream", "awaiting")
 
     def __init__(self, sid, stream, offset, credit, props):
         self.sid = sid
@@ -55,6 +55,8 @@ class _Subscription:
         self.credit = credit
         self.props = props
         self.active = True
+        # activated by a consumer_update the client has not answered yet: nothing is sent
+        self.awaiting = False
         self.group = None
         self.listener = None
         self.name = props.get("name")
@@ -625,6 +627,7 @@ class StreamServerProtocol(Protocol):
         if self.closed:
             return
         corr = self._nextCorr()
+        sub.awaiting = active
         self._pendingUpdates[corr] = (sub, active)
         self.send(wire.consumerUpdateRequest(corr, sub.sid, active))
 
@@ -633,6 +636,7 @@ class StreamServerProtocol(Protocol):
         if pending is None:
             return
         sub, active = pending
+        sub.awaiting = False
         if active and sub.sid in self.subscriptions and spec[0] != wire.OFFSET_NONE:
             sub.offset = self._resolve(sub.stream, spec)
         if active:
@@ -684,7 +688,7 @@ class StreamServerProtocol(Protocol):
         deliverHeader = wire.deliverHeader
         chunkHeader = _chunk.header
         for sub in list(self.subscriptions.values()):
-            if sub.credit <= 0 or not sub.active:
+            if sub.credit <= 0 or not sub.active or sub.awaiting:
                 continue
             chunks = backend.chunks(vhost, sub.stream, sub.offset, min(sub.credit, budget))
             for c in chunks:
