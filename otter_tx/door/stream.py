@@ -25,8 +25,9 @@ from otter_tx.stream import wire
 
 log = Logger()
 
-#: most chunks a turn writes before yielding to the reactor
+#: most chunks, and about most messages, a turn writes before yielding to the reactor
 CHUNKS_PER_TURN = 16
+MESSAGES_PER_TURN = 4096
 MAX_PUBLISHERS = 256
 MAX_SUBSCRIPTIONS = 256
 MAX_REFERENCE = 256
@@ -687,19 +688,22 @@ class StreamServerProtocol(Protocol):
         vhost = self.vhost
         deliverHeader = wire.deliverHeader
         chunkHeader = _chunk.header
+        messages = MESSAGES_PER_TURN
         for sub in list(self.subscriptions.values()):
-            if sub.credit <= 0 or not sub.active or sub.awaiting:
-                continue
-            chunks = backend.chunks(vhost, sub.stream, sub.offset, min(sub.credit, budget))
-            for c in chunks:
+            while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:
+                chunks = backend.chunks(vhost, sub.stream, sub.offset, 1)
+                if not chunks:
+                    break
+                c = chunks[0]
                 data = c.data
                 out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + len(data)))
                 out.append(chunkHeader(c.first, c.count, c.timestamp, data, c.crc))
                 out.append(data)
                 sub.offset = c.first + c.count
-            sub.credit -= len(chunks)
-            budget -= len(chunks)
-            if budget <= 0:
+                sub.credit -= 1
+                budget -= 1
+                messages -= c.count
+            if budget <= 0 or messages <= 0:
                 more = True
                 break
         if out:
