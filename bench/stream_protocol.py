@@ -6,6 +6,7 @@ interleaved on the same machine.
     .venv-test/bin/python bench/stream_protocol.py                # otter_tx (started here) and the peer
     .venv-test/bin/python bench/stream_protocol.py --targets otter --messages 200000
     .venv-test/bin/python bench/stream_protocol.py --otter-port 5552 --targets otter  # a running otter_tx
+    .venv-test/bin/python bench/stream_protocol.py --otter-backend memory   # the door alone, no disk
 
 Each run creates a fresh stream, starts ``--publishers`` processes (one
 connection and publisher each, the same stream), each publishing its share of
@@ -196,14 +197,32 @@ def run(port, messages, size, publishers, batch, window):
     return total / pubElapsed, total / conElapsed
 
 
-def startOtter(port):
+#: the door alone: a broker whose streams are otter_tx.door.streambackend.MemoryStreams
+#: (no disk, no durability), to see what the protocol layer costs
+MEMORY_SERVER = """
+import sys
+from twisted.internet import reactor
+from twisted.internet.endpoints import serverFromString
+from otter_tx.broker.broker import Broker
+from otter_tx.door.stream import StreamServerFactory
+from otter_tx.door.streambackend import MemoryStreams
+broker = Broker(reactor, memoryHighWatermark=None)
+f = StreamServerFactory(broker, MemoryStreams(reactor), reactor)
+serverFromString(reactor, "tcp:%s:interface=127.0.0.1" % sys.argv[1]).listen(f)
+reactor.run()
+"""
+
+
+def startOtter(port, backend="broker"):
     data = tempfile.mkdtemp(prefix="otter-stream-bench-")
     log = open(os.path.join(data, "broker.log"), "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
-         "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none",
-         "--stream", "tcp:%d:interface=127.0.0.1" % port, "--data-dir", os.path.join(data, "d")],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if backend == "memory":
+        args = [sys.executable, "-c", MEMORY_SERVER, str(port)]
+    else:
+        args = [sys.executable, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
+                "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none",
+                "--stream", "tcp:%d:interface=127.0.0.1" % port, "--data-dir", os.path.join(data, "d")]
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -220,6 +239,8 @@ def main():
     ap.add_argument("--targets", default="otter,peer")
     ap.add_argument("--otter-port", type=int, default=None, help="a running otter_tx (else one is started)")
     ap.add_argument("--peer-port", type=int, default=PEER_PORT)
+    ap.add_argument("--otter-backend", choices=("broker", "memory"), default="broker",
+                    help="memory: the door on in-memory streams (no durability), the protocol layer's cost")
     ap.add_argument("--messages", type=int, default=500000)
     ap.add_argument("--sizes", default="12,1024")
     ap.add_argument("--publishers", default="1,3")
@@ -233,7 +254,7 @@ def main():
     if "otter" in targets:
         if args.otter_port is None:
             port = 15599
-            proc, data = startOtter(port)
+            proc, data = startOtter(port, args.otter_backend)
             ports["otter"] = port
         else:
             ports["otter"] = args.otter_port

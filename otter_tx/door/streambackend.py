@@ -41,6 +41,9 @@ import bisect
 import struct
 import zlib
 
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker.message import Message
+from otter_tx.stream import amqp10
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -633,10 +636,6 @@ _EMPTY_PROPS = b"\x00\x00"
 
 def _toMessage(stream, data):
     """A stream client's AMQP 1.0 message as the broker Message (to_amqp091); opaque bytes as a body."""
-    from otter_tx.amqp.codec import encodeProperties
-    from otter_tx.broker.message import Message
-    from otter_tx.stream import amqp10
-
     if data[:1] != b"\x00":
         # not an AMQP 1.0 section: opaque bytes
         return Message("", stream, _EMPTY_PROPS, data, {})
@@ -651,6 +650,4 @@ def _toMessage(stream, data):
 
 
 def _fromMessage(m):
-    from otter_tx.stream import amqp10
-
     return amqp10.fromAmqp091(m.props, m.body, m.exchange, m.routingKey)
