@@ -649,5 +649,16 @@ def _toMessage(stream, data):
     return Message("", stream, encodeProperties(props) if props else _EMPTY_PROPS, body, props)
 
 
+_DATA8 = b"\x00\x53\x75\xa0"
+_DATA32 = b"\x00\x53\x75\xb0"
+_annotations = amqp10._addressAnnotations
+
+
 def _fromMessage(m):
+    if not m.props:
+        # the common case, inline: cached annotations, one data section
+        body = m.body
+        n = len(body)
+        head = _DATA8 + bytes((n,)) if n < 256 else _DATA32 + struct.pack(">I", n)
+        return _annotations(m.exchange, m.routingKey) + head + body
     return amqp10.fromAmqp091(m.props, m.body, m.exchange, m.routingKey)
