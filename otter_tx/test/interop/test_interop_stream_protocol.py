@@ -167,8 +167,11 @@ class RstreamTests(StreamInteropTestCase):
         self.assertEqual(out["offset"], (7, b"m7"))
         self.assertEqual(out["last"], (9, b"m9"), out)
         self.assertEqual(out["next"], (10, b"after"))
-        # RabbitMQ 3.10 attaches at the chunk holding the timestamp: the last one written before it
-        self.assertEqual(out["timestamp"], (9, b"m9"), out)
+        # RabbitMQ 3.10 attaches at a chunk written before the timestamp (seen: m9, and m5 when
+        # its index scan stops earlier), never after it; otter_tx at the last one before it
+        self.assertLessEqual(out["timestamp"][0], 9, out)
+        if not EXTERNAL:
+            self.assertEqual(out["timestamp"], (9, b"m9"), out)
 
     @inlineCallbacks
     def test_deduplication(self):
