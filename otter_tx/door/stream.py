@@ -29,6 +29,8 @@ log = Logger()
 CHUNKS_PER_TURN = 16
 MESSAGES_PER_TURN = 4096
 MAX_PUBLISHERS = 256
+#: seconds between looks at a resource alarm that blocks a publishing connection
+ALARM_CHECK = 0.5
 MAX_SUBSCRIPTIONS = 256
 MAX_REFERENCE = 256
 
@@ -134,6 +136,9 @@ class StreamServerProtocol(Protocol):
         self._corr = 0
         self._pendingUpdates = {}
         self.mechanism = None
+        #: reading is paused while a resource alarm blocks publishers (a timer looks again)
+        self.blocked = False
+        self._blockCall = None
 
     # --- connection
 
@@ -154,7 +159,7 @@ class StreamServerProtocol(Protocol):
     def connectionLost(self, reason=None):
         self.closed = True
         self.factory.connections.discard(self)
-        for call in (self._pumpCall, self._hbCall, self._handshakeTimer):
+        for call in (self._pumpCall, self._hbCall, self._handshakeTimer, self._blockCall):
             if call is not None and call.active():
                 call.cancel()
         for sub in list(self.subscriptions.values()):
@@ -342,6 +347,9 @@ class StreamServerProtocol(Protocol):
         if self.closed:
             return
         now = self.clock.seconds()
+        if self.blocked:
+            # not reading: the client's heartbeats wait in the socket (RabbitMQ pauses its monitor)
+            self._lastReceived = now
         if now - self._lastReceived > 2 * self.heartbeat:
             log.info("stream connection: missed heartbeats, closing")
             self.transport.abortConnection()
@@ -463,6 +471,11 @@ class StreamServerProtocol(Protocol):
         if p is None:
             self.send(wire.publishError(pid, [(i, wire.PUBLISHER_DOES_NOT_EXIST) for i, _ in entries]))
             return
+        if self.broker.alarmed and not self.blocked:
+            # as RabbitMQ: a publishing connection stops being read during a memory or disk alarm
+            self.blocked = True
+            self.transport.pauseProducing()
+            self._blockCall = self.clock.callLater(ALARM_CHECK, self._checkAlarm)
         if batch is not None:
             # the fast path: the frame's entries are the chunk's, as they came
             ids, data = batch
@@ -613,6 +626,17 @@ class StreamServerProtocol(Protocol):
             self.factory.groups.join(sub.group, self, sub, index)
         else:
             self._schedulePump()
+
+    def _checkAlarm(self):
+        self._blockCall = None
+        if self.closed:
+            return
+        if self.broker.alarmed:
+            self._blockCall = self.clock.callLater(ALARM_CHECK, self._checkAlarm)
+            return
+        self.blocked = False
+        self._lastReceived = self.clock.seconds()
+        self.transport.resumeProducing()
 
     def _streamChanged(self, stream):
         """The core's listen callback: new data, or the stream was deleted (by any protocol)."""

@@ -283,6 +283,21 @@ class PublishTests(StreamDoorTestCase):
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("m"))
         self.assertEqual(code, wire.STREAM_DOES_NOT_EXIST)
 
+    def test_resourceAlarmBlocksReading(self):
+        """During a memory or disk alarm a publishing connection is not read; it is again after."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        self.patch(type(self.broker), "alarmed", property(lambda b: self._alarm))
+        self._alarm = True
+        c.feed(wire.publishFrame(1, [(1, b"a")]))
+        self.assertEqual(c.transport.producerState, "paused")
+        self.clock.advance(door.ALARM_CHECK)
+        self.assertEqual(c.transport.producerState, "paused")
+        self._alarm = False
+        self.clock.advance(door.ALARM_CHECK)
+        self.assertEqual(c.transport.producerState, "producing")
+
     def test_unknownPublisher(self):
         c = self.client()
         c.feed(wire.publishFrame(9, [(4, b"a")]))
