@@ -94,6 +94,8 @@ class Broker:
         self._memoryProbe = memoryProbe
         self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
+        #: the cluster node (otter_tx.cluster.node.ClusterNode) when this broker is one node of a cluster
+        self.cluster = None
         #: global runtime parameters, name -> JSON value (``/api/global-parameters``;
         #: ``cluster_name`` names the cluster in the overview); stored durably
         self.globalParameters = {}
@@ -435,6 +437,21 @@ class Broker:
         if firstBoot:
             journal.writeAll()
         return journal
+
+    def sync(self):
+        """
+        A Deferred that fires once everything taken so far is safe: the
+        journal's ``sync()`` and, in a cluster, every other node's answer
+        for what was forwarded to it (a failure of either fails it, as
+        :meth:`Journal.sync <otter_tx.broker.durability.Journal.sync>` does).
+        """
+        d = self.journal.sync()
+        if self.cluster is None:
+            return d
+        from twisted.internet.defer import gatherResults
+
+        return gatherResults([d, self.cluster.sync()], consumeErrors=True).addErrback(
+            lambda f: f.value.subFailure)
 
     def entityChanged(self, kind, vhost, obj, deleted=False):
         """

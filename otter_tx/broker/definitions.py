@@ -11,9 +11,9 @@ changes nothing).
 What otter_tx lacks is not imported and is reported, never silently
 dropped: each such item gives one text in the list :func:`importDefinitions`
 returns and one log line.  As RabbitMQ 3.10 does for a failing item, the
-other items are still applied.  Quorum queues are imported
-(docs/quorum.md).  Reported: queues with an ``x-queue-type`` other than
-``classic`` or ``quorum`` (stream), topic permissions, runtime
+other items are still applied.  Quorum queues and streams are imported
+(docs/quorum.md, docs/streams.md).  Reported: queues with an ``x-queue-type`` other than
+``classic``, ``quorum`` or ``stream``, topic permissions, runtime
 parameters of components other than ``vhost-limits`` (shovels,
 federation...), and any item the broker refuses (invalid arguments or
 limits, inequivalent redeclare, missing vhost, user or binding end).  The
@@ -247,7 +247,7 @@ class _Import:
                 continue
             args = item.get("arguments") or {}
             qtype = args.get("x-queue-type", "classic") if isinstance(args, dict) else "classic"
-            if qtype not in ("classic", "quorum"):
+            if qtype not in ("classic", "quorum", "stream"):
                 self.report("queue", label, "%s queues are not supported" % (qtype,))
                 continue
             try:

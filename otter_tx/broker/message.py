@@ -57,6 +57,7 @@ class Message:
         "stored",
         "addressCache",
         "commandUser",
+        "forwarded",
     )
 
     def __init__(self, exchange, routingKey, propsRaw, body, props=None):
@@ -66,6 +67,9 @@ class Message:
         self.size = len(body)
         self.storeId = 0
         self.stored = False
+        #: [(link, forward number)] once forwarded to queues on other nodes (its
+        #: confirm waits for their answers; otter_tx.cluster.link), else None
+        self.forwarded = None
         self.addressCache = None
         if props is None:
             props = codec.decodeProperties(propsRaw) if propsRaw[:2] != _EMPTY_PROPS else {}

@@ -142,11 +142,16 @@ def validateDefinition(d):
             raise PolicyError("%s is not a valid delivery limit"
                               % ('<<"%s">>' % (v,) if isinstance(v, str) else v,))
         if k == "max-age" and not (isinstance(v, str) and _validAge(v)):
-            raise PolicyError("%s is not a valid max age" % (v,))
+            raise PolicyError("%s is not a valid max age" % (_erl(v),))
         if k == "stream-max-segment-size-bytes" and not (isInteger(v) and v >= 0):
-            raise PolicyError("%s is not a valid segment size" % (v,))
+            raise PolicyError("%s is not a valid segment size" % (_erl(v),))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
+
+
+def _erl(v):
+    """A policy value as RabbitMQ prints it in a validation text (strings as ``<<"v">>``)."""
+    return '<<"%s">>' % (v,) if isinstance(v, str) else v
 
 
 def _validAge(text):

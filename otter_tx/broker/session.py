@@ -33,6 +33,7 @@ import os
 from collections import OrderedDict, deque
 from operator import itemgetter
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -196,6 +197,8 @@ class Session:
         self.confirmMode = False
         self.publishSeq = 0
         self._confirms = []
+        #: [(publish seq, [(link, forward number)])] of confirms waiting on other nodes' answers
+        self._forwardedConfirms = None
         self.txMode = False
         self._txPublishes = []
         self._txAcks = []
@@ -271,11 +274,17 @@ class Session:
                 name = serverNamedQueue()
                 serverNamed = True
             self.checkQueueDeclare(name, args)
-        existed = name in self.vhost.queues
+        existed = self.vhost.findQueue(name) is not None
         q = self.vhost.declareQueue(
             name, self.client, passive, durable, exclusive, autoDelete, args,
             serverNamed=serverNamed,
         )
+        if isinstance(q, Deferred):
+            # a new queue of a cluster: declared once its record is written
+            return q.addCallback(self._declared, passive, existed)
+        return self._declared(q, passive, existed)
+
+    def _declared(self, q, passive, existed):
         if not passive:
             self.counters.queuesDeclared += 1
             if not existed:
@@ -306,7 +315,7 @@ class Session:
         """queue.unbind (no error when the exchange or the binding is missing)."""
         qname = self.queueName(queue)
         self.checkBind("queue", qname, exchange)
-        q = self.vhost.queues.get(qname)
+        q = self.vhost.findQueue(qname)
         if q is None:
             return
         self.vhost.getQueue(qname, self.client)  # 405 for another connection's exclusive queue
@@ -342,7 +351,7 @@ class Session:
         """
         name = self.queueName(queue)
         self.access.check(CONFIGURE, "queue", name)
-        q = self.vhost.queues.get(name)
+        q = self.vhost.findQueue(name)
         if q is None:
             return None
         self.vhost.getQueue(name, self.client)
@@ -453,6 +462,12 @@ class Session:
         """
         q = self.readableQueue(queue)
         entry = q.basicGet(noAck)
+        if isinstance(entry, Deferred):
+            # a queue on another node
+            return entry.addCallback(self._got, q, noAck)
+        return self._got(entry, q, noAck)
+
+    def _got(self, entry, q, noAck):
         stats = self.stats
         if entry is None:
             stats.getEmpty += 1
@@ -663,15 +678,23 @@ class Session:
         if seq:
             stats.publishConfirm += 1
             self._confirms.append((seq, not rejected))
-            if message.stored or self.broker.streams.unsynced:
-                # (a stream append not durable yet: docs/streams.md)
+            forwarded = message.forwarded
+            if forwarded:
+                # taken by queues on other nodes: the confirm waits for their answer
+                # (and a nack for a queue there that refused it, reject-publish)
+                self._needSync = True
+                if self._forwardedConfirms is None:
+                    self._forwardedConfirms = []
+                self._forwardedConfirms.append((seq, forwarded))
+            elif message.stored or self.broker.streams.unsynced:
+                # (or a stream append not durable yet: docs/streams.md)
                 self._needSync = True
             self.client.noteConfirms(self)
         return routed, rejected
 
     def _sync(self):
         """A Deferred that fires once the store has synced everything written so far."""
-        return self.broker.journal.sync()
+        return self.broker.sync()
 
     def flushConfirms(self):
         """
@@ -688,6 +711,7 @@ class Session:
         if self.closed or not confirms:
             return
         needSync, self._needSync = self._needSync, False
+        forwarded, self._forwardedConfirms = self._forwardedConfirms, None
         outbox = self._confirmOutbox
         if outbox is None:
             outbox = self._confirmOutbox = deque()
@@ -696,6 +720,11 @@ class Session:
             outbox.append(slot)
 
             def synced(_):
+                if forwarded:
+                    refused = {seq for seq, fwds in forwarded
+                               if any([link.refused(n) for link, n in fwds])}
+                    if refused:
+                        slot[0] = [(seq, ok and seq not in refused) for seq, ok in confirms]
                 slot[1] = True
                 self._drainConfirms()
 
@@ -752,7 +781,7 @@ class Session:
                 self._settle(taken)
             else:
                 self._doReject(taken, requeue)
-        if any(message.stored for _, message, _ in publishes):
+        if any(message.stored or message.forwarded for _, message, _ in publishes):
             # persistent messages in durable queues: commit-ok once on disk
             def done(_):
                 if not self.closed:

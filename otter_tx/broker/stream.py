@@ -51,14 +51,18 @@ __all__ = ["StreamRegistry", "StreamLog", "StreamReader", "StreamQueue", "Offset
 
 STREAM = "stream"
 
-#: RabbitMQ's default x-stream-max-segment-size-bytes (500 MB)
-DEFAULT_SEGMENT_BYTES = 500_000_000
+#: the segment size without x-stream-max-segment-size-bytes: 64 MiB (RabbitMQ's
+#: default is 500 MB; smaller segments make retention finer and a restart,
+#: which reads each segment once, lighter; docs/streams.md)
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 #: messages one StreamQueue.dispatch call hands out before yielding the reactor
 DISPATCH_MESSAGES = 256
 #: messages one reader read fetches (a bounded piece of disk work)
 READ_BATCH = 128
-#: most bytes one reader read takes from the file at once
+#: most message bytes one reader read returns
 READ_BYTES = 1024 * 1024
+#: bytes read from a segment file at a time (a larger record is read whole)
+READ_PIECE = 64 * 1024
 
 class OffsetSpec:
     """
@@ -121,7 +125,11 @@ def parseOffsetSpec(value, now=None):
 
 
 class _Count:
-    """Stands for a sealed segment's per-message id array: only its length is kept."""
+    """
+    Stands for a stream segment's per-message id array (``Segment.ids``):
+    only its length is kept (a stream's messages are never acknowledged, so
+    the log never looks an id up); ``append`` counts.
+    """
 
     __slots__ = ("n",)
 
@@ -130,6 +138,24 @@ class _Count:
 
     def __len__(self):
         return self.n
+
+    def append(self, _):
+        self.n += 1
+
+
+class _NoFlags:
+    """Stands for a stream segment's per-message flags (``Segment.flags``): nothing is kept."""
+
+    __slots__ = ()
+
+    def append(self, _):
+        pass
+
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, i):
+        raise IndexError(i)
 
 
 def _dirName(vhost, name):
@@ -225,7 +251,7 @@ class StreamLog:
             self.log = QueueLog.open(directory, segmentBytes)
             self.log.releaseRecovery()
             self._lastChunk = _lastChunkFirst(self.log)
-            for seg in self.log.segments[:-1]:
+            for seg in self.log.segments:
                 _trim(seg)
         else:
             self.log = QueueLog.create(directory, segmentBytes=segmentBytes)
@@ -324,6 +350,9 @@ class StreamLog:
             o = log.enqueueRecord(log._lastId + 1, 0, now, False, rec)
             if firstOffset is None:
                 firstOffset = o
+        for seg in log.segments[nseg - 1 if nseg else 0:]:
+            # the per-message arrays hold at most this turn's messages
+            _trim(seg)
         self._waiting = [(d, firstOffset + i) for i, (_, _, d) in enumerate(incoming)]
         self._writing = True
         rolled = len(log.segments) > nseg
@@ -348,8 +377,6 @@ class StreamLog:
         waiting, self._waiting = self._waiting, []
         self.registry.unsynced -= len(waiting)
         if rolled:
-            for seg in log.segments[:-1]:
-                _trim(seg)
             self.applyRetention()
         for d, offset in waiting:
             if d is not None:
@@ -363,6 +390,8 @@ class StreamLog:
         self._writing = False
         try:
             self.log.rollback()
+            for seg in self.log.segments:
+                _trim(seg)
         except Exception:
             pass
         self._nextOffset = self.log.committed
@@ -515,10 +544,10 @@ class StreamLog:
 
 
 def _trim(seg):
-    """A sealed stream segment keeps only its sparse indexes (memory stays bounded)."""
+    """A stream segment keeps only its sparse indexes (memory stays bounded, active segment too)."""
     if not isinstance(seg.ids, _Count):
         seg.ids = _Count(len(seg.ids))
-        seg.flags = bytearray()
+        seg.flags = _NoFlags()
         seg.pins = set()
         seg.pinnedBy = set()
 
@@ -558,9 +587,9 @@ class StreamReader:
         self.offset = offset
         self._f = None
         self._seg = None
-        # the current chunk: its end and the next record's position
-        self._chunkEnd = None
+        # the next record's byte position in the segment file, and its offset
         self._pos = None
+        self._cursorOffset = None
         self.closed = False
 
     def close(self):
@@ -597,80 +626,71 @@ class StreamReader:
             return False
         self._seg = seg
         k = (self.offset - seg.first) // INDEX_EVERY
-        target = seg.index[k] if k < len(seg.index) else FILE_HEADER.size
-        o = seg.first + k * INDEX_EVERY if k < len(seg.index) else seg.first
-        # walk the chunk headers to the chunk holding `target`
-        f = self._f
-        p = FILE_HEADER.size
-        while True:
-            f.seek(p)
-            head = f.read(CHUNK_HEADER.size)
-            if len(head) < CHUNK_HEADER.size:
-                self._drop()
-                return False
-            _, length, _, _ = CHUNK_HEADER.unpack(head)
-            end = p + CHUNK_HEADER.size + length
-            if target < end:
-                break
-            p = end
-        self._chunkEnd = end
-        self._pos = max(target, p + CHUNK_HEADER.size)
-        # skip records to the wanted offset
-        skip = self.offset - o
-        self._cursorOffset = o
+        if k < len(seg.index):
+            # the byte position of message first + k * INDEX_EVERY (inside a chunk)
+            self._pos = seg.index[k]
+            self._cursorOffset = seg.first + k * INDEX_EVERY
+        else:
+            self._pos = FILE_HEADER.size
+            self._cursorOffset = seg.first
+        # skip records to the wanted offset (fewer than INDEX_EVERY)
+        skip = self.offset - self._cursorOffset
         while skip > 0:
-            got = self._records(min(skip, 4096), None, decode=False)
+            got = self._records(min(skip, INDEX_EVERY), None, decode=False)
             if not got:
                 return False
             skip -= len(got)
         return True
 
     def _records(self, limit, maxBytes, decode=True):
-        """Up to ``limit`` ENQ records from the cursor within one segment; advances it."""
+        """
+        Up to ``limit`` ENQ records from the cursor within one segment;
+        advances it.  Records of a chunk are contiguous and a chunk header
+        starts with :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a
+        record length it would be over 1 GB, which no record is), so the
+        cursor walks records and steps over the headers it meets without
+        knowing where chunks end.
+        """
         f = self._f
-        seg = self._seg
         out = []
         size = 0
-        committed = self.stream.log.committed
+        committed = min(self.stream.log.committed, self._seg.next)
+        magic = _seg.CHUNK_MAGIC
+        headSize = CHUNK_HEADER.size
+        unpack = _seg._LEN_TYPE.unpack_from
         while len(out) < limit and self._cursorOffset < committed:
-            if self._pos >= self._chunkEnd:
-                # the next chunk, or the next segment
-                if self._chunkEnd + CHUNK_HEADER.size > seg.size or self._cursorOffset >= seg.next:
-                    return out
-                f.seek(self._chunkEnd)
-                head = f.read(CHUNK_HEADER.size)
-                if len(head) < CHUNK_HEADER.size:
-                    return out
-                _, length, _, _ = CHUNK_HEADER.unpack(head)
-                start = self._chunkEnd + CHUNK_HEADER.size
-                self._pos = start
-                self._chunkEnd = start + length
-                continue
             f.seek(self._pos)
-            want = min(self._chunkEnd - self._pos, READ_BYTES)
-            buf = f.read(want)
+            buf = f.read(READ_PIECE)
+            if len(buf) < 5:
+                break
             p = 0
-            while p + 5 <= len(buf) and len(out) < limit and self._cursorOffset < committed:
-                n, kind = _seg._LEN_TYPE.unpack_from(buf, p)
-                if p + 4 + n > len(buf):
+            n = len(buf)
+            while p + 5 <= n and len(out) < limit and self._cursorOffset < committed:
+                if buf[p:p + 4] == magic:
+                    if p + headSize > n:
+                        break
+                    p += headSize
+                    continue
+                length, kind = unpack(buf, p)
+                if p + 4 + length > n:
                     if p == 0:
                         # one record larger than READ_BYTES
                         f.seek(self._pos)
-                        buf = f.read(4 + n)
+                        buf = f.read(4 + length)
+                        n = len(buf)
+                        if n < 4 + length:
+                            break
                         continue
                     break
                 if kind == ENQ:
-                    if decode:
-                        out.append((self._cursorOffset, decodeEnq(buf, p)))
-                    else:
-                        out.append(None)
+                    out.append((self._cursorOffset, decodeEnq(buf, p)) if decode else None)
                     self._cursorOffset += 1
-                    if decode:
-                        size += n
-                        if maxBytes is not None and size >= maxBytes:
-                            p += 4 + n
-                            break
-                p += 4 + n
+                    size += length
+                p += 4 + length
+                if maxBytes is not None and size >= maxBytes:
+                    break
+            if p == 0:
+                break
             self._pos += p
             if maxBytes is not None and size >= maxBytes:
                 break
@@ -829,18 +849,19 @@ class StreamQueue(Queue):
 
     def checkConsume(self, noAck, prefetch, arguments):
         """
-        RabbitMQ 3.10's stream consumer rules (checked on the peer): no-ack
-        is 540 ``automatic acknowledgement not supported by stream queues
-        queue 'Q' in vhost 'V'`` (connection); a zero consumer prefetch 406
-        ``consumer prefetch count is not set for 'queue 'Q' in vhost 'V''``;
+        RabbitMQ 3.10's stream consumer rules (checked on the peer, in this
+        order): a zero consumer prefetch is 406 ``consumer prefetch count is
+        not set for 'queue 'Q' in vhost 'V''`` (a global one does not
+        count); no-ack 540 ``automatic acknowledgement not supported by
+        stream queues queue 'Q' in vhost 'V'`` (connection);
         a malformed ``x-stream-offset`` 406 ``{invalid_stream_offset_arg,
         ...}`` (or 541, where RabbitMQ crashes).
         """
         where = resourceText("queue", self.name, self.vhost.name)
-        if noAck:
-            raise notImplemented("automatic acknowledgement not supported by stream queues %s" % (where,))
         if not prefetch:
             raise preconditionFailed("consumer prefetch count is not set for '%s'" % (where,))
+        if noAck:
+            raise notImplemented("automatic acknowledgement not supported by stream queues %s" % (where,))
         value = (arguments or {}).get("x-stream-offset", "next")
         try:
             parseOffsetSpec(value, nowMs(self.clock))
@@ -907,7 +928,7 @@ class StreamQueue(Queue):
                         more = True
                         break
                     if not state.buffer:
-                        state.buffer = state.reader.read(min(READ_BATCH, max(c.prefetch or READ_BATCH, 1)))
+                        state.buffer = state.reader.read(min(READ_BATCH, getattr(c, "prefetch", 0) or READ_BATCH))
                         state.buffer.reverse()
                         if not state.buffer:
                             break

@@ -148,6 +148,8 @@ class VHost:
         self.clock = broker.clock
         self.exchanges = {}
         self.queues = {}
+        #: name -> a queue on another node of the cluster (otter_tx.cluster.remote.RemoteQueue)
+        self.remoteQueues = {}
         self.policies = {}
         #: name -> :class:`~otter_tx.broker.policy.OperatorPolicy`
         self.operatorPolicies = {}
@@ -291,10 +293,19 @@ class VHost:
         """
         q = self.queues.get(name)
         if q is None:
-            raise notFound("no %s" % (resourceText("queue", name, self.name),))
+            q = self.remoteQueues.get(name)
+            if q is None:
+                raise notFound("no %s" % (resourceText("queue", name, self.name),))
+            if q.down:
+                raise notFound(q.downText)
         if q.owner is not None and q.owner is not connection:
             raise resourceLocked(_lockedText(name, self.name))
         return q
+
+    def findQueue(self, name):
+        """The queue ``name`` of this node or of another node of the cluster, or None."""
+        q = self.queues.get(name)
+        return q if q is not None else self.remoteQueues.get(name)
 
     def declareQueue(self, name, connection, passive=False, durable=False, exclusive=False,
                      autoDelete=False, arguments=None, serverNamed=False):
@@ -310,6 +321,9 @@ class VHost:
             if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
                 return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
+            if self.remoteQueues.get(name) is q:
+                # on another node: its counts come from there (a Deferred)
+                return q.declared(renew=not q.quorum)
             if not q.quorum:
                 # a quorum queue's lease is not renewed by a passive declare (3.10)
                 q.touch()
@@ -323,6 +337,10 @@ class VHost:
         elif name.startswith("amq.") and not serverNamed:
             raise accessRefused("queue name '%s' contains reserved prefix 'amq.*'" % (name,))
         q = self.queues.get(name)
+        if q is None:
+            q = self.remoteQueues.get(name)
+            if q is not None and q.down:
+                raise notFound(q.downText)
         if q is not None:
             if q.owner is not None and (q.owner is not connection or not exclusive):
                 raise resourceLocked(_lockedText(name, self.name))
@@ -334,6 +352,8 @@ class VHost:
                 "queue", name, self.name, arguments, q.arguments,
                 _EQUIVALENCE.get(q.queueType, EQUIVALENCE_ARGS),
             )
+            if self.remoteQueues.get(name) is q:
+                return q.declared(renew=True)
             q.touch()
             return q
         validateQueueArguments(arguments, name, self.name)
@@ -346,6 +366,11 @@ class VHost:
             raise preconditionFailed(
                 "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached"
                 % (name, self.name, limit))
+        cluster = self.broker.cluster
+        if cluster is not None and not cluster.applying:
+            # a new queue of a cluster: its record first (otter_tx.cluster.node)
+            return cluster.declareQueue(self, name, connection, durable, exclusive, autoDelete, arguments,
+                                        serverNamed)
         q = _QUEUE_KINDS.get(qtype, Queue)(
             self,
             name,
@@ -374,11 +399,18 @@ class VHost:
         """
         if q.deleted:
             return 0
+        cluster = self.broker.cluster
+        if cluster is not None and not cluster.applying and self.remoteQueues.get(q.name) is q:
+            # a queue on another node: deleted there (a Deferred firing with its count)
+            return cluster.deleteRemote(self, q, ifUnused, ifEmpty)
         if q.quorum and (ifUnused or ifEmpty):
             # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)
             raise notImplemented(
                 "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
                 % (resourceText("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
+        if q.queueType == STREAM:
+            # RabbitMQ 3.10 deletes a stream whatever if-unused / if-empty say (checked on the peer)
+            ifUnused = ifEmpty = False
         if ifUnused and q.consumers:
             raise preconditionFailed("%s in use" % (resourceText("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:
@@ -451,10 +483,14 @@ class VHost:
             queues = self.queues
             if len(keys) == 1:
                 q = queues.get(keys[0])
-                if q is None and keys[0].startswith(REPLY_PREFIX):
-                    q = self.replyTo.get(keys[0][len(REPLY_PREFIX):])
+                if q is None:
+                    if keys[0].startswith(REPLY_PREFIX):
+                        q = self.replyTo.get(keys[0][len(REPLY_PREFIX):])
+                    else:
+                        q = self.remoteQueues.get(keys[0])
                 return (q,) if q is not None else ()
-            return {queues[k] for k in keys if k in queues}
+            remote = self.remoteQueues
+            return {queues[k] if k in queues else remote[k] for k in keys if k in queues or k in remote}
         found = set()
         self._routeOne(exchange, message, keys, found)
         if not found and exchange.alternate is None:
@@ -571,11 +607,17 @@ class VHost:
             return 0, False
         self.broker.nextMessageId(message)
         rejected = False
+        unrouted = 0
         for q in queues:
             # any IConsumerSource: a queue, or a direct reply-to consumer
-            if not q.enqueue(message):
-                rejected = True
-        return len(queues), rejected
+            taken = q.enqueue(message)
+            if not taken:
+                if taken is None:
+                    # a queue whose node is down: unroutable, as on RabbitMQ 3.10
+                    unrouted += 1
+                else:
+                    rejected = True
+        return len(queues) - unrouted, rejected
 
     # --- limits ---------------------------------------------------------------
 

@@ -15,6 +15,9 @@ connection turns channel-level codes (403, 404, 405, 406) into
 channel.close and the rest into connection.close, as RabbitMQ does.
 """
 
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
 from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, notImplemented
 from otter_tx.broker.publish import publishTarget
@@ -37,6 +40,14 @@ def _channelFlow(ch, m):
 
 def _ignore(ch, m):
     pass
+
+
+def _then(result, fn):
+    """``fn(result)`` now, or when ``result`` (a Deferred: a cluster's answer) fires."""
+    if isinstance(result, Deferred):
+        return result.addCallback(fn)
+    fn(result)
+    return None
 
 
 def _exchangeDeclare(ch, m):
@@ -62,7 +73,7 @@ def _exchangeUnbind(ch, m):
 
 def _queueDeclare(ch, m):
     q = ch.session.declareQueue(m.queue, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments)
-    _reply(ch, m, spec.QueueDeclareOk(q.name, q.readyCount, q.consumerCount))
+    return _then(q, lambda q: _reply(ch, m, spec.QueueDeclareOk(q.name, q.readyCount, q.consumerCount)))
 
 
 def _queueBind(ch, m):
@@ -77,7 +88,7 @@ def _queueUnbind(ch, m):
 
 def _queuePurge(ch, m):
     n = ch.session.purgeQueue(m.queue)
-    _reply(ch, m, spec.QueuePurgeOk(n))
+    return _then(n, lambda n: _reply(ch, m, spec.QueuePurgeOk(n)))
 
 
 def _queueDelete(ch, m):
@@ -85,11 +96,24 @@ def _queueDelete(ch, m):
     # queue see basic.cancel: the connection holds those until the reply is out
     conn = ch.connection
     conn.holdCancels()
+    later = False
     try:
         n = ch.session.deleteQueue(m.queue, m.if_unused, m.if_empty)
+        if isinstance(n, Deferred):
+            # a queue on another node: the cancels wait for the reply too
+            later = True
+
+            def done(result):
+                if not isinstance(result, Failure):
+                    _reply(ch, m, spec.QueueDeleteOk(result or 0))
+                conn.releaseCancels()
+                return result
+
+            return n.addBoth(done)
         _reply(ch, m, spec.QueueDeleteOk(n or 0))
     finally:
-        conn.releaseCancels()
+        if not later:
+            conn.releaseCancels()
 
 
 def _basicQos(ch, m):
@@ -118,6 +142,12 @@ def _basicCancel(ch, m):
 
 def _basicGet(ch, m):
     got = ch.session.get(m.queue, m.no_ack)
+    if isinstance(got, Deferred):
+        return got.addCallback(lambda got: _getOk(ch, got))
+    _getOk(ch, got)
+
+
+def _getOk(ch, got):
     if got is None:
         ch.connection.sendMethod(ch.number, spec.BasicGetEmpty(""))
         return
@@ -220,11 +250,21 @@ class Channel:
         if handler is None:
             raise AMQPError(spec.COMMAND_INVALID, "%s not allowed on a channel" % (cls.NAME,), cls)
         try:
-            handler(self, m)
+            result = handler(self, m)
         except AMQPError as e:
             if e.method is None:
                 e.method = cls
             raise
+        if result is not None:
+            # the answer comes later (a cluster's metadata or another node):
+            # the connection reads nothing more until it is sent
+            def named(f):
+                if f.check(AMQPError) and f.value.method is None:
+                    f.value.method = cls
+                return f
+
+            return result.addErrback(named)
+        return None
 
     def publishMethod(self, exchange, routingKey, mandatory, address):
         """

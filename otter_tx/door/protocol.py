@@ -26,6 +26,7 @@ from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, I
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.tcp import Connection as _TCPConnection
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from otter_tx import __version__
@@ -469,7 +470,8 @@ class AMQPServerProtocol(Protocol):
         # the memory alarm reads RSS every so many received bytes, whichever door (Broker.received)
         self.broker.received(len(data))
         engine.receiveData(data, self.clock.seconds())
-        self._process()
+        if self._waiting is None:
+            self._process()
 
     def _process(self):
         """
@@ -523,7 +525,10 @@ class AMQPServerProtocol(Protocol):
                     _, chno, tag, multiple = event
                     channels[chno].ack(tag, multiple)
                 elif kind is METHOD:
-                    channels[event[1]].method(event[2])
+                    later = channels[event[1]].method(event[2])
+                    if later is not None:
+                        self._wait(later, event[1])
+                        return
                 else:
                     self._otherEvent(event)
             except AMQPError as e:
@@ -564,6 +569,8 @@ class AMQPServerProtocol(Protocol):
                 return
 
     _sliced = False
+    #: the Deferred of a method answered later (a cluster's), or None
+    _waiting = None
     _opened = False  # connection.open-ok was sent
     _dropped = False  # the socket is being dropped (_closeNow)
 
@@ -603,9 +610,47 @@ class AMQPServerProtocol(Protocol):
         elif kind is _engine.CONNECTION_CLOSE_OK:
             self._closeNow()
 
+    def _wait(self, later, chno):
+        """
+        A channel method is answered later (``later``, a Deferred: a
+        cluster's metadata write or another node's reply): nothing more is
+        read from this connection until it fires, so every method after it
+        sees its outcome, in order (AMQP 0-9-1 section 2.3.2).
+        """
+        self._waiting = later
+        self.transport.pauseProducing()
+
+        def done(result):
+            self._waiting = None
+            if isinstance(result, Failure):
+                if self.engine.state is _engine.CLOSED:
+                    return None
+                e = result.value
+                if result.check(AMQPError):
+                    if e.channelLevel and chno in self.channels:
+                        self.closeChannel(chno, e)
+                    else:
+                        self._connectionError(e.code, e.text, e.method, detail=e.detail)
+                else:
+                    log.failure("internal error answering a method from {peer}", result, peer=self.name)
+                    self._connectionError(spec.INTERNAL_ERROR, "INTERNAL_ERROR - internal error")
+                self._flush()
+            if self.engine.state is _engine.CLOSED:
+                return None
+            self._flush()
+            if not self._readPaused and not self._sliced:
+                self.transport.resumeProducing()
+            if self.engine.buffered():
+                self._process()
+            return None
+
+        later.addBoth(done)
+
     def _continueSlice(self):
         self._sliced = False
         if self.engine.state is _engine.CLOSED:
+            return
+        if self._waiting is not None:
             return
         if not self._readPaused:
             self.transport.resumeProducing()

@@ -358,8 +358,14 @@ class OtterService(MultiService):
                  configFiles=(), logFiles=(), defaultDeliveryLimit=None,
                  sslCertLoginFrom=DEFAULT_LOGIN_FROM, sslCertLoginSanType=DEFAULT_SAN_TYPE,
                  sslCertLoginSanIndex=DEFAULT_SAN_INDEX,
-                 managementMaxBodySize=DEFAULT_MAX_BODY_SIZE):
+                 managementMaxBodySize=DEFAULT_MAX_BODY_SIZE, cluster=None):
         MultiService.__init__(self)
+        #: the cluster settings (dict: ``nodeName``, ``etcd`` (list of URLs) or
+        #: ``metadata`` (a metadata store object), ``link`` (endpoint string),
+        #: ``advertise`` (host), ``locator``), or None for a single node
+        self.clusterSettings = dict(cluster) if cluster else None
+        #: the ClusterNode once joined
+        self.clusterNode = None
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -569,6 +575,7 @@ class OtterService(MultiService):
 
         d.addErrback(openFailed)
         d.addCallback(self._recovered)
+        d.addCallback(lambda _: self._joinCluster())
         d.addCallback(lambda _: self._freezeBoot())
         d.addCallback(lambda _: self._listen())
 
@@ -613,6 +620,51 @@ class OtterService(MultiService):
             self.diskMonitor.start()
         self.broker.startAckTimeoutChecks()
         self.broker.startStatistics()
+
+    # --- the cluster -----------------------------------------------------------------
+
+    def _joinCluster(self):
+        """
+        With cluster settings: listen for links from other nodes, then join
+        (:class:`otter_tx.cluster.node.ClusterNode`): the metadata store's
+        records are mirrored before any client port opens.  A metadata store
+        that cannot be reached stops the start (``StartError``).
+        """
+        settings = self.clusterSettings
+        if not settings:
+            return None
+        from twisted.internet.endpoints import serverFromString
+
+        from otter_tx.cluster.link import LinkFactory
+        from otter_tx.cluster.node import ClusterNode
+
+        metadata = settings.get("metadata")
+        if metadata is None:
+            from otter_tx.cluster.etcdmeta import EtcdMetadata
+
+            metadata = EtcdMetadata(settings["etcd"], self.reactor, settings.get("prefix", "/otter/"))
+        self.broker.nodeName = settings["nodeName"]
+        node = ClusterNode(self.broker, settings["nodeName"], metadata, self.reactor,
+                           locator=settings.get("locator", "client-local"),
+                           leaseTTL=settings.get("leaseTTL", 5),
+                           advertise=settings.get("advertise", "127.0.0.1"))
+        self.clusterNode = node
+        endpoint = serverFromString(self.reactor, settings.get("link", "tcp:0:interface=127.0.0.1"))
+
+        def listening(port):
+            self._linkPort = port
+            info = {"amqp": [], "pid": os.getpid()}
+            return node.start(port.getHost().port, info)
+
+        def failed(f):
+            if f.check(StartError):
+                return f
+            raise StartError("cluster: cannot join through %s: %s" % (
+                ", ".join(settings.get("etcd") or ["the metadata store"]), f.getErrorMessage()))
+
+        return endpoint.listen(LinkFactory(node)).addCallback(listening).addErrback(failed)
+
+    _linkPort = None
 
     # --- listening -----------------------------------------------------------------
 
@@ -879,6 +931,12 @@ class OtterService(MultiService):
         writes (the Deferred fires once everything is fsync'd).
         """
         Service.stopService(self)
+        clusterStop = []
+        if self.clusterNode is not None:
+            clusterStop.append(self.clusterNode.stop())
+            if self._linkPort is not None:
+                clusterStop.append(maybeDeferred(self._linkPort.stopListening))
+                self._linkPort = None
         self.broker.stop()
         if self.diskMonitor is not None:
             self.diskMonitor.stop()
@@ -886,6 +944,7 @@ class OtterService(MultiService):
         for conn in list(self.broker.connections):
             conn.close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         stops = [maybeDeferred(child.stopService) for child in reversed(list(self)) if child.running]
+        stops.extend(clusterStop)
         d = DeferredList(stops, consumeErrors=True)
 
         def logFailures(results):

@@ -69,6 +69,11 @@ _DEFAULTS = {
     "ssl-cert-login-from": DEFAULT_LOGIN_FROM,
     "ssl-cert-login-san-type": DEFAULT_SAN_TYPE,
     "ssl-cert-login-san-index": DEFAULT_SAN_INDEX,
+    "cluster-etcd": None,
+    "node-name": None,
+    "cluster-link": "tcp:0:interface=127.0.0.1",
+    "cluster-advertise": "127.0.0.1",
+    "queue-leader-locator": "client-local",
 }
 
 #: keys a config file may hold besides the options of _DEFAULTS
@@ -421,6 +426,18 @@ def _endpoints(value, cli=False):
     return [checkEndpoint(v) for v in value]
 
 
+def _etcdURLs(value, cli=False):
+    """etcd client URLs: a comma-separated string or a list of ``http://host:port``."""
+    if isinstance(value, str):
+        value = [u.strip() for u in value.split(",") if u.strip()]
+    if not isinstance(value, list) or not value:
+        raise _Invalid("must be etcd client URLs (http://127.0.0.1:2379[,http://...]), got %s" % (_shown(value),))
+    for u in value:
+        if not isinstance(u, str) or not re.match(r"^https?://[^/:]+(:\d+)?/?$", u):
+            raise _Invalid("not an etcd client URL (http://host:port): %s" % (_shown(u),))
+    return value
+
+
 def _users(value, cli=False):
     """Comma-separated string or list of strings -> list of str."""
     if isinstance(value, str):
@@ -566,6 +583,11 @@ _VALIDATORS = {
     "ssl-cert-login-from": _choice(LOGIN_FROM_VALUES),
     "ssl-cert-login-san-type": _choice(SAN_TYPES),
     "ssl-cert-login-san-index": _integer(0),
+    "cluster-etcd": _etcdURLs,
+    "node-name": _string(),
+    "cluster-link": lambda v, cli=False: checkEndpoint(v) if isinstance(v, str) else _endpoints(v)[0],
+    "cluster-advertise": _string(),
+    "queue-leader-locator": _choice(("client-local", "balanced")),
 }
 
 
@@ -637,6 +659,13 @@ class Options(usage.Options):
         ["ssl-cert-login-san-index", None, None,
          "With subject_alternative_name: which SAN of that type, from 0, like "
          "ssl_cert_login_san_index [default: 0]."],
+        ["cluster-etcd", None, None, "Join a cluster whose metadata lives in etcd at these client URLs "
+         "(comma-separated, http://127.0.0.1:2379); needs --node-name (docs/cluster.md)."],
+        ["node-name", None, None, "This node's name in the cluster (unique; shown as the queues' node)."],
+        ["cluster-link", None, None, "Endpoint other nodes' links connect to [default: tcp:0:interface=127.0.0.1]."],
+        ["cluster-advertise", None, None, "Host other nodes dial for the link [default: 127.0.0.1]."],
+        ["queue-leader-locator", None, None, "Where new queues live: client-local or balanced "
+         "[default: client-local]."],
         ["default-delivery-limit", None, None,
          "Delivery limit of quorum queues declared without x-delivery-limit or a delivery-limit "
          "policy: a number (RabbitMQ 4.x uses 20) or unlimited (RabbitMQ 3.10) [default: unlimited]."],
@@ -836,6 +865,10 @@ def resolveSettings(options):
             settings["server-properties"].update(value)
         else:
             settings[key] = value
+    if settings["cluster-etcd"] and not settings["node-name"]:
+        raise usage.UsageError("--node-name: required with --cluster-etcd")
+    if settings["node-name"] and not settings["cluster-etcd"]:
+        raise usage.UsageError("--cluster-etcd: required with --node-name")
     return settings
 
 
@@ -903,6 +936,15 @@ def makeService(options, reactor=None):
         sslCertLoginFrom=s["ssl-cert-login-from"],
         sslCertLoginSanType=s["ssl-cert-login-san-type"],
         sslCertLoginSanIndex=s["ssl-cert-login-san-index"],
+        cluster=_clusterSettings(s),
     )
     svc.exitOnFailure = True
     return svc
+
+
+def _clusterSettings(s):
+    """OtterService's ``cluster`` dict from the settings, or None for a single node."""
+    if not s["cluster-etcd"]:
+        return None
+    return {"etcd": s["cluster-etcd"], "nodeName": s["node-name"], "link": s["cluster-link"],
+            "advertise": s["cluster-advertise"], "locator": s["queue-leader-locator"]}

@@ -185,6 +185,26 @@ def queueDict(q, unacked=None, detail=False, view=None):
         # at-least-once dead letters waiting for a queue to take them
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
+    stream = getattr(q, "stream", None)
+    if stream is not None:
+        # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
+        # ``readers`` {node: 1} with or without consumers and no ``leader``), and
+        # otter_tx's own ``stream`` object (docs/management.md, docs/streams.md)
+        d["members"] = [NODE]
+        d["online"] = [NODE]
+        d["readers"] = {NODE: 1}
+        d["stream"] = {
+            "first_offset": stream.first,
+            "last_offset": stream.last,
+            "committed_offset": stream.committed,
+            "bytes": stream.bytes,
+            "max_length_bytes": stream.maxBytes,
+            "max_age_seconds": stream.maxAgeSeconds,
+            "segment_bytes": stream.log.segmentBytes,
+            "segments": [{"first_offset": s["first"], "next_offset": s["next"], "bytes": s["bytes"]}
+                         for s in stream.segmentsInfo()],
+            "readers": [{"consumer_tag": tag, "offset": offset} for tag, offset in q.readerOffsets()],
+        }
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.ready.persistent()
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]

@@ -562,3 +562,42 @@ class WebAppBrowserTests(TestCase):
         finally:
             conn.close()
         return seen
+
+
+class StreamPageTests(TestCase):
+    """The queue page of a stream shows its offsets, segments and readers (docs/streams.md)."""
+
+    timeout = 150
+
+    def setUp(self):
+        skipUnlessBrowser()
+
+    @defer.inlineCallbacks
+    def test_streamSection(self):
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        q = vh.declareQueue("web-stream", None, durable=True, arguments={
+            "x-queue-type": "stream", "x-stream-max-segment-size-bytes": 4096})
+        from otter_tx.broker.message import Message
+        for i in range(200):
+            q.enqueue(Message("", "web-stream", b"\x00\x00", b"event-%03d" % i))
+        yield q.stream.sync()
+        seen = yield threads.deferToThread(self.streamPage, url)
+        self.assertEqual(seen["committed"], "200")
+        self.assertEqual(seen["first"], "0")
+        self.assertGreater(seen["segments"], 1)
+        self.assertEqual(seen["readers"], "No readers")
+
+    def streamPage(self, url):
+        with browser() as page:
+            login(page, url)
+            page.goto(url + "#/queues/%2F/web-stream")
+            page.locator("#stream h2", has_text="Stream").wait_for()
+            box = page.locator("#stream")
+
+            def value(label):
+                return box.locator("dt", has_text=label).first.evaluate("(e) => e.nextElementSibling.textContent")
+
+            return {"committed": value("Committed (next) offset"), "first": value("First offset"),
+                    "segments": box.locator("table").first.locator("tbody tr").count(),
+                    "readers": box.locator("p.empty").last.inner_text().strip()}

@@ -35,6 +35,26 @@ EXTERNAL_URL = os.environ.get("OTTER_TEST_AMQP_URL")
 #: True when the suite is pointed at an external broker (RabbitMQ).
 EXTERNAL = bool(EXTERNAL_URL)
 
+#: True when that external broker is a node of an otter_tx cluster, not RabbitMQ
+#: (``OTTER_TEST_EXTERNAL_KIND=otter-cluster``: CI runs the suite against one node
+#: of a 3-node cluster, docs/cluster.md)
+EXTERNAL_OTTER = EXTERNAL and os.environ.get("OTTER_TEST_EXTERNAL_KIND") == "otter-cluster"
+
+
+def rabbitOnly(reason):
+    """
+    Decorator for external-broker tests that need RabbitMQ itself (its
+    rabbitmqctl, its product name): skipped when the external broker is an
+    otter_tx cluster node.  ``reason`` says what they need.
+    """
+
+    def deco(f):
+        if EXTERNAL_OTTER:
+            f.skip = "needs RabbitMQ as the external broker: " + reason
+        return f
+
+    return deco
+
 
 def onlyOtter(reason):
     """

@@ -31,7 +31,7 @@ from urllib.parse import quote
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 
-from otter_tx.test.interop.support import InteropTestCase, ManagementMixin, inProcessOnly
+from otter_tx.test.interop.support import InteropTestCase, ManagementMixin, inProcessOnly, rabbitOnly
 from otter_tx.test.interop.test_interop_raw import (
     CHANNEL_OPEN_OK,
     CONNECTION_CLOSE,
@@ -275,6 +275,8 @@ class ServerPropertiesTests(RawTestMixin, InteropTestCase):
 
     brokerOptions = {"serverProperties": {"product": "RabbitMQ", "version": "3.10.8"}}
 
+    @rabbitOnly("its server properties are set by brokerOptions in process; an external otter_tx "
+                "node has its own defaults")
     def test_productAndVersion(self):
         """connection.start carries the configured product and version; capabilities stay."""
         def scenario():

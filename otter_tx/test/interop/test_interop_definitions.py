@@ -14,6 +14,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks, returnValue
 from twisted.trial.unittest import SkipTest
 
+from otter_tx.test.interop.support import EXTERNAL_OTTER
 from otter_tx.test.interop.test_interop_http import EXTERNAL_MGMT, GUEST, ManagementHTTPCase
 
 
@@ -119,7 +120,7 @@ class DefinitionsInteropTests(ManagementHTTPCase):
     @inlineCallbacks
     def test_otterExportIntoRabbitMQ(self):
         """otter_tx's export imports into the RabbitMQ of OTTER_TEST_MGMT_URL (204), the user keeping its password."""
-        if not EXTERNAL_MGMT:
+        if not EXTERNAL_MGMT or EXTERNAL_OTTER:
             raise SkipTest("set OTTER_TEST_MGMT_URL for the RabbitMQ to import into")
         from otter_tx.testing import startBroker
 

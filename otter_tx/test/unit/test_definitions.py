@@ -99,12 +99,17 @@ class ImportTests(WebTestCase):
                                     ("defs-x", "defs-ae", "b.*")})
 
     def test_reported(self):
-        """A stream queue is named in the 400 reason; a quorum one imports."""
+        """A queue of an unknown type is named in the 400 reason; quorum and stream ones import (3.10 export)."""
+        self.addCleanup(self.broker.streams.close)
         r = self.post("/api/definitions", {"queues": [
-            {"name": "s", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "stream"}},
+            {"name": "s", "vhost": "/", "durable": True, "auto_delete": False,
+             "arguments": {"x-queue-type": "stream", "x-max-age": "7D", "x-max-length-bytes": 20000000000,
+                           "x-stream-max-segment-size-bytes": 100000000}},
+            {"name": "o", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "other"}},
             {"name": "qq", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}]})
-        self.assertEqual(r.json()["reason"], "queue 's' in vhost '/' not imported: stream queues are not supported")
-        self.assertEqual(sorted(self.vh.queues), ["qq"])
+        self.assertEqual(r.json()["reason"], "queue 'o' in vhost '/' not imported: other queues are not supported")
+        self.assertEqual(sorted(self.vh.queues), ["qq", "s"])
+        self.assertEqual(self.vh.queues["s"].queueType, "stream")
 
     def test_limitsAndGlobalParameters(self):
         """The fixture's vhost limit and cluster_name are applied; internal_cluster_id is skipped."""

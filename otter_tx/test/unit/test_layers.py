@@ -6,6 +6,7 @@ The layer rules of docs/architecture.md, checked on the source:
 - ``otter_tx/stream/`` (the stream protocol's wire) likewise, plus otter_tx.amqp;
 - ``otter_tx/broker/`` and ``otter_tx/store/`` never import the global
   reactor (time and threads come from an injected reactor);
+- ``otter_tx/cluster/etcd.py`` (the etcd client) imports only the standard library, Twisted, treq and itself;
 - the unit tests import without any AMQP client library installed.
 
 Imports are read with :mod:`ast`, so imports inside functions count too.
@@ -57,6 +58,21 @@ def _imports(path):
             yield module, tuple(a.name for a in node.names)
 
 
+def _isStandardLibrary(top):
+    """Whether ``top`` (a top-level module name) belongs to the standard library (PyPy 3.9 too)."""
+    names = getattr(sys, "stdlib_module_names", None)
+    if names is not None:
+        return top in names
+    if top in sys.builtin_module_names:
+        return True
+    import importlib.util
+    import sysconfig
+    spec = importlib.util.find_spec(top)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    return bool(spec and spec.origin and os.path.realpath(spec.origin).startswith(stdlib + os.sep)
+                and "site-packages" not in spec.origin)
+
+
 class LayerTests(SynchronousTestCase):
     """The dependency direction of the layers."""
 
@@ -104,8 +120,9 @@ class LayerTests(SynchronousTestCase):
     def test_roomsImportOnlyDownward(self):
         """
         Each package imports only from the floors below it (docs/architecture.md, "Layer rules"):
-        amqp (with stream, the stream protocol's wire, over it), store and resources at the bottom; broker over them; the two doors (door, web) over
-        the broker; service, which assembles everything, on top.  No arrow runs back up.
+        amqp (with stream, the stream protocol's wire, over it), store and resources at the bottom; broker
+        over them; the two doors (door, web) and the cluster over the broker; service, which assembles
+        everything, on top.  No arrow runs back up.
         """
         below = {
             "amqp": {"amqp"},
@@ -115,7 +132,8 @@ class LayerTests(SynchronousTestCase):
             "broker": {"broker", "amqp", "stream", "store", "resources"},
             "door": {"door", "broker", "amqp", "stream", "store", "resources"},
             "web": {"web", "broker", "amqp", "stream", "store", "resources"},
-            "service": {"service", "door", "web", "broker", "amqp", "stream", "store", "resources"},
+            "cluster": {"cluster", "broker", "amqp", "stream", "store", "resources"},
+            "service": {"service", "cluster", "door", "web", "broker", "amqp", "stream", "store", "resources"},
         }
         bad = []
         for room, allowed in sorted(below.items()):
@@ -125,6 +143,25 @@ class LayerTests(SynchronousTestCase):
                     if parts[0] == "otter_tx" and len(parts) > 1 and parts[1] not in allowed | {"__version__"}:
                         if os.path.exists(os.path.join(PACKAGE, parts[1])) or parts[1] == "testing":
                             bad.append((os.path.relpath(path, PACKAGE), module))
+        self.assertEqual(bad, [])
+
+    def test_etcdClientImportsOnlyTwistedAndTreq(self):
+        """
+        The etcd client (otter_tx/cluster/etcd.py and its test fixture etcdtest.py) imports only
+        the standard library, Twisted (and zope), treq and itself: it stands alone, usable
+        before the broker knows of a cluster.
+        """
+        bad = []
+        for path in _modules("cluster"):
+            if os.path.basename(path) not in ("etcd.py", "etcdtest.py"):
+                continue
+            for module, _ in _imports(path):
+                top = module.split(".")[0]
+                if top == "otter_tx":
+                    if not (module + ".").startswith("otter_tx.cluster."):
+                        bad.append((os.path.basename(path), module))
+                elif not _isStandardLibrary(top) and top not in ("twisted", "zope", "treq"):
+                    bad.append((os.path.basename(path), module))
         self.assertEqual(bad, [])
 
     def test_rulesSeeAViolation(self):

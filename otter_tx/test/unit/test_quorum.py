@@ -82,12 +82,12 @@ class DeclareTests(BrokerTestCase):
         self.assertEqual(self.declare("c", **{"x-delivery-limit": 2}).settings.deliveryLimit, 2)
 
     def test_queueTypeValue(self):
-        """An integer x-queue-type is an unacceptable type; stream stays unsupported."""
+        """An integer x-queue-type is an unacceptable type; an unknown type is unsupported."""
         self.assertEqual(self.refused("q", arguments={"x-queue-type": 1}),
                          (406, "invalid arg 'x-queue-type' for queue 'q' in vhost '/': {unacceptable_type,signedint}"))
-        self.assertEqual(self.refused("q", arguments={"x-queue-type": "stream"}),
+        self.assertEqual(self.refused("q", arguments={"x-queue-type": "other"}),
                          (406, "invalid arg 'x-queue-type' for queue 'q' in vhost '/': "
-                               "\"unsupported queue type 'stream'\""))
+                               "\"unsupported queue type 'other'\""))
 
     def test_serverNamed(self):
         """A server-named quorum queue is refused, whether named by the vhost or the session."""

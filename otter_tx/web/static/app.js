@@ -879,6 +879,7 @@ pages.queues = (root) => {
 pages.queue = (root, [vhost, name]) => {
   const base = "/api/queues/" + enc(vhost) + "/" + enc(name);
   const info = h("div"), expiry = h("div"), lease = h("div"), dl = h("div"), consumers = h("div"), bindings = h("div");
+  const streamBox = h("div", {id: "stream"});
   const got = h("div", {id: "got"}), browsed = h("div", {id: "browsed"});
   const queued = lengthCharts();
   const rates = new Chart("Message rates", QUEUE_RATE_KEYS, "/s");
@@ -888,7 +889,7 @@ pages.queue = (root, [vhost, name]) => {
   const leaseText = h("span", {class: "countdown"});
   const tick = () => { if (expiresAt !== null) leaseText.textContent = fmtDuration(expiresAt - Date.now()) + " (at " + fmtTime(expiresAt) + ")"; };
   const ticker = setInterval(tick, 500);
-  append(root, h("h1", {}, "Queue ", name, h("span", {class: "muted"}, " in virtual host " + vhost)), info,
+  append(root, h("h1", {}, "Queue ", name, h("span", {class: "muted"}, " in virtual host " + vhost)), info, streamBox,
     h("div", {class: "grid"}, queued.el, rates.el, deaths.el),
     h("h2", {}, "Time to expiry"), expiry, h("h2", {}, "Queue lease (x-expires)"), lease,
     h("h2", {}, "Dead-letter target"), dl,
@@ -939,6 +940,20 @@ pages.queue = (root, [vhost, name]) => {
         ["Total", h("span", {"data-count": "total"}, fmtNum(q.messages))],
         ["Paged out", q.messages_paged_out], ["Bytes", fmtBytes(q.message_bytes)],
         deathCounts(q.message_stats)]));
+      // a stream: its offsets, segments and readers (docs/streams.md)
+      const st = q.stream;
+      fill(streamBox, st ? [h("h2", {}, "Stream"),
+        kv([["First offset", fmtNum(st.first_offset)], ["Last chunk offset", st.last_offset === null ? "" : fmtNum(st.last_offset)],
+          ["Committed (next) offset", fmtNum(st.committed_offset)], ["Size on disk", fmtBytes(st.bytes)],
+          ["Retention", (st.max_length_bytes === null ? "no size limit" : fmtBytes(st.max_length_bytes)) + ", " +
+            (st.max_age_seconds === null ? "no age limit" : fmtDuration(st.max_age_seconds * 1000))],
+          ["Segment size", fmtBytes(st.segment_bytes)]]),
+        h("h3", {}, "Segments"),
+        table(["First offset", "Next offset", "Messages", "Bytes"], st.segments.map((s) =>
+          [fmtNum(s.first_offset), fmtNum(s.next_offset), fmtNum(s.next_offset - s.first_offset), fmtBytes(s.bytes)]), "No segments"),
+        h("h3", {}, "Readers"),
+        table(["Consumer tag", "Next offset", "Behind"], st.readers.map((r) =>
+          [r.consumer_tag, fmtNum(r.offset), fmtNum(st.committed_offset - r.offset)]), "No readers")] : []);
       updateLengths(queued, q);
       updateRates(rates, q.message_stats, QUEUE_RATE_KEYS);
       updateRates(deaths, q.message_stats, QUEUE_DEATH_KEYS);

@@ -1,0 +1,105 @@
+"""
+The cluster's metadata in etcd (docs/cluster.md, "Metadata"): the calls of
+:mod:`otter_tx.cluster.metadata` over :class:`otter_tx.cluster.etcd.EtcdClient`.
+Every key is under ``prefix`` (default ``/otter/``); values are JSON.
+A declare's create-if-absent is one transaction (compare ``version == 0``,
+put; else get), so two nodes declaring one queue at once see one record.
+"""
+
+import json
+
+from otter_tx.cluster.etcd import Compare, EtcdClient, LeaseKeeper, Op
+
+
+class EtcdMetadata:
+    """
+    :param endpoints: etcd client URLs (list of str, ``http://host:port``).
+    :param clock: the reactor.  :param prefix: the key prefix (str).
+    :ivar connected: False while the watch stream or the lease is lost.
+    :ivar onLost: called with a reason (str) when the node's lease is lost
+        or etcd cannot be reached (set by the node).
+    """
+
+    def __init__(self, endpoints, clock, prefix="/otter/", timeout=5.0):
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e]
+        self.client = EtcdClient(list(endpoints), clock, timeout=timeout)
+        self.clock = clock
+        self.prefix = prefix
+        self.keeper = None
+        self.watcher = None
+        self.connected = True
+        self.onLost = None
+        self.onState = None
+
+    def _k(self, key):
+        return (self.prefix + key).encode()
+
+    def grantLease(self, ttl):
+        self.keeper = LeaseKeeper(self.client, ttl, self.clock, onLost=self._lost)
+        return self.keeper.start()
+
+    def _lost(self, reason):
+        self.connected = False
+        if self.onLost is not None:
+            self.onLost(reason)
+
+    def revokeLease(self, lease):
+        keeper, self.keeper = self.keeper, None
+        d = keeper.stop(revoke=True) if keeper is not None else self.client.revokeLease(lease)
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        return d.addBoth(lambda _: self.client.close())
+
+    def create(self, key, value, lease=None):
+        k = self._k(key)
+        d = self.client.txn([Compare.version(k, "=", 0)],
+                            [Op.put(k, json.dumps(value).encode(), lease)],
+                            [Op.get(k)])
+
+        def done(result):
+            ok, responses, revision = result
+            if ok:
+                return True, value, revision
+            kvs = responses[0].kvs if responses else []
+            return False, json.loads(kvs[0].value) if kvs else None, revision
+
+        return d.addCallback(done)
+
+    def put(self, key, value, lease=None):
+        return self.client.put(self._k(key), json.dumps(value).encode(), lease)
+
+    def delete(self, key):
+        """Delete ``key``; fires the store revision after it (a transaction, for its revision)."""
+        return self.client.txn([], [Op.delete(self._k(key))]).addCallback(lambda r: r[2])
+
+    def load(self, prefix):
+        n = len(self.prefix)
+
+        def loaded(result):
+            kvs, revision = result
+            return [(kv.key.decode()[n:], json.loads(kv.value)) for kv in kvs], revision
+
+        return self.client.getPrefix(self._k(prefix)).addCallback(loaded)
+
+    def watch(self, prefix, revision, onEvents):
+        n = len(self.prefix)
+
+        def events(evs):
+            onEvents([("put" if e.type == "PUT" else "delete", e.key.decode()[n:],
+                       json.loads(e.value) if e.type == "PUT" and e.value else None, e.modRevision)
+                      for e in evs])
+
+        def state(up):
+            self.connected = up
+            if self.onState is not None:
+                self.onState(up)
+
+        self.watcher = self.client.watchPrefix(self._k(prefix), revision, events, onCompacted=self._compacted,
+                                               onStateChange=state)
+        return self.watcher
+
+    def _compacted(self, revision):
+        # the mirror can no longer follow: the node leaves so that it starts again clean
+        self._lost("etcd compacted past revision %d of the watch" % (revision,))

@@ -1,0 +1,346 @@
+"""
+The link between two nodes (docs/cluster.md, "The link"): one TCP
+connection per pair of nodes (the node whose name sorts first dials), the
+frames of :mod:`otter_tx.cluster.wire`, written once per reactor turn.
+
+Either end forwards publishes to the other's queues, consumes from them,
+settles what it received and asks (basic.get, purge, delete, create).  A
+``SYNC n`` frame asks the other end to answer ``SYNCED n`` once everything
+it received before is taken, and fsync'd for persistent messages (its
+journal's ``sync()``): publisher confirms wait for it.
+"""
+
+import base64
+
+from twisted.internet import defer, protocol
+from twisted.logger import Logger
+
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.message import Message
+from otter_tx.cluster import wire
+from otter_tx.cluster.remote import LinkConsumer, RemoteEntry
+from otter_tx.store.interface import StoreFailedError
+
+log = Logger()
+
+#: bytes of unsent output past which consumers on the link stop taking
+HIGH_WATER = 4 * 1024 * 1024
+
+
+class LinkLost(StoreFailedError):
+    """The link to a node went away before it answered (confirms become nacks)."""
+
+
+def messageJSON(message, **extra):
+    d = {
+        "exchange": message.exchange,
+        "routing_key": message.routingKey,
+        "props": base64.b64encode(message.propsRaw).decode(),
+        "body": base64.b64encode(message.body).decode(),
+    }
+    d.update(extra)
+    return d
+
+
+def messageFromJSON(d):
+    return Message(d["exchange"], d["routing_key"], base64.b64decode(d["props"]), base64.b64decode(d["body"]))
+
+
+class LinkProtocol(protocol.Protocol):
+    """
+    One end of a link.  :ivar peer: the other node's name (after HELLO).
+    :ivar paused: True while the transport asked us to stop writing.
+    """
+
+    peer = None
+    paused = False
+
+    def __init__(self, node, dialled=None):
+        self.node = node
+        self.clock = node.clock
+        self.dialled = dialled
+        self._buf = bytearray()
+        self._out = []
+        self._flushCall = None
+        self._rid = 0
+        self._asks = {}
+        self._syncSeq = 0
+        self._syncWaiters = {}
+        self._pendingSync = None
+        self._forwarded = False
+        self._eid = 0
+        self._outstanding = {}   # eid -> (queue, entry): delivered to the other node, unsettled
+        self._consumers = {}     # cid -> LinkConsumer (the other node's consumers of our queues)
+        self._credits = {}       # cid -> credit to return (batched)
+        self._settles = {}       # how -> [eid]
+        self.connected = False
+        self._fwdOut = 0         # forwards sent
+        self._fwdIn = 0          # forwards received
+        self._refusedIn = []     # numbers of forwards received that our queue refused, since the last SYNC
+        self._refused = set()    # numbers of our forwards the other node said were refused
+
+    # --- connection ----------------------------------------------------------
+
+    def connectionMade(self):
+        self.connected = True
+        self.transport.registerProducer(self, True)
+        if self.dialled is not None:
+            self.peer = self.dialled
+            self.send(wire.frame(wire.HELLO, wire.string(self.node.name)))
+            self.node.linkUp(self)
+
+    def connectionLost(self, reason=None):
+        self.connected = False
+        if self._flushCall is not None and self._flushCall.active():
+            self._flushCall.cancel()
+        self._flushCall = None
+        asks, self._asks = self._asks, {}
+        for d in asks.values():
+            d.errback(LinkLost("link to node '%s' lost" % (self.peer,)))
+        waiters, self._syncWaiters = self._syncWaiters, {}
+        for ds in waiters.values():
+            for d in ds:
+                d.errback(LinkLost("link to node '%s' lost" % (self.peer,)))
+        # the other node's consumers are gone: their unsettled deliveries come back
+        consumers, self._consumers = self._consumers, {}
+        for c in consumers.values():
+            c.queue.removeConsumer(c)
+        outstanding, self._outstanding = self._outstanding, {}
+        byQueue = {}
+        for q, e in outstanding.values():
+            byQueue.setdefault(q, []).append(e)
+        for q, entries in byQueue.items():
+            if not q.deleted:
+                q.requeue(sorted(entries, key=lambda e: e.seq))
+        if self.peer is not None:
+            self.node.linkDown(self)
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+        for c in list(self._consumers.values()):
+            c.queue.dispatch()
+
+    def stopProducing(self):
+        pass
+
+    # --- output ---------------------------------------------------------------
+
+    def send(self, data):
+        self._out.append(data)
+        if self._flushCall is None:
+            self._flushCall = self.clock.callLater(0, self.flush)
+
+    def flush(self):
+        self._flushCall = None
+        if self._credits:
+            credits, self._credits = self._credits, {}
+            for cid, n in credits.items():
+                self._out.append(wire.u32frame(wire.CREDIT, cid, n))
+        if self._settles:
+            settles, self._settles = self._settles, {}
+            for how, eids in settles.items():
+                self._out.append(wire.settle(how, eids))
+        if self._pendingSync is not None:
+            self._out.append(wire.u64frame(wire.SYNC, self._pendingSync))
+            self._pendingSync = None
+        if self._out and self.connected:
+            out, self._out = self._out, []
+            self.transport.writeSequence(out)
+        else:
+            self._out = []
+
+    def _kick(self):
+        if self._flushCall is None:
+            self._flushCall = self.clock.callLater(0, self.flush)
+
+    def forward(self, vhost, queue, redelivered, message):
+        """Forward ``message`` to ``queue`` there; its forward number (int)."""
+        self._forwarded = True
+        self._fwdOut += 1
+        self.send(wire.forward(vhost, queue, redelivered, message))
+        return self._fwdOut
+
+    def refused(self, n):
+        """True when the other node's queue refused forward ``n`` (reject-publish; asked once)."""
+        if n in self._refused:
+            self._refused.discard(n)
+            return True
+        return False
+
+    def credit(self, cid, n):
+        self._credits[cid] = self._credits.get(cid, 0) + n
+        self._kick()
+
+    def settle(self, how, eids):
+        self._settles.setdefault(how, []).extend(eids)
+        self._kick()
+
+    def sync(self):
+        """
+        A Deferred that fires once the other node has taken (and fsync'd)
+        everything forwarded so far; fails with :class:`LinkLost`.
+        """
+        if not self.connected:
+            return defer.fail(LinkLost("link to node '%s' lost" % (self.peer,)))
+        if self._pendingSync is None:
+            self._syncSeq += 1
+            self._pendingSync = self._syncSeq
+            self._syncWaiters[self._syncSeq] = []
+            self._kick()
+        self._forwarded = False
+        d = defer.Deferred()
+        self._syncWaiters[self._pendingSync].append(d)
+        return d
+
+    def ask(self, op, args):
+        """Send a request; a Deferred firing with its result (dict) or an AMQPError."""
+        if not self.connected:
+            return defer.fail(LinkLost("link to node '%s' lost" % (self.peer,)))
+        self._rid += 1
+        d = self._asks[self._rid] = defer.Deferred()
+        self.send(wire.request(self._rid, op, args))
+        return d
+
+    def outstanding(self, queue, entry):
+        self._eid += 1
+        self._outstanding[self._eid] = (queue, entry)
+        return self._eid
+
+    def consumerCancelled(self, consumer):
+        if self._consumers.pop(consumer.cid, None) is not None:
+            self.send(wire.u32frame(wire.CANCELLED, consumer.cid))
+
+    # --- input ----------------------------------------------------------------
+
+    def dataReceived(self, data):
+        buf = self._buf
+        buf += data
+        frames, used = wire.splitFrames(buf)
+        if used:
+            del buf[:used]
+        for kind, payload in frames:
+            try:
+                self._frame(kind, wire.Reader(payload))
+            except Exception:
+                log.failure("link frame {kind} from node {peer}", kind=kind, peer=self.peer)
+
+    def _frame(self, kind, r):
+        node = self.node
+        if kind == wire.FORWARD:
+            vhost, queue, flags = r.string(), r.string(), r.u8()
+            ex, rk, props, body = r.message()
+            self._fwdIn += 1
+            if node.forwarded(self, vhost, queue, bool(flags & 1), Message(ex, rk, props, body)) is False:
+                self._refusedIn.append(self._fwdIn)
+        elif kind == wire.DELIVER:
+            cid, eid, flags = r.u32(), r.u64(), r.u8()
+            ex, rk, props, body = r.message()
+            found = node.consumerFor(cid)
+            if found is None:
+                if eid:
+                    self.settle(wire.REQUEUE, [eid])
+                return
+            rq, consumer = found
+            rq.delivered(cid, consumer, RemoteEntry(Message(ex, rk, props, body), bool(flags & 1), eid, cid, None))
+        elif kind == wire.SETTLE:
+            how, n = r.u8(), r.u32()
+            self._settled(how, [r.u64() for _ in range(n)])
+        elif kind == wire.CREDIT:
+            cid, n = r.u32(), r.u32()
+            c = self._consumers.get(cid)
+            if c is not None:
+                c.credit += n
+                c.queue.dispatch()
+        elif kind == wire.SYNC:
+            n = r.u64()
+            refused, self._refusedIn = self._refusedIn, []
+            node.broker.journal.sync().addBoth(lambda _: self.send(wire.synced(n, refused)))
+        elif kind == wire.SYNCED:
+            n = r.u64()
+            for _ in range(r.u32()):
+                self._refused.add(r.u64())
+            for k in sorted(k for k in self._syncWaiters if k <= n):
+                for d in self._syncWaiters.pop(k):
+                    d.callback(None)
+        elif kind == wire.CONSUME:
+            cid, vhost, queue, flags = r.u32(), r.string(), r.string(), r.u8()
+            priority, credit = r.i32(), r.u32()
+            self._consume(cid, vhost, queue, bool(flags & 1), bool(flags & 2), priority, credit)
+        elif kind == wire.CANCEL:
+            c = self._consumers.pop(r.u32(), None)
+            if c is not None:
+                c.queue.removeConsumer(c)
+        elif kind == wire.CANCELLED:
+            node.cancelledByHome(r.u32())
+        elif kind == wire.CONSUME_ERR:
+            node.cancelledByHome(r.u32())
+        elif kind == wire.REQUEST:
+            rid, op, args = r.u32(), r.string(), r.json()
+            self._request(rid, op, args)
+        elif kind == wire.REPLY:
+            rid, code, result = r.u32(), r.u16(), r.json()
+            d = self._asks.pop(rid, None)
+            if d is not None:
+                if code:
+                    d.errback(AMQPError.fromReplyText(code, result))
+                else:
+                    d.callback(result)
+        elif kind == wire.STATS:
+            node.figuresFrom(self.peer, r.json())
+        elif kind == wire.HELLO:
+            self.peer = r.string()
+            node.linkUp(self)
+
+    def _consume(self, cid, vhost, queue, noAck, exclusive, priority, credit):
+        q = self.node.localQueue(vhost, queue)
+        if q is None or q.deleted or q.refusesConsumer(exclusive):
+            self.send(wire.u32frame(wire.CONSUME_ERR, cid))
+            return
+        c = LinkConsumer(self, cid, q, "link-%s-%d" % (self.peer, cid), noAck, priority, credit)
+        self._consumers[cid] = c
+        q.addConsumer(c, exclusive)
+
+    def _settled(self, how, eids):
+        byQueue = {}
+        outstanding = self._outstanding
+        for eid in eids:
+            found = outstanding.pop(eid, None)
+            if found is not None:
+                byQueue.setdefault(found[0], []).append(found[1])
+        for q, entries in byQueue.items():
+            if how == wire.ACK:
+                for e in entries:
+                    q.settle(e)
+            elif how == wire.REJECT:
+                q.reject(entries)
+            else:
+                q.requeue(sorted(entries, key=lambda e: e.seq))
+
+    def _request(self, rid, op, args):
+        def ok(result):
+            self.send(wire.reply(rid, 0, result))
+
+        def failed(f):
+            if f.check(AMQPError):
+                self.send(wire.reply(rid, f.value.code, f.value.text))
+            else:
+                log.failure("link request {op}", f, op=op)
+                self.send(wire.reply(rid, 541, "INTERNAL_ERROR - internal error"))
+
+        d = defer.maybeDeferred(self.node.answer, self, op, args)
+        d.addCallbacks(ok, failed)
+
+
+class LinkFactory(protocol.Factory):
+    """Accepts links from other nodes (they say who they are with HELLO)."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def buildProtocol(self, addr):
+        p = LinkProtocol(self.node)
+        p.factory = self
+        return p

@@ -1,0 +1,247 @@
+"""
+Where the cluster's metadata lives (docs/cluster.md, "Metadata"): the keys,
+the JSON records, and :class:`MemoryMetadata`, an in-process stand-in for
+etcd that several nodes of one unit test share (the real one is
+:class:`otter_tx.cluster.etcdmeta.EtcdMetadata`).
+
+Both offer the same Deferred-returning calls: ``grantLease(ttl)``,
+``create(key, value, lease=None)`` (a transaction: put only if the key is
+absent; fires ``(created, currentValue, revision)``), ``put`` and
+``delete`` (fire the revision), ``load(prefix)`` (fires ``(items,
+revision)``), and ``watch(prefix, revision, onEvents)`` (``onEvents(list
+of (kind, key, value, revision))`` with kind ``"put"`` or ``"delete"``, in
+revision order).  Values are JSON-able dicts.
+
+:class:`OrderedWrites` puts one node's writes to a key in order and keeps
+the watch's echo of them from undoing a later local change.
+"""
+
+import base64
+import hashlib
+import json
+from urllib.parse import quote, unquote
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from otter_tx.amqp.codec import TaggedInt
+
+
+def nodeKey(name):
+    return "nodes/" + quote(name, safe="")
+
+
+def queueKey(vhost, name):
+    return "queues/%s/%s" % (quote(vhost, safe=""), quote(name, safe=""))
+
+
+def exchangeKey(vhost, name):
+    return "exchanges/%s/%s" % (quote(vhost, safe=""), quote(name, safe=""))
+
+
+def bindingKey(vhost, source, destinationType, destination, routingKey, arguments):
+    h = hashlib.sha1(json.dumps([source, destinationType, destination, routingKey, toJSON(arguments)],
+                                sort_keys=True).encode()).hexdigest()
+    return "bindings/%s/%s" % (quote(vhost, safe=""), h)
+
+
+def splitKey(key):
+    """``kind/part/part`` -> (kind, [unquoted parts])."""
+    kind, _, rest = key.partition("/")
+    return kind, [unquote(p) for p in rest.split("/")] if rest else []
+
+
+def toJSON(value):
+    """AMQP field values -> JSON (bytes as ``{"$b": base64}``; typed ints keep their value)."""
+    if isinstance(value, dict):
+        return {k: toJSON(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [toJSON(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return {"$b": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, TaggedInt):
+        return int(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def fromJSON(value):
+    if isinstance(value, dict):
+        if set(value) == {"$b"}:
+            return base64.b64decode(value["$b"])
+        return {k: fromJSON(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fromJSON(v) for v in value]
+    return value
+
+
+class MemoryMetadata:
+    """
+    etcd's semantics for the calls above, in memory, with events delivered
+    on a later reactor turn of ``clock`` (as a watch delivers them).
+    ``expireLease(id)`` plays a lease that lapsed (its keys are deleted).
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.data = {}
+        self.leases = {}     # lease id -> set of keys
+        self.keyLease = {}
+        self.revision = 0
+        self.watches = []
+        self._lease = 0
+        self.available = True
+
+    def _check(self):
+        if not self.available:
+            raise ConnectionError("metadata store unavailable")
+
+    def grantLease(self, ttl):
+        self._lease += 1
+        self.leases[self._lease] = set()
+        return defer.succeed(self._lease)
+
+    def expireLease(self, lease):
+        for key in sorted(self.leases.pop(lease, ())):
+            self._delete(key)
+
+    def revokeLease(self, lease):
+        self.expireLease(lease)
+        return defer.succeed(None)
+
+    def _notify(self, events):
+        events = [e + (self.revision,) for e in events]
+        for prefix, onEvents in list(self.watches):
+            mine = [e for e in events if e[1].startswith(prefix)]
+            if mine:
+                self.clock.callLater(0, onEvents, mine)
+
+    def _put(self, key, value, lease):
+        self.revision += 1
+        self.data[key] = value
+        old = self.keyLease.pop(key, None)
+        if old is not None and old in self.leases:
+            self.leases[old].discard(key)
+        if lease is not None:
+            self.leases.setdefault(lease, set()).add(key)
+            self.keyLease[key] = lease
+        self._notify([("put", key, value)])
+
+    def _delete(self, key):
+        if key in self.data:
+            self.revision += 1
+            del self.data[key]
+            lease = self.keyLease.pop(key, None)
+            if lease is not None and lease in self.leases:
+                self.leases[lease].discard(key)
+            self._notify([("delete", key, None)])
+
+    def create(self, key, value, lease=None):
+        return defer.maybeDeferred(self._create, key, value, lease)
+
+    def _create(self, key, value, lease):
+        self._check()
+        if key in self.data:
+            return False, self.data[key], self.revision
+        self._put(key, value, lease)
+        return True, value, self.revision
+
+    def put(self, key, value, lease=None):
+        return defer.maybeDeferred(lambda: (self._check(), self._put(key, value, lease), self.revision)[2])
+
+    def delete(self, key):
+        return defer.maybeDeferred(lambda: (self._check(), self._delete(key), self.revision)[2])
+
+    def load(self, prefix):
+        def load():
+            self._check()
+            return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix)), self.revision
+        return defer.maybeDeferred(load)
+
+    def watch(self, prefix, revision, onEvents):
+        entry = (prefix, onEvents)
+        self.watches.append(entry)
+        return entry
+
+    def stop(self):
+        self.watches = []
+
+
+class OrderedWrites:
+    """
+    One node's writes, in order per key, and the filter its watch events go
+    through.  The metadata store may apply writes sent at once in any order
+    and the watch reports a node's own writes back to it, maybe after it
+    changed the key again (an exchange declared then deleted at once would
+    come back to life for a moment).  So a write to a key waits for the
+    previous write to that key, and while a node has writes to a key in
+    flight, events for it are held: when the last write is answered the
+    latest held event is applied if it is newer than that write (another
+    node's), and dropped if not (the echo).
+
+    :param metadata: the metadata store.  :param onLate: called with a list
+        of one held event ``(kind, key, value, revision)`` to apply.
+    """
+
+    def __init__(self, metadata, onLate):
+        self.metadata = metadata
+        self.onLate = onLate
+        self._tail = {}      # key -> Deferred fired when its last write is answered
+        self._inflight = {}  # key -> writes not answered yet
+        self._own = {}       # key -> revision of this node's last answered write
+        self._held = {}      # key -> the latest event seen while writes were in flight
+
+    def write(self, key, call):
+        """``call()`` (returning a Deferred of a revision, or a tuple ending with one) after the key's previous write."""
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+        result = defer.Deferred()
+        turn = defer.Deferred()
+        prev = self._tail.get(key)
+        self._tail[key] = turn
+
+        def go(_=None):
+            defer.maybeDeferred(call).addBoth(done)
+            return None
+
+        def done(r):
+            rev = None
+            if isinstance(r, int):
+                rev = r
+            elif isinstance(r, tuple) and r and isinstance(r[-1], int):
+                rev = r[-1]
+            if rev is not None and rev > self._own.get(key, 0):
+                self._own[key] = rev
+            n = self._inflight[key] - 1
+            if n:
+                self._inflight[key] = n
+            else:
+                del self._inflight[key]
+                if self._tail.get(key) is turn:
+                    del self._tail[key]
+                held = self._held.pop(key, None)
+                if held is not None and held[3] > self._own.get(key, 0):
+                    self.onLate([held])
+            turn.callback(None)
+            result.callback(r) if not isinstance(r, Failure) else result.errback(r)
+
+        if prev is None:
+            go()
+        else:
+            prev.addCallback(go)
+        return result
+
+    def accept(self, event):
+        """True when watch ``event`` ``(kind, key, value, revision)`` is to be applied now."""
+        key, rev = event[1], event[3]
+        if key in self._inflight:
+            self._held[key] = event
+            return False
+        own = self._own.get(key)
+        if own is not None:
+            if rev <= own:
+                if rev == own:
+                    del self._own[key]
+                return False
+            del self._own[key]
+        return True

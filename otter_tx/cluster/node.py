@@ -1,0 +1,558 @@
+"""
+One node of an otter_tx cluster (docs/cluster.md): :class:`ClusterNode`
+joins the metadata store (etcd, or :class:`~otter_tx.cluster.metadata.MemoryMetadata`
+in unit tests), mirrors the cluster's queues, exchanges and bindings into
+the local :class:`~otter_tx.broker.broker.Broker` (routing stays a local
+dictionary lookup), keeps one link to every other node
+(:mod:`otter_tx.cluster.link`) and answers what other nodes ask of its
+queues.
+
+Rules, as RabbitMQ 4's classic queues: a queue lives on one node (its
+home); an exclusive queue on its declaring connection's node, others where
+``x-queue-leader-locator`` / the node default (``client-local`` or
+``balanced``) puts them.  Declaring a new queue is a create-if-absent
+transaction on its key, so two nodes declaring one name at once get
+RabbitMQ's answers (one creates it, the other sees it, or gets 406).
+Exchanges and bindings are written after the local change (every node sees
+them through its watch, milliseconds later).  When a node's link drops, its
+exclusive and transient queues are gone everywhere and the consumers of its
+queues elsewhere get basic.cancel; its durable queues answer 404 ``home node
+'...' of durable queue '...' in vhost '...' is down or inaccessible`` until
+it returns.
+"""
+
+from twisted.internet import defer
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.logger import Logger
+
+from otter_tx.amqp import spec
+from otter_tx.amqp.errors import AMQPError, notFound
+from otter_tx.cluster import metadata as md
+from otter_tx.cluster import wire
+from otter_tx.cluster.entities import KINDS as ENTITY_KINDS
+from otter_tx.cluster.entities import PREFIX as ENTITIES
+from otter_tx.cluster.entities import Entities
+from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
+from otter_tx.cluster.remote import RemoteQueue, downText
+
+log = Logger()
+
+LOCATORS = ("client-local", "balanced")
+
+
+class ClusterNode:
+    """
+    :param broker: the local Broker.  :param name: this node's name (str).
+    :param metadata: the metadata store (see :mod:`otter_tx.cluster.metadata`).
+    :param clock: the reactor (IReactorTime, and IReactorTCP for dialling).
+    :param locator: the default queue leader locator (``client-local`` or ``balanced``).
+    :param leaseTTL: seconds the node's lease lives without a keep-alive.
+    """
+
+    def __init__(self, broker, name, metadata, clock, locator="client-local", leaseTTL=5,
+                 advertise="127.0.0.1"):
+        if locator not in LOCATORS:
+            raise ValueError("queue-leader-locator must be one of %s" % (", ".join(LOCATORS),))
+        self.broker = broker
+        self.name = name
+        self.metadata = metadata
+        self.clock = clock
+        self.locator = locator
+        self.leaseTTL = leaseTTL
+        self.advertise = advertise
+        self.lease = None
+        self.linkPort = None
+        self.links = {}
+        self.nodes = {}
+        self.figures = {}        # node name -> its last figures (dict)
+        self.applying = False
+        self.running = False
+        self._consumers = {}
+        self._cid = 0
+        self._dialling = set()
+        self._figuresCall = None
+        self._calls = []
+        self.info = {}
+        self._bindings = {}  # binding key -> record (to unbind on delete events)
+        #: this node's writes, in order per key; the watch's echo of them filtered
+        self.writes = md.OrderedWrites(metadata, self._applyNow)
+        broker.cluster = self
+
+    # --- joining --------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self, linkPort, info=None):
+        """
+        Join: take a lease, register this node (its link port and ``info``,
+        a dict the management API shows), mirror every record, watch for
+        changes, and publish the local queues that have no record yet.
+        """
+        self.linkPort = linkPort
+        self.info = dict(info or {})
+        #: None while the node holds its lease, else why not (str): it can no longer tell
+        #: which nodes are up, so new queues, exchanges and bindings are refused (541)
+        self.lost = None
+        if hasattr(self.metadata, "onLost"):
+            self.metadata.onLost = self._lostMetadata
+        self.lease = yield self.metadata.grantLease(self.leaseTTL)
+        record = {"name": self.name, "host": self.advertise, "link": linkPort, "lease": self.lease}
+        record.update(self.info)
+        yield self.metadata.put(md.nodeKey(self.name), record, lease=self.lease)
+        items, revision = yield self.metadata.load("")
+        self.entities = Entities(self, _logged)
+        definitions = [(k, v) for k, v in items if k.startswith(ENTITIES)]
+        self.applying = True
+        try:
+            if definitions:
+                self.entities.adopt(definitions)
+        finally:
+            self.applying = False
+        if not definitions:
+            self.entities.publishAll()
+        self._applyNow([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)])
+        self.metadata.watch("", revision + 1, self._apply)
+        self._registerLocal()
+        self.broker.listeners.append(self._entityChanged)
+        self.running = True
+        self._figuresCall = self.clock.callLater(1, self._sendFigures)
+
+    def _later(self, seconds, f, *a):
+        self._calls = [c for c in self._calls if c.active()]
+        self._calls.append(self.clock.callLater(seconds, f, *a))
+
+    def _lostMetadata(self, reason):
+        if self.lost is None:
+            log.error("cluster: node {node} lost the metadata store: {reason}; it refuses declares until "
+                      "restarted (docs/cluster.md)", node=self.name, reason=reason)
+        self.lost = reason
+
+    def health(self):
+        """None when the node is in the cluster, else the reason (str) for the health checks."""
+        return self.lost
+
+    def stop(self):
+        """Leave: links closed, the lease revoked (a Deferred)."""
+        self.running = False
+        if self._figuresCall is not None and self._figuresCall.active():
+            self._figuresCall.cancel()
+        for c in self._calls:
+            if c.active():
+                c.cancel()
+        self._calls = []
+        for link in list(self.links.values()):
+            link.transport.loseConnection()
+        if self.lease is not None:
+            return self.metadata.revokeLease(self.lease).addErrback(lambda f: None)
+        return defer.succeed(None)
+
+    def _registerLocal(self):
+        for vh in self.broker.vhosts.values():
+            for q in list(vh.queues.values()):
+                key = md.queueKey(vh.name, q.name)
+                self.writes.write(key, lambda key=key, q=q: self.metadata.create(
+                    key, self._queueRecord(q), self._leaseFor(q.durable, self.name)))
+
+    def _queueRecord(self, q):
+        return {"vhost": q.vhost.name, "name": q.name, "node": self.name, "durable": q.durable,
+                "auto_delete": q.autoDelete, "exclusive": q.owner is not None,
+                "arguments": md.toJSON(q.arguments), "leader": self.name, "members": [self.name],
+                "epoch": 1}
+
+    def _leaseFor(self, durable, home):
+        if durable:
+            return None
+        rec = self.nodes.get(home)
+        return rec.get("lease") if rec is not None else (self.lease if home == self.name else None)
+
+    # --- the mirror -------------------------------------------------------------
+
+    def _apply(self, events):
+        """The watch's events: those not held back by this node's own writes (OrderedWrites)."""
+        accept = self.writes.accept
+        self._applyNow([e for e in events if accept(e)])
+
+    def _applyNow(self, events):
+        for kind, key, value, _ in events:
+            what, parts = md.splitKey(key)
+            try:
+                if what == "nodes":
+                    self._node(parts[0], value if kind == "put" else None)
+                elif what == "queues":
+                    self._queue(parts[0], parts[1], value if kind == "put" else None)
+                elif what == "exchanges":
+                    self._exchange(parts[0], parts[1], value if kind == "put" else None)
+                elif what == "bindings":
+                    self._binding(parts[0], key, value if kind == "put" else None)
+                elif key.startswith(ENTITIES):
+                    self.applying = True
+                    try:
+                        self.entities.apply(key, value if kind == "put" else None)
+                    finally:
+                        self.applying = False
+            except Exception:
+                log.failure("applying cluster record {key}", key=key)
+
+    def _node(self, name, record):
+        if name == self.name:
+            return
+        if record is None:
+            if self.nodes.pop(name, None) is not None:
+                self._nodeDown(name)
+            return
+        self.nodes[name] = record
+        if name not in self.links and self.name < name:
+            self._dial(name)
+
+    def _dial(self, name):
+        record = self.nodes.get(name)
+        if record is None or name in self.links or name in self._dialling or not self.running and self.lease is None:
+            return
+        self._dialling.add(name)
+        endpoint = TCP4ClientEndpoint(self.clock, record["host"], record["link"], timeout=5)
+        d = connectProtocol(endpoint, LinkProtocol(self, dialled=name))
+
+        def failed(f):
+            self._dialling.discard(name)
+            if name in self.nodes and self.running:
+                self._later(0.2, self._dial, name)
+
+        d.addCallbacks(lambda p: self._dialling.discard(name), failed)
+
+    def _vhost(self, name):
+        return self.broker.vhosts.get(name)
+
+    def _queue(self, vhostName, name, record):
+        vh = self._vhost(vhostName)
+        if vh is None:
+            return
+        if record is None:
+            rq = vh.remoteQueues.get(name)
+            if rq is not None:
+                self._dropRemote(vh, rq)
+            return
+        if record["node"] == self.name:
+            return
+        rq = vh.remoteQueues.get(name)
+        if rq is None:
+            rq = RemoteQueue(self, vh, name, dict(record, arguments=md.fromJSON(record["arguments"])))
+            rq.down = record["node"] not in self.links
+            vh.remoteQueues[name] = rq
+        else:
+            rq.update(dict(record, arguments=md.fromJSON(record["arguments"])))
+
+    def _dropRemote(self, vh, rq):
+        if vh.remoteQueues.get(rq.name) is rq:
+            del vh.remoteQueues[rq.name]
+        self.applying = True
+        try:
+            for (ex, key, _), args in list(rq.bindings.items()):
+                vh._unbind(ex, rq, key, args)
+        finally:
+            self.applying = False
+        rq.shutdown()
+
+    def _exchange(self, vhostName, name, record):
+        vh = self._vhost(vhostName)
+        if vh is None:
+            return
+        self.applying = True
+        try:
+            if record is None:
+                if name in vh.exchanges:
+                    vh.deleteExchange(name)
+            elif name not in vh.exchanges:
+                vh.declareExchange(name, record["type"], False, record["durable"], record["auto_delete"],
+                                   record["internal"], md.fromJSON(record["arguments"]))
+        finally:
+            self.applying = False
+
+    def _binding(self, vhostName, key, record):
+        vh = self._vhost(vhostName)
+        if vh is None:
+            return
+        if record is None:
+            record = self._bindings.pop(key, None)
+            if record is None:
+                return
+        else:
+            self._bindings[key] = record
+        src = vh.exchanges.get(record["source"])
+        if record["destination_type"] == "queue":
+            dest = vh.findQueue(record["destination"])
+        else:
+            dest = vh.exchanges.get(record["destination"])
+        if src is None or dest is None:
+            return
+        args = md.fromJSON(record["arguments"])
+        self.applying = True
+        try:
+            if key in self._bindings:
+                vh.bind(src, dest, record["routing_key"], args)
+            else:
+                vh._unbind(src, dest, record["routing_key"], args)
+        finally:
+            self.applying = False
+
+    # --- local changes -> metadata -------------------------------------------------
+
+    def _entityChanged(self, kind, vhost, obj, deleted):
+        if self.applying:
+            return
+        m = self.metadata
+        if kind in ENTITY_KINDS:
+            self.entities.changed(kind, vhost, obj, deleted)
+        elif kind == "queue":
+            if obj.vhost.queues.get(obj.name) is not obj and not deleted:
+                return
+            key = md.queueKey(vhost.name, obj.name)
+            if deleted:
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
+            # creations go through declareQueue's transaction
+        elif kind == "exchange":
+            key = md.exchangeKey(vhost.name, obj.name)
+            if deleted:
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
+            else:
+                record = {"type": obj.type, "durable": obj.durable, "auto_delete": obj.autoDelete,
+                          "internal": obj.internal, "arguments": md.toJSON(obj.arguments)}
+                self.writes.write(key, lambda: m.put(key, record)).addErrback(_logged, key)
+        elif kind == "binding":
+            source, dest, routingKey, arguments = obj
+            isQueue = hasattr(dest, "consumers")
+            dtype = "queue" if isQueue else "exchange"
+            key = md.bindingKey(vhost.name, source.name, dtype, dest.name, routingKey, arguments)
+            if deleted:
+                self._bindings.pop(key, None)
+                self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
+            else:
+                record = {"source": source.name, "destination_type": dtype, "destination": dest.name,
+                          "routing_key": routingKey, "arguments": md.toJSON(arguments)}
+                self._bindings[key] = record
+                lease = None
+                if isQueue and not dest.durable:
+                    lease = self._leaseFor(False, getattr(dest, "home", self.name))
+                self.writes.write(key, lambda: m.put(key, record, lease=lease)).addErrback(_logged, key)
+
+    # --- declares that need the cluster --------------------------------------------
+
+    def locate(self, arguments):
+        """The home node of a new queue (``x-queue-leader-locator`` or the node default)."""
+        locator = arguments.get("x-queue-leader-locator", self.locator)
+        if locator != "balanced":
+            return self.name
+        up = [self.name] + sorted(n for n in self.links)
+        counts = {n: 0 for n in up}
+        for vh in self.broker.vhosts.values():
+            counts[self.name] += len(vh.queues)
+            for rq in vh.remoteQueues.values():
+                if rq.home in counts:
+                    counts[rq.home] += 1
+        return min(up, key=lambda n: (counts[n], n))
+
+    @defer.inlineCallbacks
+    def declareQueue(self, vhost, name, connection, durable, exclusive, autoDelete, arguments,
+                     serverNamed=False):
+        """
+        A new queue: the create-if-absent transaction, then the queue at its
+        home.  Fires with the Queue or RemoteQueue; the AMQPErrors of
+        :meth:`VHost.declareQueue <otter_tx.broker.vhost.VHost.declareQueue>`.
+        """
+        if self.lost is not None:
+            raise AMQPError(spec.INTERNAL_ERROR, "cluster metadata store unreachable: %s" % (self.lost,))
+        home = self.name if exclusive else self.locate(arguments)
+        record = {"vhost": vhost.name, "name": name, "node": home, "durable": durable and not exclusive,
+                  "auto_delete": autoDelete, "exclusive": exclusive, "arguments": md.toJSON(arguments),
+                  "leader": home, "members": [home], "epoch": 1}
+        key = md.queueKey(vhost.name, name)
+        try:
+            created, current, _ = yield self.writes.write(
+                key, lambda: self.metadata.create(key, record, self._leaseFor(record["durable"], home)))
+        except Exception as e:
+            raise AMQPError(spec.INTERNAL_ERROR, "cluster metadata store unavailable (%s)" % (e,))
+        if not created:
+            # declared elsewhere meanwhile: answer as for an existing queue
+            if current["node"] != self.name:
+                self._queue(vhost.name, name, current)
+            self.applying = True
+            try:
+                return vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments,
+                                          serverNamed=serverNamed)
+            finally:
+                self.applying = False
+        if home == self.name:
+            self.applying = True
+            try:
+                q = vhost.declareQueue(name, connection, False, durable, exclusive, autoDelete, arguments,
+                                       serverNamed=serverNamed)
+            finally:
+                self.applying = False
+            self.broker.entityChanged("queue", vhost, q)
+            return q
+        link = self.links.get(home)
+        if link is None:
+            raise notFound(downText(home, name, vhost.name))
+        yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
+                                  "autoDelete": autoDelete, "arguments": md.toJSON(arguments),
+                                  "serverNamed": serverNamed})
+        self._queue(vhost.name, name, record)
+        return vhost.remoteQueues[name]
+
+    def deleteRemote(self, vhost, rq, ifUnused, ifEmpty):
+        """queue.delete of a queue on another node: a Deferred firing with its message count."""
+        d = rq.remoteDelete(ifUnused, ifEmpty)
+
+        def deleted(n):
+            if vhost.remoteQueues.get(rq.name) is rq:
+                self._dropRemote(vhost, rq)
+            return n
+
+        return d.addCallback(deleted)
+
+    # --- what other nodes ask ---------------------------------------------------
+
+    def localQueue(self, vhostName, name):
+        vh = self._vhost(vhostName)
+        return vh.queues.get(name) if vh is not None else None
+
+    def forwarded(self, link, vhostName, name, redelivered, message):
+        q = self.localQueue(vhostName, name)
+        if q is None or q.deleted:
+            return
+        self.broker.nextMessageId(message)
+        return q.enqueue(message, None, redelivered)
+
+    def answer(self, link, op, args):
+        vh = self._vhost(args["vhost"])
+        if vh is None:
+            raise notFound("no vhost '%s'" % (args["vhost"],))
+        name = args["name"]
+        if op == "create":
+            self.applying = True
+            try:
+                q = vh.declareQueue(name, None, False, args["durable"], False, args["autoDelete"],
+                                    md.fromJSON(args["arguments"]), serverNamed=args.get("serverNamed", False))
+            finally:
+                self.applying = False
+            self.broker.entityChanged("queue", vh, q)
+            return {"messages": q.readyCount}
+        q = vh.queues.get(name)
+        if q is None:
+            if op == "delete":
+                # deleted meanwhile (auto-delete, x-expires): queue.delete of a missing queue is ok
+                return {"messages": 0}
+            raise notFound("no queue '%s' in vhost '%s'" % (name, vh.name))
+        if op == "touch":
+            q.touch()
+            return {}
+        if op == "declare":
+            if args["renew"]:
+                q.touch()
+            return {"messages": q.readyCount, "consumers": q.consumerCount}
+        if op == "purge":
+            return {"messages": q.purge()}
+        if op == "delete":
+            return {"messages": vh.deleteQueue(q, args["ifUnused"], args["ifEmpty"]) or 0}
+        if op == "get":
+            entry = q.basicGet(args["noAck"])
+            if entry is None:
+                return None
+            eid = 0 if args["noAck"] else link.outstanding(q, entry)
+            message = entry.message if not (entry.returns or q.quorum) else q.deliveredMessage(entry, get=True)
+            return messageJSON(message, redelivered=entry.redelivered, eid=eid, remaining=q.readyCount)
+        raise AMQPError(spec.NOT_IMPLEMENTED, "unknown link request %r" % (op,))
+
+    messageFromJSON = staticmethod(messageFromJSON)
+
+    # --- consumers on other nodes' queues -----------------------------------------
+
+    def newConsumerId(self, rq, consumer):
+        self._cid += 1
+        self._consumers[self._cid] = (rq, consumer)
+        return self._cid
+
+    def consumerFor(self, cid):
+        return self._consumers.get(cid)
+
+    def consumerQueue(self, cid):
+        found = self._consumers.get(cid)
+        return found[0] if found is not None else None
+
+    def consumerGone(self, cid):
+        self._consumers.pop(cid, None)
+
+    def cancelledByHome(self, cid):
+        found = self._consumers.get(cid)
+        if found is not None:
+            found[0].cancelledByHome(cid)
+
+    # --- links --------------------------------------------------------------------
+
+    def linkUp(self, link):
+        old = self.links.get(link.peer)
+        if old is not None and old is not link:
+            old.transport.loseConnection()
+        self.links[link.peer] = link
+        for vh in self.broker.vhosts.values():
+            for rq in vh.remoteQueues.values():
+                if rq.home == link.peer:
+                    rq.homeUp()
+
+    def linkDown(self, link):
+        if self.links.get(link.peer) is link:
+            del self.links[link.peer]
+            self._nodeDown(link.peer)
+            if self.running and link.peer in self.nodes and self.name < link.peer:
+                self._later(0.2, self._dial, link.peer)
+
+    def _nodeDown(self, name):
+        self.figures.pop(name, None)
+        for vh in self.broker.vhosts.values():
+            for rq in list(vh.remoteQueues.values()):
+                if rq.home != name:
+                    continue
+                if rq.exclusive or not rq.durable:
+                    self._dropRemote(vh, rq)
+                    key = md.queueKey(vh.name, rq.name)
+                    self.writes.write(key, lambda key=key: self.metadata.delete(key)).addErrback(lambda f: None)
+                else:
+                    rq.homeDown()
+
+    def sync(self):
+        """A Deferred: every link that forwarded since its last barrier has its answer."""
+        ds = [link.sync() for link in self.links.values() if link._forwarded]
+        if not ds:
+            return defer.succeed(None)
+        if len(ds) == 1:
+            return ds[0]
+        return defer.gatherResults(ds, consumeErrors=True).addErrback(lambda f: f.value.subFailure)
+
+    # --- figures --------------------------------------------------------------------
+
+    def _sendFigures(self):
+        self._figuresCall = None
+        if not self.running:
+            return
+        queues = {}
+        for vh in self.broker.vhosts.values():
+            for q in vh.queues.values():
+                queues["%s\x00%s" % (vh.name, q.name)] = {
+                    "messages_ready": q.readyCount, "messages_unacknowledged": q.unackedCount,
+                    "messages": q.readyCount + q.unackedCount, "consumers": len(q.consumers)}
+        frame = wire.jsonframe(wire.STATS, {"queues": queues})
+        for link in self.links.values():
+            link.send(frame)
+        self._figuresCall = self.clock.callLater(1, self._sendFigures)
+
+    def figuresFrom(self, peer, figures):
+        self.figures[peer] = figures
+        for key, f in figures.get("queues", {}).items():
+            vhostName, _, name = key.partition("\x00")
+            vh = self._vhost(vhostName)
+            if vh is not None:
+                rq = vh.remoteQueues.get(name)
+                if rq is not None:
+                    rq.figures = f
+
+
+def _logged(f, key):
+    log.failure("cluster metadata write {key}", f, key=key)

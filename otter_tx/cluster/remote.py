@@ -1,0 +1,345 @@
+"""
+A queue on another node, as this node's Sessions use it (:class:`RemoteQueue`,
+an :class:`~otter_tx.broker.interfaces.IQueue`), and the home node's side of
+a consumer on another node (:class:`LinkConsumer`, an
+:class:`~otter_tx.broker.interfaces.IConsumer`).  docs/cluster.md, "Queues
+on other nodes".
+
+Everything travels over the link to the queue's home node
+(:mod:`otter_tx.cluster.link`): publishes are forwarded, deliveries come
+back with credit that follows the consumer's prefetch, and settlements
+(ack, reject, requeue) go home by delivery id.  What needs an answer
+(basic.get, purge, delete) is a request whose reply fires a Deferred.
+"""
+
+from collections import deque
+
+from zope.interface import implementer
+
+from otter_tx.amqp.errors import notFound
+from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.interfaces import IConsumer, IQueue
+from otter_tx.cluster import wire
+
+#: credit a consumer without a prefetch gets (deliveries in flight on the link)
+DEFAULT_WINDOW = 1000
+
+
+def downText(node, name, vhost):
+    """RabbitMQ 3.10's text for an operation on a durable queue whose node is down."""
+    return "home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible" % (
+        node, name, vhost)
+
+
+class RemoteOwner:
+    """The owner of an exclusive queue declared on another node (405 here)."""
+
+    exclusiveQueues = frozenset()
+
+
+REMOTE_OWNER = RemoteOwner()
+
+
+class RemoteEntry:
+    """
+    A delivery from a queue on another node, as the Session's ledger holds
+    it: ``message``, ``redelivered``, ``returns`` (0: the home node already
+    put ``x-delivery-count`` in the message), ``deliveredAt``, and the home
+    node's delivery id ``eid`` and consumer id ``cid``.
+    """
+
+    __slots__ = ("message", "redelivered", "returns", "deliveredAt", "eid", "cid", "state")
+
+    def __init__(self, message, redelivered, eid, cid, deliveredAt):
+        self.message = message
+        self.redelivered = redelivered
+        self.returns = 0
+        self.deliveredAt = deliveredAt
+        self.eid = eid
+        self.cid = cid
+        self.state = 1
+
+
+@implementer(IQueue)
+class RemoteQueue:
+    """
+    The queue ``name`` of ``vhost`` whose home is ``record["node"]``.
+
+    :ivar home: the home node's name (str).  :ivar down: True while the
+        home node is unreachable: every operation answers 404
+        (:func:`downText`), a publish routed only here is unroutable.
+    :ivar figures: the home node's last reported figures (dict:
+        ``messages``, ``messages_ready``, ``messages_unacknowledged``,
+        ``consumers``), refreshed every second over the link.
+    """
+
+    def __init__(self, node, vhost, name, record):
+        self.node = node
+        self.vhost = vhost
+        self.name = name
+        self.clock = vhost.clock
+        self.bindings = {}
+        self.consumers = []
+        self.deleted = False
+        self.down = False
+        self.figures = {}
+        self.update(record)
+        self._cids = {}          # Consumer -> cid
+        self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
+        self._onHand = set()     # cids whose credit comes back when handed over (no prefetch)
+
+    def update(self, record):
+        self.record = record
+        self.home = record["node"]
+        self.durable = record["durable"]
+        self.autoDelete = record["auto_delete"]
+        self.exclusive = record["exclusive"]
+        self.owner = REMOTE_OWNER if self.exclusive else None
+        self.arguments = record["arguments"]
+        self.queueType = queueType(self.arguments)
+        self.quorum = self.queueType == QUORUM
+
+    def __repr__(self):
+        return "<RemoteQueue %r in %r on %r>" % (self.name, self.vhost.name, self.home)
+
+    # --- figures --------------------------------------------------------------
+
+    @property
+    def readyCount(self):
+        return self.figures.get("messages_ready", 0)
+
+    @property
+    def consumerCount(self):
+        return self.figures.get("consumers", 0) + 0
+
+    @property
+    def downText(self):
+        """The 404 text while the home node is down."""
+        return downText(self.home, self.name, self.vhost.name)
+
+    def _link(self):
+        link = self.node.links.get(self.home)
+        if link is None or self.down:
+            raise notFound(downText(self.home, self.name, self.vhost.name))
+        return link
+
+    def declared(self, renew):
+        """
+        A declare of this queue here: its counts from the home node (and its
+        x-expires lease renewed there when ``renew``); a Deferred firing with
+        this queue.
+        """
+        def counted(r):
+            self.figures = dict(self.figures, messages_ready=r["messages"], consumers=r["consumers"])
+            return self
+
+        return self._link().ask("declare", {"vhost": self.vhost.name, "name": self.name,
+                                            "renew": renew}).addCallback(counted)
+
+    def touch(self):
+        """A declare renews the home queue's x-expires lease (no answer awaited)."""
+        link = self.node.links.get(self.home)
+        if link is not None:
+            link.ask("touch", {"vhost": self.vhost.name, "name": self.name})
+
+    # --- publish ---------------------------------------------------------------
+
+    def enqueue(self, message, now=None, redelivered=False):
+        """Forward ``message`` home; None (not routed) while the home node is down."""
+        link = self.node.links.get(self.home)
+        if link is None or self.down or self.deleted:
+            return None
+        n = link.forward(self.vhost.name, self.name, redelivered, message)
+        if message.forwarded is None:
+            message.forwarded = [(link, n)]
+        else:
+            message.forwarded.append((link, n))
+        return True
+
+    # --- consumers -------------------------------------------------------------
+
+    def refusesConsumer(self, exclusive):
+        # the home node decides; a refusal there cancels the consumer here
+        self._link()
+        return False
+
+    def addConsumer(self, consumer, exclusive=False):
+        link = self._link()
+        cid = self.node.newConsumerId(self, consumer)
+        self._cids[consumer] = cid
+        self._backlog[cid] = deque()
+        self.consumers.append(consumer)
+        prefetch = getattr(consumer, "prefetch", 0)
+        window = prefetch or DEFAULT_WINDOW
+        if not prefetch:
+            # no prefetch: the window only bounds what is in flight on the link;
+            # credit comes back as deliveries are handed to the client
+            self._onHand.add(cid)
+        link.send(wire.consume(cid, self.vhost.name, self.name, consumer.noAck, exclusive,
+                               consumer.priority, window))
+
+    def removeConsumer(self, consumer):
+        cid = self._cids.pop(consumer, None)
+        if cid is None:
+            return
+        self._onHand.discard(cid)
+        self.consumers.remove(consumer)
+        self.node.consumerGone(cid)
+        backlog = self._backlog.pop(cid, ())
+        link = self.node.links.get(self.home)
+        if link is not None and not self.down:
+            link.send(wire.u32frame(wire.CANCEL, cid))
+            if backlog and not consumer.noAck:
+                link.settle(wire.REQUEUE, [e.eid for e in backlog])
+
+    def delivered(self, cid, consumer, entry):
+        """A DELIVER from home for ``consumer``: hand it over now, or when it has room."""
+        backlog = self._backlog.get(cid)
+        if backlog is None:
+            return
+        if not backlog and consumer.canTake():
+            self._hand(consumer, entry)
+        else:
+            backlog.append(entry)
+
+    def _hand(self, consumer, entry):
+        entry.deliveredAt = self.clock.seconds()
+        consumer.deliver(self, entry)
+        if consumer.noAck or entry.cid in self._onHand:
+            link = self.node.links.get(self.home)
+            if link is not None:
+                link.credit(entry.cid, 1)
+
+    def cancelledByHome(self, cid):
+        """The home queue cancelled the consumer ``cid`` (deleted, or refused it)."""
+        for consumer, c in list(self._cids.items()):
+            if c == cid:
+                del self._cids[consumer]
+                self._backlog.pop(cid, None)
+                self.consumers.remove(consumer)
+                self.node.consumerGone(cid)
+                consumer.cancelledByBroker(self)
+
+    def dispatch(self):
+        for consumer, cid in list(self._cids.items()):
+            backlog = self._backlog.get(cid)
+            while backlog and consumer.canTake():
+                self._hand(consumer, backlog.popleft())
+
+    def deliveredMessage(self, entry, get=False):
+        return entry.message
+
+    # --- settling --------------------------------------------------------------
+
+    def _settle(self, how, entries):
+        link = self.node.links.get(self.home)
+        if link is None or self.down:
+            return
+        link.settle(how, [e.eid for e in entries])
+        credits = {}
+        onHand = self._onHand
+        for e in entries:
+            if e.cid and e.cid not in onHand:
+                credits[e.cid] = credits.get(e.cid, 0) + 1
+        for cid, n in credits.items():
+            if self.node.consumerQueue(cid) is self:
+                link.credit(cid, n)
+
+    def settle(self, entry):
+        self._settle(wire.ACK, (entry,))
+
+    def reject(self, entries):
+        self._settle(wire.REJECT, entries)
+
+    def requeue(self, entries, dispatch=True):
+        self._settle(wire.REQUEUE, entries)
+
+    def holdRequeue(self, feeder):
+        pass
+
+    def releaseRequeue(self, feeder):
+        pass
+
+    # --- requests ------------------------------------------------------------
+
+    def basicGet(self, noAck):
+        """basic.get at home: a Deferred firing with a RemoteEntry or None."""
+        link = self._link()
+
+        def got(result):
+            if result is None:
+                return None
+            message = self.node.messageFromJSON(result)
+            entry = RemoteEntry(message, result["redelivered"], result["eid"], 0, self.clock.seconds())
+            self.figures["messages_ready"] = result["remaining"]
+            return entry
+
+        return link.ask("get", {"vhost": self.vhost.name, "name": self.name, "noAck": noAck}).addCallback(got)
+
+    def purge(self):
+        """queue.purge at home: a Deferred firing with the number purged."""
+        return self._link().ask("purge", {"vhost": self.vhost.name, "name": self.name}).addCallback(
+            lambda r: r["messages"])
+
+    def remoteDelete(self, ifUnused, ifEmpty):
+        """queue.delete at home: a Deferred firing with the number of ready messages deleted."""
+        return self._link().ask(
+            "delete", {"vhost": self.vhost.name, "name": self.name, "ifUnused": ifUnused, "ifEmpty": ifEmpty}
+        ).addCallback(lambda r: r["messages"])
+
+    # --- the home node --------------------------------------------------------
+
+    def homeDown(self):
+        """The home node went away: consumers here are cancelled (basic.cancel)."""
+        self.down = True
+        consumers, self.consumers = self.consumers, []
+        cids, self._cids = self._cids, {}
+        self._backlog = {}
+        for consumer in consumers:
+            self.node.consumerGone(cids.get(consumer))
+            consumer.cancelledByBroker(self)
+
+    def homeUp(self):
+        self.down = False
+
+    def shutdown(self):
+        """The queue was deleted (anywhere): cancel the consumers here."""
+        self.deleted = True
+        consumers, self.consumers = self.consumers, []
+        cids, self._cids = self._cids, {}
+        self._backlog = {}
+        for consumer in consumers:
+            self.node.consumerGone(cids.get(consumer))
+            consumer.cancelledByBroker(self)
+        return self.readyCount
+
+
+@implementer(IConsumer)
+class LinkConsumer:
+    """
+    A consumer on another node, registered on a queue of this node: it takes
+    deliveries while it has credit (the consumer's prefetch, returned by
+    CREDIT frames) and the link is not backed up.
+    """
+
+    def __init__(self, link, cid, queue, tag, noAck, priority, credit):
+        self.link = link
+        self.cid = cid
+        self.queue = queue
+        self.tag = tag
+        self.noAck = noAck
+        self.priority = priority
+        self.credit = credit
+        self.prefetch = credit
+
+    def canTake(self):
+        return self.credit > 0 and not self.link.paused
+
+    def deliver(self, queue, entry):
+        self.credit -= 1
+        message = entry.message if not entry.returns else queue.deliveredMessage(entry)
+        eid = 0 if self.noAck else self.link.outstanding(queue, entry)
+        self.link.send(wire.deliver(self.cid, eid, entry.redelivered, message))
+
+    def cancelledByBroker(self, queue):
+        self.link.consumerCancelled(self)

@@ -1,0 +1,171 @@
+"""
+The inter-node link's frames (docs/cluster.md, "The link"): plain code, no
+Twisted, no broker imports.
+
+A frame is ``u32 length`` (of what follows) + ``u8 kind`` + the kind's
+fields.  Strings are ``u16 length`` + UTF-8; byte strings ``u32 length`` +
+bytes; integers big-endian.  One link joins each pair of nodes; both ends
+speak the same frames (either may forward, consume or ask).
+"""
+
+import json
+import struct
+
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_Q = struct.Struct(">Q")
+
+#: the kinds (u8)
+HELLO = 1          # name: the dialling node's name
+FORWARD = 2        # vhost, queue, flags, message: enqueue there
+SYNC = 3           # u64 n: answer SYNCED n once everything before is taken (and fsync'd)
+SYNCED = 4         # u64 n, u32 count, u64 refused forward numbers
+CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit
+CONSUME_ERR = 6    # u32 cid, u16 code, text
+CREDIT = 7         # u32 cid, u32 n
+CANCEL = 8         # u32 cid: the consumer went (its unacked stay out until settled)
+CANCELLED = 9      # u32 cid: the queue cancelled it (deleted)
+DELIVER = 10       # u32 cid, u64 eid, u8 flags(redelivered), message
+SETTLE = 11        # u8 how (ACK, REJECT, REQUEUE), u32 count, u64 eid...
+REQUEST = 12       # u32 rid, op, json arguments
+REPLY = 13         # u32 rid, u16 code (0 ok), json result or error text
+STATS = 14         # json: the sender's queue figures and node figures
+
+ACK, REJECT, REQUEUE = 0, 1, 2
+
+
+def string(s):
+    b = s.encode("utf-8")
+    return _U16.pack(len(b)) + b
+
+
+def blob(b):
+    return _U32.pack(len(b)) + b
+
+
+def frame(kind, payload):
+    """One frame: length, kind, ``payload`` (bytes)."""
+    return _U32.pack(len(payload) + 1) + bytes((kind,)) + payload
+
+
+def messagePart(message):
+    """exchange, routing key, the publisher's property bytes, body."""
+    return (string(message.exchange) + string(message.routingKey) + blob(message.propsRaw)
+            + blob(message.body))
+
+
+def forward(vhost, queue, redelivered, message):
+    return frame(FORWARD, string(vhost) + string(queue) + bytes((1 if redelivered else 0,))
+                 + messagePart(message))
+
+
+def deliver(cid, eid, redelivered, message):
+    return frame(DELIVER, _U32.pack(cid) + _Q.pack(eid) + bytes((1 if redelivered else 0,))
+                 + messagePart(message))
+
+
+def consume(cid, vhost, queue, noAck, exclusive, priority, credit):
+    flags = (1 if noAck else 0) | (2 if exclusive else 0)
+    return frame(CONSUME, _U32.pack(cid) + string(vhost) + string(queue) + bytes((flags,))
+                 + struct.pack(">iI", priority, credit))
+
+
+def settle(how, eids):
+    return frame(SETTLE, bytes((how,)) + _U32.pack(len(eids)) + b"".join(_Q.pack(e) for e in eids))
+
+
+def synced(n, refused):
+    """SYNCED: u64 n, u32 count, u64 forward numbers refused (reject-publish)."""
+    return frame(SYNCED, _Q.pack(n) + _U32.pack(len(refused)) + b"".join(_Q.pack(x) for x in refused))
+
+
+def request(rid, op, args):
+    return frame(REQUEST, _U32.pack(rid) + string(op) + blob(json.dumps(args).encode()))
+
+
+def reply(rid, code, result):
+    return frame(REPLY, _U32.pack(rid) + _U16.pack(code) + blob(json.dumps(result).encode()))
+
+
+def u32frame(kind, *values):
+    return frame(kind, b"".join(_U32.pack(v) for v in values))
+
+
+def u64frame(kind, value):
+    return frame(kind, _Q.pack(value))
+
+
+def jsonframe(kind, obj):
+    return frame(kind, blob(json.dumps(obj).encode()))
+
+
+class Reader:
+    """Field reader over one frame's payload (``buf`` bytes from ``pos``)."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf, pos=0):
+        self.buf = buf
+        self.pos = pos
+
+    def u8(self):
+        v = self.buf[self.pos]
+        self.pos += 1
+        return v
+
+    def u16(self):
+        v = _U16.unpack_from(self.buf, self.pos)[0]
+        self.pos += 2
+        return v
+
+    def u32(self):
+        v = _U32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def i32(self):
+        v = struct.unpack_from(">i", self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self):
+        v = _Q.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def string(self):
+        n = self.u16()
+        p = self.pos
+        self.pos = p + n
+        return self.buf[p:p + n].decode("utf-8")
+
+    def blob(self):
+        n = self.u32()
+        p = self.pos
+        self.pos = p + n
+        return bytes(self.buf[p:p + n])
+
+    def json(self):
+        return json.loads(self.blob())
+
+    def message(self):
+        """(exchange, routingKey, propsRaw, body)"""
+        return self.string(), self.string(), self.blob(), self.blob()
+
+
+def splitFrames(buf):
+    """
+    Complete frames at the front of ``buf`` (bytes or bytearray): a list
+    of ``(kind, payload)`` and how many bytes they took.
+    """
+    out = []
+    pos = 0
+    n = len(buf)
+    while n - pos >= 4:
+        size = _U32.unpack_from(buf, pos)[0]
+        if n - pos - 4 < size:
+            break
+        start = pos + 4
+        out.append((buf[start], bytes(buf[start + 1:start + size])))
+        pos = start + size
+    return out, pos

@@ -1,0 +1,459 @@
+"""
+Three otter_tx nodes in this process, each a whole OtterService on tcp:0,
+joined through a shared :class:`~otter_tx.cluster.metadata.MemoryMetadata`
+(the etcd stand-in) and real TCP links, driven by pika: what a client sees
+when its queue lives on another node (docs/cluster.md).
+"""
+
+import time
+
+import pika
+import pika.exceptions
+from twisted.internet import reactor, task
+from twisted.internet.defer import inlineCallbacks
+
+from otter_tx.cluster.link import LinkFactory
+from otter_tx.cluster.metadata import MemoryMetadata
+from otter_tx.cluster.node import ClusterNode
+from otter_tx.testing import startBroker
+from twisted.internet import threads
+from twisted.trial.unittest import TestCase
+
+
+@inlineCallbacks
+def waitUntil(predicate, timeout=5.0):
+    """On the reactor: poll ``predicate()`` every 10 ms until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in %s s" % (timeout,))
+        yield task.deferLater(reactor, 0.01, lambda: None)
+
+
+class ClusterCase(TestCase):
+    timeout = 60
+    nodes = 3
+
+    @inlineCallbacks
+    def setUp(self):
+        self.meta = MemoryMetadata(reactor)
+        self.fixtures = []
+        self.cluster = []
+        for i in range(self.nodes):
+            f = yield startBroker(reactor)
+            self.addCleanup(f.stop)
+            node = ClusterNode(f.broker, "n%d" % (i + 1,), self.meta, reactor)
+            port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
+            self.addCleanup(port.stopListening)
+            self.addCleanup(node.stop)
+            yield node.start(port.getHost().port)
+            self.fixtures.append(f)
+            self.cluster.append(node)
+        yield waitUntil(lambda: all(len(n.links) == self.nodes - 1 for n in self.cluster), 10)
+
+    def conn(self, i):
+        c = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.fixtures[i].amqpPort, credentials=pika.PlainCredentials("guest", "guest")))
+        self.addCleanup(lambda: threads.deferToThread(lambda: c.is_open and c.close()))
+        return c
+
+    def inThread(self, f, *a):
+        return threads.deferToThread(f, *a)
+
+
+class AcrossNodesTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_publishConsumeAcrossThreeNodes(self):
+        """A queue declared on node 2, published to on node 1, consumed on node 3, with confirms."""
+        def run():
+            c2 = self.conn(1)
+            ch2 = c2.channel()
+            ch2.queue_declare("q1", durable=True)
+            c1 = self.conn(0)
+            ch1 = c1.channel()
+            ch1.confirm_delivery()
+            for i in range(50):
+                ch1.basic_publish("", "q1", b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+            c3 = self.conn(2)
+            ch3 = c3.channel()
+            ch3.basic_qos(prefetch_count=5)
+            got = []
+
+            def onMessage(ch, method, props, body):
+                got.append((body, method.redelivered, method.exchange, method.routing_key))
+                ch.basic_ack(method.delivery_tag)
+                if len(got) == 50:
+                    ch.stop_consuming()
+
+            ch3.basic_consume("q1", onMessage)
+            deadline = time.time() + 20
+            while len(got) < 50 and time.time() < deadline:
+                c3.process_data_events(0.2)
+            return got
+
+        got = yield self.inThread(run)
+        self.assertEqual([g[0] for g in got], [b"m%d" % i for i in range(50)])
+        self.assertEqual({(g[1], g[2], g[3]) for g in got}, {(False, "", "q1")})
+        home = self.fixtures[1].broker.vhosts["/"].queues["q1"]
+        yield waitUntil(lambda: home.readyCount == 0 and home.unackedCount == 0, 5)
+        self.assertIn("q1", self.fixtures[0].broker.vhosts["/"].remoteQueues)
+
+    @inlineCallbacks
+    def test_bindingsRouteToRemoteQueue(self):
+        """A topic binding made on node 1 to a queue on node 2 routes publishes made on node 3."""
+        def run():
+            ch2 = self.conn(1).channel()
+            ch2.exchange_declare("tx", "topic")
+            ch2.queue_declare("tq")
+            ch1 = self.conn(0).channel()
+            ch1.queue_bind("tq", "tx", "a.*")
+            return True
+
+        yield self.inThread(run)
+        yield waitUntil(lambda: "tx" in self.fixtures[2].broker.vhosts["/"].exchanges
+                        and self.fixtures[2].broker.vhosts["/"].exchanges["tx"].routing.bindings(), 5)
+
+        def publish():
+            ch3 = self.conn(2).channel()
+            ch3.confirm_delivery()
+            ch3.basic_publish("tx", "a.b", b"hello", mandatory=True)
+            try:
+                ch3.basic_publish("tx", "b.b", b"lost", mandatory=True)
+            except pika.exceptions.UnroutableError:
+                pass
+            else:
+                raise AssertionError("not returned")
+            ch2 = self.conn(1).channel()
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch2.basic_get("tq", auto_ack=True)
+                if m[0] is not None:
+                    return m[2]
+                time.sleep(0.05)
+
+        body = yield self.inThread(publish)
+        self.assertEqual(body, b"hello")
+
+    @inlineCallbacks
+    def test_getPurgeDeleteRemote(self):
+        """basic.get, queue.purge and queue.delete from a node other than the queue's home."""
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("gq", arguments={"x-queue-leader-locator": "balanced"})
+            home = [i for i, f in enumerate(self.fixtures) if "gq" in f.broker.vhosts["/"].queues]
+            other = (home[0] + 1) % 3
+            ch = self.conn(other).channel()
+            ch.confirm_delivery()
+            for i in range(5):
+                ch.basic_publish("", "gq", b"g%d" % i)
+            m = ch.basic_get("gq", auto_ack=False)
+            ch.basic_ack(m[0].delivery_tag)
+            n = ch.queue_purge("gq").method.message_count
+            ch.basic_publish("", "gq", b"x")
+            d = ch.queue_delete("gq").method.message_count
+            return home, m[2], n, d
+
+        home, body, purged, deleted = yield self.inThread(run)
+        self.assertEqual(len(home), 1)
+        self.assertEqual((body, purged, deleted), (b"g0", 4, 1))
+        yield waitUntil(lambda: all("gq" not in f.broker.vhosts["/"].remoteQueues
+                                    and "gq" not in f.broker.vhosts["/"].queues for f in self.fixtures), 5)
+
+    @inlineCallbacks
+    def test_concurrentDeclare(self):
+        """The same name declared on two nodes with different arguments: one wins, the other gets 406."""
+        def declare(i, args):
+            ch = self.conn(i).channel()
+            try:
+                ch.queue_declare("cq", durable=True, arguments=args)
+                return "ok"
+            except pika.exceptions.ChannelClosedByBroker as e:
+                return e.reply_code
+
+        a = self.inThread(declare, 0, {"x-max-length": 10})
+        b = self.inThread(declare, 2, {"x-max-length": 20})
+        ra = yield a
+        rb = yield b
+        self.assertEqual(sorted([ra, rb], key=str), sorted(["ok", 406], key=str))
+        homes = [f for f in self.fixtures if "cq" in f.broker.vhosts["/"].queues]
+        self.assertEqual(len(homes), 1)
+
+    @inlineCallbacks
+    def test_nodeDown(self):
+        """
+        The home node's link drops: the consumer elsewhere gets basic.cancel, the durable
+        queue answers 404 "home node ... is down", the exclusive one is gone.
+        """
+        def setup():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("dq", durable=True)
+            c = self.conn(0)
+            ch1 = c.channel()
+            cancelled = []
+            ch1.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+            ch1.basic_consume("dq", lambda *a: None, consumer_tag="ctag1")
+            return c, ch1, cancelled
+
+        c, ch1, cancelled = yield self.inThread(setup)
+        # cut node 2 off: its links drop, as when its process dies
+        n2 = self.cluster[1]
+        n2.running = False
+        for link in list(n2.links.values()):
+            link.transport.abortConnection()
+        yield waitUntil(lambda: self.fixtures[0].broker.vhosts["/"].remoteQueues["dq"].down, 5)
+
+        def after():
+            deadline = time.time() + 5
+            while not cancelled and time.time() < deadline:
+                c.process_data_events(0.1)
+            ch = self.conn(2).channel()
+            try:
+                ch.queue_declare("dq", passive=True)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                return cancelled, e.reply_code, e.reply_text
+            return cancelled, None, None
+
+        cancelled, code, text = yield self.inThread(after)
+        self.assertEqual(cancelled, ["ctag1"])
+        self.assertEqual(code, 404)
+        self.assertEqual(
+            text, "NOT_FOUND - home node 'n2' of durable queue 'dq' in vhost '/' is down or inaccessible")
+
+
+class SetupOnly(ClusterCase):
+    def test_links(self):
+        self.assertEqual(sorted(self.cluster[0].links), ["n2", "n3"])
+
+    @inlineCallbacks
+    def test_declare(self):
+        def run():
+            ch = self.conn(0).channel()
+            ch.queue_declare("x1")
+            return "ok"
+        r = yield self.inThread(run)
+        self.assertEqual(r, "ok")
+
+
+class OverflowAndCountsTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_rejectPublishAcrossNodes(self):
+        """A queue on node 2 with reject-publish: publishes confirmed on node 1 are nacked once it is full."""
+        def run():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("rq", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+            ch1 = self.conn(0).channel()
+            ch1.confirm_delivery()
+            out = []
+            for i in range(4):
+                try:
+                    ch1.basic_publish("", "rq", b"r%d" % i)
+                    out.append("ack")
+                except pika.exceptions.NackError:
+                    out.append("nack")
+            n = ch1.queue_declare("rq", passive=True).method.message_count
+            return out, n
+
+        out, n = yield self.inThread(run)
+        self.assertEqual(out, ["ack", "ack", "nack", "nack"])
+        self.assertEqual(n, 2)
+
+
+class DefinitionsTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_vhostUserPermissionPolicyEverywhere(self):
+        """A vhost, a user, its permissions and a policy made on node 1 reach nodes 2 and 3 within 1 s."""
+        b1 = self.fixtures[0].broker
+        b1.addVHost("v2")
+        b1.addUser("alice", "secret", ["management"])
+        b1.setPermissions("alice", "v2", ".*", ".*", ".*")
+        b1.setPolicy("v2", "lim", "^lim", {"max-length": 3}, 0, "queues")
+        others = [f.broker for f in self.fixtures[1:]]
+        yield waitUntil(lambda: all("v2" in b.vhosts and "alice" in b.users
+                                    and ("alice", "v2") in b.permissions
+                                    and "lim" in b.vhosts["v2"].policies for b in others), 1)
+        b3 = others[1]
+        self.assertEqual(b3.users["alice"].passwordHash, b1.users["alice"].passwordHash)
+        b3.clearPolicy("v2", "lim")
+        b3.deleteVHost("v2")
+        yield waitUntil(lambda: "v2" not in b1.vhosts and "v2" not in others[0].vhosts, 1)
+
+    @inlineCallbacks
+    def test_policyAppliesToQueueOnOtherNode(self):
+        """A max-length policy set on node 1 limits a queue whose home is node 2."""
+        def declare():
+            self.conn(1).channel().queue_declare("plq")
+
+        yield self.inThread(declare)
+        self.fixtures[0].broker.setPolicy("/", "pl", "^plq$", {"max-length": 1}, 0, "queues")
+        home = self.fixtures[1].broker.vhosts["/"]
+        yield waitUntil(lambda: "pl" in home.policies, 1)
+
+        def publish():
+            ch = self.conn(2).channel()
+            ch.confirm_delivery()
+            for i in range(3):
+                ch.basic_publish("", "plq", b"p%d" % i)
+
+        yield self.inThread(publish)
+        self.assertEqual(home.queues["plq"].readyCount, 1)
+
+
+class ExpiryAndDeadLetterTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_ttlDeadLettersToQueueOnOtherNode(self):
+        """
+        A queue on node 1 with x-message-ttl and a dead-letter exchange whose queue lives on
+        node 3: expired messages arrive there with x-death; published from node 2.
+        """
+        def run():
+            ch3 = self.conn(2).channel()
+            ch3.exchange_declare("dlx", "fanout")
+            ch3.queue_declare("dead")
+            ch3.queue_bind("dead", "dlx")
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("ttlq", arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "dlx"})
+            ch2 = self.conn(1).channel()
+            ch2.confirm_delivery()
+            ch2.basic_publish("", "ttlq", b"soon")
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch3.basic_get("dead", auto_ack=True)
+                if m[0] is not None:
+                    return m[1].headers["x-death"][0], m[2]
+                time.sleep(0.02)
+
+        death, body = yield self.inThread(run)
+        self.assertEqual(body, b"soon")
+        self.assertEqual((death["reason"], death["queue"], death["count"]), ("expired", "ttlq", 1))
+
+    @inlineCallbacks
+    def test_rejectedDeadLetteredAcrossNodes(self):
+        """A message rejected by a consumer on node 2 of a queue on node 1 is dead-lettered to node 3's queue."""
+        def run():
+            ch3 = self.conn(2).channel()
+            ch3.queue_declare("rejected")
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("src", arguments={"x-dead-letter-exchange": "",
+                                                "x-dead-letter-routing-key": "rejected"})
+            ch2 = self.conn(1).channel()
+            ch2.basic_publish("", "src", b"no")
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch2.basic_get("src", auto_ack=False)
+                if m[0] is not None:
+                    ch2.basic_reject(m[0].delivery_tag, requeue=False)
+                    break
+                time.sleep(0.02)
+            while time.time() < deadline:
+                m = ch3.basic_get("rejected", auto_ack=True)
+                if m[0] is not None:
+                    return m[1].headers["x-death"][0]["reason"], m[2]
+                time.sleep(0.02)
+
+        reason, body = yield self.inThread(run)
+        self.assertEqual((reason, body), ("rejected", b"no"))
+
+    @inlineCallbacks
+    def test_delayedExchangeToQueueOnOtherNode(self):
+        """An x-delayed-message exchange declared on node 1 delivers, when due, to a queue on node 2."""
+        def run():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("later")
+            ch1 = self.conn(0).channel()
+            ch1.exchange_declare("dx", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+            ch1.queue_bind("later", "dx", "k")
+            ch3 = self.conn(2).channel()
+            ch3.confirm_delivery()
+            sent = time.time()
+            ch3.basic_publish("dx", "k", b"tick", pika.BasicProperties(headers={"x-delay": 200}))
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                m = ch2.basic_get("later", auto_ack=True)
+                if m[0] is not None:
+                    return m[2], time.time() - sent
+                time.sleep(0.01)
+
+        body, after = yield self.inThread(run)
+        self.assertEqual(body, b"tick")
+        self.assertGreaterEqual(after, 0.19)
+
+    @inlineCallbacks
+    def test_prefetchAcrossTheLink(self):
+        """A consumer on node 2 with prefetch 3 of a queue on node 1 holds at most 3 unacked."""
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("pq")
+            for i in range(20):
+                ch1.basic_publish("", "pq", b"%d" % i)
+            c2 = self.conn(1)
+            ch2 = c2.channel()
+            ch2.basic_qos(prefetch_count=3)
+            got = []
+            ch2.basic_consume("pq", lambda ch, m, p, b: got.append(m.delivery_tag))
+            deadline = time.time() + 1
+            while time.time() < deadline:
+                c2.process_data_events(0.05)
+            held = len(got)
+            ch2.basic_ack(got[-1], multiple=True)
+            deadline = time.time() + 1
+            while time.time() < deadline and len(got) < 6:
+                c2.process_data_events(0.05)
+            return held, len(got)
+
+        held, after = yield self.inThread(run)
+        self.assertEqual((held, after), (3, 6))
+        q = self.fixtures[0].broker.vhosts["/"].queues["pq"]
+        self.assertEqual((q.readyCount, q.unackedCount), (14, 3))
+
+
+class OwnEchoTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_declareDeleteCheck(self):
+        """An exchange declared and deleted at once stays deleted (the declare's echo is not applied)."""
+        def run():
+            ch = self.conn(0).channel()
+            out = []
+            for i in range(20):
+                ch.exchange_declare("ee%d" % i, "fanout")
+                ch.exchange_delete("ee%d" % i)
+            time.sleep(0.2)
+            for i in range(20):
+                try:
+                    ch.exchange_declare("ee%d" % i, "fanout", passive=True)
+                    out.append(i)
+                except pika.exceptions.ChannelClosedByBroker:
+                    ch = self.conn(0).channel()
+            return out
+
+        alive = yield self.inThread(run)
+        self.assertEqual(alive, [])
+        for f in self.fixtures:
+            self.assertFalse([n for n in f.broker.vhosts["/"].exchanges if n.startswith("ee")])
+
+
+class NoPrefetchTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_unackedBeyondTheWindow(self):
+        """A consumer without prefetch that acks nothing gets every message of a queue elsewhere (1500 > the window)."""
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("np")
+            for i in range(1500):
+                ch1.basic_publish("", "np", b"%d" % i)
+            c2 = self.conn(1)
+            ch2 = c2.channel()
+            got = []
+            ch2.basic_consume("np", lambda ch, m, p, b: got.append(b))
+            deadline = time.time() + 10
+            while len(got) < 1500 and time.time() < deadline:
+                c2.process_data_events(0.05)
+            return len(got)
+
+        n = yield self.inThread(run)
+        self.assertEqual(n, 1500)

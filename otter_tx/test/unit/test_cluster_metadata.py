@@ -1,0 +1,86 @@
+"""
+The cluster's metadata helpers without sockets: the in-memory stand-in of
+etcd and :class:`~otter_tx.cluster.metadata.OrderedWrites` (a node's writes
+in order per key; the watch's echo of them never undoes a later change).
+"""
+
+from twisted.internet import defer, task
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.cluster import metadata as md
+from otter_tx.cluster import wire
+
+
+class MemoryMetadataTests(SynchronousTestCase):
+
+    def test_createOnce(self):
+        m = md.MemoryMetadata(task.Clock())
+        first = self.successResultOf(m.create("queues/%2F/q", {"node": "a"}))
+        second = self.successResultOf(m.create("queues/%2F/q", {"node": "b"}))
+        self.assertEqual((first[0], second[0], second[1]), (True, False, {"node": "a"}))
+
+    def test_leaseExpiryDeletesItsKeys(self):
+        clock = task.Clock()
+        m = md.MemoryMetadata(clock)
+        seen = []
+        m.watch("", 1, seen.extend)
+        lease = self.successResultOf(m.grantLease(5))
+        m.put("nodes/a", {}, lease=lease)
+        m.put("queues/%2F/t", {}, lease=lease)
+        m.expireLease(lease)
+        clock.advance(0)
+        self.assertEqual([(e[0], e[1]) for e in seen],
+                         [("put", "nodes/a"), ("put", "queues/%2F/t"), ("delete", "nodes/a"),
+                          ("delete", "queues/%2F/t")])
+
+
+class OrderedWritesTests(SynchronousTestCase):
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.m = md.MemoryMetadata(self.clock)
+        self.applied = []
+        self.writes = md.OrderedWrites(self.m, self.applied.extend)
+        self.m.watch("", 1, lambda evs: self.applied.extend(e for e in evs if self.writes.accept(e)))
+
+    def test_echoOfAnEarlierWriteIsDropped(self):
+        """Put then delete at once: the put's echo arrives after the delete and is dropped."""
+        self.writes.write("exchanges/%2F/x", lambda: self.m.put("exchanges/%2F/x", {"type": "direct"}))
+        self.writes.write("exchanges/%2F/x", lambda: self.m.delete("exchanges/%2F/x"))
+        self.clock.advance(0)
+        self.assertEqual(self.applied, [])
+
+    def test_anotherNodesLaterWriteIsApplied(self):
+        """While our write is in flight another node writes the key after it: theirs is applied after ours."""
+        gate = defer.Deferred()
+        self.writes.write("k", lambda: gate.addCallback(lambda _: self.m.put("k", {"v": "ours"})))
+        gate.callback(None)
+        self.m.put("k", {"v": "theirs"})
+        self.clock.advance(0)
+        self.assertEqual([(e[0], e[2]) for e in self.applied], [("put", {"v": "theirs"})])
+
+    def test_writesToOneKeyRunInOrder(self):
+        """A second write starts only once the first is answered."""
+        order = []
+        first = defer.Deferred()
+        self.writes.write("k", lambda: first.addCallback(lambda _: order.append(1) or 1))
+        self.writes.write("k", lambda: order.append(2) or 2)
+        self.assertEqual(order, [])
+        first.callback(None)
+        self.assertEqual(order, [1, 2])
+
+
+class WireTests(SynchronousTestCase):
+
+    def test_framesSplitAcrossReads(self):
+        """Frames cut anywhere come out whole, in order."""
+        from otter_tx.broker.message import Message
+
+        data = wire.forward("/", "q", True, Message("ex", "rk", b"\x00\x00", b"body")) + wire.synced(7, [3, 9])
+        for cut in range(len(data)):
+            frames, used = wire.splitFrames(data[:cut])
+            rest, used2 = wire.splitFrames(data[used:])
+            self.assertEqual([k for k, _ in frames + rest], [wire.FORWARD, wire.SYNCED])
+        (kind, payload), = wire.splitFrames(wire.synced(7, [3, 9]))[0]
+        r = wire.Reader(payload)
+        self.assertEqual((r.u64(), r.u32(), r.u64(), r.u64()), (7, 2, 3, 9))

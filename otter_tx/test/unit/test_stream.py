@@ -1,0 +1,379 @@
+"""
+Deterministic tests (task.Clock, writes inline) for stream queues
+(otter_tx/broker/stream.py, docs/streams.md): the log core (appends, group
+commit, offsets, readers, retention, reopening, bounded memory), the
+AMQP 0-9-1 face (consumers at offsets, headers, credit) and the queue seam's
+contract where it applies.  test_interop_streams checks the wire rules
+against RabbitMQ 3.10.
+"""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from otter_tx.amqp.codec import Timestamp, encodeProperties
+from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.broker import Broker
+from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.message import Message
+from otter_tx.broker.stream import (
+    OffsetSpec,
+    StreamRegistry,
+    _Count,
+    declareStream,
+    deleteStream,
+    findStream,
+    parseOffsetSpec,
+)
+from otter_tx.test.unit.test_queue_contract import ConsumerSourceContractMixin, RecordingConsumer
+
+S = {"x-queue-type": "stream"}
+
+
+def message(body=b"m", **props):
+    return Message("", "s", encodeProperties(props), body)
+
+
+class CoreTests(SynchronousTestCase):
+    """StreamLog and StreamReader on a temporary directory."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.root = self.mktemp()
+        self.registry = StreamRegistry(self.root)
+        self.addCleanup(self.registry.close)
+
+    def open(self, segmentBytes=1 << 20):
+        return self.registry.open(self.clock, "/", "s", segmentBytes)
+
+    def fill(self, log, n, body=b"x" * 12):
+        ds = [log.append(message(body + b"%d" % i)) for i in range(n)]
+        self.clock.advance(0)
+        return ds
+
+    def test_appendFiresWhenDurable(self):
+        """An append's Deferred fires with its offset at the end of the turn (one group commit)."""
+        log = self.open()
+        fired = []
+        log.append(message(b"a")).addCallback(fired.append)
+        log.append(message(b"b")).addCallback(fired.append)
+        self.assertEqual((fired, log.committed, log.registry.unsynced), ([], 0, 2))
+        self.clock.advance(0)
+        self.assertEqual((fired, log.first, log.committed, log.last), ([0, 1], 0, 2, 0))
+        self.assertEqual(log.registry.unsynced, 0)
+
+    def test_readFromOffsets(self):
+        """Readers at first, next, last, an offset and a timestamp; independent of each other."""
+        log = self.open()
+        self.fill(log, 10)
+        self.clock.advance(60)
+        self.fill(log, 5)
+        r = log.reader("first")
+        got = r.read(100)
+        self.assertEqual([o for o, _, _ in got], list(range(15)))
+        self.assertEqual(got[3][2].body, b"x" * 12 + b"3")
+        self.assertEqual(r.read(), [])
+        self.assertEqual(log.reader("next").offset, 15)
+        self.assertEqual(log.reader("last").offset, 10)
+        self.assertEqual([o for o, _, _ in log.reader(12).read(2)], [12, 13])
+        self.assertEqual(log.reader(("timestamp", 1030 * 1000.0)).offset, 10)
+        self.assertEqual(log.startOffset(parseOffsetSpec("30s", 1061 * 1000.0)), 10)
+        self.assertEqual(log.reader(99).offset, 15)
+
+    def test_readerAcrossSegmentsAndIndex(self):
+        """A reader starts anywhere through the sparse index and crosses segment ends."""
+        log = self.open(segmentBytes=4096)
+        for _ in range(10):
+            self.fill(log, 50)
+        self.assertGreater(len(log.log.segments), 3)
+        for start in (0, 63, 64, 130, 299, 499):
+            r = log.reader(start)
+            offsets = []
+            while True:
+                batch = r.read(37)
+                if not batch:
+                    break
+                offsets.extend(o for o, _, _ in batch)
+            self.assertEqual(offsets, list(range(start, 500)))
+
+    def test_readerOverSmallChunks(self):
+        """One message per group commit (a chunk header between each): readers start anywhere."""
+        log = self.open(segmentBytes=8192)
+        for _ in range(300):
+            self.fill(log, 1)
+        for start in (0, 1, 65, 200, 299):
+            r = log.reader(start)
+            offsets = []
+            while True:
+                # one read call touches at most a few segments (bounded work)
+                batch = r.read(500)
+                if not batch:
+                    break
+                offsets.extend(o for o, _, _ in batch)
+            self.assertEqual(offsets, list(range(start, 300)))
+        self.assertEqual(log.last, 299)
+
+    def test_sealedSegmentsKeepOnlyIndexes(self):
+        """Segments, the active one too, keep no per-message arrays (memory bounded by the sparse index)."""
+        log = self.open(segmentBytes=4096)
+        for _ in range(10):
+            self.fill(log, 50)
+        for seg in log.log.segments:
+            self.assertIsInstance(seg.ids, _Count)
+            self.assertEqual(len(seg.flags), 0)
+        self.assertEqual(sum(len(s.ids) for s in log.log.segments), 500)
+
+    def test_listenersToldOnCommit(self):
+        """listen(): called when committed moves, once per group commit."""
+        log = self.open()
+        calls = []
+        log.listen(lambda: calls.append(log.committed))
+        self.fill(log, 3)
+        self.fill(log, 2)
+        self.assertEqual(calls, [3, 5])
+
+    def test_retentionBySize(self):
+        """x-max-length-bytes removes whole oldest segments when one rolls over; readers move on."""
+        log = self.open(segmentBytes=4096)
+        old = log.reader("first")
+        log.setRetention(maxBytes=3 * 4096)
+        for _ in range(20):
+            self.fill(log, 50)
+        self.assertLessEqual(log.bytes, 3 * 4096 + 4096)
+        self.assertGreater(log.first, 0)
+        self.assertGreater(log.segmentsDeleted, 0)
+        self.assertEqual(old.read(1)[0][0], log.first)
+
+    def test_retentionByAge(self):
+        """x-max-age removes a segment once all of its messages are older, checked at roll-over."""
+        log = self.open(segmentBytes=4096)
+        log.setRetention(maxAgeSeconds=60)
+        self.fill(log, 100)
+        self.clock.advance(120)
+        self.fill(log, 100)
+        self.fill(log, 100)
+        # whole segments only: the one holding both old and new messages stays
+        self.assertGreater(log.first, 0)
+        self.assertLessEqual(log.first, 100)
+
+    def test_reopen(self):
+        """A reopened stream has its offsets, its last chunk and its messages."""
+        log = self.open(segmentBytes=4096)
+        for _ in range(5):
+            self.fill(log, 40)
+        self.registry.close()
+        registry = StreamRegistry(self.root)
+        self.addCleanup(registry.close)
+        again = registry.open(self.clock, "/", "s", 4096)
+        self.assertEqual((again.first, again.committed, again.last), (0, 200, 160))
+        self.assertEqual([o for o, _, _ in again.reader(150).read(5)], [150, 151, 152, 153, 154])
+        self.fill(again, 1)
+        self.assertEqual(again.committed, 201)
+
+    def test_parseOffsetSpec(self):
+        """The x-stream-offset values."""
+        self.assertEqual(parseOffsetSpec("first"), OffsetSpec("first"))
+        self.assertEqual(parseOffsetSpec(-3), OffsetSpec("offset", 0))
+        self.assertEqual(parseOffsetSpec(Timestamp(5)), OffsetSpec("timestamp", 5000.0))
+        self.assertEqual(parseOffsetSpec("10m", 1_000_000.0), OffsetSpec("timestamp", 400_000.0))
+        for bad in ("bogus", "1.5", True, 1.5):
+            self.assertRaises(ValueError, parseOffsetSpec, bad, 0.0)
+
+    def test_delete(self):
+        """delete(): pending appends fail, listeners are told, the files go."""
+        log = self.open()
+        told = []
+        log.listen(lambda: told.append(log.deleted))
+        d = log.append(message())
+        log.delete()
+        self.failureResultOf(d, AMQPError)
+        self.assertEqual(told, [True])
+        self.assertEqual(self.registry.unsynced, 0)
+
+
+class ConsumerTests(SynchronousTestCase):
+    """The AMQP face: StreamQueue in a vhost."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.broker = Broker(self.clock)
+        self.addCleanup(self.broker.streams.close)
+        self.vhost = self.broker.vhosts["/"]
+        self.q = self.vhost.declareQueue("s", None, durable=True, arguments=dict(S))
+
+    def consumer(self, offset=None, prefetch=10, tag="c"):
+        c = RecordingConsumer(tag, noAck=False)
+        c.prefetch = prefetch
+        c.arguments = {} if offset is None else {"x-stream-offset": offset}
+        inner = c.canTake
+        c.canTake = lambda: inner() and sum(1 for _, e in c.delivered if e.state == 2) < c.prefetch
+        return c
+
+    def publish(self, n):
+        for i in range(n):
+            self.q.enqueue(message(b"%d" % i))
+        self.clock.advance(0)
+
+    def test_offsetsAndHeader(self):
+        """A consumer at first gets every message with x-stream-offset (long); credit bounds it."""
+        self.publish(5)
+        c = self.consumer("first", prefetch=3)
+        self.q.addConsumer(c)
+        self.assertEqual([e.message.headers["x-stream-offset"] for _, e in c.delivered], [0, 1, 2])
+        self.assertEqual(c.delivered[0][1].message.headers["x-stream-offset"].tag, "l")
+        self.q.settle(c.delivered[0][1])
+        self.assertEqual(len(c.delivered), 4)
+        self.assertEqual(self.q.readyCount, 5)
+
+    def test_nextGetsNewMessagesPromptly(self):
+        """A consumer at next is pushed what the next group commit makes durable."""
+        self.publish(2)
+        c = self.consumer()
+        self.q.addConsumer(c)
+        self.assertEqual(c.delivered, [])
+        self.q.enqueue(message(b"late"))
+        self.clock.advance(0)
+        self.assertEqual([e.message.body for _, e in c.delivered], [b"late"])
+
+    def test_independentReaders(self):
+        """Two consumers read the same messages; nothing is removed."""
+        self.publish(3)
+        a, b = self.consumer("first", tag="a"), self.consumer(1, tag="b")
+        self.q.addConsumer(a)
+        self.q.addConsumer(b)
+        self.assertEqual(([e.offset for _, e in a.delivered], [e.offset for _, e in b.delivered]),
+                         ([0, 1, 2], [1, 2]))
+        self.assertEqual(sorted(dict(self.q.readerOffsets()).items()), [("a", 3), ("b", 3)])
+
+    def test_refusals(self):
+        """basic.get, purge, nack: 540; no prefetch 406; no-ack 540 (checkConsume)."""
+        for f in (lambda: self.q.basicGet(False), self.q.purge, lambda: self.q.reject([]),
+                  lambda: self.q.requeue([])):
+            self.assertEqual(self.assertRaises(AMQPError, f).code, 540)
+        self.assertEqual(self.assertRaises(AMQPError, self.q.checkConsume, False, 0, {}).code, 406)
+        self.assertEqual(self.assertRaises(AMQPError, self.q.checkConsume, True, 5, {}).code, 540)
+        self.q.requeue([], dispatch=False)
+        e = self.assertRaises(AMQPError, self.q.checkConsume, False, 5, {"x-stream-offset": "1.5"})
+        self.assertIn("invalid_stream_offset_arg", e.text)
+        self.assertEqual(self.assertRaises(AMQPError, self.q.checkConsume, False, 5,
+                                           {"x-stream-offset": "bogus"}).code, 541)
+
+    def test_deleteCancelsConsumers(self):
+        """queue.delete: consumers are cancelled, the stream's files go."""
+        self.publish(1)
+        c = self.consumer("first")
+        self.q.addConsumer(c)
+        path = self.q.stream.directory
+        self.assertEqual(self.vhost.deleteQueue(self.q), 0)
+        self.assertTrue(c.cancelled)
+        import os
+        self.assertFalse(os.path.exists(path))
+
+    def test_helpers(self):
+        """findStream / declareStream / deleteStream, for the stream protocol door."""
+        self.assertIs(findStream(self.broker, "/", "s"), self.q.stream)
+        self.assertIsNone(findStream(self.broker, "/", "nope"))
+        log = declareStream(self.broker, "/", "t", {"x-max-age": "1h"})
+        self.assertEqual(log.maxAgeSeconds, 3600)
+        self.assertRaises(AMQPError, declareStream, self.broker, "/", "t", {"x-max-age": "2h"})
+        self.assertTrue(deleteStream(self.broker, "/", "t"))
+        self.assertFalse(deleteStream(self.broker, "/", "t"))
+
+    def test_policy(self):
+        """The max-length-bytes and max-age policy keys apply to a stream."""
+        from otter_tx.broker.policy import Policy
+        self.vhost.setPolicy(Policy("p", "^s$", {"max-age": "10m", "max-length-bytes": 1000}, vhost="/"))
+        self.assertEqual((self.q.stream.maxBytes, self.q.stream.maxAgeSeconds), (1000, 600))
+
+    def test_confirmsWaitForTheStream(self):
+        """The journal's sync waits for stream appends."""
+        from otter_tx.testing import journaledBroker
+        from otter_tx.store.memory import MemoryStore
+        broker = journaledBroker(MemoryStore(), self.clock)
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments=dict(S))
+        q.enqueue(message())
+        d = broker.journal.sync()
+        self.assertNoResult(d)
+        self.clock.advance(0)
+        self.successResultOf(d)
+
+
+class StreamContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
+    """
+    A stream keeps the IConsumerSource contract where it applies: its
+    consumers are never no-ack and deliveries wait for the group commit
+    and carry x-stream-offset (the overridden tests say how).
+    """
+
+    def makeSource(self):
+        self.addCleanup(self.broker.streams.close)
+        return self.vhost.declareQueue("stream", None, durable=True, arguments=dict(S))
+
+    def test_interface(self):
+        """The stream provides IQueue."""
+        self.assertTrue(verifyObject(IQueue, self.source))
+
+    def test_enqueueDelivers(self):
+        """A routed message reaches a consumer at next once it is durable, with x-stream-offset."""
+        c = RecordingConsumer()
+        c.arguments = {}
+        self.source.addConsumer(c)
+        self.assertTrue(self.source.enqueue(self.message(b"hello")))
+        self.clock.advance(0)
+        [(queue, entry)] = c.delivered
+        self.assertIs(queue, self.source)
+        self.assertEqual((entry.message.body, entry.message.headers["x-stream-offset"]), (b"hello", 0))
+        self.assertEqual((entry.redelivered, entry.returns), (False, 0))
+
+    def test_deliveredMessage(self):
+        """deliveredMessage is the delivered copy."""
+        c = RecordingConsumer()
+        c.arguments = {}
+        self.source.addConsumer(c)
+        self.source.enqueue(self.message(b"body"))
+        self.clock.advance(0)
+        [(_, entry)] = c.delivered
+        self.assertEqual(self.source.deliveredMessage(entry).body, b"body")
+
+    def test_dispatchAndRequeueOfNothing(self):
+        """dispatch() and a channel close's requeue([], dispatch=False) are harmless (nack is 540)."""
+        self.source.dispatch()
+        self.source.requeue([], dispatch=False)
+
+
+class ManagementTests(SynchronousTestCase):
+    """The management JSON of a stream (RabbitMQ 3.10's keys plus the ``stream`` object)."""
+
+    def test_queueDict(self):
+        from otter_tx.web._format import queueDict
+        clock = Clock()
+        clock.advance(1000)
+        broker = Broker(clock)
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments=dict(S))
+        for _ in range(3):
+            q.enqueue(message())
+        clock.advance(0)
+        d = queueDict(q)
+        self.assertEqual((d["type"], d["messages"], d["messages_ready"], d["durable"]), ("stream", 3, 3, True))
+        self.assertEqual((d["stream"]["first_offset"], d["stream"]["committed_offset"]), (0, 3))
+        self.assertEqual(len(d["stream"]["segments"]), 1)
+        self.assertIn("members", d)
+
+    def test_prometheus(self):
+        """The queue gauges of /metrics count a stream's messages."""
+        from otter_tx.web.metrics import renderMetrics
+        clock = Clock()
+        clock.advance(1000)
+        broker = Broker(clock)
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments=dict(S))
+        for _ in range(4):
+            q.enqueue(message())
+        clock.advance(0)
+        text = renderMetrics(broker, 1.0, perObject=True)
+        text = text.decode() if isinstance(text, bytes) else text
+        self.assertIn('rabbitmq_queue_messages_ready{queue="s",vhost="/"} 4.0', text)
