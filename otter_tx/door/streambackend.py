@@ -43,6 +43,7 @@ import zlib
 
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.message import Message
+from otter_tx.broker.stream import declareStream, deleteStream, findStream
 from otter_tx.stream import amqp10
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
@@ -600,35 +601,6 @@ class BrokerStreams:
         log = self._log(vhost, name)
         return {"first_chunk_id": log.first,
                 "committed_chunk_id": log.last if log.last is not None else log.first}
-
-
-def findStream(broker, vhost, name):
-    """The StreamLog of stream queue ``name`` in ``vhost``, or None."""
-    v = broker.vhosts.get(vhost)
-    q = v.queues.get(name) if v is not None else None
-    log = getattr(q, "stream", None)
-    return log if log is not None and hasattr(log, "startOffset") else None
-
-
-def declareStream(broker, vhost, name, arguments):
-    """Declare stream queue ``name`` as an AMQP 0-9-1 declare would (raises AMQPError)."""
-    from otter_tx.amqp.errors import AMQPError
-
-    v = broker.vhosts.get(vhost)
-    if v is None:
-        raise AMQPError(404, "no vhost")
-    args = dict(arguments)
-    args["x-queue-type"] = "stream"
-    return v.declareQueue(name, None, durable=True, arguments=args)
-
-
-def deleteStream(broker, vhost, name):
-    v = broker.vhosts.get(vhost)
-    q = v.queues.get(name) if v is not None else None
-    if q is None:
-        return False
-    v.deleteQueue(q)
-    return True
 
 
 _EMPTY_PROPS = b"\x00\x00"
