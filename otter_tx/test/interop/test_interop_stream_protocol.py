@@ -350,6 +350,73 @@ class RstreamTests(StreamInteropTestCase):
         self.assertEqual(later2, [b"m0", b"m1", b"m2"])
 
 
+class SuperStreamSacTests(StreamInteropTestCase):
+    @only311("single active consumer on a super stream's partitions")
+    @inlineCallbacks
+    def test_partitionsShared(self):
+        """
+        Two SuperStreamConsumers of one name on a 3-partition super stream: the second one
+        to join becomes the active consumer of partition 1 (index % consumers, as RabbitMQ's
+        coordinator) and reads it from where its consumer_update answer says.
+        """
+        rstream = self.rstream()
+        name = self.name("sss")
+
+        async def key(m):
+            return m.application_properties["id"]
+
+        async def run():
+            async with rstream.SuperStreamProducer(
+                    self.host, port=self.streamPort, username="guest", password="guest",
+                    super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
+                    super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=3)) as p:
+                for i in range(30):
+                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}))
+                await asyncio.sleep(0.5)
+            got = {1: [], 2: []}
+
+            def cb(n):
+                async def f(msg, ctx):
+                    got[n].append(ctx.stream)
+                return f
+
+            async def listener(active, ctx):
+                return rstream.OffsetSpecification(rstream.OffsetType.FIRST, 0)
+
+            consumers = []
+            for n in (1, 2):
+                c = rstream.SuperStreamConsumer(self.host, port=self.streamPort, username="guest",
+                                                password="guest", super_stream=name)
+                await c.start()
+                await c.subscribe(cb(n), decoder=rstream.amqp_decoder, subscriber_name="grp",
+                                  properties={"single-active-consumer": "true", "name": "grp",
+                                              "super-stream": name},
+                                  consumer_update_listener=listener)
+                consumers.append(c)
+                for _ in range(100):
+                    if (n == 1 and len(got[1]) >= 30) or (n == 2 and got[2]):
+                        break
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            second = sorted(set(got[2]))
+            # when the first one leaves, the second takes its partitions over
+            await consumers[0].close()
+            for _ in range(100):
+                if len(set(got[2])) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            await consumers[1].close()
+            async with self.producer(rstream) as p:
+                client = await p.default_client
+                await client.delete_super_stream(name)
+            return len(got[1]), second, sorted(set(got[2]))
+
+        first, second, later = yield self.inAsyncio(run)
+        self.assertEqual(first, 30)
+        self.assertEqual(second, [name + "-1"])
+        self.assertEqual(later, [name + "-%d" % i for i in range(3)])
+
+
 def _s(v):
     return v.decode() if isinstance(v, bytes) else v
 
