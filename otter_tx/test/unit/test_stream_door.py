@@ -579,3 +579,36 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
         self.assertEqual(c.call(wire.DELETE_SUPER_STREAM, wire.encodeString("inv"))[0], wire.OK)
         self.assertNotIn("inv", self.broker.vhosts["/"].exchanges)
         self.assertNotIn("inv-0", self.broker.vhosts["/"].queues)
+
+
+class StreamOptionsTests(SynchronousTestCase):
+    """--stream, --stream-advertised-host/-port and their config-file keys."""
+
+    def settings(self, argv):
+        from otter_tx.service.tap import Options, resolveSettings
+
+        o = Options()
+        o.parseOptions(argv)
+        return resolveSettings(o)
+
+    def test_default(self):
+        s = self.settings([])
+        self.assertEqual((s["stream"], s["stream-advertised-host"], s["stream-advertised-port"]),
+                         (["tcp:5552"], None, None))
+
+    def test_disabled(self):
+        self.assertEqual(self.settings(["--stream", "none"])["stream"], [])
+
+    def test_configFile(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write('stream = ["tcp:6000"]\nstream-advertised-host = "broker.example"\n'
+                    'stream-advertised-port = 7000\n')
+        s = self.settings(["--config", path])
+        self.assertEqual((s["stream"], s["stream-advertised-host"], s["stream-advertised-port"]),
+                         (["tcp:6000"], "broker.example", 7000))
+
+    def test_badPort(self):
+        from twisted.python.usage import UsageError
+
+        self.assertRaises(UsageError, self.settings, ["--stream-advertised-port", "0"])
