@@ -713,9 +713,12 @@ class StreamServerProtocol(Protocol):
         deliverHeader = wire.deliverHeader
         chunkHeader = _chunk.header
         messages = MESSAGES_PER_TURN
+        # a chunk the backend builds stays within the client's frame_max (the AMQP 1.0
+        # conversion adds ~40 bytes a message over what the read counts)
+        maxBytes = max(self.frameMax // 2, 4096) if self.frameMax else None
         for sub in list(self.subscriptions.values()):
             while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:
-                chunks = backend.chunks(vhost, sub.stream, sub.offset, 1)
+                chunks = backend.chunks(vhost, sub.stream, sub.offset, 1, maxBytes)
                 if not chunks:
                     break
                 c = chunks[0]

@@ -19,7 +19,7 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
   ``(publishingId, bytes)``
 - ``sequence(vhost, name, reference)`` -> int (0 when none)
 - ``bounds(vhost, name)`` -> ``(first, next)`` offsets
-- ``chunks(vhost, name, offset, maxChunks)`` -> up to ``maxChunks``
+- ``chunks(vhost, name, offset, maxChunks, maxBytes=None)`` -> up to ``maxChunks``
   :class:`Chunk` from the one holding ``offset`` (committed ones only); a
   reader starting inside a chunk gets all of it, as from RabbitMQ
 - ``offsetAt(vhost, name, timestampMs)`` -> where a timestamp reader
@@ -160,7 +160,7 @@ class MemoryStreams:
         s = self._get(vhost, name)
         return s.first, s.next
 
-    def chunks(self, vhost, name, offset, maxChunks):
+    def chunks(self, vhost, name, offset, maxChunks, maxBytes=None):
         s = self._get(vhost, name)
         if s is None or offset >= s.next:
             return []
@@ -498,14 +498,14 @@ class BrokerStreams:
         for r in self._readers.pop((vhost, name), []):
             r.close()
 
-    def chunks(self, vhost, name, offset, maxChunks):
+    def chunks(self, vhost, name, offset, maxChunks, maxBytes=None):
         log = self._log(vhost, name)
         if log is None or offset >= log.committed:
             return []
         r = self._reader(log, vhost, name, offset)
         out = []
         for _ in range(maxChunks):
-            entries = r.read(self.chunkMessages, self.chunkBytes)
+            entries = r.read(self.chunkMessages, min(self.chunkBytes, maxBytes or self.chunkBytes))
             if not entries:
                 break
             msgs = [_fromMessage(m) for _, _, m in entries]
