@@ -477,8 +477,48 @@ class StreamLog:
         if kind == "offset":
             return min(max(spec.value, self.first), self.committed)
         if kind == "timestamp":
-            return max(self.log.offsetAt(spec.value), self.first)
+            return self._timestampOffset(spec.value)
         raise ValueError(spec)
+
+    def _timestampOffset(self, ms):
+        """
+        Where a timestamp reader starts: the first message enqueued at or
+        after ``ms``, or ``next`` when there is none.  RabbitMQ 3.10 (checked
+        on the peer over AMQP 0-9-1) starts at the first chunk whose
+        timestamp is at or after it, and delivers nothing for a time after
+        its last chunk; a chunk here is a group commit whose messages are
+        stamped one by one, so the two differ only when one group commit
+        straddles ``ms``.
+        """
+        return max(self.log.offsetAt(ms), self.first)
+
+    def chunkStart(self, offset):
+        """The first offset of the chunk holding committed ``offset`` (int); reads back one index block at a time."""
+        log = self.log
+        segs = log.segments
+        i = _seg._bisectFirst(segs, offset)
+        if i < 0:
+            return self.first
+        seg = segs[i]
+        if not seg.first <= offset < seg.next:
+            return offset
+        k = min((offset - seg.first) // INDEX_EVERY, len(seg.index) - 1)
+        try:
+            f = open(seg.path, "rb")
+        except FileNotFoundError:
+            return offset
+        with f:
+            target = offset
+            while k >= 0:
+                start = seg.first + k * INDEX_EVERY
+                found = _lastChunkIn(f, seg.index[k], start, target)
+                if found is not None:
+                    return found
+                # a chunk starting at this block's first message shows in the block before
+                target = start
+                k -= 1
+        # the segment's first chunk
+        return seg.first
 
     def reader(self, spec="next"):
         """A :class:`StreamReader` at ``spec`` (see :meth:`startOffset`)."""
@@ -550,6 +590,41 @@ def _trim(seg):
         seg.flags = _NoFlags()
         seg.pins = set()
         seg.pinnedBy = set()
+
+
+def _lastChunkIn(f, pos, offset, target):
+    """
+    Walk the records of a segment file ``f`` from byte ``pos`` (the record of
+    ``offset``) through offset ``target``; the first offset of the last chunk
+    met on the way whose first offset is at most ``target`` (a chunk header
+    right before ``target`` counts), or None.
+    """
+    magic = _seg.CHUNK_MAGIC
+    headSize = CHUNK_HEADER.size
+    unpack = _seg._LEN_TYPE.unpack_from
+    found = None
+    while offset <= target:
+        f.seek(pos)
+        buf = f.read(READ_PIECE)
+        n = len(buf)
+        p = 0
+        while p + 5 <= n and offset <= target:
+            if buf[p:p + 4] == magic:
+                if p + headSize > n:
+                    break
+                p += headSize
+                found = offset
+                continue
+            length, kind = unpack(buf, p)
+            if p + 4 + length > n and p:
+                break
+            if kind == ENQ:
+                offset += 1
+            p += 4 + length
+        if p == 0:
+            break
+        pos += p
+    return found
 
 
 def _lastChunkFirst(log):
@@ -784,6 +859,7 @@ class StreamQueue(Queue):
                                           int(seg) if seg else DEFAULT_SEGMENT_BYTES)
         self.stream.listen(self._committed)
         self._states = {}
+        self._turn = 0
         self._dispatchScheduled = None
         self._applyRetention()
 
@@ -920,8 +996,13 @@ class StreamQueue(Queue):
         self._dispatching = True
         n = 0
         more = False
+        states = list(self._states.values())
+        if len(states) > 1:
+            # start with the next consumer each call, so no reader starves the others
+            self._turn = (self._turn + 1) % len(states)
+            states = states[self._turn:] + states[:self._turn]
         try:
-            for state in list(self._states.values()):
+            for state in states:
                 c = state.consumer
                 while c.canTake():
                     if n >= DISPATCH_MESSAGES:

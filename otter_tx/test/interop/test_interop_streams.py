@@ -190,6 +190,27 @@ class ConsumeTests(PikaTestCase):
 
         return self.runPika(body)
 
+    def test_timestampBetweenPublishes(self):
+        """A timestamp between two publishes starts at the later one; one after the last, at next (as 3.10)."""
+        name = self.tempQueue("stream-ts")
+
+        def body(connect):
+            ch = connect().channel()
+            ch.queue_declare(name, durable=True, arguments=S)
+            publish(ch, name, [b"a0", b"a1", b"a2"])
+            # AMQP timestamps are whole seconds: one strictly between the two publishes
+            time.sleep(1.2)
+            between = datetime.datetime.fromtimestamp(int(time.time()))
+            time.sleep(1.2)
+            publish(ch, name, [b"b0", b"b1"])
+            time.sleep(1.2)
+            after = datetime.datetime.fromtimestamp(int(time.time()))
+            c = connect()
+            self.assertEqual(consume(c.channel(), name, 2, between), [(3, b"b0"), (4, b"b1")])
+            self.assertEqual(consume(c.channel(), name, 1, after, timeout=0.5), [])
+
+        return self.runPika(body)
+
     def test_newMessagesReachWaitingConsumer(self):
         """A consumer at next gets what is published later; consuming removes nothing."""
         name = self.tempQueue("stream-n")

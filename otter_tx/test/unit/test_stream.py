@@ -77,9 +77,35 @@ class CoreTests(SynchronousTestCase):
         self.assertEqual(log.reader("next").offset, 15)
         self.assertEqual(log.reader("last").offset, 10)
         self.assertEqual([o for o, _, _ in log.reader(12).read(2)], [12, 13])
+        # the first message at or after the time (RabbitMQ 3.10: the first chunk)
         self.assertEqual(log.reader(("timestamp", 1030 * 1000.0)).offset, 10)
         self.assertEqual(log.startOffset(parseOffsetSpec("30s", 1061 * 1000.0)), 10)
         self.assertEqual(log.reader(99).offset, 15)
+
+    def test_chunkStarts(self):
+        """chunkStart finds the first offset of any message's group commit, across index blocks."""
+        log = self.open(segmentBytes=1 << 20)
+        sizes = [1, 63, 64, 1, 130, 5, 200, 1]
+        starts = []
+        for n in sizes:
+            starts.append(log.committed)
+            self.fill(log, n)
+        for s, n in zip(starts, sizes):
+            for o in (s, s + n // 2, s + n - 1):
+                self.assertEqual(log.chunkStart(o), s, (o, s, n))
+
+    def test_timestampAttachesAtChunk(self):
+        """A timestamp reader starts at the first chunk at or after it; after the last one, at next (as 3.10)."""
+        log = self.open()
+        self.fill(log, 10)          # t = 1000 s
+        self.clock.advance(10)
+        self.fill(log, 10)          # t = 1010 s
+        self.clock.advance(10)
+        self.fill(log, 10)          # t = 1020 s
+        self.assertEqual(log.startOffset(("timestamp", 1015 * 1000.0)), 20)
+        self.assertEqual(log.startOffset(("timestamp", 1010 * 1000.0)), 10)
+        self.assertEqual(log.startOffset(("timestamp", 999 * 1000.0)), 0)
+        self.assertEqual(log.startOffset(("timestamp", 1021 * 1000.0)), 30)
 
     def test_readerAcrossSegmentsAndIndex(self):
         """A reader starts anywhere through the sparse index and crosses segment ends."""
@@ -246,6 +272,19 @@ class ConsumerTests(SynchronousTestCase):
         self.assertEqual(([e.offset for _, e in a.delivered], [e.offset for _, e in b.delivered]),
                          ([0, 1, 2], [1, 2]))
         self.assertEqual(sorted(dict(self.q.readerOffsets()).items()), [("a", 3), ("b", 3)])
+
+    def test_boundedAndFairDispatch(self):
+        """A deep backlog goes out at most DISPATCH_MESSAGES per call, readers taking turns."""
+        from otter_tx.broker.stream import DISPATCH_MESSAGES
+        self.publish(1000)
+        a, b = self.consumer("first", prefetch=5000, tag="a"), self.consumer("first", prefetch=5000, tag="b")
+        self.q.addConsumer(a)
+        self.assertEqual(len(a.delivered), DISPATCH_MESSAGES)
+        self.q.addConsumer(b)
+        self.assertEqual(len(b.delivered), DISPATCH_MESSAGES)
+        for _ in range(10):
+            self.clock.advance(0)
+        self.assertEqual((len(a.delivered), len(b.delivered)), (1000, 1000))
 
     def test_refusals(self):
         """basic.get, purge, nack: 540; no prefetch 406; no-ack 540 (checkConsume)."""

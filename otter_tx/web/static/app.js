@@ -841,12 +841,12 @@ pages.queues = (root) => {
   const list = h("div");
   const filter = listFilter("queues");
   const args = argsEditor(QUEUE_ARGS);
-  // a quorum queue is durable and not auto-delete (RabbitMQ refuses the others)
-  const typeSel = selectInput("type", [["classic", "Classic"], ["quorum", "Quorum"]], "classic");
+  // quorum queues and streams are durable and not auto-delete (RabbitMQ refuses the others)
+  const typeSel = selectInput("type", [["classic", "Classic"], ["quorum", "Quorum"], ["stream", "Stream"]], "classic");
   const durableSel = selectInput("durable", [["true", "Durable"], ["false", "Transient"]], "true");
   const autoSel = selectInput("auto_delete", [["false", "No"], ["true", "Yes"]], "false");
   typeSel.addEventListener("change", () => {
-    const quorum = typeSel.value === "quorum";
+    const quorum = typeSel.value !== "classic";
     if (quorum) { durableSel.value = "true"; autoSel.value = "false"; }
     durableSel.disabled = autoSel.disabled = quorum;
   });
