@@ -361,6 +361,8 @@ class BrokerStreams:
 
     #: most messages and bytes one chunk holds (a chunk costs ~10 us a message to build)
     chunkMessages = 512
+    #: chunks kept per stream for readers in step (at most this many times chunkBytes)
+    cacheChunks = 16
     chunkBytes = 512 * 1024
 
     def __init__(self, broker, clock, directory=None):
@@ -368,6 +370,7 @@ class BrokerStreams:
         self.clock = clock
         self.tracking = Tracking(clock, directory)
         self._readers = {}
+        self._cache = {}
 
     def _log(self, vhost, name):
         log = findStream(self.broker, vhost, name)
@@ -495,6 +498,7 @@ class BrokerStreams:
         return log.reader(offset)
 
     def _dropReaders(self, vhost, name):
+        self._cache.pop((vhost, name), None)
         for r in self._readers.pop((vhost, name), []):
             r.close()
 
@@ -502,14 +506,36 @@ class BrokerStreams:
         log = self._log(vhost, name)
         if log is None or offset >= log.committed:
             return []
-        r = self._reader(log, vhost, name, offset)
+        limit = min(self.chunkBytes, maxBytes or self.chunkBytes)
+        # readers in step (fan-out) share the chunks built from the log: a small cache per
+        # stream, by first offset (a chunk's bytes never change; retention is checked)
+        held = self._cache.get((vhost, name))
+        # the same name may be a newer stream: the cache belongs to one log
+        cache = held[1] if held is not None and held[0] is log else None
         out = []
-        for _ in range(maxChunks):
-            entries = r.read(self.chunkMessages, min(self.chunkBytes, maxBytes or self.chunkBytes))
+        if cache is not None:
+            while len(out) < maxChunks and offset >= log.first:
+                c = cache.get(offset)
+                if c is None or len(c.data) > limit:
+                    break
+                out.append(c)
+                offset = c.first + c.count
+            if len(out) == maxChunks or offset >= log.committed:
+                return out
+        r = self._reader(log, vhost, name, offset)
+        if cache is None:
+            cache = {}
+            self._cache[(vhost, name)] = (log, cache)
+        while len(out) < maxChunks:
+            entries = r.read(self.chunkMessages, limit)
             if not entries:
                 break
             msgs = [_fromMessage(m) for _, _, m in entries]
-            out.append(Chunk(entries[0][0], int(entries[0][1]), len(msgs), _chunk.entries(msgs)))
+            c = Chunk(entries[0][0], int(entries[0][1]), len(msgs), _chunk.entries(msgs))
+            out.append(c)
+            cache[c.first] = c
+            while len(cache) > self.cacheChunks:
+                del cache[next(iter(cache))]
         readers = self._readers.setdefault((vhost, name), [])
         readers.append(r)
         while len(readers) > 64:

@@ -544,6 +544,23 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
         got = c.deliveries()
         self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 2)])
 
+    def test_fanOutSharesChunks(self):
+        """Subscriptions reading in step get the same chunk objects (built once from the log)."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        c.feed(wire.publishFrame(1, [(i, b"m%d" % i) for i in range(10)]))
+        self.settle()
+        c.read()
+        a = self.backend.chunks("/", "s", 0, 4)
+        b = self.backend.chunks("/", "s", 0, 4)
+        self.assertEqual([x.first for x in a], [0])
+        self.assertIs(a[0], b[0])
+        c.subscribe(1, "s")
+        c.subscribe(2, "s")
+        got = c.deliveries()
+        self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 10), (2, 0, 10)])
+
     def test_amqpDeleteTellsSubscribers(self):
         """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
         c = self.client()
