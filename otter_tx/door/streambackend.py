@@ -492,6 +492,11 @@ class BrokerStreams:
 
     def _reader(self, log, vhost, name, offset):
         readers = self._readers.setdefault((vhost, name), [])
+        # readers of an older stream of the same name (deleted by any protocol) go
+        stale = [r for r in readers if getattr(r, "stream", log) is not log]
+        for r in stale:
+            readers.remove(r)
+            r.close()
         for i, r in enumerate(readers):
             if r.offset == offset:
                 return readers.pop(i)

@@ -574,6 +574,25 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
                       frames)
         self.assertEqual(c.proto.subscriptions, {})
 
+    def test_recreatedStream(self):
+        """A stream deleted over AMQP and created again under its name is read afresh."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        c.feed(wire.publishFrame(1, [(1, b"old")]))
+        self.settle()
+        self.assertEqual(len(self.backend.chunks("/", "s", 0, 1)), 1)
+        v = self.broker.vhosts["/"]
+        v.deleteQueue(v.queues["s"])
+        self.settle()
+        c.read()
+        c.create("s")
+        c.declarePublisher(2, "", "s")
+        c.feed(wire.publishFrame(2, [(1, b"new")]))
+        self.settle()
+        (chunk_,) = self.backend.chunks("/", "s", 0, 1)
+        self.assertIn(b"new", chunk_.data)
+
     def test_offsetTracking(self):
         c = self.client()
         c.create("s")
