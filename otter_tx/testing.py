@@ -17,9 +17,11 @@ class BrokerFixture:
     A running broker: ``amqpPort`` (int, the first AMQP listener's port),
     ``amqpPorts`` (list of int, one per AMQP listener in the order given to
     :func:`startBroker`), ``service`` (OtterService), ``broker`` (Broker);
-    ``managementPort`` / ``prometheusPort`` (int, or None without that
-    listener); ``stop()`` returns a Deferred.
+    ``managementPort`` / ``prometheusPort`` / ``streamPort`` (int, or None
+    without that listener); ``stop()`` returns a Deferred.
     """
+
+    streamPort = None
 
     def __init__(self, service, amqpPort, managementPort=None, amqpPorts=None, prometheusPort=None):
         self.service = service
@@ -35,7 +37,8 @@ class BrokerFixture:
 
 
 @inlineCallbacks
-def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=False, **options):
+def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=False, stream=False,
+                **options):
     """
     Start OtterService on 127.0.0.1 port 0; fires with a :class:`BrokerFixture`.
     ``options`` are OtterService keyword arguments (heartbeat (seconds), frameMax,
@@ -54,6 +57,7 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
 
     ``prometheus=True`` adds the Prometheus listener on
     ``tcp:0:interface=127.0.0.1``; its port is the fixture's ``prometheusPort``.
+    ``stream=True`` adds the stream protocol listener likewise (``streamPort``).
     """
     from twisted.application.internet import StreamServerEndpointService
 
@@ -65,6 +69,7 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
         amqp=[a for a in amqp if isinstance(a, str)],
         management=["tcp:0:interface=127.0.0.1"] if management else [],
         prometheus=["tcp:0:interface=127.0.0.1"] if prometheus else [],
+        stream=["tcp:0:interface=127.0.0.1"] if stream else [],
         reactor=reactor,
         dataDir=dataDir,
         **options
@@ -89,7 +94,11 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
         pports = yield svc.listeningPorts(svc.prometheusServices)
         pport = pports[0].getHost().port
     amqpPorts = [p.getHost().port for p in ports]
-    returnValue(BrokerFixture(svc, amqpPorts[0] if amqpPorts else None, mport, amqpPorts, pport))
+    fixture = BrokerFixture(svc, amqpPorts[0] if amqpPorts else None, mport, amqpPorts, pport)
+    if stream:
+        sports = yield svc.listeningPorts(svc.streamServices)
+        fixture.streamPort = sports[0].getHost().port
+    returnValue(fixture)
 
 
 class FakeClient:

@@ -349,6 +349,7 @@ class OtterService(MultiService):
     """
 
     def __init__(self, amqp=("tcp:5672",), management=(), prometheus=(), reactor=None, dataDir=None,
+                 stream=(), streamAdvertisedHost=None, streamAdvertisedPort=None,
                  heartbeat=60, frameMax=131072, channelMax=2047, handshakeTimeout=10.0,
                  memoryHighWatermark=None, defaultUser="guest", defaultPass="guest",
                  loopbackUsers=("guest",), policies=(), store=None, consumerTimeout=1800000,
@@ -375,6 +376,8 @@ class OtterService(MultiService):
             management = [management]
         if isinstance(prometheus, str):
             prometheus = [prometheus]
+        if isinstance(stream, str):
+            stream = [stream]
         if not (isinstance(maxMessageSize, int) and 0 < maxMessageSize <= MAX_MESSAGE_SIZE_LIMIT):
             raise ValueError("maxMessageSize: must be from 1 to %d bytes, got %r"
                              % (MAX_MESSAGE_SIZE_LIMIT, maxMessageSize))
@@ -484,6 +487,22 @@ class OtterService(MultiService):
         self.prometheusServices = []
         if prometheus:
             self._listenPrometheus(prometheus)
+        self.streamServices = []
+        if stream:
+            self._listenStream(stream, streamAdvertisedHost, streamAdvertisedPort)
+
+    def _listenStream(self, endpoints, host, port):
+        """The RabbitMQ stream protocol listeners (:mod:`otter_tx.door.stream`)."""
+        from otter_tx.door.stream import StreamServerFactory, TrackingService, streamsBackend
+
+        tracking = os.path.join(self.dataDir, "stream-tracking") if self.dataDir is not None else None
+        self.streamFactory = StreamServerFactory(self.broker, streamsBackend(self.broker, self.reactor, tracking),
+                                                 self.reactor, advertisedHost=host, advertisedPort=port)
+        TrackingService(self.streamFactory.backend).setServiceParent(self)
+        for desc in endpoints:
+            svc = Listener("stream", desc, self._endpoint("stream", desc), self.streamFactory)
+            svc.setServiceParent(self)
+            self.streamServices.append(svc)
 
     def _listenPrometheus(self, endpoints):
         """The Prometheus listeners (:class:`otter_tx.web.metrics.PrometheusResource`)."""
@@ -701,7 +720,7 @@ class OtterService(MultiService):
 
     def _logReady(self):
         """One line: ``otter_tx ready: AMQP amqp://127.0.0.1:5672; management http://127.0.0.1:15672/``."""
-        amqp, management, prometheus = [], [], []
+        amqp, management, prometheus, stream = [], [], [], []
         for child in self:
             if isinstance(child, Listener) and child.port is not None:
                 tls = _isTLS(child.endpoint, child.description)
@@ -709,6 +728,8 @@ class OtterService(MultiService):
                     amqp.append(_hostURL("amqps" if tls else "amqp", child.port.getHost()))
                 elif child.kind == "Prometheus":
                     prometheus.append(_hostURL("https" if tls else "http", child.port.getHost(), "/metrics"))
+                elif child.kind == "stream":
+                    stream.append(_hostURL("rabbitmq-stream", child.port.getHost()))
                 else:
                     management.append(_hostURL("https" if tls else "http", child.port.getHost(), "/"))
             elif child in self._foreignPorts and child.factory is self.factory:
@@ -724,6 +745,9 @@ class OtterService(MultiService):
             parts.append("management " + ", ".join(management))
         if prometheus:
             parts.append("prometheus " + ", ".join(prometheus))
+        if stream:
+            parts.append("stream " + ", ".join(stream))
+        self.streamURLs = stream
         log.info("otter_tx ready: {urls}", urls="; ".join(parts) or "no listeners",
                  amqpURLs=amqp, managementURLs=management, prometheusURLs=prometheus)
 
@@ -741,7 +765,8 @@ class OtterService(MultiService):
         for child in self:
             if isinstance(child, Listener) and child.port is not None:
                 endpoint, description, port = child.endpoint, child.description, child.port
-                plain = {"AMQP": "amqp", "Prometheus": "http/prometheus"}.get(child.kind, "http")
+                plain = {"AMQP": "amqp", "Prometheus": "http/prometheus",
+                         "stream": "stream"}.get(child.kind, "http")
             elif child in self._foreignPorts and child.factory is self.factory:
                 endpoint, description, port = child.endpoint, None, self._foreignPorts[child]
                 plain = "amqp"
@@ -753,7 +778,7 @@ class OtterService(MultiService):
             tls = _isTLS(endpoint, description)
             certfile, cacertfile = endpointFiles(description) if tls else (None, None)
             records.append({
-                "protocol": ((plain + "/ssl" if plain == "amqp" else "https" + plain[4:]) if tls
+                "protocol": ((plain + "/ssl" if plain in ("amqp", "stream") else "https" + plain[4:]) if tls
                              else plain),
                 "ip_address": host.host, "port": host.port,
                 "certfile": certfile, "cacertfile": cacertfile,

@@ -46,6 +46,9 @@ _DEFAULTS = {
     "amqp": ["tcp:5672"],
     "management": ["tcp:15672"],
     "prometheus": ["tcp:15692"],
+    "stream": ["tcp:5552"],
+    "stream-advertised-host": None,
+    "stream-advertised-port": None,
     "data-dir": "./ottermq-data",
     "default-user": "guest",
     "default-pass": "guest",
@@ -555,6 +558,9 @@ _VALIDATORS = {
     "amqp": _endpoints,
     "management": _endpoints,
     "prometheus": _optionalEndpoints,
+    "stream": _optionalEndpoints,
+    "stream-advertised-host": _string(),
+    "stream-advertised-port": _integer(1, 65535),
     "data-dir": _dataDir,
     "default-user": _string(),
     "default-pass": _string(nonEmpty=False),
@@ -611,6 +617,11 @@ class Options(usage.Options):
         ["heartbeat", None, None, "Heartbeat interval proposed to clients, seconds, 0-65535; 0 disables "
          "[default: 60]."],
         ["frame-max", None, None, "Largest frame in bytes, at least 4096 [default: 131072]."],
+        ["stream-advertised-host", None, None,
+         "Host the stream protocol's metadata and open name (RabbitMQ's stream.advertised_host) "
+         "[default: the listening address]."],
+        ["stream-advertised-port", None, None,
+         "Port the stream protocol's metadata and open name [default: the listening port]."],
         ["channel-max", None, None, "Most channels open at once per connection, 0-65535; 0 means 65535 "
          "[default: 2047]."],
         ["handshake-timeout", None, None, "Seconds a client may take to open its connection; 0 disables "
@@ -665,6 +676,7 @@ class Options(usage.Options):
         self["amqp"] = []
         self["management"] = []
         self["prometheus"] = []
+        self["stream"] = []
         self["server-property"] = []
 
     def getSynopsis(self):
@@ -692,6 +704,12 @@ class Options(usage.Options):
         Prometheus metrics endpoint (repeatable; 'none' or '' disables it) [default: tcp:15692].
         """
         self["prometheus"].append(endpoint)
+
+    def opt_stream(self, endpoint):
+        """
+        RabbitMQ stream protocol endpoint (repeatable; 'none' or '' disables it) [default: tcp:5552].
+        """
+        self["stream"].append(endpoint)
 
     def opt_server_property(self, keyValue):
         """
@@ -834,7 +852,7 @@ def resolveSettings(options):
         settings["server-properties"].update(conf["server-properties"])
     for key in _DEFAULTS:
         given = options.get(key)
-        if key in ("amqp", "management", "prometheus", "server-property"):
+        if key in ("amqp", "management", "prometheus", "stream", "server-property"):
             if not given:
                 continue
         elif given is None:
@@ -891,6 +909,9 @@ def makeService(options, reactor=None):
         amqp=s["amqp"],
         management=s["management"],
         prometheus=s["prometheus"],
+        stream=s["stream"],
+        streamAdvertisedHost=s["stream-advertised-host"],
+        streamAdvertisedPort=s["stream-advertised-port"],
         reactor=reactor,
         dataDir=dataDir,
         heartbeat=s["heartbeat"],

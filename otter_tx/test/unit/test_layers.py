@@ -3,6 +3,7 @@ The layer rules of docs/architecture.md, checked on the source:
 
 - ``otter_tx/amqp/`` (the wire) imports nothing from Twisted and nothing of
   the broker: only the standard library and its own modules;
+- ``otter_tx/stream/`` (the stream protocol's wire) likewise, plus otter_tx.amqp;
 - ``otter_tx/broker/`` and ``otter_tx/store/`` never import the global
   reactor (time and threads come from an injected reactor);
 - ``otter_tx/cluster/etcd.py`` (the etcd client) imports only the standard library, Twisted, treq and itself;
@@ -87,6 +88,23 @@ class LayerTests(SynchronousTestCase):
                     bad.append((os.path.basename(path), module))
         self.assertEqual(bad, [])
 
+    def test_streamWireImportsNoTwistedNoBroker(self):
+        """
+        No module of otter_tx/stream (the stream protocol's wire) imports Twisted or any
+        otter_tx module outside otter_tx.stream and otter_tx.amqp (the field-table types).
+        """
+        bad = []
+        for path in _modules("stream"):
+            for module, _ in _imports(path):
+                top = module.split(".")[0]
+                if top in ("twisted", "zope", "klein", "treq", "txaio"):
+                    bad.append((os.path.basename(path), module))
+                elif top == "otter_tx" and not (
+                    (module + ".").startswith("otter_tx.stream.") or (module + ".").startswith("otter_tx.amqp.")
+                ):
+                    bad.append((os.path.basename(path), module))
+        self.assertEqual(bad, [])
+
     def test_coreNeverImportsTheGlobalReactor(self):
         """No module of otter_tx/broker or otter_tx/store imports twisted.internet.reactor."""
         bad = []
@@ -102,18 +120,20 @@ class LayerTests(SynchronousTestCase):
     def test_roomsImportOnlyDownward(self):
         """
         Each package imports only from the floors below it (docs/architecture.md, "Layer rules"):
-        amqp, store and resources at the bottom; broker over them; the two doors (door, web) and the
-        cluster over the broker; service, which assembles everything, on top.  No arrow runs back up.
+        amqp (with stream, the stream protocol's wire, over it), store and resources at the bottom; broker
+        over them; the two doors (door, web) and the cluster over the broker; service, which assembles
+        everything, on top.  No arrow runs back up.
         """
         below = {
             "amqp": {"amqp"},
+            "stream": {"stream", "amqp"},
             "store": {"store"},
             "resources": {"resources"},
-            "broker": {"broker", "amqp", "store", "resources"},
-            "door": {"door", "broker", "amqp", "store", "resources"},
-            "web": {"web", "broker", "amqp", "store", "resources"},
-            "cluster": {"cluster", "broker", "amqp", "store", "resources"},
-            "service": {"service", "cluster", "door", "web", "broker", "amqp", "store", "resources"},
+            "broker": {"broker", "amqp", "stream", "store", "resources"},
+            "door": {"door", "broker", "amqp", "stream", "store", "resources"},
+            "web": {"web", "broker", "amqp", "stream", "store", "resources"},
+            "cluster": {"cluster", "broker", "amqp", "stream", "store", "resources"},
+            "service": {"service", "cluster", "door", "web", "broker", "amqp", "stream", "store", "resources"},
         }
         bad = []
         for room, allowed in sorted(below.items()):

@@ -1,0 +1,911 @@
+"""
+The stream door: RabbitMQ's stream protocol (rabbitmq_stream plugin, port
+5552) on Twisted. Bytes go through otter_tx.stream.wire's FrameReader and
+decoders; the commands act on a streams backend (otter_tx.door.streambackend
+describes what it needs) and on the broker's users and permissions
+(otter_tx.broker.access), as RabbitMQ's rabbit_stream_reader.erl does.
+
+Flow control: the door is the transport's IPushProducer. While the transport
+is paused no chunk is read or written; each turn writes at most
+:data:`CHUNKS_PER_TURN` chunks and then yields to the reactor, so a slow or
+fast consumer never makes the door buffer unbounded output or block the
+reactor. A subscription only gets chunks while it has credit (one credit =
+one chunk, as RabbitMQ).
+"""
+
+from twisted.application.service import Service
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
+from otter_tx.stream import chunk as _chunk
+from otter_tx.stream import wire
+
+log = Logger()
+
+#: most chunks, and about most messages, a turn writes before yielding to the reactor
+CHUNKS_PER_TURN = 16
+MESSAGES_PER_TURN = 4096
+MAX_PUBLISHERS = 256
+#: seconds between looks at a resource alarm that blocks a publishing connection
+ALARM_CHECK = 0.5
+MAX_SUBSCRIPTIONS = 256
+MAX_REFERENCE = 256
+
+_PRE_AUTH = {wire.PEER_PROPERTIES, wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE, wire.TUNE,
+             wire.OPEN, wire.HEARTBEAT, wire.CLOSE, wire.CLOSE | wire.RESPONSE_FLAG}
+
+
+class _Publisher:
+    __slots__ = ("pid", "stream", "reference")
+
+    def __init__(self, pid, stream, reference):
+        self.pid = pid
+        self.stream = stream
+        self.reference = reference
+
+
+class _Subscription:
+    __slots__ = ("sid", "stream", "offset", "credit", "props", "active", "group", "listener",
+                 "name", "superStream", "awaiting")
+
+    def __init__(self, sid, stream, offset, credit, props):
+        self.sid = sid
+        self.stream = stream
+        self.offset = offset
+        self.credit = credit
+        self.props = props
+        self.active = True
+        # activated by a consumer_update the client has not answered yet: nothing is sent
+        self.awaiting = False
+        self.group = None
+        self.listener = None
+        self.name = props.get("name")
+        self.superStream = props.get("super-stream")
+
+
+class ConsumerGroups:
+    """
+    Single active consumer for streams (RabbitMQ 3.11+): per ``(vhost,
+    stream, name)``, the consumers in subscription order. Without a super
+    stream the first one is active; in a super stream's partition the active
+    one is the consumer at ``partitionIndex % len(consumers)``, as
+    rabbit_stream_sac_coordinator. A change calls ``activate`` /
+    ``deactivate`` on the doors holding the consumers.
+    """
+
+    def __init__(self):
+        self.groups = {}
+
+    def join(self, key, door, sub, partitionIndex):
+        members = self.groups.setdefault(key, [])
+        members.append((door, sub))
+        self._rebalance(key, partitionIndex)
+
+    def leave(self, key, door, sub, partitionIndex):
+        members = self.groups.get(key)
+        if not members:
+            return
+        members[:] = [(d, s) for d, s in members if s is not sub]
+        if not members:
+            del self.groups[key]
+            return
+        self._rebalance(key, partitionIndex)
+
+    def _rebalance(self, key, partitionIndex):
+        members = self.groups[key]
+        idx = 0 if partitionIndex < 0 else partitionIndex % len(members)
+        want = members[idx]
+        for d, s in members:
+            if s is not want[1] and s.active:
+                s.active = False
+                d.consumerUpdate(s, False)
+        d, s = want
+        if not s.active or s.group is None:
+            s.active = True
+            s.group = key
+            d.consumerUpdate(s, True)
+        for _, s2 in members:
+            s2.group = key
+
+
+@implementer(IPushProducer)
+class StreamServerProtocol(Protocol):
+    """One stream-protocol connection."""
+
+    def __init__(self):
+        self.reader = wire.FrameReader(wire.INITIAL_FRAME_MAX)
+        self.state = "start"
+        self.user = None
+        self.vhost = None
+        self.clientProperties = {}
+        self.frameMax = wire.DEFAULT_FRAME_MAX
+        self.heartbeat = wire.DEFAULT_HEARTBEAT
+        self.publishers = {}
+        self.publisherRefs = {}
+        self.subscriptions = {}
+        self.paused = False
+        self.closed = False
+        self._out = None
+        self._pumpCall = None
+        self._hbCall = None
+        self._lastReceived = 0
+        self._lastSent = 0
+        self._corr = 0
+        self._pendingUpdates = {}
+        self.mechanism = None
+        #: reading is paused while a resource alarm blocks publishers (a timer looks again)
+        self.blocked = False
+        self._blockCall = None
+
+    # --- connection
+
+    def connectionMade(self):
+        f = self.factory
+        self.broker = f.broker
+        self.backend = f.backend
+        self.clock = f.clock
+        self.frameMax = f.frameMax
+        self.heartbeat = f.heartbeat
+        self.transport.registerProducer(self, True)
+        self._lastReceived = self._lastSent = self.clock.seconds()
+        peer = self.transport.getPeer()
+        self.peerHost = getattr(peer, "host", None)
+        f.connections.add(self)
+        self._handshakeTimer = self.clock.callLater(f.handshakeTimeout, self._handshakeTimeout)
+
+    def connectionLost(self, reason=None):
+        self.closed = True
+        self.factory.connections.discard(self)
+        for call in (self._pumpCall, self._hbCall, self._handshakeTimer, self._blockCall):
+            if call is not None and call.active():
+                call.cancel()
+        for sub in list(self.subscriptions.values()):
+            self._dropSubscription(sub)
+        self.subscriptions.clear()
+
+    def _handshakeTimeout(self):
+        self._handshakeTimer = None
+        if self.state != "open":
+            self.transport.abortConnection()
+
+    def send(self, data):
+        if self._out is not None:
+            self._out.append(data)
+        elif not self.closed:
+            self.transport.write(data)
+            self._lastSent = self.clock.seconds()
+
+    def dataReceived(self, data):
+        self._lastReceived = self.clock.seconds()
+        self.broker.received(len(data))
+        try:
+            frames = self.reader.feed(data)
+        except wire.FrameTooLarge as e:
+            log.warn("stream connection: frame of {size} bytes exceeds frame_max {max}",
+                     size=e.size, max=e.frameMax)
+            if self.state == "open":
+                self.send(wire.closeRequest(self._nextCorr(), wire.FRAME_TOO_LARGE, "frame too large"))
+            self.transport.loseConnection()
+            self.closed = True
+            return
+        if not frames:
+            return
+        self._out = out = []
+        try:
+            for body in frames:
+                if self.closed:
+                    break
+                try:
+                    key, version, corr, args = wire.decodeFrame(body)
+                except wire.FrameError:
+                    self._unknownFrame()
+                    break
+                self._dispatch(key, version, corr, args)
+        finally:
+            self._out = None
+            if out and not self.closed:
+                self.transport.writeSequence(out)
+                self._lastSent = self.clock.seconds()
+
+    def _unknownFrame(self):
+        if self.state == "open":
+            self.send(wire.closeRequest(self._nextCorr(), wire.UNKNOWN_FRAME, "unknown frame"))
+            self._closeSoon()
+        else:
+            self.transport.loseConnection()
+            self.closed = True
+
+    def _closeSoon(self):
+        """Close once what was written is out (the client reads the refusal first)."""
+        self.state = "closing"
+        if self._out:
+            self.transport.writeSequence(self._out)
+            self._out = []
+        self.closed = True
+        self.transport.loseConnection()
+
+    def _nextCorr(self):
+        self._corr = (self._corr + 1) & 0xFFFFFFFF
+        return self._corr
+
+    def _dispatch(self, key, version, corr, args):
+        if self.state != "open" and key not in _PRE_AUTH:
+            log.warn("stream connection: command {key} before open, closing", key=key)
+            self.transport.loseConnection()
+            self.closed = True
+            return
+        handler = _HANDLERS.get(key)
+        if handler is None:
+            if key & wire.RESPONSE_FLAG:
+                return  # a response we do not wait for
+            self._unknownFrame()
+            return
+        handler(self, corr, version, *args)
+
+    # --- handshake
+
+    def _peerProperties(self, corr, version, props):
+        self.clientProperties = props
+        self.send(wire.peerPropertiesResponse(corr, self.factory.serverProperties()))
+        self.state = "peer"
+
+    def _saslHandshake(self, corr, version):
+        self.send(wire.saslHandshakeResponse(corr, ["PLAIN"]))
+        self.state = "auth"
+
+    def _saslAuthenticate(self, corr, version, mechanism, data):
+        if mechanism != "PLAIN":
+            self.send(wire.saslAuthenticateResponse(corr, wire.SASL_MECHANISM_NOT_SUPPORTED))
+            return
+        parts = data.split(b"\x00")
+        if len(parts) != 3:
+            self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
+            self._closeSoon()
+            return
+        try:
+            username = parts[1].decode("utf-8")
+            password = parts[2].decode("utf-8")
+        except UnicodeDecodeError:
+            self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
+            self._closeSoon()
+            return
+        user, refusal = login(self.broker.users, username, password, self.peerHost,
+                              self.broker.loopbackUsers)
+        if user is None:
+            if refusal == "can only connect via localhost":
+                code = wire.SASL_AUTHENTICATION_FAILURE_LOOPBACK
+            else:
+                code = wire.AUTHENTICATION_FAILURE
+            log.warn("stream connection: user '{u}' refused: {r}", u=username, r=refusal)
+            self.send(wire.saslAuthenticateResponse(corr, code))
+            self._closeSoon()
+            return
+        self.user = user
+        self.mechanism = mechanism
+        self.send(wire.saslAuthenticateResponse(corr, wire.OK))
+        self.send(wire.tune(self.frameMax, self.heartbeat))
+        self.state = "tuning"
+
+    def _tune(self, corr, version, frameMax, heartbeat):
+        if frameMax == 0:
+            frameMax = self.frameMax
+        elif self.frameMax:
+            frameMax = min(frameMax, self.frameMax)
+        self.frameMax = frameMax
+        self.heartbeat = heartbeat
+        if self.state == "tuning":
+            self.state = "tuned"
+
+    def _open(self, corr, version, vhostName):
+        if self.user is None:
+            self.transport.loseConnection()
+            self.closed = True
+            return
+        vhost = self.broker.vhosts.get(vhostName)
+        if vhost is None or not self.broker.canAccess(self.user, vhostName):
+            self.send(wire.openResponse(corr, wire.VHOST_ACCESS_FAILURE))
+            self._closeSoon()
+            return
+        self.vhost = vhostName
+        host, port = self.factory.advertised(self.transport)
+        self.send(wire.openResponse(corr, wire.OK, {"advertised_host": host,
+                                                     "advertised_port": str(port)}))
+        self.state = "open"
+        self.reader.frameMax = self.frameMax
+        if self._handshakeTimer is not None and self._handshakeTimer.active():
+            self._handshakeTimer.cancel()
+        self._handshakeTimer = None
+        self._scheduleHeartbeat()
+        log.info("stream connection: user '{user}' granted access to vhost '{vhost}'",
+                 user=self.user.name, vhost=vhostName)
+
+    def _close(self, corr, version, code, reason):
+        self.send(wire.response(wire.CLOSE, corr, wire.OK))
+        self.state = "closing"
+        self.closed = True
+        if self._out:
+            self.transport.writeSequence(self._out)
+            self._out = []
+        self.transport.loseConnection()
+
+    def _closeResponse(self, corr, version, code):
+        self.transport.loseConnection()
+        self.closed = True
+
+    def _heartbeatFrame(self, corr, version):
+        pass
+
+    def _scheduleHeartbeat(self):
+        if self.heartbeat and not self.closed:
+            self._hbCall = self.clock.callLater(self.heartbeat, self._heartbeatTick)
+
+    def _heartbeatTick(self):
+        self._hbCall = None
+        if self.closed:
+            return
+        now = self.clock.seconds()
+        if self.blocked:
+            # not reading: the client's heartbeats wait in the socket (RabbitMQ pauses its monitor)
+            self._lastReceived = now
+        if now - self._lastReceived > 2 * self.heartbeat:
+            log.info("stream connection: missed heartbeats, closing")
+            self.transport.abortConnection()
+            self.closed = True
+            return
+        if now - self._lastSent >= self.heartbeat - 0.5:
+            self.send(wire.heartbeat())
+        self._scheduleHeartbeat()
+
+    # --- permissions
+
+    def _allowed(self, perm, name):
+        return self.broker.canAccess(self.user, self.vhost) and self._permits(perm, name)
+
+    def _permits(self, perm, name):
+        return permits(self.broker.permissions, self.user.name, self.vhost, perm, "queue", name)
+
+    # --- streams
+
+    def _create(self, corr, version, name, arguments):
+        if not _validName(name):
+            self.send(wire.response(wire.CREATE_STREAM, corr, wire.PRECONDITION_FAILED))
+            return
+        if not self._permits(CONFIGURE, name):
+            self.send(wire.response(wire.CREATE_STREAM, corr, wire.ACCESS_REFUSED))
+            return
+        if self.backend.exists(self.vhost, name):
+            self.send(wire.response(wire.CREATE_STREAM, corr, wire.STREAM_ALREADY_EXISTS))
+            return
+        code = self.backend.create(self.vhost, name, arguments)
+        self.send(wire.response(wire.CREATE_STREAM, corr, code))
+
+    def _delete(self, corr, version, name):
+        if not self._permits(CONFIGURE, name):
+            self.send(wire.response(wire.DELETE_STREAM, corr, wire.ACCESS_REFUSED))
+            return
+        code = self.backend.delete(self.vhost, name)
+        self.send(wire.response(wire.DELETE_STREAM, corr, code))
+        if code == wire.OK:
+            self.factory.streamDeleted(self.vhost, name)
+
+    def streamGone(self, name):
+        """The stream ``name`` was deleted: drop its publishers and subscriptions, tell the client."""
+        gone = False
+        for pid, p in list(self.publishers.items()):
+            if p.stream == name:
+                self._dropPublisher(p)
+                gone = True
+        for sid, s in list(self.subscriptions.items()):
+            if s.stream == name:
+                self._dropSubscription(s)
+                del self.subscriptions[sid]
+                gone = True
+        if gone:
+            self.send(wire.metadataUpdate(wire.STREAM_NOT_AVAILABLE, name))
+
+    def _metadata(self, corr, version, streams):
+        host, port = self.factory.advertised(self.transport)
+        out = []
+        for name in streams:
+            if not self.backend.exists(self.vhost, name):
+                out.append((name, wire.STREAM_DOES_NOT_EXIST, 0, []))
+            else:
+                out.append((name, wire.OK, 0, []))
+        self.send(wire.metadataResponse(corr, [(host, port)], out))
+
+    def _streamStats(self, corr, version, name):
+        if not self._permits(READ, name):
+            self.send(wire.streamStatsResponse(corr, wire.ACCESS_REFUSED, {}))
+        elif not self.backend.exists(self.vhost, name):
+            self.send(wire.streamStatsResponse(corr, wire.STREAM_DOES_NOT_EXIST, {}))
+        else:
+            self.send(wire.streamStatsResponse(corr, wire.OK, self.backend.stats(self.vhost, name)))
+
+    def _commandVersions(self, corr, version, versions):
+        self.send(wire.commandVersionsResponse(corr))
+
+    # --- publishers
+
+    def _declarePublisher(self, corr, version, pid, reference, stream):
+        reply = lambda code: self.send(wire.response(wire.DECLARE_PUBLISHER, corr, code))  # noqa: E731
+        if len(self.publishers) >= MAX_PUBLISHERS:
+            return reply(wire.PRECONDITION_FAILED)
+        if reference is not None and len(reference.encode("utf-8")) > MAX_REFERENCE:
+            return reply(wire.PRECONDITION_FAILED if self._permits(WRITE, stream) else wire.ACCESS_REFUSED)
+        if not self._permits(WRITE, stream):
+            return reply(wire.ACCESS_REFUSED)
+        ref = reference or None
+        if pid in self.publishers or (ref is not None and (stream, ref) in self.publisherRefs):
+            return reply(wire.PRECONDITION_FAILED)
+        if not self.backend.exists(self.vhost, stream):
+            return reply(wire.STREAM_DOES_NOT_EXIST)
+        self.publishers[pid] = _Publisher(pid, stream, ref)
+        if ref is not None:
+            self.publisherRefs[(stream, ref)] = pid
+        reply(wire.OK)
+
+    def _dropPublisher(self, p):
+        self.publishers.pop(p.pid, None)
+        if p.reference is not None:
+            self.publisherRefs.pop((p.stream, p.reference), None)
+
+    def _deletePublisher(self, corr, version, pid):
+        p = self.publishers.get(pid)
+        if p is None:
+            self.send(wire.response(wire.DELETE_PUBLISHER, corr, wire.PUBLISHER_DOES_NOT_EXIST))
+            return
+        self._dropPublisher(p)
+        self.send(wire.response(wire.DELETE_PUBLISHER, corr, wire.OK))
+
+    def _publish(self, corr, version, pid, count, body, pos):
+        p = self.publishers.get(pid)
+        try:
+            batch = wire.publishBatch(body, pos, count, version) if p is not None else None
+            entries = None if batch is not None else wire.publishedMessages(body, pos, count, version)
+        except wire.FrameError:
+            self._unknownFrame()
+            return
+        if p is None:
+            self.send(wire.publishError(pid, [(i, wire.PUBLISHER_DOES_NOT_EXIST) for i, _ in entries]))
+            return
+        if self.broker.alarmed and not self.blocked:
+            # as RabbitMQ: a publishing connection stops being read during a memory or disk alarm
+            self.blocked = True
+            self.transport.pauseProducing()
+            self._blockCall = self.clock.callLater(ALARM_CHECK, self._checkAlarm)
+        if batch is not None:
+            # the fast path: the frame's entries are the chunk's, as they came
+            ids, data = batch
+            if not self.backend.exists(self.vhost, p.stream):
+                self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
+                return
+            confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
+            self._confirm(pid, confirmed, d)
+            return
+        flat = []
+        rejected = []
+        for i, (pubId, m) in enumerate(entries):
+            if isinstance(m, wire.SubBatch):
+                try:
+                    msgs = m.messages()
+                except wire.FrameError:
+                    rejected = [e[0] for e in entries[i:]]
+                    break
+                # one publishing id for the whole batch: its messages are stored, one confirm
+                flat.append((pubId, msgs))
+            else:
+                flat.append((pubId, m))
+        if rejected:
+            self.send(wire.publishError(pid, [(i, wire.PRECONDITION_FAILED) for i in rejected]))
+        if flat:
+            self._write(p, flat)
+
+    def _write(self, p, entries):
+        backend = self.backend
+        if not backend.exists(self.vhost, p.stream):
+            self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
+            return
+        if any(isinstance(m, list) for _, m in entries):
+            # a sub-entry batch has one publishing id for all its messages: the first carries
+            # it (de-duplication), the others follow it unless it was a duplicate
+            confirmed = []
+            d = None
+            for pubId, m in entries:
+                if not isinstance(m, list):
+                    m = [m]
+                seq = backend.sequence(self.vhost, p.stream, p.reference) if p.reference else -1
+                c, d1 = backend.publish(self.vhost, p.stream, p.reference, [(pubId, m[0])])
+                if pubId > seq and len(m) > 1:
+                    c2, d1 = backend.publish(self.vhost, p.stream, None, [(pubId, x) for x in m[1:]])
+                confirmed.append(pubId)
+                d = d1 or d
+        else:
+            confirmed, d = backend.publish(self.vhost, p.stream, p.reference, entries)
+        self._confirm(p.pid, confirmed, d)
+
+    def _confirm(self, pid, ids, d):
+        """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""
+        if d is None:
+            self.send(wire.publishConfirm(pid, ids))
+            return
+
+        def failed(f):
+            log.failure("stream publish failed", f)
+            self.send(wire.publishError(pid, [(i, wire.INTERNAL_ERROR) for i in ids]))
+
+        d.addCallbacks(lambda _: self.send(wire.publishConfirm(pid, ids)), failed)
+
+    def _querySequence(self, corr, version, reference, stream):
+        if not self._permits(READ, stream):
+            self.send(wire.querySequenceResponse(corr, wire.ACCESS_REFUSED, 0))
+        elif not self.backend.exists(self.vhost, stream):
+            self.send(wire.querySequenceResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+        else:
+            self.send(wire.querySequenceResponse(
+                corr, wire.OK, self.backend.sequence(self.vhost, stream, reference)))
+
+    # --- offsets
+
+    def _storeOffset(self, corr, version, reference, stream, offset):
+        if not reference or len(reference.encode("utf-8")) > MAX_REFERENCE:
+            return
+        if not self._permits(READ, stream) or not self.backend.exists(self.vhost, stream):
+            return
+        self.backend.storeOffset(self.vhost, stream, reference, offset)
+
+    def _queryOffset(self, corr, version, reference, stream):
+        if not reference or len(reference.encode("utf-8")) > MAX_REFERENCE:
+            self.send(wire.queryOffsetResponse(corr, wire.PRECONDITION_FAILED, 0))
+        elif not self._permits(READ, stream):
+            self.send(wire.queryOffsetResponse(corr, wire.ACCESS_REFUSED, 0))
+        elif not self.backend.exists(self.vhost, stream):
+            self.send(wire.queryOffsetResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+        else:
+            off = self.backend.queryOffset(self.vhost, stream, reference)
+            if off is None:
+                self.send(wire.queryOffsetResponse(corr, wire.NO_OFFSET, 0))
+            else:
+                self.send(wire.queryOffsetResponse(corr, wire.OK, off))
+
+    def _resolve(self, stream, spec):
+        resolve = getattr(self.backend, "resolve", None)
+        if resolve is not None:
+            return resolve(self.vhost, stream, spec)
+        kind, value = spec
+        first, nxt = self.backend.bounds(self.vhost, stream)
+        if kind == wire.OFFSET_FIRST:
+            return first
+        if kind == wire.OFFSET_LAST:
+            # the start of the last chunk, as RabbitMQ
+            last = self.backend.chunks(self.vhost, stream, nxt - 1, 1) if nxt > first else []
+            return last[0].first if last else nxt
+        if kind == wire.OFFSET_NEXT:
+            return nxt
+        if kind == wire.OFFSET_OFFSET:
+            return min(max(value, first), nxt)
+        if kind == wire.OFFSET_TIMESTAMP:
+            return self.backend.offsetAt(self.vhost, stream, value)
+        return nxt
+
+    def _resolveOffsetSpec(self, corr, version, stream, spec, props):
+        if not self._permits(READ, stream):
+            self.send(wire.resolveOffsetSpecResponse(corr, wire.ACCESS_REFUSED, 0))
+        elif not self.backend.exists(self.vhost, stream):
+            self.send(wire.resolveOffsetSpecResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+        else:
+            self.send(wire.resolveOffsetSpecResponse(corr, wire.OK, self._resolve(stream, spec)))
+
+    # --- subscriptions
+
+    def _subscribe(self, corr, version, sid, stream, spec, credit, props):
+        reply = lambda code: self.send(wire.response(wire.SUBSCRIBE, corr, code))  # noqa: E731
+        if not self._permits(READ, stream):
+            return reply(wire.ACCESS_REFUSED)
+        if not self.backend.exists(self.vhost, stream):
+            return reply(wire.STREAM_DOES_NOT_EXIST)
+        if sid in self.subscriptions:
+            return reply(wire.SUBSCRIPTION_ID_ALREADY_EXISTS)
+        sac = props.get("single-active-consumer") == "true"
+        if sac and not props.get("name"):
+            return reply(wire.PRECONDITION_FAILED)
+        sub = _Subscription(sid, stream, self._resolve(stream, spec), credit, props)
+        self.subscriptions[sid] = sub
+        sub.listener = lambda: self._streamChanged(sub.stream)
+        self.backend.listen(self.vhost, stream, sub.listener)
+        reply(wire.OK)
+        if sac:
+            sub.active = False
+            index = -1
+            if sub.superStream:
+                parts = self.backend.partitions(self.vhost, sub.superStream) or []
+                index = parts.index(stream) if stream in parts else -1
+            sub.group = (self.vhost, stream, sub.name)
+            self.factory.groups.join(sub.group, self, sub, index)
+        else:
+            self._schedulePump()
+
+    def _checkAlarm(self):
+        self._blockCall = None
+        if self.closed:
+            return
+        if self.broker.alarmed:
+            self._blockCall = self.clock.callLater(ALARM_CHECK, self._checkAlarm)
+            return
+        self.blocked = False
+        self._lastReceived = self.clock.seconds()
+        self.transport.resumeProducing()
+
+    def _streamChanged(self, stream):
+        """The core's listen callback: new data, or the stream was deleted (by any protocol)."""
+        if self.closed:
+            return
+        if not self.backend.exists(self.vhost, stream):
+            self.streamGone(stream)
+        else:
+            self._schedulePump()
+
+    def consumerUpdate(self, sub, active):
+        """Called by ConsumerGroups: ask the client, deliver when it answers (active)."""
+        if self.closed:
+            return
+        corr = self._nextCorr()
+        sub.awaiting = active
+        self._pendingUpdates[corr] = (sub, active)
+        self.send(wire.consumerUpdateRequest(corr, sub.sid, active))
+
+    def _consumerUpdateResponse(self, corr, version, code, spec):
+        pending = self._pendingUpdates.pop(corr, None)
+        if pending is None:
+            return
+        sub, active = pending
+        sub.awaiting = False
+        if active and sub.sid in self.subscriptions and spec[0] != wire.OFFSET_NONE:
+            sub.offset = self._resolve(sub.stream, spec)
+        if active:
+            self._schedulePump()
+
+    def _dropSubscription(self, sub):
+        if sub.listener is not None:
+            self.backend.unlisten(self.vhost, sub.stream, sub.listener)
+            sub.listener = None
+        if sub.group is not None:
+            index = -1
+            if sub.superStream:
+                parts = self.backend.partitions(self.vhost, sub.superStream) or []
+                index = parts.index(sub.stream) if sub.stream in parts else -1
+            self.factory.groups.leave(sub.group, self, sub, index)
+            sub.group = None
+
+    def _unsubscribe(self, corr, version, sid):
+        sub = self.subscriptions.pop(sid, None)
+        if sub is None:
+            self.send(wire.response(wire.UNSUBSCRIBE, corr, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            return
+        sub.active = False
+        self._dropSubscription(sub)
+        self.send(wire.response(wire.UNSUBSCRIBE, corr, wire.OK))
+
+    def _credit(self, corr, version, sid, credit):
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            self.send(wire.creditResponse(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
+            return
+        sub.credit = min(sub.credit + max(credit, 0), 0xFFFF)
+        self._schedulePump()
+
+    def _schedulePump(self):
+        if self._pumpCall is None and not self.closed and not self.paused:
+            self._pumpCall = self.clock.callLater(0, self._pump)
+
+    def _pump(self):
+        """Write up to CHUNKS_PER_TURN chunks to the subscriptions with credit."""
+        self._pumpCall = None
+        if self.closed or self.paused:
+            return
+        budget = CHUNKS_PER_TURN
+        more = False
+        out = []
+        backend = self.backend
+        vhost = self.vhost
+        deliverHeader = wire.deliverHeader
+        chunkHeader = _chunk.header
+        messages = MESSAGES_PER_TURN
+        # a chunk the backend builds stays within the client's frame_max (the AMQP 1.0
+        # conversion adds ~40 bytes a message over what the read counts)
+        maxBytes = max(self.frameMax // 2, 4096) if self.frameMax else None
+        for sub in list(self.subscriptions.values()):
+            while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:
+                chunks = backend.chunks(vhost, sub.stream, sub.offset, 1, maxBytes)
+                if not chunks:
+                    break
+                c = chunks[0]
+                data = c.data
+                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + len(data)))
+                out.append(chunkHeader(c.first, c.count, c.timestamp, data, c.crc))
+                out.append(data)
+                sub.offset = c.first + c.count
+                sub.credit -= 1
+                budget -= 1
+                messages -= c.count
+            if budget <= 0 or messages <= 0:
+                more = True
+                break
+        if out:
+            self.transport.writeSequence(out)
+            self._lastSent = self.clock.seconds()
+        if more:
+            self._schedulePump()
+
+    # --- super streams
+
+    def _route(self, corr, version, key, superStream):
+        parts = self.backend.partitions(self.vhost, superStream)
+        if not self._permits(READ, superStream) and parts is not None:
+            self.send(wire.streamsResponse(wire.ROUTE, corr, wire.ACCESS_REFUSED, []))
+        elif parts is None:
+            self.send(wire.streamsResponse(wire.ROUTE, corr, wire.STREAM_DOES_NOT_EXIST, []))
+        else:
+            self.send(wire.streamsResponse(wire.ROUTE, corr, wire.OK,
+                                           self.backend.route(self.vhost, superStream, key)))
+
+    def _partitions(self, corr, version, superStream):
+        parts = self.backend.partitions(self.vhost, superStream)
+        if parts is None:
+            self.send(wire.streamsResponse(wire.PARTITIONS, corr, wire.STREAM_DOES_NOT_EXIST, []))
+        else:
+            self.send(wire.streamsResponse(wire.PARTITIONS, corr, wire.OK, parts))
+
+    def _createSuperStream(self, corr, version, name, partitions, keys, arguments):
+        reply = lambda code: self.send(wire.response(wire.CREATE_SUPER_STREAM, corr, code))  # noqa: E731
+        if not partitions or len(partitions) != len(keys) or not _validName(name) or \
+                not all(_validName(p) for p in partitions):
+            return reply(wire.PRECONDITION_FAILED)
+        if not all(self._permits(CONFIGURE, p) for p in [name] + partitions):
+            return reply(wire.ACCESS_REFUSED)
+        reply(self.backend.createSuperStream(self.vhost, name, partitions, keys, arguments))
+
+    def _deleteSuperStream(self, corr, version, name):
+        if not self._permits(CONFIGURE, name):
+            self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, wire.ACCESS_REFUSED))
+            return
+        parts = self.backend.partitions(self.vhost, name) or []
+        code = self.backend.deleteSuperStream(self.vhost, name)
+        self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, code))
+        for p in parts:
+            self.factory.streamDeleted(self.vhost, p)
+
+    # --- IPushProducer
+
+    def pauseProducing(self):
+        self.paused = True
+        if self._pumpCall is not None and self._pumpCall.active():
+            self._pumpCall.cancel()
+        self._pumpCall = None
+
+    def resumeProducing(self):
+        self.paused = False
+        self._schedulePump()
+
+    def stopProducing(self):
+        self.closed = True
+
+
+def _validName(name):
+    return bool(name) and len(name.encode("utf-8")) <= 255 and not name.startswith("amq.")
+
+
+_HANDLERS = {
+    wire.PEER_PROPERTIES: StreamServerProtocol._peerProperties,
+    wire.SASL_HANDSHAKE: StreamServerProtocol._saslHandshake,
+    wire.SASL_AUTHENTICATE: StreamServerProtocol._saslAuthenticate,
+    wire.TUNE: StreamServerProtocol._tune,
+    wire.OPEN: StreamServerProtocol._open,
+    wire.CLOSE: StreamServerProtocol._close,
+    wire.CLOSE | wire.RESPONSE_FLAG: StreamServerProtocol._closeResponse,
+    wire.HEARTBEAT: StreamServerProtocol._heartbeatFrame,
+    wire.CREATE_STREAM: StreamServerProtocol._create,
+    wire.DELETE_STREAM: StreamServerProtocol._delete,
+    wire.METADATA: StreamServerProtocol._metadata,
+    wire.STREAM_STATS: StreamServerProtocol._streamStats,
+    wire.EXCHANGE_COMMAND_VERSIONS: StreamServerProtocol._commandVersions,
+    wire.DECLARE_PUBLISHER: StreamServerProtocol._declarePublisher,
+    wire.DELETE_PUBLISHER: StreamServerProtocol._deletePublisher,
+    wire.PUBLISH: StreamServerProtocol._publish,
+    wire.QUERY_PUBLISHER_SEQUENCE: StreamServerProtocol._querySequence,
+    wire.STORE_OFFSET: StreamServerProtocol._storeOffset,
+    wire.QUERY_OFFSET: StreamServerProtocol._queryOffset,
+    wire.RESOLVE_OFFSET_SPEC: StreamServerProtocol._resolveOffsetSpec,
+    wire.SUBSCRIBE: StreamServerProtocol._subscribe,
+    wire.UNSUBSCRIBE: StreamServerProtocol._unsubscribe,
+    wire.CREDIT: StreamServerProtocol._credit,
+    wire.CONSUMER_UPDATE | wire.RESPONSE_FLAG: StreamServerProtocol._consumerUpdateResponse,
+    wire.ROUTE: StreamServerProtocol._route,
+    wire.PARTITIONS: StreamServerProtocol._partitions,
+    wire.CREATE_SUPER_STREAM: StreamServerProtocol._createSuperStream,
+    wire.DELETE_SUPER_STREAM: StreamServerProtocol._deleteSuperStream,
+}
+
+
+class StreamServerFactory(Factory):
+    """
+    The stream listener's factory: the broker (users, permissions, vhosts),
+    the streams backend, the clock; ``advertisedHost``/``advertisedPort``
+    answer metadata and open (default: the listening address).
+    """
+
+    protocol = StreamServerProtocol
+
+    def __init__(self, broker, backend, clock, advertisedHost=None, advertisedPort=None,
+                 frameMax=wire.DEFAULT_FRAME_MAX, heartbeat=wire.DEFAULT_HEARTBEAT,
+                 handshakeTimeout=10):
+        self.broker = broker
+        self.backend = backend
+        self.clock = clock
+        self.advertisedHost = advertisedHost
+        self.advertisedPort = advertisedPort
+        self.frameMax = frameMax
+        self.heartbeat = heartbeat
+        self.handshakeTimeout = handshakeTimeout
+        self.connections = set()
+        self.groups = ConsumerGroups()
+
+    def serverProperties(self):
+        import otter_tx
+        return {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
+                "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
+                "platform": "Python/Twisted"}
+
+    def advertised(self, transport):
+        host = self.advertisedHost
+        port = self.advertisedPort
+        if host is None or port is None:
+            h = transport.getHost()
+            if host is None:
+                host = getattr(h, "host", "localhost") or "localhost"
+                if host in ("0.0.0.0", "::"):
+                    host = "localhost"
+            if port is None:
+                port = getattr(h, "port", 5552)
+        return host, port
+
+    def streamDeleted(self, vhost, name):
+        for c in list(self.connections):
+            if c.vhost == vhost:
+                c.streamGone(name)
+
+
+class TrackingService(Service):
+    """Writes the stream backend's pending offsets and sequences when the service stops."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def stopService(self):
+        Service.stopService(self)
+        tracking = getattr(self.backend, "tracking", None)
+        if tracking is not None:
+            tracking.stop()
+
+
+def streamsBackend(broker, clock, directory=None):
+    """
+    The streams the door serves: the broker's stream queues when the core
+    (otter_tx.broker.stream) is there (BrokerStreams; publisher sequences and
+    consumer offsets in ``directory``), else in-memory streams
+    (MemoryStreams), one per broker.
+    """
+    try:
+        from otter_tx.broker import stream as core
+    except ImportError:
+        core = None
+    if core is not None and hasattr(core, "StreamLog") and hasattr(getattr(broker, "streams", None), "open"):
+        from otter_tx.door.streambackend import BrokerStreams
+        return BrokerStreams(broker, clock, directory)
+    backend = getattr(broker, "_memoryStreams", None)
+    if backend is None:
+        from otter_tx.door.streambackend import MemoryStreams
+        backend = broker._memoryStreams = MemoryStreams(clock)
+    return backend

@@ -1,0 +1,667 @@
+"""
+What the stream door (otter_tx.door.stream) needs of the broker's streams,
+and an in-memory implementation of it.
+
+The door speaks only to an object with these methods (``vhost`` is a vhost
+name; messages are the AMQP 1.0 bytes stream clients publish):
+
+- ``exists(vhost, name)`` -> bool (a stream queue of that name)
+- ``create(vhost, name, arguments)`` -> response code (wire.OK,
+  STREAM_ALREADY_EXISTS, PRECONDITION_FAILED)
+- ``delete(vhost, name)`` -> response code
+- ``append(vhost, name, reference, ids, data, count)`` -> ``(confirmedIds,
+  d)``: ``count`` messages as a chunk holds them (``data``: size-prefixed
+  entries, otter_tx.stream.chunk) with their publishing ``ids``; with a
+  ``reference``, the ids not above the reference's sequence are confirmed
+  without a write (de-duplication); ``d`` is None when all is safe now, else
+  a Deferred firing when the written entries are durable
+- ``publish(vhost, name, reference, entries)``: the same for a list of
+  ``(publishingId, bytes)``
+- ``sequence(vhost, name, reference)`` -> int (0 when none)
+- ``bounds(vhost, name)`` -> ``(first, next)`` offsets
+- ``chunks(vhost, name, offset, maxChunks, maxBytes=None)`` -> up to ``maxChunks``
+  :class:`Chunk` from the one holding ``offset`` (committed ones only); a
+  reader starting inside a chunk gets all of it, as from RabbitMQ
+- ``offsetAt(vhost, name, timestampMs)`` -> where a timestamp reader
+  starts: the chunk holding the timestamp, the last written at or before it
+  (the first when none), as RabbitMQ 3.10 does
+- ``listen(vhost, name, callback)`` / ``unlisten(...)``: ``callback()`` when
+  entries were appended
+- ``storeOffset(vhost, name, reference, offset)``,
+  ``queryOffset(vhost, name, reference)`` -> int or None
+- ``partitions(vhost, superStream)`` -> list of stream names or None (no
+  such super stream); ``route(vhost, superStream, routingKey)`` -> list
+- ``stats(vhost, name)`` -> dict
+
+:class:`MemoryStreams` keeps all of it in memory (tests, and the door's
+fallback when no broker streams are wired in).
+"""
+
+import bisect
+import struct
+import zlib
+
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker.message import Message
+from otter_tx.broker.stream import declareStream, deleteStream, findStream
+from otter_tx.stream import amqp10
+from otter_tx.stream import chunk as _chunk
+from otter_tx.stream import wire
+
+
+class Chunk:
+    """
+    What one write appended: ``count`` messages from offset ``first``, stamped
+    ``timestamp`` (ms), their entries ``data``; ``crc`` is computed once, on
+    first delivery.
+    """
+
+    __slots__ = ("first", "timestamp", "count", "data", "_crc")
+
+    def __init__(self, first, timestamp, count, data):
+        self.first = first
+        self.timestamp = timestamp
+        self.count = count
+        self.data = data
+        self._crc = None
+
+    @property
+    def crc(self):
+        c = self._crc
+        if c is None:
+            c = self._crc = zlib.crc32(self.data)
+        return c
+
+
+class _Stream:
+    __slots__ = ("name", "arguments", "chunks", "firsts", "first", "next", "sequences", "offsets",
+                 "listeners")
+
+    def __init__(self, name, arguments):
+        self.name = name
+        self.arguments = arguments
+        self.chunks = []
+        self.firsts = []
+        self.first = 0
+        self.next = 0
+        self.sequences = {}
+        self.offsets = {}
+        self.listeners = []
+
+
+class MemoryStreams:
+    """The backend interface above, in memory. ``clock`` gives ``seconds()``."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.streams = {}
+        self.superStreams = {}  # (vhost, name) -> [(partition, bindingKey)]
+
+    def _get(self, vhost, name):
+        return self.streams.get((vhost, name))
+
+    def exists(self, vhost, name):
+        return (vhost, name) in self.streams
+
+    def create(self, vhost, name, arguments):
+        if (vhost, name) in self.streams:
+            return wire.STREAM_ALREADY_EXISTS
+        self.streams[(vhost, name)] = _Stream(name, dict(arguments))
+        return wire.OK
+
+    def delete(self, vhost, name):
+        s = self.streams.pop((vhost, name), None)
+        if s is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        for cb in list(s.listeners):
+            cb()
+        return wire.OK
+
+    def append(self, vhost, name, reference, ids, data, count):
+        s = self._get(vhost, name)
+        if s is None:
+            return [], None
+        if reference:
+            seq = s.sequences.get(reference, 0)
+            if min(ids) <= seq:
+                # de-duplication: keep the entries above the sequence
+                keep = []
+                for pid, m in zip(ids, _chunk.split(data, count)):
+                    if pid > seq:
+                        keep.append(m)
+                        seq = pid
+                s.sequences[reference] = seq
+                if not keep:
+                    return ids, None
+                data = _chunk.entries(keep)
+                count = len(keep)
+            else:
+                s.sequences[reference] = max(ids)
+        self._write(s, data, count)
+        return ids, None
+
+    def publish(self, vhost, name, reference, entries):
+        return self.append(vhost, name, reference, [e[0] for e in entries],
+                           _chunk.entries([e[1] for e in entries]), len(entries))
+
+    def _write(self, s, data, count):
+        ts = int(self.clock.seconds() * 1000)
+        s.chunks.append(Chunk(s.next, ts, count, data))
+        s.firsts.append(s.next)
+        s.next += count
+        for cb in list(s.listeners):
+            cb()
+
+    def sequence(self, vhost, name, reference):
+        s = self._get(vhost, name)
+        return s.sequences.get(reference, 0) if s else 0
+
+    def bounds(self, vhost, name):
+        s = self._get(vhost, name)
+        return s.first, s.next
+
+    def chunks(self, vhost, name, offset, maxChunks, maxBytes=None):
+        s = self._get(vhost, name)
+        if s is None or offset >= s.next:
+            return []
+        i = max(bisect.bisect_right(s.firsts, offset) - 1, 0)
+        return s.chunks[i:i + maxChunks]
+
+    def messages(self, vhost, name):
+        """Every ``(offset, bytes)`` (tests)."""
+        out = []
+        for c in self._get(vhost, name).chunks:
+            out.extend(zip(range(c.first, c.first + c.count), _chunk.split(c.data, c.count)))
+        return out
+
+    def offsetAt(self, vhost, name, ts):
+        """
+        RabbitMQ 3.10 (checked on the peer) attaches a timestamp reader at the chunk holding the
+        timestamp: the last one written at or before it (the first when none).
+        """
+        s = self._get(vhost, name)
+        found = s.first
+        for c in s.chunks:
+            if c.timestamp > ts:
+                break
+            found = c.first
+        return found
+
+    def listen(self, vhost, name, cb):
+        s = self._get(vhost, name)
+        if s is not None:
+            s.listeners.append(cb)
+
+    def unlisten(self, vhost, name, cb):
+        s = self._get(vhost, name)
+        if s is not None and cb in s.listeners:
+            s.listeners.remove(cb)
+
+    def storeOffset(self, vhost, name, reference, offset):
+        s = self._get(vhost, name)
+        if s is not None:
+            s.offsets[reference] = offset
+
+    def queryOffset(self, vhost, name, reference):
+        s = self._get(vhost, name)
+        return s.offsets.get(reference) if s else None
+
+    def createSuperStream(self, vhost, name, partitions, keys, arguments):
+        if (vhost, name) in self.superStreams:
+            return wire.STREAM_ALREADY_EXISTS
+        for p in partitions:
+            if (vhost, p) in self.streams:
+                return wire.STREAM_ALREADY_EXISTS
+        for p in partitions:
+            self.create(vhost, p, arguments)
+        self.superStreams[(vhost, name)] = list(zip(partitions, keys))
+        return wire.OK
+
+    def deleteSuperStream(self, vhost, name):
+        parts = self.superStreams.pop((vhost, name), None)
+        if parts is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        for p, _ in parts:
+            self.delete(vhost, p)
+        return wire.OK
+
+    def partitions(self, vhost, superStream):
+        parts = self.superStreams.get((vhost, superStream))
+        return None if parts is None else [p for p, _ in parts]
+
+    def route(self, vhost, superStream, key):
+        parts = self.superStreams.get((vhost, superStream))
+        return None if parts is None else [p for p, k in parts if k == key]
+
+    def stats(self, vhost, name):
+        s = self._get(vhost, name)
+        last = s.chunks[-1].first if s.chunks else 0
+        return {"first_chunk_id": s.first, "committed_chunk_id": last}
+
+
+# --- the broker's stream queues (otter_tx.broker.stream, the stream core)
+
+#: the stream protocol's create arguments and the queue arguments they become
+#: (rabbit_stream_manager:stream_queue_arguments): integers for the sizes
+_CREATE_ARGUMENTS = {
+    "max-length-bytes": ("x-max-length-bytes", int),
+    "max-age": ("x-max-age", str),
+    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+    "initial-cluster-size": ("x-initial-cluster-size", int),
+    "queue-leader-locator": ("x-queue-leader-locator", str),
+}
+
+
+def queueArguments(arguments):
+    """
+    The queue arguments of a stream protocol create: RabbitMQ's five keys
+    with their types, the others ignored (as RabbitMQ). Raises ValueError on
+    a size that is not an integer (RabbitMQ's reader crashes there and drops
+    the connection; the door answers PRECONDITION_FAILED).
+    """
+    out = {}
+    for key, value in arguments.items():
+        conv = _CREATE_ARGUMENTS.get(key)
+        if conv is not None:
+            out[conv[0]] = conv[1](value)
+    return out
+
+
+class Tracking:
+    """
+    Publisher sequences (de-duplication) and consumer offsets per stream,
+    kept in memory and, with a ``directory``, written to one small JSON file
+    per stream a moment after they change (RabbitMQ keeps them in the
+    stream's own log; the core does not, yet).
+    """
+
+    def __init__(self, clock, directory=None, delay=0.2):
+        self.clock = clock
+        self.directory = directory
+        self.delay = delay
+        self.data = {}
+        self._dirty = set()
+        self._call = None
+
+    def _path(self, vhost, name):
+        import hashlib
+        import os
+        h = hashlib.sha1(("%s\x00%s" % (vhost, name)).encode("utf-8", "surrogateescape")).hexdigest()
+        return os.path.join(self.directory, h + ".json")
+
+    def get(self, vhost, name):
+        key = (vhost, name)
+        t = self.data.get(key)
+        if t is None:
+            t = {"sequences": {}, "offsets": {}}
+            if self.directory is not None:
+                import json
+                try:
+                    with open(self._path(vhost, name)) as f:
+                        t = json.load(f)
+                except (OSError, ValueError):
+                    pass
+            self.data[key] = t
+        return t
+
+    def changed(self, vhost, name):
+        if self.directory is None:
+            return
+        self._dirty.add((vhost, name))
+        if self._call is None:
+            self._call = self.clock.callLater(self.delay, self.flush)
+
+    def flush(self):
+        import json
+        import os
+        self._call = None
+        os.makedirs(self.directory, exist_ok=True)
+        for vhost, name in self._dirty:
+            t = self.data.get((vhost, name))
+            path = self._path(vhost, name)
+            if t is None:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                continue
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(dict(t, vhost=vhost, stream=name), f)
+            os.replace(tmp, path)
+        self._dirty.clear()
+
+    def stop(self):
+        """Write what changed now (service stop)."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        if self._dirty:
+            self.flush()
+        self._call = None
+
+    def forget(self, vhost, name):
+        self.data.pop((vhost, name), None)
+        self.changed(vhost, name)
+
+
+class BrokerStreams:
+    """
+    The backend interface on the broker's stream queues (docs:
+    /work STREAM_API, ``otter_tx.broker.stream``): a stream is a queue with
+    ``x-queue-type: stream`` whatever protocol made it, so AMQP 0-9-1 and the
+    stream protocol read and write the same log.
+
+    Messages: what a stream client publishes (AMQP 1.0) is stored as the
+    broker Message RabbitMQ 3.10's to_amqp091 makes of it; what a stream
+    client reads is from_amqp091 of the stored Message (x-exchange and
+    x-routing-key annotations first), byte for byte what RabbitMQ 3.10 sends
+    for a message published over AMQP 0-9-1. A chunk the door delivers is
+    what one read of the core returned.
+    """
+
+    #: most messages and bytes one chunk holds (a chunk costs ~10 us a message to build)
+    chunkMessages = 512
+    #: chunks kept per stream for readers in step (at most this many times chunkBytes)
+    cacheChunks = 16
+    chunkBytes = 512 * 1024
+
+    def __init__(self, broker, clock, directory=None):
+        self.broker = broker
+        self.clock = clock
+        self.tracking = Tracking(clock, directory)
+        self._readers = {}
+        self._cache = {}
+
+    def _log(self, vhost, name):
+        log = findStream(self.broker, vhost, name)
+        if log is None or getattr(log, "deleted", False):
+            return None
+        return log
+
+    def exists(self, vhost, name):
+        return self._log(vhost, name) is not None
+
+    def create(self, vhost, name, arguments):
+        from otter_tx.amqp.errors import AMQPError
+
+        if self._log(vhost, name) is not None:
+            return wire.STREAM_ALREADY_EXISTS
+        v = self.broker.vhosts.get(vhost)
+        if v is not None and name in v.queues:
+            return wire.PRECONDITION_FAILED
+        try:
+            declareStream(self.broker, vhost, name, queueArguments(arguments))
+        except (AMQPError, ValueError, TypeError):
+            return wire.PRECONDITION_FAILED
+        return wire.OK
+
+    def delete(self, vhost, name):
+        if self._log(vhost, name) is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        deleteStream(self.broker, vhost, name)
+        self.tracking.forget(vhost, name)
+        self._dropReaders(vhost, name)
+        return wire.OK
+
+    def append(self, vhost, name, reference, ids, data, count):
+        return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
+
+    def publish(self, vhost, name, reference, entries):
+        from twisted.internet.defer import gatherResults
+
+        log = self._log(vhost, name)
+        ids = [e[0] for e in entries]
+        if log is None:
+            return ids, None
+        if reference:
+            t = self.tracking.get(vhost, name)
+            seq = t["sequences"].get(reference, 0)
+            keep = []
+            for pid, m in entries:
+                if pid > seq:
+                    keep.append((pid, m))
+                    seq = pid
+            entries = keep
+        if not entries:
+            return ids, None
+        # appends are durable in order (one group commit a turn): the last one's Deferred
+        # stands for the frame
+        append = log.append
+        for _, m in entries[:-1]:
+            append(_toMessage(name, m), False)
+        ds = [append(_toMessage(name, entries[-1][1]))]
+        if reference:
+            last = entries[-1][0]
+
+            def durable(_):
+                t = self.tracking.get(vhost, name)
+                if last > t["sequences"].get(reference, 0):
+                    t["sequences"][reference] = last
+                    self.tracking.changed(vhost, name)
+
+            d = gatherResults(ds).addCallback(durable)
+            # the sequence moves at once for the next frames; durable() persists it
+            self.tracking.get(vhost, name)["sequences"][reference] = max(
+                last, self.tracking.get(vhost, name)["sequences"].get(reference, 0))
+        else:
+            d = gatherResults(ds)
+        return ids, d
+
+    def sequence(self, vhost, name, reference):
+        return self.tracking.get(vhost, name)["sequences"].get(reference, 0)
+
+    def bounds(self, vhost, name):
+        log = self._log(vhost, name)
+        return log.first, log.committed
+
+    def resolve(self, vhost, name, spec):
+        """The offset an offset specification starts at, as the core's readers start."""
+        kind, value = spec
+        log = self._log(vhost, name)
+        core = {wire.OFFSET_FIRST: "first", wire.OFFSET_LAST: "last", wire.OFFSET_NEXT: "next",
+                wire.OFFSET_OFFSET: value, wire.OFFSET_TIMESTAMP: ("timestamp", value)}.get(kind, "next")
+        off = log.startOffset(core)
+        if kind == wire.OFFSET_TIMESTAMP:
+            # RabbitMQ 3.10 (checked on the peer) attaches at the chunk holding the timestamp,
+            # the last message written at or before it (the first when none); the core's answer
+            # comes from its sparse index: walk on from there (a bounded read at subscribe time)
+            r = log.reader(off)
+            best = None
+            try:
+                for _ in range(64):
+                    batch = r.read(256)
+                    if not batch:
+                        break
+                    over = False
+                    for o, ts, _ in batch:
+                        if int(ts) > value:
+                            over = True
+                            break
+                        best = o
+                    if over:
+                        break
+            finally:
+                r.close()
+            if best is not None:
+                return best
+            return off - 1 if off > log.first else off
+        return off
+
+    def offsetAt(self, vhost, name, ts):
+        return self.resolve(vhost, name, (wire.OFFSET_TIMESTAMP, ts))
+
+    def _reader(self, log, vhost, name, offset):
+        readers = self._readers.setdefault((vhost, name), [])
+        # readers of an older stream of the same name (deleted by any protocol) go
+        stale = [r for r in readers if getattr(r, "stream", log) is not log]
+        for r in stale:
+            readers.remove(r)
+            r.close()
+        for i, r in enumerate(readers):
+            if r.offset == offset:
+                return readers.pop(i)
+        return log.reader(offset)
+
+    def _dropReaders(self, vhost, name):
+        self._cache.pop((vhost, name), None)
+        for r in self._readers.pop((vhost, name), []):
+            r.close()
+
+    def chunks(self, vhost, name, offset, maxChunks, maxBytes=None):
+        log = self._log(vhost, name)
+        if log is None or offset >= log.committed:
+            return []
+        limit = min(self.chunkBytes, maxBytes or self.chunkBytes)
+        # readers in step (fan-out) share the chunks built from the log: a small cache per
+        # stream, by first offset (a chunk's bytes never change; retention is checked)
+        held = self._cache.get((vhost, name))
+        # the same name may be a newer stream: the cache belongs to one log
+        cache = held[1] if held is not None and held[0] is log else None
+        out = []
+        if cache is not None:
+            while len(out) < maxChunks and offset >= log.first:
+                c = cache.get(offset)
+                if c is None or len(c.data) > limit:
+                    break
+                out.append(c)
+                offset = c.first + c.count
+            if len(out) == maxChunks or offset >= log.committed:
+                return out
+        r = self._reader(log, vhost, name, offset)
+        if cache is None:
+            cache = {}
+            self._cache[(vhost, name)] = (log, cache)
+        while len(out) < maxChunks:
+            entries = r.read(self.chunkMessages, limit)
+            if not entries:
+                break
+            msgs = [_fromMessage(m) for _, _, m in entries]
+            c = Chunk(entries[0][0], int(entries[0][1]), len(msgs), _chunk.entries(msgs))
+            out.append(c)
+            cache[c.first] = c
+            while len(cache) > self.cacheChunks:
+                del cache[next(iter(cache))]
+        readers = self._readers.setdefault((vhost, name), [])
+        readers.append(r)
+        while len(readers) > 64:
+            readers.pop(0).close()
+        return out
+
+    def messages(self, vhost, name):
+        """Every ``(offset, bytes)`` as a stream client reads it (tests)."""
+        log = self._log(vhost, name)
+        r = log.reader("first")
+        out = []
+        try:
+            while True:
+                batch = r.read(256)
+                if not batch:
+                    return out
+                out.extend((o, _fromMessage(m)) for o, _, m in batch)
+        finally:
+            r.close()
+
+    def listen(self, vhost, name, cb):
+        log = self._log(vhost, name)
+        if log is not None:
+            log.listen(cb)
+
+    def unlisten(self, vhost, name, cb):
+        log = findStream(self.broker, vhost, name)
+        if log is not None:
+            log.unlisten(cb)
+
+    def storeOffset(self, vhost, name, reference, offset):
+        self.tracking.get(vhost, name)["offsets"][reference] = offset
+        self.tracking.changed(vhost, name)
+
+    def queryOffset(self, vhost, name, reference):
+        return self.tracking.get(vhost, name)["offsets"].get(reference)
+
+    # super streams: a direct exchange with x-super-stream, its partitions bound with their keys
+    # and x-stream-partition-order (RabbitMQ 3.11's rabbit_stream_manager)
+
+    def _partitionBindings(self, vhost, superStream):
+        v = self.broker.vhosts.get(vhost)
+        if v is None or superStream not in v.exchanges:
+            return None
+        out = []
+        for q in list(v.queues.values()):
+            for (src, key, _), args in list(q.bindings.items()):
+                if src.name == superStream:
+                    out.append(((args or {}).get("x-stream-partition-order", 0), q.name, key))
+        out.sort(key=lambda e: e[0])
+        return out
+
+    def partitions(self, vhost, superStream):
+        b = self._partitionBindings(vhost, superStream)
+        return None if b is None else [q for _, q, _ in b]
+
+    def route(self, vhost, superStream, key):
+        b = self._partitionBindings(vhost, superStream)
+        return None if b is None else [q for _, q, k in b if k == key]
+
+    def createSuperStream(self, vhost, name, partitions, keys, arguments):
+        from otter_tx.amqp.errors import AMQPError
+
+        v = self.broker.vhosts.get(vhost)
+        if v is None:
+            return wire.PRECONDITION_FAILED
+        if name in v.exchanges or any(p in v.queues for p in partitions):
+            return wire.STREAM_ALREADY_EXISTS
+        try:
+            args = queueArguments(arguments)
+            ex = v.declareExchange(name, "direct", durable=True, arguments={"x-super-stream": True})
+            for i, (p, k) in enumerate(zip(partitions, keys)):
+                declareStream(self.broker, vhost, p, dict(args))
+                v.bind(ex, v.queues[p], k, {"x-stream-partition-order": i})
+        except (AMQPError, ValueError, TypeError):
+            return wire.PRECONDITION_FAILED
+        return wire.OK
+
+    def deleteSuperStream(self, vhost, name):
+        parts = self.partitions(vhost, name)
+        if parts is None:
+            return wire.STREAM_DOES_NOT_EXIST
+        for p in parts:
+            self.delete(vhost, p)
+        self.broker.vhosts[vhost].deleteExchange(name)
+        return wire.OK
+
+    def stats(self, vhost, name):
+        log = self._log(vhost, name)
+        return {"first_chunk_id": log.first,
+                "committed_chunk_id": log.last if log.last is not None else log.first}
+
+
+_EMPTY_PROPS = b"\x00\x00"
+
+
+def _toMessage(stream, data):
+    """A stream client's AMQP 1.0 message as the broker Message (to_amqp091); opaque bytes as a body."""
+    if data[:1] != b"\x00":
+        # not an AMQP 1.0 section: opaque bytes
+        return Message("", stream, _EMPTY_PROPS, data, {})
+    body = amqp10.onlyData(data)
+    if body is not None:
+        return Message("", stream, _EMPTY_PROPS, body, {})
+    try:
+        props, body = amqp10.toAmqp091(data)
+    except (amqp10.DecodeError, ValueError, struct.error, IndexError):
+        props, body = {}, data
+    return Message("", stream, encodeProperties(props) if props else _EMPTY_PROPS, body, props)
+
+
+_DATA8 = b"\x00\x53\x75\xa0"
+_DATA32 = b"\x00\x53\x75\xb0"
+_annotations = amqp10._addressAnnotations
+
+
+def _fromMessage(m):
+    if not m.props:
+        # the common case, inline: cached annotations, one data section
+        body = m.body
+        n = len(body)
+        head = _DATA8 + bytes((n,)) if n < 256 else _DATA32 + struct.pack(">I", n)
+        return _annotations(m.exchange, m.routingKey) + head + body
+    return amqp10.fromAmqp091(m.props, m.body, m.exchange, m.routingKey)

@@ -1,0 +1,53 @@
+// rabbitmq-stream-js-client scenario for otter_tx/test/interop/test_interop_stream_protocol.py.
+//
+// Usage: node stream.js HOST PORT STREAM
+//
+// Creates STREAM, publishes m0..m4 with a publisher reference (de-duplication on), waits
+// for the confirms, consumes from first, stores offset 3 under a consumer name and reads it
+// back, deletes the stream, and prints one JSON line
+// {"received": [...], "offsets": [...], "storedOffset": N}; exits 1 on an error.
+
+const { connect, Offset } = require('rabbitmq-stream-js-client');
+
+const [host, port, stream] = process.argv.slice(2);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function main() {
+  const client = await connect({
+    hostname: host, port: Number(port), username: 'guest', password: 'guest', vhost: '/',
+    addressResolver: { enabled: true, endpoint: { host, port: Number(port) } },
+  });
+  try {
+    await client.createStream({ stream, arguments: {} });
+    const publisher = await client.declarePublisher({ stream, publisherRef: 'js-pub' });
+    for (let i = 0; i < 5; i++) {
+      await publisher.send(Buffer.from(`m${i}`));
+    }
+    await publisher.flush();
+    const received = [];
+    const offsets = [];
+    const consumer = await client.declareConsumer(
+      { stream, offset: Offset.first(), consumerRef: 'js-consumer' },
+      (message) => { received.push(message.content.toString()); offsets.push(Number(message.offset)); },
+    );
+    for (let i = 0; i < 200 && received.length < 5; i++) await sleep(50);
+    await consumer.storeOffset(3n);
+    let storedOffset = null;
+    for (let i = 0; i < 100 && storedOffset === null; i++) {
+      try {
+        storedOffset = Number(await client.queryOffset({ reference: 'js-consumer', stream }));
+      } catch (e) {
+        await sleep(50);
+      }
+    }
+    await client.closeConsumer(consumer.extendedId).catch(() => {});
+    await client.deleteStream({ stream });
+    console.log(JSON.stringify({ received, offsets, storedOffset }));
+  } finally {
+    await client.close().catch(() => {});
+  }
+}
+
+const timer = setTimeout(() => { console.error('timeout'); process.exit(1); }, 30000);
+main().then(() => { clearTimeout(timer); process.exit(0); })
+  .catch((e) => { console.error(e && e.stack || e); process.exit(1); });

@@ -1,0 +1,650 @@
+"""
+otter_tx.door.stream on StringTransport and task.Clock: the handshake,
+streams, publishers (confirms, de-duplication), subscriptions (offset
+specifications, credit, chunks), offsets, super streams, single active
+consumer, heartbeats and back-pressure.
+"""
+
+import struct
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.broker.broker import Broker
+from otter_tx.door import stream as door
+from otter_tx.door.streambackend import MemoryStreams
+from otter_tx.stream import chunk, wire
+
+
+class Client:
+    """One stream connection driven by hand."""
+
+    def __init__(self, factory, clock):
+        self.clock = clock
+        self.proto = factory.buildProtocol(None)
+        self.transport = StringTransport(peerAddress=_Addr("127.0.0.1", 40000),
+                                         hostAddress=_Addr("127.0.0.1", 5552))
+        self.proto.makeConnection(self.transport)
+        self.reader = wire.FrameReader(0)
+        self.frames = []
+        self.corr = 0
+
+    def feed(self, data):
+        self.proto.dataReceived(data)
+
+    def read(self):
+        """Every frame written since the last read: list of (key, version, body after them)."""
+        data = self.transport.value()
+        self.transport.clear()
+        for body in self.reader.feed(data):
+            k, v = struct.unpack_from(">HH", body)
+            self.frames.append((k, v, bytes(body[4:])))
+        out, self.frames = self.frames, []
+        return out
+
+    def call(self, key, payload=b""):
+        """Send a request; ``(code, rest)`` of its response."""
+        self.corr += 1
+        self.feed(wire.request(key, self.corr, payload))
+        frames = self.read()
+        for i, (k, v, body) in enumerate(frames):
+            if k == key | wire.RESPONSE_FLAG:
+                corr, code = struct.unpack_from(">IH", body)
+                assert corr == self.corr
+                self.frames = frames[:i] + frames[i + 1:]
+                return code, body[6:]
+        raise AssertionError("no response to %d" % key)
+
+    def handshake(self, user="guest", password="guest", vhost="/", frameMax=1048576, heartbeat=0):
+        self.call(wire.PEER_PROPERTIES, wire.encodeStringMap({"product": "test"}))
+        self.call(wire.SASL_HANDSHAKE)
+        sasl = b"\x00" + user.encode() + b"\x00" + password.encode()
+        self.corr += 1
+        self.feed(wire.request(wire.SASL_AUTHENTICATE, self.corr,
+                               wire.encodeString("PLAIN") + struct.pack(">I", len(sasl)) + sasl))
+        frames = self.read()
+        code = struct.unpack_from(">IH", frames[0][2])[1]
+        if code != wire.OK:
+            return code
+        assert frames[1][0] == wire.TUNE
+        self.feed(struct.pack(">IHHII", 12, wire.TUNE | wire.RESPONSE_FLAG, 1, frameMax, heartbeat))
+        return self.call(wire.OPEN, wire.encodeString(vhost))[0]
+
+    def create(self, name, args=None):
+        return self.call(wire.CREATE_STREAM, wire.encodeString(name) + wire.encodeStringMap(args or {}))[0]
+
+    def declarePublisher(self, pid, ref, stream):
+        return self.call(wire.DECLARE_PUBLISHER,
+                         bytes((pid,)) + wire.encodeString(ref) + wire.encodeString(stream))[0]
+
+    def subscribe(self, sid, stream, spec=(wire.OFFSET_FIRST, None), credit=10, props=None):
+        return self.call(wire.SUBSCRIBE, bytes((sid,)) + wire.encodeString(stream) + wire.offsetSpec(*spec)
+                         + struct.pack(">H", credit) + wire.encodeStringMap(props or {}))[0]
+
+    def deliveries(self):
+        """``[(subscriptionId, firstOffset, [messages])]`` after the reactor turn."""
+        self.clock.advance(0)
+        out = []
+        for k, v, body in self.read():
+            if k == wire.DELIVER:
+                first, ts, msgs = chunk.parse(body[1:])
+                out.append((body[0], first, msgs))
+            else:
+                self.frames.append((k, v, body))
+        return out
+
+
+class _Addr:
+    def __init__(self, host, port):
+        self.host = host
+        self.port = port
+
+
+def confirms(frames):
+    out = []
+    for k, v, body in frames:
+        if k == wire.PUBLISH_CONFIRM:
+            (n,) = struct.unpack_from(">I", body, 1)
+            out.append((body[0], list(struct.unpack_from(">%dQ" % n, body, 5))))
+        elif k == wire.PUBLISH_ERROR:
+            (n,) = struct.unpack_from(">I", body, 1)
+            out.append(("error", body[0], [struct.unpack_from(">QH", body, 5 + 10 * i) for i in range(n)]))
+    return out
+
+
+class StreamDoorTestCase(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None)
+        self.backend = MemoryStreams(self.clock)
+        self.factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0)
+
+    def client(self, **kw):
+        c = Client(self.factory, self.clock)
+        self.assertEqual(c.handshake(**kw), wire.OK)
+        return c
+
+
+class HandshakeTests(StreamDoorTestCase):
+    def test_open(self):
+        """Peer properties, SASL PLAIN, tune and open; open names the advertised endpoint."""
+        c = Client(self.factory, self.clock)
+        code, body = c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+        self.assertEqual(code, wire.OK)
+        self.assertIn(b"product", body)
+        code, body = c.call(wire.SASL_HANDSHAKE)
+        self.assertEqual(body, struct.pack(">I", 1) + wire.encodeString("PLAIN"))
+        c.corr = 2
+        self.assertEqual(c.handshake(), wire.OK)
+        self.assertEqual(c.proto.state, "open")
+
+    def test_badPassword(self):
+        c = Client(self.factory, self.clock)
+        self.assertEqual(c.handshake(password="nope"), wire.AUTHENTICATION_FAILURE)
+
+    def test_loopbackOnly(self):
+        """guest from a remote address: SASL_AUTHENTICATION_FAILURE_LOOPBACK."""
+        c = Client(self.factory, self.clock)
+        c.proto.peerHost = "10.0.0.1"
+        self.assertEqual(c.handshake(), wire.SASL_AUTHENTICATION_FAILURE_LOOPBACK)
+
+    def test_unknownMechanism(self):
+        c = Client(self.factory, self.clock)
+        code, _ = c.call(wire.SASL_AUTHENTICATE, wire.encodeString("AMQPLAIN") + struct.pack(">I", 0))
+        self.assertEqual(code, wire.SASL_MECHANISM_NOT_SUPPORTED)
+
+    def test_vhostAccess(self):
+        """An unknown vhost, or one without permissions: VHOST_ACCESS_FAILURE."""
+        c = Client(self.factory, self.clock)
+        self.assertEqual(c.handshake(vhost="nope"), wire.VHOST_ACCESS_FAILURE)
+        self.broker.addVHost("v2")
+        c = Client(self.factory, self.clock)
+        self.assertEqual(c.handshake(vhost="v2"), wire.VHOST_ACCESS_FAILURE)
+
+    def test_commandBeforeOpen(self):
+        """A stream command before open closes the connection."""
+        c = Client(self.factory, self.clock)
+        c.feed(wire.request(wire.CREATE_STREAM, 1, wire.encodeString("s") + wire.encodeStringMap({})))
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_preOpenFrameMax(self):
+        """Before open, frames above 8192 bytes are refused (stream.initial_frame_max)."""
+        c = Client(self.factory, self.clock)
+        c.feed(struct.pack(">I", 9000))
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_negotiatedFrameMax(self):
+        """After open a frame above the tuned frame_max gets close FRAME_TOO_LARGE."""
+        c = self.client(frameMax=10000)
+        c.feed(struct.pack(">I", 10001))
+        frames = c.read()
+        self.assertEqual(frames[0][0], wire.CLOSE)
+        self.assertEqual(struct.unpack_from(">IH", frames[0][2])[1], wire.FRAME_TOO_LARGE)
+
+    def test_unknownFrame(self):
+        c = self.client()
+        c.feed(wire.request(0x7f, 1))
+        frames = c.read()
+        self.assertEqual(frames[0][0], wire.CLOSE)
+        self.assertEqual(struct.unpack_from(">IH", frames[0][2])[1], wire.UNKNOWN_FRAME)
+
+    def test_close(self):
+        c = self.client()
+        code, _ = c.call(wire.CLOSE, struct.pack(">H", 1) + wire.encodeString("bye"))
+        self.assertEqual(code, wire.OK)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_heartbeats(self):
+        """A heartbeat each interval while idle; silence for two intervals drops the client."""
+        c = self.client(heartbeat=5)
+        self.clock.advance(5)
+        self.assertEqual(c.read(), [(wire.HEARTBEAT, 1, b"")])
+        c.feed(wire.heartbeat())
+        self.clock.advance(5)
+        self.clock.advance(5)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(5)
+        self.assertTrue(c.proto.closed)
+
+    def test_handshakeTimeout(self):
+        c = Client(self.factory, self.clock)
+        self.clock.advance(10)
+        self.assertTrue(c.transport.disconnecting)
+
+
+class StreamTests(StreamDoorTestCase):
+    def test_createDelete(self):
+        c = self.client()
+        self.assertEqual(c.create("s"), wire.OK)
+        self.assertEqual(c.create("s"), wire.STREAM_ALREADY_EXISTS)
+        self.assertEqual(c.create("amq.s"), wire.PRECONDITION_FAILED)
+        self.assertEqual(c.call(wire.DELETE_STREAM, wire.encodeString("s"))[0], wire.OK)
+        self.assertEqual(c.call(wire.DELETE_STREAM, wire.encodeString("s"))[0], wire.STREAM_DOES_NOT_EXIST)
+
+    def test_permissions(self):
+        """configure for create/delete, write for publishers, read for subscriptions."""
+        self.broker.addUser("u", "p")
+        self.broker.setPermissions("u", "/", configure="^c", write="^w", read="^r")
+        c = self.client(user="u", password="p")
+        self.assertEqual(c.create("x"), wire.ACCESS_REFUSED)
+        self.assertEqual(c.create("c1"), wire.OK)
+        self.assertEqual(c.declarePublisher(1, "", "c1"), wire.ACCESS_REFUSED)
+        self.assertEqual(c.subscribe(1, "c1"), wire.ACCESS_REFUSED)
+
+    def test_metadata(self):
+        c = self.client()
+        c.create("s")
+        code, body = c.call(wire.METADATA, struct.pack(">I", 2) + wire.encodeString("s") + wire.encodeString("m"))
+        # no code in a metadata response: the broker count (1) sits where the code would be
+        self.assertEqual(code, 0)
+        self.assertIn(b"\x00\x01s\x00\x01\x00\x00\x00\x00\x00\x00", body)
+        self.assertIn(b"\x00\x01m\x00\x02\xff\xff", body)
+
+    def test_advertised(self):
+        self.factory.advertisedHost = "broker.example"
+        self.factory.advertisedPort = 6000
+        c = Client(self.factory, self.clock)
+        c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+        c.handshake()
+        code, body = c.call(wire.METADATA, struct.pack(">I", 0))
+        self.assertIn(wire.encodeString("broker.example") + struct.pack(">I", 6000), body)
+
+
+class PublishTests(StreamDoorTestCase):
+    def test_publishConfirm(self):
+        c = self.client()
+        c.create("s")
+        self.assertEqual(c.declarePublisher(1, "", "s"), wire.OK)
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b")]))
+        self.assertEqual(confirms(c.read()), [(1, [1, 2])])
+        self.assertEqual(self.backend.messages("/", "s"), [(0, b"a"), (1, b"b")])
+
+    def test_declareErrors(self):
+        c = self.client()
+        c.create("s")
+        self.assertEqual(c.declarePublisher(1, "", "missing"), wire.STREAM_DOES_NOT_EXIST)
+        self.assertEqual(c.declarePublisher(1, "r", "s"), wire.OK)
+        self.assertEqual(c.declarePublisher(1, "", "s"), wire.PRECONDITION_FAILED)
+        self.assertEqual(c.declarePublisher(2, "r", "s"), wire.PRECONDITION_FAILED)
+        self.assertEqual(c.declarePublisher(3, "x" * 257, "s"), wire.PRECONDITION_FAILED)
+
+    def test_deduplication(self):
+        """With a reference, publishing ids not above the last one are confirmed and dropped."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "ref", "s")
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b")]))
+        c.feed(wire.publishFrame(1, [(2, b"b"), (3, b"c")]))
+        self.assertEqual(confirms(c.read()), [(1, [1, 2]), (1, [2, 3])])
+        self.assertEqual(self.backend.messages("/", "s"), [(0, b"a"), (1, b"b"), (2, b"c")])
+        code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("s"))
+        self.assertEqual((code, body), (wire.OK, struct.pack(">Q", 3)))
+        code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("m"))
+        self.assertEqual(code, wire.STREAM_DOES_NOT_EXIST)
+
+    def test_resourceAlarmBlocksReading(self):
+        """During a memory or disk alarm a publishing connection is not read; it is again after."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        self.patch(type(self.broker), "alarmed", property(lambda b: self._alarm))
+        self._alarm = True
+        c.feed(wire.publishFrame(1, [(1, b"a")]))
+        self.assertEqual(c.transport.producerState, "paused")
+        self.clock.advance(door.ALARM_CHECK)
+        self.assertEqual(c.transport.producerState, "paused")
+        self._alarm = False
+        self.clock.advance(door.ALARM_CHECK)
+        self.assertEqual(c.transport.producerState, "producing")
+
+    def test_unknownPublisher(self):
+        c = self.client()
+        c.feed(wire.publishFrame(9, [(4, b"a")]))
+        self.assertEqual(confirms(c.read()), [("error", 9, [(4, wire.PUBLISHER_DOES_NOT_EXIST)])])
+
+    def test_deletePublisher(self):
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        self.assertEqual(c.call(wire.DELETE_PUBLISHER, b"\x01")[0], wire.OK)
+        self.assertEqual(c.call(wire.DELETE_PUBLISHER, b"\x01")[0], wire.PUBLISHER_DOES_NOT_EXIST)
+
+    def test_streamDeleted(self):
+        """Deleting a stream tells its other users with metadata_update STREAM_NOT_AVAILABLE."""
+        a = self.client()
+        b = self.client()
+        a.create("s")
+        b.declarePublisher(1, "", "s")
+        a.call(wire.DELETE_STREAM, wire.encodeString("s"))
+        frames = b.read()
+        self.assertEqual(frames[0][0], wire.METADATA_UPDATE)
+        self.assertEqual(frames[0][2], struct.pack(">H", wire.STREAM_NOT_AVAILABLE) + wire.encodeString("s"))
+        self.assertEqual(b.proto.publishers, {})
+
+
+class SubscribeTests(StreamDoorTestCase):
+    def publish(self, c, stream, n, start=0, perChunk=1):
+        """``n`` messages, ``perChunk`` to a publish frame (one frame is one chunk)."""
+        c.declarePublisher(200, "", stream) if 200 not in c.proto.publishers else None
+        for f in range(start, start + n, perChunk):
+            c.feed(wire.publishFrame(200, [(i, b"m%d" % i) for i in range(f, min(f + perChunk, start + n))]))
+        c.read()
+
+    def test_offsetSpecifications(self):
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 5)
+        specs = [((wire.OFFSET_FIRST, None), 0), ((wire.OFFSET_LAST, None), 4),
+                 ((wire.OFFSET_NEXT, None), None), ((wire.OFFSET_OFFSET, 3), 3),
+                 ((wire.OFFSET_OFFSET, 99), None), ((wire.OFFSET_TIMESTAMP, 0), 4)]
+        for sid, (spec, first) in enumerate(specs):
+            self.assertEqual(c.subscribe(sid, "s", spec), wire.OK)
+            got = c.deliveries()
+            if first is None:
+                self.assertEqual(got, [])
+            else:
+                self.assertEqual(got[0][:2], (sid, first))
+
+    def test_timestamp(self):
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 2)
+        self.clock.advance(10)
+        self.publish(c, "s", 2, 2)
+        c.subscribe(1, "s", (wire.OFFSET_TIMESTAMP, 10000))
+        self.assertEqual(c.deliveries()[0][1:], (3, [b"m3"]))
+        # as RabbitMQ 3.10: the chunk holding the timestamp, the last one at or before it
+        c.subscribe(2, "s", (wire.OFFSET_TIMESTAMP, 9999))
+        self.assertEqual(c.deliveries()[0][1], 1)
+
+    def test_live(self):
+        """A subscriber at next gets what is published afterwards."""
+        c = self.client()
+        c.create("s")
+        c.subscribe(1, "s", (wire.OFFSET_NEXT, None))
+        self.assertEqual(c.deliveries(), [])
+        p = self.client()
+        self.publish(p, "s", 3)
+        self.assertEqual(c.deliveries(), [(1, 0, [b"m0"]), (1, 1, [b"m1"]), (1, 2, [b"m2"])])
+
+    def test_chunkAsPublished(self):
+        """A publish frame is one chunk; a reader starting inside it gets all of it, as from RabbitMQ."""
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 6, perChunk=3)
+        c.subscribe(1, "s", (wire.OFFSET_OFFSET, 4))
+        self.assertEqual(c.deliveries(), [(1, 3, [b"m3", b"m4", b"m5"])])
+        c.subscribe(2, "s", (wire.OFFSET_LAST, None))
+        self.assertEqual(c.deliveries(), [(2, 3, [b"m3", b"m4", b"m5"])])
+
+    def test_credit(self):
+        """One chunk per credit; credit brings the next."""
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 5, perChunk=2)
+        c.subscribe(1, "s", credit=1)
+        self.assertEqual(c.deliveries(), [(1, 0, [b"m0", b"m1"])])
+        self.assertEqual(c.deliveries(), [])
+        c.feed(struct.pack(">IHHBH", 7, wire.CREDIT, 1, 1, 2))
+        self.assertEqual(c.deliveries(), [(1, 2, [b"m2", b"m3"]), (1, 4, [b"m4"])])
+
+    def test_creditUnknown(self):
+        c = self.client()
+        c.feed(struct.pack(">IHHBH", 7, wire.CREDIT, 1, 9, 2))
+        self.assertEqual(c.read(), [(wire.CREDIT | wire.RESPONSE_FLAG, 1,
+                                     struct.pack(">H", wire.SUBSCRIPTION_ID_DOES_NOT_EXIST) + b"\x09")])
+
+    def test_errors(self):
+        c = self.client()
+        c.create("s")
+        self.assertEqual(c.subscribe(1, "missing"), wire.STREAM_DOES_NOT_EXIST)
+        self.assertEqual(c.subscribe(1, "s"), wire.OK)
+        self.assertEqual(c.subscribe(1, "s"), wire.SUBSCRIPTION_ID_ALREADY_EXISTS)
+        self.assertEqual(c.call(wire.UNSUBSCRIBE, b"\x01")[0], wire.OK)
+        self.assertEqual(c.call(wire.UNSUBSCRIBE, b"\x01")[0], wire.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+
+    def test_backPressure(self):
+        """While the transport is paused nothing is read or written; a turn writes at most CHUNKS_PER_TURN."""
+        c = self.client()
+        c.create("s")
+        self.publish(c, "s", 40)
+        c.proto.pauseProducing()
+        c.subscribe(1, "s", credit=100)
+        self.assertEqual(c.deliveries(), [])
+        c.proto.resumeProducing()
+        (call,) = self.clock.getDelayedCalls()
+        call.cancel()
+        c.proto._pumpCall = None
+        c.proto._pump()
+        self.assertEqual(len([f for f in c.read() if f[0] == wire.DELIVER]), door.CHUNKS_PER_TURN)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.assertEqual(len(c.deliveries()), 40 - door.CHUNKS_PER_TURN)
+
+    def test_offsets(self):
+        """store_offset then query_offset; NO_OFFSET before."""
+        c = self.client()
+        c.create("s")
+        q = wire.encodeString("app") + wire.encodeString("s")
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q)[0], wire.NO_OFFSET)
+        c.feed(wire._frame(struct.pack(">HH", wire.STORE_OFFSET, 1) + q + struct.pack(">Q", 7)))
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q), (wire.OK, struct.pack(">Q", 7)))
+        q2 = wire.encodeString("app") + wire.encodeString("missing")
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q2)[0], wire.STREAM_DOES_NOT_EXIST)
+
+
+class SuperStreamTests(StreamDoorTestCase):
+    def createSuper(self, c, name, n):
+        parts = ["%s-%d" % (name, i) for i in range(n)]
+        payload = (wire.encodeString(name) + struct.pack(">I", n) + b"".join(wire.encodeString(p) for p in parts)
+                   + struct.pack(">I", n) + b"".join(wire.encodeString(str(i)) for i in range(n))
+                   + wire.encodeStringMap({}))
+        return c.call(wire.CREATE_SUPER_STREAM, payload)[0]
+
+    def test_partitionsAndRoute(self):
+        c = self.client()
+        self.assertEqual(self.createSuper(c, "inv", 3), wire.OK)
+        code, body = c.call(wire.PARTITIONS, wire.encodeString("inv"))
+        self.assertEqual(code, wire.OK)
+        self.assertEqual(body, struct.pack(">I", 3) + b"".join(wire.encodeString("inv-%d" % i) for i in range(3)))
+        code, body = c.call(wire.ROUTE, wire.encodeString("1") + wire.encodeString("inv"))
+        self.assertEqual(body, struct.pack(">I", 1) + wire.encodeString("inv-1"))
+        self.assertEqual(c.call(wire.PARTITIONS, wire.encodeString("nope"))[0], wire.STREAM_DOES_NOT_EXIST)
+        self.assertEqual(c.call(wire.DELETE_SUPER_STREAM, wire.encodeString("inv"))[0], wire.OK)
+        self.assertFalse(self.backend.exists("/", "inv-0"))
+
+
+class SingleActiveConsumerTests(StreamDoorTestCase):
+    def updates(self, c):
+        self.clock.advance(0)
+        out = []
+        for k, v, body in c.read():
+            if k == wire.CONSUMER_UPDATE:
+                corr, sid, active = struct.unpack_from(">IBB", body)
+                out.append((corr, sid, active))
+        return out
+
+    def answer(self, c, corr, spec=(wire.OFFSET_NEXT, None)):
+        c.feed(wire._frame(struct.pack(">HHIH", wire.CONSUMER_UPDATE | wire.RESPONSE_FLAG, 1, corr, wire.OK)
+                           + wire.offsetSpec(*spec)))
+
+    def test_failover(self):
+        """The first consumer of a name is active; when it leaves the next is activated."""
+        a = self.client()
+        b = self.client()
+        a.create("s")
+        props = {"single-active-consumer": "true", "name": "app"}
+        self.assertEqual(a.subscribe(1, "s", props=props), wire.OK)
+        (corr, sid, active), = self.updates(a)
+        self.assertEqual((sid, active), (1, 1))
+        self.answer(a, corr, (wire.OFFSET_FIRST, None))
+        self.assertEqual(b.subscribe(2, "s", props=props), wire.OK)
+        self.assertEqual(self.updates(b), [])
+        self.publish(a, "s")
+        self.assertEqual([d[0] for d in a.deliveries()], [1])
+        self.assertEqual(b.deliveries(), [])
+        a.call(wire.UNSUBSCRIBE, b"\x01")
+        (corr, sid, active), = self.updates(b)
+        self.assertEqual((sid, active), (2, 1))
+        self.answer(b, corr, (wire.OFFSET_FIRST, None))
+        self.assertEqual(b.deliveries(), [(2, 0, [b"x"])])
+
+    def test_needsName(self):
+        c = self.client()
+        c.create("s")
+        self.assertEqual(c.subscribe(1, "s", props={"single-active-consumer": "true"}),
+                         wire.PRECONDITION_FAILED)
+
+    def publish(self, c, stream):
+        c.declarePublisher(9, "", stream)
+        c.feed(wire.publishFrame(9, [(1, b"x")]))
+        self.clock.advance(0)
+
+
+class OnBrokerStreams:
+    """The same tests on the broker's stream queues (BrokerStreams) instead of MemoryStreams."""
+
+    def setUp(self):
+        from otter_tx.door.streambackend import BrokerStreams
+
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None)
+        self.backend = BrokerStreams(self.broker, self.clock)
+        self.factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0)
+        self.addCleanup(self.broker.streams.close)
+
+    def settle(self):
+        for _ in range(5):
+            self.clock.advance(0)
+            self.broker.streams.drain() if hasattr(self.broker.streams, "drain") else None
+
+
+class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
+    def test_roundTrip(self):
+        """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
+        from otter_tx.stream import amqp10
+
+        c = self.client()
+        self.assertEqual(c.create("s", {"max-length-bytes": "1000000"}), wire.OK)
+        self.assertEqual(self.broker.vhosts["/"].queues["s"].arguments["x-max-length-bytes"], 1000000)
+        self.assertEqual(c.create("t", {"max-length-bytes": "lots"}), wire.PRECONDITION_FAILED)
+        c.declarePublisher(1, "ref", "s")
+        m = amqp10.encodeMessage(b"hello", applicationProperties={"k": "v"})
+        c.feed(wire.publishFrame(1, [(1, m), (2, m)]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1, 2])])
+        c.feed(wire.publishFrame(1, [(2, m)]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [2])])
+        msgs = self.backend.messages("/", "s")
+        self.assertEqual([o for o, _ in msgs], [0, 1])
+        self.assertEqual(amqp10.toAmqp091(msgs[0][1]), ({"headers": {"k": "v"}}, b"hello"))
+        c.subscribe(1, "s")
+        self.settle()
+        got = c.deliveries()
+        self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 2)])
+
+    def test_fanOutSharesChunks(self):
+        """Subscriptions reading in step get the same chunk objects (built once from the log)."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        c.feed(wire.publishFrame(1, [(i, b"m%d" % i) for i in range(10)]))
+        self.settle()
+        c.read()
+        a = self.backend.chunks("/", "s", 0, 4)
+        b = self.backend.chunks("/", "s", 0, 4)
+        self.assertEqual([x.first for x in a], [0])
+        self.assertIs(a[0], b[0])
+        c.subscribe(1, "s")
+        c.subscribe(2, "s")
+        got = c.deliveries()
+        self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 10), (2, 0, 10)])
+
+    def test_amqpDeleteTellsSubscribers(self):
+        """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
+        c = self.client()
+        c.create("s")
+        c.subscribe(1, "s")
+        v = self.broker.vhosts["/"]
+        v.deleteQueue(v.queues["s"])
+        self.settle()
+        frames = c.read()
+        self.assertIn((wire.METADATA_UPDATE, 1, struct.pack(">H", wire.STREAM_NOT_AVAILABLE) + wire.encodeString("s")),
+                      frames)
+        self.assertEqual(c.proto.subscriptions, {})
+
+    def test_recreatedStream(self):
+        """A stream deleted over AMQP and created again under its name is read afresh."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        c.feed(wire.publishFrame(1, [(1, b"old")]))
+        self.settle()
+        self.assertEqual(len(self.backend.chunks("/", "s", 0, 1)), 1)
+        v = self.broker.vhosts["/"]
+        v.deleteQueue(v.queues["s"])
+        self.settle()
+        c.read()
+        c.create("s")
+        c.declarePublisher(2, "", "s")
+        c.feed(wire.publishFrame(2, [(1, b"new")]))
+        self.settle()
+        (chunk_,) = self.backend.chunks("/", "s", 0, 1)
+        self.assertIn(b"new", chunk_.data)
+
+    def test_offsetTracking(self):
+        c = self.client()
+        c.create("s")
+        q = wire.encodeString("app") + wire.encodeString("s")
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q)[0], wire.NO_OFFSET)
+        c.feed(wire._frame(struct.pack(">HH", wire.STORE_OFFSET, 1) + q + struct.pack(">Q", 7)))
+        self.assertEqual(c.call(wire.QUERY_OFFSET, q), (wire.OK, struct.pack(">Q", 7)))
+
+    def test_superStream(self):
+        c = self.client()
+        payload = (wire.encodeString("inv") + struct.pack(">I", 2) + wire.encodeString("inv-0")
+                   + wire.encodeString("inv-1") + struct.pack(">I", 2) + wire.encodeString("a")
+                   + wire.encodeString("b") + wire.encodeStringMap({}))
+        self.assertEqual(c.call(wire.CREATE_SUPER_STREAM, payload)[0], wire.OK)
+        self.assertEqual(self.broker.vhosts["/"].exchanges["inv"].arguments, {"x-super-stream": True})
+        code, body = c.call(wire.PARTITIONS, wire.encodeString("inv"))
+        self.assertEqual(body, struct.pack(">I", 2) + wire.encodeString("inv-0") + wire.encodeString("inv-1"))
+        code, body = c.call(wire.ROUTE, wire.encodeString("b") + wire.encodeString("inv"))
+        self.assertEqual(body, struct.pack(">I", 1) + wire.encodeString("inv-1"))
+        self.assertEqual(c.call(wire.DELETE_SUPER_STREAM, wire.encodeString("inv"))[0], wire.OK)
+        self.assertNotIn("inv", self.broker.vhosts["/"].exchanges)
+        self.assertNotIn("inv-0", self.broker.vhosts["/"].queues)
+
+
+class StreamOptionsTests(SynchronousTestCase):
+    """--stream, --stream-advertised-host/-port and their config-file keys."""
+
+    def settings(self, argv):
+        from otter_tx.service.tap import Options, resolveSettings
+
+        o = Options()
+        o.parseOptions(argv)
+        return resolveSettings(o)
+
+    def test_default(self):
+        s = self.settings([])
+        self.assertEqual((s["stream"], s["stream-advertised-host"], s["stream-advertised-port"]),
+                         (["tcp:5552"], None, None))
+
+    def test_disabled(self):
+        self.assertEqual(self.settings(["--stream", "none"])["stream"], [])
+
+    def test_configFile(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write('stream = ["tcp:6000"]\nstream-advertised-host = "broker.example"\n'
+                    'stream-advertised-port = 7000\n')
+        s = self.settings(["--config", path])
+        self.assertEqual((s["stream"], s["stream-advertised-host"], s["stream-advertised-port"]),
+                         (["tcp:6000"], "broker.example", 7000))
+
+    def test_badPort(self):
+        from twisted.python.usage import UsageError
+
+        self.assertRaises(UsageError, self.settings, ["--stream-advertised-port", "0"])
