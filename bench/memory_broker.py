@@ -81,7 +81,7 @@ def startBrokerProcess(python, prefix, *options, root=ROOT, env=None):
     proc = subprocess.Popen(
         [twistd, "-n", "--pidfile=", "--logfile=" + os.path.join(tmp, "twistd.log"), "ottermq",
          "--amqp", "tcp:%d:interface=127.0.0.1" % port, "--management", "tcp:0:interface=127.0.0.1",
-         "--prometheus", "none",
+         "--prometheus", "none", "--stream", "none",
          "--data-dir", os.path.join(tmp, "data")] + list(options),
         env=dict(os.environ, PYTHONPATH=os.path.abspath(root)) | (env or {}), cwd=tmp)
     waitForPort(port)

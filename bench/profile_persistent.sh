@@ -43,7 +43,7 @@ if [ "$IMPL" = pypy ]; then
 fi
 [ -z "${RATE:-}" ] || ARGS="$ARGS --rate $RATE"
 PYTHONPATH=$REPO "$PY" "$REPO/bench/profile_broker.py" "$OUT" -n --pidfile= \
-  ottermq --amqp "tcp:$PORT:interface=127.0.0.1" --management tcp:0 --prometheus none --data-dir "$DATA/data" > "$DATA/twistd.log" 2>&1 &
+  ottermq --amqp "tcp:$PORT:interface=127.0.0.1" --management tcp:0 --prometheus none --stream none --data-dir "$DATA/data" > "$DATA/twistd.log" 2>&1 &
 BROKER=$!
 trap 'kill $BROKER 2>/dev/null || true' EXIT
 i=0

@@ -226,7 +226,7 @@ class Otter:
         cmd = [self.python, "-c", RUN_TWISTD, "-n", "--pidfile=",
                "--logfile", os.path.join(self.base, "twistd.log"),
                "ottermq", "--amqp", "tcp:%d:interface=127.0.0.1" % self.port,
-               "--management", "tcp:0", "--prometheus", "none",
+               "--management", "tcp:0", "--prometheus", "none", "--stream", "none",
                "--data-dir", self.dataDir] + self.extraArgs
         self.proc = subprocess.Popen(cmd, env=env, cwd=self.root, stdout=subprocess.DEVNULL,
                                      stderr=open(os.path.join(self.base, "stderr"), "ab"))

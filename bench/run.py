@@ -336,7 +336,7 @@ class OtterProcess:
             launcher = [self.twistd]
         argv = launcher + ["-n", "--pidfile=", "ottermq",
                 "--amqp", f"tcp:{self.port}:interface=127.0.0.1",
-                "--management", "tcp:0", "--prometheus", "none",
+                "--management", "tcp:0", "--prometheus", "none", "--stream", "none",
                 "--data-dir", dataDir] + self.extraArgs
         env = dict(os.environ)
         # twistd finds plugins in twisted/plugins/ directories on sys.path;

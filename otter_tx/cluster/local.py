@@ -91,7 +91,7 @@ class LocalNode:
         args = [c.python, "-c", "from twisted.scripts.twistd import run; run()",
                 "--nodaemon", "--pidfile=", "ottermq",
                 "--amqp", amqp, "--management", "tcp:%d:interface=127.0.0.1" % (self.managementPort,),
-                "--prometheus", "none", "--data-dir", self.dataDir,
+                "--prometheus", "none", "--stream", "none", "--data-dir", self.dataDir,
                 "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name]
         args += c.extraArgs
         env = dict(os.environ)

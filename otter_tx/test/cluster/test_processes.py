@@ -243,7 +243,7 @@ class UnreachableEtcdTests(TestCase):
             sys.executable,
             ["-c", "from twisted.scripts.twistd import run; run()", "--nodaemon", "--pidfile=", "ottermq",
              "--amqp", "tcp:0:interface=127.0.0.1", "--management", "tcp:0:interface=127.0.0.1",
-             "--prometheus", "none",
+             "--prometheus", "none", "--stream", "none",
              "--data-dir", tempfile.mkdtemp(), "--cluster-etcd", url, "--node-name", "lonely"],
             env=dict(os.environ, PYTHONPATH=root), path=root)
         self.assertEqual(code, 1)

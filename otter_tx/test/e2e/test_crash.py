@@ -55,7 +55,7 @@ def _startBroker(dataDir):
         [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
          "--nodaemon", "--pidfile=", "ottermq",
          "--amqp", "tcp:0:interface=127.0.0.1", "--management", "tcp:0:interface=127.0.0.1",
-         "--prometheus", "none",
+         "--prometheus", "none", "--stream", "none",
          "--data-dir", dataDir],
         env=env,
         path=root,

@@ -30,7 +30,7 @@ class NodesTwistdTests(TestCase):
             f.write("heartbeat = 30\n")
         dataDir = os.path.abspath(self.mktemp())
         proc = self.spawn("ottermq", "--config", config, "--amqp", "tcp:0:interface=127.0.0.1",
-                          "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "",
+                          "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "", "--stream", "none",
                           "--data-dir", dataDir)
         m = yield proc.seen(rb"management http://127\.0\.0\.1:(\d+)/")
         auth = {b"authorization": [b"Basic " + base64.b64encode(b"guest:guest")]}

@@ -136,7 +136,7 @@ class ProcessTests(TestCase):
         port = busy.getsockname()[1]
         endpoint = "tcp:%d:interface=127.0.0.1" % (port,)
         proc = self.spawn("ottermq", "--amqp", endpoint, "--management", "tcp:0:interface=127.0.0.1",
-                          "--prometheus", "none",
+                          "--prometheus", "none", "--stream", "none",
                           "--data-dir", os.path.abspath(self.mktemp()))
         status = yield proc.ended
         text = proc.text()
@@ -155,7 +155,7 @@ class ProcessTests(TestCase):
 
         proc = self.spawn("ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
                           "--management", "tcp:0:interface=127.0.0.1",
-                          "--prometheus", "tcp:0:interface=127.0.0.1",
+                          "--prometheus", "tcp:0:interface=127.0.0.1", "--stream", "none",
                           "--data-dir", os.path.abspath(self.mktemp()),
                           "--server-property", "product=RabbitMQ", "--server-property", "version=3.10.8")
         m = yield proc.seen(rb"otter_tx ready: AMQP amqp://127\.0\.0\.1:(\d+); management http://127\.0\.0\.1:(\d+)/; "
