@@ -81,6 +81,9 @@ class LinkProtocol(protocol.Protocol):
 
     def connectionMade(self):
         self.connected = True
+        # writes are gathered per reactor turn already: Nagle would only add delayed-ACK stalls
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         if self.dialled is not None:
             self.peer = self.dialled
