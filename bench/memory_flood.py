@@ -173,7 +173,8 @@ def main():
     env = dict(os.environ, PYTHONPATH=os.path.abspath(a.root))
     proc = subprocess.Popen(
         [twistd, "-n", "--pidfile=", "--logfile=" + log, "ottermq", "--amqp", "tcp:%d:interface=127.0.0.1" % port,
-         "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none", "--stream", "none", "--data-dir", os.path.join(tmp, "data"),
+         "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none", "--stream", "none",
+         "--data-dir", os.path.join(tmp, "data"),
          "--memory-high-watermark", a.watermark], env=env, cwd=os.path.abspath(a.root))
     workers = []
     try:
