@@ -31,7 +31,12 @@ POLICY_KEYS = {
     # streams (docs/streams.md)
     "max-age",
     "stream-max-segment-size-bytes",
+    # where a new queue of a cluster lives (docs/cluster.md)
+    "queue-leader-locator",
 }
+
+#: RabbitMQ 3.10's queue-leader-locator values (random and least-leaders are its older names of balanced)
+LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
 
 
 #: classic mirroring keys: accepted and without effect, as on a single
@@ -146,6 +151,8 @@ def validateDefinition(d):
             raise PolicyError("%s is not a valid max age" % (_erl(v),))
         if k == "stream-max-segment-size-bytes" and not (isInteger(v) and v >= 0):
             raise PolicyError("%s is not a valid segment size" % (_erl(v),))
+        if k == "queue-leader-locator" and v not in LEADER_LOCATORS:
+            raise PolicyError("%s is not a valid queue leader locator value" % (_erl(v),))
         if k == "overflow" and v not in OVERFLOW_MODES:
             raise PolicyError('"%s" is not a valid overflow value' % (v,))
 

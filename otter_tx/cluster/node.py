@@ -29,6 +29,7 @@ from twisted.logger import Logger
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, notFound
+from otter_tx.broker.policy import matchPolicy
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster import wire
 from otter_tx.cluster.entities import KINDS as ENTITY_KINDS
@@ -377,10 +378,21 @@ class ClusterNode:
 
     # --- declares that need the cluster --------------------------------------------
 
-    def locate(self, arguments):
-        """The home node of a new queue (``x-queue-leader-locator`` or the node default)."""
-        locator = arguments.get("x-queue-leader-locator", self.locator)
-        if locator != "balanced":
+    def locate(self, vhost, name, arguments):
+        """
+        The home node of a new queue: ``x-queue-leader-locator``, else the
+        ``queue-leader-locator`` key of the policy that matches it, else the
+        node default (``client-local``: here; ``balanced``: the reachable node
+        with the fewest queues).
+        """
+        locator = arguments.get("x-queue-leader-locator")
+        if locator is None:
+            policy = matchPolicy(vhost.policies.values(), name, "queues")
+            if policy is not None:
+                locator = policy.definition.get("queue-leader-locator")
+        if locator is None:
+            locator = self.locator
+        if locator not in ("balanced", "random", "least-leaders"):
             return self.name
         up = [self.name] + sorted(n for n in self.links)
         counts = {n: 0 for n in up}
@@ -401,7 +413,7 @@ class ClusterNode:
         """
         if self.lost is not None:
             raise AMQPError(spec.INTERNAL_ERROR, "cluster metadata store unreachable: %s" % (self.lost,))
-        home = self.name if exclusive else self.locate(arguments)
+        home = self.name if exclusive else self.locate(vhost, name, arguments)
         record = {"vhost": vhost.name, "name": name, "node": home, "durable": durable and not exclusive,
                   "auto_delete": autoDelete, "exclusive": exclusive, "arguments": md.toJSON(arguments),
                   "leader": home, "members": [home], "epoch": 1}

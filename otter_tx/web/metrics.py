@@ -236,7 +236,11 @@ class BrokerCollector(_Collector):
         yield f
         f = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
                                 labels=["rabbitmq_node", "rabbitmq_cluster"])
-        f.add_metric([NODE, NODE], 1)
+        # rabbitmq_prometheus: each node serves its own metrics; this family names the node
+        # (--node-name in a cluster) and the cluster
+        node = getattr(self.broker, "nodeName", NODE)
+        f.add_metric([node, self.broker.globalParameters.get("cluster_name", node) if self.broker.cluster is None
+                      else self.broker.globalParameters.get("cluster_name", "otter_tx")], 1)
         yield f
 
     # --- the families (also the detailed ones) ---------------------------------------

@@ -567,3 +567,22 @@ class ManagementTests(ClusterCase):
         self.assertEqual(imported[0], 204, imported)
         self.assertEqual(after, ["dq0", "dq1", "dq2", "dq3"])
         self.assertEqual(bindings, ["dq0", "dq1", "dq2", "dq3"])
+
+
+class LocatorTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_policyLocator(self):
+        """A queue-leader-locator: balanced policy spreads the queues it matches over the nodes."""
+        self.fixtures[0].broker.setPolicy("/", "spread", "^sp-", {"queue-leader-locator": "balanced"}, 0, "queues")
+
+        def run():
+            ch = self.conn(0).channel()
+            for i in range(6):
+                ch.queue_declare("sp-%d" % i)
+            ch.queue_declare("local-one")
+
+        yield self.inThread(run)
+        homes = [sum(1 for n in f.broker.vhosts["/"].queues if n.startswith("sp-")) for f in self.fixtures]
+        self.assertEqual(homes, [2, 2, 2])
+        self.assertIn("local-one", self.fixtures[0].broker.vhosts["/"].queues)

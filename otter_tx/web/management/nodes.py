@@ -45,6 +45,11 @@ class NodesRoom(Room):
 
     def _nodeHealth(self):
         alarms = self.broker.alarms
+        cluster = self.broker.cluster
+        lost = cluster.health() if cluster is not None else None
+        if lost is not None:
+            # a cluster node that lost etcd (docs/cluster.md, "Failures")
+            return Response(503, {"status": "failed", "reason": "cluster metadata store unreachable: %s" % (lost,)})
         if not alarms.active:
             return {"status": "ok"}
         node = alarms.nodeName

@@ -865,11 +865,12 @@ pages.queues = (root) => {
     const d = await api("GET", listPath("queues", selectedVHost()) + "?" + filter.query());
     filter.show(d);
     const qs = d.items;
-    fill(list, table(["Virtual host", "Name", "Type", "Features", "Policy", "State", "Ready", "Unacked", "Total",
+    fill(list, table(["Virtual host", "Name", "Node", "Type", "Features", "Policy", "State", "Ready", "Unacked", "Total",
       "Incoming", "Deliver / get", "Ack"],
     qs.map((q) => {
       const s = q.message_stats || {};
-      return [q.vhost, h("a", {href: queueHref(q.vhost, q.name)}, q.name), q.type, features(q), q.policy || "", q.state,
+      return [q.vhost, h("a", {href: queueHref(q.vhost, q.name)}, q.name), q.node || "", q.type, features(q),
+        q.policy || "", q.state,
         q.messages_ready, q.messages_unacknowledged, q.messages, fmtRate(s.publish_details), fmtRate(s.deliver_get_details),
         fmtRate(s.ack_details)];
     })));
@@ -933,7 +934,7 @@ pages.queue = (root, [vhost, name]) => {
     destroy() { clearInterval(ticker); },
     async refresh() {
       const q = await api("GET", base + "?" + samplesQuery());
-      fill(info, kv([["Type", q.type], ["Features", features(q)], ["Policy", q.policy || ""],
+      fill(info, kv([["Type", q.type], ["Node", q.node || ""], ["Features", features(q)], ["Policy", q.policy || ""],
         ["Effective policy definition", h("span", {}, tags(q.effective_policy_definition))], ["State", q.state],
         ["Consumers", q.consumers], ["Ready", h("span", {"data-count": "ready"}, fmtNum(q.messages_ready))],
         ["Unacked", h("span", {"data-count": "unacked"}, fmtNum(q.messages_unacknowledged))],
