@@ -586,3 +586,28 @@ class LocatorTests(ClusterCase):
         homes = [sum(1 for n in f.broker.vhosts["/"].queues if n.startswith("sp-")) for f in self.fixtures]
         self.assertEqual(homes, [2, 2, 2])
         self.assertIn("local-one", self.fixtures[0].broker.vhosts["/"].queues)
+
+
+class OverviewTests(ClusterCase):
+    """The overview counts the cluster."""
+
+    management = True
+    api = ManagementTests.api
+
+    @inlineCallbacks
+    def test_overviewCountsTheCluster(self):
+        """The overview on node 3 counts a queue on node 2 and its message, and node 1's connection."""
+        def run():
+            c = self.conn(0)
+            ch = c.channel()
+            ch.queue_declare("ovq", arguments={"x-queue-leader-locator": "balanced"})
+            ch.confirm_delivery()
+            ch.basic_publish("", "ovq", b"one")
+            return c
+
+        yield self.inThread(run)
+        yield waitUntil(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
+        yield task.deferLater(reactor, 1.2, lambda: None)  # the figures of a second later
+        code, o = yield self.inThread(self.api, 2, "GET", "/api/overview")
+        self.assertEqual((o["node"], o["object_totals"]["queues"], o["queue_totals"]["messages"]), ("n3", 1, 1))
+        self.assertGreaterEqual(o["object_totals"]["connections"], 1)

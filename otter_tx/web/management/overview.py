@@ -73,6 +73,15 @@ class OverviewRoom(Room):
                                       for vh in vhosts])
             queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, stats.lengthValues(vh.queues.values()))
                                      for vh in vhosts])
+        objectTotals = {
+            "channels": sum(len(c.channels) for c in conns),
+            "connections": len(conns),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+            "queues": len(queues),
+        }
+        if broker.cluster is not None:
+            self._clusterTotals(broker.cluster, vhosts, user, objectTotals, queueTotals)
         return {
             "product_name": "otter_tx",
             "product_version": __version__,
@@ -81,7 +90,7 @@ class OverviewRoom(Room):
             "rates_mode": "basic",
             "sample_retention_policies": stats.SAMPLE_RETENTION_POLICIES,
             "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
-            "node": fmt.NODE,
+            "node": fmt.nodeName(broker),
             "erlang_version": None,
             "erlang_full_version": None,
             "disable_stats": queryFlag(request, "disable_stats"),
@@ -94,17 +103,30 @@ class OverviewRoom(Room):
             "message_stats": messageStats,
             "churn_rates": view.messageStats("churn", broker, stats.CHURN_KEYS, stats.churnValues(broker.counters)),
             "queue_totals": queueTotals,
-            "object_totals": {
-                "channels": sum(len(c.channels) for c in conns),
-                "connections": len(conns),
-                "consumers": sum(len(q.consumers) for q in queues),
-                "exchanges": sum(len(vh.exchanges) for vh in vhosts),
-                "queues": len(queues),
-            },
+            "object_totals": objectTotals,
             "statistics_db_event_queue": 0,
             "listeners": self.root.listenersList(),
             "contexts": self.root.contexts(),
         }
+
+    def _clusterTotals(self, cluster, vhosts, user, objectTotals, queueTotals):
+        """
+        In a cluster, the totals count every node: the queues elsewhere (from
+        their home nodes' figures, a second old), and for monitoring users
+        and administrators the other nodes' connections and channels.
+        """
+        remote = [q for vh in vhosts for q in vh.remoteQueues.values()]
+        objectTotals["queues"] += len(remote)
+        # a queue's consumers on any node: this node's queues hold other nodes' consumers of
+        # them too (one LinkConsumer each), and a home node's figures count everyone's
+        objectTotals["consumers"] += sum(q.figures.get("consumers", 0) for q in remote)
+        if self._isMonitor(user):
+            for figures in cluster.figures.values():
+                objectTotals["connections"] += figures.get("connections", 0)
+                objectTotals["channels"] += figures.get("channels", 0)
+        for key in ("messages", "messages_ready", "messages_unacknowledged"):
+            if key in queueTotals:
+                queueTotals[key] += sum(q.figures.get(key, 0) for q in remote)
 
     @app.route("/api/whoami", methods=["GET", "OPTIONS"])
     @endpoint()
