@@ -567,3 +567,40 @@ class ManagementTests(ClusterCase):
         self.assertEqual(imported[0], 204, imported)
         self.assertEqual(after, ["dq0", "dq1", "dq2", "dq3"])
         self.assertEqual(bindings, ["dq0", "dq1", "dq2", "dq3"])
+
+    @inlineCallbacks
+    def test_overviewAggregates(self):
+        """
+        Node 1's overview counts node 2's queue, its messages and consumer, and node 3's
+        connection; ``node`` is node 1's name.  Node 3's definitions export lists the queue.
+        """
+        def setup():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("oq", durable=True)
+            ch2.confirm_delivery()
+            for i in range(3):
+                ch2.basic_publish("", "oq", b"m")
+            ch2.queue_declare("oq2")
+            ch2.basic_consume("oq2", lambda *a: None)
+            self.conn(2).channel()
+
+        yield self.inThread(setup)
+        b1 = self.fixtures[0].broker
+
+        def seen():
+            remote = b1.vhosts["/"].remoteQueues
+            figures = self.cluster[0].figures
+            return ("oq" in remote and remote["oq"].figures.get("messages_ready") == 3
+                    and "oq2" in remote and remote["oq2"].figures.get("consumers") == 1
+                    and figures.get("n3", {}).get("overview", {}).get("connections") == 1)
+
+        yield waitUntil(seen, 5)
+        code, ov = yield self.inThread(self.api, 0, "GET", "/api/overview")
+        self.assertEqual(code, 200)
+        self.assertEqual(ov["node"], "n1")
+        totals = ov["object_totals"]
+        self.assertEqual((totals["queues"], totals["consumers"], totals["connections"], totals["channels"]),
+                         (2, 1, 2, 2))
+        self.assertEqual((ov["queue_totals"]["messages"], ov["queue_totals"]["messages_ready"]), (3, 3))
+        code, doc = yield self.inThread(self.api, 2, "GET", "/api/definitions")
+        self.assertEqual(sorted(q["name"] for q in doc["queues"]), ["oq", "oq2"])

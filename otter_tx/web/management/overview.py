@@ -46,6 +46,15 @@ class OverviewRoom(Room):
 
     app = roomApp()
 
+    def __init__(self, root):
+        Room.__init__(self, root)
+        broker = self.broker
+        # in a cluster this node sends its connection and channel counts to the others once a second
+        broker.describeOverview = lambda: {
+            "connections": len(broker.connections),
+            "channels": sum(len(c.channels) for c in broker.connections),
+        }
+
     @app.route("/api/overview", methods=["GET", "OPTIONS"])
     @endpoint()
     def overview(self, request, user):
@@ -73,6 +82,29 @@ class OverviewRoom(Room):
                                       for vh in vhosts])
             queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, stats.lengthValues(vh.queues.values()))
                                      for vh in vhosts])
+        remote = [q for vh in vhosts for q in vh.remoteQueues.values()]
+        if remote:
+            # a cluster: the lengths of the queues of other nodes, from their last figures
+            for q in remote:
+                f = q.figures
+                ready, unacked = f.get("messages_ready", 0), f.get("messages_unacknowledged", 0)
+                for key, n in (("messages", ready + unacked), ("messages_ready", ready),
+                               ("messages_unacknowledged", unacked)):
+                    queueTotals[key] = queueTotals.get(key, 0) + n
+        objectTotals = {
+            "channels": sum(len(c.channels) for c in conns),
+            "connections": len(conns),
+            "consumers": sum(len(q.consumers) for q in queues) + sum(q.figures.get("consumers", 0) for q in remote),
+            "exchanges": sum(len(vh.exchanges) for vh in vhosts),
+            "queues": len(queues) + len(remote),
+        }
+        cluster = broker.cluster
+        if cluster is not None and len(vhosts) == len(broker.vhosts):
+            # the connections and channels of the other nodes, as each last counted them
+            for name in cluster.links:
+                counts = cluster.figures.get(name, {}).get("overview") or {}
+                objectTotals["connections"] += counts.get("connections", 0)
+                objectTotals["channels"] += counts.get("channels", 0)
         return {
             "product_name": "otter_tx",
             "product_version": __version__,
@@ -81,7 +113,7 @@ class OverviewRoom(Room):
             "rates_mode": "basic",
             "sample_retention_policies": stats.SAMPLE_RETENTION_POLICIES,
             "cluster_name": self.broker.globalParameters.get("cluster_name", fmt.NODE),
-            "node": fmt.NODE,
+            "node": fmt.nodeName(broker),
             "erlang_version": None,
             "erlang_full_version": None,
             "disable_stats": queryFlag(request, "disable_stats"),
@@ -94,13 +126,7 @@ class OverviewRoom(Room):
             "message_stats": messageStats,
             "churn_rates": view.messageStats("churn", broker, stats.CHURN_KEYS, stats.churnValues(broker.counters)),
             "queue_totals": queueTotals,
-            "object_totals": {
-                "channels": sum(len(c.channels) for c in conns),
-                "connections": len(conns),
-                "consumers": sum(len(q.consumers) for q in queues),
-                "exchanges": sum(len(vh.exchanges) for vh in vhosts),
-                "queues": len(queues),
-            },
+            "object_totals": objectTotals,
             "statistics_db_event_queue": 0,
             "listeners": self.root.listenersList(),
             "contexts": self.root.contexts(),
