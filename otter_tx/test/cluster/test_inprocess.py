@@ -604,3 +604,12 @@ class ManagementTests(ClusterCase):
         self.assertEqual((ov["queue_totals"]["messages"], ov["queue_totals"]["messages_ready"]), (3, 3))
         code, doc = yield self.inThread(self.api, 2, "GET", "/api/definitions")
         self.assertEqual(sorted(q["name"] for q in doc["queues"]), ["oq", "oq2"])
+
+    def test_prometheusIdentity(self):
+        """Each node's metrics carry its own name (rabbitmq_identity_info's rabbitmq_node) and the cluster's."""
+        from otter_tx.web.metrics import BrokerCollector
+
+        b2 = self.fixtures[1].broker
+        b2.globalParameters["cluster_name"] = "otters"
+        family = next(f for f in BrokerCollector(b2, lambda: 1.0).collect() if f.name == "rabbitmq_identity_info")
+        self.assertEqual(family.samples[0].labels, {"rabbitmq_node": "n2", "rabbitmq_cluster": "otters"})
