@@ -82,7 +82,8 @@ class OverviewRoom(Room):
                                       for vh in vhosts])
             queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, stats.lengthValues(vh.queues.values()))
                                      for vh in vhosts])
-        remote = [q for vh in vhosts for q in vh.remoteQueues.values()]
+        # a down node's queues are not counted (as RabbitMQ 3.10's totals)
+        remote = [q for vh in vhosts for q in vh.remoteQueues.values() if not q.down]
         if remote:
             # a cluster: the lengths of the queues of other nodes, from their last figures
             for q in remote:
