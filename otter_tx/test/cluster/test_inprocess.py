@@ -627,3 +627,39 @@ class ManagementTests(ClusterCase):
         b2.globalParameters["cluster_name"] = "otters"
         family = next(f for f in BrokerCollector(b2, lambda: 1.0).collect() if f.name == "rabbitmq_identity_info")
         self.assertEqual(family.samples[0].labels, {"rabbitmq_node": "n2", "rabbitmq_cluster": "otters"})
+
+    @inlineCallbacks
+    def test_bindingToRemoteQueueOverHTTP(self):
+        """
+        A binding made over HTTP on node 1 (exchange declared on node 3) to a queue whose home is
+        node 2 routes an HTTP publish made on node 3; the aliveness test answers on every node.
+        """
+        def declare():
+            self.conn(1).channel().queue_declare("bq", durable=True)
+            assert self.api(2, "PUT", "/api/exchanges/%2F/hx", {"type": "direct", "durable": True})[0] == 201
+
+        yield self.inThread(declare)
+        yield waitUntil(lambda: "bq" in self.fixtures[0].broker.vhosts["/"].remoteQueues
+                        and "hx" in self.fixtures[0].broker.vhosts["/"].exchanges, 5)
+        code, _ = yield self.inThread(self.api, 0, "POST", "/api/bindings/%2F/e/hx/q/bq", {"routing_key": "k"})
+        self.assertEqual(code, 201)
+        yield waitUntil(lambda: self.fixtures[2].broker.vhosts["/"].exchanges["hx"].routing.bindings(), 5)
+
+        def publishAndGet():
+            code, routed = self.api(2, "POST", "/api/exchanges/%2F/hx/publish", {
+                "properties": {}, "routing_key": "k", "payload": "via-http", "payload_encoding": "string"})
+            got = []
+            deadline = time.time() + 5
+            while not got and time.time() < deadline:
+                got = self.api(0, "POST", "/api/queues/%2F/bq/get", {
+                    "count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})[1]
+                time.sleep(0.05)
+            bindings = self.api(1, "GET", "/api/queues/%2F/bq/bindings")[1]
+            alive = [self.api(i, "GET", "/api/aliveness-test/%2F") for i in range(3)]
+            return routed, got, bindings, alive
+
+        routed, got, bindings, alive = yield self.inThread(publishAndGet)
+        self.assertEqual(routed, {"routed": True})
+        self.assertEqual([m["payload"] for m in got], ["via-http"])
+        self.assertIn(("hx", "k"), [(b["source"], b["routing_key"]) for b in bindings])
+        self.assertEqual(alive, [(200, {"status": "ok"})] * 3)
