@@ -552,6 +552,7 @@ const pages = {};
 
 // how many nodes /api/nodes lists (1 when the user may not see them: monitoring and administrators may)
 async function clusterNodeCount() {
+  if (!hasTag("administrator", "monitoring")) return 1;
   try { return (await api("GET", "/api/nodes")).length; } catch (e) { return 1; }
 }
 
