@@ -549,6 +549,9 @@ class ManagementTests(ClusterCase):
         self.assertEqual(([q["name"] for q in page["items"]], page["total_count"]), (["dq2"], 1))
         code, doc = yield self.inThread(self.api, 0, "GET", "/api/definitions")
         self.assertEqual([q["name"] for q in doc["queues"]], ["dq2"])
+        # the vhost's cluster_state leaves the stopped node out, as RabbitMQ 3.10
+        code, vh = yield self.inThread(self.api, 0, "GET", "/api/vhosts/%2F")
+        self.assertEqual(vh["cluster_state"], {"n1": "running", "n3": "running"})
 
     @inlineCallbacks
     def test_definitionsRoundTrip(self):
@@ -616,6 +619,9 @@ class ManagementTests(ClusterCase):
         self.assertEqual((totals["queues"], totals["consumers"], totals["connections"], totals["channels"]),
                          (2, 1, 2, 2))
         self.assertEqual((ov["queue_totals"]["messages"], ov["queue_totals"]["messages_ready"]), (3, 3))
+        code, vh = yield self.inThread(self.api, 0, "GET", "/api/vhosts/%2F")
+        self.assertEqual((vh["messages"], vh["cluster_state"]), (3, {"n1": "running", "n2": "running",
+                                                                     "n3": "running"}))
         code, doc = yield self.inThread(self.api, 2, "GET", "/api/definitions")
         self.assertEqual(sorted(q["name"] for q in doc["queues"]), ["oq", "oq2"])
 
