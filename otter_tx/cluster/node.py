@@ -611,6 +611,10 @@ class ClusterNode:
                 figures["node"] = describe()
             except Exception:
                 log.failure("describing node {node}", node=self.name)
+        overview = getattr(self.broker, "describeOverview", None)
+        if overview is not None:
+            # the management app's connection and channel counts, for other nodes' overviews
+            figures["overview"] = overview()
         frame = wire.jsonframe(wire.STATS, figures)
         for link in self.links.values():
             link.send(frame)

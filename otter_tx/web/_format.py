@@ -229,6 +229,16 @@ def remoteQueueDict(q, detail=False):
     ``state`` ``"down"`` while that node is unreachable, as RabbitMQ 3.10
     lists a durable queue of a stopped node.
     """
+    if q.down:
+        # only the record's fields, as RabbitMQ 3.10 lists a durable queue of a stopped node
+        d = {"arguments": jsonable(q.arguments), "auto_delete": q.autoDelete, "durable": q.durable,
+             "exclusive": q.exclusive, "name": q.name, "node": q.home, "state": "down",
+             "type": q.queueType, "vhost": q.vhost.name}
+        if q.quorum:
+            d["leader"] = q.home
+            d["members"] = [q.home]
+            d["online"] = []
+        return d
     f = q.figures
     ready = f.get("messages_ready", 0)
     una = f.get("messages_unacknowledged", 0)
@@ -241,7 +251,7 @@ def remoteQueueDict(q, detail=False):
         "arguments": jsonable(q.arguments),
         "node": q.home,
         "type": q.queueType,
-        "state": "down" if q.down else "running",
+        "state": "running",
         "policy": f.get("policy"),
         "operator_policy": f.get("operator_policy"),
         "effective_policy_definition": f.get("effective_policy_definition", {}),
@@ -255,7 +265,7 @@ def remoteQueueDict(q, detail=False):
     if q.quorum:
         d["leader"] = q.home
         d["members"] = [q.home]
-        d["online"] = [] if q.down else [q.home]
+        d["online"] = [q.home]
     if detail:
         d["consumer_details"] = []
         d["deliveries"] = []

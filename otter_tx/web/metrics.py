@@ -40,7 +40,7 @@ from twisted.web.resource import Resource
 from otter_tx import __version__
 from otter_tx.broker.lateness import BUCKETS_MS
 from otter_tx.resources.process_memory import rssBytes
-from otter_tx.web._format import NODE
+from otter_tx.web._format import NODE, nodeName
 
 #: the text exposition format generate_latest writes (newer prometheus_client
 #: versions name 1.0.0 in their CONTENT_TYPE_LATEST; the text is the same)
@@ -236,11 +236,9 @@ class BrokerCollector(_Collector):
         yield f
         f = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
                                 labels=["rabbitmq_node", "rabbitmq_cluster"])
-        # rabbitmq_prometheus: each node serves its own metrics; this family names the node
-        # (--node-name in a cluster) and the cluster
-        node = getattr(self.broker, "nodeName", NODE)
-        f.add_metric([node, self.broker.globalParameters.get("cluster_name", node) if self.broker.cluster is None
-                      else self.broker.globalParameters.get("cluster_name", "otter_tx")], 1)
+        # in a cluster each node serves its own metrics, this node's name beside the cluster's
+        broker = self.broker
+        f.add_metric([nodeName(broker), broker.globalParameters.get("cluster_name", NODE)], 1)
         yield f
 
     # --- the families (also the detailed ones) ---------------------------------------

@@ -533,8 +533,25 @@ class ManagementTests(ClusterCase):
         code, nodes = yield self.inThread(self.api, 0, "GET", "/api/nodes")
         self.assertEqual(sorted((n["name"], n["running"]) for n in nodes),
                          [("n1", True), ("n2", False), ("n3", True)])
+        code, qs = yield self.inThread(self.api, 0, "GET", "/api/queues")
+        # RabbitMQ 3.10 on a 3-node cluster with one node killed: the record's fields only
+        self.assertEqual([q for q in qs if q["name"] == "dq2"], [{
+            "arguments": {}, "auto_delete": False, "durable": True, "exclusive": False, "name": "dq2",
+            "node": "n2", "state": "down", "type": "classic", "vhost": "/"}])
+        self.assertEqual([n for n in nodes if n["name"] == "n2"],
+                         [{"name": "n2", "type": "disc", "running": False, "cluster_links": []}])
+        # the queue alone is 404, and the overview does not count it (as RabbitMQ)
         code, q = yield self.inThread(self.api, 0, "GET", "/api/queues/%2F/dq2")
-        self.assertEqual((code, q["node"], q["state"]), (200, "n2", "down"))
+        self.assertEqual(code, 404)
+        code, ov = yield self.inThread(self.api, 0, "GET", "/api/overview")
+        self.assertEqual(ov["object_totals"]["queues"], 0)
+        code, page = yield self.inThread(self.api, 2, "GET", "/api/queues/%2F?page=1&page_size=10")
+        self.assertEqual(([q["name"] for q in page["items"]], page["total_count"]), (["dq2"], 1))
+        code, doc = yield self.inThread(self.api, 0, "GET", "/api/definitions")
+        self.assertEqual([q["name"] for q in doc["queues"]], ["dq2"])
+        # the vhost's cluster_state leaves the stopped node out, as RabbitMQ 3.10
+        code, vh = yield self.inThread(self.api, 0, "GET", "/api/vhosts/%2F")
+        self.assertEqual(vh["cluster_state"], {"n1": "running", "n3": "running"})
 
     @inlineCallbacks
     def test_definitionsRoundTrip(self):
@@ -567,6 +584,91 @@ class ManagementTests(ClusterCase):
         self.assertEqual(imported[0], 204, imported)
         self.assertEqual(after, ["dq0", "dq1", "dq2", "dq3"])
         self.assertEqual(bindings, ["dq0", "dq1", "dq2", "dq3"])
+
+    @inlineCallbacks
+    def test_overviewAggregates(self):
+        """
+        Node 1's overview counts node 2's queue, its messages and consumer, and node 3's
+        connection; ``node`` is node 1's name.  Node 3's definitions export lists the queue.
+        """
+        def setup():
+            ch2 = self.conn(1).channel()
+            ch2.queue_declare("oq", durable=True)
+            ch2.confirm_delivery()
+            for i in range(3):
+                ch2.basic_publish("", "oq", b"m")
+            ch2.queue_declare("oq2")
+            ch2.basic_consume("oq2", lambda *a: None)
+            self.conn(2).channel()
+
+        yield self.inThread(setup)
+        b1 = self.fixtures[0].broker
+
+        def seen():
+            remote = b1.vhosts["/"].remoteQueues
+            figures = self.cluster[0].figures
+            return ("oq" in remote and remote["oq"].figures.get("messages_ready") == 3
+                    and "oq2" in remote and remote["oq2"].figures.get("consumers") == 1
+                    and figures.get("n3", {}).get("overview", {}).get("connections") == 1)
+
+        yield waitUntil(seen, 5)
+        code, ov = yield self.inThread(self.api, 0, "GET", "/api/overview")
+        self.assertEqual(code, 200)
+        self.assertEqual(ov["node"], "n1")
+        totals = ov["object_totals"]
+        self.assertEqual((totals["queues"], totals["consumers"], totals["connections"], totals["channels"]),
+                         (2, 1, 2, 2))
+        self.assertEqual((ov["queue_totals"]["messages"], ov["queue_totals"]["messages_ready"]), (3, 3))
+        code, vh = yield self.inThread(self.api, 0, "GET", "/api/vhosts/%2F")
+        self.assertEqual((vh["messages"], vh["cluster_state"]), (3, {"n1": "running", "n2": "running",
+                                                                     "n3": "running"}))
+        code, doc = yield self.inThread(self.api, 2, "GET", "/api/definitions")
+        self.assertEqual(sorted(q["name"] for q in doc["queues"]), ["oq", "oq2"])
+
+    def test_prometheusIdentity(self):
+        """Each node's metrics carry its own name (rabbitmq_identity_info's rabbitmq_node) and the cluster's."""
+        from otter_tx.web.metrics import BrokerCollector
+
+        b2 = self.fixtures[1].broker
+        b2.globalParameters["cluster_name"] = "otters"
+        family = next(f for f in BrokerCollector(b2, lambda: 1.0).collect() if f.name == "rabbitmq_identity_info")
+        self.assertEqual(family.samples[0].labels, {"rabbitmq_node": "n2", "rabbitmq_cluster": "otters"})
+
+    @inlineCallbacks
+    def test_bindingToRemoteQueueOverHTTP(self):
+        """
+        A binding made over HTTP on node 1 (exchange declared on node 3) to a queue whose home is
+        node 2 routes an HTTP publish made on node 3; the aliveness test answers on every node.
+        """
+        def declare():
+            self.conn(1).channel().queue_declare("bq", durable=True)
+            assert self.api(2, "PUT", "/api/exchanges/%2F/hx", {"type": "direct", "durable": True})[0] == 201
+
+        yield self.inThread(declare)
+        yield waitUntil(lambda: "bq" in self.fixtures[0].broker.vhosts["/"].remoteQueues
+                        and "hx" in self.fixtures[0].broker.vhosts["/"].exchanges, 5)
+        code, _ = yield self.inThread(self.api, 0, "POST", "/api/bindings/%2F/e/hx/q/bq", {"routing_key": "k"})
+        self.assertEqual(code, 201)
+        yield waitUntil(lambda: self.fixtures[2].broker.vhosts["/"].exchanges["hx"].routing.bindings(), 5)
+
+        def publishAndGet():
+            code, routed = self.api(2, "POST", "/api/exchanges/%2F/hx/publish", {
+                "properties": {}, "routing_key": "k", "payload": "via-http", "payload_encoding": "string"})
+            got = []
+            deadline = time.time() + 5
+            while not got and time.time() < deadline:
+                got = self.api(0, "POST", "/api/queues/%2F/bq/get", {
+                    "count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})[1]
+                time.sleep(0.05)
+            bindings = self.api(1, "GET", "/api/queues/%2F/bq/bindings")[1]
+            alive = [self.api(i, "GET", "/api/aliveness-test/%2F") for i in range(3)]
+            return routed, got, bindings, alive
+
+        routed, got, bindings, alive = yield self.inThread(publishAndGet)
+        self.assertEqual(routed, {"routed": True})
+        self.assertEqual([m["payload"] for m in got], ["via-http"])
+        self.assertIn(("hx", "k"), [(b["source"], b["routing_key"]) for b in bindings])
+        self.assertEqual(alive, [(200, {"status": "ok"})] * 3)
 
 
 class LocatorTests(ClusterCase):

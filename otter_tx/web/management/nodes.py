@@ -260,9 +260,12 @@ class NodesRoom(Room):
             return []
         out = []
         for name in sorted(cluster.known - {cluster.name}):
-            d = dict(cluster.figures.get(name, {}).get("node") or {"type": "disc", "partitions": []})
+            running = name in cluster.links and name in cluster.nodes
+            described = cluster.figures.get(name, {}).get("node")
+            # a stopped member (or one not described yet) as RabbitMQ 3.10 shows a stopped one
+            d = dict(described) if running and described else {"type": "disc", "cluster_links": []}
             d["name"] = name
-            d["running"] = name in cluster.links and name in cluster.nodes
+            d["running"] = running
             out.append(d)
         return out
 

@@ -46,6 +46,15 @@ class OverviewRoom(Room):
 
     app = roomApp()
 
+    def __init__(self, root):
+        Room.__init__(self, root)
+        broker = self.broker
+        # in a cluster this node sends its connection and channel counts to the others once a second
+        broker.describeOverview = lambda: {
+            "connections": len(broker.connections),
+            "channels": sum(len(c.channels) for c in broker.connections),
+        }
+
     @app.route("/api/overview", methods=["GET", "OPTIONS"])
     @endpoint()
     def overview(self, request, user):
@@ -73,15 +82,30 @@ class OverviewRoom(Room):
                                       for vh in vhosts])
             queueTotals = _sumStats([view.lengthStats("vhost-lengths", vh, stats.lengthValues(vh.queues.values()))
                                      for vh in vhosts])
+        # a down node's queues are not counted (as RabbitMQ 3.10's totals)
+        remote = [q for vh in vhosts for q in vh.remoteQueues.values() if not q.down]
+        if remote:
+            # a cluster: the lengths of the queues of other nodes, from their last figures
+            for q in remote:
+                f = q.figures
+                ready, unacked = f.get("messages_ready", 0), f.get("messages_unacknowledged", 0)
+                for key, n in (("messages", ready + unacked), ("messages_ready", ready),
+                               ("messages_unacknowledged", unacked)):
+                    queueTotals[key] = queueTotals.get(key, 0) + n
         objectTotals = {
             "channels": sum(len(c.channels) for c in conns),
             "connections": len(conns),
-            "consumers": sum(len(q.consumers) for q in queues),
+            "consumers": sum(len(q.consumers) for q in queues) + sum(q.figures.get("consumers", 0) for q in remote),
             "exchanges": sum(len(vh.exchanges) for vh in vhosts),
-            "queues": len(queues),
+            "queues": len(queues) + len(remote),
         }
-        if broker.cluster is not None:
-            self._clusterTotals(broker.cluster, vhosts, user, objectTotals, queueTotals)
+        cluster = broker.cluster
+        if cluster is not None and len(vhosts) == len(broker.vhosts):
+            # the connections and channels of the other nodes, as each last counted them
+            for name in cluster.links:
+                counts = cluster.figures.get(name, {}).get("overview") or {}
+                objectTotals["connections"] += counts.get("connections", 0)
+                objectTotals["channels"] += counts.get("channels", 0)
         return {
             "product_name": "otter_tx",
             "product_version": __version__,
@@ -108,25 +132,6 @@ class OverviewRoom(Room):
             "listeners": self.root.listenersList(),
             "contexts": self.root.contexts(),
         }
-
-    def _clusterTotals(self, cluster, vhosts, user, objectTotals, queueTotals):
-        """
-        In a cluster, the totals count every node: the queues elsewhere (from
-        their home nodes' figures, a second old), and for monitoring users
-        and administrators the other nodes' connections and channels.
-        """
-        remote = [q for vh in vhosts for q in vh.remoteQueues.values()]
-        objectTotals["queues"] += len(remote)
-        # a queue's consumers on any node: this node's queues hold other nodes' consumers of
-        # them too (one LinkConsumer each), and a home node's figures count everyone's
-        objectTotals["consumers"] += sum(q.figures.get("consumers", 0) for q in remote)
-        if self._isMonitor(user):
-            for figures in cluster.figures.values():
-                objectTotals["connections"] += figures.get("connections", 0)
-                objectTotals["channels"] += figures.get("channels", 0)
-        for key in ("messages", "messages_ready", "messages_unacknowledged"):
-            if key in queueTotals:
-                queueTotals[key] += sum(q.figures.get(key, 0) for q in remote)
 
     @app.route("/api/whoami", methods=["GET", "OPTIONS"])
     @endpoint()

@@ -18,7 +18,7 @@ from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import VHOST
 from otter_tx.web.management.http import (
-    Response, badRequest, checkEncoding, getRefusal, jsonFlag, queryFlag,
+    Response, badRequest, checkEncoding, getRefusal, jsonFlag, notFound, queryFlag,
 )
 
 
@@ -124,6 +124,9 @@ class QueuesRoom(Room):
             deleted = self._session(user, vh).deleteQueue(
                 name, ifUnused=queryFlag(request, "if-unused"), ifEmpty=queryFlag(request, "if-empty"))
             return _then(deleted, Response(204))
+        if getattr(q, "down", False):
+            # RabbitMQ 3.10 lists a queue of a stopped node, and answers 404 for it alone
+            raise notFound()
         return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True, view=self._rateView(request))
 
     @app.route("/api/queues/<vhost>/<name>/contents", methods=["DELETE", "OPTIONS"])

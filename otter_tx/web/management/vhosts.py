@@ -17,6 +17,17 @@ class VHostsRoom(Room):
 
     app = roomApp()
 
+    def _clusterState(self):
+        """
+        ``{node: "running"}`` for this node and (in a cluster) each node it
+        has a link to, as RabbitMQ 3.10 (a stopped node is left out).
+        """
+        state = {fmt.nodeName(self.broker): "running"}
+        cluster = self.broker.cluster
+        if cluster is not None:
+            state.update((name, "running") for name in cluster.links)
+        return state
+
     def _vhostDict(self, vh, view, vhostBytes=None):
         """
         A vhost as ``GET /api/vhosts/{name}`` shows it: queue lengths,
@@ -36,10 +47,17 @@ class VHostsRoom(Room):
             "metadata": {"description": "Default virtual host" if vh.name == "/" else "", "tags": []},
             "default_queue_type": "undefined",
             "tracing": False,
-            "cluster_state": {fmt.NODE: "running"},
+            "cluster_state": self._clusterState(),
             "message_stats": view.messageStats("vhost", vh, stats.VHOST_KEYS, stats.vhostValues(vh)),
         }
         d.update(view.lengthStats("vhost-lengths", vh, stats.lengthValues(queues)))
+        for q in vh.remoteQueues.values():
+            # a cluster: the running queues of other nodes, from their figures (no samples)
+            if not q.down:
+                ready, unacked = q.figures.get("messages_ready", 0), q.figures.get("messages_unacknowledged", 0)
+                d["messages"] = d.get("messages", 0) + ready + unacked
+                d["messages_ready"] = d.get("messages_ready", 0) + ready
+                d["messages_unacknowledged"] = d.get("messages_unacknowledged", 0) + unacked
         d.update(view.dataStats("vhost-data", vh, vhostBytes[vh]))
         return d
 

@@ -550,6 +550,12 @@ function listFilter(kind) {
 
 const pages = {};
 
+// how many nodes /api/nodes lists (1 when the user may not see them: monitoring and administrators may)
+async function clusterNodeCount() {
+  if (!hasTag("administrator", "monitoring")) return 1;
+  try { return (await api("GET", "/api/nodes")).length; } catch (e) { return 1; }
+}
+
 pages.overview = (root) => {
   const stats = h("div", {class: "stats"});
   const queued = lengthCharts();
@@ -557,7 +563,7 @@ pages.overview = (root) => {
   const deaths = new Chart("Expired, dead-lettered by reason, delayed", DEATH_KEYS, "/s");
   const node = h("div"), listeners = h("div"), info = h("div");
   append(root, h("h1", {}, "Overview"), stats, h("div", {class: "grid"}, queued.el, rates.el, deaths.el),
-    h("h2", {}, "Node"), node, h("h2", {}, "Listeners"), listeners, h("h2", {}, "Versions"), info);
+    h("h2", {}, "Nodes"), node, h("h2", {}, "Listeners"), listeners, h("h2", {}, "Versions"), info);
   return {async refresh() {
     const o = await api("GET", "/api/overview?" + samplesQuery());
     const t = o.object_totals || {}, q = o.queue_totals || {};
@@ -579,7 +585,8 @@ pages.overview = (root) => {
           n.mem_used !== undefined ? fmtBytes(n.mem_used) + (n.mem_limit ? " of " + fmtBytes(n.mem_limit) : "") : "",
           n.fd_used !== undefined ? n.fd_used + (n.fd_total ? " of " + n.fd_total : "") : "",
           n.sockets_used !== undefined ? n.sockets_used + (n.sockets_total ? " of " + n.sockets_total : "") : "",
-          n.disk_free !== undefined ? fmtBytes(n.disk_free) : "", String(n.running !== false)])));
+          n.disk_free !== undefined ? fmtBytes(n.disk_free) : "",
+          n.running === false ? h("span", {class: "down"}, "false") : "true"])));
     } catch (e) {
       fill(node, h("p", {class: "empty"}, "Node statistics not available: " + (e.reason || e)));
     }
@@ -865,14 +872,18 @@ pages.queues = (root) => {
     const d = await api("GET", listPath("queues", selectedVHost()) + "?" + filter.query());
     filter.show(d);
     const qs = d.items;
-    fill(list, table(["Virtual host", "Name", "Node", "Type", "Features", "Policy", "State", "Ready", "Unacked", "Total",
-      "Incoming", "Deliver / get", "Ack"],
+    // the Node column in a cluster (more than one node), as RabbitMQ's list shows it
+    const clustered = (await clusterNodeCount()) > 1 || qs.some((q) => q.node !== qs[0].node);
+    const heads = ["Virtual host", "Name"].concat(clustered ? ["Node"] : [], ["Type", "Features", "Policy", "State",
+      "Ready", "Unacked", "Total", "Incoming", "Deliver / get", "Ack"]);
+    fill(list, table(heads,
     qs.map((q) => {
       const s = q.message_stats || {};
-      return [q.vhost, h("a", {href: queueHref(q.vhost, q.name)}, q.name), q.node || "", q.type, features(q),
-        q.policy || "", q.state,
+      const state = q.state === "down" ? h("span", {class: "down"}, "down") : q.state;
+      return [q.vhost, h("a", {href: queueHref(q.vhost, q.name)}, q.name)].concat(clustered ? [q.node] : [], [
+        q.type, features(q), q.policy || "", state,
         q.messages_ready, q.messages_unacknowledged, q.messages, fmtRate(s.publish_details), fmtRate(s.deliver_get_details),
-        fmtRate(s.ack_details)];
+        fmtRate(s.ack_details)]);
     })));
   }};
 };
@@ -934,7 +945,7 @@ pages.queue = (root, [vhost, name]) => {
     destroy() { clearInterval(ticker); },
     async refresh() {
       const q = await api("GET", base + "?" + samplesQuery());
-      fill(info, kv([["Type", q.type], ["Node", q.node || ""], ["Features", features(q)], ["Policy", q.policy || ""],
+      fill(info, kv([["Type", q.type], ["Features", features(q)], ["Policy", q.policy || ""],
         ["Effective policy definition", h("span", {}, tags(q.effective_policy_definition))], ["State", q.state],
         ["Consumers", q.consumers], ["Ready", h("span", {"data-count": "ready"}, fmtNum(q.messages_ready))],
         ["Unacked", h("span", {"data-count": "unacked"}, fmtNum(q.messages_unacknowledged))],
