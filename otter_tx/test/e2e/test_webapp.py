@@ -451,7 +451,7 @@ class WebAppBrowserTests(TestCase):
         self.assertEqual(seen["timestamp"], "2023-11-14 22:13:20 UTC")
         self.assertEqual(seen["policyKeys"], ["dead-letter-exchange", "dead-letter-routing-key", "delivery-limit",
                                               "expires", "max-age", "max-length", "max-length-bytes", "message-ttl",
-                                              "overflow", "stream-max-segment-size-bytes"])
+                                              "overflow", "queue-leader-locator", "stream-max-segment-size-bytes"])
         self.assertEqual(seen["operatorKeys"], ["expires", "message-ttl", "max-length", "max-length-bytes",
                                                 "delivery-limit"])
         self.assertEqual(svc.broker.vhosts["/"].operatorPolicies["web-op"].definition, {"delivery-limit": 5})
