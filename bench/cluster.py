@@ -43,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,20 +90,25 @@ class Cluster:
 
     def start(self, timeout=90):
         env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+        # its output goes to a file: a pipe nobody reads would fill and stall it
+        self.logFile = tempfile.NamedTemporaryFile(prefix="otter-cluster-bench-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [self.python, "-m", "otter_tx.cluster.local", "--nodes", str(self.count)],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.logFile,
+            stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while len(self.nodes) < self.count:
-            line = self.proc.stdout.readline()
-            if not line or time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("cluster did not start: %r" % (line,))
-            parts = line.split()
-            if len(parts) >= 7 and parts[0].startswith("otter") and parts[1] == "amqp":
-                port = int(parts[2].rsplit(":", 1)[1])
-                self.nodes.append((parts[0].rstrip(":"), port, int(parts[-1])))
+                raise RuntimeError("cluster did not start; log %s" % (self.logFile.name,))
+            time.sleep(0.2)
+            self.nodes = []
+            with open(self.logFile.name) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 7 and parts[0].startswith("otter") and parts[1] == "amqp":
+                        port = int(parts[2].rsplit(":", 1)[1])
+                        self.nodes.append((parts[0].rstrip(":"), port, int(parts[-1])))
         log("cluster: %s" % (self.nodes,))
         return self
 
@@ -120,6 +126,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        if self.proc is not None and self.proc.returncode not in (0, -signal.SIGINT):
+            log("cluster: exited with %s; log kept: %s" % (self.proc.returncode, self.logFile.name))
+        elif self.proc is not None:
+            os.unlink(self.logFile.name)
 
 
 def cpuOf(pids):
@@ -217,7 +227,6 @@ def runOnce(scen, urls, placement, seconds, cpu, tag, runIdBase):
     s = SCENARIOS[scen]
     durable = bool(s.get("durable"))
     layout = plan(scen, placement, len(urls), tag)
-    allQueues = [q for _, qs, _, _, _ in layout for q in qs]
     exchange = layout[0][4]
     for qn, qs, _, _, ex in layout:
         declare(urls[qn], qs, durable, ex)
@@ -328,6 +337,8 @@ def main(argv=None):
     ap.add_argument("--hold", type=float, default=0,
                     help="with --targets otter-2n-*: print the node pids and wait this many seconds "
                          "before the first round (to attach a profiler)")
+    ap.add_argument("--fresh-cluster", action="store_true",
+                    help="start a new 2-node cluster for every otter-2n run (see docs/performance.md)")
     a = ap.parse_args(argv)
     a.python = os.path.abspath(a.python)
     if not os.path.exists(PERF):
@@ -345,7 +356,7 @@ def main(argv=None):
             single = benchrun.OtterProcess(python=a.python)
             url = single.start()
             brokers["otter-1"] = ([url], "single", cpuOf([single.proc.pid]))
-        if any(t.startswith("otter-2n") for t in targets):
+        if any(t.startswith("otter-2n") for t in targets) and not a.fresh_cluster:
             cluster = Cluster(a.python, 2).start()
             for t in targets:
                 if t.startswith("otter-2n"):
@@ -361,10 +372,22 @@ def main(argv=None):
                 for t in order:
                     if t == "otter-2n-local" and SCENARIOS[scen].get("fanout"):
                         continue  # the same layout as otter-2n-cross
+                    fresh = None
+                    if t.startswith("otter-2n") and a.fresh_cluster:
+                        # a cluster of its own for every run: an overloaded
+                        # cross-node run can cost the nodes their etcd lease
+                        fresh = Cluster(a.python, 2).start()
+                        brokers[t] = (fresh.urls(), t.rsplit("-", 1)[1], cpuOf(fresh.pids()))
                     urls, placement, cpu = brokers[t]
                     n += 1
                     tag = "cb%d-%s-r%d" % (os.getpid(), scen, n)
-                    r = runOnce(scen, urls, placement, a.seconds, cpu, tag, 1000 * n)
+                    try:
+                        r = runOnce(scen, urls, placement, a.seconds, cpu, tag, 1000 * n)
+                    except Exception as e:  # a broker that went away: record, go on
+                        r = {"status": "error", "recv_rate": 0, "errors": [repr(e)]}
+                    finally:
+                        if fresh is not None:
+                            fresh.stop()
                     r.update(scenario=scen, target=t, round=rnd)
                     log("round %d %-8s %-16s %s recv %.0f msg/s p50 %s p99 %s cpu %s%% %s µs/msg %s" % (
                         rnd, scen, t, r["status"], r["recv_rate"], r.get("lat_p50_us"), r.get("lat_p99_us"),
