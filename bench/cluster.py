@@ -33,7 +33,7 @@ CPU is the sum over the broker processes (µs per delivery).  The cross-node
 latency scenario (``latency``) runs one pair at a fixed rate on the 2-node
 cluster: producer and consumer on one node vs on different nodes.
 
-    .venv/bin/python bench/cluster.py --rounds 3 --seconds 10 --markdown
+    .venv/bin/python bench/cluster.py --rounds 3 --seconds 6 --fresh-cluster --json out.json
 """
 
 import argparse
@@ -82,19 +82,20 @@ def log(msg):
 class Cluster:
     """``python -m otter_tx.cluster.local --nodes N`` as a subprocess."""
 
-    def __init__(self, python, nodes):
+    def __init__(self, python, nodes, repo=REPO):
         self.python = python
+        self.repo = repo
         self.count = nodes
         self.proc = None
         self.nodes = []  # (name, port, pid)
 
     def start(self, timeout=90):
-        env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=self.repo, PYTHONUNBUFFERED="1")
         # its output goes to a file: a pipe nobody reads would fill and stall it
         self.logFile = tempfile.NamedTemporaryFile(prefix="otter-cluster-bench-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [self.python, "-m", "otter_tx.cluster.local", "--nodes", str(self.count)],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.logFile,
+            cwd=self.repo, env=env, stdin=subprocess.DEVNULL, stdout=self.logFile,
             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while len(self.nodes) < self.count:
@@ -332,7 +333,8 @@ def main(argv=None):
     ap.add_argument("--rabbit", default=benchrun.DEFAULT_RABBIT)
     ap.add_argument("--python", default=os.path.join(REPO, ".venv", "bin", "python"),
                     help="the interpreter of the otter_tx nodes")
-    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--repo", default=REPO,
+                    help="the otter_tx checkout the cluster nodes run (first on PYTHONPATH; for before/after)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--hold", type=float, default=0,
                     help="with --targets otter-2n-*: print the node pids and wait this many seconds "
@@ -341,6 +343,7 @@ def main(argv=None):
                     help="start a new 2-node cluster for every otter-2n run (see docs/performance.md)")
     a = ap.parse_args(argv)
     a.python = os.path.abspath(a.python)
+    a.repo = os.path.abspath(a.repo)
     if not os.path.exists(PERF):
         subprocess.run(["sh", benchrun.BUILD], check=True)
     scenarios = a.scenarios.split(",")
@@ -357,7 +360,7 @@ def main(argv=None):
             url = single.start()
             brokers["otter-1"] = ([url], "single", cpuOf([single.proc.pid]))
         if any(t.startswith("otter-2n") for t in targets) and not a.fresh_cluster:
-            cluster = Cluster(a.python, 2).start()
+            cluster = Cluster(a.python, 2, a.repo).start()
             for t in targets:
                 if t.startswith("otter-2n"):
                     brokers[t] = (cluster.urls(), t.rsplit("-", 1)[1], cpuOf(cluster.pids()))
@@ -376,7 +379,7 @@ def main(argv=None):
                     if t.startswith("otter-2n") and a.fresh_cluster:
                         # a cluster of its own for every run: an overloaded
                         # cross-node run can cost the nodes their etcd lease
-                        fresh = Cluster(a.python, 2).start()
+                        fresh = Cluster(a.python, 2, a.repo).start()
                         brokers[t] = (fresh.urls(), t.rsplit("-", 1)[1], cpuOf(fresh.pids()))
                     urls, placement, cpu = brokers[t]
                     n += 1
