@@ -157,11 +157,14 @@ class LinkProtocol(protocol.Protocol):
         if self._flushCall is None:
             self._flushCall = self.clock.callLater(0, self.flush)
 
-    def forward(self, vhost, queue, redelivered, message):
-        """Forward ``message`` to ``queue`` there; its forward number (int)."""
+    def forward(self, names, redelivered, message):
+        """
+        Forward ``message`` to a queue there (``names``: its vhost and name,
+        encoded once by the RemoteQueue); its forward number (int).
+        """
         self._forwarded = True
         self._fwdOut += 1
-        self.send(wire.forward(vhost, queue, redelivered, message))
+        self.send(wire.forwardNamed(names, redelivered, message))
         return self._fwdOut
 
     def refused(self, n):

@@ -88,6 +88,7 @@ class RemoteQueue:
         self.deleted = False
         self.down = False
         self.figures = {}
+        self._names = wire.string(vhost.name) + wire.string(name)
         self.update(record)
         self._cids = {}          # Consumer -> cid
         self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
@@ -168,7 +169,7 @@ class RemoteQueue:
         link = self.node.links.get(self.home)
         if link is None or self.down or self.deleted:
             return None
-        n = link.forward(self.vhost.name, self.name, redelivered, message)
+        n = link.forward(self._names, redelivered, message)
         if message.forwarded is None:
             message.forwarded = [(link, n)]
         else:

@@ -55,8 +55,12 @@ def messagePart(message):
 
 
 def forward(vhost, queue, redelivered, message):
-    return frame(FORWARD, string(vhost) + string(queue) + bytes((1 if redelivered else 0,))
-                 + messagePart(message))
+    return forwardNamed(string(vhost) + string(queue), redelivered, message)
+
+
+def forwardNamed(names, redelivered, message):
+    """FORWARD with the vhost and queue already encoded (``names``: ``string(vhost) + string(queue)``)."""
+    return frame(FORWARD, names + (b"\x01" if redelivered else b"\x00") + messagePart(message))
 
 
 def deliver(cid, eid, redelivered, message):
