@@ -89,28 +89,24 @@ class PublishRateTests(ManagementHTTPCase):
 class RangeShapeTests(ManagementHTTPCase):
     """The shape of sampled details and the range errors, as RabbitMQ 3.10 answers them."""
 
-    timeout = 180
-
     @inlineCallbacks
     def test_overviewSamples(self):
         """msg_rates and lengths ranges give 13 samples 5 s apart, newest first, with rate, avg and avg_rate."""
-        path = "/api/overview?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5"
-        deadline = time.monotonic() + 90
-        while True:
-            status, o, _ = yield self.call("GET", path)
-            # an external broker started less than a minute ago has fewer samples (RabbitMQ
-            # 3.10 keeps only what it sampled); wait for a whole range, bounded
-            if (not EXTERNAL_MGMT or status != 200 or time.monotonic() > deadline
-                    or len(o["queue_totals"]["messages_details"]["samples"]) >= 13):
-                break
-            yield deferLater(reactor, 1, lambda: None)
+        status, o, _ = yield self.call(
+            "GET", "/api/overview?msg_rates_age=60&msg_rates_incr=5&lengths_age=60&lengths_incr=5")
         self.assertEqual(status, 200)
-        details = [o["queue_totals"]["messages_details"]] + [
-            v for k, v in sorted(o["churn_rates"].items()) if k.endswith("_details")]
+        details = [v for k, v in sorted(o["churn_rates"].items()) if k.endswith("_details")]
+        if not EXTERNAL_MGMT or "messages_details" in o["queue_totals"]:
+            # RabbitMQ 3.10 shows no queue_totals details while it has no queue
+            details.insert(0, o["queue_totals"]["messages_details"])
         for d in details:
             self.assertEqual(sorted(d), ["avg", "avg_rate", "rate", "samples"])
             stamps = [s["timestamp"] for s in d["samples"]]
-            self.assertEqual(len(stamps), 13)
+            if EXTERNAL_MGMT:
+                # RabbitMQ 3.10 gives 12 while its newest 5 s bucket is still filling
+                self.assertIn(len(stamps), (12, 13))
+            else:
+                self.assertEqual(len(stamps), 13)
             self.assertEqual(stamps, sorted(stamps, reverse=True))
             self.assertEqual({a - b for a, b in zip(stamps, stamps[1:])}, {5000})
             self.assertEqual(stamps[0] % 5000, 0)
