@@ -326,15 +326,21 @@ class RemoteQueue:
 
     # --- the home node --------------------------------------------------------
 
-    def homeDown(self):
-        """The home node went away: consumers here are cancelled (basic.cancel)."""
-        self.down = True
+    def _cancelAll(self):
+        """Every consumer here is gone (basic.cancel), with what this queue kept for them."""
         consumers, self.consumers = self.consumers, []
         cids, self._cids = self._cids, {}
         self._backlog = {}
+        self._onHand = set()
+        self._exclusive = None
         for consumer in consumers:
             self.node.consumerGone(cids.get(consumer))
             consumer.cancelledByBroker(self)
+
+    def homeDown(self):
+        """The home node went away: consumers here are cancelled (basic.cancel)."""
+        self.down = True
+        self._cancelAll()
 
     def homeUp(self):
         self.down = False
@@ -342,12 +348,7 @@ class RemoteQueue:
     def shutdown(self):
         """The queue was deleted (anywhere): cancel the consumers here."""
         self.deleted = True
-        consumers, self.consumers = self.consumers, []
-        cids, self._cids = self._cids, {}
-        self._backlog = {}
-        for consumer in consumers:
-            self.node.consumerGone(cids.get(consumer))
-            consumer.cancelledByBroker(self)
+        self._cancelAll()
         return self.readyCount
 
 
