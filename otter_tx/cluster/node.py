@@ -601,9 +601,7 @@ class ClusterNode:
                     "message_bytes": q.readyBytes}
                 if queueStats is not None:
                     f["message_stats"] = queueStats(q)
-        conns = list(self.broker.connections)
-        figures = {"queues": queues, "connections": len(conns),
-                   "channels": sum(len(getattr(c, "channels", ())) for c in conns)}
+        figures = {"queues": queues}
         describe = getattr(self.broker, "describeNode", None)
         if describe is not None:
             # the management app's own /api/nodes object for this node
