@@ -361,12 +361,15 @@ class VHost:
             validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
         elif qtype == STREAM:
             validateStreamDeclare(name, self.name, durable, exclusive, autoDelete)
+        cluster = self.broker.cluster
         limit = self.limit("max-queues")
-        if limit is not None and len(self.queues) >= limit:
+        if (limit is not None and len(self.queues) + len(self.remoteQueues) >= limit
+                and (cluster is None or not cluster.applying)):
+            # a cluster's vhost counts its queues on every node, as RabbitMQ's does; the
+            # declaring node checked before a record another node applies
             raise preconditionFailed(
                 "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached"
                 % (name, self.name, limit))
-        cluster = self.broker.cluster
         if cluster is not None and qtype == STREAM:
             # a stream is one node's log for now (docs/streams.md): refused, not half-served
             raise preconditionFailed("stream queues are not supported in an otter_tx cluster yet (%s)"

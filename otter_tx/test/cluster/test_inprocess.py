@@ -689,6 +689,30 @@ class LocatorTests(ClusterCase):
         self.assertEqual(homes, [2, 2, 2])
         self.assertIn("local-one", self.fixtures[0].broker.vhosts["/"].queues)
 
+    @inlineCallbacks
+    def test_maxQueuesCountsEveryNode(self):
+        """max-queues counts the vhost's queues on every node: with the first queue placed on another
+        node, the second declare is still 406, and a record applied from another node is not refused."""
+        self.fixtures[0].broker.setPolicy("/", "spread", "^mq-", {"queue-leader-locator": "balanced"}, 0, "queues")
+        for f in self.fixtures:
+            f.broker.vhosts["/"].setLimit("max-queues", 2)
+
+        def run():
+            ch = self.conn(0).channel()
+            ch.queue_declare("mq-a")
+            ch.queue_declare("mq-b")
+            try:
+                ch.queue_declare("mq-c")
+            except pika.exceptions.ChannelClosedByBroker as e:
+                return e.reply_code, e.reply_text
+
+        refused = yield self.inThread(run)
+        self.assertEqual(refused, (406, "PRECONDITION_FAILED - cannot declare queue 'mq-c': "
+                                        "queue limit in vhost '/' (2) is reached"))
+        homes = [sorted(n for n in f.broker.vhosts["/"].queues if n.startswith("mq-")) for f in self.fixtures]
+        self.assertEqual(sorted(sum(homes, [])), ["mq-a", "mq-b"])
+        self.assertEqual(sum(1 for h in homes if h), 2)
+
 
 class OverviewTests(ClusterCase):
     """The overview counts the cluster."""
