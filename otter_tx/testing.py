@@ -267,6 +267,7 @@ class FakeConnection:
         self.channelMax = 2047
         self.frameMax = 131072
         self.heartbeat = 0
+        self.flows = []
         self.bytesIn = 0
         self.bytesOut = 0
         self.recvCount = 0
@@ -284,6 +285,11 @@ class FakeConnection:
         """Record the alarm state; ``flowState`` follows (``blocking`` while alarmed)."""
         self.alarms.append(alarmed)
         self.flowState = "blocking" if alarmed else "running"
+
+    def flowChanged(self, flowing):
+        """Record the cluster link flow state; ``flowState`` follows (``flow`` while on)."""
+        self.flows.append(flowing)
+        self.flowState = "flow" if flowing else "running"
 
     def whenClosed(self):
         """A Deferred that fires once :meth:`close` was called."""

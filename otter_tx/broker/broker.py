@@ -96,6 +96,9 @@ class Broker:
         self.listeners = []  # callables(kind, vhost, obj, deleted)
         #: the cluster node (otter_tx.cluster.node.ClusterNode) when this broker is one node of a cluster
         self.cluster = None
+        #: True while a cluster link to another node is backed up (RabbitMQ's credit
+        #: flow): publishing AMQP connections are not read (``IClientConnection.flowChanged``)
+        self.linkFlow = False
         #: global runtime parameters, name -> JSON value (``/api/global-parameters``;
         #: ``cluster_name`` names the cluster in the overview); stored durably
         self.globalParameters = {}

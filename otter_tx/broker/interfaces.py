@@ -165,6 +165,14 @@ class IClientConnection(Interface):
         is in effect (https://www.rabbitmq.com/docs/connection-blocked).
         """
 
+    def flowChanged(flowing):
+        """
+        A cluster link of this node is backed up (``flowing`` True) or
+        drained (False): RabbitMQ's credit flow.  A connection that publishes
+        meanwhile is no longer read until it drains; its state reads
+        ``flow`` (https://www.rabbitmq.com/docs/flow-control).
+        """
+
     def whenClosed():
         """A Deferred that fires (with None) once the connection is gone."""
 
@@ -192,7 +200,7 @@ class IConnectionInfo(Interface):
     user = Attribute("the authenticated broker user (has ``name``, ``tags``), or None before login")
     vhost = Attribute("the opened VHost, or None before connection.open")
     flowState = Attribute(
-        "str: ``'running'``, ``'blocking'`` or ``'blocked'``, as RabbitMQ's connection ``state``"
+        "str: ``'running'``, ``'flow'``, ``'blocking'`` or ``'blocked'``, as RabbitMQ's connection ``state``"
     )
     peer = Attribute("the client's address (``host``, ``port``), or None")
     local = Attribute("the address the client connected to (``host``, ``port``), or None")

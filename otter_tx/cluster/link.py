@@ -27,6 +27,9 @@ HIGH_WATER = 4 * 1024 * 1024
 
 #: seconds a request to another node may take before it fails (a paused node)
 ASK_TIMEOUT = 10.0
+#: bytes waiting in a link's socket buffer above which its node's publishers
+#: are in flow (1 MiB: a few thousand small messages, milliseconds at link speed)
+LINK_HIGH_WATER = 1 << 20
 
 
 def messageJSON(message, **extra):
@@ -84,6 +87,10 @@ class LinkProtocol(protocol.Protocol):
         # writes are gathered per reactor turn already: Nagle would only add delayed-ACK stalls
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
+        # Twisted pauses a registered producer above the transport's bufferSize
+        # (64 KiB by default): a link carries bursts of many connections
+        if hasattr(self.transport, "bufferSize"):
+            self.transport.bufferSize = LINK_HIGH_WATER
         self.transport.registerProducer(self, True)
         if self.dialled is not None:
             self.peer = self.dialled
@@ -117,10 +124,15 @@ class LinkProtocol(protocol.Protocol):
             self.node.linkDown(self)
 
     def pauseProducing(self):
+        """The transport's write buffer is over :data:`LINK_HIGH_WATER`: consumers and publishers wait."""
         self.paused = True
+        if self.peer is not None:
+            self.node.linkPaused(self)
 
     def resumeProducing(self):
+        """The write buffer drained: deliveries to the other node's consumers and publishes go on."""
         self.paused = False
+        self.node.linkResumed(self)
         for c in list(self._consumers.values()):
             c.queue.dispatch()
 

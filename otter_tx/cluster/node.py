@@ -66,6 +66,8 @@ class ClusterNode:
         self.lease = None
         self.linkPort = None
         self.links = {}
+        #: links whose write buffer is over its high-water mark (publishers are in flow)
+        self._flowLinks = set()
         self.nodes = {}
         self.figures = {}        # node name -> its last figures (dict)
         self.applying = False
@@ -554,7 +556,32 @@ class ClusterNode:
                 if rq.home == link.peer:
                     rq.homeUp()
 
+    def linkPaused(self, link):
+        """
+        ``link``'s write buffer is over its high-water mark: the other node
+        takes forwards slower than this one's publishers send them.  Every
+        AMQP connection here that publishes is then no longer read until it
+        drains (RabbitMQ's credit flow), so the buffer, the latency and this
+        process's memory stay bounded and the reactor keeps its etcd lease.
+        """
+        if not self._flowLinks:
+            self._setFlow(True)
+        self._flowLinks.add(link)
+
+    def linkResumed(self, link):
+        """``link``'s write buffer drained: publishers are read again once no link is backed up."""
+        if link in self._flowLinks:
+            self._flowLinks.discard(link)
+            if not self._flowLinks:
+                self._setFlow(False)
+
+    def _setFlow(self, on):
+        self.broker.linkFlow = on
+        for conn in list(self.broker.connections):
+            conn.flowChanged(on)
+
     def linkDown(self, link):
+        self.linkResumed(link)
         if self.links.get(link.peer) is link:
             del self.links[link.peer]
             self._nodeDown(link.peer)

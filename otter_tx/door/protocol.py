@@ -796,6 +796,8 @@ class AMQPServerProtocol(Protocol):
         )
         if self.broker.alarmed:
             self.alarmChanged(True)
+        if self.broker.linkFlow:
+            self.flowChanged(True)
 
     def closeChannel(self, number, error):
         """
@@ -973,7 +975,30 @@ class AMQPServerProtocol(Protocol):
             self.blocked = True
             self.engine.joinContent = False
             return
-        if not self.blocked:
+        self._unblock()
+
+    def flowChanged(self, flowing):
+        """
+        A cluster link's write buffer is over its high-water mark
+        (``flowing`` True) or drained (False): RabbitMQ's credit flow.  A
+        connection that publishes while it is on is no longer read until it
+        drains (its state is ``flow``); nothing is sent to the client
+        (https://www.rabbitmq.com/docs/flow-control).
+        """
+        self._flow = flowing
+        if self.engine.state is not _engine.OPEN:
+            return
+        if flowing:
+            # the publish that finds it on is taken whole; reading stops after it
+            self.blocked = True
+            return
+        self._unblock()
+
+    _flow = False
+
+    def _unblock(self):
+        """Read again, and say ``connection.unblocked``, once neither an alarm nor flow holds it."""
+        if not self.blocked or self._flow or self.broker.alarmed:
             return
         self.blocked = False
         self.engine.joinContent = True
@@ -984,7 +1009,8 @@ class AMQPServerProtocol(Protocol):
             self._readPaused = False
             if self._sliced:
                 return
-            self.transport.resumeProducing()
+            if self._waiting is None:
+                self.transport.resumeProducing()
             if self.engine.buffered():
                 self._process()
 
@@ -999,6 +1025,8 @@ class AMQPServerProtocol(Protocol):
         """
         if not self.blocked:
             return "running"
+        if self._flow and not self.broker.alarmed:
+            return "flow"
         return "blocked" if self._readPaused else "blocking"
 
     def publishedWhileBlocked(self):
@@ -1008,6 +1036,12 @@ class AMQPServerProtocol(Protocol):
         ``"low on memory"``, ``"low on disk & memory"``; once until
         unblocked) and stop reading the socket.
         """
+        if not self.broker.alarmed:
+            # only a cluster link's flow: stop reading, say nothing (RabbitMQ's "flow" state)
+            if self.blocked and not self._readPaused:
+                self._readPaused = True
+                self.transport.pauseProducing()
+            return
         if not self._blockedSent and self.capabilities.get("connection.blocked"):
             self._blockedSent = True
             self.sendMethod(0, spec.ConnectionBlocked(self.broker.alarms.reason()))

@@ -737,3 +737,56 @@ class OverviewTests(ClusterCase):
         code, o = yield self.inThread(self.api, 2, "GET", "/api/overview")
         self.assertEqual((o["node"], o["object_totals"]["queues"], o["queue_totals"]["messages"]), ("n3", 1, 1))
         self.assertGreaterEqual(o["object_totals"]["connections"], 1)
+
+
+class LinkFlowTests(ClusterCase):
+    """A link whose write buffer backs up puts the publishers of its node in flow, and nothing is lost."""
+
+    nodes = 2
+
+    def setUp(self):
+        from otter_tx.cluster import link
+        self.patch(link, "LINK_HIGH_WATER", 2048)
+        return ClusterCase.setUp(self)
+
+    @inlineCallbacks
+    def test_backedUpLinkHoldsPublishers(self):
+        """2,000 unconfirmed 1 KiB publishes on node 1 to a queue on node 2 through a 2 KiB link buffer:
+        the link pauses, node 1's publisher is in flow meanwhile, and all 2,000 arrive in order."""
+        node1 = self.cluster[0]
+        link = node1.links["n2"]
+        pauses = []
+        original = node1.linkPaused
+
+        def paused(l):
+            original(l)
+            pauses.append([c.flowState for c in self.fixtures[0].broker.connections])
+
+        self.patch(node1, "linkPaused", paused)
+
+        def declare():
+            self.conn(1).channel().queue_declare("flowq")
+
+        yield self.inThread(declare)
+
+        def publish():
+            c = self.conn(0)
+            ch = c.channel()
+            for i in range(2000):
+                ch.basic_publish("", "flowq", b"%04d" % i + b"x" * 1020)
+            c.close()
+
+        yield self.inThread(publish)
+        home = self.fixtures[1].broker.vhosts["/"].queues["flowq"]
+        yield waitUntil(lambda: home.readyCount == 2000, 20)
+        self.assertTrue(pauses, "the link never backed up")
+        self.assertIn(["flow"], pauses)
+        self.assertFalse(link.paused)
+        self.assertFalse(self.fixtures[0].broker.linkFlow)
+
+        def drain():
+            ch = self.conn(1).channel()
+            return [ch.basic_get("flowq", auto_ack=True)[2][:4] for _ in range(2000)]
+
+        bodies = yield self.inThread(drain)
+        self.assertEqual(bodies, [b"%04d" % i for i in range(2000)])

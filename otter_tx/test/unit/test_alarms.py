@@ -545,6 +545,59 @@ class BlockingTests(SynchronousTestCase):
         self.assertEqual(c.transport.producerState, "paused")
 
 
+class LinkFlowTests(SynchronousTestCase):
+    """A cluster link backed up: RabbitMQ's credit flow at the AMQP door (``flowChanged``)."""
+
+    setUp = BlockingTests.setUp
+    ready = BlockingTests.ready
+
+    def setFlow(self, on):
+        self.broker.linkFlow = on
+        for conn in list(self.broker.connections):
+            conn.flowChanged(on)
+
+    def test_flowPausesPublishersSilently(self):
+        """A publisher is no longer read and says ``flow``, told nothing; an idle one stays running; both resume."""
+        c = self.ready()
+        idle = self.ready()
+        self.setFlow(True)
+        c.publish(1, "", "q", b"a")
+        self.assertEqual(c.received(), [])
+        self.assertEqual(c.transport.producerState, "paused")
+        self.assertEqual(sorted(conn.flowState for conn in self.broker.connections), ["flow", "flow"])
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].readyCount, 1)
+        self.setFlow(False)
+        self.assertEqual(c.transport.producerState, "producing")
+        c.publish(1, "", "q", b"b")
+        self.assertEqual(c.transport.producerState, "producing")
+        self.assertEqual(self.broker.vhosts["/"].queues["q"].readyCount, 2)
+        self.assertEqual(c.received(), [])
+        self.assertEqual(idle.received(), [])
+        self.assertEqual(sorted(conn.flowState for conn in self.broker.connections), ["running", "running"])
+
+    def test_alarmOutlastsFlow(self):
+        """Flow ends while a disk alarm holds: the publisher stays blocked until the alarm clears too."""
+        c = self.ready()
+        self.setFlow(True)
+        self.broker.alarms.set("disk")
+        c.publish(1, "", "q", b"a")
+        [(_, m, _)] = c.received()
+        self.assertIsInstance(m, spec.ConnectionBlocked)
+        self.setFlow(False)
+        self.assertEqual(c.transport.producerState, "paused")
+        self.broker.alarms.clear("disk")
+        self.assertIsInstance(c.methods()[0], spec.ConnectionUnblocked)
+        self.assertEqual(c.transport.producerState, "producing")
+
+    def test_openedDuringFlow(self):
+        """A connection opened while a link is backed up is in flow from its first publish."""
+        self.broker.linkFlow = True
+        c = self.ready()
+        c.publish(1, "", "q", b"a")
+        self.assertEqual(c.transport.producerState, "paused")
+        self.assertEqual([conn.flowState for conn in self.broker.connections], ["flow"])
+
+
 class HealthAndNodesTests(WebTestCase):
     """The health checks and the nodes API during alarms (bodies as RabbitMQ 3.10's)."""
 
