@@ -30,6 +30,8 @@ ASK_TIMEOUT = 10.0
 #: bytes waiting in a link's socket buffer above which its node's publishers
 #: are in flow (1 MiB: a few thousand small messages, milliseconds at link speed)
 LINK_HIGH_WATER = 1 << 20
+#: frames a link handles per reactor turn (as the AMQP door's FRAMES_PER_SLICE)
+FRAMES_PER_SLICE = 300
 
 
 def messageJSON(message, **extra):
@@ -245,11 +247,39 @@ class LinkProtocol(protocol.Protocol):
     # --- input ----------------------------------------------------------------
 
     def dataReceived(self, data):
+        self._buf += data
+        if not self._sliced:
+            self._take()
+
+    def _take(self):
+        """
+        Handle at most :data:`FRAMES_PER_SLICE` frames; with more waiting,
+        stop reading the socket until the next reactor turn, so this node's
+        clients are served between slices and a busy node reads its links no
+        faster than it handles them (the other node's write buffer then
+        fills, and its publishers go into flow).
+        """
         buf = self._buf
-        buf += data
-        frames, used = wire.splitFrames(buf)
+        frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE)
         if used:
             del buf[:used]
+        if len(frames) == FRAMES_PER_SLICE and len(buf) >= 4 and self.connected:
+            if not self._sliced:
+                self._sliced = True
+                self.transport.pauseProducing()
+            self.clock.callLater(0, self._nextSlice)
+        elif self._sliced:
+            self._sliced = False
+            self.transport.resumeProducing()
+        self._handle(frames)
+
+    _sliced = False
+
+    def _nextSlice(self):
+        if self.connected:
+            self._take()
+
+    def _handle(self, frames):
         # deliveries to this node's clients caused by these frames are written
         # once per connection at the end, not once per message
         batchers = self.node.batchers

@@ -157,15 +157,18 @@ class Reader:
         return self.string(), self.string(), self.blob(), self.blob()
 
 
-def splitFrames(buf):
+def splitFrames(buf, limit=None):
     """
-    Complete frames at the front of ``buf`` (bytes or bytearray): a list
-    of ``(kind, payload)`` and how many bytes they took.
+    Complete frames at the front of ``buf`` (bytes or bytearray), at most
+    ``limit`` (int, None for all): a list of ``(kind, payload)`` and how
+    many bytes they took.
     """
     out = []
     pos = 0
     n = len(buf)
-    while n - pos >= 4:
+    if limit is None:
+        limit = n
+    while n - pos >= 4 and len(out) < limit:
         size = _U32.unpack_from(buf, pos)[0]
         if n - pos - 4 < size:
             break

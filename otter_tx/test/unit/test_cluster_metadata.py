@@ -84,3 +84,48 @@ class WireTests(SynchronousTestCase):
         (kind, payload), = wire.splitFrames(wire.synced(7, [3, 9]))[0]
         r = wire.Reader(payload)
         self.assertEqual((r.u64(), r.u32(), r.u64(), r.u64()), (7, 2, 3, 9))
+
+
+class _ForwardsNode:
+    """What a LinkProtocol needs of its node to take forwards: a clock, no batchers, a record of forwards."""
+
+    name = "n2"
+
+    def __init__(self):
+        self.clock = task.Clock()
+        self.batchers = []
+        self.taken = []
+
+    def forwarded(self, link, vhost, queue, redelivered, message):
+        self.taken.append(message.body)
+
+    def linkUp(self, link):
+        pass
+
+
+class LinkSliceTests(SynchronousTestCase):
+    """A link handles at most FRAMES_PER_SLICE frames per reactor turn and stops reading meanwhile."""
+
+    def test_sliced(self):
+        from twisted.internet.testing import StringTransport
+
+        from otter_tx.broker.message import Message
+        from otter_tx.cluster import link as L
+
+        node = _ForwardsNode()
+        proto = L.LinkProtocol(node)
+        proto.makeConnection(StringTransport())
+        names = wire.string("/") + wire.string("q")
+        n = 2 * L.FRAMES_PER_SLICE + 100
+        data = b"".join(wire.forwardNamed(names, False, Message("", "q", b"\x00\x00", b"%d" % i)) for i in range(n))
+        proto.dataReceived(data[:-3])  # the last frame incomplete
+        self.assertEqual(len(node.taken), L.FRAMES_PER_SLICE)
+        self.assertEqual(proto.transport.producerState, "paused")
+        [later] = node.clock.getDelayedCalls()
+        self.assertEqual(later.getTime(), 0)
+        node.clock.advance(0)  # task.Clock runs the next slices' calls in one advance
+        self.assertEqual(len(node.taken), n - 1)
+        self.assertEqual(proto.transport.producerState, "producing")
+        proto.dataReceived(data[-3:])
+        self.assertEqual(node.taken, [b"%d" % i for i in range(n)])
+        self.assertEqual(node.clock.getDelayedCalls(), [])
