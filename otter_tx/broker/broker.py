@@ -441,20 +441,25 @@ class Broker:
             journal.writeAll()
         return journal
 
-    def sync(self):
+    def sync(self, links=None):
         """
         A Deferred that fires once everything taken so far is safe: the
-        journal's ``sync()`` and, in a cluster, every other node's answer
-        for what was forwarded to it (a failure of either fails it, as
-        :meth:`Journal.sync <otter_tx.broker.durability.Journal.sync>` does).
+        journal's ``sync()`` and, in a cluster, the answers of the other
+        nodes for what was forwarded to them (``links``: the links some
+        publishes went over, which must all answer; None for every link that
+        forwarded since its last barrier).  A failure of either fails it, as
+        :meth:`Journal.sync <otter_tx.broker.durability.Journal.sync>` does
+        (:class:`~otter_tx.cluster.remote.LinkLost` for a lost link).
         """
         d = self.journal.sync()
         if self.cluster is None:
             return d
+        ds = self.cluster.syncs(links)
+        if not ds:
+            return d
         from twisted.internet.defer import gatherResults
 
-        return gatherResults([d, self.cluster.sync()], consumeErrors=True).addErrback(
-            lambda f: f.value.subFailure)
+        return gatherResults([d] + ds, consumeErrors=True).addErrback(lambda f: f.value.subFailure)
 
     def entityChanged(self, kind, vhost, obj, deleted=False):
         """

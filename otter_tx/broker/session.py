@@ -692,9 +692,14 @@ class Session:
             self.client.noteConfirms(self)
         return routed, rejected
 
-    def _sync(self):
-        """A Deferred that fires once the store has synced everything written so far."""
-        return self.broker.sync()
+    def _sync(self, forwarded=None):
+        """
+        A Deferred that fires once the store has synced everything written
+        so far and, for ``forwarded`` (``[(seq, [(link, n)])]``), each link
+        those publishes went over has its answer: a link lost meanwhile fails it.
+        """
+        links = {link for _, fwds in forwarded for link, _ in fwds} if forwarded else None
+        return self.broker.sync(links)
 
     def flushConfirms(self):
         """
@@ -739,7 +744,7 @@ class Session:
                 slot[1] = True
                 self._drainConfirms()
 
-            self._sync().addCallbacks(synced, failed)
+            self._sync(forwarded).addCallbacks(synced, failed)
         else:
             outbox.append([confirms, True])
             self._drainConfirms()

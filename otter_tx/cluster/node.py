@@ -601,14 +601,16 @@ class ClusterNode:
                 else:
                     rq.homeDown()
 
-    def sync(self):
-        """A Deferred: every link that forwarded since its last barrier has its answer."""
-        ds = [link.sync() for link in self.links.values() if link._forwarded]
-        if not ds:
-            return defer.succeed(None)
-        if len(ds) == 1:
-            return ds[0]
-        return defer.gatherResults(ds, consumeErrors=True).addErrback(lambda f: f.value.subFailure)
+    def syncs(self, links=None):
+        """
+        Deferreds (a list) that fire once each of ``links`` (a set of
+        :class:`~otter_tx.cluster.link.LinkProtocol`; None: every link that
+        forwarded since its last barrier) has answered for everything
+        forwarded over it so far; one lost meanwhile fails with ``LinkLost``.
+        """
+        if links is None:
+            return [link.sync() for link in self.links.values() if link._forwarded]
+        return [link.sync() for link in links]
 
     # --- figures --------------------------------------------------------------------
 

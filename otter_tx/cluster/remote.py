@@ -33,7 +33,16 @@ def downText(node, name, vhost):
 
 
 class LinkLost(StoreFailedError):
-    """The link to a node went away, or the node did not answer in time (confirms become nacks)."""
+    """
+    The link to a node went away, or the node did not answer in time
+    (confirms become nacks).  ``LinkLost(text)``: ``text`` (str) says which
+    node and why; :attr:`path` is None.
+    """
+
+    def __init__(self, text):
+        self.path = None
+        self.reason = text
+        Exception.__init__(self, text)
 
 
 class RemoteOwner:

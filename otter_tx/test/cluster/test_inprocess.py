@@ -790,3 +790,67 @@ class LinkFlowTests(ClusterCase):
 
         bodies = yield self.inThread(drain)
         self.assertEqual(bodies, [b"%04d" % i for i in range(2000)])
+
+
+class ConfirmsAcrossLostLinkTests(ClusterCase):
+    """A confirmed publisher keeps getting answers while the link to its queue's node drops."""
+
+    @inlineCallbacks
+    def test_publisherNotStuck(self):
+        """
+        Persistent, mandatory publishes with confirms on node 1 to a durable queue on node 2:
+        node 2's links are cut mid-stream.  Every publish is answered (confirmed, returned or
+        nacked) within 5 s, and every one confirmed and not returned before the cut is in the
+        queue.
+        """
+        import threading
+
+        def declare():
+            self.conn(1).channel().queue_declare("cq", durable=True)
+
+        yield self.inThread(declare)
+        taken, outcomes = [], []
+        stop = threading.Event()
+
+        def publish():
+            c = self.conn(0)
+            ch = c.channel()
+            ch.confirm_delivery()
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    ch.basic_publish("", "cq", b"%d" % n, pika.BasicProperties(delivery_mode=2), mandatory=True)
+                    taken.append(n)
+                    outcomes.append("ack")
+                except pika.exceptions.UnroutableError:
+                    outcomes.append("returned")
+                except pika.exceptions.NackError:
+                    outcomes.append("nack")
+                    ch = c.channel()
+                    ch.confirm_delivery()
+
+        done = self.inThread(publish)
+        yield waitUntil(lambda: len(outcomes) >= 200, 10)
+        n2 = self.cluster[1]
+        for link in list(n2.links.values()):
+            link.transport.abortConnection()
+        cut = len(outcomes)
+        yield waitUntil(lambda: len(outcomes) >= cut + 200, 5)
+        stop.set()
+        yield done
+        home = self.fixtures[1].broker.vhosts["/"].queues["cq"]
+        # what is there, and what reaches it still (forwards after the link came back)
+        yield waitUntil(lambda: home.readyCount >= len(taken), 5)
+
+        def bodies():
+            ch = self.conn(1).channel()
+            out = set()
+            while True:
+                m = ch.basic_get("cq", auto_ack=True)
+                if m[0] is None:
+                    return out
+                out.add(int(m[2]))
+
+        found = yield self.inThread(bodies)
+        self.assertEqual(sorted(set(taken) - found), [])
