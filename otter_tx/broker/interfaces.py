@@ -25,10 +25,11 @@ What the core is called through:
   vhost routes to: a queue, or the direct reply-to pseudo-queue
   (:class:`~otter_tx.broker.replyto.ReplyToQueue`).
 - :class:`IQueue`: all of a queue a :class:`~otter_tx.broker.session.Session`
-  (and the AMQP door's declare-ok / get-ok) uses.  A queue on another node
-  of a later cluster would implement the same interface and run the same
-  contract suite (``otter_tx/test/unit/test_queue_contract.py``); no
-  cluster code exists yet.
+  (and the AMQP door's declare-ok / get-ok) uses: the classic and quorum
+  :class:`~otter_tx.broker.queue.Queue`, the stream queue
+  (:class:`~otter_tx.broker.stream.StreamQueue`) and a queue on another
+  node of the cluster (:class:`~otter_tx.cluster.remote.RemoteQueue`).
+  Each runs the contract suite (``otter_tx/test/unit/test_queue_contract.py``).
 - :class:`IExchangeType`: the routing table of one exchange type.
 
 The store's seam is :class:`~otter_tx.store.interface.IMessageStore` (and
@@ -145,12 +146,16 @@ class ISessionClient(Interface):
 class IClientConnection(Interface):
     """
     One client connection, as the broker core (vhost deletion, shutdown,
-    alarms, the acknowledgement timeout, connection limits) drives it: the
-    members of ``Broker.connections``.
+    alarms, the acknowledgement timeout, connection and channel limits, the
+    statistics sampler's byte rates) drives it: the members of
+    ``Broker.connections``.
     """
 
     user = Attribute("the authenticated broker user (has ``name``, ``tags``), or None before login")
     vhost = Attribute("the opened VHost, or None before connection.open")
+    channels = Attribute("dict: channel number -> open channel (a user's max-channels limit counts them)")
+    bytesIn = Attribute("int: bytes received (the sampler's ``recv_oct`` rate)")
+    bytesOut = Attribute("int: bytes sent (the sampler's ``send_oct`` rate)")
 
     def close(code, text):
         """

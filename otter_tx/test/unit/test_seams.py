@@ -199,6 +199,17 @@ class CoreCallsThroughSeamsTests(SynchronousTestCase):
         self.assertEqual(self.conn.closes, [])
         self.successResultOf(other.whenClosed())
 
+    def test_userChannelLimitCountsChannels(self):
+        """A user's max-channels limit counts the channels of IClientConnection.channels."""
+        from otter_tx.amqp.errors import AMQPError
+
+        self.conn.user = self.broker.users["guest"]
+        self.conn.channels = {1: object()}
+        self.broker.userLimits["guest"] = {"max-channels": 1}
+        self.assertRaises(AMQPError, self.broker.checkUserChannelLimit, "guest")
+        self.conn.channels = {}
+        self.broker.checkUserChannelLimit("guest")
+
     def test_alarmsTellConnections(self):
         """Raising and clearing an alarm calls alarmChanged on every connection."""
         self.broker.alarms.set("memory")
