@@ -328,6 +328,18 @@ class IQueue(IConsumerSource):
     )
     clock = Attribute("IReactorTime: the queue's clock (RequeueFeeder schedules its slices on it)")
 
+    def checkConsume(noAck, prefetch, arguments):
+        """
+        The queue kind's own rules for a new basic.consume, checked before
+        :meth:`refusesConsumer`: ``noAck`` (bool), ``prefetch`` (int: the
+        channel's per-consumer prefetch count, 0 for none), ``arguments``
+        (dict: the consume's x-arguments).  Raises
+        :class:`~otter_tx.amqp.errors.AMQPError` to refuse (a stream's 406 /
+        540, docs/streams.md); returns None to accept.  Classic and quorum
+        queues accept everything here (the quorum rules the Session applies
+        follow :attr:`quorum`).
+        """
+
     def refusesConsumer(exclusive):
         """
         True when a new basic.consume (``exclusive``, bool) must be refused

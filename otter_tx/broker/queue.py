@@ -444,6 +444,9 @@ class Queue:
 
     # --- consumers ----------------------------------------------------------
 
+    def checkConsume(self, noAck, prefetch, arguments):
+        """A classic or quorum queue has no consume rules of its own (IQueue.checkConsume)."""
+
     def refusesConsumer(self, exclusive):
         """
         True when a new consumer (``exclusive``: basic.consume's flag) is

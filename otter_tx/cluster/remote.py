@@ -178,6 +178,9 @@ class RemoteQueue:
 
     # --- consumers -------------------------------------------------------------
 
+    def checkConsume(self, noAck, prefetch, arguments):
+        """No consume rules of its own here (IQueue.checkConsume): a stream is never on another node."""
+
     def refusesConsumer(self, exclusive):
         """
         This node's consumers decide here (an exclusive one, or an exclusive one

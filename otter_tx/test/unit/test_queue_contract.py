@@ -251,6 +251,10 @@ class QueueContractMixin(ConsumerSourceContractMixin):
         self.pump()
         self.assertEqual(self.source.readyCount, 0)
 
+    def test_checkConsumeAcceptsAPlainConsumer(self):
+        """checkConsume accepts a manual-ack consumer with a prefetch and no x-arguments (None)."""
+        self.assertIsNone(self.source.checkConsume(False, 10, {}))
+
     def test_exclusiveConsumer(self):
         """An exclusive consumer refuses every other until it goes; an exclusive one is refused beside others."""
         self.assertFalse(self.source.refusesConsumer(True))
@@ -299,6 +303,10 @@ class ClassicQueueContractTests(QueueContractMixin, SynchronousTestCase):
     def test_quorumFlag(self):
         """A classic queue is not quorum."""
         self.assertFalse(self.source.quorum)
+
+    def test_checkConsumeAcceptsAll(self):
+        """A classic queue has no consume rules of its own: no-ack, no prefetch, any arguments."""
+        self.assertIsNone(self.source.checkConsume(True, 0, {"x-stream-offset": "first"}))
 
 
 class QuorumQueueContractTests(QueueContractMixin, SynchronousTestCase):
