@@ -228,6 +228,13 @@ class IConsumer(Interface):
     tag = Attribute("str: the consumer tag")
     noAck = Attribute("bool: deliveries are settled when sent")
     priority = Attribute("int: x-priority; higher is served first")
+    prefetch = Attribute(
+        "int: the consumer's prefetch count, 0 for none (a stream reads this many ahead; a queue on "
+        "another node asks its home node for this much credit)"
+    )
+    arguments = Attribute(
+        "dict or None: basic.consume's x-arguments (a stream reads ``x-stream-offset`` from them)"
+    )
 
     def canTake():
         """

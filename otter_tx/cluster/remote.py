@@ -198,7 +198,7 @@ class RemoteQueue:
         self._cids[consumer] = cid
         self._backlog[cid] = deque()
         self.consumers.append(consumer)
-        prefetch = getattr(consumer, "prefetch", 0)
+        prefetch = consumer.prefetch
         window = prefetch or DEFAULT_WINDOW
         if not prefetch:
             # no prefetch: the window only bounds what is in flight on the link;
@@ -372,6 +372,8 @@ class LinkConsumer:
         self.priority = priority
         self.credit = credit
         self.prefetch = credit
+        #: (IConsumer) the home queue is never a stream (streams stay off the cluster)
+        self.arguments = None
 
     def canTake(self):
         return self.credit > 0 and not self.link.paused

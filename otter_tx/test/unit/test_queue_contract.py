@@ -40,10 +40,12 @@ class RecordingConsumer:
     ``delivered``; ``room`` (bool) is what :meth:`canTake` answers.
     """
 
-    def __init__(self, tag="c", noAck=True, priority=0):
+    def __init__(self, tag="c", noAck=True, priority=0, prefetch=0, arguments=None):
         self.tag = tag
         self.noAck = noAck
         self.priority = priority
+        self.prefetch = prefetch
+        self.arguments = arguments
         self.room = True
         self.delivered = []
         self.cancelled = False
