@@ -302,7 +302,10 @@ class IConsumerSource(Interface):
         Put delivered ``entries`` (list) back in their places, marked
         redelivered (basic.nack / reject with requeue, recover, channel
         close); ``dispatch=False`` leaves dispatching to a later
-        :meth:`dispatch`.
+        :meth:`dispatch`.  A queue kind that cannot requeue raises
+        :class:`~otter_tx.amqp.errors.AMQPError` when ``dispatch`` is true
+        (a stream: 540; a closing channel's ``dispatch=False`` only returns
+        credit there).
         """
 
     def dispatch():
@@ -321,10 +324,15 @@ class IQueue(IConsumerSource):
     A queue as a Session (and the AMQP door's declare-ok / get-ok) uses it:
     consume, get, settle, requeue, reject, purge, and the quorum rules the
     Session applies.  Classic and quorum queues are both
-    :class:`~otter_tx.broker.queue.Queue`; a queue on another node would
-    implement the same interface.  ``ConsumerSourceContractMixin`` and
+    :class:`~otter_tx.broker.queue.Queue`; a stream is its subclass
+    :class:`~otter_tx.broker.stream.StreamQueue`, a queue on another node
+    :class:`~otter_tx.cluster.remote.RemoteQueue`.  ``ConsumerSourceContractMixin`` and
     ``QueueContractMixin`` (``otter_tx/test/unit/test_queue_contract.py``)
-    state the contract as tests; every implementation runs them.
+    state the contract as tests; every implementation runs them (the
+    stream's, in ``test_stream.py``, overrides the tests of what a stream
+    refuses).  A call a queue kind does not support raises
+    :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's answer (a
+    stream's basic.get, purge, reject and requeue: 540 NOT_IMPLEMENTED).
     """
 
     readyCount = Attribute("int: messages ready for delivery (queue.declare-ok's message_count)")
@@ -352,13 +360,14 @@ class IQueue(IConsumerSource):
         True when a new basic.consume (``exclusive``, bool) must be refused
         with 403 ACCESS_REFUSED ``queue 'Q' in vhost 'V' in exclusive use``:
         the queue has an exclusive consumer, or an exclusive one is asked
-        while it has consumers or is single-active-consumer.
+        while it has consumers or is single-active-consumer.  (A stream
+        ignores the flag and never refuses.)
         """
 
     def basicGet(noAck):
         """
         basic.get: the head entry, taken (settled at once with ``noAck``,
-        else unacknowledged), or None when nothing is ready.
+        else unacknowledged), or None when nothing is ready (a stream: 540).
         """
 
     def settle(entry):
@@ -368,11 +377,11 @@ class IQueue(IConsumerSource):
         """
         ``entries`` (list) were rejected without requeue: dead-lettered with
         reason ``rejected`` when the queue has a dead-letter exchange, else
-        dropped (https://www.rabbitmq.com/docs/dlx).
+        dropped (https://www.rabbitmq.com/docs/dlx).  A stream: 540.
         """
 
     def purge():
-        """queue.purge: drop every ready message; the number dropped (int)."""
+        """queue.purge: drop every ready message; the number dropped (int).  A stream: 540."""
 
     def holdRequeue(feeder):
         """

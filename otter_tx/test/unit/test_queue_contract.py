@@ -14,10 +14,13 @@ The contract is split in two, as the interfaces are:
   ready messages, basic.get, settle, requeue (redelivered), reject,
   purge, the exclusive-consume rule and the requeue holds.
 
-Run here against the classic queue, the quorum queue and the direct
-reply-to pseudo-queue; testing.py has no fake queue.  A queue on another
-node (the cluster's remote queue) runs the same mixins: subclass one with a
-``SynchronousTestCase`` and give :meth:`makeSource`.
+Run here against the classic queue, the quorum queue, the direct reply-to
+pseudo-queue and a queue on another node (the cluster's RemoteQueue), and
+in ``test_stream.py`` against the stream queue (StreamContractTests, which
+overrides the tests of what a stream refuses); testing.py has no fake
+queue (the unit tests use real queues on a ``task.Clock``).  A new kind
+runs the same mixins: subclass one with a ``SynchronousTestCase`` and give
+:meth:`makeSource`.
 """
 
 from twisted.internet.interfaces import IReactorTime
