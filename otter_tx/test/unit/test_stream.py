@@ -9,12 +9,10 @@ against RabbitMQ 3.10.
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface.verify import verifyObject
 
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
-from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import (
     OffsetSpec,
