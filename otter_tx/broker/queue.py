@@ -444,6 +444,15 @@ class Queue:
 
     # --- consumers ----------------------------------------------------------
 
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """
+        queue.delete's ``if-unused`` / ``if-empty`` (bools) as this kind
+        applies them: the pair :meth:`VHost.deleteQueue
+        <otter_tx.broker.vhost.VHost.deleteQueue>` checks.  A classic or
+        quorum queue keeps both (the vhost refuses them on a quorum queue).
+        """
+        return ifUnused, ifEmpty
+
     def checkConsume(self, noAck, prefetch, arguments):
         """A classic or quorum queue has no consume rules of its own (IQueue.checkConsume)."""
 

@@ -940,6 +940,10 @@ class StreamQueue(Queue):
     def touch(self):
         """Streams have no x-expires lease."""
 
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """RabbitMQ 3.10 deletes a stream whatever if-unused / if-empty say (checked on the peer)."""
+        return False, False
+
     # --- counts --------------------------------------------------------------------
 
     @property

@@ -415,9 +415,7 @@ class VHost:
             raise notImplemented(
                 "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
                 % (resourceText("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
-        if q.queueType == STREAM:
-            # RabbitMQ 3.10 deletes a stream whatever if-unused / if-empty say (checked on the peer)
-            ifUnused = ifEmpty = False
+        ifUnused, ifEmpty = q.deleteConditions(ifUnused, ifEmpty)
         if ifUnused and q.consumers:
             raise preconditionFailed("%s in use" % (resourceText("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:

@@ -178,6 +178,10 @@ class RemoteQueue:
 
     # --- consumers -------------------------------------------------------------
 
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """As a classic or quorum queue (a stream is never on another node): both kept."""
+        return ifUnused, ifEmpty
+
     def checkConsume(self, noAck, prefetch, arguments):
         """No consume rules of its own here (IQueue.checkConsume): a stream is never on another node."""
 

@@ -518,6 +518,16 @@ class StreamContractTests(QueueContractMixin, SynchronousTestCase):
         self.source.releaseRequeue(feeder)
         self.assertEqual([e.message.body for _, e in c.delivered], [b"x"])
 
+    def test_deleteIgnoresConditions(self):
+        """queue.delete with if-unused and if-empty deletes a stream with consumers and messages (as 3.10)."""
+        self.source.enqueue(self.message())
+        self.pump()
+        c = self.consumeFirst()
+        self.assertEqual(self.source.deleteConditions(True, True), (False, False))
+        self.vhost.deleteQueue(self.source, ifUnused=True, ifEmpty=True)
+        self.assertNotIn("stream", self.vhost.queues)
+        self.assertTrue(c.cancelled)
+
     def test_checkConsumeAcceptsAPlainConsumer(self):
         """A manual-ack consumer with a prefetch is accepted; no-ack (540) and no prefetch (406) are not."""
         QueueContractMixin.test_checkConsumeAcceptsAPlainConsumer(self)
