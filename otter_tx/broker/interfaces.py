@@ -283,7 +283,9 @@ class IConsumerSource(Interface):
         ``redelivered``.
         Returns True when taken, False when refused (a queue's
         ``reject-publish`` overflow; the publisher then gets basic.nack with
-        confirms on, https://www.rabbitmq.com/docs/maxlength).
+        confirms on, https://www.rabbitmq.com/docs/maxlength), or None when
+        it cannot reach the queue at all (a queue on another node that is
+        down: ``VHost.publish`` counts it unroutable, as RabbitMQ 3.10 does).
         """
 
     def addConsumer(consumer, exclusive=False):

@@ -395,6 +395,13 @@ class RemoteQueueContractTests(QueueContractMixin, SynchronousTestCase):
         """A classic queue on another node is not quorum."""
         self.assertFalse(self.source.quorum)
 
+    def test_enqueueWhileHomeDown(self):
+        """While its home node is down, enqueue is None (unroutable, IConsumerSource.enqueue); after, True."""
+        self.source.homeDown()
+        self.assertIsNone(self.source.enqueue(self.message()))
+        self.source.homeUp()
+        self.assertTrue(self.source.enqueue(self.message()))
+
     def test_homeHoldsTheMessages(self):
         """Published through node b, the message is in node a's queue."""
         self.source.enqueue(self.message(b"there"))
