@@ -185,6 +185,16 @@ class Queue:
 
     # --- queue expiry (x-expires) ------------------------------------------
 
+    def declared(self, renew):
+        """
+        A declare of this queue (passive, or an equivalent redeclare): the
+        ``x-expires`` lease renewed when ``renew`` (bool); returns the queue
+        (a queue on another node returns a Deferred of it, with its counts).
+        """
+        if renew:
+            self.touch()
+        return self
+
     def touch(self):
         """
         Renew the ``x-expires`` lease: declare, passive declare and

@@ -309,6 +309,11 @@ class ClassicQueueContractTests(QueueContractMixin, SynchronousTestCase):
         """A classic queue is not quorum."""
         self.assertFalse(self.source.quorum)
 
+    def test_declared(self):
+        """A declare of the queue (VHost.declareQueue's passive and redeclare) answers with the queue itself."""
+        self.assertIs(self.source.declared(renew=True), self.source)
+        self.assertIs(self.source.declared(renew=False), self.source)
+
     def test_checkConsumeAcceptsAll(self):
         """A classic queue has no consume rules of its own: no-ack, no prefetch, any arguments."""
         self.assertIsNone(self.source.checkConsume(True, 0, {"x-stream-offset": "first"}))
@@ -394,6 +399,12 @@ class RemoteQueueContractTests(QueueContractMixin, SynchronousTestCase):
     def test_quorumFlag(self):
         """A classic queue on another node is not quorum."""
         self.assertFalse(self.source.quorum)
+
+    def test_declared(self):
+        """A declare of the queue here answers (later) with this node's view of it, counts from home."""
+        self.homeQueue.enqueue(self.message())
+        self.assertIs(self.result(self.source.declared(renew=True)), self.source)
+        self.assertEqual(self.source.readyCount, 1)
 
     def test_enqueueWhileHomeDown(self):
         """While its home node is down, enqueue is None (unroutable, IConsumerSource.enqueue); after, True."""
