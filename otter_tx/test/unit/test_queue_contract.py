@@ -406,6 +406,17 @@ class RemoteQueueContractTests(QueueContractMixin, SynchronousTestCase):
         self.assertIs(self.result(self.source.declared(renew=True)), self.source)
         self.assertEqual(self.source.readyCount, 1)
 
+    def test_linkConsumerIsAnIConsumer(self):
+        """A consumer here is, on the home queue, a LinkConsumer that provides IConsumer."""
+        from otter_tx.cluster.remote import LinkConsumer
+
+        self.source.addConsumer(RecordingConsumer(noAck=False, prefetch=3))
+        self.pump()
+        [home] = self.homeQueue.consumers
+        self.assertIsInstance(home, LinkConsumer)
+        self.assertTrue(verifyObject(IConsumer, home))
+        self.assertEqual(home.prefetch, 3)
+
     def test_enqueueWhileHomeDown(self):
         """While its home node is down, enqueue is None (unroutable, IConsumerSource.enqueue); after, True."""
         self.source.homeDown()
