@@ -1001,5 +1001,5 @@ class ConnectionEngine:
         the encoded property flags and list, ``body`` split by frame_max.
         """
         payload = spec.BasicPublish(0, exchange, routingKey, mandatory, False).encode()
-        header = struct.pack("!HHQ", 60, 0, len(body)) + propsRaw
+        header = struct.pack("!HHQ", CLASS_BASIC, 0, len(body)) + propsRaw
         return contentFrames(number, payload, header, body, self.frameMax)

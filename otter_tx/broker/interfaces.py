@@ -25,10 +25,11 @@ What the core is called through:
   vhost routes to: a queue, or the direct reply-to pseudo-queue
   (:class:`~otter_tx.broker.replyto.ReplyToQueue`).
 - :class:`IQueue`: all of a queue a :class:`~otter_tx.broker.session.Session`
-  (and the AMQP door's declare-ok / get-ok) uses.  A queue on another node
-  of a later cluster would implement the same interface and run the same
-  contract suite (``otter_tx/test/unit/test_queue_contract.py``); no
-  cluster code exists yet.
+  (and the AMQP door's declare-ok / get-ok) uses: the classic and quorum
+  :class:`~otter_tx.broker.queue.Queue`, the stream queue
+  (:class:`~otter_tx.broker.stream.StreamQueue`) and a queue on another
+  node of the cluster (:class:`~otter_tx.cluster.remote.RemoteQueue`).
+  Each runs the contract suite (``otter_tx/test/unit/test_queue_contract.py``).
 - :class:`IExchangeType`: the routing table of one exchange type.
 
 The store's seam is :class:`~otter_tx.store.interface.IMessageStore` (and
@@ -145,12 +146,16 @@ class ISessionClient(Interface):
 class IClientConnection(Interface):
     """
     One client connection, as the broker core (vhost deletion, shutdown,
-    alarms, the acknowledgement timeout, connection limits) drives it: the
-    members of ``Broker.connections``.
+    alarms, the acknowledgement timeout, connection and channel limits, the
+    statistics sampler's byte rates) drives it: the members of
+    ``Broker.connections``.
     """
 
     user = Attribute("the authenticated broker user (has ``name``, ``tags``), or None before login")
     vhost = Attribute("the opened VHost, or None before connection.open")
+    channels = Attribute("dict: channel number -> open channel (a user's max-channels limit counts them)")
+    bytesIn = Attribute("int: bytes received (the sampler's ``recv_oct`` rate)")
+    bytesOut = Attribute("int: bytes sent (the sampler's ``send_oct`` rate)")
 
     def close(code, text):
         """
@@ -231,6 +236,13 @@ class IConsumer(Interface):
     tag = Attribute("str: the consumer tag")
     noAck = Attribute("bool: deliveries are settled when sent")
     priority = Attribute("int: x-priority; higher is served first")
+    prefetch = Attribute(
+        "int: the consumer's prefetch count, 0 for none (a stream reads this many ahead; a queue on "
+        "another node asks its home node for this much credit)"
+    )
+    arguments = Attribute(
+        "dict or None: basic.consume's x-arguments (a stream reads ``x-stream-offset`` from them)"
+    )
 
     def canTake():
         """
@@ -279,7 +291,9 @@ class IConsumerSource(Interface):
         ``redelivered``.
         Returns True when taken, False when refused (a queue's
         ``reject-publish`` overflow; the publisher then gets basic.nack with
-        confirms on, https://www.rabbitmq.com/docs/maxlength).
+        confirms on, https://www.rabbitmq.com/docs/maxlength), or None when
+        it cannot reach the queue at all (a queue on another node that is
+        down: ``VHost.publish`` counts it unroutable, as RabbitMQ 3.10 does).
         """
 
     def addConsumer(consumer, exclusive=False):
@@ -298,7 +312,10 @@ class IConsumerSource(Interface):
         Put delivered ``entries`` (list) back in their places, marked
         redelivered (basic.nack / reject with requeue, recover, channel
         close); ``dispatch=False`` leaves dispatching to a later
-        :meth:`dispatch`.
+        :meth:`dispatch`.  A queue kind that cannot requeue raises
+        :class:`~otter_tx.amqp.errors.AMQPError` when ``dispatch`` is true
+        (a stream: 540; a closing channel's ``dispatch=False`` only returns
+        credit there).
         """
 
     def dispatch():
@@ -317,10 +334,15 @@ class IQueue(IConsumerSource):
     A queue as a Session (and the AMQP door's declare-ok / get-ok) uses it:
     consume, get, settle, requeue, reject, purge, and the quorum rules the
     Session applies.  Classic and quorum queues are both
-    :class:`~otter_tx.broker.queue.Queue`; a queue on another node would
-    implement the same interface.  ``ConsumerSourceContractMixin`` and
+    :class:`~otter_tx.broker.queue.Queue`; a stream is its subclass
+    :class:`~otter_tx.broker.stream.StreamQueue`, a queue on another node
+    :class:`~otter_tx.cluster.remote.RemoteQueue`.  ``ConsumerSourceContractMixin`` and
     ``QueueContractMixin`` (``otter_tx/test/unit/test_queue_contract.py``)
-    state the contract as tests; every implementation runs them.
+    state the contract as tests; every implementation runs them (the
+    stream's, in ``test_stream.py``, overrides the tests of what a stream
+    refuses).  A call a queue kind does not support raises
+    :class:`~otter_tx.amqp.errors.AMQPError` with RabbitMQ's answer (a
+    stream's basic.get, purge, reject and requeue: 540 NOT_IMPLEMENTED).
     """
 
     readyCount = Attribute("int: messages ready for delivery (queue.declare-ok's message_count)")
@@ -331,18 +353,31 @@ class IQueue(IConsumerSource):
     )
     clock = Attribute("IReactorTime: the queue's clock (RequeueFeeder schedules its slices on it)")
 
+    def checkConsume(noAck, prefetch, arguments):
+        """
+        The queue kind's own rules for a new basic.consume, checked before
+        :meth:`refusesConsumer`: ``noAck`` (bool), ``prefetch`` (int: the
+        channel's per-consumer prefetch count, 0 for none), ``arguments``
+        (dict: the consume's x-arguments).  Raises
+        :class:`~otter_tx.amqp.errors.AMQPError` to refuse (a stream's 406 /
+        540, docs/streams.md); returns None to accept.  Classic and quorum
+        queues accept everything here (the quorum rules the Session applies
+        follow :attr:`quorum`).
+        """
+
     def refusesConsumer(exclusive):
         """
         True when a new basic.consume (``exclusive``, bool) must be refused
         with 403 ACCESS_REFUSED ``queue 'Q' in vhost 'V' in exclusive use``:
         the queue has an exclusive consumer, or an exclusive one is asked
-        while it has consumers or is single-active-consumer.
+        while it has consumers or is single-active-consumer.  (A stream
+        ignores the flag and never refuses.)
         """
 
     def basicGet(noAck):
         """
         basic.get: the head entry, taken (settled at once with ``noAck``,
-        else unacknowledged), or None when nothing is ready.
+        else unacknowledged), or None when nothing is ready (a stream: 540).
         """
 
     def settle(entry):
@@ -352,11 +387,11 @@ class IQueue(IConsumerSource):
         """
         ``entries`` (list) were rejected without requeue: dead-lettered with
         reason ``rejected`` when the queue has a dead-letter exchange, else
-        dropped (https://www.rabbitmq.com/docs/dlx).
+        dropped (https://www.rabbitmq.com/docs/dlx).  A stream: 540.
         """
 
     def purge():
-        """queue.purge: drop every ready message; the number dropped (int)."""
+        """queue.purge: drop every ready message; the number dropped (int).  A stream: 540."""
 
     def holdRequeue(feeder):
         """

@@ -185,6 +185,16 @@ class Queue:
 
     # --- queue expiry (x-expires) ------------------------------------------
 
+    def declared(self, renew):
+        """
+        A declare of this queue (passive, or an equivalent redeclare): the
+        ``x-expires`` lease renewed when ``renew`` (bool); returns the queue
+        (a queue on another node returns a Deferred of it, with its counts).
+        """
+        if renew:
+            self.touch()
+        return self
+
     def touch(self):
         """
         Renew the ``x-expires`` lease: declare, passive declare and
@@ -443,6 +453,18 @@ class Queue:
         self.vhost.deadLetterer.deadLetter(self, [e.message for e in entries], "expired")
 
     # --- consumers ----------------------------------------------------------
+
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """
+        queue.delete's ``if-unused`` / ``if-empty`` (bools) as this kind
+        applies them: the pair :meth:`VHost.deleteQueue
+        <otter_tx.broker.vhost.VHost.deleteQueue>` checks.  A classic or
+        quorum queue keeps both (the vhost refuses them on a quorum queue).
+        """
+        return ifUnused, ifEmpty
+
+    def checkConsume(self, noAck, prefetch, arguments):
+        """A classic or quorum queue has no consume rules of its own (IQueue.checkConsume)."""
 
     def refusesConsumer(self, exclusive):
         """

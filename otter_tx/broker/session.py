@@ -403,10 +403,8 @@ class Session:
                 raise notImplemented(
                     "%s does not support global qos" % (resourceText("queue", qname, self.vhost.name),))
             exclusive = False
-        checkConsume = getattr(q, "checkConsume", None)
-        if checkConsume is not None:
-            # a queue kind's own consumer rules (a stream's: docs/streams.md)
-            checkConsume(noAck, self.prefetchCount, args)
+        # a queue kind's own consumer rules (a stream's: docs/streams.md)
+        q.checkConsume(noAck, self.prefetchCount, args)
         if q.refusesConsumer(exclusive):
             raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)

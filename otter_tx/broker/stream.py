@@ -940,6 +940,10 @@ class StreamQueue(Queue):
     def touch(self):
         """Streams have no x-expires lease."""
 
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """RabbitMQ 3.10 deletes a stream whatever if-unused / if-empty say (checked on the peer)."""
+        return False, False
+
     # --- counts --------------------------------------------------------------------
 
     @property
@@ -1006,7 +1010,7 @@ class StreamQueue(Queue):
 
     def addConsumer(self, consumer, exclusive=False):
         """``consumer`` reads from its ``x-stream-offset`` (default ``next``)."""
-        spec = (consumer.arguments or {}).get("x-stream-offset", "next") if hasattr(consumer, "arguments") else "next"
+        spec = (consumer.arguments or {}).get("x-stream-offset", "next")
         try:
             reader = self.stream.reader(parseOffsetSpec(spec, nowMs(self.clock)))
         except ValueError:
@@ -1058,7 +1062,7 @@ class StreamQueue(Queue):
                         more = True
                         break
                     if not state.buffer:
-                        state.buffer = state.reader.read(min(READ_BATCH, getattr(c, "prefetch", 0) or READ_BATCH))
+                        state.buffer = state.reader.read(min(READ_BATCH, c.prefetch or READ_BATCH))
                         state.buffer.reverse()
                         if not state.buffer:
                             break

@@ -321,13 +321,9 @@ class VHost:
             if name == REPLY_TO or (name.startswith(REPLY_PREFIX) and name[len(REPLY_PREFIX):] in self.replyTo):
                 return _ReplyToDeclared(name)
             q = self.getQueue(name, connection)
-            if self.remoteQueues.get(name) is q:
-                # on another node: its counts come from there (a Deferred)
-                return q.declared(renew=not q.quorum)
-            if not q.quorum:
-                # a quorum queue's lease is not renewed by a passive declare (3.10)
-                q.touch()
-            return q
+            # a quorum queue's lease is not renewed by a passive declare (3.10);
+            # a queue on another node answers with its counts from there (a Deferred)
+            return q.declared(renew=not q.quorum)
         qtype = queueType(arguments)
         quorum = qtype == QUORUM
         if qtype != "classic" and (name == "" or serverNamed):
@@ -352,10 +348,7 @@ class VHost:
                 "queue", name, self.name, arguments, q.arguments,
                 _EQUIVALENCE.get(q.queueType, EQUIVALENCE_ARGS),
             )
-            if self.remoteQueues.get(name) is q:
-                return q.declared(renew=True)
-            q.touch()
-            return q
+            return q.declared(renew=True)
         validateQueueArguments(arguments, name, self.name)
         if quorum:
             validateQuorumDeclare(name, self.name, durable, exclusive, autoDelete)
@@ -415,9 +408,7 @@ class VHost:
             raise notImplemented(
                 "cannot delete %s. queue.delete operations with %s flag set are not supported by quorum queues"
                 % (resourceText("queue", q.name, self.name), "if-unused" if ifUnused else "if-empty"))
-        if q.queueType == STREAM:
-            # RabbitMQ 3.10 deletes a stream whatever if-unused / if-empty say (checked on the peer)
-            ifUnused = ifEmpty = False
+        ifUnused, ifEmpty = q.deleteConditions(ifUnused, ifEmpty)
         if ifUnused and q.consumers:
             raise preconditionFailed("%s in use" % (resourceText("queue", q.name, self.name),))
         if ifEmpty and q.readyCount:

@@ -15,6 +15,7 @@ class EtcdMetadata:
     """
     :param endpoints: etcd client URLs (list of str, ``http://host:port``).
     :param clock: the reactor.  :param prefix: the key prefix (str).
+    :param timeout: seconds each etcd request may take (float).
     :ivar connected: False while the watch stream or the lease is lost.
     :ivar onLost: called with a reason (str) when the node's lease is lost
         or etcd cannot be reached (set by the node).

@@ -97,6 +97,8 @@ class EtcdCluster:
     :ivar endpoints: list of the members' client URLs (``"http://127.0.0.1:PORT"``), member order
     :ivar members: list of :class:`EtcdMember`
     :ivar dataDir: the directory holding every member's data and log (removed by :meth:`stop`)
+
+    ``timeout``: seconds :meth:`waitHealthy` waits by default (:func:`startEtcd`'s).
     """
 
     def __init__(self, members, dataDir, token, reactor, timeout):

@@ -4,7 +4,8 @@ the JSON records, and :class:`MemoryMetadata`, an in-process stand-in for
 etcd that several nodes of one unit test share (the real one is
 :class:`otter_tx.cluster.etcdmeta.EtcdMetadata`).
 
-Both offer the same Deferred-returning calls: ``grantLease(ttl)``,
+Both offer the same Deferred-returning calls: ``grantLease(ttl)`` (``ttl``
+in seconds, int; fires the lease id),
 ``create(key, value, lease=None)`` (a transaction: put only if the key is
 absent; fires ``(created, currentValue, revision)``), ``put`` and
 ``delete`` (fire the revision), ``load(prefix)`` (fires ``(items,

@@ -187,6 +187,13 @@ class RemoteQueue:
 
     # --- consumers -------------------------------------------------------------
 
+    def deleteConditions(self, ifUnused, ifEmpty):
+        """As a classic or quorum queue (a stream is never on another node): both kept."""
+        return ifUnused, ifEmpty
+
+    def checkConsume(self, noAck, prefetch, arguments):
+        """No consume rules of its own here (IQueue.checkConsume): a stream is never on another node."""
+
     def refusesConsumer(self, exclusive):
         """
         This node's consumers decide here (an exclusive one, or an exclusive one
@@ -204,7 +211,7 @@ class RemoteQueue:
         self._cids[consumer] = cid
         self._backlog[cid] = deque()
         self.consumers.append(consumer)
-        prefetch = getattr(consumer, "prefetch", 0)
+        prefetch = consumer.prefetch
         window = prefetch or DEFAULT_WINDOW
         if not prefetch:
             # no prefetch: the window only bounds what is in flight on the link;
@@ -378,6 +385,8 @@ class LinkConsumer:
         self.priority = priority
         self.credit = credit
         self.prefetch = credit
+        #: (IConsumer) the home queue is never a stream (streams stay off the cluster)
+        self.arguments = None
 
     def canTake(self):
         return self.credit > 0 and not self.link.paused

@@ -833,7 +833,9 @@ class StreamServerFactory(Factory):
     """
     The stream listener's factory: the broker (users, permissions, vhosts),
     the streams backend, the clock; ``advertisedHost``/``advertisedPort``
-    answer metadata and open (default: the listening address).
+    answer metadata and open (default: the listening address); ``frameMax``
+    (bytes) and ``heartbeat`` (seconds) are what the server proposes in
+    tune; ``handshakeTimeout``: seconds a client may take to log in and open.
     """
 
     protocol = StreamServerProtocol

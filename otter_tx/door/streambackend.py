@@ -271,8 +271,8 @@ class Tracking:
     """
     Publisher sequences (de-duplication) and consumer offsets per stream,
     kept in memory and, with a ``directory``, written to one small JSON file
-    per stream a moment after they change (RabbitMQ keeps them in the
-    stream's own log; the core does not, yet).
+    per stream a moment after they change (``delay`` seconds, float;
+    RabbitMQ keeps them in the stream's own log; the core does not, yet).
     """
 
     def __init__(self, clock, directory=None, delay=0.2):

@@ -595,6 +595,7 @@ def saslAuthenticateResponse(corr, code, challenge=b""):
 
 
 def tune(frameMax, heartbeat):
+    """The server's Tune: ``frameMax`` in bytes, ``heartbeat`` in seconds (0: none)."""
     return _frame(_HH.pack(TUNE, 1) + struct.pack(">II", frameMax, heartbeat))
 
 

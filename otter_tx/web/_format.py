@@ -76,7 +76,7 @@ def defaultView(broker):
 def connectionName(conn):
     """
     RabbitMQ's connection name ``"PEERHOST:PEERPORT -> HOST:PORT"``
-    (``IClientConnection.name``).
+    (``IConnectionInfo.name``).
     """
     return conn.name
 

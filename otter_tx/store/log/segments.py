@@ -1114,7 +1114,7 @@ class LogRange:
         self.minExpiresAt = None
 
     def add(self, position, redelivered, seq, size, expiresAt):
-        """One more message (``expiresAt`` NaN for none)."""
+        """One more message (``expiresAt``: clock ms, NaN for none; ``size``: bytes)."""
         self.positions.append(position)
         self.redelivered.append(1 if redelivered else 0)
         if self.firstSeq is None:

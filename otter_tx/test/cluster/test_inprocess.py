@@ -15,19 +15,10 @@ from twisted.internet.defer import inlineCallbacks
 from otter_tx.cluster.link import LinkFactory
 from otter_tx.cluster.metadata import MemoryMetadata
 from otter_tx.cluster.node import ClusterNode
+from otter_tx.test.interop.support import waitOnReactor
 from otter_tx.testing import startBroker
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
-
-
-@inlineCallbacks
-def waitUntil(predicate, timeout=5.0):
-    """On the reactor: poll ``predicate()`` every 10 ms until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in %s s" % (timeout,))
-        yield task.deferLater(reactor, 0.01, lambda: None)
 
 
 class ClusterCase(TestCase):
@@ -53,7 +44,7 @@ class ClusterCase(TestCase):
             yield node.start(port.getHost().port)
             self.fixtures.append(f)
             self.cluster.append(node)
-        yield waitUntil(lambda: all(len(n.links) == self.nodes - 1 for n in self.cluster), 10)
+        yield waitOnReactor(lambda: all(len(n.links) == self.nodes - 1 for n in self.cluster), 10)
 
     def conn(self, i):
         c = pika.BlockingConnection(pika.ConnectionParameters(
@@ -100,7 +91,7 @@ class AcrossNodesTests(ClusterCase):
         self.assertEqual([g[0] for g in got], [b"m%d" % i for i in range(50)])
         self.assertEqual({(g[1], g[2], g[3]) for g in got}, {(False, "", "q1")})
         home = self.fixtures[1].broker.vhosts["/"].queues["q1"]
-        yield waitUntil(lambda: home.readyCount == 0 and home.unackedCount == 0, 5)
+        yield waitOnReactor(lambda: home.readyCount == 0 and home.unackedCount == 0, 5)
         self.assertIn("q1", self.fixtures[0].broker.vhosts["/"].remoteQueues)
 
     @inlineCallbacks
@@ -115,7 +106,7 @@ class AcrossNodesTests(ClusterCase):
             return True
 
         yield self.inThread(run)
-        yield waitUntil(lambda: "tx" in self.fixtures[2].broker.vhosts["/"].exchanges
+        yield waitOnReactor(lambda: "tx" in self.fixtures[2].broker.vhosts["/"].exchanges
                         and self.fixtures[2].broker.vhosts["/"].exchanges["tx"].routing.bindings(), 5)
 
         def publish():
@@ -161,7 +152,7 @@ class AcrossNodesTests(ClusterCase):
         home, body, purged, deleted = yield self.inThread(run)
         self.assertEqual(len(home), 1)
         self.assertEqual((body, purged, deleted), (b"g0", 4, 1))
-        yield waitUntil(lambda: all("gq" not in f.broker.vhosts["/"].remoteQueues
+        yield waitOnReactor(lambda: all("gq" not in f.broker.vhosts["/"].remoteQueues
                                     and "gq" not in f.broker.vhosts["/"].queues for f in self.fixtures), 5)
 
     @inlineCallbacks
@@ -205,7 +196,7 @@ class AcrossNodesTests(ClusterCase):
         n2.running = False
         for link in list(n2.links.values()):
             link.transport.abortConnection()
-        yield waitUntil(lambda: self.fixtures[0].broker.vhosts["/"].remoteQueues["dq"].down, 5)
+        yield waitOnReactor(lambda: self.fixtures[0].broker.vhosts["/"].remoteQueues["dq"].down, 5)
 
         def after():
             deadline = time.time() + 5
@@ -275,14 +266,14 @@ class DefinitionsTests(ClusterCase):
         b1.setPermissions("alice", "v2", ".*", ".*", ".*")
         b1.setPolicy("v2", "lim", "^lim", {"max-length": 3}, 0, "queues")
         others = [f.broker for f in self.fixtures[1:]]
-        yield waitUntil(lambda: all("v2" in b.vhosts and "alice" in b.users
+        yield waitOnReactor(lambda: all("v2" in b.vhosts and "alice" in b.users
                                     and ("alice", "v2") in b.permissions
                                     and "lim" in b.vhosts["v2"].policies for b in others), 1)
         b3 = others[1]
         self.assertEqual(b3.users["alice"].passwordHash, b1.users["alice"].passwordHash)
         b3.clearPolicy("v2", "lim")
         b3.deleteVHost("v2")
-        yield waitUntil(lambda: "v2" not in b1.vhosts and "v2" not in others[0].vhosts, 1)
+        yield waitOnReactor(lambda: "v2" not in b1.vhosts and "v2" not in others[0].vhosts, 1)
 
     @inlineCallbacks
     def test_policyAppliesToQueueOnOtherNode(self):
@@ -293,7 +284,7 @@ class DefinitionsTests(ClusterCase):
         yield self.inThread(declare)
         self.fixtures[0].broker.setPolicy("/", "pl", "^plq$", {"max-length": 1}, 0, "queues")
         home = self.fixtures[1].broker.vhosts["/"]
-        yield waitUntil(lambda: "pl" in home.policies, 1)
+        yield waitOnReactor(lambda: "pl" in home.policies, 1)
 
         def publish():
             ch = self.conn(2).channel()
@@ -507,7 +498,7 @@ class ManagementTests(ClusterCase):
             deleted = self.api(0, "DELETE", "/api/queues/%2F/hq")[0]
             return homes, got, purged, deleted
 
-        yield waitUntil(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
+        yield waitOnReactor(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
         homes, got, purged, deleted = yield self.inThread(run)
         self.assertEqual(homes, {"n2"})
         self.assertEqual((got[0], [m["payload"] for m in got[1]]), (200, ["p1"]))
@@ -523,13 +514,13 @@ class ManagementTests(ClusterCase):
             self.conn(1).channel().queue_declare("dq2", durable=True)
 
         yield self.inThread(declare)
-        yield waitUntil(lambda: "dq2" in self.fixtures[0].broker.vhosts["/"].remoteQueues, 5)
+        yield waitOnReactor(lambda: "dq2" in self.fixtures[0].broker.vhosts["/"].remoteQueues, 5)
         n2 = self.cluster[1]
         n2.running = False
         yield self.ports[1].stopListening()
         for link in list(n2.links.values()):
             link.transport.abortConnection()
-        yield waitUntil(lambda: "n2" not in self.cluster[0].links, 5)
+        yield waitOnReactor(lambda: "n2" not in self.cluster[0].links, 5)
         code, nodes = yield self.inThread(self.api, 0, "GET", "/api/nodes")
         self.assertEqual(sorted((n["name"], n["running"]) for n in nodes),
                          [("n1", True), ("n2", False), ("n3", True)])
@@ -611,7 +602,7 @@ class ManagementTests(ClusterCase):
                     and "oq2" in remote and remote["oq2"].figures.get("consumers") == 1
                     and figures.get("n3", {}).get("overview", {}).get("connections") == 1)
 
-        yield waitUntil(seen, 5)
+        yield waitOnReactor(seen, 5)
         code, ov = yield self.inThread(self.api, 0, "GET", "/api/overview")
         self.assertEqual(code, 200)
         self.assertEqual(ov["node"], "n1")
@@ -645,11 +636,11 @@ class ManagementTests(ClusterCase):
             assert self.api(2, "PUT", "/api/exchanges/%2F/hx", {"type": "direct", "durable": True})[0] == 201
 
         yield self.inThread(declare)
-        yield waitUntil(lambda: "bq" in self.fixtures[0].broker.vhosts["/"].remoteQueues
+        yield waitOnReactor(lambda: "bq" in self.fixtures[0].broker.vhosts["/"].remoteQueues
                         and "hx" in self.fixtures[0].broker.vhosts["/"].exchanges, 5)
         code, _ = yield self.inThread(self.api, 0, "POST", "/api/bindings/%2F/e/hx/q/bq", {"routing_key": "k"})
         self.assertEqual(code, 201)
-        yield waitUntil(lambda: self.fixtures[2].broker.vhosts["/"].exchanges["hx"].routing.bindings(), 5)
+        yield waitOnReactor(lambda: self.fixtures[2].broker.vhosts["/"].exchanges["hx"].routing.bindings(), 5)
 
         def publishAndGet():
             code, routed = self.api(2, "POST", "/api/exchanges/%2F/hx/publish", {
@@ -732,7 +723,7 @@ class OverviewTests(ClusterCase):
             return c
 
         yield self.inThread(run)
-        yield waitUntil(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
+        yield waitOnReactor(lambda: all(len(n.figures) == 2 for n in self.cluster), 5)
         yield task.deferLater(reactor, 1.2, lambda: None)  # the figures of a second later
         code, o = yield self.inThread(self.api, 2, "GET", "/api/overview")
         self.assertEqual((o["node"], o["object_totals"]["queues"], o["queue_totals"]["messages"]), ("n3", 1, 1))

@@ -14,7 +14,8 @@ Against an external broker every test must clean up the entities it
 creates; names get a per-test unique suffix from :meth:`InteropTestCase.name`.
 
 Waiting is polling for a condition with a deadline (:func:`waitUntil`,
-:func:`pollGet`, :func:`waitCount` and their asyncio forms), never a fixed
+:func:`pollGet`, :func:`waitCount` and their asyncio forms; on the reactor
+thread :func:`waitOnReactor` and :func:`waitUntilDeferred`), never a fixed
 sleep: a loaded machine makes a test slower, not red.
 """
 
@@ -359,4 +360,23 @@ def waitUntilDeferred(produce, ready=bool, timeout=15.0, interval=0.2):
         result = yield produce()
         if ready(result) or time.monotonic() > deadline:
             returnValue(result)
+        yield task.deferLater(reactor, interval, lambda: None)
+
+
+@inlineCallbacks
+def waitOnReactor(predicate, timeout=5.0, interval=0.01, what="condition"):
+    """
+    On the reactor thread (an in-process broker's own objects, a cluster's
+    nodes, the etcd client): call ``predicate()`` every ``interval`` seconds
+    of the reactor until it returns something true; a Deferred firing with
+    that result, or failing with AssertionError (naming ``what``) after
+    ``timeout`` seconds.  Awaitable in an ``async def`` test.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            returnValue(result)
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
         yield task.deferLater(reactor, interval, lambda: None)

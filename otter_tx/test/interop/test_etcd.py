@@ -15,21 +15,13 @@ from otter_tx.cluster.etcd import (
     Compare, EtcdClient, EtcdError, EtcdTimeout, EtcdUnavailable, LeaseKeeper, Op,
 )
 from otter_tx.cluster.etcdtest import etcdAvailable, freePort, startEtcd
+from otter_tx.test.interop.support import waitOnReactor
 
 SKIP = None if etcdAvailable() else "/usr/bin/etcd is missing (apt-get install etcd-server; CI installs it)"
 
 
 def sleep(seconds):
     return task.deferLater(reactor, seconds, lambda: None)
-
-
-async def waitUntil(predicate, timeout=10.0, what="condition"):
-    """Poll ``predicate()`` every 20 ms until true; fail after ``timeout`` seconds."""
-    deadline = reactor.seconds() + timeout
-    while not predicate():
-        if reactor.seconds() > deadline:
-            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
-        await sleep(0.02)
 
 
 class _EtcdCase(TestCase):
@@ -159,7 +151,7 @@ class KVTests(_EtcdCase):
         self.assertIsNotNone(await self.client.get(k))
         self.assertEqual(lost, [])
         await self.client.revokeLease(lease)
-        await waitUntil(lambda: lost, 5, "the keeper to see the revoke")
+        await waitOnReactor(lambda: lost, 5, what="the keeper to see the revoke")
         self.assertIsNone(keeper.leaseId)
 
     async def test_status(self):
@@ -186,14 +178,14 @@ class WatchTests(_EtcdCase):
         states = []
         w = self.client.watchPrefix(self.prefix, None, seen.extend, onStateChange=states.append)
         self.addCleanup(w.stop)
-        await waitUntil(lambda: w.connected, 5, "the watch to be created")
+        await waitOnReactor(lambda: w.connected, 5, what="the watch to be created")
         revs = []
         revs.append(await self.client.put(self.prefix + "a", "1"))
         await self.client.put("/elsewhere", "x")
         revs.append(await self.client.put(self.prefix + "b", "2"))
         revs.append(await self.client.put(self.prefix + "a", "3"))
         await self.client.delete(self.prefix + "b")
-        await waitUntil(lambda: len(seen) >= 4, 5, "four events")
+        await waitOnReactor(lambda: len(seen) >= 4, 5, what="four events")
         self.assertEqual([(e.type, e.key, e.value) for e in seen], [
             ("PUT", (self.prefix + "a").encode(), b"1"), ("PUT", (self.prefix + "b").encode(), b"2"),
             ("PUT", (self.prefix + "a").encode(), b"3"), ("DELETE", (self.prefix + "b").encode(), b"")])
@@ -211,7 +203,7 @@ class WatchTests(_EtcdCase):
         w2 = self.client.watchPrefix(self.prefix, first, history.extend)
         self.addCleanup(w1.stop)
         self.addCleanup(w2.stop)
-        await waitUntil(lambda: later and len(history) >= 2, 5, "the events")
+        await waitOnReactor(lambda: later and len(history) >= 2, 5, what="the events")
         self.assertEqual([e.value for e in later], [b"2"])
         self.assertEqual([e.value for e in history], [b"1", b"2"])
 
@@ -223,7 +215,7 @@ class WatchTests(_EtcdCase):
         compacted, events = [], []
         w = self.client.watchPrefix(self.prefix, r1, events.extend, onCompacted=compacted.append)
         self.addCleanup(w.stop)
-        await waitUntil(lambda: compacted, 5, "the compaction report")
+        await waitOnReactor(lambda: compacted, 5, what="the compaction report")
         self.assertEqual(compacted, [r2])
         self.assertEqual(events, [])
 
@@ -232,15 +224,15 @@ class WatchTests(_EtcdCase):
         seen, states = [], []
         w = self.client.watchPrefix(self.prefix, None, seen.extend, onStateChange=states.append, maxBackoff=0.2)
         self.addCleanup(w.stop)
-        await waitUntil(lambda: w.connected, 5, "the watch to be created")
+        await waitOnReactor(lambda: w.connected, 5, what="the watch to be created")
         await self.client.put(self.prefix + "a", "1")
-        await waitUntil(lambda: seen, 5, "the first event")
+        await waitOnReactor(lambda: seen, 5, what="the first event")
         self.cluster.kill(0)
-        await waitUntil(lambda: states[-1] is False, 5, "the watch to see the member die")
+        await waitOnReactor(lambda: states[-1] is False, 5, what="the watch to see the member die")
         await self.cluster.restart(0)
         await self.client.put(self.prefix + "a", "2")
         await self.client.put(self.prefix + "a", "3")
-        await waitUntil(lambda: len(seen) >= 3, 10, "the events after the restart")
+        await waitOnReactor(lambda: len(seen) >= 3, 10, what="the events after the restart")
         self.assertEqual([e.value for e in seen], [b"1", b"2", b"3"])
         self.assertEqual(states, [True, False, True])
 
@@ -308,7 +300,7 @@ class ThreeMemberTests(_EtcdCase):
         seen, states = [], []
         w = self.client.watchPrefix(self.prefix, None, seen.extend, onStateChange=states.append, maxBackoff=0.2)
         self.addCleanup(w.stop)
-        await waitUntil(lambda: w.connected, 5, "the watch to be created")
+        await waitOnReactor(lambda: w.connected, 5, what="the watch to be created")
         writer = self.makeClient(self.cluster.endpoints[1:])
         written = []
         for i in range(60):
@@ -321,7 +313,7 @@ class ThreeMemberTests(_EtcdCase):
                 except EtcdError:  # a leader election under way: the put may be retried
                     await sleep(0.05)
             written.append(str(i).encode())
-        await waitUntil(lambda: len(seen) >= len(written), 15, "every event")
+        await waitOnReactor(lambda: len(seen) >= len(written), 15, what="every event")
         values = [e.value for e in seen]
         # a put retried after an unclear failure may show up twice: keep first occurrences
         dedup = [v for i, v in enumerate(values) if v not in values[:i]]
@@ -350,11 +342,11 @@ class ThreeMemberTests(_EtcdCase):
         w = self.client.watchPrefix(self.prefix, None, lambda events: None, onStateChange=states.append,
                                     maxBackoff=0.5)
         self.addCleanup(w.stop)
-        await waitUntil(lambda: w.connected, 5, "the watch to be created")
+        await waitOnReactor(lambda: w.connected, 5, what="the watch to be created")
         self.cluster.kill(1)
         self.cluster.kill(2)
-        await waitUntil(lambda: states[-1] is False, 15, "the watch to report the lost quorum")
+        await waitOnReactor(lambda: states[-1] is False, 15, what="the watch to report the lost quorum")
         await sleep(2)
         self.assertFalse(w.connected)  # no stream can be made while the member has no leader
         await self.cluster.restart(1)
-        await waitUntil(lambda: w.connected, 15, "the watch to come back with the quorum")
+        await waitOnReactor(lambda: w.connected, 15, what="the watch to come back with the quorum")

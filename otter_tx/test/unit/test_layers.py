@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import otter_tx
 
@@ -201,3 +201,42 @@ class LayerTests(SynchronousTestCase):
         )
         self.assertEqual((out.returncode, out.stderr[-2000:]), (0, ""))
         self.assertEqual(out.stdout.strip(), "ok %d" % (len(names),))
+
+
+class ArchitectureDocTests(SynchronousTestCase):
+    """docs/architecture.md's layout names every module there is (it is the map of the rooms)."""
+
+    def layout(self):
+        """The ``## Layout`` block of docs/architecture.md (skipped where the docs are not shipped)."""
+        path = os.path.join(os.path.dirname(PACKAGE), "docs", "architecture.md")
+        if not os.path.exists(path):
+            raise SkipTest("docs/architecture.md is not beside the package")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        start = text.index("## Layout")
+        start = text.index("```text", start)
+        return text[start:text.index("```", start + len("```text"))]
+
+    def test_everyModuleNamed(self):
+        """Each ``.py`` of otter_tx (tests and ``__init__`` aside) and of twisted/plugins is in the layout."""
+        layout = self.layout()
+        missing = []
+        for dirpath, dirs, files in os.walk(PACKAGE):
+            dirs[:] = sorted(d for d in dirs if d not in ("test", "__pycache__"))
+            for f in sorted(files):
+                if f.endswith(".py") and f != "__init__.py" and f not in layout:
+                    missing.append(os.path.relpath(os.path.join(dirpath, f), os.path.dirname(PACKAGE)))
+        plugins = os.path.join(os.path.dirname(PACKAGE), "twisted", "plugins")
+        for f in sorted(os.listdir(plugins)) if os.path.isdir(plugins) else ():
+            if f.endswith(".py") and "twisted/plugins/" + f not in layout:
+                missing.append("twisted/plugins/" + f)
+        self.assertEqual(missing, [])
+
+    def test_everyPackageNamed(self):
+        """Each package of otter_tx (a room) has its line in the layout."""
+        layout = self.layout()
+        rooms = sorted(d for d in os.listdir(PACKAGE)
+                       if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py")) and d != "test")
+        self.assertIn("cluster", rooms)
+        self.assertIn("stream", rooms)
+        self.assertEqual([d for d in rooms if "  %s/" % (d,) not in layout], [])

@@ -33,6 +33,8 @@ class Taker:
         self.tag = "taker"
         self.noAck = noAck
         self.priority = 0
+        self.prefetch = 0
+        self.arguments = None
         self.limit = limit
         self.delivered = []
 

@@ -14,10 +14,13 @@ The contract is split in two, as the interfaces are:
   ready messages, basic.get, settle, requeue (redelivered), reject,
   purge, the exclusive-consume rule and the requeue holds.
 
-Run here against the classic queue, the quorum queue and the direct
-reply-to pseudo-queue; testing.py has no fake queue.  A queue on another
-node (the cluster's remote queue) runs the same mixins: subclass one with a
-``SynchronousTestCase`` and give :meth:`makeSource`.
+Run here against the classic queue, the quorum queue, the direct reply-to
+pseudo-queue and a queue on another node (the cluster's RemoteQueue), and
+in ``test_stream.py`` against the stream queue (StreamContractTests, which
+overrides the tests of what a stream refuses); testing.py has no fake
+queue (the unit tests use real queues on a ``task.Clock``).  A new kind
+runs the same mixins: subclass one with a ``SynchronousTestCase`` and give
+:meth:`makeSource`.
 """
 
 from twisted.internet.interfaces import IReactorTime
@@ -40,10 +43,12 @@ class RecordingConsumer:
     ``delivered``; ``room`` (bool) is what :meth:`canTake` answers.
     """
 
-    def __init__(self, tag="c", noAck=True, priority=0):
+    def __init__(self, tag="c", noAck=True, priority=0, prefetch=0, arguments=None):
         self.tag = tag
         self.noAck = noAck
         self.priority = priority
+        self.prefetch = prefetch
+        self.arguments = arguments
         self.room = True
         self.delivered = []
         self.cancelled = False
@@ -251,6 +256,10 @@ class QueueContractMixin(ConsumerSourceContractMixin):
         self.pump()
         self.assertEqual(self.source.readyCount, 0)
 
+    def test_checkConsumeAcceptsAPlainConsumer(self):
+        """checkConsume accepts a manual-ack consumer with a prefetch and no x-arguments (None)."""
+        self.assertIsNone(self.source.checkConsume(False, 10, {}))
+
     def test_exclusiveConsumer(self):
         """An exclusive consumer refuses every other until it goes; an exclusive one is refused beside others."""
         self.assertFalse(self.source.refusesConsumer(True))
@@ -299,6 +308,15 @@ class ClassicQueueContractTests(QueueContractMixin, SynchronousTestCase):
     def test_quorumFlag(self):
         """A classic queue is not quorum."""
         self.assertFalse(self.source.quorum)
+
+    def test_declared(self):
+        """A declare of the queue (VHost.declareQueue's passive and redeclare) answers with the queue itself."""
+        self.assertIs(self.source.declared(renew=True), self.source)
+        self.assertIs(self.source.declared(renew=False), self.source)
+
+    def test_checkConsumeAcceptsAll(self):
+        """A classic queue has no consume rules of its own: no-ack, no prefetch, any arguments."""
+        self.assertIsNone(self.source.checkConsume(True, 0, {"x-stream-offset": "first"}))
 
 
 class QuorumQueueContractTests(QueueContractMixin, SynchronousTestCase):
@@ -381,6 +399,30 @@ class RemoteQueueContractTests(QueueContractMixin, SynchronousTestCase):
     def test_quorumFlag(self):
         """A classic queue on another node is not quorum."""
         self.assertFalse(self.source.quorum)
+
+    def test_declared(self):
+        """A declare of the queue here answers (later) with this node's view of it, counts from home."""
+        self.homeQueue.enqueue(self.message())
+        self.assertIs(self.result(self.source.declared(renew=True)), self.source)
+        self.assertEqual(self.source.readyCount, 1)
+
+    def test_linkConsumerIsAnIConsumer(self):
+        """A consumer here is, on the home queue, a LinkConsumer that provides IConsumer."""
+        from otter_tx.cluster.remote import LinkConsumer
+
+        self.source.addConsumer(RecordingConsumer(noAck=False, prefetch=3))
+        self.pump()
+        [home] = self.homeQueue.consumers
+        self.assertIsInstance(home, LinkConsumer)
+        self.assertTrue(verifyObject(IConsumer, home))
+        self.assertEqual(home.prefetch, 3)
+
+    def test_enqueueWhileHomeDown(self):
+        """While its home node is down, enqueue is None (unroutable, IConsumerSource.enqueue); after, True."""
+        self.source.homeDown()
+        self.assertIsNone(self.source.enqueue(self.message()))
+        self.source.homeUp()
+        self.assertTrue(self.source.enqueue(self.message()))
 
     def test_homeHoldsTheMessages(self):
         """Published through node b, the message is in node a's queue."""

@@ -3,6 +3,10 @@ The declared seams (:mod:`otter_tx.broker.interfaces`,
 :mod:`otter_tx.store.interface`): every real implementation and every test
 fake is checked with ``verifyClass`` (and ``verifyObject`` where an instance
 is cheap), so a fake cannot drift from what the core calls.
+:class:`EveryImplementationTests` finds them rather than listing them: every
+class of the product, testing.py and the unit tests that declares one of
+these interfaces, and any class that has an interface's methods without
+declaring it.
 """
 
 from twisted.internet.task import Clock
@@ -199,8 +203,122 @@ class CoreCallsThroughSeamsTests(SynchronousTestCase):
         self.assertEqual(self.conn.closes, [])
         self.successResultOf(other.whenClosed())
 
+    def test_userChannelLimitCountsChannels(self):
+        """A user's max-channels limit counts the channels of IClientConnection.channels."""
+        from otter_tx.amqp.errors import AMQPError
+
+        self.conn.user = self.broker.users["guest"]
+        self.conn.channels = {1: object()}
+        self.broker.userLimits["guest"] = {"max-channels": 1}
+        self.assertRaises(AMQPError, self.broker.checkUserChannelLimit, "guest")
+        self.conn.channels = {}
+        self.broker.checkUserChannelLimit("guest")
+
     def test_alarmsTellConnections(self):
         """Raising and clearing an alarm calls alarmChanged on every connection."""
         self.broker.alarms.set("memory")
         self.broker.alarms.clear("memory")
         self.assertEqual(self.conn.alarms, [True, False])
+
+
+def _seamInterfaces():
+    """Every interface of broker/interfaces.py and store/interface.py."""
+    from otter_tx.store import interface as storeInterface
+
+    out = [getattr(interfaces, name) for name in interfaces.__all__]
+    out += [IMessageStore, IStoreHealth]
+    assert all(i.__module__ in (interfaces.__name__, storeInterface.__name__) for i in out)
+    return out
+
+
+def _classes():
+    """
+    ``(module name, class)`` of every class defined at the top level of the
+    product's modules, of testing.py and of the unit tests (the fakes).
+    """
+    import importlib
+    import inspect
+    import os
+
+    import otter_tx
+
+    root = os.path.dirname(os.path.abspath(otter_tx.__file__))
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root).split(os.sep)
+        if rel[0] == "test" and rel[1:] != ["unit"]:
+            dirs[:] = [d for d in dirs if d == "unit"] if rel == ["test"] else []
+            continue
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "static", "data"))
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            parts = ["otter_tx"] + [p for p in rel if p != "."]
+            if f != "__init__.py":
+                parts.append(f[:-3])
+            name = ".".join(parts)
+            module = importlib.import_module(name)
+            for _, cls in inspect.getmembers(module, inspect.isclass):
+                if cls.__module__ == name:
+                    out.append((name, cls))
+    return out
+
+
+class EveryImplementationTests(SynchronousTestCase):
+    """
+    Found, not listed: every class of the product, testing.py and the unit
+    tests that declares a seam's interface is checked with ``verifyClass``,
+    and no class has all of an interface's methods without declaring it (an
+    undeclared fake would drift unseen).
+    """
+
+    def test_everyDeclaredImplementationVerifies(self):
+        """verifyClass for each (class, interface) it declares; the known implementations are among them."""
+        found = set()
+        for _, cls in _classes():
+            for iface in _seamInterfaces():
+                if iface.implementedBy(cls):
+                    found.add(cls.__name__)
+                    if "__getattr__" in vars(cls):
+                        # a delegating wrapper (test_service's _HealthStore): its
+                        # instances are checked with verifyObject (FakeTests)
+                        continue
+                    self.assertTrue(verifyClass(iface, cls), (cls, iface))
+        for name in ("Queue", "StreamQueue", "RemoteQueue", "ReplyToQueue", "Consumer", "LinkConsumer",
+                     "AMQPServerProtocol", "HTTPRequestConnection", "FakeConnection", "ReadyStore",
+                     "DirectRouting", "MemoryStore", "SQLiteStore", "LogStore", "RecordingConsumer", "Taker",
+                     "FakeConsumer", "FakeStore", "_HealthStore", "_HeldSyncStore"):
+            self.assertIn(name, found)
+
+    def test_noUndeclaredImplementation(self):
+        """A class with every method of a seam's interface declares that interface."""
+        undeclared = []
+        for module, cls in _classes():
+            for iface in _seamInterfaces():
+                methods = [n for n, d in iface.namesAndDescriptions(all=True) if hasattr(d, "getSignatureInfo")]
+                if methods and all(callable(getattr(cls, n, None)) for n in methods) and \
+                        not iface.implementedBy(cls):
+                    undeclared.append("%s.%s: %s" % (module, cls.__name__, iface.__name__))
+        self.assertEqual(undeclared, [])
+
+
+class StreamAndLogStoreSeamTests(SynchronousTestCase):
+    """The stream queue and the default durable store, as instances."""
+
+    def test_streamQueue(self):
+        """A declared stream is an IQueue."""
+        from otter_tx.broker.stream import StreamQueue
+
+        broker = Broker(Clock())
+        self.addCleanup(broker.streams.close)
+        q = broker.vhosts["/"].declareQueue("s", None, durable=True, arguments={"x-queue-type": "stream"})
+        self.assertIsInstance(q, StreamQueue)
+        self.assertTrue(verifyClass(IQueue, StreamQueue))
+        self.assertTrue(verifyObject(IQueue, q))
+
+    def test_logStore(self):
+        """The log store (the default durable store) is an IMessageStore and an IStoreHealth."""
+        from otter_tx.store.log.store import LogStore
+
+        self.assertTrue(verifyClass(IMessageStore, LogStore))
+        self.assertTrue(IStoreHealth.implementedBy(LogStore))

@@ -9,12 +9,10 @@ against RabbitMQ 3.10.
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface.verify import verifyObject
 
 from otter_tx.amqp.codec import Timestamp, encodeProperties
 from otter_tx.amqp.errors import AMQPError
 from otter_tx.broker.broker import Broker
-from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import (
     OffsetSpec,
@@ -25,7 +23,7 @@ from otter_tx.broker.stream import (
     findStream,
     parseOffsetSpec,
 )
-from otter_tx.test.unit.test_queue_contract import ConsumerSourceContractMixin, RecordingConsumer
+from otter_tx.test.unit.test_queue_contract import QueueContractMixin, RecordingConsumer, _Feeder
 
 S = {"x-queue-type": "stream"}
 
@@ -392,20 +390,37 @@ class ConsumerTests(SynchronousTestCase):
         self.successResultOf(d)
 
 
-class StreamContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
+class StreamContractTests(QueueContractMixin, SynchronousTestCase):
     """
-    A stream keeps the IConsumerSource contract where it applies: its
-    consumers are never no-ack and deliveries wait for the group commit
-    and carry x-stream-offset (the overridden tests say how).
+    A stream runs the IQueue contract: what it keeps as every queue does
+    runs unchanged; where RabbitMQ 3.10's streams differ (checked on the
+    peer: consumers are never no-ack and read from their ``x-stream-offset``,
+    deliveries wait for the group commit and carry ``x-stream-offset``,
+    consuming removes nothing, basic.get / purge / nack / reject are 540,
+    the exclusive flag is ignored) the overriding test says how.  IQueue's
+    docstrings allow each refusal (an AMQPError).
     """
 
     def makeSource(self):
         self.addCleanup(self.broker.streams.close)
         return self.vhost.declareQueue("stream", None, durable=True, arguments=dict(S))
 
-    def test_interface(self):
-        """The stream provides IQueue."""
-        self.assertTrue(verifyObject(IQueue, self.source))
+    def pump(self):
+        """The group commit: a stream's appends are readable at the end of the turn."""
+        self.clock.advance(0)
+
+    def refused(self, text, f, *args):
+        """``f(*args)`` raises 540 NOT_IMPLEMENTED ``<text> not supported by stream queues queue 'stream' ...``."""
+        e = self.assertRaises(AMQPError, f, *args)
+        self.assertEqual(e.code, 540)
+        self.assertIn("%s not supported by stream queues queue 'stream' in vhost '/'" % (text,), e.text)
+
+    def consumeFirst(self, tag="c"):
+        """A manual-ack consumer reading from the first offset, registered; returns it."""
+        c = RecordingConsumer(tag, noAck=False, prefetch=100, arguments={"x-stream-offset": "first"})
+        self.source.addConsumer(c)
+        self.pump()
+        return c
 
     def test_enqueueDelivers(self):
         """A routed message reaches a consumer at next once it is durable, with x-stream-offset."""
@@ -430,9 +445,96 @@ class StreamContractTests(ConsumerSourceContractMixin, SynchronousTestCase):
         self.assertEqual(self.source.deliveredMessage(entry).body, b"body")
 
     def test_dispatchAndRequeueOfNothing(self):
-        """dispatch() and a channel close's requeue([], dispatch=False) are harmless (nack is 540)."""
+        """dispatch() and a channel close's requeue([], dispatch=False) are harmless; a nack's requeue is 540."""
         self.source.dispatch()
         self.source.requeue([], dispatch=False)
+        self.refused("basic.nack and basic.reject", self.source.requeue, [])
+
+    def test_keptWithoutConsumer(self):
+        """A message is kept, and stays kept once a consumer has read it (readyCount is the stream's count)."""
+        self.assertTrue(self.source.enqueue(self.message(b"a")))
+        self.pump()
+        self.assertEqual(self.source.readyCount, 1)
+        c = self.consumeFirst()
+        [(_, entry)] = c.delivered
+        self.source.settle(entry)
+        self.assertEqual((entry.message.body, self.source.readyCount), (b"a", 1))
+
+    def test_getEmpty(self):
+        """basic.get is 540, with or without acknowledgement."""
+        self.refused("basic.get", self.source.basicGet, True)
+        self.refused("basic.get", self.source.basicGet, False)
+
+    def test_order(self):
+        """A consumer added later reads the stream in publish order from the offset it asks (first)."""
+        for body in (b"1", b"2", b"3"):
+            self.source.enqueue(self.message(body))
+            self.pump()
+        c = self.consumeFirst()
+        self.assertEqual([e.message.body for _, e in c.delivered], [b"1", b"2", b"3"])
+        self.assertEqual(self.source.readyCount, 3)
+
+    def test_requeueRedelivered(self):
+        """A closing channel's requeue returns credit only; a nack / recover's requeue is 540."""
+        self.source.enqueue(self.message(b"x"))
+        self.pump()
+        c = self.consumeFirst()
+        [(_, entry)] = c.delivered
+        self.source.requeue([entry], dispatch=False)
+        self.assertEqual(self.source.unackedCount, 0)
+        self.refused("basic.nack and basic.reject", self.source.requeue, [entry])
+
+    def test_rejectDrops(self):
+        """basic.reject is 540 and removes nothing."""
+        self.source.enqueue(self.message())
+        self.pump()
+        c = self.consumeFirst()
+        [(_, entry)] = c.delivered
+        self.refused("basic.nack and basic.reject", self.source.reject, [entry])
+        self.assertEqual(self.source.readyCount, 1)
+
+    def test_purge(self):
+        """queue.purge is 540 and removes nothing."""
+        for _ in range(3):
+            self.source.enqueue(self.message())
+            self.pump()
+        self.refused("queue.purge", self.source.purge)
+        self.assertEqual(self.source.readyCount, 3)
+
+    def test_exclusiveConsumer(self):
+        """The exclusive flag is ignored: no consumer is ever refused."""
+        self.assertFalse(self.source.refusesConsumer(True))
+        self.source.addConsumer(RecordingConsumer("a", noAck=False, prefetch=1, arguments={}), exclusive=True)
+        self.assertFalse(self.source.refusesConsumer(False))
+        self.assertFalse(self.source.refusesConsumer(True))
+
+    def test_requeueHold(self):
+        """A stream holds nothing back for a requeue feeder: its hold and release change no delivery."""
+        c = self.consumeFirst()
+        feeder = _Feeder()
+        self.source.holdRequeue(feeder)
+        self.source.enqueue(self.message(b"x"))
+        self.pump()
+        self.source.releaseRequeue(feeder)
+        self.assertEqual([e.message.body for _, e in c.delivered], [b"x"])
+
+    def test_deleteIgnoresConditions(self):
+        """queue.delete with if-unused and if-empty deletes a stream with consumers and messages (as 3.10)."""
+        self.source.enqueue(self.message())
+        self.pump()
+        c = self.consumeFirst()
+        self.assertEqual(self.source.deleteConditions(True, True), (False, False))
+        self.vhost.deleteQueue(self.source, ifUnused=True, ifEmpty=True)
+        self.assertNotIn("stream", self.vhost.queues)
+        self.assertTrue(c.cancelled)
+
+    def test_checkConsumeAcceptsAPlainConsumer(self):
+        """A manual-ack consumer with a prefetch is accepted; no-ack (540) and no prefetch (406) are not."""
+        QueueContractMixin.test_checkConsumeAcceptsAPlainConsumer(self)
+        e = self.assertRaises(AMQPError, self.source.checkConsume, True, 10, {})
+        self.assertEqual(e.code, 540)
+        e = self.assertRaises(AMQPError, self.source.checkConsume, False, 0, {})
+        self.assertEqual(e.code, 406)
 
 
 class ManagementTests(SynchronousTestCase):

@@ -49,6 +49,7 @@ class FakeConsumer:
         self.prefetch = prefetch
         self.noAck = noAck
         self.priority = priority
+        self.arguments = None
         self.channel = channel if channel is not None else FakeChannel()
         self.delivered = []
         self.cancelled = False
