@@ -769,7 +769,7 @@ class LinkFlowTests(ClusterCase):
 
         yield self.inThread(publish)
         home = self.fixtures[1].broker.vhosts["/"].queues["flowq"]
-        yield waitUntil(lambda: home.readyCount == 2000, 20)
+        yield waitOnReactor(lambda: home.readyCount == 2000, 20)
         self.assertTrue(pauses, "the link never backed up")
         self.assertIn(["flow"], pauses)
         self.assertFalse(link.paused)
@@ -822,17 +822,17 @@ class ConfirmsAcrossLostLinkTests(ClusterCase):
                     ch.confirm_delivery()
 
         done = self.inThread(publish)
-        yield waitUntil(lambda: len(outcomes) >= 200, 10)
+        yield waitOnReactor(lambda: len(outcomes) >= 200, 10)
         n2 = self.cluster[1]
         for link in list(n2.links.values()):
             link.transport.abortConnection()
         cut = len(outcomes)
-        yield waitUntil(lambda: len(outcomes) >= cut + 200, 5)
+        yield waitOnReactor(lambda: len(outcomes) >= cut + 200, 5)
         stop.set()
         yield done
         home = self.fixtures[1].broker.vhosts["/"].queues["cq"]
         # what is there, and what reaches it still (forwards after the link came back)
-        yield waitUntil(lambda: home.readyCount >= len(taken), 5)
+        yield waitOnReactor(lambda: home.readyCount >= len(taken), 5)
 
         def bodies():
             ch = self.conn(1).channel()
