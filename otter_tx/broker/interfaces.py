@@ -371,7 +371,8 @@ class IQueue(IConsumerSource):
         with 403 ACCESS_REFUSED ``queue 'Q' in vhost 'V' in exclusive use``:
         the queue has an exclusive consumer, or an exclusive one is asked
         while it has consumers or is single-active-consumer.  (A stream
-        ignores the flag and never refuses.)
+        ignores the flag and never refuses.)  A queue on another node may
+        answer a Deferred firing with that bool (its home node decides).
         """
 
     def basicGet(noAck):

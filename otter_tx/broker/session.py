@@ -376,10 +376,12 @@ class Session:
 
     def consume(self, queue, tag="", noAck=False, exclusive=False, arguments=None, reply=None):
         """
-        basic.consume: the consumer tag (str).  ``reply(tag)`` runs before the
-        queue may deliver (the door sends consume-ok there).  Errors: 403
-        read permission, 404, 530 reused tag, 406 x-priority, 403 exclusive use,
-        540 (connection) global prefetch on a quorum queue.
+        basic.consume: the consumer tag (str), or a Deferred firing with it
+        for a queue on another node (whose home node decides the 403).
+        ``reply(tag)`` runs before the queue may deliver (the door sends
+        consume-ok there).  Errors: 403 read permission, 404, 530 reused tag,
+        406 x-priority, 403 exclusive use, 540 (connection) global prefetch on
+        a quorum queue.
         """
         qname = self.queueName(queue)
         if qname == REPLY_TO:
@@ -405,8 +407,17 @@ class Session:
             exclusive = False
         # a queue kind's own consumer rules (a stream's: docs/streams.md)
         q.checkConsume(noAck, self.prefetchCount, args)
-        if q.refusesConsumer(exclusive):
+        refused = q.refusesConsumer(exclusive)
+        if isinstance(refused, Deferred):
+            # a queue on another node: its home node answers (the door reads nothing meanwhile)
+            return refused.addCallback(self._admitted, q, qname, tag, noAck, exclusive, priority, args, reply)
+        return self._admitted(refused, q, qname, tag, noAck, exclusive, priority, args, reply)
+
+    def _admitted(self, refused, q, qname, tag, noAck, exclusive, priority, args, reply):
+        if refused:
             raise accessRefused("%s in exclusive use" % (resourceText("queue", qname, self.vhost.name),))
+        if self.closed:
+            return tag
         c = Consumer(self, tag, q, noAck, exclusive, int(priority), self.prefetchCount, args)
         self.consumers[tag] = c
         if reply is not None:

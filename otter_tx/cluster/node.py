@@ -507,6 +507,8 @@ class ClusterNode:
             if args["renew"]:
                 q.touch()
             return {"messages": q.readyCount, "consumers": q.consumerCount}
+        if op == "consumable":
+            return {"refused": bool(q.refusesConsumer(args["exclusive"]))}
         if op == "purge":
             return {"messages": q.purge()}
         if op == "delete":

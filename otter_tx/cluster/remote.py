@@ -196,12 +196,17 @@ class RemoteQueue:
 
     def refusesConsumer(self, exclusive):
         """
-        This node's consumers decide here (an exclusive one, or an exclusive one
-        asked beside others); consumers on other nodes are the home node's to
-        weigh: a refusal there cancels the consumer (basic.cancel).
+        True when this node's own consumers refuse it (an exclusive one, or an
+        exclusive one asked beside others); else a Deferred firing with the
+        home node's answer for the consumers of every node (its 403 rule).
+        A consumer the home still refuses when it arrives there (a race with
+        another node's) is cancelled (basic.cancel).  404 while the home is down.
         """
         self._link()
-        return self._exclusive is not None or bool(exclusive and self.consumers)
+        if self._exclusive is not None or (exclusive and self.consumers):
+            return True
+        return self._ask("consumable", {"vhost": self.vhost.name, "name": self.name,
+                                        "exclusive": bool(exclusive)}).addCallback(lambda r: r["refused"])
 
     def addConsumer(self, consumer, exclusive=False):
         link = self._link()

@@ -132,7 +132,10 @@ def _basicConsume(ch, m):
         if not m.nowait:
             ch.connection.sendMethod(ch.number, spec.BasicConsumeOk(tag))
 
-    ch.session.consume(m.queue, m.consumer_tag, m.no_ack, m.exclusive, m.arguments, consumeOk)
+    tag = ch.session.consume(m.queue, m.consumer_tag, m.no_ack, m.exclusive, m.arguments, consumeOk)
+    if isinstance(tag, Deferred):
+        # a queue on another node: the door waits for its home node's answer
+        return tag
 
 
 def _basicCancel(ch, m):

@@ -845,3 +845,44 @@ class ConfirmsAcrossLostLinkTests(ClusterCase):
 
         found = yield self.inThread(bodies)
         self.assertEqual(sorted(set(taken) - found), [])
+
+
+class ExclusiveConsumeAcrossNodesTests(ClusterCase):
+    """basic.consume's 403 "in exclusive use" holds across nodes, as on one RabbitMQ node."""
+
+    @inlineCallbacks
+    def test_exclusiveUseAcrossNodes(self):
+        """
+        An exclusive consumer on node 1 of a queue on node 2: a consume on node 3 and one on node 2
+        are 403; with a plain consumer on node 3, an exclusive one asked on node 1 is 403; after it
+        is cancelled, the exclusive consume on node 1 succeeds.
+        """
+        def run():
+            out = []
+            self.conn(1).channel().queue_declare("xq")
+            c1 = self.conn(0)
+            ch1 = c1.channel()
+            ch1.basic_consume("xq", lambda *a: None, exclusive=True, consumer_tag="x1")
+            for i in (2, 1):
+                try:
+                    self.conn(i).channel().basic_consume("xq", lambda *a: None)
+                    out.append(None)
+                except pika.exceptions.ChannelClosedByBroker as e:
+                    out.append((e.reply_code, e.reply_text))
+            ch1.basic_cancel("x1")
+            c3 = self.conn(2)
+            ch3 = c3.channel()
+            ch3.basic_consume("xq", lambda *a: None, consumer_tag="plain")
+            try:
+                c1.channel().basic_consume("xq", lambda *a: None, exclusive=True)
+                out.append(None)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                out.append((e.reply_code, e.reply_text))
+            ch3.basic_cancel("plain")
+            c1.channel().basic_consume("xq", lambda *a: None, exclusive=True, consumer_tag="x2")
+            out.append("x2")
+            return out
+
+        out = yield self.inThread(run)
+        refused = (403, "ACCESS_REFUSED - queue 'xq' in vhost '/' in exclusive use")
+        self.assertEqual(out, [refused, refused, refused, "x2"])

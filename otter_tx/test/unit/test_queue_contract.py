@@ -262,18 +262,18 @@ class QueueContractMixin(ConsumerSourceContractMixin):
 
     def test_exclusiveConsumer(self):
         """An exclusive consumer refuses every other until it goes; an exclusive one is refused beside others."""
-        self.assertFalse(self.source.refusesConsumer(True))
+        self.assertFalse(self.result(self.source.refusesConsumer(True)))
         a = RecordingConsumer("a")
         self.source.addConsumer(a, exclusive=True)
         self.pump()
-        self.assertTrue(self.source.refusesConsumer(False))
+        self.assertTrue(self.result(self.source.refusesConsumer(False)))
         self.source.removeConsumer(a)
         self.pump()
-        self.assertFalse(self.source.refusesConsumer(False))
+        self.assertFalse(self.result(self.source.refusesConsumer(False)))
         self.source.addConsumer(RecordingConsumer("b"))
         self.pump()
-        self.assertTrue(self.source.refusesConsumer(True))
-        self.assertFalse(self.source.refusesConsumer(False))
+        self.assertTrue(self.result(self.source.refusesConsumer(True)))
+        self.assertFalse(self.result(self.source.refusesConsumer(False)))
 
     def test_requeueHold(self):
         """While a feeder holds the queue, requeued entries are not delivered; after release they are."""
