@@ -713,7 +713,7 @@ class OverviewTests(ClusterCase):
 
     @inlineCallbacks
     def test_overviewCountsTheCluster(self):
-        """The overview on node 3 counts a queue on node 2 and its message, and node 1's connection."""
+        """The overview on node 3 counts a queue on node 2 and its message, node 1's connection and publish."""
         def run():
             c = self.conn(0)
             ch = c.channel()
@@ -728,6 +728,9 @@ class OverviewTests(ClusterCase):
         code, o = yield self.inThread(self.api, 2, "GET", "/api/overview")
         self.assertEqual((o["node"], o["object_totals"]["queues"], o["queue_totals"]["messages"]), ("n3", 1, 1))
         self.assertGreaterEqual(o["object_totals"]["connections"], 1)
+        # node 1's publish is in node 3's message_stats, with a rate
+        self.assertEqual(o["message_stats"].get("publish"), 1)
+        self.assertIn("rate", o["message_stats"]["publish_details"])
 
 
 class LinkFlowTests(ClusterCase):

@@ -50,9 +50,23 @@ class OverviewRoom(Room):
         Room.__init__(self, root)
         broker = self.broker
         # in a cluster this node sends its connection and channel counts to the others once a second
-        broker.describeOverview = lambda: {
+        broker.describeOverview = self._ownFigures
+
+    def _ownFigures(self):
+        """
+        What this node sends the others once a second in a cluster: its
+        connection and channel counts and its own ``message_stats`` (counts
+        and current rates, every vhost), which their overviews add to theirs.
+        """
+        broker = self.broker
+        vhosts = list(broker.vhosts.values())
+        values = stats.sumValues([stats.vhostValues(vh) for vh in vhosts], len(stats.VHOST_KEYS))
+        own = fmt.RateView(broker.sampler).messageStats("overview", broker, stats.VHOST_KEYS, values)
+        return {
             "connections": len(broker.connections),
             "channels": sum(len(c.channels) for c in broker.connections),
+            "message_stats": {k: ({"rate": v.get("rate", 0.0)} if k.endswith("_details") else v)
+                              for k, v in own.items()},
         }
 
     @app.route("/api/overview", methods=["GET", "OPTIONS"])
@@ -106,6 +120,13 @@ class OverviewRoom(Room):
                 counts = cluster.figures.get(name, {}).get("overview") or {}
                 objectTotals["connections"] += counts.get("connections", 0)
                 objectTotals["channels"] += counts.get("channels", 0)
+                # and their message counts and rates (their samples stay theirs)
+                for k, v in (counts.get("message_stats") or {}).items():
+                    if k.endswith("_details"):
+                        d = messageStats.setdefault(k, {"rate": 0.0})
+                        d["rate"] = d.get("rate", 0.0) + v.get("rate", 0.0)
+                    else:
+                        messageStats[k] = messageStats.get(k, 0) + v
         return {
             "product_name": "otter_tx",
             "product_version": __version__,
