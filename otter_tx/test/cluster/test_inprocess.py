@@ -685,8 +685,9 @@ class LocatorTests(ClusterCase):
         """max-queues counts the vhost's queues on every node: with the first queue placed on another
         node, the second declare is still 406, and a record applied from another node is not refused."""
         self.fixtures[0].broker.setPolicy("/", "spread", "^mq-", {"queue-leader-locator": "balanced"}, 0, "queues")
-        for f in self.fixtures:
-            f.broker.vhosts["/"].setLimit("max-queues", 2)
+        # set on node 1, the limit reaches every node through the vhost's record
+        self.fixtures[0].broker.vhosts["/"].setLimit("max-queues", 2)
+        yield waitOnReactor(lambda: all(f.broker.vhosts["/"].limit("max-queues") == 2 for f in self.fixtures), 1)
 
         def run():
             ch = self.conn(0).channel()
