@@ -66,6 +66,8 @@ class ClusterNode:
         self.lease = None
         self.linkPort = None
         self.links = {}
+        #: op (str) -> callable(args dict) answering other nodes' :meth:`askAll` (JSON-able result)
+        self.handlers = {}
         #: links whose write buffer is over its high-water mark (publishers are in flow)
         self._flowLinks = set()
         self.nodes = {}
@@ -480,7 +482,27 @@ class ClusterNode:
         self.broker.nextMessageId(message)
         return q.enqueue(message, None, redelivered)
 
+    def askAll(self, op, args):
+        """
+        Ask every other node this node has a link to: a Deferred firing with
+        ``{node name: result}`` (a node whose link is lost, or that does not
+        answer in the link's ask timeout, or that fails, is left out).  The
+        other nodes answer with the handler registered under ``op`` in their
+        :attr:`handlers` (the management app's, for cluster-wide lists).
+        """
+        names = sorted(self.links)
+        ds = [self.links[name].ask(op, args) for name in names]
+
+        def gathered(results):
+            return {name: value for name, (ok, value) in zip(names, results) if ok}
+
+        return defer.DeferredList(ds, consumeErrors=True).addCallback(gathered)
+
     def answer(self, link, op, args):
+        handler = self.handlers.get(op)
+        if handler is not None:
+            # a request registered by another layer (the management app's lists)
+            return handler(args)
         vh = self._vhost(args["vhost"])
         if vh is None:
             raise notFound("no vhost '%s'" % (args["vhost"],))

@@ -221,6 +221,19 @@ class SetupOnly(ClusterCase):
         self.assertEqual(sorted(self.cluster[0].links), ["n2", "n3"])
 
     @inlineCallbacks
+    def test_askAll(self):
+        """askAll asks every linked node's registered handler; a failing one is left out."""
+        self.cluster[1].handlers["hello"] = lambda args: {"from": "n2", "x": args["x"]}
+
+        def broken(args):
+            raise RuntimeError("no")
+
+        self.cluster[2].handlers["hello"] = broken
+        got = yield self.cluster[0].askAll("hello", {"x": 7})
+        self.assertEqual(got, {"n2": {"from": "n2", "x": 7}})
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    @inlineCallbacks
     def test_declare(self):
         def run():
             ch = self.conn(0).channel()
