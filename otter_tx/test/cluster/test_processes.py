@@ -127,6 +127,77 @@ class ProcessClusterTests(TestCase):
         self.assertLessEqual({b"k%d" % i for i in range(10)}, {b for b, r in out if r})
 
     @inlineCallbacks
+    def test_policyBindingTTLAcrossNodes(self):
+        """
+        Through a real etcd: a binding made on node 1 routes publishes made on node 3 within 1 s;
+        a policy set over HTTP on node 1 (message-ttl and dead-lettering) applies within 1 s to a
+        queue on node 2, whose expired message is dead-lettered to a queue on node 3 with x-death.
+        """
+        import json
+        import urllib.request
+
+        def api(i, method, path, body=None):
+            req = urllib.request.Request(
+                "http://127.0.0.1:%d%s" % (self.cluster.nodes[i].managementPort, path), method=method,
+                data=json.dumps(body).encode() if body is not None else None,
+                headers={"Content-Type": "application/json", "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+
+        def run():
+            c2 = pika.BlockingConnection(params(self.port(1)))
+            c2.channel().queue_declare("src")
+            c3 = pika.BlockingConnection(params(self.port(2)))
+            ch3 = c3.channel()
+            ch3.queue_declare("dead")
+            c1 = pika.BlockingConnection(params(self.port(0)))
+            ch1 = c1.channel()
+            ch1.exchange_declare("px", "direct")
+            ch1.queue_bind("src", "px", "k")
+            t0 = time.monotonic()
+            ch3.confirm_delivery()
+            routedAfter = None
+            while time.monotonic() - t0 < 1.0:
+                try:
+                    ch3.basic_publish("px", "k", b"routed", mandatory=True)
+                    routedAfter = time.monotonic() - t0
+                    break
+                except pika.exceptions.UnroutableError:
+                    time.sleep(0.02)
+            status = api(0, "PUT", "/api/policies/%2F/ttl", {
+                "pattern": "^src$", "apply-to": "queues",
+                "definition": {"message-ttl": 200, "dead-letter-exchange": "", "dead-letter-routing-key": "dead"}})
+            t1 = time.monotonic()
+            policyAfter = None
+            while time.monotonic() - t1 < 1.0:
+                q = json.loads(urllib.request.urlopen(urllib.request.Request(
+                    "http://127.0.0.1:%d/api/queues/%%2F/src" % (self.cluster.nodes[1].managementPort,),
+                    headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}), timeout=5).read())
+                if q.get("policy") == "ttl":
+                    policyAfter = time.monotonic() - t1
+                    break
+                time.sleep(0.02)
+            ch3.basic_publish("px", "k", b"expires")
+            dead = None
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                m = ch3.basic_get("dead", auto_ack=True)
+                if m[0] is not None:
+                    dead = (m[2], m[1].headers["x-death"][0]["queue"], m[1].headers["x-death"][0]["reason"])
+                    break
+                time.sleep(0.05)
+            for c in (c1, c2, c3):
+                c.close()
+            return routedAfter, status, policyAfter, dead
+
+        routedAfter, status, policyAfter, dead = yield threads.deferToThread(run)
+        self.assertIsNotNone(routedAfter, "the binding did not route from node 3 within 1 s")
+        self.assertEqual(status, 201)
+        self.assertIsNotNone(policyAfter, "the policy did not reach the queue's node within 1 s")
+        # the first message ("routed") was published before the policy: only the second expires
+        self.assertEqual(dead, (b"expires", "src", "expired"))
+
+    @inlineCallbacks
     def test_concurrentDeclaresThroughEtcd(self):
         """
         One name declared at once on nodes 1 and 3 with different x-max-length, 20 times: each
