@@ -40,6 +40,12 @@ bytes, then the type u8):
   unacknowledged messages).
 - ``REDELIVER_ALL`` (5): upto u64: every message below ``upto`` comes back
   redelivered (written once per queue after an unclean stop).
+- ``BATCH`` (6): streams only: first offset u64, enqueuedAtMs f64, count
+  u32, then ``count`` messages as a stream protocol chunk holds them (each
+  its size u32 big endian, then its bytes, as the client published them).
+  It has ``count`` offsets from ``first`` (one record, many messages: a
+  stream protocol publish frame is appended as one record and delivered as
+  it is stored).
 
 Reclaiming.  A segment is deleted once it is not the active (last) one,
 none of its messages is live, and no record in it still matters to an
@@ -68,6 +74,7 @@ ACK = 2
 MARK = 3
 PURGE = 4
 REDELIVER_ALL = 5
+BATCH = 6
 
 #: ENQ: length, type, storeId, seq, enqueuedAtMs, expiresAtMs, flags, exchange
 #: length, routing key length, property bytes length (44 bytes)
@@ -77,6 +84,8 @@ REF = struct.Struct("<IBQ")
 #: PURGE: length, type, upto, count (then count u64 offsets)
 PURGE_HEAD = struct.Struct("<IBQI")
 _LEN_TYPE = struct.Struct("<IB")
+#: BATCH: length, type, first offset, enqueuedAtMs, count (25 bytes; then the entries)
+BATCH_HEAD = struct.Struct("<IBQdI")
 _U32 = struct.Struct("<I")
 #: an ENQ name length byte meaning "the length follows as u32"
 LONG_NAME = 255
@@ -162,6 +171,11 @@ def encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, r
     encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
               body)
     return bytes(out)
+
+
+def encodedBatch(firstOffset, enqueuedAtMs, count, entries):
+    """The head of a BATCH record (bytes) for ``count`` messages ``entries`` (size-prefixed); the entries follow it."""
+    return BATCH_HEAD.pack(BATCH_HEAD.size - 4 + len(entries), BATCH, firstOffset, enqueuedAtMs, count)
 
 
 #: the byte of an ENQ record holding its flags (redelivered)
@@ -423,6 +437,20 @@ class QueueLog:
                 expiries.append(exp)
                 self._appendId(seg, storeId)
                 flags[-1] |= (f & 1) * REDELIVERED
+            elif kind == BATCH:
+                _, _, first, enq, count = BATCH_HEAD.unpack_from(buf, pos)
+                base = len(ids)
+                k = -(-base // INDEX_EVERY) * INDEX_EVERY
+                while k < base + count:
+                    seg.index.append(pos)
+                    seg.stamps.append(enq)
+                    k += INDEX_EVERY
+                positions.extend([pos] * count)
+                seqs.extend(range(first, first + count))
+                sizes.extend([0] * count)
+                expiries.extend([_NAN] * count)
+                self._appendIds(seg, first, count)
+                self._lastSeq = first + count - 1
             elif kind == ACK or kind == MARK or kind == REDELIVER_ALL:
                 offset = unpackQ(buf, pos + 5)[0]
                 if kind == ACK:
@@ -461,6 +489,21 @@ class QueueLog:
             self.exceptions[storeId] = offset
             self._exceptionIds[offset] = storeId
         seg.live += 1
+
+    def _appendIds(self, seg, firstId, count):
+        """``count`` messages of ids from ``firstId`` at the next offsets of ``seg``, live."""
+        if firstId > self._lastId:
+            seg.ids.extend(range(firstId, firstId + count))
+            seg.flags.extend(bytes((LIVE,)) * count)
+            if seg.minId is None:
+                seg.minId = firstId
+                self._minIds.append(firstId)
+                self._byMinId.append(seg)
+            self._lastId = firstId + count - 1
+            seg.live += count
+        else:
+            for i in range(count):
+                self._appendId(seg, firstId + i)
 
     def segmentOf(self, offset):
         """The segment holding ``offset``, or None (deleted or never written)."""
@@ -649,6 +692,28 @@ class QueueLog:
             if redelivered:
                 seg.flags[-1] |= REDELIVERED
         return seg.first + len(seg.ids) - 1
+
+    def enqueueBatch(self, firstId, enqueuedAtMs, record, count):
+        """
+        Append ``count`` messages as one encoded BATCH record (streams:
+        :func:`encodedBatch` then the entries, bytes); their ids are
+        ``firstId``...; returns the first one's offset.
+        """
+        seg = self._active()
+        chunk = self._chunk
+        base = len(seg.ids)
+        pos = seg.size + CHUNK_HEADER.size + len(chunk)
+        k = -(-base // INDEX_EVERY) * INDEX_EVERY
+        while k < base + count:
+            # the sparse index points at the record holding the indexed offset
+            seg.index.append(pos)
+            seg.stamps.append(enqueuedAtMs)
+            k += INDEX_EVERY
+        chunk += record
+        self._count += count
+        self._lastSeq = firstId + count - 1
+        self._appendIds(seg, firstId, count)
+        return seg.first + base
 
     def ack(self, storeId):
         """Message ``storeId`` left the queue; False if it was not live here."""
