@@ -818,7 +818,7 @@ class StreamReader:
         # skip records to the wanted offset
         skip = self.offset - self._cursorOffset
         while skip > 0:
-            _, got = self._records(min(skip, 4096), None, decode=False)
+            _, got, _ = self._records(min(skip, 4096), None, decode=False)
             if not got:
                 return False
             skip -= got
@@ -827,7 +827,7 @@ class StreamReader:
     def _records(self, limit, maxBytes, decode=True):
         """
         Up to ``limit`` messages from the cursor within one segment, as
-        ``(items, count)``; advances it.  An item is ``(offset, n, timestampMs,
+        ``(items, count, bytes)``; advances it.  An item is ``(offset, n, timestampMs,
         payload, isBatch)``: for an ENQ record ``n`` is 1 and ``payload`` its
         decoded fields (None without ``decode``); for (part of) a BATCH
         record, ``n`` messages and ``payload`` their entries (bytes, as the
@@ -889,15 +889,15 @@ class StreamReader:
                         r = end
                         m = avail
                     else:
+                        # walk the entries: what fits (at least one message a read)
                         r = q
                         m = 0
-                        while m < want and (maxBytes is None or size < maxBytes or not total):
-                            r += 4 + entrySize(buf, r)[0]
+                        sz = size
+                        while m < want and (maxBytes is None or sz < maxBytes or not (total or m)):
+                            step = 4 + entrySize(buf, r)[0]
+                            r += step
+                            sz += step
                             m += 1
-                            total += 1
-                            size += 4
-                        total -= m
-                        size -= 4 * m
                     size += r - q
                     if m:
                         out.append((self._cursorOffset, m, ts, buf[q:r] if decode else None, True))
@@ -923,7 +923,7 @@ class StreamReader:
             if p == 0:
                 break
             self._pos += p
-        return out, total
+        return out, total, size
 
     def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES):
         """
@@ -936,13 +936,17 @@ class StreamReader:
         out = []
         got = 0
         for _ in range(4):
+            if maxBytes is not None and maxBytes <= 0:
+                break
             if self.offset >= self.stream.log.committed:
                 break
             if self._seg is None or self._seg not in self.stream.log.segments or \
                     self._cursorOffset != self.offset:
                 if not self._seek():
                     break
-            recs, n = self._records(maxMessages - got, maxBytes)
+            recs, n, size = self._records(maxMessages - got, maxBytes)
+            if maxBytes is not None:
+                maxBytes -= size
             if n:
                 out.extend(recs)
                 got += n
