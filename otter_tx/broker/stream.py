@@ -766,6 +766,8 @@ class StreamReader:
         # inside a BATCH record at _pos: messages and bytes of its entries already read
         self._skip = 0
         self._skipBytes = 0
+        # the last _records call stopped at its limit (not at the end of what is there)
+        self._full = False
         self.closed = False
 
     def close(self):
@@ -888,6 +890,10 @@ class StreamReader:
                     if want == avail and (maxBytes is None or size + end - q <= maxBytes):
                         r = end
                         m = avail
+                    elif total:
+                        # a record is not split when something was read before it
+                        full = True
+                        break
                     else:
                         # walk the entries: what fits (at least one message a read)
                         r = q
@@ -923,6 +929,7 @@ class StreamReader:
             if p == 0:
                 break
             self._pos += p
+        self._full = full
         return out, total, size
 
     def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES):
@@ -958,7 +965,7 @@ class StreamReader:
                 if not nxt:
                     break
                 self.offset = max(self.offset, nxt[0].first)
-            if got >= maxMessages:
+            if got >= maxMessages or self._full:
                 break
         return out
 

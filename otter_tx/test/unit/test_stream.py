@@ -378,6 +378,12 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(3)], [(2, 3)])
         self.assertEqual(r.readRaw(100, maxBytes=32)[0][3], entries(self.expected[5:7]))
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(7, 3), (10, 1)])
+        # a record is split only when nothing was read before it
+        self.batch(log, 10)
+        r = log.reader("first")
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(15)], [(0, 10)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(2)], [(10, 1), (11, 1)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(12, 9)])
 
     def test_reopen(self):
         """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""
