@@ -381,9 +381,9 @@ class BatchRecordTests(SynchronousTestCase):
         # a record is split only when nothing was read before it
         self.batch(log, 10)
         r = log.reader("first")
-        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(15)], [(0, 10)])
-        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(2)], [(10, 1), (11, 1)])
-        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(12, 9)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(15)], [(0, 10), (10, 1)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(2)], [(11, 2)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(13, 8)])
 
     def test_reopen(self):
         """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""
