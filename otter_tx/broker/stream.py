@@ -566,10 +566,10 @@ class StreamLog:
             reader = StreamReader(self, seg.first + k * INDEX_EVERY)
             try:
                 while reader.offset < min(seg.next, self.committed):
-                    batch = reader.read(INDEX_EVERY)
+                    batch = reader.readRaw(INDEX_EVERY)
                     if not batch:
                         break
-                    for offset, stamp, _ in batch:
+                    for offset, _, stamp, _, _ in batch:
                         if stamp >= ms:
                             return offset
             finally:
@@ -876,7 +876,11 @@ class StreamReader:
                         continue
                     break
                 if kind == ENQ:
-                    out.append((self._cursorOffset, 1, None, decodeEnq(buf, p) if decode else None, False))
+                    if decode:
+                        rec = decodeEnq(buf, p)
+                        out.append((self._cursorOffset, 1, rec[2], rec, False))
+                    else:
+                        out.append(None)
                     self._cursorOffset += 1
                     total += 1
                     size += length

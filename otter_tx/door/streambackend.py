@@ -477,15 +477,15 @@ class BrokerStreams:
             best = None
             try:
                 for _ in range(64):
-                    batch = r.read(256)
+                    batch = r.readRaw(256)
                     if not batch:
                         break
                     over = False
-                    for o, ts, _ in batch:
+                    for o, n, ts, _, _ in batch:
                         if int(ts) > value:
                             over = True
                             break
-                        best = o
+                        best = o + n - 1
                     if over:
                         break
             finally:
@@ -658,13 +658,13 @@ def _chunkOf(items):
     One :class:`Chunk` of what a reader read (StreamReader.readRaw): the
     entries of BATCH records as stored, each AMQP 0-9-1 message converted.
     """
-    first, _, ts, payload, isBatch = items[0]
+    first, n, ts, payload, isBatch = items[0]
     if isBatch and len(items) == 1:
-        return Chunk(first, int(ts), items[0][1], payload)
+        return Chunk(first, int(ts), n, payload)
     parts = []
     count = 0
     pack = _chunk._I.pack
-    for _, n, t, payload, isBatch in items:
+    for _, n, _, payload, isBatch in items:
         if isBatch:
             parts.append(payload)
         else:
@@ -673,8 +673,6 @@ def _chunkOf(items):
                                         m[6].decode("utf-8", "surrogateescape"), bytes(m[7]), bytes(m[8])))
             parts.append(pack(len(data)))
             parts.append(data)
-        if ts is None:
-            ts = t if isBatch else m[2]
         count += n
     return Chunk(first, int(ts), count, b"".join(parts))
 
