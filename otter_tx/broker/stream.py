@@ -826,7 +826,7 @@ class StreamReader:
             skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True):
+    def _records(self, limit, maxBytes, decode=True, split=True):
         """
         Up to ``limit`` messages from the cursor within one segment, as
         ``(items, count, bytes)``; advances it.  An item is ``(offset, n, timestampMs,
@@ -894,8 +894,8 @@ class StreamReader:
                     if want == avail and (maxBytes is None or size + end - q <= maxBytes):
                         r = end
                         m = avail
-                    elif total:
-                        # a record is not split when something was read before it
+                    elif total or not split:
+                        # a record is not split when something was read before it (or ``split`` is False)
                         full = True
                         break
                     else:
@@ -936,11 +936,12 @@ class StreamReader:
         self._full = full
         return out, total, size
 
-    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES):
+    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True):
         """
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
-        payload, isBatch)``); ``[]`` when there is nothing (yet).
+        payload, isBatch)``); ``[]`` when there is nothing (yet).  With ``split``
+        False, a BATCH record that does not fit is left whole for the next read.
         """
         if self.closed or self.stream.deleted:
             return []
@@ -955,13 +956,16 @@ class StreamReader:
                     self._cursorOffset != self.offset:
                 if not self._seek():
                     break
-            recs, n, size = self._records(maxMessages - got, maxBytes)
+            recs, n, size = self._records(maxMessages - got, maxBytes, split=split)
             if maxBytes is not None:
                 maxBytes -= size
             if n:
                 out.extend(recs)
                 got += n
                 self.offset = self._cursorOffset
+            elif self._full:
+                # the next record is left whole (split=False)
+                break
             else:
                 # end of this segment: the next one
                 nxt = [s for s in self.stream.log.segments if s.first > self._seg.first]

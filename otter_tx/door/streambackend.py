@@ -544,12 +544,13 @@ class BrokerStreams:
             if not items:
                 break
             count = sum(i[1] for i in items)
-            while count < self.rawChunkMessages and all(i[4] for i in items):
+            while count + self.chunkMessages <= self.rawChunkMessages and all(i[4] for i in items):
                 # records as published: join more of them (a chunk's count costs nothing)
                 size = sum(len(i[3]) for i in items)
                 if size >= limit:
                     break
-                more = r.readRaw(min(self.chunkMessages, self.rawChunkMessages - count), limit - size)
+                # whole records (a read splits one only when it can take nothing else)
+                more = r.readRaw(self.chunkMessages, limit - size, split=False)
                 if not more:
                     break
                 items += more

@@ -384,6 +384,12 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(15)], [(0, 10), (10, 1)])
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(2)], [(11, 2)])
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(13, 8)])
+        # split=False: a record that does not fit stays whole for the next read
+        r = log.reader("first")
+        self.assertEqual(r.readRaw(100, maxBytes=100, split=False), [])
+        self.assertEqual(r.offset, 0)
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(5, split=False)], [])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(10, split=False)], [(0, 10)])
 
     def test_reopen(self):
         """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""
