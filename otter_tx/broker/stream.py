@@ -279,8 +279,8 @@ class StreamLog:
         self.maxAgeSeconds = None
         self.deleted = False
         self._listeners = []
-        # appends of this turn: (record bytes, enqueuedAtMs, Deferred or None, message
-        # count: None for an ENQ record, n for a BATCH record of n messages)
+        # appends of this turn: (record, enqueuedAtMs, Deferred or None, message count):
+        # an ENQ record's bytes and None, or a BATCH record's (head, entries) and its count
         self._incoming = []
         # appends being written: their Deferreds (offset order)
         self._waiting = []
@@ -374,7 +374,7 @@ class StreamLog:
         now = nowMs(self.clock)
         offset = self._nextOffset
         self._nextOffset += count
-        rec = _seg.encodedBatch(offset, now, count, entries) + entries
+        rec = (_seg.encodedBatch(offset, now, count, entries), entries)
         d = defer.Deferred() if wantDeferred else None
         self._incoming.append((rec, now, d, count))
         self.appended += count
@@ -399,7 +399,7 @@ class StreamLog:
             else:
                 if log.segments:
                     _trim(log.segments[-1])
-                o = log.enqueueBatch(log._lastId + 1, now, rec, count)
+                o = log.enqueueBatch(log._lastId + 1, now, rec[0], rec[1], count)
             if firstOffset is None:
                 firstOffset = o
             waiting.append((d, o))

@@ -693,10 +693,10 @@ class QueueLog:
                 seg.flags[-1] |= REDELIVERED
         return seg.first + len(seg.ids) - 1
 
-    def enqueueBatch(self, firstId, enqueuedAtMs, record, count):
+    def enqueueBatch(self, firstId, enqueuedAtMs, head, entries, count):
         """
-        Append ``count`` messages as one encoded BATCH record (streams:
-        :func:`encodedBatch` then the entries, bytes); their ids are
+        Append ``count`` messages as one BATCH record (streams: ``head`` from
+        :func:`encodedBatch`, then ``entries``, bytes); their ids are
         ``firstId``...; returns the first one's offset.
         """
         seg = self._active()
@@ -709,7 +709,8 @@ class QueueLog:
             seg.index.append(pos)
             seg.stamps.append(enqueuedAtMs)
             k += INDEX_EVERY
-        chunk += record
+        chunk += head
+        chunk += entries
         self._count += count
         self._lastSeq = firstId + count - 1
         self._appendIds(seg, firstId, count)
@@ -824,7 +825,7 @@ class QueueLog:
             parts = []
             if phase == 0:
                 # one chunk: the commit is all there or not at all
-                data = pend.enq + pend.other
+                data = pend.enq + pend.other if pend.other else pend.enq
                 start = at
                 parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data),
                                                pend.count + pend.otherCount))
@@ -839,12 +840,14 @@ class QueueLog:
                         parts.append(data)
                     at += CHUNK_HEADER.size + len(data)
             if parts:
-                # the chunks of one phase are contiguous: one write
-                out = b"".join(parts)
+                # the chunks of one phase are contiguous: one write (gathered, not joined)
                 fd = self._fdFor(pend, synced)
-                written = os.pwrite(fd, out, start)
-                while written < len(out):
-                    written += os.pwrite(fd, out[written:], start + written)
+                total = sum(len(x) for x in parts)
+                written = _pwritev(fd, parts, start)
+                if written < total:
+                    out = b"".join(parts)
+                    while written < total:
+                        written += os.pwrite(fd, out[written:], start + written)
 
     def finish(self):
         """The written chunks are durable and committed: they are part of the segments now."""
@@ -1208,6 +1211,13 @@ class LogRange:
 
 
 _DEAD = bytes(f & OUT_OF_ORDER for f in range(256))
+
+
+def _pwritev(fd, parts, offset):
+    """Write ``parts`` at ``offset`` in one system call; returns the bytes written."""
+    if len(parts) > 1 and hasattr(os, "pwritev"):
+        return os.pwritev(fd, parts, offset)
+    return os.pwrite(fd, b"".join(parts), offset)
 
 
 def _bisectFirst(segs, offset):
