@@ -66,6 +66,8 @@ READ_BATCH = 128
 READ_BYTES = 1024 * 1024
 #: bytes read from a segment file at a time (a larger record is read whole)
 READ_PIECE = 64 * 1024
+#: the most a reader reads at a time after meeting records larger than READ_PIECE
+MAX_READ_PIECE = 1024 * 1024
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
 
@@ -768,6 +770,8 @@ class StreamReader:
         self._skipBytes = 0
         # the last _records call stopped at its limit (not at the end of what is there)
         self._full = False
+        # bytes read from the segment file at a time
+        self._piece = READ_PIECE
         self.closed = False
 
     def close(self):
@@ -853,7 +857,7 @@ class StreamReader:
         full = False
         while total < limit and self._cursorOffset < committed and not full:
             f.seek(self._pos)
-            buf = f.read(READ_PIECE)
+            buf = f.read(self._piece)
             if len(buf) < 5:
                 break
             p = 0
@@ -867,9 +871,11 @@ class StreamReader:
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
                     if p == 0:
-                        # one record larger than READ_PIECE
+                        # one record larger than a piece (BATCH records of large messages):
+                        # read it whole, and larger pieces from now on
+                        self._piece = min(max(self._piece, 2 * (4 + length)), MAX_READ_PIECE)
                         f.seek(self._pos)
-                        buf = f.read(4 + length)
+                        buf = f.read(max(4 + length, self._piece))
                         n = len(buf)
                         if n < 4 + length:
                             break
