@@ -45,6 +45,7 @@ from otter_tx.broker.expiry import nowMs
 from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.queue import Queue
+from otter_tx.broker.streamconvert import toMessage
 from otter_tx.store.log import segments as _seg
 from otter_tx.store.log.segments import (BATCH, BATCH_HEAD, CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog,
                                          decodeEnq)
@@ -367,7 +368,7 @@ class StreamLog:
         firing with the first one's offset once they are durable (None with
         ``wantDeferred=False``).  They are read back as they are (the stream
         protocol) or converted to AMQP 0-9-1 messages when an AMQP 0-9-1
-        consumer reads them (:func:`otter_tx.stream.convert.toMessage`).
+        consumer reads them (:func:`otter_tx.broker.streamconvert.toMessage`).
         """
         if self.deleted:
             return defer.fail(AMQPError(404, "stream deleted")) if wantDeferred else None
@@ -992,8 +993,6 @@ class StreamReader:
         out = []
         for offset, n, ts, payload, isBatch in self.readRaw(maxMessages, maxBytes):
             if isBatch:
-                from otter_tx.stream.convert import toMessage
-
                 name = self.stream.name
                 p = 0
                 unpack = _BE_U32.unpack_from

@@ -42,7 +42,7 @@ import zlib
 
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import declareStream, deleteStream, findStream
-from otter_tx.stream import convert as _convert
+from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 

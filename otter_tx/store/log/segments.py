@@ -294,7 +294,7 @@ class QueueLog:
         self.committed = 0
         # pending records of the active segment (ENQ / the others) and of
         # segments sealed before they were written
-        self._chunk = bytearray()
+        self._chunk = _Parts()
         self._count = 0
         self._other = bytearray()
         self._otherCount = 0
@@ -646,7 +646,7 @@ class QueueLog:
         if segs and (self._count or self._otherCount):
             self._sealed.append(_Pending(segs[-1], self._chunk, self._count, self._other,
                                          self._otherCount, segs[-1] in self._unborn))
-            self._chunk = bytearray()
+            self._chunk = _Parts()
             self._other = bytearray()
             self._count = self._otherCount = 0
         first = segs[-1].next if segs else self.committed
@@ -825,20 +825,24 @@ class QueueLog:
             parts = []
             if phase == 0:
                 # one chunk: the commit is all there or not at all
-                data = pend.enq + pend.other if pend.other else pend.enq
+                data = pend.enq.pieces()
+                if pend.other:
+                    data = data + [bytes(pend.other)]
+                size = len(pend.enq) + len(pend.other)
                 start = at
-                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data),
-                                               pend.count + pend.otherCount))
-                parts.append(data)
+                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), pend.count + pend.otherCount))
+                parts.extend(data)
             else:
-                for which, data, count in ((1, pend.enq, pend.count), (2, pend.other, pend.otherCount)):
+                for which, data, count in ((1, pend.enq.pieces(), pend.count),
+                                           (2, [bytes(pend.other)], pend.otherCount)):
                     if not count:
                         continue
+                    size = sum(len(x) for x in data)
                     if phase == which:
                         start = at
-                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data), count))
-                        parts.append(data)
-                    at += CHUNK_HEADER.size + len(data)
+                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), count))
+                        parts.extend(data)
+                    at += CHUNK_HEADER.size + size
             if parts:
                 # the chunks of one phase are contiguous: one write (gathered, not joined)
                 fd = self._fdFor(pend, synced)
@@ -863,7 +867,7 @@ class QueueLog:
             self._unborn.discard(seg)
         self._split = False
         self._sealed = []
-        self._chunk = bytearray()
+        self._chunk = _Parts()
         self._other = bytearray()
         self._count = self._otherCount = 0
         segs = self.segments
@@ -1211,6 +1215,41 @@ class LogRange:
 
 
 _DEAD = bytes(f & OUT_OF_ORDER for f in range(256))
+
+
+class _Parts:
+    """
+    The ENQ records of a pending chunk: the bytes appended (``+=``), kept
+    as they are and joined at most once, when written (appending to a
+    ``bytearray`` copies every byte, which is slow on PyPy).
+    """
+
+    __slots__ = ("parts", "n")
+
+    def __init__(self):
+        self.parts = []
+        self.n = 0
+
+    def __iadd__(self, data):
+        self.parts.append(data)
+        self.n += len(data)
+        return self
+
+    def __len__(self):
+        return self.n
+
+    def pieces(self):
+        """The bytes as a short list (joined when there are many: one write takes a few)."""
+        if len(self.parts) > 16:
+            self.parts = [b"".join(self.parts)]
+        return self.parts
+
+
+def _crc(parts):
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    return crc
 
 
 def _pwritev(fd, parts, offset):
