@@ -804,7 +804,8 @@ class StreamReader:
             self.offset = seg.first
         self._drop()
         try:
-            self._f = open(seg.path, "rb")
+            # unbuffered: reads are os.pread of the sizes wanted (no copy through a buffer)
+            self._f = open(seg.path, "rb", buffering=0)
         except FileNotFoundError:
             return False
         self._seg = seg
@@ -814,8 +815,7 @@ class StreamReader:
             # the byte position of the record holding message first + k * INDEX_EVERY
             self._pos = seg.index[k]
             self._cursorOffset = seg.first + k * INDEX_EVERY
-            self._f.seek(self._pos)
-            head = self._f.read(BATCH_HEAD.size)
+            head = os.pread(self._f.fileno(), BATCH_HEAD.size, self._pos)
             if len(head) == BATCH_HEAD.size and head[4] == BATCH:
                 # a BATCH record: the cursor is at its first message
                 self._cursorOffset = BATCH_HEAD.unpack(head)[2]
@@ -844,7 +844,8 @@ class StreamReader:
         cursor walks records and steps over the headers it meets without
         knowing where chunks end.
         """
-        f = self._f
+        fd = self._f.fileno()
+        pread = os.pread
         out = []
         total = 0
         size = 0
@@ -857,8 +858,7 @@ class StreamReader:
         entrySize = _BE_U32.unpack_from
         full = False
         while total < limit and self._cursorOffset < committed and not full:
-            f.seek(self._pos)
-            buf = f.read(self._piece)
+            buf = pread(fd, self._piece, self._pos)
             if len(buf) < 5:
                 break
             p = 0
@@ -875,8 +875,7 @@ class StreamReader:
                         # one record larger than a piece (BATCH records of large messages):
                         # read it whole, and larger pieces from now on
                         self._piece = min(max(self._piece, 2 * (4 + length)), MAX_READ_PIECE)
-                        f.seek(self._pos)
-                        buf = f.read(max(4 + length, self._piece))
+                        buf = pread(fd, max(4 + length, self._piece), self._pos)
                         n = len(buf)
                         if n < 4 + length:
                             break
