@@ -929,10 +929,11 @@ class _FailingOs:
             raise OSError(errno.EIO, "Input/output error (test)")
         return os.pwrite(fd, data, offset)
 
-    def pwritev(self, fd, parts, offset):
-        if self._failing("write"):
-            raise OSError(errno.EIO, "Input/output error (test)")
-        return os.pwritev(fd, parts, offset)
+    if hasattr(os, "pwritev"):  # not on PyPy 3.9
+        def pwritev(self, fd, parts, offset):
+            if self._failing("write"):
+                raise OSError(errno.EIO, "Input/output error (test)")
+            return os.pwritev(fd, parts, offset)
 
 
 def _fields(message):
