@@ -7,6 +7,7 @@ interleaved on the same machine.
     .venv-test/bin/python bench/stream_protocol.py --targets otter --messages 200000
     .venv-test/bin/python bench/stream_protocol.py --otter-port 5552 --targets otter  # a running otter_tx
     .venv-test/bin/python bench/stream_protocol.py --otter-backend memory   # the door alone, no disk
+    .venv-test/bin/python bench/stream_protocol.py --otter-python /path/to/pypy-venv/bin/python  # otter_tx on PyPy
 
 Each run creates a fresh stream, starts ``--publishers`` processes (one
 connection and publisher each, the same stream), each publishing its share of
@@ -213,13 +214,14 @@ reactor.run()
 """
 
 
-def startOtter(port, backend="broker"):
+def startOtter(port, backend="broker", python=None):
     data = tempfile.mkdtemp(prefix="otter-stream-bench-")
     log = open(os.path.join(data, "broker.log"), "w")
+    python = python or sys.executable
     if backend == "memory":
-        args = [sys.executable, "-c", MEMORY_SERVER, str(port)]
+        args = [python, "-c", MEMORY_SERVER, str(port)]
     else:
-        args = [sys.executable, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
+        args = [python, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
                 "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none",
                 "--stream", "tcp:%d:interface=127.0.0.1" % port, "--data-dir", os.path.join(data, "d")]
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -241,6 +243,8 @@ def main():
     ap.add_argument("--peer-port", type=int, default=PEER_PORT)
     ap.add_argument("--otter-backend", choices=("broker", "memory"), default="broker",
                     help="memory: the door on in-memory streams (no durability), the protocol layer's cost")
+    ap.add_argument("--otter-python", default=None,
+                    help="the interpreter that runs otter_tx (for example a PyPy venv's python; default: this one)")
     ap.add_argument("--messages", type=int, default=500000)
     ap.add_argument("--sizes", default="12,1024")
     ap.add_argument("--publishers", default="1,3")
@@ -254,7 +258,7 @@ def main():
     if "otter" in targets:
         if args.otter_port is None:
             port = 15599
-            proc, data = startOtter(port, args.otter_backend)
+            proc, data = startOtter(port, args.otter_backend, args.otter_python)
             ports["otter"] = port
         else:
             ports["otter"] = args.otter_port

@@ -32,6 +32,7 @@ Nothing here imports the global reactor; time comes from the vhost's clock.
 import bisect
 import os
 import shutil
+import struct
 import tempfile
 
 from twisted.internet import defer
@@ -44,8 +45,10 @@ from otter_tx.broker.expiry import nowMs
 from otter_tx.broker.interfaces import IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.queue import Queue
+from otter_tx.broker.streamconvert import toMessage
 from otter_tx.store.log import segments as _seg
-from otter_tx.store.log.segments import CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog, decodeEnq
+from otter_tx.store.log.segments import (BATCH, BATCH_HEAD, CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog,
+                                         decodeEnq)
 
 __all__ = ["StreamRegistry", "StreamLog", "StreamReader", "StreamQueue", "OffsetSpec", "parseMaxAge",
            "parseOffsetSpec", "findStream", "declareStream", "deleteStream", "STREAM"]
@@ -64,6 +67,10 @@ READ_BATCH = 128
 READ_BYTES = 1024 * 1024
 #: bytes read from a segment file at a time (a larger record is read whole)
 READ_PIECE = 64 * 1024
+#: the most a reader reads at a time after meeting records larger than READ_PIECE
+MAX_READ_PIECE = 1024 * 1024
+#: a stream entry's size (big endian, as a stream protocol chunk holds it)
+_BE_U32 = struct.Struct(">I")
 
 class OffsetSpec:
     """
@@ -143,6 +150,9 @@ class _Count:
     def append(self, _):
         self.n += 1
 
+    def extend(self, ids):
+        self.n += len(ids)
+
 
 class _NoFlags:
     """Stands for a stream segment's per-message flags (``Segment.flags``): nothing is kept."""
@@ -150,6 +160,9 @@ class _NoFlags:
     __slots__ = ()
 
     def append(self, _):
+        pass
+
+    def extend(self, _):
         pass
 
     def __len__(self):
@@ -269,7 +282,8 @@ class StreamLog:
         self.maxAgeSeconds = None
         self.deleted = False
         self._listeners = []
-        # appends of this turn: (record bytes, enqueuedAtMs, Deferred or None)
+        # appends of this turn: (record, enqueuedAtMs, Deferred or None, message count):
+        # an ENQ record's bytes and None, or a BATCH record's (head, entries) and its count
         self._incoming = []
         # appends being written: their Deferreds (offset order)
         self._waiting = []
@@ -339,8 +353,34 @@ class StreamLog:
         rk = message.routingKey.encode("utf-8", "surrogateescape")
         rec = _seg.encodedEnq(offset, offset, now, None, False, ex, rk, message.propsRaw, message.body)
         d = defer.Deferred() if wantDeferred else None
-        self._incoming.append((rec, now, d))
+        self._incoming.append((rec, now, d, None))
         self.appended += 1
+        self.registry.unsynced += 1
+        if self._flushCall is None and not self._writing:
+            self._flushCall = self.clock.callLater(0, self._flush)
+        return d
+
+    def appendEntries(self, entries, count, wantDeferred=True):
+        """
+        Append ``count`` messages as a stream protocol chunk holds them
+        (``entries``: each message's size, u32 big endian, then its bytes, as
+        a stream client published them) as one record; returns a Deferred
+        firing with the first one's offset once they are durable (None with
+        ``wantDeferred=False``).  They are read back as they are (the stream
+        protocol) or converted to AMQP 0-9-1 messages when an AMQP 0-9-1
+        consumer reads them (:func:`otter_tx.broker.streamconvert.toMessage`).
+        """
+        if self.deleted:
+            return defer.fail(AMQPError(404, "stream deleted")) if wantDeferred else None
+        if count <= 0:
+            return defer.succeed(self._nextOffset) if wantDeferred else None
+        now = nowMs(self.clock)
+        offset = self._nextOffset
+        self._nextOffset += count
+        rec = (_seg.encodedBatch(offset, now, count, entries), entries)
+        d = defer.Deferred() if wantDeferred else None
+        self._incoming.append((rec, now, d, count))
+        self.appended += count
         self.registry.unsynced += 1
         if self._flushCall is None and not self._writing:
             self._flushCall = self.clock.callLater(0, self._flush)
@@ -354,14 +394,22 @@ class StreamLog:
         log = self.log
         nseg = len(log.segments)
         firstOffset = None
-        for rec, now, d in incoming:
-            o = log.enqueueRecord(log._lastId + 1, 0, now, False, rec)
+        waiting = []
+        enqueueRecord = log.enqueueRecord
+        for rec, now, d, count in incoming:
+            if count is None:
+                o = enqueueRecord(log._lastId + 1, 0, now, False, rec)
+            else:
+                if log.segments:
+                    _trim(log.segments[-1])
+                o = log.enqueueBatch(log._lastId + 1, now, rec[0], rec[1], count)
             if firstOffset is None:
                 firstOffset = o
+            waiting.append((d, o))
         for seg in log.segments[nseg - 1 if nseg else 0:]:
             # the per-message arrays hold at most this turn's messages
             _trim(seg)
-        self._waiting = [(d, firstOffset + i) for i, (_, _, d) in enumerate(incoming)]
+        self._waiting = waiting
         self._writing = True
         rolled = len(log.segments) > nseg
         run = self.registry.runInThread
@@ -418,7 +466,7 @@ class StreamLog:
         for d, _ in waiting:
             if d is not None:
                 d.errback(failure)
-        for _, _, d in incoming:
+        for _, _, d, _ in incoming:
             if d is not None:
                 d.errback(failure)
         syncs, self._syncWaiters = self._syncWaiters, []
@@ -521,10 +569,10 @@ class StreamLog:
             reader = StreamReader(self, seg.first + k * INDEX_EVERY)
             try:
                 while reader.offset < min(seg.next, self.committed):
-                    batch = reader.read(INDEX_EVERY)
+                    batch = reader.readRaw(INDEX_EVERY)
                     if not batch:
                         break
-                    for offset, stamp, _ in batch:
+                    for offset, _, stamp, _, _ in batch:
                         if stamp >= ms:
                             return offset
             finally:
@@ -609,7 +657,7 @@ class StreamLog:
         for d, _ in self._waiting:
             if d is not None:
                 d.errback(err)
-        for _, _, d in self._incoming:
+        for _, _, d, _ in self._incoming:
             if d is not None:
                 d.errback(err)
         self._waiting = []
@@ -669,6 +717,10 @@ def _lastChunkIn(f, pos, offset, target):
                 break
             if kind == ENQ:
                 offset += 1
+            elif kind == BATCH:
+                # its own first offset (an index entry may point at a record holding several blocks)
+                _, _, first, _, count = BATCH_HEAD.unpack_from(buf, p)
+                offset = first + count
             p += 4 + length
         if p == 0:
             break
@@ -701,7 +753,7 @@ class StreamReader:
 
     :ivar offset: the next offset :meth:`read` returns (int).
 
-    Each read does bounded work: at most ``maxMessages`` records from at
+    Each read does bounded work: at most ``maxMessages`` messages from at
     most :data:`READ_BYTES` bytes of one segment file, found through the
     sparse offset index (never by reading the stream before it).
     """
@@ -714,6 +766,13 @@ class StreamReader:
         # the next record's byte position in the segment file, and its offset
         self._pos = None
         self._cursorOffset = None
+        # inside a BATCH record at _pos: messages and bytes of its entries already read
+        self._skip = 0
+        self._skipBytes = 0
+        # the last _records call stopped at its limit (not at the end of what is there)
+        self._full = False
+        # bytes read from the segment file at a time
+        self._piece = READ_PIECE
         self.closed = False
 
     def close(self):
@@ -745,51 +804,66 @@ class StreamReader:
             self.offset = seg.first
         self._drop()
         try:
-            self._f = open(seg.path, "rb")
+            # unbuffered: reads are os.pread of the sizes wanted (no copy through a buffer)
+            self._f = open(seg.path, "rb", buffering=0)
         except FileNotFoundError:
             return False
         self._seg = seg
+        self._skip = self._skipBytes = 0
         k = (self.offset - seg.first) // INDEX_EVERY
         if k < len(seg.index):
-            # the byte position of message first + k * INDEX_EVERY (inside a chunk)
+            # the byte position of the record holding message first + k * INDEX_EVERY
             self._pos = seg.index[k]
             self._cursorOffset = seg.first + k * INDEX_EVERY
+            head = os.pread(self._f.fileno(), BATCH_HEAD.size, self._pos)
+            if len(head) == BATCH_HEAD.size and head[4] == BATCH:
+                # a BATCH record: the cursor is at its first message
+                self._cursorOffset = BATCH_HEAD.unpack(head)[2]
         else:
             self._pos = FILE_HEADER.size
             self._cursorOffset = seg.first
-        # skip records to the wanted offset (fewer than INDEX_EVERY)
+        # skip records to the wanted offset
         skip = self.offset - self._cursorOffset
         while skip > 0:
-            got = self._records(min(skip, INDEX_EVERY), None, decode=False)
+            _, got, _ = self._records(min(skip, 4096), None, decode=False)
             if not got:
                 return False
-            skip -= len(got)
+            skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True):
+    def _records(self, limit, maxBytes, decode=True, split=True):
         """
-        Up to ``limit`` ENQ records from the cursor within one segment;
-        advances it.  Records of a chunk are contiguous and a chunk header
-        starts with :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a
-        record length it would be over 1 GB, which no record is), so the
+        Up to ``limit`` messages from the cursor within one segment, as
+        ``(items, count, bytes)``; advances it.  An item is ``(offset, n, timestampMs,
+        payload, isBatch)``: for an ENQ record ``n`` is 1 and ``payload`` its
+        decoded fields (None without ``decode``); for (part of) a BATCH
+        record, ``n`` messages and ``payload`` their entries (bytes, as the
+        stream client published them).  Records of a chunk are contiguous and
+        a chunk header starts with :data:`~otter_tx.store.log.segments.CHUNK_MAGIC`
+        (as a record length it would be over 1 GB, which no record is), so the
         cursor walks records and steps over the headers it meets without
         knowing where chunks end.
         """
-        f = self._f
+        fd = self._f.fileno()
+        pread = os.pread
         out = []
+        total = 0
         size = 0
         committed = min(self.stream.log.committed, self._seg.next)
         magic = _seg.CHUNK_MAGIC
         headSize = CHUNK_HEADER.size
         unpack = _seg._LEN_TYPE.unpack_from
-        while len(out) < limit and self._cursorOffset < committed:
-            f.seek(self._pos)
-            buf = f.read(READ_PIECE)
+        batchHead = BATCH_HEAD.unpack_from
+        batchSize = BATCH_HEAD.size
+        entrySize = _BE_U32.unpack_from
+        full = False
+        while total < limit and self._cursorOffset < committed and not full:
+            buf = pread(fd, self._piece, self._pos)
             if len(buf) < 5:
                 break
             p = 0
             n = len(buf)
-            while p + 5 <= n and len(out) < limit and self._cursorOffset < committed:
+            while p + 5 <= n and total < limit and self._cursorOffset < committed:
                 if buf[p:p + 4] == magic:
                     if p + headSize > n:
                         break
@@ -798,25 +872,114 @@ class StreamReader:
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
                     if p == 0:
-                        # one record larger than READ_BYTES
-                        f.seek(self._pos)
-                        buf = f.read(4 + length)
+                        # one record larger than a piece (BATCH records of large messages):
+                        # read it whole, and larger pieces from now on
+                        self._piece = min(max(self._piece, 2 * (4 + length)), MAX_READ_PIECE)
+                        buf = pread(fd, max(4 + length, self._piece), self._pos)
                         n = len(buf)
                         if n < 4 + length:
                             break
                         continue
                     break
                 if kind == ENQ:
-                    out.append((self._cursorOffset, decodeEnq(buf, p)) if decode else None)
+                    if decode:
+                        rec = decodeEnq(buf, p)
+                        out.append((self._cursorOffset, 1, rec[2], rec, False))
+                    else:
+                        out.append(None)
                     self._cursorOffset += 1
+                    total += 1
                     size += length
+                elif kind == BATCH:
+                    _, _, _, ts, count = batchHead(buf, p)
+                    end = p + 4 + length
+                    start = p + batchSize
+                    q = start + self._skipBytes
+                    avail = count - self._skip
+                    want = min(avail, limit - total)
+                    if want == avail and (maxBytes is None or size + end - q <= maxBytes):
+                        r = end
+                        m = avail
+                    elif total or not split:
+                        # a record is not split when something was read before it (or ``split`` is False)
+                        full = True
+                        break
+                    else:
+                        # walk the entries: what fits (at least one message a read)
+                        r = q
+                        m = 0
+                        sz = size
+                        while m < want and (maxBytes is None or sz < maxBytes or not (total or m)):
+                            step = 4 + entrySize(buf, r)[0]
+                            r += step
+                            sz += step
+                            m += 1
+                    size += r - q
+                    if m:
+                        out.append((self._cursorOffset, m, ts, buf[q:r] if decode else None, True))
+                        self._cursorOffset += m
+                        total += m
+                    if m < avail:
+                        # the rest of this record is for the next read
+                        self._skip += m
+                        self._skipBytes = r - start
+                        full = True
+                        break
+                    self._skip = self._skipBytes = 0
+                    if kind == BATCH:
+                        p = end
+                        if maxBytes is not None and size >= maxBytes:
+                            full = True
+                            break
+                        continue
                 p += 4 + length
                 if maxBytes is not None and size >= maxBytes:
+                    full = True
                     break
             if p == 0:
                 break
             self._pos += p
-            if maxBytes is not None and size >= maxBytes:
+        self._full = full
+        return out, total, size
+
+    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True):
+        """
+        Up to ``maxMessages`` committed messages from :attr:`offset` on, as
+        stored: the items of :meth:`_records` (``(offset, n, timestampMs,
+        payload, isBatch)``); ``[]`` when there is nothing (yet).  With ``split``
+        False, a BATCH record that does not fit is left whole for the next read.
+        """
+        if self.closed or self.stream.deleted:
+            return []
+        out = []
+        got = 0
+        for _ in range(4):
+            if maxBytes is not None and maxBytes <= 0:
+                break
+            if self.offset >= self.stream.log.committed:
+                break
+            if self._seg is None or self._seg not in self.stream.log.segments or \
+                    self._cursorOffset != self.offset:
+                if not self._seek():
+                    break
+            recs, n, size = self._records(maxMessages - got, maxBytes, split=split)
+            if maxBytes is not None:
+                maxBytes -= size
+            if n:
+                out.extend(recs)
+                got += n
+                self.offset = self._cursorOffset
+            elif self._full:
+                # the next record is left whole (split=False)
+                break
+            else:
+                # end of this segment: the next one
+                nxt = [s for s in self.stream.log.segments if s.first > self._seg.first]
+                self._drop()
+                if not nxt:
+                    break
+                self.offset = max(self.offset, nxt[0].first)
+            if got >= maxMessages or self._full:
                 break
         return out
 
@@ -826,33 +989,21 @@ class StreamReader:
         ``(offset, timestampMs, Message)``; ``[]`` when there is nothing
         (yet).  A reader whose offset retention removed goes on at ``first``.
         """
-        if self.closed or self.stream.deleted:
-            return []
         out = []
-        for _ in range(4):
-            if self.offset >= self.stream.log.committed:
-                break
-            if self._seg is None or self._seg not in self.stream.log.segments or \
-                    self._cursorOffset != self.offset:
-                if not self._seek():
-                    break
-            recs = self._records(maxMessages - len(out), maxBytes)
-            for offset, rec in recs:
-                _, _, ts, _, _, ex, rk, propsRaw, body = rec
-                out.append((offset, ts, Message(ex.decode("utf-8", "surrogateescape"),
-                                                 rk.decode("utf-8", "surrogateescape"),
-                                                 bytes(propsRaw), bytes(body))))
-            if recs:
-                self.offset = recs[-1][0] + 1
+        for offset, n, ts, payload, isBatch in self.readRaw(maxMessages, maxBytes):
+            if isBatch:
+                name = self.stream.name
+                p = 0
+                unpack = _BE_U32.unpack_from
+                for i in range(n):
+                    (size,) = unpack(payload, p)
+                    out.append((offset + i, ts, toMessage(name, payload[p + 4:p + 4 + size])))
+                    p += 4 + size
             else:
-                # end of this segment: the next one
-                nxt = [s for s in self.stream.log.segments if s.first > self._seg.first]
-                self._drop()
-                if not nxt:
-                    break
-                self.offset = max(self.offset, nxt[0].first)
-            if len(out) >= maxMessages:
-                break
+                _, _, ts, _, _, ex, rk, propsRaw, body = payload
+                out.append((offset, ts, Message(ex.decode("utf-8", "surrogateescape"),
+                                                rk.decode("utf-8", "surrogateescape"),
+                                                bytes(propsRaw), bytes(body))))
         return out
 
 

@@ -38,13 +38,11 @@ fallback when no broker streams are wired in).
 """
 
 import bisect
-import struct
 import zlib
 
-from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import declareStream, deleteStream, findStream
-from otter_tx.stream import amqp10
+from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -359,8 +357,11 @@ class BrokerStreams:
     what one read of the core returned.
     """
 
-    #: most messages and bytes one chunk holds (a chunk costs ~10 us a message to build)
+    #: most AMQP 0-9-1 messages one chunk holds (each costs ~10 us to convert)
     chunkMessages = 512
+    #: most messages one chunk holds when they are stream protocol publishes (kept as
+    #: published: a chunk joins their records, nothing a message)
+    rawChunkMessages = 4096
     #: chunks kept per stream for readers in step (at most this many times chunkBytes)
     cacheChunks = 16
     chunkBytes = 512 * 1024
@@ -404,15 +405,24 @@ class BrokerStreams:
         return wire.OK
 
     def append(self, vhost, name, reference, ids, data, count):
-        return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
+        log = self._log(vhost, name)
+        if log is None:
+            return ids, None
+        if reference:
+            t = self.tracking.get(vhost, name)
+            seq = t["sequences"].get(reference, 0)
+            if min(ids) <= seq:
+                # de-duplication: keep the entries above the sequence
+                return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
+            return ids, self._append(log, vhost, name, reference, max(ids), data, count)
+        return ids, self._append(log, vhost, name, None, None, data, count)
 
     def publish(self, vhost, name, reference, entries):
-        from twisted.internet.defer import gatherResults
-
         log = self._log(vhost, name)
         ids = [e[0] for e in entries]
         if log is None:
             return ids, None
+        last = None
         if reference:
             t = self.tracking.get(vhost, name)
             seq = t["sequences"].get(reference, 0)
@@ -422,30 +432,28 @@ class BrokerStreams:
                     keep.append((pid, m))
                     seq = pid
             entries = keep
+            if entries:
+                last = entries[-1][0]
         if not entries:
             return ids, None
-        # appends are durable in order (one group commit a turn): the last one's Deferred
-        # stands for the frame
-        append = log.append
-        for _, m in entries[:-1]:
-            append(_toMessage(name, m), False)
-        ds = [append(_toMessage(name, entries[-1][1]))]
-        if reference:
-            last = entries[-1][0]
+        return ids, self._append(log, vhost, name, reference, last,
+                                 _chunk.entries([bytes(m) for _, m in entries]), len(entries))
 
+    def _append(self, log, vhost, name, reference, last, data, count):
+        """The entries as one record of the log (kept as published); a Deferred firing once durable."""
+        d = log.appendEntries(bytes(data), count)
+        if reference:
             def durable(_):
                 t = self.tracking.get(vhost, name)
                 if last > t["sequences"].get(reference, 0):
                     t["sequences"][reference] = last
                     self.tracking.changed(vhost, name)
 
-            d = gatherResults(ds).addCallback(durable)
+            d.addCallback(durable)
             # the sequence moves at once for the next frames; durable() persists it
-            self.tracking.get(vhost, name)["sequences"][reference] = max(
-                last, self.tracking.get(vhost, name)["sequences"].get(reference, 0))
-        else:
-            d = gatherResults(ds)
-        return ids, d
+            seqs = self.tracking.get(vhost, name)["sequences"]
+            seqs[reference] = max(last, seqs.get(reference, 0))
+        return d
 
     def sequence(self, vhost, name, reference):
         return self.tracking.get(vhost, name)["sequences"].get(reference, 0)
@@ -469,15 +477,15 @@ class BrokerStreams:
             best = None
             try:
                 for _ in range(64):
-                    batch = r.read(256)
+                    batch = r.readRaw(256)
                     if not batch:
                         break
                     over = False
-                    for o, ts, _ in batch:
+                    for o, n, ts, _, _ in batch:
                         if int(ts) > value:
                             over = True
                             break
-                        best = o
+                        best = o + n - 1
                     if over:
                         break
             finally:
@@ -532,11 +540,22 @@ class BrokerStreams:
             cache = {}
             self._cache[(vhost, name)] = (log, cache)
         while len(out) < maxChunks:
-            entries = r.read(self.chunkMessages, limit)
-            if not entries:
+            items = r.readRaw(self.chunkMessages, limit)
+            if not items:
                 break
-            msgs = [_fromMessage(m) for _, _, m in entries]
-            c = Chunk(entries[0][0], int(entries[0][1]), len(msgs), _chunk.entries(msgs))
+            count = sum(i[1] for i in items)
+            while count + self.chunkMessages <= self.rawChunkMessages and all(i[4] for i in items):
+                # records as published: join more of them (a chunk's count costs nothing)
+                size = sum(len(i[3]) for i in items)
+                if size >= limit:
+                    break
+                # whole records (a read splits one only when it can take nothing else)
+                more = r.readRaw(self.chunkMessages, limit - size, split=False)
+                if not more:
+                    break
+                items += more
+                count += sum(i[1] for i in more)
+            c = _chunkOf(items)
             out.append(c)
             cache[c.first] = c
             while len(cache) > self.cacheChunks:
@@ -554,10 +573,11 @@ class BrokerStreams:
         out = []
         try:
             while True:
-                batch = r.read(256)
-                if not batch:
+                items = r.readRaw(256)
+                if not items:
                     return out
-                out.extend((o, _fromMessage(m)) for o, _, m in batch)
+                c = _chunkOf(items)
+                out.extend(zip(range(c.first, c.first + c.count), _chunk.split(c.data, c.count)))
         finally:
             r.close()
 
@@ -634,34 +654,30 @@ class BrokerStreams:
                 "committed_chunk_id": log.last if log.last is not None else log.first}
 
 
-_EMPTY_PROPS = b"\x00\x00"
+def _chunkOf(items):
+    """
+    One :class:`Chunk` of what a reader read (StreamReader.readRaw): the
+    entries of BATCH records as stored, each AMQP 0-9-1 message converted.
+    """
+    first, n, ts, payload, isBatch = items[0]
+    if isBatch and len(items) == 1:
+        return Chunk(first, int(ts), n, payload)
+    parts = []
+    count = 0
+    pack = _chunk._I.pack
+    for _, n, _, payload, isBatch in items:
+        if isBatch:
+            parts.append(payload)
+        else:
+            m = payload
+            data = _fromMessage(Message(m[5].decode("utf-8", "surrogateescape"),
+                                        m[6].decode("utf-8", "surrogateescape"), bytes(m[7]), bytes(m[8])))
+            parts.append(pack(len(data)))
+            parts.append(data)
+        count += n
+    return Chunk(first, int(ts), count, b"".join(parts))
 
 
-def _toMessage(stream, data):
-    """A stream client's AMQP 1.0 message as the broker Message (to_amqp091); opaque bytes as a body."""
-    if data[:1] != b"\x00":
-        # not an AMQP 1.0 section: opaque bytes
-        return Message("", stream, _EMPTY_PROPS, data, {})
-    body = amqp10.onlyData(data)
-    if body is not None:
-        return Message("", stream, _EMPTY_PROPS, body, {})
-    try:
-        props, body = amqp10.toAmqp091(data)
-    except (amqp10.DecodeError, ValueError, struct.error, IndexError):
-        props, body = {}, data
-    return Message("", stream, encodeProperties(props) if props else _EMPTY_PROPS, body, props)
-
-
-_DATA8 = b"\x00\x53\x75\xa0"
-_DATA32 = b"\x00\x53\x75\xb0"
-_annotations = amqp10._addressAnnotations
-
-
-def _fromMessage(m):
-    if not m.props:
-        # the common case, inline: cached annotations, one data section
-        body = m.body
-        n = len(body)
-        head = _DATA8 + bytes((n,)) if n < 256 else _DATA32 + struct.pack(">I", n)
-        return _annotations(m.exchange, m.routingKey) + head + body
-    return amqp10.fromAmqp091(m.props, m.body, m.exchange, m.routingKey)
+# the conversions (kept here under their old names)
+_toMessage = _convert.toMessage
+_fromMessage = _convert.fromMessage

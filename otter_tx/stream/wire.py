@@ -9,6 +9,7 @@ Pure: no Twisted, no broker imports. Decoded requests are small tuples
 :class:`FrameError` (RabbitMQ closes such a connection with UNKNOWN_FRAME).
 """
 
+import platform
 import struct
 
 # command keys (rabbit_stream.hrl)
@@ -453,6 +454,8 @@ def publishedMessages(body, pos, count, version):
 
 
 _FIXED_CACHE = {}
+#: PyPy's struct is slow with formats of hundreds of fields (its JIT compiles the loop instead)
+_PYPY = platform.python_implementation() == "PyPy"
 
 
 def _fixedStructs(size, count):
@@ -483,7 +486,7 @@ def publishBatch(body, pos, count, version):
     (size,) = _I.unpack_from(body, pos + 8)
     if size & 0x80000000:
         return None
-    if count * (12 + size) == n - pos and count <= 4096:
+    if count * (12 + size) == n - pos and count <= 4096 and not _PYPY:
         ids, parts = _fixedStructs(size, count)
         vals = ids.unpack_from(body, pos)
         sizes = vals[1::2]

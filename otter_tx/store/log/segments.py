@@ -40,6 +40,12 @@ bytes, then the type u8):
   unacknowledged messages).
 - ``REDELIVER_ALL`` (5): upto u64: every message below ``upto`` comes back
   redelivered (written once per queue after an unclean stop).
+- ``BATCH`` (6): streams only: first offset u64, enqueuedAtMs f64, count
+  u32, then ``count`` messages as a stream protocol chunk holds them (each
+  its size u32 big endian, then its bytes, as the client published them).
+  It has ``count`` offsets from ``first`` (one record, many messages: a
+  stream protocol publish frame is appended as one record and delivered as
+  it is stored).
 
 Reclaiming.  A segment is deleted once it is not the active (last) one,
 none of its messages is live, and no record in it still matters to an
@@ -68,6 +74,7 @@ ACK = 2
 MARK = 3
 PURGE = 4
 REDELIVER_ALL = 5
+BATCH = 6
 
 #: ENQ: length, type, storeId, seq, enqueuedAtMs, expiresAtMs, flags, exchange
 #: length, routing key length, property bytes length (44 bytes)
@@ -77,6 +84,8 @@ REF = struct.Struct("<IBQ")
 #: PURGE: length, type, upto, count (then count u64 offsets)
 PURGE_HEAD = struct.Struct("<IBQI")
 _LEN_TYPE = struct.Struct("<IB")
+#: BATCH: length, type, first offset, enqueuedAtMs, count (25 bytes; then the entries)
+BATCH_HEAD = struct.Struct("<IBQdI")
 _U32 = struct.Struct("<I")
 #: an ENQ name length byte meaning "the length follows as u32"
 LONG_NAME = 255
@@ -162,6 +171,11 @@ def encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, r
     encodeEnq(out, storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, routingKey, propsRaw,
               body)
     return bytes(out)
+
+
+def encodedBatch(firstOffset, enqueuedAtMs, count, entries):
+    """The head of a BATCH record (bytes) for ``count`` messages ``entries`` (size-prefixed); the entries follow it."""
+    return BATCH_HEAD.pack(BATCH_HEAD.size - 4 + len(entries), BATCH, firstOffset, enqueuedAtMs, count)
 
 
 #: the byte of an ENQ record holding its flags (redelivered)
@@ -280,7 +294,7 @@ class QueueLog:
         self.committed = 0
         # pending records of the active segment (ENQ / the others) and of
         # segments sealed before they were written
-        self._chunk = bytearray()
+        self._chunk = _Parts()
         self._count = 0
         self._other = bytearray()
         self._otherCount = 0
@@ -423,6 +437,20 @@ class QueueLog:
                 expiries.append(exp)
                 self._appendId(seg, storeId)
                 flags[-1] |= (f & 1) * REDELIVERED
+            elif kind == BATCH:
+                _, _, first, enq, count = BATCH_HEAD.unpack_from(buf, pos)
+                base = len(ids)
+                k = -(-base // INDEX_EVERY) * INDEX_EVERY
+                while k < base + count:
+                    seg.index.append(pos)
+                    seg.stamps.append(enq)
+                    k += INDEX_EVERY
+                positions.extend([pos] * count)
+                seqs.extend(range(first, first + count))
+                sizes.extend([0] * count)
+                expiries.extend([_NAN] * count)
+                self._appendIds(seg, first, count)
+                self._lastSeq = first + count - 1
             elif kind == ACK or kind == MARK or kind == REDELIVER_ALL:
                 offset = unpackQ(buf, pos + 5)[0]
                 if kind == ACK:
@@ -461,6 +489,21 @@ class QueueLog:
             self.exceptions[storeId] = offset
             self._exceptionIds[offset] = storeId
         seg.live += 1
+
+    def _appendIds(self, seg, firstId, count):
+        """``count`` messages of ids from ``firstId`` at the next offsets of ``seg``, live."""
+        if firstId > self._lastId:
+            seg.ids.extend(range(firstId, firstId + count))
+            seg.flags.extend(bytes((LIVE,)) * count)
+            if seg.minId is None:
+                seg.minId = firstId
+                self._minIds.append(firstId)
+                self._byMinId.append(seg)
+            self._lastId = firstId + count - 1
+            seg.live += count
+        else:
+            for i in range(count):
+                self._appendId(seg, firstId + i)
 
     def segmentOf(self, offset):
         """The segment holding ``offset``, or None (deleted or never written)."""
@@ -603,7 +646,7 @@ class QueueLog:
         if segs and (self._count or self._otherCount):
             self._sealed.append(_Pending(segs[-1], self._chunk, self._count, self._other,
                                          self._otherCount, segs[-1] in self._unborn))
-            self._chunk = bytearray()
+            self._chunk = _Parts()
             self._other = bytearray()
             self._count = self._otherCount = 0
         first = segs[-1].next if segs else self.committed
@@ -649,6 +692,29 @@ class QueueLog:
             if redelivered:
                 seg.flags[-1] |= REDELIVERED
         return seg.first + len(seg.ids) - 1
+
+    def enqueueBatch(self, firstId, enqueuedAtMs, head, entries, count):
+        """
+        Append ``count`` messages as one BATCH record (streams: ``head`` from
+        :func:`encodedBatch`, then ``entries``, bytes); their ids are
+        ``firstId``...; returns the first one's offset.
+        """
+        seg = self._active()
+        chunk = self._chunk
+        base = len(seg.ids)
+        pos = seg.size + CHUNK_HEADER.size + len(chunk)
+        k = -(-base // INDEX_EVERY) * INDEX_EVERY
+        while k < base + count:
+            # the sparse index points at the record holding the indexed offset
+            seg.index.append(pos)
+            seg.stamps.append(enqueuedAtMs)
+            k += INDEX_EVERY
+        chunk += head
+        chunk += entries
+        self._count += count
+        self._lastSeq = firstId + count - 1
+        self._appendIds(seg, firstId, count)
+        return seg.first + base
 
     def ack(self, storeId):
         """Message ``storeId`` left the queue; False if it was not live here."""
@@ -759,27 +825,33 @@ class QueueLog:
             parts = []
             if phase == 0:
                 # one chunk: the commit is all there or not at all
-                data = pend.enq + pend.other
+                data = pend.enq.pieces()
+                if pend.other:
+                    data = data + [bytes(pend.other)]
+                size = len(pend.enq) + len(pend.other)
                 start = at
-                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data),
-                                               pend.count + pend.otherCount))
-                parts.append(data)
+                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), pend.count + pend.otherCount))
+                parts.extend(data)
             else:
-                for which, data, count in ((1, pend.enq, pend.count), (2, pend.other, pend.otherCount)):
+                for which, data, count in ((1, pend.enq.pieces(), pend.count),
+                                           (2, [bytes(pend.other)], pend.otherCount)):
                     if not count:
                         continue
+                    size = sum(len(x) for x in data)
                     if phase == which:
                         start = at
-                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, len(data), zlib.crc32(data), count))
-                        parts.append(data)
-                    at += CHUNK_HEADER.size + len(data)
+                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), count))
+                        parts.extend(data)
+                    at += CHUNK_HEADER.size + size
             if parts:
-                # the chunks of one phase are contiguous: one write
-                out = b"".join(parts)
+                # the chunks of one phase are contiguous: one write (gathered, not joined)
                 fd = self._fdFor(pend, synced)
-                written = os.pwrite(fd, out, start)
-                while written < len(out):
-                    written += os.pwrite(fd, out[written:], start + written)
+                total = sum(len(x) for x in parts)
+                written = _pwritev(fd, parts, start)
+                if written < total:
+                    out = b"".join(parts)
+                    while written < total:
+                        written += os.pwrite(fd, out[written:], start + written)
 
     def finish(self):
         """The written chunks are durable and committed: they are part of the segments now."""
@@ -795,7 +867,7 @@ class QueueLog:
             self._unborn.discard(seg)
         self._split = False
         self._sealed = []
-        self._chunk = bytearray()
+        self._chunk = _Parts()
         self._other = bytearray()
         self._count = self._otherCount = 0
         segs = self.segments
@@ -1143,6 +1215,48 @@ class LogRange:
 
 
 _DEAD = bytes(f & OUT_OF_ORDER for f in range(256))
+
+
+class _Parts:
+    """
+    The ENQ records of a pending chunk: the bytes appended (``+=``), kept
+    as they are and joined at most once, when written (appending to a
+    ``bytearray`` copies every byte, which is slow on PyPy).
+    """
+
+    __slots__ = ("parts", "n")
+
+    def __init__(self):
+        self.parts = []
+        self.n = 0
+
+    def __iadd__(self, data):
+        self.parts.append(data)
+        self.n += len(data)
+        return self
+
+    def __len__(self):
+        return self.n
+
+    def pieces(self):
+        """The bytes as a short list (joined when there are many: one write takes a few)."""
+        if len(self.parts) > 16:
+            self.parts = [b"".join(self.parts)]
+        return self.parts
+
+
+def _crc(parts):
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    return crc
+
+
+def _pwritev(fd, parts, offset):
+    """Write ``parts`` at ``offset`` in one system call; returns the bytes written."""
+    if len(parts) > 1 and hasattr(os, "pwritev"):
+        return os.pwritev(fd, parts, offset)
+    return os.pwrite(fd, b"".join(parts), offset)
 
 
 def _bisectFirst(segs, offset):

@@ -852,13 +852,21 @@ class QueueLogTests(SynchronousTestCase):
         _commit(qlog)
         synced = []
         real = os.pwrite
+        realv = getattr(os, "pwritev", None)
 
         def recording(fd, data, offset):
             if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DSYNC:
                 synced.append(os.readlink("/proc/self/fd/%d" % fd))
             return real(fd, data, offset)
 
+        def recordingv(fd, parts, offset):
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DSYNC:
+                synced.append(os.readlink("/proc/self/fd/%d" % fd))
+            return realv(fd, parts, offset)
+
         self.patch(os, "pwrite", recording)
+        if realv is not None:
+            self.patch(os, "pwritev", recordingv)
         written = {}
         sizes = {s.path: os.path.getsize(s.path) for s in qlog.segments}
         for i in range(2, 20):
@@ -896,7 +904,7 @@ class _FailingOs:
     Stands in for ``segments.os``: ``os.open`` with ``O_CREAT`` (a new
     segment) or ``os.pwrite`` (the log's durable write: its files are
     ``O_DSYNC``) raises ``OSError(errno)`` while the matching count in
-    ``failures`` is above zero (counting down).
+    ``failures`` is above zero (counting down); ``os.pwritev`` too.
     """
 
     def __init__(self):
@@ -920,6 +928,12 @@ class _FailingOs:
         if self._failing("write"):
             raise OSError(errno.EIO, "Input/output error (test)")
         return os.pwrite(fd, data, offset)
+
+    if hasattr(os, "pwritev"):  # not on PyPy 3.9
+        def pwritev(self, fd, parts, offset):
+            if self._failing("write"):
+                raise OSError(errno.EIO, "Input/output error (test)")
+            return os.pwritev(fd, parts, offset)
 
 
 def _fields(message):

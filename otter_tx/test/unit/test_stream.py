@@ -259,6 +259,181 @@ class CoreTests(SynchronousTestCase):
         self.assertEqual(self.registry.unsynced, 0)
 
 
+def entries(msgs):
+    from otter_tx.stream import chunk
+    return chunk.entries(msgs)
+
+
+class BatchRecordTests(SynchronousTestCase):
+    """
+    What a stream protocol publish frame becomes: one BATCH record of the log
+    (StreamLog.appendEntries), mixed with AMQP 0-9-1 ENQ records; read back as
+    stored (readRaw) or as Messages (read), from any offset, after a restart.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.root = self.mktemp()
+        self.registry = StreamRegistry(self.root)
+        self.addCleanup(self.registry.close)
+        self.expected = []
+
+    def open(self, segmentBytes=1 << 20, registry=None):
+        return (registry or self.registry).open(self.clock, "/", "s", segmentBytes)
+
+    def batch(self, log, n, size=12, advance=True):
+        msgs = [(b"b%d-" % (len(self.expected) + i)).ljust(size, b".") for i in range(n)]
+        d = log.appendEntries(entries(msgs), n)
+        self.expected.extend(msgs)
+        if advance:
+            self.clock.advance(0)
+        return d
+
+    def enq(self, log, n, advance=True):
+        for _ in range(n):
+            body = b"e%d" % len(self.expected)
+            log.append(message(body), wantDeferred=False)
+            self.expected.append(body)
+        if advance:
+            self.clock.advance(0)
+
+    def readAll(self, r, step):
+        got = []
+        while True:
+            batch = r.read(step)
+            if not batch:
+                return got
+            self.assertLessEqual(len(batch), step)
+            got.extend(batch)
+
+    def mixed(self, log):
+        self.batch(log, 100)
+        self.enq(log, 3)
+        self.batch(log, 1)
+        self.batch(log, 300, size=40)       # spans index blocks
+        self.enq(log, 70)
+        self.batch(log, 5, advance=False)   # one group commit: a batch, ENQs, a batch
+        self.enq(log, 2, advance=False)
+        self.batch(log, 64)
+
+    def checkReads(self, log, starts):
+        n = len(self.expected)
+        for start in starts:
+            for step in (1, 7, 128, 1000):
+                got = self.readAll(log.reader(start), step)
+                self.assertEqual([o for o, _, _ in got], list(range(start, n)), (start, step))
+                self.assertEqual([m.body for _, _, m in got], self.expected[start:], (start, step))
+
+    def test_appendFiresWithFirstOffset(self):
+        """One Deferred per batch, fired with its first offset once durable; offsets count messages."""
+        log = self.open()
+        fired = []
+        self.batch(log, 10, advance=False).addCallback(fired.append)
+        self.batch(log, 5, advance=False).addCallback(fired.append)
+        self.assertEqual((fired, log.committed), ([], 0))
+        self.clock.advance(0)
+        self.assertEqual((fired, log.committed, log.last, log.appended), ([0, 10], 15, 0, 15))
+        self.assertEqual(log.registry.unsynced, 0)
+        self.assertIsInstance(log.log.segments[0].ids, _Count)
+
+    def test_readsFromEveryOffset(self):
+        """Readers at any offset (inside a batch too), any read size, see every message once, in order."""
+        log = self.open()
+        self.mixed(log)
+        self.checkReads(log, range(0, len(self.expected), 3))
+
+    def test_acrossSegments(self):
+        """Batches roll segments over; readers cross them; retention still deletes whole segments."""
+        log = self.open(segmentBytes=4096)
+        for _ in range(6):
+            self.mixed(log)
+        self.assertGreater(len(log.log.segments), 5)
+        self.checkReads(log, [0, 1, 99, 100, 250, 1000, len(self.expected) - 1])
+        log.setRetention(maxBytes=8192)
+        self.assertGreater(log.first, 0)
+        got = self.readAll(log.reader("first"), 100)
+        self.assertEqual([m.body for _, _, m in got], self.expected[log.first:])
+
+    def test_largeRecords(self):
+        """A batch larger than a read piece (64 KiB) is read whole or in parts."""
+        log = self.open()
+        self.batch(log, 100, size=1024)
+        self.enq(log, 1)
+        self.batch(log, 3, size=100000)
+        self.checkReads(log, [0, 50, 99, 100, 101, 102, 103])
+
+    def test_readRawAsStored(self):
+        """readRaw gives a batch's entries as published, split at maxMessages and maxBytes."""
+        log = self.open()
+        self.batch(log, 10)
+        self.enq(log, 1)
+        r = log.reader("first")
+        items = r.readRaw(100)
+        self.assertEqual([(o, n, b) for o, n, _, _, b in items], [(0, 10, True), (10, 1, False)])
+        self.assertEqual(items[0][3], entries(self.expected[:10]))
+        r = log.reader(2)
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(3)], [(2, 3)])
+        self.assertEqual(r.readRaw(100, maxBytes=32)[0][3], entries(self.expected[5:7]))
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(7, 3), (10, 1)])
+        # a record is split only when nothing was read before it
+        self.batch(log, 10)
+        r = log.reader("first")
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(15)], [(0, 10), (10, 1)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(2)], [(11, 2)])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(100)], [(13, 8)])
+        # split=False: a record that does not fit stays whole for the next read
+        r = log.reader("first")
+        self.assertEqual(r.readRaw(100, maxBytes=100, split=False), [])
+        self.assertEqual(r.offset, 0)
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(5, split=False)], [])
+        self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(10, split=False)], [(0, 10)])
+
+    def test_reopen(self):
+        """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""
+        log = self.open(segmentBytes=4096)
+        for _ in range(3):
+            self.mixed(log)
+        committed, last = log.committed, log.last
+        self.registry.close()
+        registry = StreamRegistry(self.root)
+        self.addCleanup(registry.close)
+        again = self.open(segmentBytes=4096, registry=registry)
+        self.assertEqual((again.committed, again.last), (committed, last))
+        self.checkReads(again, [0, 5, 130, 555, committed - 1])
+        self.batch(again, 4)
+        self.assertEqual(again.committed, committed + 4)
+        self.checkReads(again, [committed - 2])
+
+    def test_chunkStartsAndTimestamps(self):
+        """chunkStart and timestamp starts know that a BATCH record holds many offsets."""
+        log = self.open(segmentBytes=1 << 20)
+        starts = []
+        for n in (1, 200, 64, 3, 130):
+            self.clock.advance(10)
+            starts.append(log.committed)
+            self.batch(log, n)
+        ends = starts[1:] + [log.committed]
+        for s, e in zip(starts, ends):
+            for o in (s, (s + e) // 2, e - 1):
+                self.assertEqual(log.chunkStart(o), s, (o, s))
+        self.assertEqual(log.last, starts[-1])
+        for i, s in enumerate(starts):
+            self.assertEqual(log.startOffset(("timestamp", (1000 + 10 * (i + 1)) * 1000.0)), s)
+
+    def test_amqp10ConvertedForAmqp091Readers(self):
+        """An AMQP 1.0 message published over the stream protocol reads as RabbitMQ's to_amqp091 makes it."""
+        from otter_tx.stream import amqp10
+        log = self.open()
+        m = amqp10.encodeMessage(b"hello", applicationProperties={"k": "v"})
+        log.appendEntries(entries([m, b"opaque"]), 2)
+        self.clock.advance(0)
+        got = log.reader("first").read()
+        self.assertEqual([(x.exchange, x.routingKey, x.body) for _, _, x in got],
+                         [("", "s", b"hello"), ("", "s", b"opaque")])
+        self.assertEqual(got[0][2].headers, {"k": "v"})
+
+
 class ConsumerTests(SynchronousTestCase):
     """The AMQP face: StreamQueue in a vhost."""
 

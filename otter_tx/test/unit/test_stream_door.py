@@ -544,6 +544,33 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
         got = c.deliveries()
         self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 2)])
 
+    def test_keptAsPublished(self):
+        """
+        A stream client reads back the bytes it published (AMQP 1.0-only fields too, as from
+        RabbitMQ); an AMQP 0-9-1 consumer of the same stream gets them converted (to_amqp091);
+        publish frames are joined into one chunk as stored.
+        """
+        from otter_tx.stream import amqp10
+
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        m = amqp10.encodeMessage(b"hello", properties={"subject": "subj", "to": "/x"},
+                                 messageAnnotations={"x-custom": "v"})
+        c.feed(wire.publishFrame(1, [(1, m), (2, b"opaque")]))
+        c.feed(wire.publishFrame(1, [(3, b"third")]))
+        self.settle()
+        c.read()
+        self.assertEqual(self.backend.messages("/", "s"), [(0, m), (1, b"opaque"), (2, b"third")])
+        c.subscribe(1, "s")
+        self.settle()
+        self.assertEqual(c.deliveries(), [(1, 0, [m, b"opaque", b"third"])])
+        from otter_tx.broker.stream import findStream
+
+        got = findStream(self.broker, "/", "s").reader("first").read()
+        self.assertEqual([(o, x.routingKey, x.body) for o, _, x in got],
+                         [(0, "s", b"hello"), (1, "s", b"opaque"), (2, "s", b"third")])
+
     def test_fanOutSharesChunks(self):
         """Subscriptions reading in step get the same chunk objects (built once from the log)."""
         c = self.client()
