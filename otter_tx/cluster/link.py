@@ -148,8 +148,8 @@ class LinkProtocol(protocol.Protocol):
         if self._flushCall is None:
             self._flushCall = self.clock.callLater(0, self.flush)
 
-    def flush(self):
-        self._flushCall = None
+    def _drainBatched(self):
+        """The credits and settles gathered so far go out now, after what was sent before them."""
         if self._credits:
             credits, self._credits = self._credits, {}
             for cid, n in credits.items():
@@ -158,6 +158,10 @@ class LinkProtocol(protocol.Protocol):
             settles, self._settles = self._settles, {}
             for how, eids in settles.items():
                 self._out.append(wire.settle(how, eids))
+
+    def flush(self):
+        self._flushCall = None
+        self._drainBatched()
         if self._pendingSync is not None:
             self._out.append(wire.u64frame(wire.SYNC, self._pendingSync))
             self._pendingSync = None
@@ -220,6 +224,8 @@ class LinkProtocol(protocol.Protocol):
         self._rid += 1
         rid = self._rid
         d = self._asks[rid] = defer.Deferred()
+        # a request sees the settles made before it (a requeue, then basic.get)
+        self._drainBatched()
         self.send(wire.request(rid, op, args))
 
         def late():

@@ -903,3 +903,30 @@ class ExclusiveConsumeAcrossNodesTests(ClusterCase):
         out = yield self.inThread(run)
         refused = (403, "ACCESS_REFUSED - queue 'xq' in vhost '/' in exclusive use")
         self.assertEqual(out, [refused, refused, refused, "x2"])
+
+
+class SettleOrderTests(ClusterCase):
+    """What a channel does to a queue on another node reaches it in the channel's order."""
+
+    nodes = 2
+
+    @inlineCallbacks
+    def test_requeueThenGet(self):
+        """basic.get, basic.reject with requeue, basic.get at once: the second get finds the message
+        (kombu's test_requeue against a queue on another node)."""
+        def run():
+            self.conn(1).channel().queue_declare("rg")
+            ch = self.conn(0).channel()
+            ch.basic_publish("", "rg", b"again")
+            out = []
+            for _ in range(20):
+                m = ch.basic_get("rg")
+                ch.basic_reject(m[0].delivery_tag, requeue=True)
+                m2 = ch.basic_get("rg")
+                out.append((m2[2], m2[0].redelivered) if m2[0] is not None else None)
+                if m2[0] is not None:
+                    ch.basic_reject(m2[0].delivery_tag, requeue=True)
+            return out
+
+        out = yield self.inThread(run)
+        self.assertEqual(out, [(b"again", True)] * 20)
