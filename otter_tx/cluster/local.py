@@ -196,6 +196,9 @@ def main(argv=None):
 
     reactor.callWhenRunning(lambda: cluster.start().addCallbacks(started, failed))
     reactor.addSystemEventTrigger("before", "shutdown", cluster.stop)
+    # started in the background by a shell, SIGINT arrives ignored, and Twisted then leaves it
+    # so: Ctrl-C or a SIGINT from a script must stop the nodes and etcd, and this process
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     reactor.run()
 
 
