@@ -449,6 +449,8 @@ class WebAppBrowserTests(TestCase):
         self.assertEqual(seen["tenant"], "eu-west")
         self.assertEqual(seen["death"], ["2", "expired", "work", "2023-11-14 22:13:20 UTC", "", "work"])
         self.assertEqual(seen["timestamp"], "2023-11-14 22:13:20 UTC")
+        self.assertEqual(seen["browsedTenant"], "eu-west")
+        self.assertEqual(seen["browsedDeath"], seen["death"])
         self.assertEqual(seen["policyKeys"], ["dead-letter-exchange", "dead-letter-routing-key", "delivery-limit",
                                               "expires", "max-age", "max-length", "max-length-bytes", "message-ttl",
                                               "overflow", "queue-leader-locator", "stream-max-segment-size-bytes"])
@@ -476,6 +478,12 @@ class WebAppBrowserTests(TestCase):
             seen["tenant"] = headers.locator("table[data-table=tenant] tr[data-key=region] > td").inner_text()
             seen["death"] = headers.locator("table[data-list=x-death] tbody tr").first.locator("td").all_inner_texts()
             seen["timestamp"] = page.locator("#got tr[data-key=timestamp] > td").inner_text()
+            # Browse (the message was requeued by Get's default ack mode) shows the same tables
+            page.locator("form", has=page.locator("button", has_text="Browse")).locator("button[type=submit]").click()
+            browsed = page.locator("#browsed table[data-table=headers]")
+            browsed.wait_for()
+            seen["browsedTenant"] = browsed.locator("table[data-table=tenant] tr[data-key=region] > td").inner_text()
+            seen["browsedDeath"] = browsed.locator("table[data-list=x-death] tbody tr").first.locator("td").all_inner_texts()
             quick = "Array.from(document.querySelectorAll('form .quick button')).map((b) => b.textContent)" \
                     ".filter((t) => t !== '+ row')"
             page.click("nav a[data-nav=policies]")
@@ -562,6 +570,91 @@ class WebAppBrowserTests(TestCase):
                 }
         finally:
             conn.close()
+        return seen
+
+    @defer.inlineCallbacks
+    def test_connectionChannelExchangeLists(self):
+        """
+        The exchange, connection and channel lists filter (substring ignoring case, regex) and page as the
+        queue list does; with a virtual host chosen, the channel list filters and pages its own channels.
+        """
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        for i in range(25):
+            vh.declareExchange("ex-%02d" % (i,), "direct")
+        svc.broker.addVHost("other")
+        svc.broker.setPermissions("guest", "other")
+        amqpPort = [s.port.getHost().port for s in svc.amqpServices][0]
+        seen = yield threads.deferToThread(self.otherLists, url, amqpPort)
+        # 25 + the default exchange and 6 amq.* in "/", 7 in "other"
+        self.assertEqual(seen["exchanges"], ("Page 1 of 2", "39 items", 20))
+        self.assertEqual(seen["exchanges2"], ("Page 2 of 2", 19))
+        self.assertEqual(seen["exchangesFiltered"], ("5 items (filtered from 39)",
+                                                     ["ex-20", "ex-21", "ex-22", "ex-23", "ex-24"]))
+        self.assertEqual(seen["connections"], ("4 items", 4))
+        self.assertEqual(seen["connectionsFiltered"], ("1 item (filtered from 4)", [seen["oneConnection"]]))
+        self.assertEqual(seen["channels"], ("8 items", 8))
+        self.assertEqual(seen["channelsRegex"], ("4 items (filtered from 8)", 4))
+        self.assertTrue(all(n.endswith(" (2)") for n in seen["channelsRegexNames"]), seen["channelsRegexNames"])
+        self.assertEqual(seen["channelsOther"], ("1 item (filtered from 2)", [seen["otherChannel"]]))
+
+    def otherLists(self, url, amqpPort):
+        """The browser half of test_connectionChannelExchangeLists."""
+        import pika
+
+        seen = {}
+        conns = []
+        try:
+            for vhost in ("/", "/", "/", "other"):
+                c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqpPort, vhost))
+                conns.append(c)
+                c.channel()
+                c.channel()
+            names = [c["name"] for c in apiCall(url, "GET", "/api/connections")]
+            with browser() as page:
+                login(page, url)
+                pages = page.locator(".filter [data-page]")
+                shown = page.locator(".filter [data-shown]")
+                rows = page.locator("main table").first.locator("tbody tr")
+                # exchanges: 20 a page, then a filter
+                page.click("nav a[data-nav=exchanges]")
+                page.locator("main h1", has_text="Exchanges").wait_for()
+                page.locator(".filter select[name=page_size]").select_option("20")
+                pages.wait_for()
+                seen["exchanges"] = (pages.inner_text(), shown.inner_text(), rows.count())
+                page.click(".filter button >> text=Next")
+                page.locator(".filter [data-page=\"2\"]").wait_for()
+                seen["exchanges2"] = (pages.inner_text(), rows.count())
+                page.fill(".filter input[name=filter]", "EX-2")
+                page.locator(".filter [data-shown=\"5\"]").wait_for()
+                seen["exchangesFiltered"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                # connections: one by its client port
+                page.click("nav a[data-nav=connections]")
+                page.locator("main h1", has_text="Connections").wait_for()
+                page.locator(".filter [data-shown=\"4\"]").wait_for()
+                seen["connections"] = (shown.inner_text(), rows.count())
+                one = names[2]
+                seen["oneConnection"] = one
+                page.fill(".filter input[name=filter]", one.split(" -> ")[0].split(":")[1] + " ->")
+                page.locator(".filter [data-shown=\"1\"]").wait_for()
+                seen["connectionsFiltered"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                # channels: every second channel by a regular expression, then one virtual host's
+                page.click("nav a[data-nav=channels]")
+                page.locator("main h1", has_text="Channels").wait_for()
+                page.locator(".filter [data-shown=\"8\"]").wait_for()
+                seen["channels"] = (shown.inner_text(), rows.count())
+                page.check(".filter input[name=regex]")
+                page.fill(".filter input[name=filter]", r"\(2\)$")
+                page.locator(".filter [data-shown=\"4\"]").wait_for()
+                seen["channelsRegex"] = (shown.inner_text(), rows.count())
+                seen["channelsRegexNames"] = rows.locator("td a").all_inner_texts()
+                page.select_option("#vhost-select", "other")
+                page.locator(".filter [data-shown=\"1\"]").wait_for()
+                seen["channelsOther"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                seen["otherChannel"] = names[3] + " (2)"
+        finally:
+            for c in conns:
+                c.close()
         return seen
 
 
