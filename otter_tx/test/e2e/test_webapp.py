@@ -657,6 +657,53 @@ class WebAppBrowserTests(TestCase):
                 c.close()
         return seen
 
+    @defer.inlineCallbacks
+    def test_timesAndExpiryRanges(self):
+        """
+        Times read one way (UTC, "YYYY-MM-DD HH:MM:SS UTC"), durations another ("1 min 30 s", never
+        "90 s"), and the time-to-expiry buckets as ranges that exclude each other, counted as such.
+        """
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        vh.declareQueue("web-ttl", None, arguments={"x-message-ttl": 120000, "x-expires": 3600000})
+        vh.declareExchange("web-later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        seen = yield threads.deferToThread(self.timesAndRanges, url)
+        # one message in each range (none under 1 s: it would expire before the page shows it)
+        self.assertEqual(seen["buckets"], [["Under 1 s", "0"], ["1 s to 10 s", "1"], ["10 s to 1 min", "1"],
+                                           ["Over 1 min", "1"], ["Never (no TTL)", "0"]])
+        self.assertEqual(seen["xExpires"], "1 h 0 min (3,600,000 ms)")
+        self.assertRegex(seen["lease"], r"^59 min [0-9]{1,2} s \(at 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC\)$")
+        [due90, due2h] = seen["delayed"]
+        self.assertRegex(due90[0], r"^20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC$")
+        self.assertRegex(due90[1], r"^1 min (29|30) s$")
+        self.assertRegex(due2h[1], r"^(1 h 59 min|2 h 0 min)$")
+
+    def timesAndRanges(self, url):
+        """The browser half of test_timesAndExpiryRanges."""
+        seen = {}
+        for expiration in ("9500", "50000", None):  # None: the queue's 2 min TTL
+            props = {} if expiration is None else {"expiration": expiration}
+            apiCall(url, "POST", "/api/exchanges/%2F/amq.default/publish", {
+                "routing_key": "web-ttl", "payload": "x", "payload_encoding": "string", "properties": props})
+        for delay in (90000, 7200000):
+            apiCall(url, "POST", "/api/exchanges/%2F/web-later/publish", {
+                "routing_key": "k", "payload": "p", "payload_encoding": "string",
+                "properties": {"headers": {"x-delay": delay}}})
+        with browser() as page:
+            login(page, url)
+            page.goto(url + "#/queues/%2F/web-ttl")
+            page.locator(".hist [data-bucket=never]").wait_for()
+            seen["buckets"] = page.evaluate(
+                "Array.from(document.querySelectorAll('.hist > span:not(.num)')).map((e) =>"
+                " [e.textContent, e.nextElementSibling.nextElementSibling.textContent])")
+            seen["xExpires"] = page.locator("dt:text-is('x-expires') + dd").inner_text()
+            seen["lease"] = page.locator("dt:text-is('Deleted if unused in') + dd").inner_text()
+            page.goto(url + "#/exchanges/%2F/web-later")
+            rows = page.locator(".delayed tbody tr")
+            rows.nth(1).wait_for()
+            seen["delayed"] = [rows.nth(i).locator("td").all_inner_texts()[:2] for i in range(2)]
+        return seen
+
 
 class StreamPageTests(TestCase):
     """The queue page of a stream shows its offsets, segments and readers (docs/streams.md)."""
