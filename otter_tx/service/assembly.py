@@ -506,11 +506,11 @@ class OtterService(MultiService):
 
     def _listenPrometheus(self, endpoints):
         """The Prometheus listeners (:class:`otter_tx.web.metrics.PrometheusResource`)."""
-        from twisted.web.server import Site
-
         from otter_tx.web.metrics import PrometheusResource
+        from otter_tx.web.request import NoBodySite
 
-        site = Site(PrometheusResource(self.broker, self.reactor, self.diskMonitor))
+        # no request body is ever stored: anyone who can reach this port may send one
+        site = NoBodySite(PrometheusResource(self.broker, self.reactor, self.diskMonitor))
         site.noisy = False
         for desc in endpoints:
             svc = Listener("Prometheus", desc, self._endpoint("prometheus", desc), site)

@@ -618,12 +618,18 @@ def renderDetailed(broker, uptimeSeconds, families, vhosts=(), diskMonitor=None)
     return _render(_DetailedCollector(base, set(families), set(vhosts)))
 
 
+#: the paths the Prometheus listener serves (bytes)
+PATHS = (b"/metrics", b"/metrics/per-object", b"/metrics/detailed")
+
+
 class PrometheusResource(Resource):
     """
     The Prometheus listener's site root: ``GET /metrics``,
     ``/metrics/per-object`` and ``/metrics/detailed`` (200,
     ``text/plain; version=0.0.4; charset=utf-8``), no authentication (as
     rabbitmq_prometheus); 404 for any other path, 405 for other methods.
+    Served by a :class:`otter_tx.web.request.NoBodySite`: no request body
+    is ever stored (anyone can reach this listener).
 
     :param broker: the Broker.
     :param clock: ``IReactorTime`` (uptime is measured from construction).
@@ -640,17 +646,32 @@ class PrometheusResource(Resource):
         #: clock seconds when the resource was built (float): the uptime gauge counts from it
         self.startedAt = clock.seconds()
 
+    def refusal(self, method, path):
+        """
+        The answer to a request this resource refuses whatever it carries:
+        ``(code, [(header, value)], body)`` (int, bytes pairs, bytes) for an
+        unknown path (404) or a method other than GET and HEAD (405), else
+        None.  ``method``, ``path``: bytes, ``path`` without its query.
+        Also asked before a request's body is read
+        (:class:`otter_tx.web.request.NoBodySite`).
+        """
+        path = path.rstrip(b"/") or b"/"
+        if path not in PATHS:
+            return 404, [(b"content-type", b"text/plain; charset=utf-8")], b"Not Found\n"
+        if method not in (b"GET", b"HEAD"):
+            return 405, [(b"allow", b"GET, HEAD")], b""
+        return None
+
     def render(self, request):
         """Dispatch on the path; see the class docstring."""
+        refused = self.refusal(request.method, request.path)
+        if refused is not None:
+            code, headers, body = refused
+            request.setResponseCode(code)
+            for name, value in headers:
+                request.setHeader(name, value)
+            return body
         path = request.path.rstrip(b"/") or b"/"
-        if path not in (b"/metrics", b"/metrics/per-object", b"/metrics/detailed"):
-            request.setResponseCode(404)
-            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-            return b"Not Found\n"
-        if request.method not in (b"GET", b"HEAD"):
-            request.setResponseCode(405)
-            request.setHeader(b"allow", b"GET, HEAD")
-            return b""
         uptime = self.clock.seconds() - self.startedAt
         request.setHeader(b"content-type", CONTENT_TYPE)
         if path == b"/metrics/detailed":

@@ -38,6 +38,15 @@ then calls ``requestReceived``; Twisted offers no public way to them.  So
 fallback: if a Twisted release renames them, every request with a body
 fails with ``AttributeError`` instead of being checked as ``GET /``, and
 ``test_request.TwistedRequestLineTests`` fails on that release.
+
+The Prometheus listener.  It takes no credentials (as
+``rabbitmq_prometheus``) and serves only ``GET``, so there a body is never
+stored at all: :class:`NoBodySite` answers a request that announces one as
+soon as its headers are complete, by its resource's own rule (404 for an
+unknown path, 405 for another method; ``PrometheusResource.refusal``), with
+``Connection: close``; a ``GET`` it serves has its body dropped as it
+arrives.  Without it a ``POST /metrics`` of any size was written in full to
+a temporary file before its 405.
 """
 
 from io import BytesIO
@@ -67,16 +76,49 @@ def _requestLine(channel):
     return channel.command, channel.path, b"HTTP/2"
 
 
-class BodyGuardRequest(Request):
+class _EarlyAnswerRequest(Request):
+    """
+    A :class:`~twisted.web.server.Request` that may be answered as soon as
+    its headers are complete, before its body: :meth:`_refuse` writes the
+    answer and closes the connection, and the body bytes that still arrive
+    are counted and dropped.
+
+    :ivar bodyBytes: body bytes received so far (int), refused or not.
+    :ivar refused: the status (int) this request was answered with before
+        its body was read, or None.
+    """
+
+    bodyBytes = 0
+    refused = None
+
+    def requestReceived(self, command, path, version):
+        """Render as usual, unless the request was already answered."""
+        if self.refused is None:
+            Request.requestReceived(self, command, path, version)
+
+    def _headersRead(self):
+        """Take the request line from the channel (it is not set on the request before the body)."""
+        self.method, self.uri, self.clientproto = _requestLine(self.channel)
+        self.content = BytesIO()  # stays empty if refused; replaced by the caller if not
+
+    def _refuse(self, body):
+        """Answer with the status and headers set on this request and ``body`` (bytes), then close."""
+        self.refused = self.code
+        # no "100 Continue" after the answer (HTTPChannel sends one after gotLength)
+        self.requestHeaders.removeHeader(b"expect")
+        self.setHeader(b"content-length", b"%d" % (len(body),))
+        self.setHeader(b"connection", b"close")
+        self.write(body)
+        self.channel.loseConnection()
+
+
+class BodyGuardRequest(_EarlyAnswerRequest):
     """
     A :class:`~twisted.web.server.Request` that refuses a body before
     storing it: no credentials (401) or too large (400), as the module
     docstring says.  Its :class:`BodyGuardSite` (``self.channel.site``)
     supplies the check and the cap.
 
-    :ivar bodyBytes: body bytes received so far (int), refused or not.
-    :ivar refused: the status (int) this request was answered with before
-        its body was read, or None.
     :ivar authenticatedUser: the broker :class:`~otter_tx.broker.access.User`
         the site's check logged in before the body was read (set by that
         check), or None; the route's own check
@@ -84,8 +126,6 @@ class BodyGuardRequest(Request):
         rather than logging in twice.
     """
 
-    bodyBytes = 0
-    refused = None
     authenticatedUser = None
 
     def gotLength(self, length):
@@ -98,8 +138,7 @@ class BodyGuardRequest(Request):
             Request.gotLength(self, length)
             return
         site = self.channel.site
-        self.method, self.uri, self.clientproto = _requestLine(self.channel)
-        self.content = BytesIO()  # stays empty if refused; replaced below if not
+        self._headersRead()
         body = site.authenticate(self)
         if body is not None:
             self._refuse(body)
@@ -118,23 +157,8 @@ class BodyGuardRequest(Request):
             return
         Request.handleContentChunk(self, data)
 
-    def requestReceived(self, command, path, version):
-        """Render as usual, unless the request was already answered."""
-        if self.refused is None:
-            Request.requestReceived(self, command, path, version)
-
     def _refuseTooLarge(self):
         self._refuse(renderError(self, badRequest(TOO_LARGE_REASON)))
-
-    def _refuse(self, body):
-        """Answer with the status and headers set on this request and ``body`` (bytes), then close."""
-        self.refused = self.code
-        # no "100 Continue" after the answer (HTTPChannel sends one after gotLength)
-        self.requestHeaders.removeHeader(b"expect")
-        self.setHeader(b"content-length", b"%d" % (len(body),))
-        self.setHeader(b"connection", b"close")
-        self.write(body)
-        self.channel.loseConnection()
 
 
 class BodyGuardSite(Site):
@@ -160,3 +184,48 @@ class BodyGuardSite(Site):
         Site.__init__(self, resource, requestFactory=BodyGuardRequest, **kwargs)
         self.authenticate = authenticate
         self.maxBodySize = maxBodySize
+
+
+class NoBodyRequest(_EarlyAnswerRequest):
+    """
+    A request of a listener whose routes take no body (:class:`NoBodySite`):
+    one that announces a body is answered at once by the site's resource's
+    ``refusal(method, path)`` (404, 405) and closed, or, when the resource
+    would serve it (a ``GET`` with a body), served with its body dropped as
+    it arrives.  No body byte is ever stored.
+    """
+
+    def gotLength(self, length):
+        """The headers are complete (``length``: the Content-Length, None for chunked); decide before the body."""
+        if length == 0:
+            Request.gotLength(self, length)
+            return
+        self._headersRead()
+        refused = self.channel.site.resource.refusal(self.method, self.uri.split(b"?", 1)[0])
+        if refused is not None:
+            code, headers, body = refused
+            self.setResponseCode(code)
+            for name, value in headers:
+                self.setHeader(name, value)
+            self._refuse(body)
+
+    def handleContentChunk(self, data):
+        """Count ``data`` (bytes of body) and drop it."""
+        self.bodyBytes += len(data)
+
+
+class NoBodySite(Site):
+    """
+    The Prometheus listener's :class:`~twisted.web.server.Site`: every
+    request is a :class:`NoBodyRequest`.
+
+    :param resource: the root resource; it has ``refusal(method, path)``
+        -> ``(code, [(header, value)], body)`` or None, the answer it gives
+        whatever the body (:meth:`PrometheusResource.refusal
+        <otter_tx.web.metrics.PrometheusResource.refusal>`).
+    """
+
+    requestFactory = NoBodyRequest
+
+    def __init__(self, resource, **kwargs):
+        Site.__init__(self, resource, requestFactory=NoBodyRequest, **kwargs)

@@ -449,6 +449,8 @@ class WebAppBrowserTests(TestCase):
         self.assertEqual(seen["tenant"], "eu-west")
         self.assertEqual(seen["death"], ["2", "expired", "work", "2023-11-14 22:13:20 UTC", "", "work"])
         self.assertEqual(seen["timestamp"], "2023-11-14 22:13:20 UTC")
+        self.assertEqual(seen["browsedTenant"], "eu-west")
+        self.assertEqual(seen["browsedDeath"], seen["death"])
         self.assertEqual(seen["policyKeys"], ["dead-letter-exchange", "dead-letter-routing-key", "delivery-limit",
                                               "expires", "max-age", "max-length", "max-length-bytes", "message-ttl",
                                               "overflow", "queue-leader-locator", "stream-max-segment-size-bytes"])
@@ -476,6 +478,12 @@ class WebAppBrowserTests(TestCase):
             seen["tenant"] = headers.locator("table[data-table=tenant] tr[data-key=region] > td").inner_text()
             seen["death"] = headers.locator("table[data-list=x-death] tbody tr").first.locator("td").all_inner_texts()
             seen["timestamp"] = page.locator("#got tr[data-key=timestamp] > td").inner_text()
+            # Browse (the message was requeued by Get's default ack mode) shows the same tables
+            page.locator("form", has=page.locator("button", has_text="Browse")).locator("button[type=submit]").click()
+            browsed = page.locator("#browsed table[data-table=headers]")
+            browsed.wait_for()
+            seen["browsedTenant"] = browsed.locator("table[data-table=tenant] tr[data-key=region] > td").inner_text()
+            seen["browsedDeath"] = browsed.locator("table[data-list=x-death] tbody tr").first.locator("td").all_inner_texts()
             quick = "Array.from(document.querySelectorAll('form .quick button')).map((b) => b.textContent)" \
                     ".filter((t) => t !== '+ row')"
             page.click("nav a[data-nav=policies]")
@@ -562,6 +570,138 @@ class WebAppBrowserTests(TestCase):
                 }
         finally:
             conn.close()
+        return seen
+
+    @defer.inlineCallbacks
+    def test_connectionChannelExchangeLists(self):
+        """
+        The exchange, connection and channel lists filter (substring ignoring case, regex) and page as the
+        queue list does; with a virtual host chosen, the channel list filters and pages its own channels.
+        """
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        for i in range(25):
+            vh.declareExchange("ex-%02d" % (i,), "direct")
+        svc.broker.addVHost("other")
+        svc.broker.setPermissions("guest", "other")
+        amqpPort = [s.port.getHost().port for s in svc.amqpServices][0]
+        seen = yield threads.deferToThread(self.otherLists, url, amqpPort)
+        # 25 + the default exchange and 6 amq.* in "/", 7 in "other"
+        self.assertEqual(seen["exchanges"], ("Page 1 of 2", "39 items", 20))
+        self.assertEqual(seen["exchanges2"], ("Page 2 of 2", 19))
+        self.assertEqual(seen["exchangesFiltered"], ("5 items (filtered from 39)",
+                                                     ["ex-20", "ex-21", "ex-22", "ex-23", "ex-24"]))
+        self.assertEqual(seen["connections"], ("4 items", 4))
+        self.assertEqual(seen["connectionsFiltered"], ("1 item (filtered from 4)", [seen["oneConnection"]]))
+        self.assertEqual(seen["channels"], ("8 items", 8))
+        self.assertEqual(seen["channelsRegex"], ("4 items (filtered from 8)", 4))
+        self.assertTrue(all(n.endswith(" (2)") for n in seen["channelsRegexNames"]), seen["channelsRegexNames"])
+        self.assertEqual(seen["channelsOther"], ("1 item (filtered from 2)", [seen["otherChannel"]]))
+
+    def otherLists(self, url, amqpPort):
+        """The browser half of test_connectionChannelExchangeLists."""
+        import pika
+
+        seen = {}
+        conns = []
+        try:
+            for vhost in ("/", "/", "/", "other"):
+                c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqpPort, vhost))
+                conns.append(c)
+                c.channel()
+                c.channel()
+            names = [c["name"] for c in apiCall(url, "GET", "/api/connections")]
+            with browser() as page:
+                login(page, url)
+                pages = page.locator(".filter [data-page]")
+                shown = page.locator(".filter [data-shown]")
+                rows = page.locator("main table").first.locator("tbody tr")
+                # exchanges: 20 a page, then a filter
+                page.click("nav a[data-nav=exchanges]")
+                page.locator("main h1", has_text="Exchanges").wait_for()
+                page.locator(".filter select[name=page_size]").select_option("20")
+                pages.wait_for()
+                seen["exchanges"] = (pages.inner_text(), shown.inner_text(), rows.count())
+                page.click(".filter button >> text=Next")
+                page.locator(".filter [data-page=\"2\"]").wait_for()
+                seen["exchanges2"] = (pages.inner_text(), rows.count())
+                page.fill(".filter input[name=filter]", "EX-2")
+                page.locator(".filter [data-shown=\"5\"]").wait_for()
+                seen["exchangesFiltered"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                # connections: one by its client port
+                page.click("nav a[data-nav=connections]")
+                page.locator("main h1", has_text="Connections").wait_for()
+                page.locator(".filter [data-shown=\"4\"]").wait_for()
+                seen["connections"] = (shown.inner_text(), rows.count())
+                one = names[2]
+                seen["oneConnection"] = one
+                page.fill(".filter input[name=filter]", one.split(" -> ")[0].split(":")[1] + " ->")
+                page.locator(".filter [data-shown=\"1\"]").wait_for()
+                seen["connectionsFiltered"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                # channels: every second channel by a regular expression, then one virtual host's
+                page.click("nav a[data-nav=channels]")
+                page.locator("main h1", has_text="Channels").wait_for()
+                page.locator(".filter [data-shown=\"8\"]").wait_for()
+                seen["channels"] = (shown.inner_text(), rows.count())
+                page.check(".filter input[name=regex]")
+                page.fill(".filter input[name=filter]", r"\(2\)$")
+                page.locator(".filter [data-shown=\"4\"]").wait_for()
+                seen["channelsRegex"] = (shown.inner_text(), rows.count())
+                seen["channelsRegexNames"] = rows.locator("td a").all_inner_texts()
+                page.select_option("#vhost-select", "other")
+                page.locator(".filter [data-shown=\"1\"]").wait_for()
+                seen["channelsOther"] = (shown.inner_text(), rows.locator("td a").all_inner_texts())
+                seen["otherChannel"] = names[3] + " (2)"
+        finally:
+            for c in conns:
+                c.close()
+        return seen
+
+    @defer.inlineCallbacks
+    def test_timesAndExpiryRanges(self):
+        """
+        Times read one way (UTC, "YYYY-MM-DD HH:MM:SS UTC"), durations another ("1 min 30 s", never
+        "90 s"), and the time-to-expiry buckets as ranges that exclude each other, counted as such.
+        """
+        svc, url = yield startBroker(self)
+        vh = svc.broker.vhosts["/"]
+        vh.declareQueue("web-ttl", None, arguments={"x-message-ttl": 120000, "x-expires": 3600000})
+        vh.declareExchange("web-later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        seen = yield threads.deferToThread(self.timesAndRanges, url)
+        # one message in each range (none under 1 s: it would expire before the page shows it)
+        self.assertEqual(seen["buckets"], [["Under 1 s", "0"], ["1 s to 10 s", "1"], ["10 s to 1 min", "1"],
+                                           ["Over 1 min", "1"], ["Never (no TTL)", "0"]])
+        self.assertEqual(seen["xExpires"], "1 h 0 min (3,600,000 ms)")
+        self.assertRegex(seen["lease"], r"^59 min [0-9]{1,2} s \(at 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC\)$")
+        [due90, due2h] = seen["delayed"]
+        self.assertRegex(due90[0], r"^20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC$")
+        self.assertRegex(due90[1], r"^1 min (29|30) s$")
+        self.assertRegex(due2h[1], r"^(1 h 59 min|2 h 0 min)$")
+
+    def timesAndRanges(self, url):
+        """The browser half of test_timesAndExpiryRanges."""
+        seen = {}
+        for expiration in ("9500", "50000", None):  # None: the queue's 2 min TTL
+            props = {} if expiration is None else {"expiration": expiration}
+            apiCall(url, "POST", "/api/exchanges/%2F/amq.default/publish", {
+                "routing_key": "web-ttl", "payload": "x", "payload_encoding": "string", "properties": props})
+        for delay in (90000, 7200000):
+            apiCall(url, "POST", "/api/exchanges/%2F/web-later/publish", {
+                "routing_key": "k", "payload": "p", "payload_encoding": "string",
+                "properties": {"headers": {"x-delay": delay}}})
+        with browser() as page:
+            login(page, url)
+            page.goto(url + "#/queues/%2F/web-ttl")
+            page.locator(".hist [data-bucket=never]").wait_for()
+            seen["buckets"] = page.evaluate(
+                "Array.from(document.querySelectorAll('.hist > span:not(.num)')).map((e) =>"
+                " [e.textContent, e.nextElementSibling.nextElementSibling.textContent])")
+            seen["xExpires"] = page.locator("dt:text-is('x-expires') + dd").inner_text()
+            seen["lease"] = page.locator("dt:text-is('Deleted if unused in') + dd").inner_text()
+            page.goto(url + "#/exchanges/%2F/web-later")
+            rows = page.locator(".delayed tbody tr")
+            rows.nth(1).wait_for()
+            seen["delayed"] = [rows.nth(i).locator("td").all_inner_texts()[:2] for i in range(2)]
         return seen
 
 

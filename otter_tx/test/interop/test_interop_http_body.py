@@ -160,3 +160,58 @@ class BodyGuardTests(TestCase):
         yield proto.closed
         self.assertIn(status, (201, 204))
         self.assertIn("body-guard-ok", self.fixture.service.broker.vhosts)
+
+
+class PrometheusBodyTests(TestCase):
+    """
+    The Prometheus listener (no credentials, as rabbitmq_prometheus) never
+    stores a request body: a POST is answered 405 at its headers, a GET's
+    body is dropped.  The peer's suite has no Prometheus URL, so in-process only.
+    """
+
+    timeout = 30
+
+    @inlineCallbacks
+    def setUp(self):
+        if EXTERNAL_MGMT:
+            self.skipTest("needs the in-process broker: the suite knows no rabbitmq_prometheus URL of the peer")
+        from otter_tx.testing import startBroker
+
+        self.contentFiles = []
+        original = http._getContentFile
+
+        def recording(length):
+            self.contentFiles.append(length)
+            return original(length)
+
+        self.patch(http, "_getContentFile", recording)
+        self.fixture = yield startBroker(reactor, prometheus=True)
+        self.addCleanup(self.fixture.stop)
+
+    @inlineCallbacks
+    def send(self, head):
+        proto = RawHTTP(head)
+        yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.fixture.prometheusPort), proto)
+        return proto
+
+    @inlineCallbacks
+    def test_hugePost(self):
+        """POST /metrics announcing 1 GiB, then a few bytes: 405 at once, the connection closes, nothing stored."""
+        proto = yield self.send(b"POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1073741824\r\n\r\n")
+        proto.transport.write(b"x" * 70000)
+        status = yield proto.answered
+        yield proto.closed
+        self.assertEqual(status, 405)
+        self.assertIn(b"allow: GET, HEAD", proto.data.replace(b"Allow", b"allow"))
+        self.assertEqual(self.contentFiles, [])
+
+    @inlineCallbacks
+    def test_getWithBody(self):
+        """A GET of /metrics with a 200 kB body is served, and its body never stored."""
+        proto = yield self.send(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                                b"Content-Length: 200000\r\n\r\n" + b"y" * 200000)
+        status = yield proto.answered
+        yield proto.closed
+        self.assertEqual(status, 200)
+        self.assertIn(b"rabbitmq_identity_info", proto.body)
+        self.assertEqual(self.contentFiles, [])

@@ -1,6 +1,7 @@
 """
 Unit tests for otter_tx.web.request: the management Site checks credentials
-and the body size on the headers, before a body byte is stored.  A real
+and the body size on the headers, before a body byte is stored; the
+Prometheus listener's Site never stores a body.  A real
 twisted.web HTTPChannel runs over a StringTransport, on a task.Clock.
 """
 
@@ -15,7 +16,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from otter_tx.broker.broker import Broker
 from otter_tx.web.management import ManagementApp
-from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE, BodyGuardRequest, BodyGuardSite
+from otter_tx.web.metrics import PrometheusResource
+from otter_tx.web.request import DEFAULT_MAX_BODY_SIZE, BodyGuardRequest, BodyGuardSite, NoBodyRequest, NoBodySite
 
 CAP = 1000
 
@@ -241,6 +243,103 @@ class BodyGuardTests(SynchronousTestCase):
         self.assertEqual((answer.status, answer.headers.get(b"connection")), (401, None))
         answer, _, _ = self.request(head(b"POST", b"/no/such/path", b"Content-Length: 0\r\n"))
         self.assertEqual(answer.status, 404)
+
+
+class NoBodyTests(SynchronousTestCase):
+    """
+    The Prometheus listener (a NoBodySite over PrometheusResource): no
+    credentials there, so a request that announces a body is answered by
+    the resource's rule at its headers and closed, and a GET it serves has
+    its body dropped (before, a POST /metrics of any size went to a
+    temporary file in full before its 405).
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.site = NoBodySite(PrometheusResource(self.broker, self.clock), reactor=self.clock)
+        self.made = []
+
+        def recording(*args):
+            self.made.append(NoBodyRequest(*args))
+            return self.made[-1]
+
+        self.site.requestFactory = recording
+
+    def request(self, data):
+        """Send ``data`` on a new connection; ``(answer or None, transport, channel, the request)``."""
+        peer = IPv4Address("TCP", "192.0.2.9", 40000)
+        channel = self.site.buildProtocol(peer)
+        transport = StringTransport(peerAddress=peer, hostAddress=IPv4Address("TCP", "127.0.0.1", 15692))
+        channel.makeConnection(transport)
+        self.addCleanup(channel.connectionLost, None)
+        channel.dataReceived(data)
+        raw = transport.value()
+        return (_Answer(raw) if raw else None), transport, channel, self.made[-1]
+
+    def assertRefused(self, answer, transport, request, status):
+        """``request`` got ``status`` with Connection: close before its body; its connection closes."""
+        self.assertEqual(answer.status, status)
+        self.assertEqual(answer.headers[b"connection"], b"close")
+        self.assertEqual(int(answer.headers[b"content-length"]), len(answer.body))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(request.refused, status)
+        self.assertEqual(request.content.getvalue(), b"")
+
+    def test_hugePostRefusedAtHeaders(self):
+        """POST /metrics announcing 1 GiB: 405 (Allow: GET, HEAD) at once; the body bytes are dropped."""
+        answer, transport, channel, request = self.request(
+            head(b"POST", b"/metrics", b"Content-Length: 1073741824\r\n") + b"x" * 10)
+        self.assertRefused(answer, transport, request, 405)
+        self.assertEqual(answer.headers[b"allow"], b"GET, HEAD")
+        before = transport.value()
+        channel.dataReceived(b"x" * 200000)
+        self.assertEqual((request.bodyBytes, request.content.getvalue()), (200010, b""))
+        self.assertEqual(transport.value(), before)
+
+    def test_unknownPathChunked(self):
+        """A chunked body to an unknown path: the resource's 404, at the headers."""
+        answer, transport, _, request = self.request(
+            head(b"PUT", b"/api/definitions", b"Transfer-Encoding: chunked\r\n") + b"5\r\nhello\r\n")
+        self.assertRefused(answer, transport, request, 404)
+        self.assertEqual(answer.body, b"Not Found\n")
+
+    def test_expectContinue(self):
+        """A refused request that asked for 100-continue gets its answer and no 100 Continue."""
+        answer, transport, _, request = self.request(
+            head(b"POST", b"/metrics/per-object?x=1", b"Expect: 100-continue\r\n", b"Content-Length: 99999999\r\n"))
+        self.assertRefused(answer, transport, request, 405)
+        self.assertNotIn(b"100 Continue", transport.value())
+
+    def test_getWithBodyServedBodyDropped(self):
+        """A GET of /metrics with a body is served; its body is never stored."""
+        answer, transport, _, request = self.request(
+            head(b"GET", b"/metrics", b"Content-Length: 300000\r\n") + b"y" * 300000)
+        self.assertEqual(answer.status, 200)
+        self.assertIn(b"rabbitmq_identity_info", answer.body)
+        self.assertIsNone(request.refused)
+        self.assertEqual(request.bodyBytes, 300000)
+        self.assertIn(request.content, (None, b""))  # twisted.web drops it once the answer is written
+
+    def test_getWithBodyNothingStored(self):
+        """While a served GET's body arrives, nothing of it is stored (no temporary file for a large one)."""
+        peer = IPv4Address("TCP", "192.0.2.9", 40000)
+        channel = self.site.buildProtocol(peer)
+        channel.makeConnection(StringTransport(peerAddress=peer))
+        self.addCleanup(channel.connectionLost, None)
+        channel.dataReceived(head(b"GET", b"/metrics", b"Content-Length: 300000\r\n") + b"y" * 299999)
+        request = self.made[-1]
+        self.assertIsInstance(request.content, BytesIO)
+        self.assertEqual((request.bodyBytes, request.content.getvalue()), (299999, b""))
+
+    def test_withoutBody(self):
+        """Requests without a body answer as the resource does: 200, 404, 405."""
+        for method, path, status in ((b"GET", b"/metrics", 200), (b"GET", b"/nope", 404),
+                                     (b"DELETE", b"/metrics", 405)):
+            answer, transport, _, request = self.request(head(method, path))
+            self.assertEqual(answer.status, status, path)
+            self.assertIsNone(request.refused)
+            self.assertFalse(transport.disconnecting)
 
 
 class TwistedRequestLineTests(SynchronousTestCase):
