@@ -54,13 +54,12 @@ from io import BytesIO
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
 
-from otter_tx.web.management.http import badRequest, renderError
+from otter_tx.web.management.http import TOO_LARGE_REASON, badRequest, renderError
 
 #: RabbitMQ's default ``management.http.max_body_size``: 20 MiB, in bytes
 DEFAULT_MAX_BODY_SIZE = 20971520
 
 #: RabbitMQ's ``reason`` for a body over the cap (``rabbit_mgmt_util:bad_request``)
-TOO_LARGE_REASON = "Exceeded HTTP request body size limit"
 
 
 def _requestLine(channel):

@@ -1079,6 +1079,26 @@ class OnlyThisTests(WebTestCase):
             self.assertIn(r.code, (400, 401), path)
             self.assertNotEqual(r.json()["reason"], "not_json", path)
 
+class JsonBodyBoundTests(WebTestCase):
+    """A JSON body beyond 1 MiB is refused before it is parsed, except a publish's (issue 19)."""
+
+    def test_bounded(self):
+        import json as _json
+
+        big = b"[" + b"{}," * 400000 + b"{}]"  # 1.2 MB: parsed, about 30 MB of objects
+        for method, path in (("PUT", "/api/queues/%2F/q"), ("POST", "/api/queues/%2F/q/get"),
+                             ("PUT", "/api/policies/%2F/p")):
+            r = self.request(method, path, raw=big, headers={"content-type": ["application/json"]})
+            self.assertError(r, 400, "bad_request", "Exceeded HTTP request body size limit")
+        self.request("PUT", "/api/queues/%2F/q", body={})
+        payload = "x" * (2 << 20)
+        r = self.request("POST", "/api/exchanges/%2F/amq.default/publish",
+                         raw=_json.dumps({"routing_key": "q", "properties": {}, "payload": payload,
+                                          "payload_encoding": "string"}).encode(),
+                         headers={"content-type": ["application/json"]})
+        self.assertEqual((r.code, r.json()), (200, {"routed": True}))
+
+
 class PublishPipelineTests(WebTestCase):
     """HTTP publish goes through the same pipeline as basic.publish."""
 

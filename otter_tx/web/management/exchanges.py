@@ -133,7 +133,7 @@ class ExchangesRoom(Room):
             session.checkPublish(xname)  # a refused request's body is never parsed
         except AMQPError as e:
             raise badRequest(str(e))
-        body = self._body(request)
+        body = self._body(request, None)  # a message may be as large as the body cap allows
         self._require(body, "routing_key", "properties", "payload", "payload_encoding")
         enc = body["payload_encoding"]
         payload = body["payload"]
