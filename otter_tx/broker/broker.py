@@ -127,14 +127,16 @@ class Broker:
     @cluster.setter
     def cluster(self, node):
         self._cluster = node
-        if node is not None:
-            node.handlers.update(self.clusterHandlers)
+        handlers = getattr(node, "handlers", None)
+        if handlers is not None:
+            handlers.update(self.clusterHandlers)
 
     def addClusterHandler(self, op, handler):
         """Answer request ``op`` of other cluster nodes with ``handler(args)`` (now, or once in a cluster)."""
         self.clusterHandlers[op] = handler
-        if self._cluster is not None:
-            self._cluster.handlers[op] = handler
+        handlers = getattr(self._cluster, "handlers", None)
+        if handlers is not None:
+            handlers[op] = handler
 
     def addVHost(self, name):
         """Create vhost ``name`` (no error if it exists); return it."""

@@ -682,6 +682,42 @@ class ManagementTests(ClusterCase):
         yield waitOnReactor(lambda: [c.user.name for c in b1.connections] == ["guest"], 5)
 
     @inlineCallbacks
+    def test_consumersOfOtherNodes(self):
+        """Node 3's /api/consumers lists a consumer on node 1 (its queue on node 2) and one on node 3."""
+        def setup():
+            self.conn(1).channel().queue_declare("cq")
+            ch1 = self.conn(0).channel()
+            ch1.basic_consume("cq", lambda *a: None, consumer_tag="t1")
+            ch3 = self.conn(2).channel()
+            ch3.basic_consume("cq", lambda *a: None, consumer_tag="t3")
+            return (self.api(2, "GET", "/api/consumers")[1], self.api(0, "GET", "/api/consumers/%2F")[1],
+                    self.api(1, "GET", "/api/consumers?columns=consumer_tag&page=2&page_size=1")[1])
+
+        every, perVHost, page = yield self.inThread(setup)
+        self.assertEqual([(c["consumer_tag"], c["channel_details"]["node"]) for c in every],
+                         [("t1", "n1"), ("t3", "n3")])
+        self.assertEqual(perVHost, every)
+        self.assertEqual((page["items"], page["total_count"]), ([{"consumer_tag": "t3"}], 2))
+
+    @inlineCallbacks
+    def test_silentNodeLeftOut(self):
+        """A node that does not answer in the link's ask timeout is left out of the lists (not a 500)."""
+        from twisted.internet.defer import Deferred
+
+        from otter_tx.cluster import link
+
+        self.patch(link, "ASK_TIMEOUT", 1)
+        self.cluster[1].handlers["mgmt.connections"] = lambda args: Deferred()
+        self.cluster[1].handlers["mgmt.channels"] = lambda args: 1 / 0
+        yield self.inThread(self.conn, 0)
+        yield self.inThread(self.conn, 1)
+        code, conns = yield self.inThread(self.api, 2, "GET", "/api/connections")
+        self.assertEqual((code, [c["node"] for c in conns]), (200, ["n1"]))
+        code, chans = yield self.inThread(self.api, 2, "GET", "/api/channels")
+        self.assertEqual((code, chans), (200, []))
+        self.flushLoggedErrors(ZeroDivisionError)
+
+    @inlineCallbacks
     def test_definitionsRoundTrip(self):
         """
         Export a vhost whose queues live on other nodes, delete the vhost, import the export

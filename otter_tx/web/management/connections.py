@@ -21,6 +21,11 @@ def _channelKey(d):
     return (d.get("connection_details", {}).get("name") or "", d.get("number") or 0)
 
 
+def _consumerKey(d):
+    """Where a consumer sorts in a list: its queue's vhost and name, then its tag."""
+    return (d["queue"]["vhost"], d["queue"]["name"], d["consumer_tag"])
+
+
 class ConnectionsRoom(Room):
     """
     Connections, channels and consumers.  In a cluster the lists also hold
@@ -40,6 +45,7 @@ class ConnectionsRoom(Room):
         broker.addClusterHandler("mgmt.channels", self._answerChannels)
         broker.addClusterHandler("mgmt.connection", self._answerConnection)
         broker.addClusterHandler("mgmt.closeConnection", self._answerClose)
+        broker.addClusterHandler("mgmt.consumers", self._answerConsumers)
 
     # --- the cluster: asking the other nodes, and answering them -----------------
 
@@ -281,20 +287,28 @@ class ConnectionsRoom(Room):
                 fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
                 if seesAll or self._owns(user, c.session.client)
             ]
-        # a cluster: this node's consumers, of its queues and of queues on other nodes
-        # (a queue here also holds other nodes' consumers: they list those)
-        wanted = {id(vh) for vh in vhosts}
+        # a cluster: this node's consumers (of its queues and of queues on other nodes;
+        # a queue here also holds other nodes' consumers: they list those), and theirs
+        args = {"owner": None if seesAll else user.name, "vhosts": [vh.name for vh in vhosts]}
+        return self._merged(self._answerConsumers(args), "mgmt.consumers", args, _consumerKey)
+
+    def _answerConsumers(self, args):
+        """This node's consumers on vhosts ``vhosts`` (names) of connections ``owner`` (None: anyone) owns."""
+        wanted = set(args["vhosts"])
+        owner = args["owner"]
         found = []
         for conn in list(self.broker.connections):
+            if owner is not None and not (conn.user is not None and conn.user.name == owner):
+                continue
             for ch in list(getattr(conn, "channels", {}).values()):
                 for c in ch.session.consumers.values():
                     q = c.queue
                     vh = getattr(q, "vhost", None)
-                    if vh is None or id(vh) not in wanted or vh.findQueue(q.name) is not q:
+                    if vh is None or vh.name not in wanted or vh.findQueue(q.name) is not q:
                         continue
-                    if seesAll or self._owns(user, c.session.client):
-                        found.append((vh.name, q.name, c.tag, q, c))
-        return [fmt.consumerDict(q, c) for _, _, _, q, c in sorted(found, key=lambda t: t[:3])]
+                    found.append(fmt.consumerDict(q, c))
+        found.sort(key=_consumerKey)
+        return found
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
     @endpoint()
