@@ -611,9 +611,12 @@ class ManagementTests(ClusterCase):
             return (self.api(2, "GET", "/api/connections/" + quoted),
                     self.api(2, "GET", "/api/connections/%s/channels" % (quoted,)),
                     self.api(2, "GET", "/api/connections/nosuch"),
-                    self.api(2, "DELETE", "/api/connections/nosuch")[0])
+                    self.api(2, "DELETE", "/api/connections/nosuch")[0],
+                    self.api(2, "GET", "/api/channels/" + urllib.parse.quote(name1 + " (2)", safe="")),
+                    self.api(2, "GET", "/api/channels/nosuch")[0])
 
-        (code, got), (ccode, cchans), missing, delMissing = yield self.inThread(one)
+        (code, got), (ccode, cchans), missing, delMissing, (chCode, ch), chMissing = yield self.inThread(one)
+        self.assertEqual((chCode, ch["node"], ch["number"], ch["consumer_details"], chMissing), (200, "n1", 2, [], 404))
         self.assertEqual((code, got["name"], got["node"], got["user"]), (200, name1, "n1", "guest"))
         self.assertEqual((ccode, [ch["number"] for ch in cchans]), (200, [1, 2]))
         self.assertEqual((missing[0], delMissing), (404, 404))
@@ -663,6 +666,8 @@ class ManagementTests(ClusterCase):
             guests = [c["name"] for c in every if c["user"] == "guest"]
             q = urllib.parse.quote(guests[0], safe="")
             other = self.apiAs(2, "GET", "/api/connections/" + q, "alice", "secret")[0]
+            otherCh = self.apiAs(2, "GET", "/api/channels/" + urllib.parse.quote(guests[0] + " (1)", safe=""),
+                                 "alice", "secret")[0]
             otherDel = self.apiAs(2, "DELETE", "/api/connections/" + q, "alice", "secret")[0]
             ownDel = self.apiAs(2, "DELETE", "/api/connections/" + urllib.parse.quote(mine[0]["name"], safe=""),
                                 "alice", "secret")[0]
@@ -671,14 +676,14 @@ class ManagementTests(ClusterCase):
                 try:
                     alice.process_data_events(0.1)
                 except pika.exceptions.ConnectionClosedByBroker as e:
-                    return mine, chans, every, other, otherDel, (ownDel, e.reply_code)
-            return mine, chans, every, other, otherDel, (ownDel, None)
+                    return mine, chans, every, other, otherCh, otherDel, (ownDel, e.reply_code)
+            return mine, chans, every, other, otherCh, otherDel, (ownDel, None)
 
-        mine, chans, every, other, otherDel, ownDel = yield self.inThread(run)
+        mine, chans, every, other, otherCh, otherDel, ownDel = yield self.inThread(run)
         self.assertEqual([(c["user"], c["node"]) for c in mine], [("alice", "n1")])
         self.assertEqual([ch["user"] for ch in chans], ["alice"])
         self.assertEqual(sorted(c["user"] for c in every), ["alice", "guest"])
-        self.assertEqual((other, otherDel, ownDel), (401, 401, (204, 320)))
+        self.assertEqual((other, otherCh, otherDel, ownDel), (401, 401, 401, (204, 320)))
         yield waitOnReactor(lambda: [c.user.name for c in b1.connections] == ["guest"], 5)
 
     @inlineCallbacks

@@ -46,6 +46,7 @@ class ConnectionsRoom(Room):
         broker.addClusterHandler("mgmt.connection", self._answerConnection)
         broker.addClusterHandler("mgmt.closeConnection", self._answerClose)
         broker.addClusterHandler("mgmt.consumers", self._answerConsumers)
+        broker.addClusterHandler("mgmt.channel", self._answerChannel)
 
     # --- the cluster: asking the other nodes, and answering them -----------------
 
@@ -263,21 +264,53 @@ class ConnectionsRoom(Room):
         no such channel; 401 ``User not authorised to access object`` for a
         user who neither owns it nor has the monitoring tag.
         """
+        found = self._findLocalChannel(name)
+        if found is None:
+            if self.broker.cluster is None:
+                raise notFound()
+            # on another node (or none)
+            self._rateView(request)
+
+            def answered(answers):
+                for _, d in sorted(answers.items()):
+                    if isinstance(d, dict):
+                        break
+                else:
+                    raise notFound()
+                if not (self._isMonitor(user) or d.get("user") == user.name):
+                    raise notAuthorisedObject()
+                return d
+
+            args = {"name": name, "ranges": self._ranges(request)}
+            return self.broker.cluster.askAll("mgmt.channel", args).addCallback(answered)
+        conn, ch = found
+        if not (self._isMonitor(user) or self._owns(user, conn)):
+            raise notAuthorisedObject()
+        return self._channelDetail(ch, self._rateView(request))
+
+    def _findLocalChannel(self, name):
+        """(connection, channel) of this node for channel ``name``, or None."""
         for conn in self.broker.connections:
             found = [ch for ch in conn.channels.values() if fmt.channelName(ch) == name]
             if found:
-                break
-        else:
-            raise notFound()
-        if not (self._isMonitor(user) or self._owns(user, conn)):
-            raise notAuthorisedObject()
-        ch = found[0]
-        d = fmt.channelDict(ch, self._rateView(request))
+                return conn, found[0]
+        return None
+
+    @staticmethod
+    def _channelDetail(ch, view):
+        d = fmt.channelDict(ch, view)
         d["consumer_details"] = [fmt.consumerDict(c.queue, c) for _, c in sorted(ch.session.consumers.items())
                                  if c.queue.vhost.findQueue(c.queue.name) is c.queue]
         d["deliveries"] = []
         d["publishes"] = []
         return d
+
+    def _answerChannel(self, args):
+        """Channel ``name`` of this node as ``GET /api/channels/{name}`` shows it, or None."""
+        found = self._findLocalChannel(args["name"])
+        if found is None:
+            return None
+        return self._channelDetail(found[1], self._viewOf(args["ranges"]))
 
     def _consumers(self, user, vhosts):
         """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
