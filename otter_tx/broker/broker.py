@@ -94,8 +94,11 @@ class Broker:
         self._memoryProbe = memoryProbe
         self.memoryHighWatermark = memoryHighWatermark
         self.listeners = []  # callables(kind, vhost, obj, deleted)
-        #: the cluster node (otter_tx.cluster.node.ClusterNode) when this broker is one node of a cluster
-        self.cluster = None
+        #: requests other cluster nodes may make of this one, registered by upper layers
+        #: (the management app's cluster-wide lists): op -> callable(args); copied into
+        #: the cluster node's ``handlers`` when it is set (:attr:`cluster`)
+        self.clusterHandlers = {}
+        self._cluster = None
         #: True while a cluster link to another node is backed up (RabbitMQ's credit
         #: flow): publishing AMQP connections are not read (``IClientConnection.flowChanged``)
         self.linkFlow = False
@@ -114,6 +117,26 @@ class Broker:
         self.setPermissions(defaultUser, "/")
 
     # --- vhosts / users ----------------------------------------------------
+
+
+    @property
+    def cluster(self):
+        """The cluster node (otter_tx.cluster.node.ClusterNode) when this broker is one node of a cluster, else None."""
+        return self._cluster
+
+    @cluster.setter
+    def cluster(self, node):
+        self._cluster = node
+        handlers = getattr(node, "handlers", None)
+        if handlers is not None:
+            handlers.update(self.clusterHandlers)
+
+    def addClusterHandler(self, op, handler):
+        """Answer request ``op`` of other cluster nodes with ``handler(args)`` (now, or once in a cluster)."""
+        self.clusterHandlers[op] = handler
+        handlers = getattr(self._cluster, "handlers", None)
+        if handlers is not None:
+            handlers[op] = handler
 
     def addVHost(self, name):
         """Create vhost ``name`` (no error if it exists); return it."""

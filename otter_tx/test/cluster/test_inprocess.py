@@ -6,6 +6,8 @@ when its queue lives on another node (docs/cluster.md).
 """
 
 import time
+import urllib.parse
+import urllib.request
 
 import pika
 import pika.exceptions
@@ -556,6 +558,169 @@ class ManagementTests(ClusterCase):
         # the vhost's cluster_state leaves the stopped node out, as RabbitMQ 3.10
         code, vh = yield self.inThread(self.api, 0, "GET", "/api/vhosts/%2F")
         self.assertEqual(vh["cluster_state"], {"n1": "running", "n3": "running"})
+
+    def apiAs(self, i, method, path, user, password):
+        import base64
+        import json
+        import urllib.request
+
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.fixtures[i].managementPort, path),
+                                     method=method)
+        req.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                data = r.read()
+                return r.status, json.loads(data) if data else None
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    @inlineCallbacks
+    def test_connectionsOfOtherNodes(self):
+        """
+        A connection on node 1 is listed by node 3 with node "n1", with its channels (also
+        per vhost, and paginated over the merged list); node 3 shows it and its channels by
+        name, and DELETE on node 3 closes it with 320 CONNECTION_FORCED.
+        """
+        c1 = yield self.inThread(self.conn, 0)
+        yield self.inThread(lambda: (c1.channel(), c1.channel()))
+        c2 = yield self.inThread(self.conn, 1)
+        yield self.inThread(c2.channel)
+
+        def lists():
+            conns = self.api(2, "GET", "/api/connections")[1]
+            chans = self.api(2, "GET", "/api/channels")[1]
+            vconns = self.api(2, "GET", "/api/vhosts/%2F/connections")[1]
+            page = self.api(2, "GET", "/api/connections?page=2&page_size=1&columns=name,node")[1]
+            pageDesc = self.api(2, "GET", "/api/channels?sort=number&sort_reverse=true&page=1&page_size=2")[1]
+            return conns, chans, vconns, page, pageDesc
+
+        conns, chans, vconns, page, pageDesc = yield self.inThread(lists)
+        self.assertEqual(sorted(c["node"] for c in conns), ["n1", "n2"])
+        self.assertEqual([c["name"] for c in conns], sorted(c["name"] for c in conns))
+        self.assertEqual(vconns, conns)
+        name1 = [c["name"] for c in conns if c["node"] == "n1"][0]
+        self.assertEqual(sorted((ch["node"], ch["number"]) for ch in chans), [("n1", 1), ("n1", 2), ("n2", 1)])
+        self.assertEqual((page["total_count"], page["item_count"], page["page_count"]), (2, 1, 2))
+        self.assertEqual(page["items"], [{"name": conns[1]["name"], "node": conns[1]["node"]}])
+        self.assertEqual([ch["number"] for ch in pageDesc["items"]], [2, 1])
+        self.assertEqual(pageDesc["total_count"], 3)
+
+        quoted = urllib.parse.quote(name1, safe="")
+
+        def one():
+            return (self.api(2, "GET", "/api/connections/" + quoted),
+                    self.api(2, "GET", "/api/connections/%s/channels" % (quoted,)),
+                    self.api(2, "GET", "/api/connections/nosuch"),
+                    self.api(2, "DELETE", "/api/connections/nosuch")[0],
+                    self.api(2, "GET", "/api/channels/" + urllib.parse.quote(name1 + " (2)", safe="")),
+                    self.api(2, "GET", "/api/channels/nosuch")[0])
+
+        (code, got), (ccode, cchans), missing, delMissing, (chCode, ch), chMissing = yield self.inThread(one)
+        self.assertEqual((chCode, ch["node"], ch["number"], ch["consumer_details"], chMissing), (200, "n1", 2, [], 404))
+        self.assertEqual((code, got["name"], got["node"], got["user"]), (200, name1, "n1", "guest"))
+        self.assertEqual((ccode, [ch["number"] for ch in cchans]), (200, [1, 2]))
+        self.assertEqual((missing[0], delMissing), (404, 404))
+
+        def close():
+            code = self.api(2, "DELETE", "/api/connections/" + quoted)[0]
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                try:
+                    c1.process_data_events(0.1)
+                except pika.exceptions.ConnectionClosedByBroker as e:
+                    return code, e.reply_code, e.reply_text
+            return code, None, None
+
+        code, replyCode, replyText = yield self.inThread(close)
+        self.assertEqual((code, replyCode, replyText),
+                         (204, 320, "CONNECTION_FORCED - Closed via management plugin"))
+        yield waitOnReactor(lambda: not self.fixtures[0].broker.connections, 5)
+        conns = (yield self.inThread(self.api, 2, "GET", "/api/connections"))[1]
+        self.assertEqual([c["node"] for c in conns], ["n2"])
+
+    @inlineCallbacks
+    def test_connectionsOfOtherNodesOwnOnly(self):
+        """
+        A user without the monitoring tag sees only its own connections on other nodes too,
+        may not see or close another user's there, and may close its own.
+        """
+        b1 = self.fixtures[0].broker
+        b1.addUser("alice", "secret", ["management"])
+        b1.setPermissions("alice", "/", ".*", ".*", ".*")
+        yield waitOnReactor(lambda: all(("alice", "/") in f.broker.permissions for f in self.fixtures), 2)
+
+        def connect(user, password):
+            c = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", self.fixtures[0].amqpPort, credentials=pika.PlainCredentials(user, password)))
+            self.addCleanup(lambda: threads.deferToThread(lambda: c.is_open and c.close()))
+            c.channel()
+            return c
+
+        alice = yield self.inThread(connect, "alice", "secret")
+        yield self.inThread(connect, "guest", "guest")
+
+        def run():
+            mine = self.apiAs(2, "GET", "/api/connections", "alice", "secret")[1]
+            chans = self.apiAs(2, "GET", "/api/channels", "alice", "secret")[1]
+            every = self.api(2, "GET", "/api/connections")[1]
+            guests = [c["name"] for c in every if c["user"] == "guest"]
+            q = urllib.parse.quote(guests[0], safe="")
+            other = self.apiAs(2, "GET", "/api/connections/" + q, "alice", "secret")[0]
+            otherCh = self.apiAs(2, "GET", "/api/channels/" + urllib.parse.quote(guests[0] + " (1)", safe=""),
+                                 "alice", "secret")[0]
+            otherDel = self.apiAs(2, "DELETE", "/api/connections/" + q, "alice", "secret")[0]
+            ownDel = self.apiAs(2, "DELETE", "/api/connections/" + urllib.parse.quote(mine[0]["name"], safe=""),
+                                "alice", "secret")[0]
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                try:
+                    alice.process_data_events(0.1)
+                except pika.exceptions.ConnectionClosedByBroker as e:
+                    return mine, chans, every, other, otherCh, otherDel, (ownDel, e.reply_code)
+            return mine, chans, every, other, otherCh, otherDel, (ownDel, None)
+
+        mine, chans, every, other, otherCh, otherDel, ownDel = yield self.inThread(run)
+        self.assertEqual([(c["user"], c["node"]) for c in mine], [("alice", "n1")])
+        self.assertEqual([ch["user"] for ch in chans], ["alice"])
+        self.assertEqual(sorted(c["user"] for c in every), ["alice", "guest"])
+        self.assertEqual((other, otherCh, otherDel, ownDel), (401, 401, 401, (204, 320)))
+        yield waitOnReactor(lambda: [c.user.name for c in b1.connections] == ["guest"], 5)
+
+    @inlineCallbacks
+    def test_consumersOfOtherNodes(self):
+        """Node 3's /api/consumers lists a consumer on node 1 (its queue on node 2) and one on node 3."""
+        def setup():
+            self.conn(1).channel().queue_declare("cq")
+            ch1 = self.conn(0).channel()
+            ch1.basic_consume("cq", lambda *a: None, consumer_tag="t1")
+            ch3 = self.conn(2).channel()
+            ch3.basic_consume("cq", lambda *a: None, consumer_tag="t3")
+            return (self.api(2, "GET", "/api/consumers")[1], self.api(0, "GET", "/api/consumers/%2F")[1],
+                    self.api(1, "GET", "/api/consumers?columns=consumer_tag&page=2&page_size=1")[1])
+
+        every, perVHost, page = yield self.inThread(setup)
+        self.assertEqual([(c["consumer_tag"], c["channel_details"]["node"]) for c in every],
+                         [("t1", "n1"), ("t3", "n3")])
+        self.assertEqual(perVHost, every)
+        self.assertEqual((page["items"], page["total_count"]), ([{"consumer_tag": "t3"}], 2))
+
+    @inlineCallbacks
+    def test_silentNodeLeftOut(self):
+        """A node that does not answer in the link's ask timeout is left out of the lists (not a 500)."""
+        from twisted.internet.defer import Deferred
+
+        from otter_tx.cluster import link
+
+        self.patch(link, "ASK_TIMEOUT", 1)
+        self.cluster[1].handlers["mgmt.connections"] = lambda args: Deferred()
+        self.cluster[1].handlers["mgmt.channels"] = lambda args: 1 / 0
+        yield self.inThread(self.conn, 0)
+        yield self.inThread(self.conn, 1)
+        code, conns = yield self.inThread(self.api, 2, "GET", "/api/connections")
+        self.assertEqual((code, [c["node"] for c in conns]), (200, ["n1"]))
+        code, chans = yield self.inThread(self.api, 2, "GET", "/api/channels")
+        self.assertEqual((code, chans), (200, []))
+        self.flushLoggedErrors(ZeroDivisionError)
 
     @inlineCallbacks
     def test_definitionsRoundTrip(self):
