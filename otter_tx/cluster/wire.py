@@ -20,7 +20,7 @@ HELLO = 1          # name: the dialling node's name
 FORWARD = 2        # vhost, queue, flags, message: enqueue there
 SYNC = 3           # u64 n: answer SYNCED n once everything before is taken (and fsync'd)
 SYNCED = 4         # u64 n, u32 count, u64 refused forward numbers
-CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit
+CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit[, arguments]
 CONSUME_ERR = 6    # u32 cid, u16 code, text
 CREDIT = 7         # u32 cid, u32 n
 CANCEL = 8         # u32 cid: the consumer went (its unacked stay out until settled)
@@ -68,10 +68,16 @@ def deliver(cid, eid, redelivered, message):
                  + messagePart(message))
 
 
-def consume(cid, vhost, queue, noAck, exclusive, priority, credit):
+def consume(cid, vhost, queue, noAck, exclusive, priority, credit, arguments=b""):
+    """
+    CONSUME; ``arguments`` (bytes): the consumer's basic.consume arguments as
+    an AMQP field table (with its length prefix), or empty for none: a
+    stream's home makes the reader from them (``x-stream-offset``).  A frame
+    without them (an older sender of this build) reads as no arguments.
+    """
     flags = (1 if noAck else 0) | (2 if exclusive else 0)
     return frame(CONSUME, _U32.pack(cid) + string(vhost) + string(queue) + bytes((flags,))
-                 + struct.pack(">iI", priority, credit))
+                 + struct.pack(">iI", priority, credit) + (blob(arguments) if arguments else b""))
 
 
 def settle(how, eids):
@@ -151,6 +157,10 @@ class Reader:
 
     def json(self):
         return json.loads(self.blob())
+
+    def more(self):
+        """True when the payload has bytes past the fields read so far (an optional trailing field)."""
+        return self.pos < len(self.buf)
 
     def message(self):
         """(exchange, routingKey, propsRaw, body)"""
