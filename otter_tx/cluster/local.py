@@ -75,6 +75,8 @@ class LocalNode:
         self.name = name
         self.amqpPort = amqpPort
         self.managementPort = managementPort
+        #: the node's stream protocol port (docs/streams.md, "In a cluster")
+        self.streamPort = freePort()
         self.dataDir = dataDir
         self.process = None
         self.transport = None
@@ -91,7 +93,8 @@ class LocalNode:
         args = [c.python, "-c", "from twisted.scripts.twistd import run; run()",
                 "--nodaemon", "--pidfile=", "ottermq",
                 "--amqp", amqp, "--management", "tcp:%d:interface=127.0.0.1" % (self.managementPort,),
-                "--prometheus", "none", "--stream", "none", "--data-dir", self.dataDir,
+                "--prometheus", "none", "--stream", "tcp:%d:interface=127.0.0.1" % (self.streamPort,),
+                "--data-dir", self.dataDir,
                 "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name]
         args += c.extraArgs
         env = dict(os.environ)
@@ -186,8 +189,8 @@ def main(argv=None):
         print("etcd: %s" % (",".join(c.etcd.endpoints),))
         print("logs: %s/<node>.log" % (c.top,))
         for n in c.nodes:
-            print("%s: amqp 127.0.0.1:%d  management http://127.0.0.1:%d  pid %d" % (
-                n.name, c.sharedPort or n.amqpPort, n.managementPort, n.pid))
+            print("%s: amqp 127.0.0.1:%d  stream 127.0.0.1:%d  management http://127.0.0.1:%d  pid %d" % (
+                n.name, c.sharedPort or n.amqpPort, n.streamPort, n.managementPort, n.pid))
         sys.stdout.flush()
 
     def failed(f):

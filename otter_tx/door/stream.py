@@ -14,6 +14,7 @@ one chunk, as RabbitMQ).
 """
 
 from twisted.application.service import Service
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -380,6 +381,10 @@ class StreamServerProtocol(Protocol):
             self.send(wire.response(wire.CREATE_STREAM, corr, wire.STREAM_ALREADY_EXISTS))
             return
         code = self.backend.create(self.vhost, name, arguments)
+        if isinstance(code, Deferred):
+            # a cluster's: the stream is created at its home node (docs/streams.md, "In a cluster")
+            code.addCallback(lambda c: self.send(wire.response(wire.CREATE_STREAM, corr, c)))
+            return
         self.send(wire.response(wire.CREATE_STREAM, corr, code))
 
     def _delete(self, corr, version, name):
@@ -387,6 +392,10 @@ class StreamServerProtocol(Protocol):
             self.send(wire.response(wire.DELETE_STREAM, corr, wire.ACCESS_REFUSED))
             return
         code = self.backend.delete(self.vhost, name)
+        if isinstance(code, Deferred):
+            # a stream on another node of the cluster: deleted there
+            code.addCallback(lambda c: self.send(wire.response(wire.DELETE_STREAM, corr, c)))
+            return
         self.send(wire.response(wire.DELETE_STREAM, corr, code))
         if code == wire.OK:
             self.factory.streamDeleted(self.vhost, name)
@@ -408,13 +417,29 @@ class StreamServerProtocol(Protocol):
 
     def _metadata(self, corr, version, streams):
         host, port = self.factory.advertised(self.transport)
+        brokers = [(host, port)]
         out = []
         for name in streams:
-            if not self.backend.exists(self.vhost, name):
-                out.append((name, wire.STREAM_DOES_NOT_EXIST, 0, []))
-            else:
+            if self.backend.exists(self.vhost, name):
                 out.append((name, wire.OK, 0, []))
-        self.send(wire.metadataResponse(corr, [(host, port)], out))
+                continue
+            # in a cluster, a stream on another node: its leader is that node's stream
+            # listener, with no replicas (one member: docs/streams.md, "In a cluster")
+            where = self._elsewhere(name)
+            if where is None:
+                out.append((name, wire.STREAM_DOES_NOT_EXIST, 0, []))
+            elif where is False:
+                out.append((name, wire.STREAM_NOT_AVAILABLE, 0, []))
+            else:
+                if where not in brokers:
+                    brokers.append(where)
+                out.append((name, wire.OK, brokers.index(where), []))
+        self.send(wire.metadataResponse(corr, brokers, out))
+
+    def _elsewhere(self, name):
+        """The backend's ``elsewhere`` (a cluster's stream on another node), when it has one."""
+        elsewhere = getattr(self.backend, "elsewhere", None)
+        return elsewhere(self.vhost, name) if elsewhere is not None else None
 
     def _streamStats(self, corr, version, name):
         if not self._permits(READ, name):
@@ -441,7 +466,9 @@ class StreamServerProtocol(Protocol):
         if pid in self.publishers or (ref is not None and (stream, ref) in self.publisherRefs):
             return reply(wire.PRECONDITION_FAILED)
         if not self.backend.exists(self.vhost, stream):
-            return reply(wire.STREAM_DOES_NOT_EXIST)
+            # a stream on another node of the cluster: publish at its leader (metadata)
+            return reply(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(stream) is None
+                         else wire.STREAM_NOT_AVAILABLE)
         self.publishers[pid] = _Publisher(pid, stream, ref)
         if ref is not None:
             self.publisherRefs[(stream, ref)] = pid
@@ -605,7 +632,9 @@ class StreamServerProtocol(Protocol):
         if not self._permits(READ, stream):
             return reply(wire.ACCESS_REFUSED)
         if not self.backend.exists(self.vhost, stream):
-            return reply(wire.STREAM_DOES_NOT_EXIST)
+            # a stream without a member on this node of the cluster: RabbitMQ 3.10's answer
+            return reply(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(stream) is None
+                         else wire.STREAM_NOT_AVAILABLE)
         if sid in self.subscriptions:
             return reply(wire.SUBSCRIPTION_ID_ALREADY_EXISTS)
         sac = props.get("single-active-consumer") == "true"

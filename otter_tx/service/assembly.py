@@ -504,6 +504,30 @@ class OtterService(MultiService):
             svc.setServiceParent(self)
             self.streamServices.append(svc)
 
+    def _streamAdvertised(self):
+        """
+        ``stream_host`` / ``stream_port`` for this node's cluster record: where
+        other nodes' stream metadata sends clients for the streams led here
+        (the advertised host and port, else the first stream listener's);
+        empty without a stream listener.
+        """
+        factory = getattr(self, "streamFactory", None)
+        if factory is None:
+            return {}
+        out = {}
+        if factory.advertisedHost is not None:
+            out["stream_host"] = factory.advertisedHost
+        port = factory.advertisedPort
+        if port is None:
+            for svc in self.streamServices:
+                p = getattr(svc, "port", None)
+                if p is not None:
+                    port = p.getHost().port
+                    break
+        if port is not None:
+            out["stream_port"] = port
+        return out
+
     def _listenPrometheus(self, endpoints):
         """The Prometheus listeners (:class:`otter_tx.web.metrics.PrometheusResource`)."""
         from twisted.web.server import Site
@@ -655,6 +679,7 @@ class OtterService(MultiService):
         def listening(port):
             self._linkPort = port
             info = {"amqp": [], "pid": os.getpid()}
+            info.update(self._streamAdvertised())
             return node.start(port.getHost().port, info)
 
         def failed(f):

@@ -4,15 +4,18 @@ this process (test_inprocess's ClusterCase), pika on a node that is not the
 stream's home.  A stream has one member, its leader at its home node.
 """
 
+import asyncio
+import platform
 import time
 
 import pika
 import pika.exceptions
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
 
 from otter_tx.cluster import metadata as md
 from otter_tx.test.cluster.test_inprocess import ClusterCase
-from otter_tx.test.interop.support import waitOnReactor
+from otter_tx.test.interop.support import requireModule, waitOnReactor
 
 
 class StreamAcrossNodesTests(ClusterCase):
@@ -123,3 +126,108 @@ class StreamAcrossNodesTests(ClusterCase):
         yield waitOnReactor(lambda: all("s3" not in f.broker.vhosts["/"].queues
                                         and "s3" not in f.broker.vhosts["/"].remoteQueues for f in self.fixtures), 5)
         self.assertTrue(log.deleted)
+
+
+class StreamProtocolInClusterTests(ClusterCase):
+    """The stream protocol on every node (rstream): metadata names the leader, at the stream's home."""
+
+    stream = True
+
+    def setUp(self):
+        if platform.python_implementation() != "CPython":
+            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
+        self.rs = requireModule("rstream")
+        return ClusterCase.setUp(self)
+
+    def inAsyncio(self, f):
+        return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), 30)))
+
+    def client(self, i):
+        from rstream.client import Client
+
+        async def start():
+            c = Client("127.0.0.1", self.fixtures[i].streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            await c.authenticate("/", "guest", "guest")
+            return c
+
+        return start()
+
+    @inlineCallbacks
+    def test_metadataLeaderPublishConsumeDelete(self):
+        """
+        A stream created with the stream protocol on node 2 lives there;
+        metadata on node 3 names node 2's stream listener as its leader, no
+        replicas; rstream's producer and consumer on node 1 follow it there;
+        subscribing or declaring a publisher on node 3 itself is
+        STREAM_NOT_AVAILABLE (RabbitMQ 3.10 answers a subscription so where
+        the stream has no member); deleted from node 1, it is gone everywhere.
+        """
+        rs = self.rs
+        from rstream import constants, schema
+
+        async def create():
+            c = await self.client(1)
+            try:
+                await c.create_stream("ps1")
+            finally:
+                await c.close()
+
+        yield self.inAsyncio(create)
+        self.assertIn("ps1", self.fixtures[1].broker.vhosts["/"].queues)
+        yield waitOnReactor(lambda: all("ps1" in f.broker.vhosts["/"].remoteQueues
+                                        for f in (self.fixtures[0], self.fixtures[2])), 5)
+
+        async def run():
+            out = {}
+            c = await self.client(2)
+            try:
+                r = await c.sync_request(schema.Metadata(c._corr_id_seq.next(), streams=["ps1", "nosuch"]),
+                                         resp_schema=schema.MetadataResponse, raise_exception=False)
+                brokers = {b.reference: (b.host, b.port) for b in r.brokers}
+                out["metadata"] = [(m.name, m.response_code, brokers.get(m.leader_ref), m.replicas_refs)
+                                   for m in r.metadata]
+                r = await c.sync_request(
+                    schema.Subscribe(c._corr_id_seq.next(), subscription_id=1, stream="ps1",
+                                     offset_spec=schema.OffsetSpec(constants.OffsetType.FIRST), credit=10,
+                                     properties=[]),
+                    resp_schema=schema.SubscribeResponse, raise_exception=False)
+                out["subscribe"] = r.response_code
+                r = await c.sync_request(
+                    schema.DeclarePublisher(c._corr_id_seq.next(), publisher_id=1, stream="ps1", reference=""),
+                    resp_schema=schema.DeclarePublisherResponse, raise_exception=False)
+                out["publisher"] = r.response_code
+            finally:
+                await c.close()
+            port = self.fixtures[0].streamPort
+            async with rs.Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+                for i in range(5):
+                    await p.send_wait("ps1", rs.AMQPMessage(body=b"m%d" % i))
+            got = []
+            done = asyncio.Event()
+
+            async def cb(msg, ctx):
+                got.append((ctx.offset, bytes(msg.body)))
+                if len(got) == 5:
+                    done.set()
+
+            async with rs.Consumer("127.0.0.1", port=port, username="guest", password="guest") as c:
+                await c.subscribe("ps1", cb, decoder=rs.amqp_decoder,
+                                  offset_specification=rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST, None))
+                await asyncio.wait_for(done.wait(), 10)
+            out["got"] = got
+            async with rs.Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+                await p.delete_stream("ps1")
+            return out
+
+        out = yield self.inAsyncio(run)
+        self.assertEqual(out["metadata"], [
+            ("ps1", 1, ("127.0.0.1", self.fixtures[1].streamPort), []),
+            ("nosuch", 2, None, []),
+        ])
+        self.assertEqual(out["subscribe"], 6)  # STREAM_NOT_AVAILABLE
+        self.assertEqual(out["publisher"], 6)
+        self.assertEqual(out["got"], [(i, b"m%d" % i) for i in range(5)])
+        yield waitOnReactor(lambda: all("ps1" not in f.broker.vhosts["/"].queues
+                                        and "ps1" not in f.broker.vhosts["/"].remoteQueues
+                                        for f in self.fixtures), 5)
