@@ -160,6 +160,17 @@ class ClusterNode:
         self.lost = None
         log.info("cluster: node {node} is back in the cluster", node=self.name)
 
+    def updateInfo(self, extra):
+        """
+        More of this node's ``info`` (dict), known after it joined (its stream
+        listener's port, once listening): its record is written again; a
+        Deferred.
+        """
+        self.info.update(extra)
+        record = {"name": self.name, "host": self.advertise, "link": self.linkPort, "lease": self.lease}
+        record.update(self.info)
+        return self.metadata.put(md.nodeKey(self.name), record, lease=self.lease)
+
     def health(self):
         """None when the node is in the cluster, else the reason (str) for the health checks."""
         return self.lost

@@ -416,12 +416,14 @@ class StreamServerProtocol(Protocol):
             self.send(wire.metadataUpdate(wire.STREAM_NOT_AVAILABLE, name))
 
     def _metadata(self, corr, version, streams):
-        host, port = self.factory.advertised(self.transport)
-        brokers = [(host, port)]
+        here = self.factory.advertised(self.transport)
+        brokers = []  # those a stream names (RabbitMQ 3.10 lists no other), else this node
         out = []
         for name in streams:
             if self.backend.exists(self.vhost, name):
-                out.append((name, wire.OK, 0, []))
+                if here not in brokers:
+                    brokers.append(here)
+                out.append((name, wire.OK, brokers.index(here), []))
                 continue
             # in a cluster, a stream on another node: its leader is that node's stream
             # listener, with no replicas (one member: docs/streams.md, "In a cluster")
@@ -434,7 +436,7 @@ class StreamServerProtocol(Protocol):
                 if where not in brokers:
                     brokers.append(where)
                 out.append((name, wire.OK, brokers.index(where), []))
-        self.send(wire.metadataResponse(corr, brokers, out))
+        self.send(wire.metadataResponse(corr, brokers or [here], out))
 
     def _elsewhere(self, name):
         """The backend's ``elsewhere`` (a cluster's stream on another node), when it has one."""

@@ -504,6 +504,17 @@ class OtterService(MultiService):
             svc.setServiceParent(self)
             self.streamServices.append(svc)
 
+    def _advertiseStream(self):
+        """
+        In a cluster, this node's stream listener goes into its record once
+        listening (the node joins before its listeners open): other nodes'
+        stream metadata names it as the leader of the streams led here.
+        """
+        extra = self._streamAdvertised()
+        if self.clusterNode is None or not extra or all(self.clusterNode.info.get(k) == v for k, v in extra.items()):
+            return None
+        return self.clusterNode.updateInfo(extra)
+
     def _streamAdvertised(self):
         """
         ``stream_host`` / ``stream_port`` for this node's cluster record: where
@@ -602,6 +613,7 @@ class OtterService(MultiService):
         d.addCallback(lambda _: self._joinCluster())
         d.addCallback(lambda _: self._freezeBoot())
         d.addCallback(lambda _: self._listen())
+        d.addCallback(lambda _: self._advertiseStream())
 
         def started(_):
             self._logReady()

@@ -185,6 +185,7 @@ class StreamProtocolInClusterTests(ClusterCase):
                 r = await c.sync_request(schema.Metadata(c._corr_id_seq.next(), streams=["ps1", "nosuch"]),
                                          resp_schema=schema.MetadataResponse, raise_exception=False)
                 brokers = {b.reference: (b.host, b.port) for b in r.brokers}
+                out["brokers"] = sorted(brokers.values())
                 out["metadata"] = [(m.name, m.response_code, brokers.get(m.leader_ref), m.replicas_refs)
                                    for m in r.metadata]
                 r = await c.sync_request(
@@ -225,6 +226,8 @@ class StreamProtocolInClusterTests(ClusterCase):
             ("ps1", 1, ("127.0.0.1", self.fixtures[1].streamPort), []),
             ("nosuch", 2, None, []),
         ])
+        # as RabbitMQ 3.10's: only the brokers the streams name
+        self.assertEqual(out["brokers"], [("127.0.0.1", self.fixtures[1].streamPort)])
         self.assertEqual(out["subscribe"], 6)  # STREAM_NOT_AVAILABLE
         self.assertEqual(out["publisher"], 6)
         self.assertEqual(out["got"], [(i, b"m%d" % i) for i in range(5)])
