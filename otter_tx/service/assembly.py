@@ -19,6 +19,7 @@ status 1 after one log line saying why).
 
 import gc
 import os
+import re
 import sys
 
 try:
@@ -534,6 +535,11 @@ class OtterService(MultiService):
                 p = getattr(svc, "port", None)
                 if p is not None:
                     port = p.getHost().port
+                    break
+                # not listening yet (the node joins first): a fixed port is known already
+                m = re.match(r"(?:tcp|ssl|ottertls):(?:port=)?([1-9][0-9]*)(?::|$)", svc.description or "")
+                if m:
+                    port = int(m.group(1))
                     break
         if port is not None:
             out["stream_port"] = port
