@@ -545,7 +545,10 @@ class ClusterNode:
         if op == "purge":
             return {"messages": q.purge()}
         if op == "delete":
-            return {"messages": vh.deleteQueue(q, args["ifUnused"], args["ifEmpty"]) or 0}
+            n = vh.deleteQueue(q, args["ifUnused"], args["ifEmpty"]) or 0
+            # answered once the record is gone from etcd: a declare the asking node's client
+            # makes next must not find it (a stream redeclared with other arguments)
+            return self.writes.settled(md.queueKey(vh.name, name)).addCallback(lambda _: {"messages": n})
         if op == "get":
             entry = q.basicGet(args["noAck"])
             if entry is None:
