@@ -384,6 +384,9 @@ class LinkProtocol(protocol.Protocol):
                     d.errback(AMQPError.fromReplyText(code, result))
                 else:
                     d.callback(result)
+        elif kind == wire.STREAM_APPEND:
+            vhost, queue, count = r.string(), r.string(), r.u32()
+            node.streamAppended(vhost, queue, count, r.blob())
         elif kind == wire.STATS:
             node.figuresFrom(self.peer, r.json())
         elif kind == wire.HELLO:

@@ -493,6 +493,16 @@ class ClusterNode:
         self.broker.nextMessageId(message)
         return q.enqueue(message, None, redelivered)
 
+    def streamAppended(self, vhostName, name, count, entries):
+        """
+        A stream protocol publish made on another node to a stream here
+        (STREAM_APPEND): appended as the stream door appends (the SYNC that
+        follows waits for its fsync).
+        """
+        log = getattr(self.localQueue(vhostName, name), "stream", None)
+        if log is not None and not log.deleted:
+            log.appendEntries(entries, count, wantDeferred=False)
+
     def askAll(self, op, args):
         """
         Ask every other node this node has a link to: a Deferred firing with

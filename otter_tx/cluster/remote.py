@@ -189,6 +189,18 @@ class RemoteQueue:
             message.forwarded.append((link, n))
         return True
 
+    def appendStream(self, count, entries):
+        """
+        A stream protocol publish to this stream (its home's log): ``count``
+        messages as a stream chunk holds them; a Deferred firing once durable
+        there (the link's SYNC), or None while the home node is down.
+        """
+        link = self.node.links.get(self.home)
+        if link is None or self.down or self.deleted:
+            return None
+        link.send(wire.streamAppend(self._names, count, entries))
+        return link.sync()
+
     # --- consumers -------------------------------------------------------------
 
     def deleteConditions(self, ifUnused, ifEmpty):

@@ -30,6 +30,7 @@ SETTLE = 11        # u8 how (ACK, REJECT, REQUEUE), u32 count, u64 eid...
 REQUEST = 12       # u32 rid, op, json arguments
 REPLY = 13         # u32 rid, u16 code (0 ok), json result or error text
 STATS = 14         # json: the sender's queue figures and node figures
+STREAM_APPEND = 15  # vhost, queue, u32 count, entries: a stream protocol publish to a stream there
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 
@@ -61,6 +62,15 @@ def forward(vhost, queue, redelivered, message):
 def forwardNamed(names, redelivered, message):
     """FORWARD with the vhost and queue already encoded (``names``: ``string(vhost) + string(queue)``)."""
     return frame(FORWARD, names + (b"\x01" if redelivered else b"\x00") + messagePart(message))
+
+
+def streamAppend(names, count, entries):
+    """
+    STREAM_APPEND with the vhost and stream already encoded (``names``):
+    ``count`` messages as a stream chunk holds them (``entries``: each one's
+    u32 size then its bytes, as the stream client published them).
+    """
+    return frame(STREAM_APPEND, names + _U32.pack(count) + blob(entries))
 
 
 def deliver(cid, eid, redelivered, message):

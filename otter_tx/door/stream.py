@@ -468,9 +468,14 @@ class StreamServerProtocol(Protocol):
         if pid in self.publishers or (ref is not None and (stream, ref) in self.publisherRefs):
             return reply(wire.PRECONDITION_FAILED)
         if not self.backend.exists(self.vhost, stream):
-            # a stream on another node of the cluster: publish at its leader (metadata)
-            return reply(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(stream) is None
-                         else wire.STREAM_NOT_AVAILABLE)
+            # a stream on another node of the cluster: its publishes are forwarded there,
+            # as RabbitMQ 3.10 writes to the leader; one with a reference is told to go to
+            # the leader (its de-duplication is the leader's): docs/streams.md, "In a cluster"
+            where = self._elsewhere(stream)
+            if where is None:
+                return reply(wire.STREAM_DOES_NOT_EXIST)
+            if where is False or ref is not None:
+                return reply(wire.STREAM_NOT_AVAILABLE)
         self.publishers[pid] = _Publisher(pid, stream, ref)
         if ref is not None:
             self.publisherRefs[(stream, ref)] = pid
@@ -509,7 +514,8 @@ class StreamServerProtocol(Protocol):
             # the fast path: the frame's entries are the chunk's, as they came
             ids, data = batch
             if not self.backend.exists(self.vhost, p.stream):
-                self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
+                if not self._remoteWrite(p, ids, data, count):
+                    self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
                 return
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
             self._confirm(pid, confirmed, d)
@@ -535,7 +541,9 @@ class StreamServerProtocol(Protocol):
     def _write(self, p, entries):
         backend = self.backend
         if not backend.exists(self.vhost, p.stream):
-            self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
+            msgs = [bytes(x) for _, m in entries for x in (m if isinstance(m, list) else [m])]
+            if not self._remoteWrite(p, [i for i, _ in entries], _chunk.entries(msgs), len(msgs)):
+                self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
             return
         if any(isinstance(m, list) for _, m in entries):
             # a sub-entry batch has one publishing id for all its messages: the first carries
@@ -554,6 +562,15 @@ class StreamServerProtocol(Protocol):
         else:
             confirmed, d = backend.publish(self.vhost, p.stream, p.reference, entries)
         self._confirm(p.pid, confirmed, d)
+
+    def _remoteWrite(self, p, ids, data, count):
+        """A cluster's stream on another node: the publish forwarded there (False when it cannot be)."""
+        remote = getattr(self.backend, "remoteAppend", None)
+        r = remote(self.vhost, p.stream, ids, data, count) if remote is not None else None
+        if r is None:
+            return False
+        self._confirm(p.pid, *r)
+        return True
 
     def _confirm(self, pid, ids, d):
         """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""

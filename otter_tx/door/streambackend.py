@@ -400,6 +400,20 @@ class BrokerStreams:
             return False
         return (record.get("stream_host") or record["host"], record["stream_port"])
 
+    def remoteAppend(self, vhost, name, ids, data, count):
+        """
+        A publish to a cluster's stream on another node (a publisher without
+        a reference: de-duplication is the leader's), forwarded to its home
+        node: ``(ids, Deferred)`` firing once durable there, or None when
+        there is no such stream or its node is down.
+        """
+        v = self.broker.vhosts.get(vhost)
+        rq = v.remoteQueues.get(name) if self.broker.cluster is not None and v is not None else None
+        if rq is None or not getattr(rq, "isStream", False):
+            return None
+        d = rq.appendStream(count, bytes(data))
+        return None if d is None else (ids, d)
+
     def create(self, vhost, name, arguments):
         from otter_tx.amqp.errors import AMQPError
 

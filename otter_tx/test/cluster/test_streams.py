@@ -159,9 +159,10 @@ class StreamProtocolInClusterTests(ClusterCase):
         A stream created with the stream protocol on node 2 lives there;
         metadata on node 3 names node 2's stream listener as its leader, no
         replicas; rstream's producer and consumer on node 1 follow it there;
-        subscribing or declaring a publisher on node 3 itself is
-        STREAM_NOT_AVAILABLE (RabbitMQ 3.10 answers a subscription so where
-        the stream has no member); deleted from node 1, it is gone everywhere.
+        subscribing on node 3 itself is STREAM_NOT_AVAILABLE (as RabbitMQ
+        3.10 where the stream has no member), a publisher there is forwarded
+        (confirmed once durable at the home); deleted from node 1, it is gone
+        everywhere.
         """
         rs = self.rs
         from rstream import constants, schema
@@ -198,6 +199,15 @@ class StreamProtocolInClusterTests(ClusterCase):
                     schema.DeclarePublisher(c._corr_id_seq.next(), publisher_id=1, stream="ps1", reference=""),
                     resp_schema=schema.DeclarePublisherResponse, raise_exception=False)
                 out["publisher"] = r.response_code
+                r = await c.sync_request(
+                    schema.DeclarePublisher(c._corr_id_seq.next(), publisher_id=2, stream="ps1", reference="ref"),
+                    resp_schema=schema.DeclarePublisherResponse, raise_exception=False)
+                out["publisher with a reference"] = r.response_code
+                confirmed = asyncio.Event()
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.set())
+                await c.publish([schema.Message(publishing_id=1, data=bytes(rs.AMQPMessage(body=b"fwd")),
+                                                filter_value=None)], 1)
+                await asyncio.wait_for(confirmed.wait(), 10)
             finally:
                 await c.close()
             port = self.fixtures[0].streamPort
@@ -209,7 +219,7 @@ class StreamProtocolInClusterTests(ClusterCase):
 
             async def cb(msg, ctx):
                 got.append((ctx.offset, bytes(msg.body)))
-                if len(got) == 5:
+                if len(got) == 6:
                     done.set()
 
             async with rs.Consumer("127.0.0.1", port=port, username="guest", password="guest") as c:
@@ -229,8 +239,11 @@ class StreamProtocolInClusterTests(ClusterCase):
         # as RabbitMQ 3.10's: only the brokers the streams name
         self.assertEqual(out["brokers"], [("127.0.0.1", self.fixtures[1].streamPort)])
         self.assertEqual(out["subscribe"], 6)  # STREAM_NOT_AVAILABLE
-        self.assertEqual(out["publisher"], 6)
-        self.assertEqual(out["got"], [(i, b"m%d" % i) for i in range(5)])
+        # a publisher there is forwarded to the leader, as RabbitMQ 3.10 writes to it; with a
+        # reference (de-duplication, the leader's) it is told to go there
+        self.assertEqual(out["publisher"], 1)
+        self.assertEqual(out["publisher with a reference"], 6)
+        self.assertEqual(out["got"], [(0, b"fwd")] + [(i + 1, b"m%d" % i) for i in range(5)])
         yield waitOnReactor(lambda: all("ps1" not in f.broker.vhosts["/"].queues
                                         and "ps1" not in f.broker.vhosts["/"].remoteQueues
                                         for f in self.fixtures), 5)
