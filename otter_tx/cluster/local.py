@@ -77,6 +77,9 @@ class LocalNode:
         self.managementPort = managementPort
         #: the node's stream protocol port (docs/streams.md, "In a cluster")
         self.streamPort = freePort()
+        #: its link port, chosen here too: a link on tcp:0 could be given a port picked above
+        #: before that listener opens
+        self.linkPort = freePort()
         self.dataDir = dataDir
         self.process = None
         self.transport = None
@@ -95,7 +98,8 @@ class LocalNode:
                 "--amqp", amqp, "--management", "tcp:%d:interface=127.0.0.1" % (self.managementPort,),
                 "--prometheus", "none", "--stream", "tcp:%d:interface=127.0.0.1" % (self.streamPort,),
                 "--data-dir", self.dataDir,
-                "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name]
+                "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name,
+                "--cluster-link", "tcp:%d:interface=127.0.0.1" % (self.linkPort,)]
         args += c.extraArgs
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
