@@ -105,6 +105,56 @@ class StreamAcrossNodesTests(ClusterCase):
         ])
 
     @inlineCallbacks
+    def test_unackedComeBackAsCreditAndNackIsRefused(self):
+        """
+        Unacked deliveries of a consumer on another node: its channel closing
+        gives them back to the home as credit (nothing is requeued in a
+        stream); basic.nack there is 540 as at home.
+        """
+        def run():
+            ch1 = self.conn(0).channel()
+            ch1.queue_declare("s4", durable=True, arguments={"x-queue-type": "stream"})
+            ch1.confirm_delivery()
+            for i in range(5):
+                ch1.basic_publish("", "s4", b"m%d" % i)
+            c = self.conn(1)
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=3)
+            tags = []
+            ch.basic_consume("s4", lambda ch, m, p, b: tags.append(m.delivery_tag),
+                             arguments={"x-stream-offset": "first"})
+            deadline = time.time() + 10
+            while len(tags) < 3 and time.time() < deadline:
+                c.process_data_events(0.1)
+            assert len(tags) == 3, tags
+            ch.close()
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=3)
+            tags = []
+            ch.basic_consume("s4", lambda ch, m, p, b: tags.append(m.delivery_tag),
+                             arguments={"x-stream-offset": "first"})
+            deadline = time.time() + 10
+            while len(tags) < 1 and time.time() < deadline:
+                c.process_data_events(0.1)
+            try:
+                ch.basic_nack(tags[0])
+                deadline = time.time() + 5
+                while c.is_open and time.time() < deadline:
+                    c.process_data_events(0.1)
+                c.channel()
+            except pika.exceptions.ConnectionClosedByBroker as e:
+                return 3, (e.reply_code, e.reply_text)
+            return None, None
+
+        n, closed = yield self.inThread(run)
+        self.assertEqual(n, 3)
+        self.assertEqual(closed, (540, "NOT_IMPLEMENTED - basic.nack and basic.reject not supported by stream "
+                                       "queues queue 's4' in vhost '/'"))
+        home = self.fixtures[0].broker.vhosts["/"].queues["s4"]
+        yield waitOnReactor(lambda: home.unackedCount == 0 and not home.consumers, 5)
+        self.assertEqual(home.readyCount, 5)
+
+    @inlineCallbacks
     def test_balancedHomeAndDelete(self):
         """A balanced stream goes to the node with fewest queues; deleted from another node, it goes everywhere."""
         def run():
