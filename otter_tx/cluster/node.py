@@ -86,6 +86,9 @@ class ClusterNode:
         #: objects with beginBatch()/endBatch() (the AMQP door's factory): a link's
         #: frames are handled inside a batch of theirs, so client writes are gathered
         self.batchers = []
+        #: callables ``(vhost name, stream name)`` told when a stream on another node is gone
+        #: (deleted, or its record dropped): the stream door's publishers of it here
+        self.remoteStreamGone = []
         #: this node's writes, in order per key; the watch's echo of them filtered
         self.writes = md.OrderedWrites(metadata, self._applyNow)
         broker.cluster = self
@@ -300,6 +303,9 @@ class ClusterNode:
         finally:
             self.applying = False
         rq.shutdown()
+        if getattr(rq, "isStream", False):
+            for gone in list(self.remoteStreamGone):
+                gone(vh.name, rq.name)
 
     def _exchange(self, vhostName, name, record):
         vh = self._vhost(vhostName)

@@ -692,6 +692,9 @@ class OtterService(MultiService):
                            advertise=settings.get("advertise", "127.0.0.1"))
         self.clusterNode = node
         node.batchers.append(self.factory)
+        if getattr(self, "streamFactory", None) is not None:
+            # publishers here of a stream on another node learn it is gone (metadata_update)
+            node.remoteStreamGone.append(self.streamFactory.streamDeleted)
         endpoint = serverFromString(self.reactor, settings.get("link", "tcp:0:interface=127.0.0.1"))
 
         def listening(port):

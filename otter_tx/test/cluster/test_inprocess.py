@@ -39,6 +39,9 @@ class ClusterCase(TestCase):
             self.addCleanup(f.stop)
             f.broker.nodeName = "n%d" % (i + 1,)
             node = ClusterNode(f.broker, "n%d" % (i + 1,), self.meta, reactor)
+            if self.stream:
+                # as OtterService._joinCluster wires it
+                node.remoteStreamGone.append(f.service.streamFactory.streamDeleted)
             port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
             self.addCleanup(port.stopListening)
             self.ports.append(port)

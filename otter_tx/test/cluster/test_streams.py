@@ -258,8 +258,9 @@ class StreamProtocolInClusterTests(ClusterCase):
                 await c.publish([schema.Message(publishing_id=1, data=bytes(rs.AMQPMessage(body=b"fwd")),
                                                 filter_value=None)], 1)
                 await asyncio.wait_for(confirmed.wait(), 10)
-            finally:
+            except BaseException:
                 await c.close()
+                raise
             port = self.fixtures[0].streamPort
             async with rs.Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
                 for i in range(5):
@@ -272,13 +273,27 @@ class StreamProtocolInClusterTests(ClusterCase):
                 if len(got) == 6:
                     done.set()
 
-            async with rs.Consumer("127.0.0.1", port=port, username="guest", password="guest") as c:
-                await c.subscribe("ps1", cb, decoder=rs.amqp_decoder,
+            async with rs.Consumer("127.0.0.1", port=port, username="guest", password="guest") as cons:
+                await cons.subscribe("ps1", cb, decoder=rs.amqp_decoder,
                                   offset_specification=rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST, None))
                 await asyncio.wait_for(done.wait(), 10)
             out["got"] = got
+            updates = []
+            updated = asyncio.Event()
+
+            def onUpdate(frame):
+                updates.append((frame.metadata_info.code, frame.metadata_info.stream))
+                updated.set()
+
+            c.add_handler(schema.MetadataUpdate, onUpdate)
             async with rs.Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
                 await p.delete_stream("ps1")
+            # node 3's publisher of it is told (as a publisher where the stream lives)
+            try:
+                await asyncio.wait_for(updated.wait(), 5)
+            finally:
+                await c.close()
+            out["updates"] = updates
             return out
 
         out = yield self.inAsyncio(run)
@@ -294,6 +309,7 @@ class StreamProtocolInClusterTests(ClusterCase):
         self.assertEqual(out["publisher"], 1)
         self.assertEqual(out["publisher with a reference"], 6)
         self.assertEqual(out["got"], [(0, b"fwd")] + [(i + 1, b"m%d" % i) for i in range(5)])
+        self.assertEqual(out["updates"], [(6, "ps1")])
         yield waitOnReactor(lambda: all("ps1" not in f.broker.vhosts["/"].queues
                                         and "ps1" not in f.broker.vhosts["/"].remoteQueues
                                         for f in self.fixtures), 5)
