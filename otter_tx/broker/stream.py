@@ -1340,6 +1340,10 @@ def declareStream(broker, vhostName, name, arguments=None):
     args = dict(arguments or {})
     args["x-queue-type"] = STREAM
     q = vh.declareQueue(name, None, durable=True, arguments=args)
+    if isinstance(q, defer.Deferred):
+        # a cluster node's new stream: a Deferred firing with its queue once at its home
+        # (a StreamQueue here, a RemoteQueue when elsewhere: docs/streams.md, "In a cluster")
+        return q
     if getattr(q, "stream", None) is None:
         raise preconditionFailed("inequivalent arg 'x-queue-type' for %s" % (resourceText("queue", name, vhostName),))
     return q.stream

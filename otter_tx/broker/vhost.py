@@ -363,10 +363,6 @@ class VHost:
             raise preconditionFailed(
                 "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached"
                 % (name, self.name, limit))
-        if cluster is not None and qtype == STREAM:
-            # a stream is one node's log for now (docs/streams.md): refused, not half-served
-            raise preconditionFailed("stream queues are not supported in an otter_tx cluster yet (%s)"
-                                     % (resourceText("queue", name, self.name),))
         if cluster is not None and not cluster.applying:
             # a new queue of a cluster: its record first (otter_tx.cluster.node)
             return cluster.declareQueue(self, name, connection, durable, exclusive, autoDelete, arguments,

@@ -15,7 +15,9 @@ import base64
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
+from otter_tx.amqp.codec import decodeTable
 from otter_tx.amqp.errors import AMQPError
+from otter_tx.broker.arguments import STREAM
 from otter_tx.broker.message import Message
 from otter_tx.cluster import wire
 from otter_tx.cluster.remote import LinkConsumer, LinkLost, RemoteEntry
@@ -47,6 +49,25 @@ def messageJSON(message, **extra):
 
 def messageFromJSON(d):
     return Message(d["exchange"], d["routing_key"], base64.b64decode(d["props"]), base64.b64decode(d["body"]))
+
+
+def _consumeArguments(table):
+    """A CONSUME frame's arguments (an AMQP field table with its length prefix) -> dict."""
+    if len(table) < 4:
+        return None
+    return decodeTable(table, 4, 4 + int.from_bytes(table[:4], "big"))
+
+
+def _requeue(q, entries):
+    """
+    Deliveries the other node gave back (its consumer went, or the link):
+    requeued in queue order; a stream's only return their credit (nothing
+    is requeued in a stream, and that is no basic.nack).
+    """
+    if q.queueType == STREAM:
+        q.requeue(entries, dispatch=False)
+    else:
+        q.requeue(sorted(entries, key=lambda e: e.seq))
 
 
 class LinkProtocol(protocol.Protocol):
@@ -121,7 +142,7 @@ class LinkProtocol(protocol.Protocol):
             byQueue.setdefault(q, []).append(e)
         for q, entries in byQueue.items():
             if not q.deleted:
-                q.requeue(sorted(entries, key=lambda e: e.seq))
+                _requeue(q, entries)
         if self.peer is not None:
             self.node.linkDown(self)
 
@@ -342,7 +363,8 @@ class LinkProtocol(protocol.Protocol):
         elif kind == wire.CONSUME:
             cid, vhost, queue, flags = r.u32(), r.string(), r.string(), r.u8()
             priority, credit = r.i32(), r.u32()
-            self._consume(cid, vhost, queue, bool(flags & 1), bool(flags & 2), priority, credit)
+            arguments = _consumeArguments(r.blob()) if r.more() else None
+            self._consume(cid, vhost, queue, bool(flags & 1), bool(flags & 2), priority, credit, arguments)
         elif kind == wire.CANCEL:
             c = self._consumers.pop(r.u32(), None)
             if c is not None:
@@ -362,18 +384,21 @@ class LinkProtocol(protocol.Protocol):
                     d.errback(AMQPError.fromReplyText(code, result))
                 else:
                     d.callback(result)
+        elif kind == wire.STREAM_APPEND:
+            vhost, queue, count = r.string(), r.string(), r.u32()
+            node.streamAppended(vhost, queue, count, r.blob())
         elif kind == wire.STATS:
             node.figuresFrom(self.peer, r.json())
         elif kind == wire.HELLO:
             self.peer = r.string()
             node.linkUp(self)
 
-    def _consume(self, cid, vhost, queue, noAck, exclusive, priority, credit):
+    def _consume(self, cid, vhost, queue, noAck, exclusive, priority, credit, arguments=None):
         q = self.node.localQueue(vhost, queue)
         if q is None or q.deleted or q.refusesConsumer(exclusive):
             self.send(wire.u32frame(wire.CONSUME_ERR, cid))
             return
-        c = LinkConsumer(self, cid, q, "link-%s-%d" % (self.peer, cid), noAck, priority, credit)
+        c = LinkConsumer(self, cid, q, "link-%s-%d" % (self.peer, cid), noAck, priority, credit, arguments)
         self._consumers[cid] = c
         q.addConsumer(c, exclusive)
 
@@ -391,7 +416,7 @@ class LinkProtocol(protocol.Protocol):
             elif how == wire.REJECT:
                 q.reject(entries)
             else:
-                q.requeue(sorted(entries, key=lambda e: e.seq))
+                _requeue(q, entries)
 
     def _request(self, rid, op, args):
         def ok(result):

@@ -75,6 +75,11 @@ class LocalNode:
         self.name = name
         self.amqpPort = amqpPort
         self.managementPort = managementPort
+        #: the node's stream protocol port (docs/streams.md, "In a cluster")
+        self.streamPort = freePort()
+        #: its link port, chosen here too: a link on tcp:0 could be given a port picked above
+        #: before that listener opens
+        self.linkPort = freePort()
         self.dataDir = dataDir
         self.process = None
         self.transport = None
@@ -91,8 +96,10 @@ class LocalNode:
         args = [c.python, "-c", "from twisted.scripts.twistd import run; run()",
                 "--nodaemon", "--pidfile=", "ottermq",
                 "--amqp", amqp, "--management", "tcp:%d:interface=127.0.0.1" % (self.managementPort,),
-                "--prometheus", "none", "--stream", "none", "--data-dir", self.dataDir,
-                "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name]
+                "--prometheus", "none", "--stream", "tcp:%d:interface=127.0.0.1" % (self.streamPort,),
+                "--data-dir", self.dataDir,
+                "--cluster-etcd", ",".join(c.etcd.endpoints), "--node-name", self.name,
+                "--cluster-link", "tcp:%d:interface=127.0.0.1" % (self.linkPort,)]
         args += c.extraArgs
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -186,8 +193,8 @@ def main(argv=None):
         print("etcd: %s" % (",".join(c.etcd.endpoints),))
         print("logs: %s/<node>.log" % (c.top,))
         for n in c.nodes:
-            print("%s: amqp 127.0.0.1:%d  management http://127.0.0.1:%d  pid %d" % (
-                n.name, c.sharedPort or n.amqpPort, n.managementPort, n.pid))
+            print("%s: amqp 127.0.0.1:%d  stream 127.0.0.1:%d  management http://127.0.0.1:%d  pid %d" % (
+                n.name, c.sharedPort or n.amqpPort, n.streamPort, n.managementPort, n.pid))
         sys.stdout.flush()
 
     def failed(f):

@@ -251,6 +251,20 @@ class OrderedWrites:
             prev.addCallback(go)
         return result
 
+    def settled(self, key):
+        """A Deferred firing (with None) once the writes to ``key`` made so far are answered."""
+        tail = self._tail.get(key)
+        if tail is None or tail.called:
+            return defer.succeed(None)
+        d = defer.Deferred()
+
+        def fired(r):
+            d.callback(None)
+            return r
+
+        tail.addBoth(fired)
+        return d
+
     def writePrefix(self, prefix, call):
         """
         ``call()`` for every key under ``prefix`` (a deletePrefix): later

@@ -86,6 +86,9 @@ class ClusterNode:
         #: objects with beginBatch()/endBatch() (the AMQP door's factory): a link's
         #: frames are handled inside a batch of theirs, so client writes are gathered
         self.batchers = []
+        #: callables ``(vhost name, stream name)`` told when a stream on another node is gone
+        #: (deleted, or its record dropped): the stream door's publishers of it here
+        self.remoteStreamGone = []
         #: this node's writes, in order per key; the watch's echo of them filtered
         self.writes = md.OrderedWrites(metadata, self._applyNow)
         broker.cluster = self
@@ -159,6 +162,17 @@ class ClusterNode:
         self._registerLocal()
         self.lost = None
         log.info("cluster: node {node} is back in the cluster", node=self.name)
+
+    def updateInfo(self, extra):
+        """
+        More of this node's ``info`` (dict), known after it joined (its stream
+        listener's port, once listening): its record is written again; a
+        Deferred.
+        """
+        self.info.update(extra)
+        record = {"name": self.name, "host": self.advertise, "link": self.linkPort, "lease": self.lease}
+        record.update(self.info)
+        return self.metadata.put(md.nodeKey(self.name), record, lease=self.lease)
 
     def health(self):
         """None when the node is in the cluster, else the reason (str) for the health checks."""
@@ -289,6 +303,9 @@ class ClusterNode:
         finally:
             self.applying = False
         rq.shutdown()
+        if getattr(rq, "isStream", False):
+            for gone in list(self.remoteStreamGone):
+                gone(vh.name, rq.name)
 
     def _exchange(self, vhostName, name, record):
         vh = self._vhost(vhostName)
@@ -482,6 +499,16 @@ class ClusterNode:
         self.broker.nextMessageId(message)
         return q.enqueue(message, None, redelivered)
 
+    def streamAppended(self, vhostName, name, count, entries):
+        """
+        A stream protocol publish made on another node to a stream here
+        (STREAM_APPEND): appended as the stream door appends (the SYNC that
+        follows waits for its fsync).
+        """
+        log = getattr(self.localQueue(vhostName, name), "stream", None)
+        if log is not None and not log.deleted:
+            log.appendEntries(entries, count, wantDeferred=False)
+
     def askAll(self, op, args):
         """
         Ask every other node this node has a link to: a Deferred firing with
@@ -534,7 +561,10 @@ class ClusterNode:
         if op == "purge":
             return {"messages": q.purge()}
         if op == "delete":
-            return {"messages": vh.deleteQueue(q, args["ifUnused"], args["ifEmpty"]) or 0}
+            n = vh.deleteQueue(q, args["ifUnused"], args["ifEmpty"]) or 0
+            # answered once the record is gone from etcd: a declare the asking node's client
+            # makes next must not find it (a stream redeclared with other arguments)
+            return self.writes.settled(md.queueKey(vh.name, name)).addCallback(lambda _: {"messages": n})
         if op == "get":
             entry = q.basicGet(args["noAck"])
             if entry is None:

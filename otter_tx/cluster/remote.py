@@ -16,9 +16,11 @@ from collections import deque
 
 from zope.interface import implementer
 
+from otter_tx.amqp.codec import encodeTable
 from otter_tx.amqp.errors import notFound
-from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.arguments import QUORUM, STREAM, queueType
 from otter_tx.broker.interfaces import IConsumer, IQueue
+from otter_tx.broker.stream import StreamQueue
 from otter_tx.cluster import wire
 from otter_tx.store.interface import StoreFailedError
 
@@ -117,6 +119,8 @@ class RemoteQueue:
         self.queueType = queueType(self.arguments)
         self.singleActive = bool(self.arguments.get("x-single-active-consumer"))
         self.quorum = self.queueType == QUORUM
+        #: a stream (one member, at its home: docs/streams.md): its consumer rules apply here
+        self.isStream = self.queueType == STREAM
 
     def __repr__(self):
         return "<RemoteQueue %r in %r on %r>" % (self.name, self.vhost.name, self.home)
@@ -185,14 +189,30 @@ class RemoteQueue:
             message.forwarded.append((link, n))
         return True
 
+    def appendStream(self, count, entries):
+        """
+        A stream protocol publish to this stream (its home's log): ``count``
+        messages as a stream chunk holds them; a Deferred firing once durable
+        there (the link's SYNC), or None while the home node is down.
+        """
+        link = self.node.links.get(self.home)
+        if link is None or self.down or self.deleted:
+            return None
+        link.send(wire.streamAppend(self._names, count, entries))
+        return link.sync()
+
     # --- consumers -------------------------------------------------------------
 
     def deleteConditions(self, ifUnused, ifEmpty):
-        """As a classic or quorum queue (a stream is never on another node): both kept."""
+        """As the home queue's kind: a stream ignores both (StreamQueue.deleteConditions)."""
+        if self.isStream:
+            return False, False
         return ifUnused, ifEmpty
 
     def checkConsume(self, noAck, prefetch, arguments):
-        """No consume rules of its own here (IQueue.checkConsume): a stream is never on another node."""
+        """A stream's consumer rules, checked here as at home (StreamQueue.checkConsume); else none."""
+        if self.isStream:
+            StreamQueue.checkConsume(self, noAck, prefetch, arguments)
 
     def refusesConsumer(self, exclusive):
         """
@@ -222,8 +242,9 @@ class RemoteQueue:
             # no prefetch: the window only bounds what is in flight on the link;
             # credit comes back as deliveries are handed to the client
             self._onHand.add(cid)
+        arguments = consumer.arguments
         link.send(wire.consume(cid, self.vhost.name, self.name, consumer.noAck, exclusive,
-                               consumer.priority, window))
+                               consumer.priority, window, encodeTable(arguments) if arguments else b""))
 
     def removeConsumer(self, consumer):
         cid = self._cids.pop(consumer, None)
@@ -300,9 +321,19 @@ class RemoteQueue:
         self._settle(wire.ACK, (entry,))
 
     def reject(self, entries):
+        if self.isStream:
+            # credit back at home; basic.reject/nack is refused for a stream (540)
+            self._settle(wire.REQUEUE, entries)
+            raise StreamQueue._noNack(self)
         self._settle(wire.REJECT, entries)
 
     def requeue(self, entries, dispatch=True):
+        if self.isStream:
+            # a channel closing (dispatch False) only returns credit; nack/recover is 540
+            self._settle(wire.REQUEUE, entries)
+            if dispatch:
+                raise StreamQueue._noNack(self)
+            return
         if self._holds:
             self._heldRequeues.extend(entries)
             return
@@ -323,7 +354,9 @@ class RemoteQueue:
     # --- requests ------------------------------------------------------------
 
     def basicGet(self, noAck):
-        """basic.get at home: a Deferred firing with a RemoteEntry or None."""
+        """basic.get at home: a Deferred firing with a RemoteEntry or None.  A stream's is 540 here."""
+        if self.isStream:
+            return StreamQueue.basicGet(self, noAck)
         def got(result):
             if result is None:
                 return None
@@ -335,7 +368,9 @@ class RemoteQueue:
         return self._ask("get", {"vhost": self.vhost.name, "name": self.name, "noAck": noAck}).addCallback(got)
 
     def purge(self):
-        """queue.purge at home: a Deferred firing with the number purged."""
+        """queue.purge at home: a Deferred firing with the number purged.  A stream's is 540 here."""
+        if self.isStream:
+            return StreamQueue.purge(self)
         return self._ask("purge", {"vhost": self.vhost.name, "name": self.name}).addCallback(
             lambda r: r["messages"])
 
@@ -381,7 +416,7 @@ class LinkConsumer:
     CREDIT frames) and the link is not backed up.
     """
 
-    def __init__(self, link, cid, queue, tag, noAck, priority, credit):
+    def __init__(self, link, cid, queue, tag, noAck, priority, credit, arguments=None):
         self.link = link
         self.cid = cid
         self.queue = queue
@@ -390,8 +425,8 @@ class LinkConsumer:
         self.priority = priority
         self.credit = credit
         self.prefetch = credit
-        #: (IConsumer) the home queue is never a stream (streams stay off the cluster)
-        self.arguments = None
+        #: (IConsumer) the consumer's basic.consume arguments (a stream reads from its x-stream-offset)
+        self.arguments = arguments
 
     def canTake(self):
         return self.credit > 0 and not self.link.paused

@@ -20,7 +20,7 @@ HELLO = 1          # name: the dialling node's name
 FORWARD = 2        # vhost, queue, flags, message: enqueue there
 SYNC = 3           # u64 n: answer SYNCED n once everything before is taken (and fsync'd)
 SYNCED = 4         # u64 n, u32 count, u64 refused forward numbers
-CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit
+CONSUME = 5        # u32 cid, vhost, queue, u8 flags(noAck, exclusive), i32 priority, u32 credit[, arguments]
 CONSUME_ERR = 6    # u32 cid, u16 code, text
 CREDIT = 7         # u32 cid, u32 n
 CANCEL = 8         # u32 cid: the consumer went (its unacked stay out until settled)
@@ -30,6 +30,7 @@ SETTLE = 11        # u8 how (ACK, REJECT, REQUEUE), u32 count, u64 eid...
 REQUEST = 12       # u32 rid, op, json arguments
 REPLY = 13         # u32 rid, u16 code (0 ok), json result or error text
 STATS = 14         # json: the sender's queue figures and node figures
+STREAM_APPEND = 15  # vhost, queue, u32 count, entries: a stream protocol publish to a stream there
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 
@@ -63,15 +64,30 @@ def forwardNamed(names, redelivered, message):
     return frame(FORWARD, names + (b"\x01" if redelivered else b"\x00") + messagePart(message))
 
 
+def streamAppend(names, count, entries):
+    """
+    STREAM_APPEND with the vhost and stream already encoded (``names``):
+    ``count`` messages as a stream chunk holds them (``entries``: each one's
+    u32 size then its bytes, as the stream client published them).
+    """
+    return frame(STREAM_APPEND, names + _U32.pack(count) + blob(entries))
+
+
 def deliver(cid, eid, redelivered, message):
     return frame(DELIVER, _U32.pack(cid) + _Q.pack(eid) + bytes((1 if redelivered else 0,))
                  + messagePart(message))
 
 
-def consume(cid, vhost, queue, noAck, exclusive, priority, credit):
+def consume(cid, vhost, queue, noAck, exclusive, priority, credit, arguments=b""):
+    """
+    CONSUME; ``arguments`` (bytes): the consumer's basic.consume arguments as
+    an AMQP field table (with its length prefix), or empty for none: a
+    stream's home makes the reader from them (``x-stream-offset``).  A frame
+    without them (an older sender of this build) reads as no arguments.
+    """
     flags = (1 if noAck else 0) | (2 if exclusive else 0)
     return frame(CONSUME, _U32.pack(cid) + string(vhost) + string(queue) + bytes((flags,))
-                 + struct.pack(">iI", priority, credit))
+                 + struct.pack(">iI", priority, credit) + (blob(arguments) if arguments else b""))
 
 
 def settle(how, eids):
@@ -151,6 +167,10 @@ class Reader:
 
     def json(self):
         return json.loads(self.blob())
+
+    def more(self):
+        """True when the payload has bytes past the fields read so far (an optional trailing field)."""
+        return self.pos < len(self.buf)
 
     def message(self):
         """(exchange, routingKey, propsRaw, body)"""

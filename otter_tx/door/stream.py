@@ -14,6 +14,7 @@ one chunk, as RabbitMQ).
 """
 
 from twisted.application.service import Service
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -380,6 +381,10 @@ class StreamServerProtocol(Protocol):
             self.send(wire.response(wire.CREATE_STREAM, corr, wire.STREAM_ALREADY_EXISTS))
             return
         code = self.backend.create(self.vhost, name, arguments)
+        if isinstance(code, Deferred):
+            # a cluster's: the stream is created at its home node (docs/streams.md, "In a cluster")
+            code.addCallback(lambda c: self.send(wire.response(wire.CREATE_STREAM, corr, c)))
+            return
         self.send(wire.response(wire.CREATE_STREAM, corr, code))
 
     def _delete(self, corr, version, name):
@@ -387,6 +392,10 @@ class StreamServerProtocol(Protocol):
             self.send(wire.response(wire.DELETE_STREAM, corr, wire.ACCESS_REFUSED))
             return
         code = self.backend.delete(self.vhost, name)
+        if isinstance(code, Deferred):
+            # a stream on another node of the cluster: deleted there
+            code.addCallback(lambda c: self.send(wire.response(wire.DELETE_STREAM, corr, c)))
+            return
         self.send(wire.response(wire.DELETE_STREAM, corr, code))
         if code == wire.OK:
             self.factory.streamDeleted(self.vhost, name)
@@ -407,14 +416,32 @@ class StreamServerProtocol(Protocol):
             self.send(wire.metadataUpdate(wire.STREAM_NOT_AVAILABLE, name))
 
     def _metadata(self, corr, version, streams):
-        host, port = self.factory.advertised(self.transport)
+        here = self.factory.advertised(self.transport)
+        brokers = []  # those a stream names (RabbitMQ 3.10 lists no other), else this node
         out = []
         for name in streams:
-            if not self.backend.exists(self.vhost, name):
+            if self.backend.exists(self.vhost, name):
+                if here not in brokers:
+                    brokers.append(here)
+                out.append((name, wire.OK, brokers.index(here), []))
+                continue
+            # in a cluster, a stream on another node: its leader is that node's stream
+            # listener, with no replicas (one member: docs/streams.md, "In a cluster")
+            where = self._elsewhere(name)
+            if where is None:
                 out.append((name, wire.STREAM_DOES_NOT_EXIST, 0, []))
+            elif where is False:
+                out.append((name, wire.STREAM_NOT_AVAILABLE, 0, []))
             else:
-                out.append((name, wire.OK, 0, []))
-        self.send(wire.metadataResponse(corr, [(host, port)], out))
+                if where not in brokers:
+                    brokers.append(where)
+                out.append((name, wire.OK, brokers.index(where), []))
+        self.send(wire.metadataResponse(corr, brokers or [here], out))
+
+    def _elsewhere(self, name):
+        """The backend's ``elsewhere`` (a cluster's stream on another node), when it has one."""
+        elsewhere = getattr(self.backend, "elsewhere", None)
+        return elsewhere(self.vhost, name) if elsewhere is not None else None
 
     def _streamStats(self, corr, version, name):
         if not self._permits(READ, name):
@@ -441,7 +468,14 @@ class StreamServerProtocol(Protocol):
         if pid in self.publishers or (ref is not None and (stream, ref) in self.publisherRefs):
             return reply(wire.PRECONDITION_FAILED)
         if not self.backend.exists(self.vhost, stream):
-            return reply(wire.STREAM_DOES_NOT_EXIST)
+            # a stream on another node of the cluster: its publishes are forwarded there,
+            # as RabbitMQ 3.10 writes to the leader; one with a reference is told to go to
+            # the leader (its de-duplication is the leader's): docs/streams.md, "In a cluster"
+            where = self._elsewhere(stream)
+            if where is None:
+                return reply(wire.STREAM_DOES_NOT_EXIST)
+            if where is False or ref is not None:
+                return reply(wire.STREAM_NOT_AVAILABLE)
         self.publishers[pid] = _Publisher(pid, stream, ref)
         if ref is not None:
             self.publisherRefs[(stream, ref)] = pid
@@ -480,7 +514,8 @@ class StreamServerProtocol(Protocol):
             # the fast path: the frame's entries are the chunk's, as they came
             ids, data = batch
             if not self.backend.exists(self.vhost, p.stream):
-                self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
+                if not self._remoteWrite(p, ids, data, count):
+                    self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
                 return
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
             self._confirm(pid, confirmed, d)
@@ -506,7 +541,9 @@ class StreamServerProtocol(Protocol):
     def _write(self, p, entries):
         backend = self.backend
         if not backend.exists(self.vhost, p.stream):
-            self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
+            msgs = [bytes(x) for _, m in entries for x in (m if isinstance(m, list) else [m])]
+            if not self._remoteWrite(p, [i for i, _ in entries], _chunk.entries(msgs), len(msgs)):
+                self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
             return
         if any(isinstance(m, list) for _, m in entries):
             # a sub-entry batch has one publishing id for all its messages: the first carries
@@ -525,6 +562,15 @@ class StreamServerProtocol(Protocol):
         else:
             confirmed, d = backend.publish(self.vhost, p.stream, p.reference, entries)
         self._confirm(p.pid, confirmed, d)
+
+    def _remoteWrite(self, p, ids, data, count):
+        """A cluster's stream on another node: the publish forwarded there (False when it cannot be)."""
+        remote = getattr(self.backend, "remoteAppend", None)
+        r = remote(self.vhost, p.stream, ids, data, count) if remote is not None else None
+        if r is None:
+            return False
+        self._confirm(p.pid, *r)
+        return True
 
     def _confirm(self, pid, ids, d):
         """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""
@@ -605,7 +651,9 @@ class StreamServerProtocol(Protocol):
         if not self._permits(READ, stream):
             return reply(wire.ACCESS_REFUSED)
         if not self.backend.exists(self.vhost, stream):
-            return reply(wire.STREAM_DOES_NOT_EXIST)
+            # a stream without a member on this node of the cluster: RabbitMQ 3.10's answer
+            return reply(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(stream) is None
+                         else wire.STREAM_NOT_AVAILABLE)
         if sid in self.subscriptions:
             return reply(wire.SUBSCRIPTION_ID_ALREADY_EXISTS)
         sac = props.get("single-active-consumer") == "true"

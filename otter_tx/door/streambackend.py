@@ -40,6 +40,8 @@ fallback when no broker streams are wired in).
 import bisect
 import zlib
 
+from twisted.internet import defer
+
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import declareStream, deleteStream, findStream
 from otter_tx.broker import streamconvert as _convert
@@ -382,6 +384,36 @@ class BrokerStreams:
     def exists(self, vhost, name):
         return self._log(vhost, name) is not None
 
+    def elsewhere(self, vhost, name):
+        """
+        A cluster's stream ``name`` on another node: ``(host, port)`` of that
+        node's stream listener (its leader), False while that node is down or
+        serves no stream protocol, None when no other node has such a stream.
+        """
+        cluster = self.broker.cluster
+        v = self.broker.vhosts.get(vhost)
+        rq = v.remoteQueues.get(name) if cluster is not None and v is not None else None
+        if rq is None or not getattr(rq, "isStream", False):
+            return None
+        record = cluster.nodes.get(rq.home)
+        if rq.down or record is None or not record.get("stream_port"):
+            return False
+        return (record.get("stream_host") or record["host"], record["stream_port"])
+
+    def remoteAppend(self, vhost, name, ids, data, count):
+        """
+        A publish to a cluster's stream on another node (a publisher without
+        a reference: de-duplication is the leader's), forwarded to its home
+        node: ``(ids, Deferred)`` firing once durable there, or None when
+        there is no such stream or its node is down.
+        """
+        v = self.broker.vhosts.get(vhost)
+        rq = v.remoteQueues.get(name) if self.broker.cluster is not None and v is not None else None
+        if rq is None or not getattr(rq, "isStream", False):
+            return None
+        d = rq.appendStream(count, bytes(data))
+        return None if d is None else (ids, d)
+
     def create(self, vhost, name, arguments):
         from otter_tx.amqp.errors import AMQPError
 
@@ -390,14 +422,24 @@ class BrokerStreams:
         v = self.broker.vhosts.get(vhost)
         if v is not None and name in v.queues:
             return wire.PRECONDITION_FAILED
+        if v is not None and name in v.remoteQueues:
+            return wire.STREAM_ALREADY_EXISTS if self.elsewhere(vhost, name) is not None else wire.PRECONDITION_FAILED
         try:
-            declareStream(self.broker, vhost, name, queueArguments(arguments))
+            d = declareStream(self.broker, vhost, name, queueArguments(arguments))
         except (AMQPError, ValueError, TypeError):
             return wire.PRECONDITION_FAILED
+        if isinstance(d, defer.Deferred):
+            # a cluster's: created at its home node
+            return d.addCallbacks(lambda _: wire.OK, lambda f: wire.PRECONDITION_FAILED)
         return wire.OK
 
     def delete(self, vhost, name):
         if self._log(vhost, name) is None:
+            if self.elsewhere(vhost, name) is not None:
+                # a cluster's stream on another node: deleted there (a Deferred firing with the code)
+                v = self.broker.vhosts[vhost]
+                return defer.maybeDeferred(v.deleteQueue, v.remoteQueues[name]).addCallbacks(
+                    lambda _: wire.OK, lambda f: wire.STREAM_NOT_AVAILABLE)
             return wire.STREAM_DOES_NOT_EXIST
         deleteStream(self.broker, vhost, name)
         self.tracking.forget(vhost, name)

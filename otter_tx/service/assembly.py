@@ -19,6 +19,7 @@ status 1 after one log line saying why).
 
 import gc
 import os
+import re
 import sys
 
 try:
@@ -504,6 +505,46 @@ class OtterService(MultiService):
             svc.setServiceParent(self)
             self.streamServices.append(svc)
 
+    def _advertiseStream(self):
+        """
+        In a cluster, this node's stream listener goes into its record once
+        listening (the node joins before its listeners open): other nodes'
+        stream metadata names it as the leader of the streams led here.
+        """
+        extra = self._streamAdvertised()
+        if self.clusterNode is None or not extra or all(self.clusterNode.info.get(k) == v for k, v in extra.items()):
+            return None
+        return self.clusterNode.updateInfo(extra)
+
+    def _streamAdvertised(self):
+        """
+        ``stream_host`` / ``stream_port`` for this node's cluster record: where
+        other nodes' stream metadata sends clients for the streams led here
+        (the advertised host and port, else the first stream listener's);
+        empty without a stream listener.
+        """
+        factory = getattr(self, "streamFactory", None)
+        if factory is None:
+            return {}
+        out = {}
+        if factory.advertisedHost is not None:
+            out["stream_host"] = factory.advertisedHost
+        port = factory.advertisedPort
+        if port is None:
+            for svc in self.streamServices:
+                p = getattr(svc, "port", None)
+                if p is not None:
+                    port = p.getHost().port
+                    break
+                # not listening yet (the node joins first): a fixed port is known already
+                m = re.match(r"(?:tcp|ssl|ottertls):(?:port=)?([1-9][0-9]*)(?::|$)", svc.description or "")
+                if m:
+                    port = int(m.group(1))
+                    break
+        if port is not None:
+            out["stream_port"] = port
+        return out
+
     def _listenPrometheus(self, endpoints):
         """The Prometheus listeners (:class:`otter_tx.web.metrics.PrometheusResource`)."""
         from otter_tx.web.metrics import PrometheusResource
@@ -578,6 +619,7 @@ class OtterService(MultiService):
         d.addCallback(lambda _: self._joinCluster())
         d.addCallback(lambda _: self._freezeBoot())
         d.addCallback(lambda _: self._listen())
+        d.addCallback(lambda _: self._advertiseStream())
 
         def started(_):
             self._logReady()
@@ -650,11 +692,15 @@ class OtterService(MultiService):
                            advertise=settings.get("advertise", "127.0.0.1"))
         self.clusterNode = node
         node.batchers.append(self.factory)
+        if getattr(self, "streamFactory", None) is not None:
+            # publishers here of a stream on another node learn it is gone (metadata_update)
+            node.remoteStreamGone.append(self.streamFactory.streamDeleted)
         endpoint = serverFromString(self.reactor, settings.get("link", "tcp:0:interface=127.0.0.1"))
 
         def listening(port):
             self._linkPort = port
             info = {"amqp": [], "pid": os.getpid()}
+            info.update(self._streamAdvertised())
             return node.start(port.getHost().port, info)
 
         def failed(f):

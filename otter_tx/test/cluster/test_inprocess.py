@@ -27,6 +27,8 @@ class ClusterCase(TestCase):
     timeout = 60
     nodes = 3
     management = False
+    #: with the stream protocol listener (its port in the node record, as the service does)
+    stream = False
 
     @inlineCallbacks
     def setUp(self):
@@ -35,15 +37,19 @@ class ClusterCase(TestCase):
         self.fixtures = []
         self.cluster = []
         for i in range(self.nodes):
-            f = yield startBroker(reactor, management=self.management)
+            f = yield startBroker(reactor, management=self.management, stream=self.stream)
             self.addCleanup(f.stop)
             f.broker.nodeName = "n%d" % (i + 1,)
             node = ClusterNode(f.broker, "n%d" % (i + 1,), self.meta, reactor)
+            if self.stream:
+                # as OtterService._joinCluster wires it
+                node.remoteStreamGone.append(f.service.streamFactory.streamDeleted)
             port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
             self.addCleanup(port.stopListening)
             self.ports.append(port)
             self.addCleanup(node.stop)
-            yield node.start(port.getHost().port)
+            yield node.start(port.getHost().port,
+                             {"stream_host": "127.0.0.1", "stream_port": f.streamPort} if self.stream else None)
             self.fixtures.append(f)
             self.cluster.append(node)
         yield waitOnReactor(lambda: all(len(n.links) == self.nodes - 1 for n in self.cluster), 10)

@@ -15,11 +15,7 @@ import time
 import pika
 import pika.exceptions
 
-from otter_tx.test.interop.support import EXTERNAL_OTTER
 from otter_tx.test.interop.test_interop_pika import PikaTestCase
-
-#: streams are one node's log for now: an otter_tx cluster refuses them (docs/streams.md)
-CLUSTER_SKIP = "streams are not supported in an otter_tx cluster yet" if EXTERNAL_OTTER else None
 
 S = {"x-queue-type": "stream"}
 
@@ -63,7 +59,6 @@ def publish(channel, queue, bodies):
 class DeclareTests(PikaTestCase):
     """Declare rules of a stream, with RabbitMQ 3.10's texts."""
 
-    skip = CLUSTER_SKIP
 
     def test_declare(self):
         """A durable stream declares; a redeclare and a passive declare answer."""
@@ -168,7 +163,6 @@ class DeclareTests(PikaTestCase):
 class ConsumeTests(PikaTestCase):
     """Consumers of a stream: offsets, headers, credit, independence."""
 
-    skip = CLUSTER_SKIP
 
     def filled(self, connect, name, n=20):
         ch = connect().channel()
@@ -317,7 +311,6 @@ class ConsumeTests(PikaTestCase):
 class AioPikaTests(PikaTestCase):
     """aio-pika reads a stream from an offset."""
 
-    skip = CLUSTER_SKIP
 
     def test_aiopika(self):
         name = self.tempQueue("stream-aio")

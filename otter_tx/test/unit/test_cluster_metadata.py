@@ -85,6 +85,27 @@ class WireTests(SynchronousTestCase):
         r = wire.Reader(payload)
         self.assertEqual((r.u64(), r.u32(), r.u64(), r.u64()), (7, 2, 3, 9))
 
+    def test_consumeArguments(self):
+        """CONSUME carries the consumer's arguments (a stream's x-stream-offset); one without them reads as none."""
+        from otter_tx.amqp.codec import TaggedInt, encodeTable
+        from otter_tx.cluster.link import _consumeArguments
+
+        for frame, expected in (
+                (wire.consume(3, "/", "s", False, False, 0, 10, encodeTable({"x-stream-offset": TaggedInt(7, "l")})),
+                 {"x-stream-offset": 7}),
+                (wire.consume(3, "/", "s", False, False, 0, 10), None)):
+            (kind, payload), = wire.splitFrames(frame)[0]
+            r = wire.Reader(payload)
+            fields = (r.u32(), r.string(), r.string(), r.u8(), r.i32(), r.u32())
+            self.assertEqual((kind, fields), (wire.CONSUME, (3, "/", "s", 0, 0, 10)))
+            self.assertEqual(_consumeArguments(r.blob()) if r.more() else None, expected)
+
+    def test_streamAppend(self):
+        """STREAM_APPEND: the stream's names, the count, the chunk's entries as published."""
+        (kind, payload), = wire.splitFrames(wire.streamAppend(wire.string("/") + wire.string("s"), 2, b"entries"))[0]
+        r = wire.Reader(payload)
+        self.assertEqual((kind, r.string(), r.string(), r.u32(), r.blob()), (wire.STREAM_APPEND, "/", "s", 2, b"entries"))
+
 
 class _ForwardsNode:
     """What a LinkProtocol needs of its node to take forwards: a clock, no batchers, a record of forwards."""

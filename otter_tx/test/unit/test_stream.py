@@ -536,14 +536,20 @@ class ConsumerTests(SynchronousTestCase):
         self.assertTrue(deleteStream(self.broker, "/", "t"))
         self.assertFalse(deleteStream(self.broker, "/", "t"))
 
-    def test_refusedInACluster(self):
-        """A node of an otter_tx cluster refuses stream declares for now (406, not a half-served stream)."""
+    def test_declaredThroughTheCluster(self):
+        """A node of an otter_tx cluster declares a new stream through the cluster (its record, its home node)."""
+        calls = []
+
         class Cluster:
             applying = False
+
+            def declareQueue(self, *a):
+                calls.append(a[1:])
+                return "declared"
+
         self.broker.cluster = Cluster()
-        e = self.assertRaises(AMQPError, self.vhost.declareQueue, "t", None, durable=True, arguments=dict(S))
-        self.assertEqual(e.code, 406)
-        self.assertIn("not supported in an otter_tx cluster", e.text)
+        self.assertEqual(self.vhost.declareQueue("t", None, durable=True, arguments=dict(S)), "declared")
+        self.assertEqual(calls, [("t", None, True, False, False, dict(S), False)])
 
     def test_policy(self):
         """The max-length-bytes and max-age policy keys apply to a stream."""
