@@ -167,11 +167,24 @@ class SQLiteStoreCrashTests(_SQLiteFixture, TestCase):
                 )
             for n, message in q2.items():
                 self.assertEqual(message.expiresAtMs, 9000.0 + n)
-                self.assertIn(n, q1)
+                # only what a fired sync() covered is in both queues: the
+                # message log writes each queue's chunk of a batch on its
+                # own, so a kill between them can leave a batch whose sync
+                # had not fired in q2 and not in q1 (docs/storage.md,
+                # "Atomicity"; the CI failure "138 not in q1" was that)
+                if any(runStart <= n <= runTop for runStart, runTop in durable):
+                    self.assertIn(n, q1)
             # the message log keeps each queue's copy
             self.assertEqual(recovered.stats["messages"], len(q1) + (len(q2) if self.kind == "log" else 0))
-            self.assertEqual(sorted(q1), list(range(len(q1))))
-            start = max(q1) + 1
+            # one queue's log is appended in order: each run left a prefix
+            # of what it wrote in q1 (and nothing outside the ids it used)
+            for runStart, runEnd in zip([s for s, _ in durable], [s for s, _ in durable[1:]] + [None]):
+                ids = sorted(n for n in q1 if n >= runStart and (runEnd is None or n < runEnd))
+                self.assertEqual(ids, list(range(runStart, runStart + len(ids))))
+            self.assertEqual(min(q1), 0)
+            # the next run's ids are new in both queues (a store id is never
+            # reused, as the broker's are not: q2 may hold ids q1 lacks)
+            start = max(set(q1) | set(q2)) + 1
 
 
 class LogStoreCrashTests(_LogFixture, SQLiteStoreCrashTests):
