@@ -421,7 +421,11 @@ class IDeclaredQueue(Interface):
     and quorum :class:`~otter_tx.broker.queue.Queue`, the stream
     :class:`~otter_tx.broker.stream.StreamQueue` and a queue on another
     node, :class:`~otter_tx.cluster.remote.RemoteQueue`
-    (``test_seams.py`` checks each).  None of it is on the per-message path.
+    (``test_seams.py`` and ``test_queue_contract.py`` check each).  It
+    is plain attributes and rare calls: declaring it adds nothing to the
+    per-message path.  What only a local queue has (policy settings,
+    paging and dead-letter state, the statistics the views read from
+    ``vhost.queues``) is not part of it.
     """
 
     name = Attribute("str: the queue's name")
@@ -435,6 +439,10 @@ class IDeclaredQueue(Interface):
     )
     arguments = Attribute("dict: the declare's x-arguments")
     bindings = Attribute("dict: (exchange, routing key, arguments key) -> arguments, the queue's bindings")
+    consumers = Attribute(
+        "list: the consumers registered here (queue.delete's if-unused, the management views; "
+        "a queue on another node: those of this node)"
+    )
     deleted = Attribute("bool: the queue has been deleted (a stale reference must not be used)")
     down = Attribute("bool: the queue lives on a node that is unreachable (always False for a local queue)")
     downText = Attribute("str: the 404 text while :attr:`down` (None for a local queue)")
