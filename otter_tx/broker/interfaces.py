@@ -48,6 +48,7 @@ __all__ = [
     "IConsumer",
     "IConsumerSource",
     "IQueue",
+    "IDeclaredQueue",
     "IExchangeType",
     "IReadyStore",
 ]
@@ -406,6 +407,73 @@ class IQueue(IConsumerSource):
 
     def releaseRequeue(feeder):
         """``feeder`` has handed everything back: deliver again."""
+
+
+class IDeclaredQueue(Interface):
+    """
+    A queue as its vhost, the exchanges, the dead-letter and delayed paths
+    and the management views hold it: what it was declared as, its
+    bindings and its lifecycle.  It is separate from :class:`IQueue` (the
+    Session's seam: consume, get, settle) the way
+    :class:`IConnectionInfo` is separate from :class:`IClientConnection`:
+    the two are used by different rooms, and the direct reply-to
+    pseudo-queue is neither.  Every queue kind provides both: the classic
+    and quorum :class:`~otter_tx.broker.queue.Queue`, the stream
+    :class:`~otter_tx.broker.stream.StreamQueue` and a queue on another
+    node, :class:`~otter_tx.cluster.remote.RemoteQueue`
+    (``test_seams.py`` and ``test_queue_contract.py`` check each).  It
+    is plain attributes and rare calls: declaring it adds nothing to the
+    per-message path.  What only a local queue has (policy settings,
+    paging and dead-letter state, the statistics the views read from
+    ``vhost.queues``) is not part of it.
+    """
+
+    name = Attribute("str: the queue's name")
+    vhost = Attribute("the VHost the queue belongs to")
+    queueType = Attribute("str: x-queue-type as declared: 'classic', 'quorum' or 'stream'")
+    durable = Attribute("bool: survives a broker restart")
+    autoDelete = Attribute("bool: deleted when its last consumer goes")
+    exclusive = Attribute("bool: owned by one connection")
+    owner = Attribute(
+        "the connection an exclusive queue belongs to (a placeholder for one on another node), else None"
+    )
+    arguments = Attribute("dict: the declare's x-arguments")
+    bindings = Attribute("dict: (exchange, routing key, arguments key) -> arguments, the queue's bindings")
+    consumers = Attribute(
+        "list: the consumers registered here (queue.delete's if-unused, the management views; "
+        "a queue on another node: those of this node)"
+    )
+    deleted = Attribute("bool: the queue has been deleted (a stale reference must not be used)")
+    down = Attribute("bool: the queue lives on a node that is unreachable (always False for a local queue)")
+    downText = Attribute("str: the 404 text while :attr:`down` (None for a local queue)")
+    remote = Attribute("bool: the queue lives on another node of the cluster (its vhost's remoteQueues)")
+    stream = Attribute("the StreamLog of a local stream, else None (the stream protocol door's helpers read it)")
+
+    def declared(renew):
+        """
+        queue.declare (passive, or an equivalent redeclare) found this
+        queue; ``renew`` (bool) restarts its ``x-expires`` lease.  Returns
+        the queue (a queue on another node: a Deferred firing with it, its
+        counts fetched from its home node).
+        """
+
+    def touch():
+        """The queue was used (basic.get, a consume, ...): restart its ``x-expires`` lease."""
+
+    def deleteConditions(ifUnused, ifEmpty):
+        """
+        queue.delete's ``if-unused`` / ``if-empty`` (bools) as this kind
+        applies them: the pair ``(ifUnused, ifEmpty)`` the vhost then checks
+        (a stream: ``(False, False)``, RabbitMQ 3.10 deletes it whatever
+        they say).
+        """
+
+    def shutdown():
+        """
+        The queue goes (deleted, or the broker stops): mark it deleted,
+        cancel its timers, tell its consumers.  Returns how many ready
+        messages went with it (int).
+        """
 
 
 class IExchangeType(Interface):

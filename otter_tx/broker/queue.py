@@ -44,7 +44,7 @@ from otter_tx.amqp.codec import TaggedInt
 from otter_tx.broker.arguments import QUORUM, queueType
 from otter_tx.broker.deadletter import HeldDeadLetters
 from otter_tx.broker.expiry import nowMs
-from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.interfaces import IDeclaredQueue, IQueue
 from otter_tx.broker.limits import DROP_SLICE, LengthLimits
 from otter_tx.broker.readystore import GONE, READY, UNACKED, QueueEntry, ReadyStore
 from otter_tx.broker.requeue import REQUEUE_SLICE, Requeuer
@@ -89,7 +89,7 @@ class QueueSettings:
         self.dlStrategy = "at-most-once"
 
 
-@implementer(IQueue)
+@implementer(IQueue, IDeclaredQueue)
 class Queue:
     """
     One classic or quorum queue in a vhost (docs/quorum.md: a quorum queue
@@ -101,6 +101,13 @@ class Queue:
     :param owner: the exclusive owner connection or ``None``.
     :param arguments: the declare arguments (dict), already validated.
     """
+
+    # IDeclaredQueue: a local queue is never down and not remote; a stream sets ``stream``
+    down = False
+    downText = None
+    remote = False
+    stream = None
+
 
     def __init__(self, vhost, name, durable, autoDelete, owner, arguments):
         self.vhost = vhost

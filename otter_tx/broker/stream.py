@@ -42,7 +42,7 @@ from otter_tx.amqp.codec import TaggedInt, Timestamp
 from otter_tx.amqp.errors import AMQPError, notImplemented, preconditionFailed, resourceText
 from otter_tx.broker.arguments import _DURATION, _Crash, _duration, parseMaxAge
 from otter_tx.broker.expiry import nowMs
-from otter_tx.broker.interfaces import IQueue
+from otter_tx.broker.interfaces import IDeclaredQueue, IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.streamconvert import toMessage
@@ -1034,7 +1034,7 @@ class _ConsumerState:
         self.buffer = []
 
 
-@implementer(IQueue)
+@implementer(IQueue, IDeclaredQueue)
 class StreamQueue(Queue):
     """
     A stream queue as AMQP 0-9-1 sees it (RabbitMQ 3.10, checked on the
@@ -1326,7 +1326,7 @@ def findStream(broker, vhostName, name):
     """The :class:`StreamLog` of stream ``name`` in vhost ``vhostName``, or None."""
     vh = broker.vhosts.get(vhostName)
     q = vh.queues.get(name) if vh is not None else None
-    return getattr(q, "stream", None)
+    return q.stream if q is not None else None
 
 
 def declareStream(broker, vhostName, name, arguments=None):
@@ -1344,7 +1344,7 @@ def declareStream(broker, vhostName, name, arguments=None):
         # a cluster node's new stream: a Deferred firing with its queue once at its home
         # (a StreamQueue here, a RemoteQueue when elsewhere: docs/streams.md, "In a cluster")
         return q
-    if getattr(q, "stream", None) is None:
+    if q.stream is None:
         raise preconditionFailed("inequivalent arg 'x-queue-type' for %s" % (resourceText("queue", name, vhostName),))
     return q.stream
 
@@ -1353,7 +1353,7 @@ def deleteStream(broker, vhostName, name):
     """Delete stream ``name``; True when it existed."""
     vh = broker.vhosts.get(vhostName)
     q = vh.queues.get(name) if vh is not None else None
-    if getattr(q, "stream", None) is None:
+    if q is None or q.stream is None:
         return False
     vh.deleteQueue(q)
     return True

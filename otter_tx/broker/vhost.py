@@ -396,8 +396,9 @@ class VHost:
         if q.deleted:
             return 0
         cluster = self.broker.cluster
-        if cluster is not None and not cluster.applying and self.remoteQueues.get(q.name) is q:
-            # a queue on another node: deleted there (a Deferred firing with its count)
+        if cluster is not None and not cluster.applying and q.remote:
+            # a queue on another node (IDeclaredQueue.remote; one leaves remoteQueues only when
+            # dropped, which marks it deleted): deleted there, a Deferred firing with its count
             return cluster.deleteRemote(self, q, ifUnused, ifEmpty)
         if q.quorum and (ifUnused or ifEmpty):
             # RabbitMQ 3.10's quorum queues (a connection error, checked on the peer)

@@ -19,7 +19,7 @@ from zope.interface import implementer
 from otter_tx.amqp.codec import encodeTable
 from otter_tx.amqp.errors import notFound
 from otter_tx.broker.arguments import QUORUM, STREAM, queueType
-from otter_tx.broker.interfaces import IConsumer, IQueue
+from otter_tx.broker.interfaces import IConsumer, IDeclaredQueue, IQueue
 from otter_tx.broker.stream import StreamQueue
 from otter_tx.cluster import wire
 from otter_tx.store.interface import StoreFailedError
@@ -76,7 +76,7 @@ class RemoteEntry:
         self.state = 1
 
 
-@implementer(IQueue)
+@implementer(IQueue, IDeclaredQueue)
 class RemoteQueue:
     """
     The queue ``name`` of ``vhost`` whose home is ``record["node"]``.
@@ -88,6 +88,11 @@ class RemoteQueue:
         ``messages``, ``messages_ready``, ``messages_unacknowledged``,
         ``consumers``), refreshed every second over the link.
     """
+
+    # IDeclaredQueue: a queue on another node (never a local stream log here)
+    remote = True
+    stream = None
+
 
     def __init__(self, node, vhost, name, record):
         self.node = node

@@ -193,7 +193,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         # at-least-once dead letters waiting for a queue to take them
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
-    stream = getattr(q, "stream", None)
+    stream = q.stream
     if stream is not None:
         # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
         # ``readers`` {node: 1} with or without consumers and no ``leader``), and

@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from otter_tx.stream import amqp10, chunk, wire
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, requireModule
+from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, requireModule, waitUntilAsync
 
 EXTERNAL_STREAM_PORT = os.environ.get("OTTER_TEST_STREAM_PORT")
 NODE_DIR = os.path.join(os.path.dirname(__file__), "node")
@@ -86,6 +86,15 @@ class StreamInteropTestCase(InteropTestCase):
 
 async def collect(consumer, stream, rstream, n, spec=None, timeout=10.0, **kw):
     """Subscribe and gather ``n`` ``(offset, body)``."""
+    return await (await subscribed(consumer, stream, rstream, n, spec, timeout, **kw))
+
+
+async def subscribed(consumer, stream, rstream, n, spec=None, timeout=10.0, **kw):
+    """
+    Subscribe: returns once the server has answered the subscribe (rstream
+    awaits its response), with a coroutine that gathers ``n`` ``(offset,
+    body)`` within ``timeout`` seconds.
+    """
     got = []
     done = asyncio.Event()
 
@@ -97,8 +106,12 @@ async def collect(consumer, stream, rstream, n, spec=None, timeout=10.0, **kw):
     if spec is None:
         spec = rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST, None)
     await consumer.subscribe(stream, cb, decoder=rstream.amqp_decoder, offset_specification=spec, **kw)
-    await asyncio.wait_for(done.wait(), timeout)
-    return got
+
+    async def gathered():
+        await asyncio.wait_for(done.wait(), timeout)
+        return got
+
+    return gathered()
 
 
 class RstreamTests(StreamInteropTestCase):
@@ -151,11 +164,11 @@ class RstreamTests(StreamInteropTestCase):
                                         rstream.ConsumerOffsetSpecification(rstream.OffsetType.LAST, None))
                     out["last"] = got[-1]
                 async with self.consumer(rstream) as c:
-                    task = asyncio.ensure_future(collect(
-                        c, name, rstream, 1, rstream.ConsumerOffsetSpecification(rstream.OffsetType.NEXT, None)))
-                    await asyncio.sleep(0.3)
+                    # attached once the subscribe is answered: "next" is the message sent after it
+                    waiting = await subscribed(
+                        c, name, rstream, 1, rstream.ConsumerOffsetSpecification(rstream.OffsetType.NEXT, None))
                     await p.send_wait(name, rstream.AMQPMessage(body=b"after"))
-                    out["next"] = (await task)[0]
+                    out["next"] = (await waiting)[0]
                 async with self.consumer(rstream) as c:
                     got = await collect(c, name, rstream, 1,
                                         rstream.ConsumerOffsetSpecification(rstream.OffsetType.TIMESTAMP, before))
@@ -280,9 +293,16 @@ class RstreamTests(StreamInteropTestCase):
                     self.host, port=self.streamPort, username="guest", password="guest",
                     super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
                     super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=3)) as p:
+                confirmed = []
+
+                async def onConfirm(status):
+                    confirmed.append(status.is_confirmed)
+
                 for i in range(30):
-                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}))
-                await asyncio.sleep(0.5)
+                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}),
+                                 on_publish_confirm=onConfirm)
+                # every message stored in its partition before anyone reads
+                await waitUntilAsync(lambda: len(confirmed) >= 30, timeout=10)
             seen = []
             async with self.consumer(rstream) as c:
                 for part in range(3):
@@ -371,9 +391,16 @@ class SuperStreamSacTests(StreamInteropTestCase):
                     self.host, port=self.streamPort, username="guest", password="guest",
                     super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
                     super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=3)) as p:
+                confirmed = []
+
+                async def onConfirm(status):
+                    confirmed.append(status.is_confirmed)
+
                 for i in range(30):
-                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}))
-                await asyncio.sleep(0.5)
+                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}),
+                                 on_publish_confirm=onConfirm)
+                # every message stored in its partition before anyone reads
+                await waitUntilAsync(lambda: len(confirmed) >= 30, timeout=10)
             got = {1: [], 2: []}
 
             def cb(n):
@@ -398,7 +425,9 @@ class SuperStreamSacTests(StreamInteropTestCase):
                     if (n == 1 and len(got[1]) >= 30) or (n == 2 and got[2]):
                         break
                     await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
+            # the second one has read all of partition 1 (the first one read every partition whole)
+            part1 = name + "-1"
+            await waitUntilAsync(lambda: got[2].count(part1) >= got[1].count(part1), timeout=10)
             second = sorted(set(got[2]))
             # when the first one leaves, the second takes its partitions over
             await consumers[0].close()

@@ -31,7 +31,7 @@ from zope.interface.verify import verifyObject
 
 from otter_tx.amqp.codec import encodeProperties
 from otter_tx.broker.broker import Broker
-from otter_tx.broker.interfaces import IConsumer, IConsumerSource, IQueue
+from otter_tx.broker.interfaces import IConsumer, IConsumerSource, IDeclaredQueue, IQueue
 from otter_tx.broker.message import Message
 from otter_tx.broker.replyto import ReplyToQueue
 
@@ -170,6 +170,18 @@ class QueueContractMixin(ConsumerSourceContractMixin):
         """The queue provides IQueue, and its clock is an IReactorTime."""
         self.assertTrue(verifyObject(IQueue, self.source))
         self.assertTrue(IReactorTime.providedBy(self.source.clock))
+
+    def test_declaredInterface(self):
+        """
+        The queue provides IDeclaredQueue (what the vhost, the exchanges and
+        the management views use), with the values its kind has.
+        """
+        self.assertTrue(verifyObject(IDeclaredQueue, self.source))
+        self.assertIs(self.source.deleted, False)
+        self.assertIs(self.source.down, False)
+        self.assertIn(self.source.queueType, ("classic", "quorum", "stream"))
+        self.assertEqual(self.source.remote, self.source.name in self.source.vhost.remoteQueues)
+        self.assertEqual(self.source.stream is not None, self.source.queueType == "stream")
 
     def test_keptWithoutConsumer(self):
         """A message with no consumer is kept: readyCount counts it until a get takes it."""

@@ -27,6 +27,7 @@ from otter_tx.broker.interfaces import (
     IConnectionInfo,
     IConsumer,
     IConsumerSource,
+    IDeclaredQueue,
     IExchangeType,
     IReadyStore,
     IQueue,
@@ -53,6 +54,8 @@ class RealImplementationTests(SynchronousTestCase):
         self.assertTrue(verifyClass(IQueue, Queue))
         self.assertTrue(verifyObject(IQueue, self.vhost.declareQueue("q", None)))
         self.assertTrue(IConsumerSource.implementedBy(Queue))
+        self.assertTrue(verifyClass(IDeclaredQueue, Queue))
+        self.assertTrue(verifyObject(IDeclaredQueue, self.vhost.queues["q"]))
 
     def test_clusterSeams(self):
         """
@@ -63,6 +66,7 @@ class RealImplementationTests(SynchronousTestCase):
         from otter_tx.cluster.remote import LinkConsumer, RemoteQueue
 
         self.assertTrue(verifyClass(IQueue, RemoteQueue))
+        self.assertTrue(verifyClass(IDeclaredQueue, RemoteQueue))
         self.assertTrue(verifyClass(IConsumer, LinkConsumer))
 
     def test_replyToQueue(self):
@@ -70,6 +74,7 @@ class RealImplementationTests(SynchronousTestCase):
         self.assertTrue(verifyClass(IConsumerSource, ReplyToQueue))
         self.assertTrue(verifyObject(IConsumerSource, ReplyToQueue(self.vhost)))
         self.assertFalse(IQueue.implementedBy(ReplyToQueue))
+        self.assertFalse(IDeclaredQueue.implementedBy(ReplyToQueue))
 
     def test_exchangeTypes(self):
         """The four routing tables are IExchangeType, and they are all the types there are."""
@@ -118,6 +123,7 @@ class RealImplementationTests(SynchronousTestCase):
         """A quorum queue is an IQueue too (the same class with quorum rules)."""
         q = self.vhost.declareQueue("qq", None, durable=True, arguments={"x-queue-type": "quorum"})
         self.assertTrue(verifyObject(IQueue, q))
+        self.assertTrue(verifyObject(IDeclaredQueue, q))
 
 
 class FakeTests(SynchronousTestCase):
@@ -174,7 +180,7 @@ class CoverageTests(SynchronousTestCase):
         """The interfaces this module verifies are all those broker/interfaces.py declares."""
         declared = {getattr(interfaces, name) for name in interfaces.__all__}
         checked = {IClientConnection, IConnectionInfo, ISessionClient, IConsumer, IConsumerSource, IQueue,
-                   IExchangeType, IReadyStore}
+                   IDeclaredQueue, IExchangeType, IReadyStore}
         self.assertEqual(declared, checked)
 
 
@@ -315,6 +321,8 @@ class StreamAndLogStoreSeamTests(SynchronousTestCase):
         self.assertIsInstance(q, StreamQueue)
         self.assertTrue(verifyClass(IQueue, StreamQueue))
         self.assertTrue(verifyObject(IQueue, q))
+        self.assertTrue(verifyClass(IDeclaredQueue, StreamQueue))
+        self.assertTrue(verifyObject(IDeclaredQueue, q))
 
     def test_logStore(self):
         """The log store (the default durable store) is an IMessageStore and an IStoreHealth."""

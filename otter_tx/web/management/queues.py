@@ -124,7 +124,7 @@ class QueuesRoom(Room):
             deleted = self._session(user, vh).deleteQueue(
                 name, ifUnused=queryFlag(request, "if-unused"), ifEmpty=queryFlag(request, "if-empty"))
             return _then(deleted, Response(204))
-        if getattr(q, "down", False):
+        if q.down:
             # RabbitMQ 3.10 lists a queue of a stopped node, and answers 404 for it alone
             raise notFound()
         return fmt.queueDict(q, fmt.unackedBytes(self.broker), detail=True, view=self._rateView(request))
