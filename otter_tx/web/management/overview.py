@@ -115,18 +115,13 @@ class OverviewRoom(Room):
         }
         cluster = broker.cluster
         if cluster is not None and len(vhosts) == len(broker.vhosts):
-            # the connections and channels of the other nodes, as each last counted them
-            for name in cluster.links:
-                counts = cluster.figures.get(name, {}).get("overview") or {}
+            # the connections and channels of the other nodes, as each last counted them,
+            # and their message counts and rates (their samples stay theirs)
+            others = [cluster.figures.get(name, {}).get("overview") or {} for name in cluster.links]
+            for counts in others:
                 objectTotals["connections"] += counts.get("connections", 0)
                 objectTotals["channels"] += counts.get("channels", 0)
-                # and their message counts and rates (their samples stay theirs)
-                for k, v in (counts.get("message_stats") or {}).items():
-                    if k.endswith("_details"):
-                        d = messageStats.setdefault(k, {"rate": 0.0})
-                        d["rate"] = d.get("rate", 0.0) + v.get("rate", 0.0)
-                    else:
-                        messageStats[k] = messageStats.get(k, 0) + v
+            messageStats = _sumStats([messageStats] + [c.get("message_stats") or {} for c in others])
         return {
             "product_name": "otter_tx",
             "product_version": __version__,

@@ -182,7 +182,7 @@ class QueuesRoom(Room):
             q = session.readableQueue(name)
             # ack_requeue_false is a no-ack basic.get, as the plugin's (its get_no_ack count)
             noAck = ackmode == "ack_requeue_false"
-            if vh.remoteQueues.get(name) is q:
+            if q.remote:
                 # a queue on another node: each get is answered there (it closes the session)
                 remote = self._remoteGet(session, name, count, ackmode, noAck, encoding, truncate)
                 return remote
@@ -190,24 +190,29 @@ class QueuesRoom(Room):
                 got = session.get(name, noAck=noAck)
                 if got is None:
                     break
-                _, entry, q = got
-                # a quorum queue's answer carries x-delivery-count, as basic.get's
-                out.append(self._messageJson(q.deliveredMessage(entry, get=True), entry.redelivered,
-                                             q.readyCount, encoding, truncate))
+                out.append(self._fetchedJson(got, encoding, truncate))
             if out:
-                # the fetched messages are settled together, as the plugin's channel does
-                if ackmode in ("ack_requeue_true", "reject_requeue_true"):
-                    session.nack(0, multiple=True, requeue=True)
-                elif noAck:
-                    pass
-                else:
-                    session.nack(0, multiple=True, requeue=False)
+                self._settleFetched(session, ackmode, noAck)
         except AMQPError as e:
             raise getRefusal(e)
         finally:
             if remote is None:
                 session.close()
         return out
+
+    def _fetchedJson(self, got, encoding, truncate):
+        """One ``/get`` answer from a Session's ``get`` result; a quorum queue's carries x-delivery-count."""
+        _, entry, q = got
+        return self._messageJson(q.deliveredMessage(entry, get=True), entry.redelivered, q.readyCount,
+                                 encoding, truncate)
+
+    @staticmethod
+    def _settleFetched(session, ackmode, noAck):
+        """The fetched messages are settled together, as the plugin's channel does."""
+        if ackmode in ("ack_requeue_true", "reject_requeue_true"):
+            session.nack(0, multiple=True, requeue=True)
+        elif not noAck:
+            session.nack(0, multiple=True, requeue=False)
 
     @inlineCallbacks
     def _remoteGet(self, session, name, count, ackmode, noAck, encoding, truncate):
@@ -218,14 +223,9 @@ class QueuesRoom(Room):
                 got = yield session.get(name, noAck=noAck)
                 if got is None:
                     break
-                _, entry, q = got
-                out.append(self._messageJson(q.deliveredMessage(entry, get=True), entry.redelivered,
-                                             q.readyCount, encoding, truncate))
+                out.append(self._fetchedJson(got, encoding, truncate))
             if out:
-                if ackmode in ("ack_requeue_true", "reject_requeue_true"):
-                    session.nack(0, multiple=True, requeue=True)
-                elif not noAck:
-                    session.nack(0, multiple=True, requeue=False)
+                self._settleFetched(session, ackmode, noAck)
         except AMQPError as e:
             raise getRefusal(e)
         finally:
