@@ -138,7 +138,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
     """
     if view is None:
         view = defaultView(q.vhost.broker)
-    if q.vhost.remoteQueues.get(q.name) is q:
+    if q.remote:
         return remoteQueueDict(q, detail)
     node = nodeName(q.vhost.broker)
     ready = q.readyCount
@@ -153,16 +153,8 @@ def queueDict(q, unacked=None, detail=False, view=None):
     sac = None
     if q.singleActive and q.consumers:
         sac = q.consumers[0].tag
-    d = {
-        "name": q.name,
-        "vhost": q.vhost.name,
-        "durable": q.durable,
-        "auto_delete": q.autoDelete,
-        "exclusive": q.exclusive,
-        "arguments": jsonable(q.arguments),
-        "node": node,
-        "type": q.queueType,
-        "state": "running",
+    d = _queueRecord(q, node, "running")
+    d.update({
         "policy": policy.name if policy is not None else None,
         "operator_policy": q.operatorPolicy.name if q.operatorPolicy is not None else None,
         "effective_policy_definition": dict(q.effectiveDefinition),
@@ -182,14 +174,12 @@ def queueDict(q, unacked=None, detail=False, view=None):
         "message_bytes_paged_out": q.pagedBytes,
         "head_message_timestamp": head,
         "message_stats": view.messageStats("queue", q, stats.QUEUE_KEYS, stats.queueValues(q)),
-    }
+    })
     d.update(view.lengthStats("queue-lengths", q, (ready + una, ready, una)))
     if q.quorum:
         # RabbitMQ 3.10's quorum keys; one node: it leads, the only member
         # (replication needs a cluster; docs/quorum.md)
-        d["leader"] = node
-        d["members"] = [node]
-        d["online"] = [node]
+        _quorumMembers(d, node, online=True)
         # at-least-once dead letters waiting for a queue to take them
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
@@ -221,6 +211,28 @@ def queueDict(q, unacked=None, detail=False, view=None):
     return d
 
 
+def _queueRecord(q, node, state):
+    """The fields every queue listing starts with: its declared record, its ``node`` and ``state``."""
+    return {
+        "name": q.name,
+        "vhost": q.vhost.name,
+        "durable": q.durable,
+        "auto_delete": q.autoDelete,
+        "exclusive": q.exclusive,
+        "arguments": jsonable(q.arguments),
+        "node": node,
+        "type": q.queueType,
+        "state": state,
+    }
+
+
+def _quorumMembers(d, leader, online):
+    """RabbitMQ 3.10's quorum keys for a queue of one member, ``leader`` (online or not)."""
+    d["leader"] = leader
+    d["members"] = [leader]
+    d["online"] = [leader] if online else []
+
+
 def remoteQueueDict(q, detail=False):
     """
     A queue whose home is another node of the cluster
@@ -231,27 +243,15 @@ def remoteQueueDict(q, detail=False):
     """
     if q.down:
         # only the record's fields, as RabbitMQ 3.10 lists a durable queue of a stopped node
-        d = {"arguments": jsonable(q.arguments), "auto_delete": q.autoDelete, "durable": q.durable,
-             "exclusive": q.exclusive, "name": q.name, "node": q.home, "state": "down",
-             "type": q.queueType, "vhost": q.vhost.name}
+        d = dict(sorted(_queueRecord(q, q.home, "down").items()))
         if q.quorum:
-            d["leader"] = q.home
-            d["members"] = [q.home]
-            d["online"] = []
+            _quorumMembers(d, q.home, online=False)
         return d
     f = q.figures
     ready = f.get("messages_ready", 0)
     una = f.get("messages_unacknowledged", 0)
-    d = {
-        "name": q.name,
-        "vhost": q.vhost.name,
-        "durable": q.durable,
-        "auto_delete": q.autoDelete,
-        "exclusive": q.exclusive,
-        "arguments": jsonable(q.arguments),
-        "node": q.home,
-        "type": q.queueType,
-        "state": "running",
+    d = _queueRecord(q, q.home, "running")
+    d.update({
         "policy": f.get("policy"),
         "operator_policy": f.get("operator_policy"),
         "effective_policy_definition": f.get("effective_policy_definition", {}),
@@ -261,11 +261,9 @@ def remoteQueueDict(q, detail=False):
         "messages_unacknowledged": una,
         "message_bytes": f.get("message_bytes", 0),
         "message_stats": f.get("message_stats", {}),
-    }
+    })
     if q.quorum:
-        d["leader"] = q.home
-        d["members"] = [q.home]
-        d["online"] = [q.home]
+        _quorumMembers(d, q.home, online=True)
     if detail:
         d["consumer_details"] = []
         d["deliveries"] = []
