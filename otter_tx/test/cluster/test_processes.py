@@ -22,16 +22,24 @@ def params(port):
                                      blocked_connection_timeout=5, heartbeat=0)
 
 
+def startCluster(case, nodes, **kwargs):
+    """
+    A started :class:`LocalCluster` of ``nodes`` nodes (a Deferred), stopped at
+    ``case``'s cleanup; the test is skipped without Debian's etcd-server.
+    """
+    if not etcdAvailable():
+        raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
+    cluster = LocalCluster(reactor, nodes=nodes, **kwargs)
+    case.addCleanup(cluster.stop)
+    return cluster.start()
+
+
 class ProcessClusterTests(TestCase):
     timeout = 120
 
     @inlineCallbacks
     def setUp(self):
-        if not etcdAvailable():
-            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
-        self.cluster = LocalCluster(reactor, nodes=3)
-        self.addCleanup(self.cluster.stop)
-        yield self.cluster.start()
+        self.cluster = yield startCluster(self, 3)
 
     def port(self, i):
         return self.cluster.nodes[i].amqpPort
@@ -271,14 +279,10 @@ class SharedPortTests(TestCase):
     @inlineCallbacks
     def test_twoNodesOnePort(self):
         """Two nodes on one AMQP port (otterreuse:, SO_REUSEPORT): connections land on both."""
-        if not etcdAvailable():
-            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
         from otter_tx.cluster.etcdtest import freePort
 
         port = freePort()
-        cluster = LocalCluster(reactor, nodes=2, sharedPort=port)
-        self.addCleanup(cluster.stop)
-        yield cluster.start()
+        cluster = yield startCluster(self, 2, sharedPort=port)
 
         def connect():
             import base64
@@ -341,11 +345,7 @@ class PausedNodeTests(TestCase):
         it is gone when its etcd lease lapses (5 s): the consumer elsewhere is cancelled and
         the queue answers 404 "home node ... is down" within 10 s of the pause.
         """
-        if not etcdAvailable():
-            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
-        cluster = LocalCluster(reactor, nodes=2)
-        self.addCleanup(cluster.stop)
-        yield cluster.start()
+        cluster = yield startCluster(self, 2)
 
         def setup():
             c2 = pika.BlockingConnection(params(cluster.nodes[1].amqpPort))
@@ -423,14 +423,10 @@ class ConfirmedLoadFaultTests(TestCase):
 
         from twisted.internet import task
 
-        if not etcdAvailable():
-            raise SkipTest("/usr/bin/etcd is not installed (Debian's etcd-server; .ci/run installs it)")
         seed = int(os.environ.get("OTTER_FAULT_SEED") or random.SystemRandom().randrange(2 ** 32))
         print("ConfirmedLoadFaultTests seed %d (OTTER_FAULT_SEED=%d repeats it)" % (seed, seed))
         rng = random.Random(seed)
-        cluster = LocalCluster(reactor, nodes=3)
-        self.addCleanup(cluster.stop)
-        yield cluster.start()
+        cluster = yield startCluster(self, 3)
 
         def declare():
             c = pika.BlockingConnection(params(cluster.nodes[1].amqpPort))
