@@ -114,6 +114,30 @@ async def subscribed(consumer, stream, rstream, n, spec=None, timeout=10.0, **kw
     return gathered()
 
 
+async def publishSuperStream(case, rstream, name, n=30, partitions=3):
+    """
+    Create super stream ``name`` with ``partitions`` partitions and publish
+    ``n`` messages ``m0``.. routed by the hash of their ``id`` property;
+    returns once every one is confirmed (stored in its partition).
+    """
+    async def key(m):
+        return m.application_properties["id"]
+
+    async with rstream.SuperStreamProducer(
+            case.host, port=case.streamPort, username="guest", password="guest",
+            super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
+            super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=partitions)) as p:
+        confirmed = []
+
+        async def onConfirm(status):
+            confirmed.append(status.is_confirmed)
+
+        for i in range(n):
+            await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}),
+                         on_publish_confirm=onConfirm)
+        await waitUntilAsync(lambda: len(confirmed) >= n, timeout=10)
+
+
 class RstreamTests(StreamInteropTestCase):
     """rstream against the stream door."""
 
@@ -285,24 +309,8 @@ class RstreamTests(StreamInteropTestCase):
         rstream = self.rstream()
         name = self.name("ss")
 
-        async def key(m):
-            return m.application_properties["id"]
-
         async def run():
-            async with rstream.SuperStreamProducer(
-                    self.host, port=self.streamPort, username="guest", password="guest",
-                    super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
-                    super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=3)) as p:
-                confirmed = []
-
-                async def onConfirm(status):
-                    confirmed.append(status.is_confirmed)
-
-                for i in range(30):
-                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}),
-                                 on_publish_confirm=onConfirm)
-                # every message stored in its partition before anyone reads
-                await waitUntilAsync(lambda: len(confirmed) >= 30, timeout=10)
+            await publishSuperStream(self, rstream, name)
             seen = []
             async with self.consumer(rstream) as c:
                 for part in range(3):
@@ -383,24 +391,8 @@ class SuperStreamSacTests(StreamInteropTestCase):
         rstream = self.rstream()
         name = self.name("sss")
 
-        async def key(m):
-            return m.application_properties["id"]
-
         async def run():
-            async with rstream.SuperStreamProducer(
-                    self.host, port=self.streamPort, username="guest", password="guest",
-                    super_stream=name, routing_extractor=key, routing=rstream.RouteType.Hash,
-                    super_stream_creation_option=rstream.SuperStreamCreationOption(n_partitions=3)) as p:
-                confirmed = []
-
-                async def onConfirm(status):
-                    confirmed.append(status.is_confirmed)
-
-                for i in range(30):
-                    await p.send(rstream.AMQPMessage(body=b"m%d" % i, application_properties={"id": str(i)}),
-                                 on_publish_confirm=onConfirm)
-                # every message stored in its partition before anyone reads
-                await waitUntilAsync(lambda: len(confirmed) >= 30, timeout=10)
+            await publishSuperStream(self, rstream, name)
             got = {1: [], 2: []}
 
             def cb(n):
