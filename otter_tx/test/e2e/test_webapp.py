@@ -665,13 +665,15 @@ class WebAppBrowserTests(TestCase):
         """
         svc, url = yield startBroker(self)
         vh = svc.broker.vhosts["/"]
-        vh.declareQueue("web-ttl", None, arguments={"x-message-ttl": 120000, "x-expires": 3600000})
+        # x-expires one second under the hour: its lease reads "59 min S s" however soon the page loads
+        # (durations round up: a lease of 3,600,000 ms read in its first second is "1 h 0 min")
+        vh.declareQueue("web-ttl", None, arguments={"x-message-ttl": 120000, "x-expires": 3599000})
         vh.declareExchange("web-later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
         seen = yield threads.deferToThread(self.timesAndRanges, url)
         # one message in each range (none under 1 s: it would expire before the page shows it)
         self.assertEqual(seen["buckets"], [["Under 1 s", "0"], ["1 s to 10 s", "1"], ["10 s to 1 min", "1"],
                                            ["Over 1 min", "1"], ["Never (no TTL)", "0"]])
-        self.assertEqual(seen["xExpires"], "1 h 0 min (3,600,000 ms)")
+        self.assertEqual(seen["xExpires"], "59 min 59 s (3,599,000 ms)")
         self.assertRegex(seen["lease"], r"^59 min [0-9]{1,2} s \(at 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC\)$")
         [due90, due2h] = seen["delayed"]
         self.assertRegex(due90[0], r"^20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC$")
