@@ -202,6 +202,10 @@ class OrderedWrites:
         self._held = {}      # key -> the latest event seen while writes were in flight
         self._prefixes = {}  # prefix -> Deferred fired when a write to the whole prefix is answered
 
+    #: the highest revision any of this node's writes got (int): what another
+    #: node must have applied before it answers a request that follows them
+    lastRevision = 0
+
     def write(self, key, call):
         """
         ``call()`` (a Deferred of a revision, or of a tuple ending with one)
@@ -232,6 +236,8 @@ class OrderedWrites:
                 rev = r[-1]
             if rev is not None and rev > self._own.get(key, 0):
                 self._own[key] = rev
+            if rev is not None and rev > self.lastRevision:
+                self.lastRevision = rev
             n = self._inflight[key] - 1
             if n:
                 self._inflight[key] = n

@@ -21,6 +21,7 @@ queues elsewhere get basic.cancel; its durable queues answer 404 ``home node
 it returns.
 """
 
+import heapq
 from urllib.parse import quote
 
 from twisted.internet import defer
@@ -41,6 +42,9 @@ from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
 log = Logger()
 
 LOCATORS = ("client-local", "balanced")
+#: seconds a request from another node waits for this node's mirror to apply
+#: the revision it follows (then it is answered from what the mirror has)
+APPLIED_WAIT = 5.0
 
 
 class ClusterNode:
@@ -66,6 +70,8 @@ class ClusterNode:
         self.lease = None
         self.linkPort = None
         self.links = {}
+        self._revisionWaiters = []  # heap of (revision, seq, Deferred): requests waiting for the mirror
+        self._revisionSeq = 0
         #: op (str) -> callable(args dict) answering other nodes' :meth:`askAll` (JSON-able result)
         self.handlers = {}
         #: links whose write buffer is over its high-water mark (publishers are in flow)
@@ -125,6 +131,7 @@ class ClusterNode:
         if not definitions:
             self.entities.publishAll()
         self._applyNow([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)])
+        self._caughtUp(revision)
         self.metadata.watch("", revision + 1, self._apply)
         self._registerLocal()
         self.broker.listeners.append(self._entityChanged)
@@ -218,6 +225,35 @@ class ClusterNode:
         """The watch's events: those not held back by this node's own writes (OrderedWrites)."""
         accept = self.writes.accept
         self._applyNow([e for e in events if accept(e)])
+        if events:
+            self._caughtUp(max(e[3] for e in events))
+
+    #: the metadata revision this node's mirror has applied (int)
+    appliedRevision = 0
+
+    def _caughtUp(self, revision):
+        if revision > self.appliedRevision:
+            self.appliedRevision = revision
+        waiters = self._revisionWaiters
+        while waiters and waiters[0][0] <= self.appliedRevision:
+            d = heapq.heappop(waiters)[2]
+            if not d.called:  # (one that waited APPLIED_WAIT has been answered)
+                d.callback(None)
+
+    def _applied(self, revision):
+        """
+        A Deferred firing once this node's mirror has applied ``revision``
+        (int), or after :data:`APPLIED_WAIT` seconds whatever it has: a
+        request from another node that follows that node's metadata writes
+        (a queue created right after its vhost was deleted and made again)
+        must not be answered from an older mirror.
+        """
+        if revision <= self.appliedRevision:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._revisionSeq += 1
+        heapq.heappush(self._revisionWaiters, (revision, self._revisionSeq, d))
+        return d.addTimeout(APPLIED_WAIT, self.clock, onTimeoutCancel=lambda result, timeout: None)
 
     def _applyNow(self, events):
         for kind, key, value, _ in events:
@@ -469,7 +505,7 @@ class ClusterNode:
         try:
             yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
                                       "autoDelete": autoDelete, "arguments": md.toJSON(arguments),
-                                      "serverNamed": serverNamed})
+                                      "serverNamed": serverNamed, "revision": self.writes.lastRevision})
         except LinkLost:
             raise notFound(downText(home, name, vhost.name))
         self._queue(vhost.name, name, record)
@@ -526,6 +562,10 @@ class ClusterNode:
         return defer.DeferredList(ds, consumeErrors=True).addCallback(gathered)
 
     def answer(self, link, op, args):
+        revision = args.pop("revision", None)
+        if revision is not None and revision > self.appliedRevision:
+            # the asking node wrote metadata this node has not applied yet: answer after it
+            return self._applied(revision).addCallback(lambda _: self.answer(link, op, args))
         handler = self.handlers.get(op)
         if handler is not None:
             # a request registered by another layer (the management app's lists)

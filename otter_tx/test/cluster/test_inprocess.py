@@ -14,6 +14,7 @@ import pika.exceptions
 from twisted.internet import reactor, task
 from twisted.internet.defer import inlineCallbacks
 
+from otter_tx.amqp.errors import AMQPError
 from otter_tx.cluster.link import LinkFactory
 from otter_tx.cluster.metadata import MemoryMetadata
 from otter_tx.cluster.node import ClusterNode
@@ -227,6 +228,17 @@ class AcrossNodesTests(ClusterCase):
 class SetupOnly(ClusterCase):
     def test_links(self):
         self.assertEqual(sorted(self.cluster[0].links), ["n2", "n3"])
+
+    def test_requestWaitsForTheRevisionItFollows(self):
+        """A request that follows another node's metadata writes is answered once this mirror applied them."""
+        node = self.cluster[1]
+        ahead = node.appliedRevision + 1000
+        answered = node.answer(None, "consumable", {"vhost": "/", "name": "nope", "exclusive": False,
+                                                    "revision": ahead})
+        self.assertFalse(answered.called)
+        node._caughtUp(ahead)
+        # answered now, from the mirror as it is (no such queue here: 404)
+        self.failureResultOf(answered, AMQPError)
 
     @inlineCallbacks
     def test_askAll(self):
