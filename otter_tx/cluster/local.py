@@ -151,7 +151,18 @@ class LocalCluster:
             self.nodes.append(LocalNode(self, name, freePort(), freePort(), os.path.join(self.top, name)))
         # one at a time: each start is quick, and the first creates the defaults
         for n in self.nodes:
-            yield n.start()
+            for attempt in range(3):
+                try:
+                    yield n.start()
+                    break
+                except RuntimeError as e:
+                    # a port picked free was taken meanwhile (another process's outgoing
+                    # connection): the same node on fresh ports
+                    if "Address already in use" not in str(e) or attempt == 2:
+                        raise
+                    yield n.kill()
+                    n.amqpPort, n.managementPort = freePort(), freePort()
+                    n.streamPort, n.linkPort = freePort(), freePort()
         return self
 
     @defer.inlineCallbacks

@@ -271,6 +271,17 @@ class OrderedWrites:
         tail.addBoth(fired)
         return d
 
+    def pending(self):
+        """
+        A Deferred firing (with None) once every write made so far (and
+        every prefix delete) is answered: then :attr:`lastRevision` covers
+        them all, and a request to another node may carry it.
+        """
+        waits = [d for d in list(self._tail.values()) + list(self._prefixes.values()) if not d.called]
+        if not waits:
+            return defer.succeed(None)
+        return defer.DeferredList(waits).addCallback(lambda _: None)
+
     def writePrefix(self, prefix, call):
         """
         ``call()`` for every key under ``prefix`` (a deletePrefix): later

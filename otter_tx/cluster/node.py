@@ -502,6 +502,9 @@ class ClusterNode:
         link = self.links.get(home)
         if link is None:
             raise notFound(downText(home, name, vhost.name))
+        # this node's metadata writes still in flight (the vhost a definitions import has just
+        # put, the one it deleted before) must be in the revision the home node waits for
+        yield self.writes.pending()
         try:
             yield link.ask("create", {"vhost": vhost.name, "name": name, "durable": durable,
                                       "autoDelete": autoDelete, "arguments": md.toJSON(arguments),

@@ -306,6 +306,35 @@ class SharedPortTests(TestCase):
         self.assertTrue(all(counts), counts)
 
 
+class TakenPortTests(TestCase):
+    timeout = 120
+
+    @inlineCallbacks
+    def test_portTakenMeanwhile(self):
+        """
+        A node whose AMQP port was taken between its pick and its start
+        (another process's outgoing connection) starts on fresh ports.
+        """
+        import socket
+
+        from otter_tx.cluster import local
+
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        self.addCleanup(taken.close)
+        picks = [taken.getsockname()[1]]
+        realFreePort = local.freePort
+        self.patch(local, "freePort", lambda: picks.pop() if picks else realFreePort())
+        cluster = yield startCluster(self, 1)
+        node = cluster.nodes[0]
+        self.assertNotEqual(node.amqpPort, taken.getsockname()[1])
+        with open(node.dataDir + ".log", "rb") as f:
+            self.assertIn(b"Address already in use", f.read())
+        conn = yield threads.deferToThread(pika.BlockingConnection, params(node.amqpPort))
+        conn.close()
+
+
 class UnreachableEtcdTests(TestCase):
     timeout = 60
 

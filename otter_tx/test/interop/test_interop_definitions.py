@@ -79,7 +79,7 @@ class DefinitionsInteropTests(ManagementHTTPCase):
             code, _, _ = yield self.call("DELETE", path)
             self.assertEqual(code, 204)
         code, data, _ = yield self.call("POST", "/api/definitions", before)
-        self.assertEqual((code, data), (204, None))
+        self.assertEqual((code, data), (204, None), str(data))
         _, whole, _ = yield self.call("GET", "/api/definitions")
         self.assertEqual(_ofVHost(whole, v, u), before)
         code, data, _ = yield self.call("GET", "/api/whoami", auth=(u, "pw"))
@@ -96,7 +96,7 @@ class DefinitionsInteropTests(ManagementHTTPCase):
         yield self.call("DELETE", "/api/vhosts/" + ev)
         yield self.call("PUT", "/api/vhosts/" + ev, {})
         code, data, _ = yield self.call("POST", "/api/definitions/" + ev, before)
-        self.assertEqual((code, data), (204, None))
+        self.assertEqual((code, data), (204, None), str(data))
         _, after, _ = yield self.call("GET", "/api/definitions/" + ev)
         for key in ("policies", "queues", "exchanges", "bindings"):
             self.assertEqual(after[key], before[key], key)
@@ -111,7 +111,7 @@ class DefinitionsInteropTests(ManagementHTTPCase):
         code, data, _ = yield self.call("POST", "/api/definitions/" + ev, {"queues": [
             {"name": "defs-qq", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}},
             {"name": "defs-cq", "durable": True, "auto_delete": False, "arguments": {}}]})
-        self.assertEqual((code, data), (204, None))
+        self.assertEqual((code, data), (204, None), str(data))
         code, q, _ = yield self.call("GET", "/api/queues/%s/defs-qq" % ev)
         self.assertEqual((code, q["type"]), (200, "quorum"))
         code, _, _ = yield self.call("GET", "/api/queues/%s/defs-cq" % ev)
@@ -138,7 +138,7 @@ class DefinitionsInteropTests(ManagementHTTPCase):
         resp = yield treq.get(otterBase + "/api/definitions", auth=GUEST, pool=self.pool)
         exported = _ofVHost((yield resp.json()), v, u)
         code, data, _ = yield self.call("POST", "/api/definitions", exported)
-        self.assertEqual((code, data), (204, None))
+        self.assertEqual((code, data), (204, None), str(data))
         _, whole, _ = yield self.call("GET", "/api/definitions")
         self.assertEqual(_ofVHost(whole, v, u), exported)
         code, _, _ = yield self.call("GET", "/api/whoami", auth=(u, "pw"))

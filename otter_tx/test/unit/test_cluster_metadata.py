@@ -69,6 +69,20 @@ class OrderedWritesTests(SynchronousTestCase):
         first.callback(None)
         self.assertEqual(order, [1, 2])
 
+    def test_pendingCoversWritesInFlight(self):
+        """pending() fires once every write made so far is answered, and lastRevision then covers them."""
+        gate = defer.Deferred()
+        self.writes.write("a", lambda: self.m.put("a", {}))
+        self.clock.advance(0)
+        self.writes.write("entities/vhost/v", lambda: gate.addCallback(lambda _: self.m.put("entities/vhost/v", {})))
+        done = self.writes.pending()
+        self.assertNoResult(done)
+        before = self.writes.lastRevision
+        gate.callback(None)
+        self.successResultOf(done)
+        self.assertGreater(self.writes.lastRevision, before)
+        self.successResultOf(self.writes.pending())
+
 
 class WireTests(SynchronousTestCase):
 
