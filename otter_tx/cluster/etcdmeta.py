@@ -8,6 +8,8 @@ put; else get), so two nodes declaring one queue at once see one record.
 
 import json
 
+from twisted.internet import defer
+
 from otter_tx.cluster.etcd import Compare, EtcdClient, LeaseKeeper, Op
 
 
@@ -70,6 +72,30 @@ class EtcdMetadata:
 
     def put(self, key, value, lease=None):
         return self.client.put(self._k(key), json.dumps(value).encode(), lease)
+
+    @defer.inlineCallbacks
+    def update(self, key, change):
+        """
+        Compare-and-swap (see :meth:`MemoryMetadata.update
+        <otter_tx.cluster.metadata.MemoryMetadata.update>`): read the key,
+        ``change(record)``, then a transaction that puts the new value only
+        if the key's mod revision is still the one read; retried (at most
+        20 times) when another write came in between.
+        """
+        k = self._k(key)
+        for _ in range(20):
+            got = yield self.client.get(k)
+            current = json.loads(got.value) if got is not None and got.value else None
+            modRevision = got.modRevision if got is not None else 0
+            new = change(current)
+            if new is None:
+                # (no revision: OrderedWrites must not take another node's write for its own)
+                return False, current, None
+            ok, _, revision = yield self.client.txn([Compare.modRevision(k, "=", modRevision)],
+                                                    [Op.put(k, json.dumps(new).encode())], [])
+            if ok:
+                return True, new, revision
+        raise RuntimeError("metadata update of %s: too many concurrent writes" % (key,))
 
     def delete(self, key):
         """Delete ``key``; fires the store revision after it (a transaction, for its revision)."""

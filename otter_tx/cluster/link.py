@@ -387,6 +387,10 @@ class LinkProtocol(protocol.Protocol):
         elif kind == wire.STREAM_APPEND:
             vhost, queue, count = r.string(), r.string(), r.u32()
             node.streamAppended(vhost, queue, count, r.blob())
+        elif kind == wire.REPLICATE:
+            node.replication.replicated(self, r)
+        elif kind == wire.FENCED:
+            node.replication.fencedBy(self, r)
         elif kind == wire.STATS:
             node.figuresFrom(self.peer, r.json())
         elif kind == wire.HELLO:

@@ -151,6 +151,27 @@ class MemoryMetadata:
     def put(self, key, value, lease=None):
         return defer.maybeDeferred(lambda: (self._check(), self._put(key, value, lease), self.revision)[2])
 
+    def update(self, key, change):
+        """
+        Compare-and-swap: ``change(record)`` (the key's current value, or
+        None) returns the new value, or None to leave it; a Deferred of
+        ``(changed, value, revision)``, the value as it is afterwards (put
+        without a lease: the records it changes, replicated quorum queues',
+        have none).  On
+        etcd a transaction that compares the key's mod revision, retried
+        when another write came in between.
+        """
+        def update():
+            self._check()
+            current = self.data.get(key)
+            new = change(current)
+            if new is None:
+                # (no revision: OrderedWrites must not take another node's write for its own)
+                return False, current, None
+            self._put(key, new, None)
+            return True, new, self.revision
+        return defer.maybeDeferred(update)
+
     def delete(self, key):
         return defer.maybeDeferred(lambda: (self._check(), self._delete(key), self.revision)[2])
 

@@ -30,6 +30,7 @@ from twisted.logger import Logger
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, notFound
+from otter_tx.broker.arguments import QUORUM, queueType
 from otter_tx.broker.policy import matchPolicy
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster import wire
@@ -38,6 +39,7 @@ from otter_tx.cluster.entities import PREFIX as ENTITIES
 from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
 from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
+from otter_tx.cluster.replication import ReplicationManager, groupSize, isReplicated
 
 log = Logger()
 
@@ -82,6 +84,7 @@ class ClusterNode:
         self.running = False
         self._consumers = {}
         self._cid = 0
+        self._memberTurn = 0
         self._dialling = set()
         self._figuresCall = None
         self._calls = []
@@ -97,6 +100,8 @@ class ClusterNode:
         self.remoteStreamGone = []
         #: this node's writes, in order per key; the watch's echo of them filtered
         self.writes = md.OrderedWrites(metadata, self._applyNow)
+        #: replicated quorum queues: the ones this node leads and follows (replication.py)
+        self.replication = ReplicationManager(self)
         broker.cluster = self
 
     # --- joining --------------------------------------------------------------
@@ -315,10 +320,22 @@ class ClusterNode:
         if vh is None:
             return
         if record is None:
+            self.replication.queueGone(vhostName, name)
             rq = vh.remoteQueues.get(name)
             if rq is not None:
                 self._dropRemote(vh, rq)
             return
+        if isReplicated(record):
+            self.replication.records[(vhostName, name)] = record
+            if self.replication.record(vhostName, name, record):
+                q = vh.queues.get(name)
+                if q is not None:
+                    self.replication.lead(q, record)
+                return
+            q = vh.queues.get(name)
+            if q is not None and q.quorum:
+                # this node led it and another node leads it now (a newer epoch): it follows
+                self._demote(vh, q)
         if record["node"] == self.name:
             return
         rq = vh.remoteQueues.get(name)
@@ -326,8 +343,71 @@ class ClusterNode:
             rq = RemoteQueue(self, vh, name, dict(record, arguments=md.fromJSON(record["arguments"])))
             rq.down = record["node"] not in self.links
             vh.remoteQueues[name] = rq
+            if isReplicated(record):
+                self._rebind(vh, name)
         else:
+            moved = rq.home != record["node"]
             rq.update(dict(record, arguments=md.fromJSON(record["arguments"])))
+            if moved:
+                # a replicated quorum queue's new leader
+                rq.down = record["node"] not in self.links
+
+    def _rebind(self, vh, name):
+        """The bindings (from the mirror) whose destination is queue ``name``, made again locally."""
+        for key, record in list(self._bindings.items()):
+            if record["destination_type"] == "queue" and record["destination"] == name:
+                what, parts = md.splitKey(key)
+                if parts[0] == vh.name:
+                    self._binding(vh.name, key, record)
+
+    def _demote(self, vh, q):
+        """A quorum queue this node led is led elsewhere now: the local queue goes (its follower joins)."""
+        self.replication.leading.pop((vh.name, q.name), None)
+        rep = q.journal
+        if hasattr(rep, "fence"):
+            rep.fence()
+            q.journal = rep.inner
+        self.applying = True
+        try:
+            vh.deleteQueue(q)
+        finally:
+            self.applying = False
+
+    def promote(self, replica, record):
+        """
+        This node won the leadership of ``replica``'s queue (``record``, the
+        new epoch's): its replica becomes the live queue.  Messages delivered
+        and not settled at the old leader come back redelivered with their
+        delivery count + 1; the queue's bindings are made again here.
+        """
+        vh = self._vhost(replica.vhostName)
+        if vh is None:
+            return
+        self.replication.replicas.pop((replica.vhostName, replica.name), None)
+        self.replication.records[(replica.vhostName, replica.name)] = record
+        rq = vh.remoteQueues.get(replica.name)
+        if rq is not None:
+            self._dropRemote(vh, rq)
+        self.applying = True
+        try:
+            q = vh.declareQueue(replica.name, None, False, True, False, record["auto_delete"],
+                                md.fromJSON(record["arguments"]))
+        finally:
+            self.applying = False
+        self.replication.lead(q, record)
+        journal = q.journal
+        ready = q.ready
+        for seq in sorted(replica.entries):
+            m, expiresAt, returns, redelivered = replica.entries[seq]
+            entry = ready.makeEntry(m, seq, expiresAt, redelivered)
+            entry.returns = returns + 1 if redelivered else returns
+            q._seq = max(q._seq, seq)
+            ready.append(entry)
+            if journal is not None:
+                journal.enqueued(q, entry)
+        replica.drop()
+        self._rebind(vh, replica.name)
+        q.dispatch()
 
     def _dropRemote(self, vh, rq):
         if vh.remoteQueues.get(rq.name) is rq:
@@ -406,6 +486,7 @@ class ClusterNode:
                 return
             key = md.queueKey(vhost.name, obj.name)
             if deleted:
+                self.replication.queueGone(vhost.name, obj.name)
                 self.writes.write(key, lambda: m.delete(key)).addErrback(_logged, key)
             # creations go through declareQueue's transaction
         elif kind == "exchange":
@@ -474,6 +555,17 @@ class ClusterNode:
         record = {"vhost": vhost.name, "name": name, "node": home, "durable": durable and not exclusive,
                   "auto_delete": autoDelete, "exclusive": exclusive, "arguments": md.toJSON(arguments),
                   "leader": home, "members": [home], "epoch": 1}
+        if queueType(arguments) == QUORUM:
+            # members on distinct nodes (x-quorum-initial-group-size, default 3); in sync: the
+            # leader, until its followers joined (docs/cluster.md, "Replicated quorum queues")
+            others = sorted(n for n in self.nodes if n != home and n in self.links)
+            if home != self.name:
+                others = sorted(set(others + [self.name]) - {home})
+            size = groupSize(arguments, len(others) + 1)
+            start = self._memberTurn % len(others) if others else 0
+            self._memberTurn += 1
+            record["members"] = [home] + (others[start:] + others[:start])[:size - 1]
+            record["online"] = [home]
         key = md.queueKey(vhost.name, name)
         try:
             created, current, _ = yield self.writes.write(
@@ -498,6 +590,9 @@ class ClusterNode:
             finally:
                 self.applying = False
             self.broker.entityChanged("queue", vhost, q)
+            if isReplicated(record):
+                self.replication.records[(vhost.name, name)] = record
+                self.replication.lead(q, record)
             return q
         link = self.links.get(home)
         if link is None:
@@ -569,6 +664,8 @@ class ClusterNode:
         if revision is not None and revision > self.appliedRevision:
             # the asking node wrote metadata this node has not applied yet: answer after it
             return self._applied(revision).addCallback(lambda _: self.answer(link, op, args))
+        if op == "replicaJoin":
+            return self.replication.join(link, args)
         handler = self.handlers.get(op)
         if handler is not None:
             # a request registered by another layer (the management app's lists)
@@ -585,6 +682,9 @@ class ClusterNode:
             finally:
                 self.applying = False
             self.broker.entityChanged("queue", vh, q)
+            record = self.replication.records.get((vh.name, name))
+            if record is not None and record["node"] == self.name:
+                self.replication.lead(q, record)
             return {"messages": q.readyCount}
         q = vh.queues.get(name)
         if q is None:
@@ -652,6 +752,7 @@ class ClusterNode:
             for rq in vh.remoteQueues.values():
                 if rq.home == link.peer:
                     rq.homeUp()
+        self.replication.linkUp(link.peer)
 
     def linkPaused(self, link):
         """
@@ -687,6 +788,7 @@ class ClusterNode:
 
     def _nodeDown(self, name):
         self.figures.pop(name, None)
+        self.replication.nodeDown(name)
         for vh in self.broker.vhosts.values():
             for rq in list(vh.remoteQueues.values()):
                 if rq.home != name:
@@ -705,9 +807,10 @@ class ClusterNode:
         forwarded since its last barrier) has answered for everything
         forwarded over it so far; one lost meanwhile fails with ``LinkLost``.
         """
+        barriers = self.replication.barriers()
         if links is None:
-            return [link.sync() for link in self.links.values() if link._forwarded]
-        return [link.sync() for link in links]
+            return [link.sync() for link in self.links.values() if link._forwarded] + barriers
+        return [link.sync() for link in links] + barriers
 
     # --- figures --------------------------------------------------------------------
 

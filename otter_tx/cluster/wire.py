@@ -31,6 +31,8 @@ REQUEST = 12       # u32 rid, op, json arguments
 REPLY = 13         # u32 rid, u16 code (0 ok), json result or error text
 STATS = 14         # json: the sender's queue figures and node figures
 STREAM_APPEND = 15  # vhost, queue, u32 count, entries: a stream protocol publish to a stream there
+REPLICATE = 16     # vhost, queue, u64 epoch, u8 op, op fields: a quorum queue leader's log (replication.py)
+FENCED = 17        # vhost, queue, u64 epoch: a follower refused a REPLICATE of an older epoch
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 
@@ -99,6 +101,33 @@ def synced(n, refused):
     return frame(SYNCED, _Q.pack(n) + _U32.pack(len(refused)) + b"".join(_Q.pack(x) for x in refused))
 
 
+#: REPLICATE ops (otter_tx/cluster/replication.py)
+R_ENQ = 1      # u64 seq, f64 expiresAt (-1: none), u32 returns, u8 redelivered, message
+R_DEL = 2      # u32 count, u64 seq...
+R_RET = 3      # u64 seq, u32 returns: requeued (delivery count)
+R_PURGE = 4    # u32 count, u64 seq kept...
+R_RESET = 5    # the snapshot that follows replaces the replica
+R_DLV = 6      # u64 seq: delivered (comes back redelivered after a leader change)
+
+_D = struct.Struct(">d")
+
+
+def replicate(names, epoch, op, fields=b""):
+    """REPLICATE with the vhost and queue already encoded (``names``)."""
+    return frame(REPLICATE, names + _Q.pack(epoch) + bytes((op,)) + fields)
+
+
+def replicateEnqueue(names, epoch, seq, expiresAt, returns, redelivered, message):
+    return frame(REPLICATE, names + _Q.pack(epoch) + bytes((R_ENQ,)) + _Q.pack(seq)
+                 + _D.pack(-1.0 if expiresAt is None else expiresAt) + _U32.pack(returns)
+                 + (b"\x01" if redelivered else b"\x00") + messagePart(message))
+
+
+def seqs(values):
+    """u32 count, u64 each."""
+    return _U32.pack(len(values)) + b"".join(_Q.pack(v) for v in values)
+
+
 def request(rid, op, args):
     return frame(REQUEST, _U32.pack(rid) + string(op) + blob(json.dumps(args).encode()))
 
@@ -152,6 +181,14 @@ class Reader:
         v = _Q.unpack_from(self.buf, self.pos)[0]
         self.pos += 8
         return v
+
+    def f64(self):
+        v = _D.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def seqs(self):
+        return [self.u64() for _ in range(self.u32())]
 
     def string(self):
         n = self.u16()
