@@ -339,7 +339,8 @@ class LinkProtocol(protocol.Protocol):
                     self.settle(wire.REQUEUE, [eid])
                 return
             rq, consumer = found
-            rq.delivered(cid, consumer, RemoteEntry(Message(ex, rk, props, body), bool(flags & 1), eid, cid, None))
+            rq.delivered(cid, consumer, RemoteEntry(Message(ex, rk, props, body), bool(flags & 1), eid, cid, None,
+                                                      self))
         elif kind == wire.SETTLE:
             how, n = r.u8(), r.u32()
             self._settled(how, [r.u64() for _ in range(n)])

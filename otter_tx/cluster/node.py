@@ -319,6 +319,7 @@ class ClusterNode:
         vh = self._vhost(vhostName)
         if vh is None:
             return
+        moving = ()
         if record is None:
             self.replication.queueGone(vhostName, name)
             rq = vh.remoteQueues.get(name)
@@ -335,7 +336,7 @@ class ClusterNode:
             q = vh.queues.get(name)
             if q is not None and q.quorum:
                 # this node led it and another node leads it now (a newer epoch): it follows
-                self._demote(vh, q)
+                moving = self._demote(vh, q)
         if record["node"] == self.name:
             return
         rq = vh.remoteQueues.get(name)
@@ -349,8 +350,23 @@ class ClusterNode:
             moved = rq.home != record["node"]
             rq.update(dict(record, arguments=md.fromJSON(record["arguments"])))
             if moved:
-                # a replicated quorum queue's new leader
+                # a replicated quorum queue's new leader: the consumers here follow it
                 rq.down = record["node"] not in self.links
+                if not rq.down:
+                    if not rq._detached:
+                        rq.detach()
+                    rq.reattach()
+                elif not rq._detached:
+                    rq.detach()
+        if moving:
+            # the consumers of the local queue this node led, now subscribed at the new leader
+            rq = vh.remoteQueues.get(name)
+            for consumer, exclusive in moving:
+                consumer.queue = rq
+                try:
+                    rq.addConsumer(consumer, exclusive)
+                except AMQPError:
+                    consumer.cancelledByBroker(rq)
 
     def _rebind(self, vh, name):
         """The bindings (from the mirror) whose destination is queue ``name``, made again locally."""
@@ -361,17 +377,32 @@ class ClusterNode:
                     self._binding(vh.name, key, record)
 
     def _demote(self, vh, q):
-        """A quorum queue this node led is led elsewhere now: the local queue goes (its follower joins)."""
+        """
+        A quorum queue this node led is led elsewhere now: the local queue
+        goes (this node's follower joins the new leader).  Its consumers
+        here are returned (``[(consumer, exclusive)]``) to subscribe at the
+        new leader; other nodes' consumers are dropped without a cancel
+        (their nodes subscribe them at the new leader as they see it).
+        """
         self.replication.leading.pop((vh.name, q.name), None)
         rep = q.journal
         if hasattr(rep, "fence"):
             rep.fence()
             q.journal = rep.inner
+        moving = []
+        for c in list(q.consumers):
+            link = getattr(c, "link", None)
+            if link is not None:
+                link._consumers.pop(c.cid, None)
+            else:
+                moving.append((c, c is q.exclusiveConsumer))
+            q.removeConsumer(c)
         self.applying = True
         try:
             vh.deleteQueue(q)
         finally:
             self.applying = False
+        return moving
 
     def promote(self, replica, record):
         """
@@ -386,7 +417,13 @@ class ClusterNode:
         self.replication.replicas.pop((replica.vhostName, replica.name), None)
         self.replication.records[(replica.vhostName, replica.name)] = record
         rq = vh.remoteQueues.get(replica.name)
+        moving = []
         if rq is not None:
+            # this node's consumers of the queue stay subscribed, to the queue here now
+            for consumer, cid in list(rq._cids.items()):
+                moving.append((consumer, consumer is rq._exclusive))
+                self.consumerGone(cid)
+            rq._cids, rq.consumers, rq._backlog, rq._exclusive = {}, [], {}, None
             self._dropRemote(vh, rq)
         self.applying = True
         try:
@@ -407,6 +444,9 @@ class ClusterNode:
                 journal.enqueued(q, entry)
         replica.drop()
         self._rebind(vh, replica.name)
+        for consumer, exclusive in moving:
+            consumer.queue = q
+            q.addConsumer(consumer, exclusive)
         q.dispatch()
 
     def _dropRemote(self, vh, rq):

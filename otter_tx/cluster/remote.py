@@ -17,7 +17,7 @@ from collections import deque
 from zope.interface import implementer
 
 from otter_tx.amqp.codec import encodeTable
-from otter_tx.amqp.errors import notFound
+from otter_tx.amqp.errors import AMQPError, notFound
 from otter_tx.broker.arguments import QUORUM, STREAM, queueType
 from otter_tx.broker.interfaces import IConsumer, IDeclaredQueue, IQueue
 from otter_tx.broker.stream import StreamQueue
@@ -60,13 +60,15 @@ class RemoteEntry:
     """
     A delivery from a queue on another node, as the Session's ledger holds
     it: ``message``, ``redelivered``, ``returns`` (0: the home node already
-    put ``x-delivery-count`` in the message), ``deliveredAt``, and the home
-    node's delivery id ``eid`` and consumer id ``cid``.
+    put ``x-delivery-count`` in the message), ``deliveredAt``, the home
+    node's delivery id ``eid`` and consumer id ``cid``, and the ``link`` it
+    came over (a settle goes back over that link only: a replicated quorum
+    queue's new leader does not know the old one's delivery ids).
     """
 
-    __slots__ = ("message", "redelivered", "returns", "deliveredAt", "eid", "cid", "state")
+    __slots__ = ("message", "redelivered", "returns", "deliveredAt", "eid", "cid", "state", "link")
 
-    def __init__(self, message, redelivered, eid, cid, deliveredAt):
+    def __init__(self, message, redelivered, eid, cid, deliveredAt, link=None):
         self.message = message
         self.redelivered = redelivered
         self.returns = 0
@@ -74,6 +76,7 @@ class RemoteEntry:
         self.eid = eid
         self.cid = cid
         self.state = 1
+        self.link = link
 
 
 @implementer(IQueue, IDeclaredQueue)
@@ -126,6 +129,8 @@ class RemoteQueue:
         self.quorum = self.queueType == QUORUM
         #: a stream (one member, at its home: docs/streams.md): its consumer rules apply here
         self.isStream = self.queueType == STREAM
+        #: a replicated quorum queue (its consumers here follow its leader: reattach)
+        self.replicated = len(record.get("members") or ()) > 1
 
     def __repr__(self):
         return "<RemoteQueue %r in %r on %r>" % (self.name, self.vhost.name, self.home)
@@ -312,6 +317,11 @@ class RemoteQueue:
         link = self.node.links.get(self.home)
         if link is None or self.down:
             return
+        if self.replicated:
+            # deliveries of an earlier leader: it is gone, they come back from the new one
+            entries = [e for e in entries if e.link is link or e.link is None]
+            if not entries:
+                return
         link.settle(how, [e.eid for e in entries])
         credits = {}
         onHand = self._onHand
@@ -362,11 +372,13 @@ class RemoteQueue:
         """basic.get at home: a Deferred firing with a RemoteEntry or None.  A stream's is 540 here."""
         if self.isStream:
             return StreamQueue.basicGet(self, noAck)
+        link = self.node.links.get(self.home)
+
         def got(result):
             if result is None:
                 return None
             message = self.node.messageFromJSON(result)
-            entry = RemoteEntry(message, result["redelivered"], result["eid"], 0, self.clock.seconds())
+            entry = RemoteEntry(message, result["redelivered"], result["eid"], 0, self.clock.seconds(), link)
             self.figures["messages_ready"] = result["remaining"]
             return entry
 
@@ -399,12 +411,50 @@ class RemoteQueue:
             consumer.cancelledByBroker(self)
 
     def homeDown(self):
-        """The home node went away: consumers here are cancelled (basic.cancel)."""
+        """
+        The home node went away: consumers here are cancelled (basic.cancel),
+        but those of a replicated quorum queue wait for its next leader
+        (:meth:`reattach`), as RabbitMQ's quorum queue consumers do.
+        """
         self.down = True
+        if self.replicated:
+            self.detach()
+            return
         self._cancelAll()
 
     def homeUp(self):
         self.down = False
+        if self._detached:
+            self.reattach()
+
+    _detached = False
+
+    def detach(self):
+        """The consumers here lose their home's subscriptions (what they were sent stays theirs)."""
+        self._detached = True
+        for consumer, cid in list(self._cids.items()):
+            self.node.consumerGone(cid)
+        self._backlog = {cid: deque() for cid in self._cids.values()}
+
+    def reattach(self):
+        """
+        The consumers here subscribe again at the home node (a replicated
+        quorum queue's new leader): basic.cancel for one that cannot.
+        """
+        self._detached = False
+        old = list(self._cids.items())
+        self._cids = {}
+        self._backlog = {}
+        self._onHand = set()
+        self.consumers = []
+        exclusive = self._exclusive
+        self._exclusive = None
+        for consumer, cid in old:
+            self.node.consumerGone(cid)
+            try:
+                self.addConsumer(consumer, consumer is exclusive)
+            except AMQPError:
+                consumer.cancelledByBroker(self)
 
     def shutdown(self):
         """The queue was deleted (anywhere): cancel the consumers here."""

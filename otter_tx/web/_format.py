@@ -177,9 +177,13 @@ def queueDict(q, unacked=None, detail=False, view=None):
     })
     d.update(view.lengthStats("queue-lengths", q, (ready + una, ready, una)))
     if q.quorum:
-        # RabbitMQ 3.10's quorum keys; one node: it leads, the only member
-        # (replication needs a cluster; docs/quorum.md)
-        _quorumMembers(d, node, online=True)
+        # RabbitMQ 3.10's quorum keys: one node leads, the only member; in a cluster the
+        # replicated queue's members and the in-sync ones (docs/cluster.md)
+        replicated = getattr(q.journal, "info", None)
+        if replicated is not None:
+            d.update(replicated())
+        else:
+            _quorumMembers(d, node, online=True)
         # at-least-once dead letters waiting for a queue to take them
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
@@ -226,9 +230,18 @@ def _queueRecord(q, node, state):
     }
 
 
-def _quorumMembers(d, leader, online):
-    """RabbitMQ 3.10's quorum keys for a queue of one member, ``leader`` (online or not)."""
+def _quorumMembers(d, leader, online, record=None):
+    """
+    RabbitMQ 3.10's quorum keys for a queue of one member, ``leader``
+    (online or not), or those of ``record`` (a replicated quorum queue's
+    cluster record: its ``members``, and ``online``, the in-sync ones, but
+    not the leader's node while it is down).
+    """
     d["leader"] = leader
+    if record is not None and len(record.get("members") or ()) > 1:
+        d["members"] = list(record["members"])
+        d["online"] = [n for n in record.get("online") or () if online or n != leader]
+        return
     d["members"] = [leader]
     d["online"] = [leader] if online else []
 
@@ -245,7 +258,7 @@ def remoteQueueDict(q, detail=False):
         # only the record's fields, as RabbitMQ 3.10 lists a durable queue of a stopped node
         d = dict(sorted(_queueRecord(q, q.home, "down").items()))
         if q.quorum:
-            _quorumMembers(d, q.home, online=False)
+            _quorumMembers(d, q.home, online=False, record=q.record)
         return d
     f = q.figures
     ready = f.get("messages_ready", 0)
@@ -263,7 +276,7 @@ def remoteQueueDict(q, detail=False):
         "message_stats": f.get("message_stats", {}),
     })
     if q.quorum:
-        _quorumMembers(d, q.home, online=True)
+        _quorumMembers(d, q.home, online=True, record=q.record)
     if detail:
         d["consumer_details"] = []
         d["deliveries"] = []

@@ -151,3 +151,55 @@ class ReplicatedQuorumTests(ClusterCase):
         yield waitOnReactor(lambda: "qq" in self.fixtures[1].broker.vhosts["/"].queues
                             or "qq" not in self.fixtures[0].broker.vhosts["/"].queues, 5)
         self.assertNotIn("qq", self.fixtures[0].broker.vhosts["/"].queues)
+
+    @inlineCallbacks
+    def test_consumersSurviveLeaderLoss(self):
+        """
+        Consumers on both surviving nodes keep their subscriptions when the
+        leader's node dies (no basic.cancel): every message published is
+        received at least once after the failover, through the new leader.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        state = {"got": [], "cancelled": []}
+
+        def subscribe():
+            chans = []
+            for i in (1, 2):
+                c = self.conn(i)
+                ch = c.channel()
+                ch.basic_qos(prefetch_count=5)
+                ch.add_on_cancel_callback(lambda frame: state["cancelled"].append(frame.method.consumer_tag))
+
+                def onMessage(ch, method, props, body):
+                    state["got"].append(body)
+                    ch.basic_ack(method.delivery_tag)
+
+                ch.basic_consume("qq", onMessage, consumer_tag="c%d" % i)
+                chans.append(c)
+            return chans
+
+        conns = yield self.inThread(subscribe)
+
+        def pump(seconds, until):
+            deadline = time.time() + seconds
+            while time.time() < deadline and not until():
+                for c in conns:
+                    c.process_data_events(0.05)
+
+        yield self.publish(1, 20)
+        yield self.inThread(pump, 10, lambda: len(state["got"]) >= 20)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        leader = int(self.record()["node"][1:]) - 1
+        yield waitOnReactor(lambda: len(self.fixtures[leader].broker.vhosts["/"].queues["qq"].consumers) == 2, 5)
+        yield self.publish(leader, 20, arguments=QUORUM)
+
+        def rest():
+            pump(10, lambda: len(set(state["got"])) >= 20 and len(state["got"]) >= 40)
+            return state
+
+        yield self.inThread(rest)
+        self.assertEqual(state["cancelled"], [])
+        self.assertEqual(sorted(set(state["got"])), sorted(b"m%d" % k for k in range(20)))
+        self.assertGreaterEqual(len(state["got"]), 40)
