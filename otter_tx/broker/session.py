@@ -805,7 +805,9 @@ class Session:
                 log.failure("store sync failed; tx.commit not confirmed", f)
                 self.client.connectionFailed(spec.INTERNAL_ERROR, "INTERNAL_ERROR - message store failed")
 
-            self._sync().addCallbacks(done, failed)
+            # (the links and replicated quorum queues they went to answer too)
+            forwarded = [(0, m.forwarded) for _, m, _ in publishes if m.forwarded]
+            self._sync(forwarded or None).addCallbacks(done, failed)
             return
         committed()
 

@@ -101,6 +101,7 @@ class LinkProtocol(protocol.Protocol):
         self._fwdOut = 0         # forwards sent
         self._fwdIn = 0          # forwards received
         self._refusedIn = []     # numbers of forwards received that our queue refused, since the last SYNC
+        self._replicatedIn = []  # (number, [(Replicator, 0)]) of forwards taken by replicated queues, since then
         self._refused = set()    # numbers of our forwards the other node said were refused
 
     # --- connection ----------------------------------------------------------
@@ -328,8 +329,12 @@ class LinkProtocol(protocol.Protocol):
             vhost, queue, flags = r.string(), r.string(), r.u8()
             ex, rk, props, body = r.message()
             self._fwdIn += 1
-            if node.forwarded(self, vhost, queue, bool(flags & 1), Message(ex, rk, props, body)) is False:
+            m = Message(ex, rk, props, body)
+            if node.forwarded(self, vhost, queue, bool(flags & 1), m) is False:
                 self._refusedIn.append(self._fwdIn)
+            elif m.forwarded:
+                # taken by a replicated quorum queue here: its SYNCED waits for the followers
+                self._replicatedIn.append((self._fwdIn, m.forwarded))
         elif kind == wire.DELIVER:
             cid, eid, flags = r.u32(), r.u64(), r.u8()
             ex, rk, props, body = r.message()
@@ -353,7 +358,16 @@ class LinkProtocol(protocol.Protocol):
         elif kind == wire.SYNC:
             n = r.u64()
             refused, self._refusedIn = self._refusedIn, []
-            node.broker.journal.sync().addBoth(lambda _: self.send(wire.synced(n, refused)))
+            replicated, self._replicatedIn = self._replicatedIn, []
+            d = node.broker.journal.sync()
+            if replicated:
+                d = self._replicatedSync(d, replicated, refused)
+            if self._syncChain is not None and not self._syncChain.called:
+                # SYNCED answers go in order: one covers every SYNC before it
+                prev = self._syncChain
+                d = defer.gatherResults([prev, d.addErrback(lambda f: None)])
+            d.addBoth(lambda _: self.send(wire.synced(n, refused)))
+            self._syncChain = d
         elif kind == wire.SYNCED:
             n = r.u64()
             for _ in range(r.u32()):
@@ -397,6 +411,31 @@ class LinkProtocol(protocol.Protocol):
         elif kind == wire.HELLO:
             self.peer = r.string()
             node.linkUp(self)
+
+    _syncChain = None
+
+    def _replicatedSync(self, d, replicated, refused):
+        """
+        ``d`` (the journal's sync), then the sync of every replicated quorum
+        queue the forwards in ``replicated`` went to: the forwards of one
+        that failed (no majority, fenced) are answered as refused (nacks).
+        """
+        reps = []
+        for _, fwds in replicated:
+            for rep, _ in fwds:
+                if rep not in reps:
+                    reps.append(rep)
+        failed = set()
+
+        def one(rep):
+            return rep.sync().addErrback(lambda f: failed.add(rep))
+
+        def done(_):
+            if failed:
+                refused.extend(k for k, fwds in replicated if any(rep in failed for rep, _ in fwds))
+
+        ds = [d.addErrback(lambda f: None)] + [one(rep) for rep in reps]
+        return defer.gatherResults(ds).addCallback(done)
 
     def _consume(self, cid, vhost, queue, noAck, exclusive, priority, credit, arguments=None):
         q = self.node.localQueue(vhost, queue)

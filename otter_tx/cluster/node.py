@@ -847,10 +847,9 @@ class ClusterNode:
         forwarded since its last barrier) has answered for everything
         forwarded over it so far; one lost meanwhile fails with ``LinkLost``.
         """
-        barriers = self.replication.barriers()
         if links is None:
-            return [link.sync() for link in self.links.values() if link._forwarded] + barriers
-        return [link.sync() for link in links] + barriers
+            return [link.sync() for link in self.links.values() if link._forwarded]
+        return [link.sync() for link in links]
 
     # --- figures --------------------------------------------------------------------
 

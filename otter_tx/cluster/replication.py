@@ -13,8 +13,8 @@ Kafka keeps its ISR in ZooKeeper and LavinMQ its in-sync followers in etcd.
   every change the queue journals (enqueue, delivery, requeue with its
   delivery count, removal, purge) is written locally and shipped over the
   link as ``REPLICATE`` frames, tagged with the epoch, to every follower
-  that joined.  A publisher confirm waits (:meth:`ReplicationManager.barriers`,
-  through :meth:`Broker.sync <otter_tx.broker.broker.Broker.sync>`) until
+  that joined.  A publisher confirm waits (:meth:`Replicator.sync`,
+  through :meth:`Broker.sync <otter_tx.broker.broker.Broker.sync>`, as for a link's answer) until
   every in-sync follower has answered the link's ``SYNC`` (sent once its
   store fsync'd what came before) and the in-sync set is a majority of the
   members.  A follower whose link is lost, or that does not answer within
@@ -119,7 +119,6 @@ class Replicator:
         self.online = list(record.get("online") or [manager.node.name])
         self.joined = {}
         self.live = {}
-        self.pending = False
         self.fenced = False
         self._majorityWaiters = []
 
@@ -135,9 +134,13 @@ class Replicator:
     def enqueued(self, queue, entry):
         self.inner.enqueued(queue, entry)
         self.live[entry.seq] = entry
-        if not self.pending:
-            self.pending = True
-            self.manager.pending.add(self)
+        # the publisher's confirm waits for this queue's followers as for a link's answer
+        # (Session._route: message.forwarded; Broker.sync calls sync() below)
+        m = entry.message
+        if m.forwarded is None:
+            m.forwarded = [(self, 0)]
+        else:
+            m.forwarded.append((self, 0))
         if self.joined:
             self._send(wire.replicateEnqueue(self.names, self.epoch, entry.seq, entry.expiresAt, entry.returns,
                                              entry.redelivered, entry.message))
@@ -246,13 +249,16 @@ class Replicator:
                 if not d.called:
                     d.callback(None)
 
-    def barrier(self):
+    def refused(self, n):
+        """(As a link's: a forward the other node refused.)  Never: a failed barrier fails the sync."""
+        return False
+
+    def sync(self):
         """
         A Deferred firing once everything shipped so far is fsync'd on every
         in-sync follower and the in-sync set is a majority; fails with
         :class:`NoMajority` (the confirms become nacks).
         """
-        self.pending = False
         ds = []
         me = self.manager.node.name
         for follower in list(self.online):
@@ -374,8 +380,6 @@ class ReplicationManager:
         self.replicas = {}
         #: (vhost name, queue name) -> the last record of a replicated queue
         self.records = {}
-        #: Replicators with enqueues since their last barrier
-        self.pending = set()
 
     # --- leader ----------------------------------------------------------------
 
@@ -398,13 +402,6 @@ class ReplicationManager:
                     rep.followerLost(n)
         return rep
 
-    def barriers(self):
-        """Deferreds (a list): one per replicated queue with enqueues since its last barrier."""
-        if not self.pending:
-            return []
-        pending, self.pending = self.pending, set()
-        return [rep.barrier() for rep in pending if not rep.queue.deleted]
-
     def join(self, link, args):
         """A follower's ``replicaJoin`` request (a Deferred of ``{"epoch": E}``)."""
         rep = self.leading.get((args["vhost"], args["name"]))
@@ -417,7 +414,6 @@ class ReplicationManager:
         rep = self.leading.pop((vhostName, name), None)
         if rep is not None:
             rep.fence()
-            self.pending.discard(rep)
         replica = self.replicas.pop((vhostName, name), None)
         if replica is not None:
             replica.drop()
