@@ -332,6 +332,12 @@ class ClusterNode:
                 q = vh.queues.get(name)
                 if q is not None:
                     self.replication.lead(q, record)
+                else:
+                    replica = self.replication.replicas.get((vhostName, name))
+                    if replica is not None:
+                        # another node gave this one the leadership (a transfer: rebalance,
+                        # the old leader's member deleted)
+                        self.promote(replica, record)
                 return
             q = vh.queues.get(name)
             if q is not None and q.quorum:

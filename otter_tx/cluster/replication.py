@@ -197,7 +197,11 @@ class Replicator:
                 raise AMQPError(spec.INTERNAL_ERROR, "leadership of queue '%s' changed" % (self.name,))
             return self._changeOnline(add=follower)
 
-        return link.sync().addCallback(synced).addCallback(lambda _: {"epoch": epoch})
+        def lost(f):
+            f.trap(StoreFailedError)  # the link went (LinkLost) before the follower synced
+            raise AMQPError(spec.INTERNAL_ERROR, "follower %s of queue '%s' lost" % (follower, self.name))
+
+        return link.sync().addCallback(synced).addCallback(lambda _: {"epoch": epoch}).addErrback(lost)
 
     def _changeOnline(self, add=None, drop=None):
         node = self.manager.node

@@ -203,3 +203,22 @@ class ReplicatedQuorumTests(ClusterCase):
         self.assertEqual(state["cancelled"], [])
         self.assertEqual(sorted(set(state["got"])), sorted(b"m%d" % k for k in range(20)))
         self.assertGreaterEqual(len(state["got"]), 40)
+
+    @inlineCallbacks
+    def test_leadershipTransfer(self):
+        """
+        A record naming an in-sync follower as leader (epoch + 1, as a
+        rebalance writes it) moves the queue there with every message; the
+        old leader follows it.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(0, 12)
+        rec = self.record()
+        self.meta._put(md.queueKey("/", "qq"), dict(rec, node="n3", leader="n3", epoch=2, online=["n3"]), None)
+        yield waitOnReactor(lambda: "qq" in self.fixtures[2].broker.vhosts["/"].queues, 5)
+        q = self.fixtures[2].broker.vhosts["/"].queues["qq"]
+        self.assertEqual(q.readyCount, 12)
+        self.assertNotIn("qq", self.fixtures[0].broker.vhosts["/"].queues)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        self.assertEqual((self.replicaEntries(0), self.replicaEntries(1)), (12, 12))
