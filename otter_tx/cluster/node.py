@@ -362,6 +362,7 @@ class ClusterNode:
                     if not rq._detached:
                         rq.detach()
                     rq.reattach()
+                    rq.unpark()
                 elif not rq._detached:
                     rq.detach()
         if moving:
@@ -430,7 +431,10 @@ class ClusterNode:
                 moving.append((consumer, consumer is rq._exclusive))
                 self.consumerGone(cid)
             rq._cids, rq.consumers, rq._backlog, rq._exclusive = {}, [], {}, None
+            parked, rq.parked = rq.parked, None
             self._dropRemote(vh, rq)
+        else:
+            parked = None
         self.applying = True
         try:
             q = vh.declareQueue(replica.name, None, False, True, False, record["auto_delete"],
@@ -450,6 +454,11 @@ class ClusterNode:
                 journal.enqueued(q, entry)
         replica.drop()
         self._rebind(vh, replica.name)
+        if parked is not None and not parked.flushed:
+            # publishes made here while the queue had no leader: into it now
+            for message, redelivered in parked.messages:
+                q.enqueue(message, None, redelivered)
+            parked.flush(q.journal.sync())
         for consumer, exclusive in moving:
             consumer.queue = q
             q.addConsumer(consumer, exclusive)

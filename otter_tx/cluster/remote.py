@@ -14,6 +14,8 @@ back with credit that follows the consumer's prefetch, and settlements
 
 from collections import deque
 
+from twisted.internet import defer
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from otter_tx.amqp.codec import encodeTable
@@ -187,10 +189,23 @@ class RemoteQueue:
 
     # --- publish ---------------------------------------------------------------
 
+    #: the publishes parked while a replicated quorum queue has no leader (:class:`Parked`)
+    parked = None
+
     def enqueue(self, message, now=None, redelivered=False):
-        """Forward ``message`` home; None (not routed) while the home node is down."""
+        """
+        Forward ``message`` home; None (not routed) while the home node is
+        down, but a replicated quorum queue's publishes wait for its next
+        leader (:class:`Parked`), as RabbitMQ's are confirmed late, not lost.
+        """
         link = self.node.links.get(self.home)
         if link is None or self.down or self.deleted:
+            if self.replicated and not self.deleted:
+                parked = self.parked
+                if parked is None or parked.flushed:
+                    parked = self.parked = Parked(self)
+                if parked.park(message, redelivered):
+                    return True
             return None
         n = link.forward(self._names, redelivered, message)
         if message.forwarded is None:
@@ -426,6 +441,20 @@ class RemoteQueue:
         self.down = False
         if self._detached:
             self.reattach()
+        self.unpark()
+
+    def unpark(self):
+        """The publishes parked while there was no leader go to the one there is now."""
+        parked = self.parked
+        if parked is None or parked.flushed:
+            return
+        link = self.node.links.get(self.home)
+        if link is None or self.down:
+            return
+        self.parked = None
+        for message, redelivered in parked.messages:
+            link.forward(self._names, redelivered, message)
+        parked.flush(link.sync())
 
     _detached = False
 
@@ -461,6 +490,82 @@ class RemoteQueue:
         self.deleted = True
         self._cancelAll()
         return self.readyCount
+
+
+#: seconds a publish to a replicated quorum queue waits for a leader before its nack
+PARK_WAIT = 30.0
+#: publishes one queue parks at most (then they are unroutable, as for a down queue)
+PARK_LIMIT = 100000
+
+
+class Parked:
+    """
+    Publishes to a replicated quorum queue made while it has no leader (its
+    leader's node is gone, a follower not yet promoted): they go to the next
+    leader (:meth:`RemoteQueue.unpark`, or the queue this node promotes), and
+    their confirms wait for it; after :data:`PARK_WAIT` seconds without one
+    they are dropped and nacked.  In ``message.forwarded`` it stands as a
+    link does (``sync()``, ``refused(n)``).
+    """
+
+    def __init__(self, rq):
+        self.rq = rq
+        self.clock = rq.clock
+        self.messages = []
+        self.flushed = False
+        self._waiters = []
+        self._timer = self.clock.callLater(PARK_WAIT, self._expired)
+
+    def park(self, message, redelivered):
+        if len(self.messages) >= PARK_LIMIT:
+            return False
+        self.messages.append((message, redelivered))
+        if message.forwarded is None:
+            message.forwarded = [(self, 0)]
+        else:
+            message.forwarded.append((self, 0))
+        return True
+
+    def refused(self, n):
+        return False
+
+    def sync(self):
+        outcome = self._outcome
+        if outcome is True:
+            return defer.succeed(None)
+        if outcome is not None:
+            return defer.fail(outcome)
+        d = defer.Deferred()
+        self._waiters.append(d)
+        return d
+
+    _outcome = None
+
+    def flush(self, answer):
+        """The parked publishes were handed to the new leader; ``answer``: a Deferred of its taking them."""
+        self.flushed = True
+        if self._timer.active():
+            self._timer.cancel()
+        self.messages = []
+
+        def settled(r):
+            self._outcome = r if isinstance(r, Failure) else True
+            waiters, self._waiters = self._waiters, []
+            for d in waiters:
+                if isinstance(r, Failure):
+                    d.errback(r)
+                else:
+                    d.callback(None)
+
+        answer.addBoth(settled)
+
+    def _expired(self):
+        if self.flushed:
+            return
+        if self.rq.parked is self:
+            self.rq.parked = None
+        self.flush(defer.fail(LinkLost("no leader for quorum queue '%s' in vhost '%s' within %d s" % (
+            self.rq.name, self.rq.vhost.name, PARK_WAIT))))
 
 
 @implementer(IConsumer)
