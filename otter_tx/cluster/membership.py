@@ -73,6 +73,11 @@ class Membership:
     returns a Deferred.
     """
 
+    #: what the operations raise (the management app, which must not import the cluster, catches it so)
+    Error = MembershipError
+    #: grow's strategies
+    strategies = STRATEGIES
+
     def __init__(self, node):
         self.node = node
         node.handlers[OP] = self._answer

@@ -28,11 +28,13 @@ and add on a missing queue is 404 (RabbitMQ: 503 ``not_found``).
 from twisted.internet.defer import inlineCallbacks
 
 from otter_tx.broker.arguments import QUORUM, queueType
-from otter_tx.cluster.membership import STRATEGIES, MembershipError
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import ADMIN
 from otter_tx.web.management.http import HTTPError, Response, badRequest, notFound
+
+#: grow's strategies, as :data:`otter_tx.cluster.membership.STRATEGIES` (the web does not import the cluster)
+STRATEGIES = ("all", "even")
 
 
 def unavailable(reason):
@@ -82,10 +84,10 @@ class MembersRoom(Room):
         return node
 
     @inlineCallbacks
-    def _run(self, d, answer):
+    def _run(self, membership, d, answer):
         try:
             yield d
-        except MembershipError as e:
+        except membership.Error as e:
             raise _httpError(e)
         return answer
 
@@ -99,7 +101,7 @@ class MembersRoom(Room):
             if node == self._me():
                 return Response(204)
             raise unavailable("node_not_running")
-        return self._run(membership.addMember(vhost, name, node), Response(204))
+        return self._run(membership, membership.addMember(vhost, name, node), Response(204))
 
     @app.route("/api/queues/quorum/<vhost>/<name>/replicas/delete", methods=["DELETE", "OPTIONS"])
     @endpoint(ADMIN)
@@ -114,7 +116,7 @@ class MembersRoom(Room):
             if node == self._me():
                 raise unavailable("last_node")
             return Response(202)
-        return self._run(membership.deleteMember(vhost, name, node), Response(202))
+        return self._run(membership, membership.deleteMember(vhost, name, node), Response(202))
 
     @app.route("/api/queues/quorum/replicas/on/<node>/grow", methods=["POST", "OPTIONS"])
     @endpoint(ADMIN)
@@ -139,7 +141,7 @@ class MembersRoom(Room):
             raise notFound()
         if node not in membership.running():
             raise notFound()
-        return self._run(membership.grow(node, strategy, body["vhost_pattern"], body["queue_pattern"]),
+        return self._run(membership, membership.grow(node, strategy, body["vhost_pattern"], body["queue_pattern"]),
                          Response(204))
 
     @app.route("/api/queues/quorum/replicas/on/<node>/shrink", methods=["DELETE", "OPTIONS"])
@@ -149,7 +151,7 @@ class MembersRoom(Room):
         membership = self._membership()
         if membership is None:
             return Response(202)
-        return self._run(membership.shrink(node), Response(202))
+        return self._run(membership, membership.shrink(node), Response(202))
 
     @app.route("/api/rebalance/queues", methods=["POST", "OPTIONS"])
     @endpoint(ADMIN)
@@ -158,4 +160,4 @@ class MembersRoom(Room):
         membership = self._membership()
         if membership is None:
             return Response(204)
-        return self._run(membership.rebalance(), Response(204))
+        return self._run(membership, membership.rebalance(), Response(204))
