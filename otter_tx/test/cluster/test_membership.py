@@ -156,9 +156,15 @@ class MembershipTests(ClusterCase):
                                   {"strategy": "even", "vhost_pattern": ".*", "queue_pattern": ".*"})
         self.assertEqual(code, 204)
         self.assertEqual(sorted(self.record("g2")["members"]), ["n1", "n2", "n3"])
+        self.assertEqual(self.record("solo")["members"], ["n3"])
         code, _ = yield self.call(1, "POST", "/api/queues/quorum/replicas/on/n9/grow",
                                   {"strategy": "all", "vhost_pattern": ".*", "queue_pattern": ".*"})
         self.assertEqual(code, 404)
+        # a queue of one member gets its first follower: the snapshot has its messages
+        code, _ = yield self.call(0, "POST", "/api/queues/quorum/%2F/solo/replicas/add", {"node": "n1"})
+        self.assertEqual(code, 204)
+        yield waitOnReactor(lambda: self.record("solo").get("online") == ["n3", "n1"], 5)
+        self.assertEqual(self.replicaEntries(0, "solo"), 2)
 
     @inlineCallbacks
     def test_rebalance(self):
@@ -194,6 +200,55 @@ class MembershipTests(ClusterCase):
         code, _ = yield self.call(0, "DELETE", "/api/queues/quorum/%2F/nope/replicas/delete", {"node": "n2"})
         self.assertEqual(code, 404)
 
+
+    @inlineCallbacks
+    def test_consumersFollowTransfer(self):
+        """
+        Consumers on the old leader's node and on another node keep their
+        subscriptions (no basic.cancel) when the leadership moves, and get
+        what is published afterwards.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        state = {"got": [], "cancelled": []}
+
+        def subscribe():
+            conns = []
+            for i in (0, 1):
+                c = self.conn(i)
+                ch = c.channel()
+                ch.add_on_cancel_callback(lambda frame: state["cancelled"].append(frame.method.consumer_tag))
+
+                def onMessage(ch, method, props, body):
+                    state["got"].append(body)
+                    ch.basic_ack(method.delivery_tag)
+
+                ch.basic_consume("qq", onMessage, consumer_tag="c%d" % i)
+                conns.append(c)
+            return conns
+
+        conns = yield self.inThread(subscribe)
+
+        def pump(seconds, until):
+            import time
+            deadline = time.time() + seconds
+            while time.time() < deadline and not until():
+                for c in conns:
+                    c.process_data_events(0.05)
+            return True
+
+        code, _ = yield self.call(2, "POST", "/api/rebalance/queues")
+        self.assertEqual(code, 204)
+        # one queue, three nodes: nothing to move (each leads at most one)
+        self.assertEqual(self.record()["node"], "n1")
+        result = yield self.cluster[2].membership.transfer("/", "qq", "n2")
+        self.assertEqual(result, "transferred")
+        yield waitOnReactor(lambda: len(self.fixtures[1].broker.vhosts["/"].queues.get("qq").consumers) == 2
+                            if "qq" in self.fixtures[1].broker.vhosts["/"].queues else False, 5)
+        yield self.publish(2, 20)
+        yield self.inThread(pump, 10, lambda: len(state["got"]) >= 20)
+        self.assertEqual(state["cancelled"], [])
+        self.assertEqual(sorted(state["got"]), sorted(b"m%d" % k for k in range(20)))
 
 
 class TransferUnderLoadTests(ClusterCase):
