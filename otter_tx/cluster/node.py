@@ -38,6 +38,7 @@ from otter_tx.cluster.entities import KINDS as ENTITY_KINDS
 from otter_tx.cluster.entities import PREFIX as ENTITIES
 from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
+from otter_tx.cluster.membership import Membership
 from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
 from otter_tx.cluster.replication import ReplicationManager, groupSize, isReplicated
 
@@ -102,6 +103,8 @@ class ClusterNode:
         self.writes = md.OrderedWrites(metadata, self._applyNow)
         #: replicated quorum queues: the ones this node leads and follows (replication.py)
         self.replication = ReplicationManager(self)
+        #: add / delete members of quorum queues, grow, shrink, rebalance (membership.py)
+        self.membership = Membership(self)
         broker.cluster = self
 
     # --- joining --------------------------------------------------------------
@@ -326,7 +329,8 @@ class ClusterNode:
             if rq is not None:
                 self._dropRemote(vh, rq)
             return
-        if isReplicated(record):
+        if isReplicated(record) or (vhostName, name) in self.replication.records:
+            # (also a record down to one member: the deleted members drop their replicas)
             self.replication.records[(vhostName, name)] = record
             if self.replication.record(vhostName, name, record):
                 q = vh.queues.get(name)

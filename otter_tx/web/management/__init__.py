@@ -22,7 +22,8 @@ clock, the node's listeners):
   :mod:`.policies` (policies, operator policies, parameters),
   :mod:`.users` (users, permissions, user limits), :mod:`.vhosts`
   (vhosts, vhost limits), :mod:`.connections` (connections, channels,
-  consumers), :mod:`.definitions`, :mod:`.nodes` (nodes, health checks,
+  consumers), :mod:`.definitions`, :mod:`.members` (quorum queue members,
+  rebalance), :mod:`.nodes` (nodes, health checks,
   aliveness) and :mod:`.overview` (overview, whoami, the admin web app,
   and every unknown path);
 - :mod:`.http`: errors, responses, JSON bodies, pagination;
@@ -56,6 +57,7 @@ from otter_tx.web.management.connections import ConnectionsRoom
 from otter_tx.web.management.definitions import DefinitionsRoom
 from otter_tx.web.management.exchanges import ExchangesRoom
 from otter_tx.web.management.http import RABBITMQ_COMPAT_VERSION, HTTPError, Response, renderError  # noqa: F401
+from otter_tx.web.management.members import MembersRoom
 from otter_tx.web.management.nodes import NodesRoom
 from otter_tx.web.management.overview import OverviewRoom
 from otter_tx.web.management.policies import PoliciesRoom
@@ -85,6 +87,7 @@ ROOMS = {
     b"healthchecks": NodesRoom,
     b"health": NodesRoom,
     b"aliveness-test": NodesRoom,
+    b"rebalance": MembersRoom,
 }
 
 #: ``/api/vhosts/{v}/{part}``: the room of a vhost's sub-resource
@@ -101,6 +104,9 @@ def roomFor(segments):
     if len(segments) >= 2 and segments[0] == b"api":
         if segments[1] == b"vhosts" and len(segments) >= 4 and segments[3] in VHOST_PARTS:
             return VHOST_PARTS[segments[3]]
+        if segments[1] == b"queues" and len(segments) == 7 and segments[2] == b"quorum":
+            # /api/queues/quorum/{v}/{q}/replicas/add|delete, /api/queues/quorum/replicas/on/{node}/grow|shrink
+            return MembersRoom
         return ROOMS.get(segments[1], OverviewRoom)
     return OverviewRoom
 

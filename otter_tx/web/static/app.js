@@ -888,10 +888,52 @@ pages.queues = (root) => {
   }};
 };
 
+// a quorum queue's members (docs/cluster.md, "Membership"): its leader, members and the in-sync
+// ones; administrators add a member (a running cluster node that is not one) or delete one
+function membersSection(vhost, name) {
+  const base = "/api/queues/quorum/" + enc(vhost) + "/" + enc(name) + "/replicas/";
+  const admin = hasTag("administrator");
+  const view = h("div");
+  const nodeSel = h("select", {name: "node", required: true});
+  const add = form("Add a member", [field("Node", nodeSel)], "Add member", async (f) => {
+    const node = val(f, "node");
+    if (node) await act(() => api("POST", base + "add", {node}), "Member " + node + " added: it joins and syncs.");
+  });
+  const el = h("div", {id: "members", hidden: true}, h("h2", {}, "Members"), view, admin ? add : null);
+  let shown = "";
+  return {el, async refresh(q) {
+    el.hidden = !(q.type === "quorum" && q.leader);
+    if (el.hidden) return;
+    const ms = q.members || [q.leader], online = q.online || [];
+    fill(view, kv([["Leader", h("span", {"data-member-leader": ""}, q.leader)], ["Members", ms.join(", ")],
+      ["Online (in sync)", online.join(", ")]]),
+    table(["Node", "Role", "In sync", ""], ms.map((m) => [m, m === q.leader ? "leader" : "follower",
+      online.includes(m) ? "yes" : "no",
+      admin && ms.length > 1 ? h("button", {class: "danger", "data-delete-member": m, onclick: () => {
+        if (window.confirm("Delete member " + m + " of queue " + name + "?" + (m === q.leader ?
+          " Its leadership goes to an in-sync follower first." : "")))
+          act(() => api("DELETE", base + "delete", {node: m}), "Member " + m + " deleted.");
+      }}, "Delete member") : ""]), "No members"));
+    if (!admin) return;
+    let nodes = [];
+    try { nodes = (await api("GET", "/api/nodes")).filter((n) => n.running !== false).map((n) => n.name); } catch (e) { nodes = []; }
+    const others = nodes.filter((n) => !ms.includes(n)).sort();
+    // the select is rebuilt only when its choices change (a choice being made is kept)
+    if (others.join("\n") !== shown) {
+      shown = others.join("\n");
+      const keep = nodeSel.value;
+      fill(nodeSel, others.length ? others.map((n) => h("option", {value: n, selected: n === keep}, n)) :
+        h("option", {value: ""}, "(every running node is a member)"));
+      add.querySelector("button[type=submit]").disabled = !others.length;
+    }
+  }};
+}
+
 pages.queue = (root, [vhost, name]) => {
   const base = "/api/queues/" + enc(vhost) + "/" + enc(name);
   const info = h("div"), expiry = h("div"), lease = h("div"), dl = h("div"), consumers = h("div"), bindings = h("div");
   const streamBox = h("div", {id: "stream"});
+  const members = membersSection(vhost, name);
   const got = h("div", {id: "got"}), browsed = h("div", {id: "browsed"});
   const queued = lengthCharts();
   const rates = new Chart("Message rates", QUEUE_RATE_KEYS, "/s");
@@ -901,7 +943,7 @@ pages.queue = (root, [vhost, name]) => {
   const leaseText = h("span", {class: "countdown"});
   const tick = () => { if (expiresAt !== null) leaseText.textContent = fmtDuration(expiresAt - Date.now()) + " (at " + fmtTime(expiresAt) + ")"; };
   const ticker = setInterval(tick, 500);
-  append(root, h("h1", {}, "Queue ", name, h("span", {class: "muted"}, " in virtual host " + vhost)), info, streamBox,
+  append(root, h("h1", {}, "Queue ", name, h("span", {class: "muted"}, " in virtual host " + vhost)), info, streamBox, members.el,
     h("div", {class: "grid"}, queued.el, rates.el, deaths.el),
     h("h2", {}, "Time to expiry"), expiry, h("h2", {}, "Queue lease (x-expires)"), lease,
     h("h2", {}, "Dead-letter target"), dl,
@@ -966,6 +1008,7 @@ pages.queue = (root, [vhost, name]) => {
         h("h3", {}, "Readers"),
         table(["Consumer tag", "Next offset", "Behind"], st.readers.map((r) =>
           [r.consumer_tag, fmtNum(r.offset), fmtNum(st.committed_offset - r.offset)]), "No readers")] : []);
+      await members.refresh(q);
       updateLengths(queued, q);
       updateRates(rates, q.message_stats, QUEUE_RATE_KEYS);
       updateRates(deaths, q.message_stats, QUEUE_DEATH_KEYS);
