@@ -209,7 +209,9 @@ def queueDict(q, unacked=None, detail=False, view=None):
         }
     if detail:
         d["messages_persistent"], d["message_bytes_persistent"] = q.ready.persistent()
-        d["consumer_details"] = [consumerDict(q, c) for c in q.consumers]
+        # (the consumers of this node's channels: a LinkConsumer stands for a consumer on
+        # another node of the cluster, which lists it in its /api/consumers)
+        d["consumer_details"] = [consumerDict(q, c) for c in q.consumers if getattr(c, "session", None) is not None]
         d["deliveries"] = []
         d["incoming"] = []
     return d

@@ -713,6 +713,9 @@ class ManagementTests(ClusterCase):
             ch1.basic_consume("cq", lambda *a: None, consumer_tag="t1")
             ch3 = self.conn(2).channel()
             ch3.basic_consume("cq", lambda *a: None, consumer_tag="t3")
+            # the queue's own JSON at its home, where both consumers are LinkConsumers (it was a 500)
+            status, home = self.api(1, "GET", "/api/queues/%2F/cq")
+            self.assertEqual((status, home["consumers"], home["consumer_details"]), (200, 2, []))
             return (self.api(2, "GET", "/api/consumers")[1], self.api(0, "GET", "/api/consumers/%2F")[1],
                     self.api(1, "GET", "/api/consumers?columns=consumer_tag&page=2&page_size=1")[1])
 

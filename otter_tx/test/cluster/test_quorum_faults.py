@@ -65,6 +65,11 @@ class _Load:
         self.stopPublishing = threading.Event()
         self.stopConsuming = threading.Event()
 
+    def stop(self):
+        """Both threads end (a test's cleanup: a failed test must not leave them running)."""
+        self.stopPublishing.set()
+        self.stopConsuming.set()
+
     def publisher(self):
         n = 0
         while not self.stopPublishing.is_set():
@@ -142,6 +147,21 @@ class QuorumFaultTests(TestCase):
         self.assertEqual(sorted(q["members"]), ["otter1", "otter2", "otter3"])
         return q
 
+    def clusterLog(self):
+        """Each node's ``cluster:`` log lines and its view of the queue (printed when a wait fails)."""
+        out = []
+        for n in self.cluster.nodes:
+            try:
+                with open(n.dataDir + ".log", "rb") as f:
+                    lines = [line for line in f.read().decode("utf-8", "replace").splitlines()
+                             if "cluster:" in line or "Traceback" in line or "Error" in line]
+            except OSError:
+                lines = []
+            out.append("== %s: %s\n%s" % (n.name, queueJSON(n, "rq") and {
+                k: queueJSON(n, "rq").get(k) for k in ("leader", "members", "online", "state")},
+                "\n".join(lines[-15:])))
+        return "\n".join(out)
+
     def index(self, nodeName):
         return int(nodeName[len("otter"):]) - 1
 
@@ -168,6 +188,8 @@ class QuorumFaultTests(TestCase):
             return [n.amqpPort for i, n in enumerate(nodes) if i != state["leader"]][k]
 
         load = _Load("rq", lambda: others(0), lambda: others(1))
+
+        self.addCleanup(load.stop)
         pub = threads.deferToThread(load.publisher)
         con = threads.deferToThread(load.consumer)
         failovers = []
@@ -182,7 +204,8 @@ class QuorumFaultTests(TestCase):
                 newLeader = yield threads.deferToThread(
                     waitFor, lambda: (lambda n: n if n and self.index(n) != victim else None)(
                         self.leaderSeenBy(survivor)), 15)
-                self.assertIsNotNone(newLeader, "no new leader within 15 s (seed %d)" % (seed,))
+                self.assertIsNotNone(newLeader, "no new leader within 15 s (seed %d)\n%s" % (
+                    seed, (yield threads.deferToThread(self.clusterLog))))
                 state["leader"] = self.index(newLeader)
                 confirmedAgain = yield threads.deferToThread(
                     waitFor, lambda: len(load.confirmed) > before + 10, 15)
@@ -215,6 +238,7 @@ class QuorumFaultTests(TestCase):
         yield self.startQuorum()
         nodes = self.cluster.nodes
         load = _Load("rq", lambda: nodes[1].amqpPort, lambda: nodes[2].amqpPort)
+        self.addCleanup(load.stop)
         pub = threads.deferToThread(load.publisher)
         con = threads.deferToThread(load.consumer)
         try:
@@ -335,6 +359,7 @@ class QuorumFaultTests(TestCase):
         nodes = self.cluster.nodes
         self.cluster.etcd.kill(0)
         load = _Load("rq", lambda: nodes[1].amqpPort, lambda: nodes[2].amqpPort)
+        self.addCleanup(load.stop)
         pub = threads.deferToThread(load.publisher)
         con = threads.deferToThread(load.consumer)
         try:
