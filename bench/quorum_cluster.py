@@ -668,13 +668,15 @@ async def failoverRound(cluster, a, r, queue):
             res["new_leader"], res["leader_ms"], sentCount, res["confirmed"], res["nacked"], unconfirmed,
             res["max_confirm_latency_ms"]))
     # the killed node back, and in online again
+    # (online is polled from the start command on: a node can be listed before its start script returns)
     tStart = time.monotonic()
     h = await loop.run_in_executor(None, cluster.restart, leader)
+    onlineF = loop.run_in_executor(None, waitQueueState, cluster, pubNode, queue,
+                                   lambda q: leader in onlineIndexes(cluster, q), a.restart_timeout, 0.05)
     ok = await loop.run_in_executor(None, h.wait, a.restart_timeout)
     if not ok:
         raise RuntimeError("%s not started again in %s s" % (cluster.name(leader), a.restart_timeout))
-    tOnline, _ = await loop.run_in_executor(
-        None, waitQueueState, cluster, pubNode, queue, lambda q: leader in onlineIndexes(cluster, q), 300, 0.05)
+    tOnline, _ = await onlineF
     res["restart_boot_s"] = round(h.finished - tStart, 2)
     res["restart_online_s"] = round(tOnline - tStart, 2) if tOnline else None
     log("round %d: %s started again in %.1f s, in online at %s s" % (
@@ -762,7 +764,9 @@ def fmt(v, spec="%.1f"):
 
 
 def table(summary):
-    lines = ["broker: %s  (%s)" % (summary["broker"], summary.get("version") or "?")]
+    lines = ["broker: %s  (%s); load average before %s, after %s (%d cores)" % (
+        summary["broker"], summary.get("version") or "?", "/".join("%.2f" % x for x in summary["loadavg_before"]),
+        "/".join("%.2f" % x for x in summary.get("loadavg_after") or ()), os.cpu_count())]
     t = summary.get("throughput")
     if t:
         lines.append("")
@@ -784,7 +788,7 @@ def table(summary):
                      "publishing %d/s" % (len(f["rounds"]), summary["args"]["rate"]))
         lines.append("%-6s %-14s %-14s %9s %9s %9s %9s %9s %9s %6s %6s %9s" % (
             "round", "killed", "new leader", "confirm", "any conf", "deliver", "any dlv", "API ldr", "max lat",
-            "nacks", "unconf", "online s"))
+            "nacks", "unconf", "back s"))
         for x in f["rounds"]:
             lines.append("%-6s %-14s %-14s %9s %9s %9s %9s %9s %9s %6d %6d %9s" % (
                 x["round"], x["killed"], x["new_leader"] or "-", fmt(x["confirm_ms"]), fmt(x["any_confirm_ms"]),
@@ -795,7 +799,9 @@ def table(summary):
             fmt(f["any_deliver_ms"]), fmt(f["leader_ms"]), fmt(f["max_confirm_latency_ms"]), f["nacked"],
             f["unconfirmed"], fmt(f["restart_online_s"])))
         lines.append("confirm = first confirm of a publish sent after the kill; deliver = first delivery of a "
-                     "message published after the kill; any = of any message")
+                     "message published after the kill; any = of any message; API ldr = a surviving node's queue "
+                     "JSON names the new leader; max lat = the longest confirm latency; back s = the killed node "
+                     "in online again, s after its start command")
     c = summary.get("catchup")
     if c:
         lines.append("")
@@ -825,6 +831,7 @@ def body(cluster, a):
     summary = {"broker": cluster.broker, "args": {k: v for k, v in vars(a).items() if k != "node_arg"}}
     summary["args"]["node_arg"] = a.node_arg
     started = time.time()
+    summary["loadavg_before"] = os.getloadavg()
     cluster.start()
     try:
         summary["version"] = brokerVersion(cluster)
@@ -842,6 +849,7 @@ def body(cluster, a):
         finally:
             CHILDREN.reapAll()
     summary["elapsed_s"] = round(time.time() - started, 1)
+    summary["loadavg_after"] = os.getloadavg()
     print(table(summary))
     line = json.dumps(summary, sort_keys=True)
     print("JSON " + line)
