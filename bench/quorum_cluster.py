@@ -527,7 +527,8 @@ class FailoverClients:
         self.pubErrors = []
         self.deliveries = []   # (time, seq, redelivered)
         self.consErrors = []
-        self.cancelled = None
+        self.cancels = []      # times the broker cancelled the consumer (it consumes again at once)
+        self.pubErrorCount = 0
         self.stopping = False
         self.pending = set()
 
@@ -538,7 +539,24 @@ class FailoverClients:
         self.cconn = await asyncio.wait_for(aiormq.connect(url(self.cluster, self.consNode)), 15)
         self.cch = await asyncio.wait_for(self.cconn.channel(publisher_confirms=False), 15)
         await asyncio.wait_for(self.cch.basic_qos(prefetch_count=self.a.prefetch), 15)
+        self.cch.on_consumer_cancel_callbacks.add(self.onCancel)
+        await self.consume()
+
+    async def consume(self):
         await asyncio.wait_for(self.cch.basic_consume(self.queue, self.onMessage, no_ack=False), 15)
+
+    async def onCancel(self, frame):
+        """A basic.cancel from the broker (RabbitMQ does not send one here): recorded, and consume again."""
+        self.cancels.append(time.monotonic())
+        if not self.stopping:
+            asyncio.ensure_future(self.consumeAgain())
+
+    async def consumeAgain(self):
+        try:
+            await self.consume()
+        except Exception as e:  # noqa: BLE001 - recorded
+            if len(self.consErrors) < 5:
+                self.consErrors.append((time.monotonic(), "consuming again: %r" % (e,)))
 
     async def onMessage(self, message):
         t = time.monotonic()
@@ -563,6 +581,7 @@ class FailoverClients:
         except DeliveryError:
             self.nacked[seq] = time.monotonic()
         except Exception as e:  # noqa: BLE001 - recorded
+            self.pubErrorCount += 1
             if len(self.pubErrors) < 5:
                 self.pubErrors.append((time.monotonic(), repr(e)))
 
@@ -677,7 +696,9 @@ async def failoverRound(cluster, a, r, queue):
         leader_ms=after(tLeader),
         max_confirm_latency_ms=round(max(latAround) * 1000, 1) if latAround else None,
         sent=sentCount, confirmed=len(cl.confirmed), nacked=len(cl.nacked), unconfirmed=unconfirmed,
-        publish_errors=[e for _, e in cl.pubErrors], consumer_errors=[e for _, e in cl.consErrors],
+        publish_errors=[e for _, e in cl.pubErrors], publish_error_count=cl.pubErrorCount,
+        consumer_errors=[e for _, e in cl.consErrors],
+        consumer_cancels_ms=[after(t) for t in cl.cancels],
         delivered=len(delivered), redelivered=sum(1 for _, _, rd in cl.deliveries if rd),
         first_delivery_after_open_s=round(firstDelivery, 3), warmup_stalls=stalls,
         confirmed_not_delivered=len(set(cl.confirmed) - delivered))
@@ -725,7 +746,8 @@ def failover(cluster, a):
     summary = {k: med([x[k] for x in rounds]) for k in keys}
     summary.update({"max_" + k: max((x[k] for x in rounds if x[k] is not None), default=None) for k in keys[:5]})
     summary.update(nacked=sum(x["nacked"] for x in rounds), unconfirmed=sum(x["unconfirmed"] for x in rounds),
-                   publish_errors=sum(len(x["publish_errors"]) for x in rounds),
+                   publish_errors=sum(x["publish_error_count"] for x in rounds),
+                   consumer_cancels=sum(len(x["consumer_cancels_ms"]) for x in rounds),
                    warmup_stalls=sum(len(x["warmup_stalls"]) for x in rounds), rounds=rounds)
     return summary
 
@@ -846,7 +868,11 @@ def table(summary):
             for stall in x["warmup_stalls"]:
                 lines.append("round %s, before the kill, clients moved: %s" % (x["round"], stall))
             if x["publish_errors"] or x["consumer_errors"]:
-                lines.append("round %s errors: %s" % (x["round"], x["publish_errors"] + x["consumer_errors"]))
+                lines.append("round %s errors (%d publishes failed; the first 5 of each side): %s" % (
+                    x["round"], x["publish_error_count"], x["publish_errors"] + x["consumer_errors"]))
+            if x["consumer_cancels_ms"]:
+                lines.append("round %s: the broker cancelled the consumer at %s ms (it consumed again)" % (
+                    x["round"], x["consumer_cancels_ms"]))
     c = summary.get("catchup")
     if c:
         lines.append("")

@@ -79,8 +79,8 @@ class QuorumClusterBenchTests(SynchronousTestCase):
         a = self.qc.parseArgs(["--broker", "otter"])
         rnd = dict(round=1, killed="otter1", new_leader=None, confirm_ms=120.0, any_confirm_ms=1.0, deliver_ms=None,
                    any_deliver_ms=2.0, leader_ms=130.5, max_confirm_latency_ms=125.0, nacked=0, unconfirmed=3,
-                   restart_online_s=1.5, warmup_stalls=["publisher on otter2 ..."], publish_errors=[],
-                   consumer_errors=[])
+                   restart_online_s=1.5, warmup_stalls=["publisher on otter2 ..."], publish_errors=["ChannelClosed()"],
+                   publish_error_count=7, consumer_errors=[], consumer_cancels_ms=[101.5])
         cround = dict(round=1, leader="otter1", follower="otter3", publish_rate=1000.0, boot_s=0.5, online_s=2.0,
                       sync_s=2.0, sync_how="in the queue's online list (defined as in sync)")
         summary = {
@@ -97,3 +97,5 @@ class QuorumClusterBenchTests(SynchronousTestCase):
         self.assertIn("otter3", text)
         self.assertIn("clients moved: publisher on otter2", text)
         self.assertIn("median", text)
+        self.assertIn("7 publishes failed", text)
+        self.assertIn("cancelled the consumer at [101.5] ms", text)
