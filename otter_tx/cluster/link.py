@@ -102,6 +102,8 @@ class LinkProtocol(protocol.Protocol):
         self._fwdIn = 0          # forwards received
         self._refusedIn = []     # numbers of forwards received that our queue refused, since the last SYNC
         self._replicatedIn = []  # (number, [(Replicator, 0)]) of forwards taken by replicated queues, since then
+        self._fwdAtSync = 0      # the last forward number covered by a SYNC answered
+        self._replicaOpsIn = False  # REPLICATE frames received since the last SYNC
         self._refused = set()    # numbers of our forwards the other node said were refused
 
     # --- connection ----------------------------------------------------------
@@ -359,7 +361,22 @@ class LinkProtocol(protocol.Protocol):
             n = r.u64()
             refused, self._refusedIn = self._refusedIn, []
             replicated, self._replicatedIn = self._replicatedIn, []
+            first, self._fwdAtSync = self._fwdAtSync + 1, self._fwdIn
+            replicaOps, self._replicaOpsIn = self._replicaOpsIn, False
             d = node.broker.journal.sync()
+
+            def storeFailed(f, first=first, last=self._fwdIn, replicaOps=replicaOps):
+                # not on disk here: the forwards since the last SYNC are refused (nacks), and a
+                # leader replicating to this node drops it from the in-sync set first
+                log.error("cluster: the store failed under a link SYNC from {peer}: {why}", peer=self.peer,
+                          why=f.getErrorMessage())
+                refused.extend(k for k in range(first, last + 1) if k not in refused)
+                if replicaOps:
+                    self.send(wire.frame(wire.REPL_FAILED, b""))
+                    node.replication.storeFailed(self.peer)
+                return None
+
+            d.addErrback(storeFailed)
             if replicated:
                 d = self._replicatedSync(d, replicated, refused)
             if self._syncChain is not None and not self._syncChain.called:
@@ -403,7 +420,10 @@ class LinkProtocol(protocol.Protocol):
             vhost, queue, count = r.string(), r.string(), r.u32()
             node.streamAppended(vhost, queue, count, r.blob())
         elif kind == wire.REPLICATE:
+            self._replicaOpsIn = True
             node.replication.replicated(self, r)
+        elif kind == wire.REPL_FAILED:
+            node.replication.followerFailed(self.peer)
         elif kind == wire.FENCED:
             node.replication.fencedBy(self, r)
         elif kind == wire.STATS:

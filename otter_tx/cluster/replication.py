@@ -56,6 +56,8 @@ FOLLOWER_TIMEOUT = 5.0
 NO_MAJORITY_WAIT = 10.0
 #: seconds between a follower's attempts to join its leader
 JOIN_RETRY = 0.5
+#: seconds before a follower whose store failed tries to join again
+STORE_RETRY = 5.0
 
 
 class NoMajority(StoreFailedError):
@@ -120,6 +122,7 @@ class Replicator:
         self.joined = {}
         self.live = {}
         self.fenced = False
+        self._changes = []  # online changes in flight (a confirm waits for them)
         self._majorityWaiters = []
 
     def __getattr__(self, name):
@@ -230,12 +233,19 @@ class Replicator:
         return node.writes.write(self.key, lambda: node.metadata.update(self.key, change)).addCallback(done)
 
     def followerLost(self, follower):
-        """``follower``'s link closed (or it stopped answering): out of ``joined`` and ``online``."""
+        """
+        ``follower``'s link closed, it stopped answering or its store failed:
+        out of ``joined`` and ``online`` (in etcd before any confirm that
+        goes without it: :meth:`sync` waits for the change).
+        """
         self.joined.pop(follower, None)
         if follower in self.online:
             self.online.remove(follower)
-            return self._changeOnline(drop=follower).addErrback(
+            d = self._changeOnline(drop=follower).addErrback(
                 lambda f: log.failure("dropping {f} from {q}", f, f=follower, q=self.name))
+            self._changes.append(d)
+            d.addBoth(lambda r: (self._changes.remove(d) if d in self._changes else None, r)[1])
+            return d
         return defer.succeed(None)
 
     def fence(self):
@@ -291,6 +301,9 @@ class Replicator:
         return d.addErrback(lost)
 
     def _afterSyncs(self, _):
+        if self._changes:
+            # a follower is being dropped from the in-sync set: in etcd first
+            return defer.gatherResults(list(self._changes), consumeErrors=True).addBoth(self._afterSyncs)
         if self.fenced:
             raise NoMajority("%s: no longer the leader of quorum queue '%s'" % (self.manager.node.name, self.name))
         if len(self.online) >= majority(self.members):
@@ -485,6 +498,19 @@ class ReplicationManager:
         if op != wire.R_RESET and replica.joinedEpoch != epoch:
             return
         replica.apply(epoch, op, r)
+
+    def followerFailed(self, peer):
+        """REPL_FAILED from ``peer``: its store could not hold what it was sent."""
+        for rep in list(self.leading.values()):
+            if peer in rep.joined or peer in rep.online:
+                rep.followerLost(peer)
+
+    def storeFailed(self, leader):
+        """This node's store failed while following ``leader``: those replicas join again later."""
+        for replica in list(self.replicas.values()):
+            if replica.leader == leader:
+                replica.joinedEpoch = None
+                self.node._later(STORE_RETRY, self._maybeJoin, replica)
 
     def fencedBy(self, link, r):
         vhostName, name, epoch = r.string(), r.string(), r.u64()

@@ -33,6 +33,7 @@ STATS = 14         # json: the sender's queue figures and node figures
 STREAM_APPEND = 15  # vhost, queue, u32 count, entries: a stream protocol publish to a stream there
 REPLICATE = 16     # vhost, queue, u64 epoch, u8 op, op fields: a quorum queue leader's log (replication.py)
 FENCED = 17        # vhost, queue, u64 epoch: a follower refused a REPLICATE of an older epoch
+REPL_FAILED = 18   # (nothing): the follower's store failed; the SYNCED after it does not hold its replicas
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 

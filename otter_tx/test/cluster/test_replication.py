@@ -222,3 +222,29 @@ class ReplicatedQuorumTests(ClusterCase):
         self.assertNotIn("qq", self.fixtures[0].broker.vhosts["/"].queues)
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         self.assertEqual((self.replicaEntries(0), self.replicaEntries(1)), (12, 12))
+
+    @inlineCallbacks
+    def test_followerStoreFailed(self):
+        """
+        A follower whose store fails (a full disk) is dropped from the in-sync
+        set before the confirm goes: publishes are confirmed by the leader and
+        the other follower; once its store works again it joins again.
+        """
+        from twisted.internet import defer
+
+        from otter_tx.store.interface import StoreFailedError
+
+        self.patch(replication, "STORE_RETRY", 0.2)
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        journal = self.fixtures[1].broker.journal
+        realSync = journal.sync
+        journal.sync = lambda: defer.fail(StoreFailedError("/full", "No space left on device"))
+        try:
+            yield self.publish(0, 5)
+            self.assertNotIn("n2", self.record()["online"])
+            self.assertEqual(len(self.record()["online"]), 2)
+        finally:
+            journal.sync = realSync
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        self.assertEqual(self.replicaEntries(1), 5)
