@@ -177,7 +177,9 @@ class LocalCluster:
                 yield n.process.ended
         if self.etcd is not None:
             self.etcd.stop()
-        shutil.rmtree(self.top, ignore_errors=True)
+        if not os.environ.get("OTTER_KEEP_CLUSTER"):
+            # (OTTER_KEEP_CLUSTER=1 keeps the data directories and the nodes' logs, to read)
+            shutil.rmtree(self.top, ignore_errors=True)
 
 
 def main(argv=None):

@@ -208,11 +208,32 @@ class RemoteQueue:
                     return True
             return None
         n = link.forward(self._names, redelivered, message)
+        via = link
+        if self.replicated:
+            # kept until the leader answers: if it dies first, the publish goes to the next one
+            inflight = self._inflight
+            if inflight is None or inflight.link is not link:
+                inflight = self._inflight = InFlight(self, link)
+            inflight.messages.append((message, redelivered))
+            inflight.added()
+            via = inflight
         if message.forwarded is None:
-            message.forwarded = [(link, n)]
+            message.forwarded = [(via, n)]
         else:
-            message.forwarded.append((link, n))
+            message.forwarded.append((via, n))
         return True
+
+    _inflight = None
+
+    def park(self, messages):
+        """``messages`` (``[(message, redelivered)]``) wait for the next leader (:class:`Parked`)."""
+        parked = self.parked
+        if parked is None or parked.flushed:
+            parked = self.parked = Parked(self)
+        for message, redelivered in messages:
+            parked.messages.append((message, redelivered))
+        self.unpark()
+        return parked
 
     def appendStream(self, count, entries):
         """
@@ -443,13 +464,20 @@ class RemoteQueue:
             self.reattach()
         self.unpark()
 
+    def inflightLost(self, inflight):
+        """The link of ``inflight`` went: False when its publishes cannot wait for a next leader."""
+        if self._inflight is inflight:
+            self._inflight = None
+        return not self.deleted
+
     def unpark(self):
         """The publishes parked while there was no leader go to the one there is now."""
         parked = self.parked
         if parked is None or parked.flushed:
             return
         link = self.node.links.get(self.home)
-        if link is None or self.down:
+        if link is None or self.down or not link.connected:
+            # (a link closing: its LinkLost errbacks run before the node hears of it)
             return
         self.parked = None
         for message, redelivered in parked.messages:
@@ -566,6 +594,65 @@ class Parked:
             self.rq.parked = None
         self.flush(defer.fail(LinkLost("no leader for quorum queue '%s' in vhost '%s' within %d s" % (
             self.rq.name, self.rq.vhost.name, PARK_WAIT))))
+
+
+class InFlight:
+    """
+    The publishes forwarded over ``link`` to a replicated quorum queue's
+    leader and not answered yet (its SYNCED): a publisher's confirm waits
+    for :meth:`sync` as for the link's; when the link is lost first they
+    are parked for the next leader (:meth:`RemoteQueue.park`) and the
+    confirm waits for it (at least once: the old leader may have taken
+    some), instead of their nacks.
+    """
+
+    def __init__(self, rq, link):
+        self.rq = rq
+        self.link = link
+        self.messages = []
+        self.base = 0           # how many messages before ``messages`` were answered
+        self.reparked = None    # the Parked they went to, once the link was lost
+
+    def refused(self, n):
+        return self.reparked is None and self.link.refused(n)
+
+    _trimming = False
+
+    def added(self):
+        """
+        A publish was forwarded: what the leader answered is let go at its
+        next SYNCED, confirms or not (one barrier per reactor turn at most).
+        """
+        if not self._trimming:
+            self._trimming = True
+            self.sync().addBoth(self._trimmed)
+
+    def _trimmed(self, result):
+        self._trimming = False
+        return None
+
+    def sync(self):
+        if self.reparked is not None:
+            return self.reparked.sync()
+        upto = self.base + len(self.messages)
+
+        def answered(_):
+            drop = upto - self.base
+            if drop > 0:
+                del self.messages[:drop]
+                self.base = upto
+            return None
+
+        def lost(f):
+            f.trap(LinkLost)
+            if self.reparked is None:
+                messages, self.messages = self.messages, []
+                if not self.rq.inflightLost(self):
+                    return f
+                self.reparked = self.rq.park(messages)
+            return self.reparked.sync()
+
+        return self.link.sync().addCallbacks(answered, lost)
 
 
 @implementer(IConsumer)
