@@ -275,7 +275,8 @@ class HeldDeadLetters:
     at-least-once`` that no queue took yet (see
     :meth:`DeadLetterer._atLeastOnce`), tried again every
     :data:`DLX_RETRY_MS`.  They are not ready messages: RabbitMQ counts
-    them as ``messages_dlx`` / ``message_bytes_dlx``.  Held in memory only.
+    them as ``messages_dlx`` / ``message_bytes_dlx``.  Held in memory (on
+    a replicated quorum queue's followers too: docs/cluster.md).
 
     :param queue: the :class:`~otter_tx.broker.queue.Queue` (its ``clock``,
         ``deleted``, ``stopped`` and its vhost's ``deadLetterer``).
@@ -304,6 +305,10 @@ class HeldDeadLetters:
         for m in messages:
             held.append((m, reason))
             self.bytes += m.size
+        # a replicated quorum queue's followers hold them too (otter_tx/cluster/replication.py)
+        replicate = getattr(q.journal, "dlxHeld", None)
+        if replicate is not None:
+            replicate(q, messages, reason)
         if self._retry is None and not q.stopped:
             self._retry = q.clock.callLater(DLX_RETRY_MS / 1000.0, self._retryAll)
 
@@ -313,6 +318,9 @@ class HeldDeadLetters:
         held, self.messages = self.messages or [], None
         self.bytes = 0
         q = self._queue
+        replicate = getattr(q.journal, "dlxRetried", None)
+        if replicate is not None and held:
+            replicate(q)
         for reason, run in groupby(held, key=itemgetter(1)):
             q.vhost.deadLetterer.deadLetter(q, [m for m, _ in run], reason, retry=True)
 

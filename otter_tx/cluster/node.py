@@ -456,6 +456,9 @@ class ClusterNode:
             ready.append(entry)
             if journal is not None:
                 journal.enqueued(q, entry)
+        for message, reason in replica.held:
+            # the old leader's at-least-once dead letters no queue had taken yet
+            q.heldDeadLetters.hold([message], reason)
         replica.drop()
         self._rebind(vh, replica.name)
         if parked is not None and not parked.flushed:

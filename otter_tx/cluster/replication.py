@@ -171,6 +171,18 @@ class Replicator:
         if self.joined:
             self._send(wire.replicate(self.names, self.epoch, wire.R_PURGE, wire.seqs(list(self.live))))
 
+    def dlxHeld(self, queue, messages, reason):
+        """``messages`` went into the at-least-once dead-letter buffer (HeldDeadLetters.hold)."""
+        if self.joined:
+            for m in messages:
+                self._send(wire.replicate(self.names, self.epoch, wire.R_HOLD,
+                                          wire.string(reason) + wire.messagePart(m)))
+
+    def dlxRetried(self, queue):
+        """The buffer's messages are dead-lettered again; those no queue takes are held again."""
+        if self.joined:
+            self._send(wire.replicate(self.names, self.epoch, wire.R_UNHOLD))
+
     # --- followers -----------------------------------------------------------
 
     def info(self):
@@ -191,6 +203,9 @@ class Replicator:
             e = self.live[seq]
             out.append(wire.replicateEnqueue(self.names, self.epoch, seq, e.expiresAt, e.returns,
                                              e.redelivered or e.state == UNACKED, e.message))
+        for m, reason in self.queue.heldDeadLetters.messages or ():
+            out.append(wire.replicate(self.names, self.epoch, wire.R_HOLD,
+                                      wire.string(reason) + wire.messagePart(m)))
         for frame in out:
             link.send(frame)
         epoch = self.epoch
@@ -337,6 +352,8 @@ class Replica:
         self.epoch = record["epoch"]
         self.leader = record["node"]
         self.entries = {}
+        #: the leader's at-least-once dead-letter buffer: ``[(message, reason)]`` (memory only)
+        self.held = []
         #: the epoch this replica joined (holds a snapshot of), or None
         self.joinedEpoch = None
         self.joining = False
@@ -375,8 +392,15 @@ class Replica:
             keep = set(r.seqs())
             self.entries = {s: e for s, e in self.entries.items() if s in keep}
             store.purgeQueue(self.key, [e[0].storeId for e in self.entries.values()])
+        elif op == wire.R_HOLD:
+            reason = r.string()
+            ex, rk, props, body = r.message()
+            self.held.append((Message(ex, rk, props, body), reason))
+        elif op == wire.R_UNHOLD:
+            self.held = []
         elif op == wire.R_RESET:
             self.entries = {}
+            self.held = []
             store.purgeQueue(self.key, ())
             self.epoch = epoch
             self.joinedEpoch = epoch
@@ -384,6 +408,7 @@ class Replica:
     def drop(self):
         """This node is no longer a member: the replica goes from the store."""
         self.entries = {}
+        self.held = []
         self.store.purgeQueue(self.key, ())
 
 

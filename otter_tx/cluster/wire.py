@@ -109,6 +109,8 @@ R_RET = 3      # u64 seq, u32 returns: requeued (delivery count)
 R_PURGE = 4    # u32 count, u64 seq kept...
 R_RESET = 5    # the snapshot that follows replaces the replica
 R_DLV = 6      # u64 seq: delivered (comes back redelivered after a leader change)
+R_HOLD = 7     # reason, message: held in the at-least-once dead-letter buffer
+R_UNHOLD = 8   # the buffer's messages are being dead-lettered again (those not taken come back as R_HOLD)
 
 _D = struct.Struct(">d")
 

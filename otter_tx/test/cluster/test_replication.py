@@ -248,3 +248,47 @@ class ReplicatedQuorumTests(ClusterCase):
             journal.sync = realSync
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         self.assertEqual(self.replicaEntries(1), 5)
+
+    @inlineCallbacks
+    def test_heldDeadLettersSurviveLeaderLoss(self):
+        """
+        An at-least-once dead letter no queue took yet (held by the leader) is
+        held by the followers too: after the leader's node dies the new leader
+        holds it and dead-letters it again once its target exists.
+        """
+        from otter_tx.broker import deadletter
+
+        self.patch(deadletter, "DLX_RETRY_MS", 300)
+        args = dict(QUORUM, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq-later",
+                               "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+        yield self.publish(0, 0, arguments=args)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(0, 1, arguments=args)
+
+        def reject():
+            ch = self.conn(1).channel()
+            method, _, _ = ch.basic_get("qq", auto_ack=False)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+            return True
+
+        yield self.inThread(reject)
+        leaderQ = self.fixtures[0].broker.vhosts["/"].queues["qq"]
+        yield waitOnReactor(lambda: len(leaderQ.heldDeadLetters.messages or ()) == 1, 5)
+        yield waitOnReactor(lambda: all(len(self.cluster[i].replication.replicas[("/", "qq")].held) == 1
+                                        for i in (1, 2)), 5)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        leader = int(self.record()["node"][1:]) - 1
+
+        def declareTarget():
+            ch = self.conn(leader).channel()
+            ch.queue_declare("dlq-later")
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                method, _, body = ch.basic_get("dlq-later", auto_ack=True)
+                if method is not None:
+                    return body
+                time.sleep(0.05)
+
+        body = yield self.inThread(declareTarget)
+        self.assertEqual(body, b"m0")
