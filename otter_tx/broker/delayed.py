@@ -398,6 +398,9 @@ class DelayedExchange(Exchange):
     delayed = True
     #: messages taken into hold since the exchange was declared (message rates)
     delayedCount = 0
+    #: before the broker id in ``x-delayed-id`` and lists: in a cluster ``"NODE:"``, so ids
+    #: are unique across nodes (otter_tx/cluster/delayedrepl.py); empty on a single node
+    idPrefix = ""
 
     def __init__(self, vhost, name, type, durable, autoDelete, internal, arguments):
         Exchange.__init__(self, vhost, name, arguments["x-delayed-type"], durable, autoDelete,
@@ -494,7 +497,7 @@ class DelayedExchange(Exchange):
                 again = True
             if self.deleted:
                 continue
-            out = _swapDelay(message, seq)
+            out = _swapDelay(message, self.idPrefix + str(seq) if self.idPrefix else seq)
             vhost.broker.nextMessageId(out)
             for q in vhost.route(self, out, out.routingKeys()):
                 q.enqueue(out, None, again)
@@ -512,7 +515,11 @@ class DelayedExchange(Exchange):
         if dueFrom is not None:
             page = min(self._set.rank(dueFrom), max(0, len(self._set) - 1)) // pageSize + 1
         entries = self._set.page((page - 1) * pageSize, pageSize)
-        return {"items": [heldItem(*e) for e in entries], "total_count": len(self._set),
+        items = [heldItem(*e) for e in entries]
+        if self.idPrefix:
+            for item in items:
+                item["id"] = self.idPrefix + item["id"]
+        return {"items": items, "total_count": len(self._set),
                 "page": page, "page_size": pageSize}
 
     def cancel(self, heldId):
@@ -521,6 +528,8 @@ class DelayedExchange(Exchange):
         ASCII digits); True when it was held.  Written to the store
         (durable exchanges).
         """
+        if self.idPrefix and isinstance(heldId, str) and heldId.startswith(self.idPrefix):
+            heldId = heldId[len(self.idPrefix):]
         if isinstance(heldId, str) and heldId.isascii() and heldId.isdigit():
             seq = int(heldId)
         elif type(heldId) is int:
@@ -674,7 +683,7 @@ class DelayedExchange(Exchange):
         held = _withoutCommand(message)
         self.vhost.broker.nextMessageId(held)
         self._add(held, due, now)
-        return 201, {"id": str(self._seq), "due": int(due)}
+        return 201, {"id": self.idPrefix + str(self._seq), "due": int(due)}
 
 
 def _withoutCommand(message):

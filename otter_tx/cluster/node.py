@@ -39,6 +39,7 @@ from otter_tx.cluster.entities import PREFIX as ENTITIES
 from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
 from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
+from otter_tx.cluster.delayedrepl import DelayedReplication
 from otter_tx.cluster.replication import ReplicationManager, groupSize, isReplicated
 
 log = Logger()
@@ -102,6 +103,8 @@ class ClusterNode:
         self.writes = md.OrderedWrites(metadata, self._applyNow)
         #: replicated quorum queues: the ones this node leads and follows (replication.py)
         self.replication = ReplicationManager(self)
+        #: replicated delayed messages (delayedrepl.py)
+        self.delayed = DelayedReplication(self)
         broker.cluster = self
 
     # --- joining --------------------------------------------------------------
@@ -141,6 +144,7 @@ class ClusterNode:
         self._registerLocal()
         self.broker.listeners.append(self._entityChanged)
         self.running = True
+        self.delayed.start()
         self._figuresCall = self.clock.callLater(1, self._sendFigures)
 
     def _later(self, seconds, f, *a):
@@ -799,6 +803,7 @@ class ClusterNode:
                 if rq.home == link.peer:
                     rq.homeUp()
         self.replication.linkUp(link.peer)
+        self.delayed.linkUp(link.peer)
 
     def linkPaused(self, link):
         """
@@ -835,6 +840,7 @@ class ClusterNode:
     def _nodeDown(self, name):
         self.figures.pop(name, None)
         self.replication.nodeDown(name)
+        self.delayed.nodeDown(name)
         for vh in self.broker.vhosts.values():
             for rq in list(vh.remoteQueues.values()):
                 if rq.home != name:

@@ -1,0 +1,614 @@
+"""
+Replicated delayed messages (docs/cluster.md, "Replicated delayed
+messages"): the held set of a durable ``x-delayed-message`` exchange of a
+cluster survives the loss of the node holding it.
+
+- **Leader:** every node is the leader of the messages published on it (its
+  own :class:`DelayedExchange <otter_tx.broker.delayed.DelayedExchange>`
+  fires them).  Their ids are ``NODE:SEQ`` in a cluster (the exchange's
+  ``idPrefix``), so an ``x-delayed-id`` names one message cluster-wide.  The
+  exchange's journal is a :class:`DelayedJournal`: each hold, fire, cancel
+  and purge is written locally and shipped as ``DELAYED`` frames over the
+  link to the node's followers: the next :data:`COPIES` nodes after it in
+  name order among those it has a link to.  A publisher confirm of a
+  delayed publish waits until those followers answered the link's ``SYNC``
+  (their store fsync'd the copy): :class:`DelayedReplication` stands in
+  ``message.forwarded`` as a link does (``sync()``, ``refused()``).
+- **Followers** keep copies in their store under a key of their own
+  (:func:`copyKey`, never the exchange's), so a restart does not fire them.
+- **Adoption:** when a node is gone (its link closed, or its lease lapsed),
+  each follower holding copies of its messages tries the compare-and-swap
+  ``delayed/NODE`` absent (or naming an adopter that is gone too) ->
+  ``{"adopter": self}``; the winner holds the copies in its own adopted set,
+  fires them when due through its exchange with their original
+  ``x-delayed-id`` (marked redelivered when they were due already: the dead
+  node may have fired them), and ships them to its own followers (an
+  adopter lost in turn is adopted from).  Then every node drops its copies
+  of the dead node's messages (``D_FORGET``).
+- **A node that returns** finds ``delayed/NODE`` naming an adopter: the held
+  messages it had (restored from its store, or held while its links were
+  down) were adopted, so it drops them (its timers wait for this check at
+  start) and deletes the record.  A message published on it while it was
+  cut off and not copied is kept.  Duplicates are possible (at-least-once,
+  with the same ``x-delayed-id``): a message that fired on the dead node
+  just before its death and whose drop did not reach the followers, or a
+  node that was only paused or cut off and fired before it saw the claim.
+- **list / cancel / purge** of the management API act on every node
+  (:meth:`DelayedReplication.page`, :meth:`cancel`, :meth:`purge`, through
+  :meth:`ClusterNode.askAll <otter_tx.cluster.node.ClusterNode.askAll>`).
+"""
+
+from urllib.parse import quote
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from otter_tx.broker.delayed import HeldSet, _swapDelay, heldItem
+from otter_tx.broker.expiry import _EPSILON_MS, nowMs
+from otter_tx.broker.message import Message
+from otter_tx.cluster import wire
+from otter_tx.store.keys import delayedKey
+
+log = Logger()
+
+#: followers that hold a copy of each node's held messages (or every other node when fewer)
+COPIES = 2
+#: seconds a confirm waits for a follower's SYNCED before it goes without it
+FOLLOWER_TIMEOUT = 5.0
+
+
+def claimKey(node):
+    """The metadata key naming the adopter of node ``node``'s held messages."""
+    return "delayed/" + quote(node, safe="")
+
+
+def copyKey(vhostName, exchangeName, leader):
+    """The store key a follower keeps ``leader``'s held messages of an exchange under."""
+    return delayedKey(vhostName, exchangeName) + "\x00copy\x00" + leader
+
+
+class DelayedJournal:
+    """
+    The journal of a durable x-delayed-message exchange in a cluster: the
+    node's :class:`Journal <otter_tx.broker.durability.Journal>` (``inner``)
+    and the shipping of its held set to the followers.
+
+    :ivar ids: storeId -> held id (``NODE:SEQ``) of the messages it holds.
+    """
+
+    def __init__(self, manager, exchange, inner):
+        self.manager = manager
+        self.exchange = exchange
+        self.inner = inner
+        prefix = exchange.idPrefix
+        self.ids = {m.storeId: prefix + str(seq) for _, seq, m in exchange._set.byId.values()}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def held(self, exchange, message, seq, fireAt, now=None):
+        self.inner.held(exchange, message, seq, fireAt, now)
+        heldId = exchange.idPrefix + str(seq)
+        self.ids[message.storeId] = heldId
+        self.manager.shipHold(exchange, heldId, fireAt, message)
+
+    def released(self, exchange, message):
+        self.inner.released(exchange, message)
+        heldId = self.ids.pop(message.storeId, None)
+        if heldId is not None:
+            self.manager.shipDrop(exchange, [heldId])
+
+    def heldPurged(self, exchange):
+        self.inner.heldPurged(exchange)
+        self.ids.clear()
+        self.manager.ship(exchange.vhost.name, exchange.name, wire.D_PURGE)
+
+    def sync(self):
+        """The store's sync, then the followers' (a cancel or purge answered once they have it)."""
+        return self.inner.sync().addCallback(lambda _: self.manager.sync())
+
+
+class Adopted:
+    """The held messages of one exchange this node adopted from nodes that are gone."""
+
+    def __init__(self, manager, vhostName, exchangeName):
+        self.manager = manager
+        self.vhostName = vhostName
+        self.exchangeName = exchangeName
+        #: held id -> (store key, storeId)
+        self.stored = {}
+        #: ids that were due when adopted (the dead node may have fired them)
+        self.mayHaveFired = set()
+        self.set = HeldSet(manager.node.clock, self._fire)
+
+    def add(self, heldId, message, due, storeKey):
+        self.stored[heldId] = (storeKey, message.storeId)
+        self.set.add(heldId, message, due)
+        if due <= nowMs(self.manager.node.clock) + _EPSILON_MS:
+            self.mayHaveFired.add(heldId)
+
+    def remove(self, heldId):
+        entry = self.set.remove(heldId)
+        if entry is None:
+            return False
+        self._forget([heldId])
+        return True
+
+    def _forget(self, ids):
+        store = self.manager.store()
+        for heldId in ids:
+            self.mayHaveFired.discard(heldId)
+            found = self.stored.pop(heldId, None)
+            if found is not None and store is not None:
+                store.dequeue(found[0], found[1])
+        self.manager.shipDrop(None, ids, self.vhostName, self.exchangeName)
+
+    def purge(self):
+        n = self.set.clear()
+        self._forget(list(self.stored))
+        return n
+
+    def _fire(self, entries):
+        again = [e[1] in self.mayHaveFired for e in entries]
+        self._forget([e[1] for e in entries])
+        vh = self.manager.node.broker.vhosts.get(self.vhostName)
+        ex = vh.exchanges.get(self.exchangeName) if vh is not None else None
+        if ex is None or not ex.delayed or ex.deleted:
+            return
+        for (_, heldId, message), redelivered in zip(entries, again):
+            out = _swapDelay(message, heldId)
+            vh.broker.nextMessageId(out)
+            for q in vh.route(ex, out, out.routingKeys()):
+                q.enqueue(out, None, redelivered)
+
+
+class DelayedReplication:
+    """The replicated delayed messages of one :class:`ClusterNode <otter_tx.cluster.node.ClusterNode>`."""
+
+    def __init__(self, node):
+        self.node = node
+        self.broker = node.broker
+        #: the nodes that get this node's held messages (names)
+        self.followers = []
+        #: leader name -> {(vhost name, exchange name): {held id: (due, Message)}}
+        self.copies = {}
+        #: (vhost name, exchange name) -> Adopted
+        self.adopted = {}
+        self._seq = 0
+        #: (vhost name, exchange name) -> the exchange's last id when this node's links went
+        #: down: what a claim on this node's messages may have adopted
+        self.marks = {}
+        self._checking = None
+        self.started = False
+        node.handlers.update({
+            "delayed.list": self._answerList,
+            "delayed.cancel": self._answerCancel,
+            "delayed.purge": self._answerPurge,
+        })
+        self.broker.listeners.append(self._entityChanged)
+        for vh in self.broker.vhosts.values():
+            for ex in vh.exchanges.values():
+                if ex.delayed:
+                    self.attach(ex)
+                    # restored held messages wait for the claim check at start (they may
+                    # have been adopted by another node while this one was down)
+                    ex._set._frozen = True
+                    ex._set._cancel()
+
+    def store(self):
+        journal = self.broker.journal
+        return getattr(journal, "store", None)
+
+    # --- exchanges ---------------------------------------------------------------
+
+    def _entityChanged(self, kind, vhost, obj, deleted):
+        if kind != "exchange" or not getattr(obj, "delayed", False):
+            return
+        if deleted:
+            found = self.adopted.pop((vhost.name, obj.name), None)
+            if found is not None:
+                found.purge()
+            return
+        self.attach(obj)
+
+    def attach(self, ex):
+        """A delayed exchange of this node: ids ``NODE:SEQ``; a durable one's journal replicates."""
+        ex.idPrefix = self.node.name + ":"
+        journal = ex.journal
+        if journal is not None and not isinstance(journal, DelayedJournal):
+            ex.journal = DelayedJournal(self, ex, journal)
+
+    def _exchanges(self):
+        for vh in self.broker.vhosts.values():
+            for ex in vh.exchanges.values():
+                if ex.delayed and isinstance(ex.journal, DelayedJournal):
+                    yield ex
+
+    def _exchange(self, vhostName, name):
+        vh = self.broker.vhosts.get(vhostName)
+        ex = vh.exchanges.get(name) if vh is not None else None
+        return ex if ex is not None and ex.delayed else None
+
+    # --- leader: shipping ------------------------------------------------------------
+
+    def _links(self):
+        links = self.node.links
+        return [links[f] for f in self.followers if f in links]
+
+    def ship(self, vhostName, exchangeName, op, fields=b""):
+        frame = wire.delayed(vhostName, exchangeName, op, fields)
+        for link in self._links():
+            link.send(frame)
+
+    def shipHold(self, exchange, heldId, due, message):
+        links = self._links()
+        if not links:
+            return
+        frame = wire.delayedHold(exchange.vhost.name, exchange.name, heldId, due, message)
+        for link in links:
+            link.send(frame)
+        # the publisher's confirm waits for the followers as for a link's answer (Session._route)
+        if message.forwarded is None:
+            message.forwarded = [(self, 0)]
+        else:
+            message.forwarded.append((self, 0))
+
+    def shipDrop(self, exchange, ids, vhostName=None, exchangeName=None):
+        if exchange is not None:
+            vhostName, exchangeName = exchange.vhost.name, exchange.name
+        if self.followers:
+            self.ship(vhostName, exchangeName, wire.D_DROP, wire.strings(ids))
+
+    def refused(self, n):
+        """(As a link's: a forward the other node refused.)  Never."""
+        return False
+
+    def sync(self, retry=True):
+        """
+        A Deferred firing once every follower has fsync'd what was shipped to
+        it so far; a follower lost (or silent for :data:`FOLLOWER_TIMEOUT`)
+        is replaced (the new one gets the snapshot) and synced once more.
+        """
+        ds = []
+        for link in self._links():
+            d = link.sync()
+            d.addTimeout(FOLLOWER_TIMEOUT, self.node.clock)
+            ds.append(d)
+        if not ds:
+            return defer.succeed(None)
+
+        def failed(f):
+            log.info("cluster: a follower of the delayed messages of {node} did not sync: {why}",
+                     node=self.node.name, why=f.value.subFailure.getErrorMessage())
+            self._chooseFollowers()
+            return self.sync(False) if retry else None
+
+        return defer.gatherResults(ds, consumeErrors=True).addCallbacks(lambda _: None, failed)
+
+    def _snapshot(self, link):
+        """Everything this node holds (its own and adopted) to a new follower."""
+        me = self.node.name
+        link.send(wire.delayed("", "", wire.D_FORGET, wire.string(me)))
+        for ex in self._exchanges():
+            v, n = ex.vhost.name, ex.name
+            prefix = ex.idPrefix
+            for due, seq, m in list(ex._set.byId.values()):
+                link.send(wire.delayedHold(v, n, prefix + str(seq), due, m))
+        for (v, n), adopted in self.adopted.items():
+            for due, heldId, m in list(adopted.set.byId.values()):
+                link.send(wire.delayedHold(v, n, heldId, due, m))
+
+    def _chooseFollowers(self):
+        me = self.node.name
+        names = sorted(set(self.node.links) | {me})
+        i = names.index(me)
+        chosen = (names[i + 1:] + names[:i])[:COPIES]
+        new = [f for f in chosen if f not in self.followers]
+        self.followers = chosen
+        for f in new:
+            self._snapshot(self.node.links[f])
+
+    # --- follower ------------------------------------------------------------------------
+
+    def frame(self, link, r):
+        """A DELAYED frame from ``link``'s node (the leader of what it names)."""
+        vhostName, exchangeName, op = r.string(), r.string(), r.u8()
+        leader = link.peer
+        if op == wire.D_FORGET:
+            self._forget(r.string())
+            return
+        store = self.store()
+        byExchange = self.copies.setdefault(leader, {})
+        copies = byExchange.setdefault((vhostName, exchangeName), {})
+        key = copyKey(vhostName, exchangeName, leader)
+        if op == wire.D_HOLD:
+            heldId, due = r.string(), r.f64()
+            ex, rk, props, body = r.message()
+            m = Message(ex, rk, props, body)
+            self.broker.nextMessageId(m)
+            m.stored = True
+            old = copies.get(heldId)
+            copies[heldId] = (due, m)
+            if store is not None:
+                if old is not None:
+                    store.dequeue(key, old[1].storeId)
+                self._seq += 1
+                store.addMessage(m.storeId, ex, rk, props, body, False)
+                store.enqueue(key, m.storeId, self._seq, self.node.clock.seconds() * 1000.0, due, False)
+        elif op == wire.D_DROP:
+            for heldId in r.strings():
+                e = copies.pop(heldId, None)
+                if e is not None and store is not None:
+                    store.dequeue(key, e[1].storeId)
+        elif op == wire.D_PURGE:
+            copies.clear()
+            if store is not None:
+                store.purgeQueue(key, ())
+
+    def _forget(self, origin):
+        """Drop every copy of ``origin``'s messages (it sends a snapshot, or they were adopted)."""
+        store = self.store()
+        for (v, n), copies in self.copies.pop(origin, {}).items():
+            if store is not None and copies:
+                store.purgeQueue(copyKey(v, n, origin), ())
+
+    # --- nodes coming and going -------------------------------------------------------------
+
+    def start(self):
+        """The node joined: the claim check, then this node's held messages may fire."""
+        self.started = True
+        d = self._checkClaim(all=True)
+
+        def thaw(_):
+            for vh in self.broker.vhosts.values():
+                for ex in vh.exchanges.values():
+                    s = getattr(ex, "_set", None)
+                    if ex.delayed and s is not None and s._frozen and not ex.deleted:
+                        s._frozen = False
+                        if s._chunks:
+                            s._schedule(s._chunks[0][0][0])
+
+        return d.addBoth(thaw)
+
+    def linkUp(self, peer):
+        link = self.node.links.get(peer)
+        if link is None:
+            return
+        if peer not in self.followers:
+            # (copies it kept of this node's messages from before are stale)
+            link.send(wire.delayed("", "", wire.D_FORGET, wire.string(self.node.name)))
+        self._chooseFollowers()
+        if self.marks and self.started:
+            self._checkClaim()
+
+    def nodeDown(self, peer):
+        if not self.node.running:
+            return
+        if not self.marks:
+            for ex in self._exchanges():
+                self.marks[(ex.vhost.name, ex.name)] = ex._seq
+        if peer in self.followers:
+            self._chooseFollowers()
+        for origin in list(self.copies):
+            if origin not in self.node.links and self.copies[origin]:
+                self._claim(origin)
+
+    def _claim(self, origin):
+        node = self.node
+        me = node.name
+        key = claimKey(origin)
+
+        def change(rec):
+            if origin in node.links or not node.running:
+                return None
+            if rec is not None and (rec.get("adopter") == me or rec.get("adopter") in node.links):
+                return None
+            return {"node": origin, "adopter": me, "at": int(nowMs(node.clock))}
+
+        def done(result):
+            changed, rec, _ = result
+            if changed:
+                self._adopt(origin)
+
+        d = node.writes.write(key, lambda: node.metadata.update(key, change)).addCallback(done)
+        d.addErrback(lambda f: log.failure("claiming the delayed messages of {o}", f, o=origin))
+        return d
+
+    def _adopt(self, origin):
+        byExchange = self.copies.pop(origin, {})
+        n = 0
+        for (v, name), copies in byExchange.items():
+            key = copyKey(v, name, origin)
+            if self._exchange(v, name) is None:
+                store = self.store()
+                if store is not None:
+                    store.purgeQueue(key, ())
+                continue
+            adopted = self.adopted.get((v, name))
+            if adopted is None:
+                adopted = self.adopted[(v, name)] = Adopted(self, v, name)
+            links = self._links()
+            for heldId, (due, m) in copies.items():
+                adopted.add(heldId, m, due, key)
+                n += 1
+                if links:
+                    frame = wire.delayedHold(v, name, heldId, due, m)
+                    for link in links:
+                        link.send(frame)
+        # the other followers of the dead node drop their copies (they have this node's now)
+        forget = wire.delayed("", "", wire.D_FORGET, wire.string(origin))
+        for link in list(self.node.links.values()):
+            link.send(forget)
+        log.info("cluster: {node} adopted {n} delayed messages of {origin}", node=self.node.name, n=n,
+                 origin=origin)
+
+    def _checkClaim(self, all=False):
+        """
+        ``delayed/<this node>`` names an adopter: this node's held messages
+        up to the marks (``all``: every one, at start) were adopted; they are
+        dropped here and the record deleted.  A Deferred.
+        """
+        node = self.node
+        key = claimKey(node.name)
+
+        def loaded(result):
+            items, _ = result
+            rec = dict(items).get(key)
+            marks, self.marks = self.marks, {}
+            if rec is None:
+                return None
+            n = 0
+            for ex in list(self._exchanges()):
+                mark = None if all else marks.get((ex.vhost.name, ex.name), 0)
+                seqs = [seq for _, seq, _ in list(ex._set.byId.values()) if mark is None or seq <= mark]
+                for seq in seqs:
+                    n += 1 if ex.cancel(seq) else 0
+            log.info("cluster: {node}'s {n} held delayed messages were adopted by {a}: dropped here",
+                     node=node.name, n=n, a=rec.get("adopter"))
+            return node.writes.write(key, lambda: node.metadata.delete(key))
+
+        d = node.metadata.load(key).addCallback(loaded)
+        return d.addErrback(lambda f: log.failure("checking the claim on {node}'s delayed messages", f,
+                                                  node=node.name))
+
+    # --- list, cancel, purge across the cluster --------------------------------------------
+
+    def _local(self, vhostName, name, count, dueFrom=None):
+        ex = self._exchange(vhostName, name)
+        if ex is None:
+            return {"items": [], "total": 0, "rank": 0}
+        prefix = ex.idPrefix
+        own = [(due, prefix + str(seq), m) for due, seq, m in ex._set.page(0, count)]
+        adopted = self.adopted.get((vhostName, name))
+        total = len(ex._set)
+        rank = ex._set.rank(dueFrom) if dueFrom is not None else 0
+        if adopted is not None:
+            own += adopted.set.page(0, count)
+            total += len(adopted.set)
+            if dueFrom is not None:
+                rank += adopted.set.rank(dueFrom)
+        own.sort(key=lambda e: (e[0], e[1]))
+        return {"items": [heldItem(*e) for e in own[:count]], "total": total, "rank": rank}
+
+    def _answerList(self, args):
+        return self._local(args["vhost"], args["exchange"], args["count"], args.get("due_from"))
+
+    def page(self, ex, page, pageSize, dueFrom=None):
+        """
+        The page of :meth:`DelayedExchange.heldPage
+        <otter_tx.broker.delayed.DelayedExchange.heldPage>` over every
+        node's held messages (a Deferred).
+        """
+        v, name = ex.vhost.name, ex.name
+
+        def ask(count):
+            args = {"vhost": v, "exchange": name, "count": count, "due_from": dueFrom}
+            local = self._local(v, name, count, dueFrom)
+            return self.node.askAll("delayed.list", args).addCallback(
+                lambda answers: [local] + [a for _, a in sorted(answers.items()) if isinstance(a, dict)])
+
+        def ranked(answers):
+            total = sum(a["total"] for a in answers)
+            rank = sum(a["rank"] for a in answers)
+            p = min(rank, max(0, total - 1)) // pageSize + 1
+            return ask(p * pageSize).addCallback(paged, p)
+
+        def paged(answers, p):
+            items = [i for a in answers for i in a["items"]]
+            items.sort(key=lambda i: (i["due"], i["id"]))
+            return {"items": items[(p - 1) * pageSize:p * pageSize], "total_count": sum(a["total"] for a in answers),
+                    "page": p, "page_size": pageSize}
+
+        if dueFrom is not None:
+            return ask(0).addCallback(ranked)
+        return ask(page * pageSize).addCallback(paged, page)
+
+    def _cancelLocal(self, vhostName, name, heldId=None, messageId=None):
+        ex = self._exchange(vhostName, name)
+        if ex is None:
+            return {"n": 0, "copies": []}
+        adopted = self.adopted.get((vhostName, name))
+        if heldId is not None:
+            n = 1 if ex.cancel(heldId) else 0
+            if adopted is not None and adopted.remove(str(heldId)):
+                n += 1
+            match = lambda hid, m: hid == str(heldId)  # noqa: E731
+        else:
+            n = ex.cancelMessageId(messageId)
+            if adopted is not None:
+                for seq in adopted.set.withMessageId(messageId):
+                    n += 1 if adopted.remove(seq) else 0
+            match = lambda hid, m: (m.props or {}).get("message_id") == messageId  # noqa: E731
+        # copies of a node that is gone and not adopted yet
+        gone = []
+        store = self.store()
+        for origin, byExchange in self.copies.items():
+            if origin in self.node.links:
+                continue
+            copies = byExchange.get((vhostName, name)) or {}
+            for hid in [h for h, (_, m) in copies.items() if match(h, m)]:
+                _, m = copies.pop(hid)
+                gone.append(hid)
+                if store is not None:
+                    store.dequeue(copyKey(vhostName, name, origin), m.storeId)
+        return {"n": n, "copies": gone}
+
+    def _synced(self, ex, result):
+        journal = ex.journal if ex is not None else None
+        if journal is None:
+            return result
+        return journal.sync().addCallback(lambda _: result)
+
+    def _answerCancel(self, args):
+        v, name = args["vhost"], args["exchange"]
+        result = self._cancelLocal(v, name, args.get("id"), args.get("message_id"))
+        return self._synced(self._exchange(v, name), result)
+
+    def cancel(self, ex, heldId=None, messageId=None):
+        """Cancel on every node (by id or by ``message_id``): a Deferred of how many were held."""
+        v, name = ex.vhost.name, ex.name
+        local = self._cancelLocal(v, name, heldId, messageId)
+        args = {"vhost": v, "exchange": name, "id": heldId, "message_id": messageId}
+
+        def counted(answers):
+            results = [local] + [a for a in answers.values() if isinstance(a, dict)]
+            n = sum(a["n"] for a in results)
+            if not n:
+                n = len({h for a in results for h in a["copies"]})
+            return n
+
+        d = self.node.askAll("delayed.cancel", args).addCallback(counted)
+        return d.addCallback(lambda n: self._synced(ex, n))
+
+    def _purgeLocal(self, vhostName, name):
+        ex = self._exchange(vhostName, name)
+        if ex is None:
+            return 0
+        n = ex.purgeHeld()
+        adopted = self.adopted.get((vhostName, name))
+        if adopted is not None:
+            n += adopted.purge()
+        store = self.store()
+        for origin, byExchange in self.copies.items():
+            if origin not in self.node.links and byExchange.pop((vhostName, name), None) and store is not None:
+                store.purgeQueue(copyKey(vhostName, name, origin), ())
+        return n
+
+    def _answerPurge(self, args):
+        v, name = args["vhost"], args["exchange"]
+        n = self._purgeLocal(v, name)
+        return self._synced(self._exchange(v, name), {"n": n})
+
+    def purge(self, ex):
+        """Purge every node's held messages of ``ex``: a Deferred of how many there were."""
+        v, name = ex.vhost.name, ex.name
+        n = self._purgeLocal(v, name)
+
+        def counted(answers):
+            return n + sum(a["n"] for a in answers.values() if isinstance(a, dict))
+
+        d = self.node.askAll("delayed.purge", {"vhost": v, "exchange": name}).addCallback(counted)
+        return d.addCallback(lambda total: self._synced(ex, total))
+
+
+__all__ = ["Adopted", "DelayedJournal", "DelayedReplication", "claimKey", "copyKey"]
