@@ -14,7 +14,6 @@ import urllib.request
 import pika
 from twisted.internet.defer import inlineCallbacks
 
-from otter_tx.cluster import delayedrepl
 from otter_tx.test.cluster.test_inprocess import ClusterCase
 from otter_tx.test.interop.support import waitOnReactor
 
@@ -223,3 +222,21 @@ class ReplicatedDelayedTests(ClusterCase):
         yield n1.delayed._checkClaim()
         self.assertEqual([i["message_id"] for i in ex.heldPage(1, 10)["items"]], ["new"])
         self.assertNotIn("delayed/n1", self.meta.data)
+
+    @inlineCallbacks
+    def test_confirmWaitsForSlowFollower(self):
+        """A follower whose store takes 0.5 s to sync holds back the confirm of a delayed publish."""
+        from twisted.internet import reactor, task
+
+        yield self.setUpExchange()
+        yield self.waitExchangeEverywhere()
+        journal = self.fixtures[2].broker.journal
+        fast = journal.sync
+
+        def slow():
+            return task.deferLater(reactor, 0.5, lambda: None).addCallback(lambda _: fast())
+
+        self.patch(journal, "sync", slow)
+        _, took = yield self.publish(0, [b"slow"], 60000)
+        self.assertGreaterEqual(took, 0.45)
+        self.assertEqual(self.copies(2, "n1"), 1)
