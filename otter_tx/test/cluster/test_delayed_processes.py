@@ -1,0 +1,81 @@
+"""
+Replicated delayed messages on a real cluster: a real etcd and three
+``twistd ottermq`` nodes (:class:`otter_tx.cluster.local.LocalCluster`),
+SIGKILL of the node holding them; every wait is bounded.
+"""
+
+import signal
+import time
+
+import pika
+import pika.exceptions
+from twisted.internet import threads
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import TestCase
+
+from otter_tx.test.cluster.test_processes import params, startCluster
+
+
+class DelayedProcessTests(TestCase):
+    timeout = 120
+
+    @inlineCallbacks
+    def setUp(self):
+        self.cluster = yield startCluster(self, 3)
+
+    def port(self, i):
+        return self.cluster.nodes[i].amqpPort
+
+    @inlineCallbacks
+    def test_killedLeaderMessagesDeliveredOnce(self):
+        """
+        30 confirmed delayed messages (3 s) published on node 1, which is
+        SIGKILLed at once: a survivor adopts them and every one is delivered
+        to the queue on node 2 when due, with its ``x-delayed-id``.  Node 1
+        restarted afterwards does not fire them again (it finds the claim).
+        """
+        def setup():
+            c2 = pika.BlockingConnection(params(self.port(1)))
+            c2.channel().queue_declare("dq", durable=True)
+            c2.close()
+            c1 = pika.BlockingConnection(params(self.port(0)))
+            ch = c1.channel()
+            ch.exchange_declare("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+            ch.queue_bind("dq", "dx", "k")
+            time.sleep(0.5)  # (the binding reaches the other nodes through etcd)
+            ch.confirm_delivery()
+            started = time.time()
+            for i in range(30):
+                ch.basic_publish("dx", "k", b"d%d" % i, pika.BasicProperties(
+                    delivery_mode=2, headers={"x-delay": 3000}))
+            c1.close()
+            return started
+
+        started = yield threads.deferToThread(setup)
+        yield self.cluster.nodes[0].kill(signal.SIGKILL)
+
+        def drain(seconds, want):
+            c = pika.BlockingConnection(params(self.port(1)))
+            ch = c.channel()
+            out = []
+            deadline = time.monotonic() + seconds
+            while len(out) < want and time.monotonic() < deadline:
+                m = ch.basic_get("dq", auto_ack=True)
+                if m[0] is None:
+                    time.sleep(0.05)
+                    continue
+                out.append((m[2], m[1].headers.get("x-delayed-id"), time.time()))
+            c.close()
+            return out
+
+        out = yield threads.deferToThread(drain, 15, 30)
+        self.assertEqual(sorted(b for b, _, _ in out), sorted(b"d%d" % i for i in range(30)))
+        self.assertEqual(sorted(i for _, i, _ in out), sorted("otter1:%d" % k for k in range(1, 31)))
+        self.assertGreaterEqual(min(t for _, _, t in out) - started, 2.9)
+        self.assertLess(max(t for _, _, t in out) - started, 8)
+        yield self.cluster.nodes[0].start()
+        again = yield threads.deferToThread(drain, 3, 1)
+        self.assertEqual(again, [])
+        with open(self.cluster.nodes[0].dataDir + ".log", "rb") as f:
+            self.assertRegex(f.read().decode("utf-8", "replace"),
+                             r"otter1's 30 held delayed messages were adopted by otter[23]: dropped here")
