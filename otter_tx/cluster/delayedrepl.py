@@ -205,9 +205,15 @@ class DelayedReplication:
         if kind != "exchange" or not getattr(obj, "delayed", False):
             return
         if deleted:
+            # its held messages go everywhere: adopted ones, and the copies of other nodes' (an
+            # exchange made again with the name must not adopt and fire them later)
             found = self.adopted.pop((vhost.name, obj.name), None)
             if found is not None:
                 found.purge()
+            store = self.store()
+            for origin, byExchange in self.copies.items():
+                if byExchange.pop((vhost.name, obj.name), None) and store is not None:
+                    store.purgeQueue(copyKey(vhost.name, obj.name, origin), ())
             return
         self.attach(obj)
 
@@ -465,6 +471,10 @@ class DelayedReplication:
                     n += 1 if ex.cancel(seq) else 0
             log.info("cluster: {node}'s {n} held delayed messages were adopted by {a}: dropped here",
                      node=node.name, n=n, a=rec.get("adopter"))
+            # the adopter told every node to forget their copies of this node's messages: the
+            # followers get everything it holds now again
+            for link in self._links():
+                self._snapshot(link)
             return node.writes.write(key, lambda: node.metadata.delete(key))
 
         d = node.metadata.load(key).addCallback(loaded)

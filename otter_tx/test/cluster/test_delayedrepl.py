@@ -240,3 +240,19 @@ class ReplicatedDelayedTests(ClusterCase):
         _, took = yield self.publish(0, [b"slow"], 60000)
         self.assertGreaterEqual(took, 0.45)
         self.assertEqual(self.copies(2, "n1"), 1)
+
+    @inlineCallbacks
+    def test_deletedExchangeDropsCopies(self):
+        """Deleting the exchange drops the followers' copies: one made again with the name adopts nothing."""
+        yield self.setUpExchange()
+        yield self.waitExchangeEverywhere()
+        yield self.publish(0, [b"gone"], 60000)
+        self.assertEqual(self.copies(2, "n1"), 1)
+
+        def delete():
+            self.conn(0).channel().exchange_delete("dx")
+            return True
+
+        yield self.inThread(delete)
+        yield waitOnReactor(lambda: all("dx" not in f.broker.vhosts["/"].exchanges for f in self.fixtures), 5)
+        self.assertEqual((self.copies(1, "n1"), self.copies(2, "n1")), (0, 0))
