@@ -217,7 +217,7 @@ class ReplicatedDelayedTests(ClusterCase):
         n1 = self.cluster[0]
         n1.delayed.nodeDown("n2")  # (the marks, as when its links went down)
         ex = self.fixtures[0].broker.vhosts["/"].exchanges["dx"]
-        yield self.publish(0, [b"new"], 60000, confirm=False)
+        yield self.publish(0, [b"new"], 60000)
         self.meta._put("delayed/n1", {"node": "n1", "adopter": "n2"}, None)
         yield n1.delayed._checkClaim()
         self.assertEqual([i["message_id"] for i in ex.heldPage(1, 10)["items"]], ["new"])
