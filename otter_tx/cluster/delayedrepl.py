@@ -55,6 +55,9 @@ log = Logger()
 COPIES = 2
 #: seconds a confirm waits for a follower's SYNCED before it goes without it
 FOLLOWER_TIMEOUT = 5.0
+#: seconds a starting node's held messages wait for its links to every live node (overdue ones
+#: must not fire while the queues they route to look down)
+LINKS_WAIT = 5.0
 
 
 def claimKey(node):
@@ -63,8 +66,19 @@ def claimKey(node):
 
 
 def copyKey(vhostName, exchangeName, leader):
-    """The store key a follower keeps ``leader``'s held messages of an exchange under."""
+    """
+    The store key a follower keeps ``leader``'s held messages of an exchange
+    under (a pseudo-queue entity ``{"kept": "delayed-copy", "names": [vhost,
+    exchange, leader]}``, which the broker's restore leaves to this module).
+    A copy's message is written with its held id in the store's exchange
+    field (the exchange is the key's), so the id survives a restart.
+    """
     return delayedKey(vhostName, exchangeName) + "\x00copy\x00" + leader
+
+
+def adoptedKey(vhostName, exchangeName):
+    """The store key of the messages of an exchange this node adopted (``"kept": "delayed-adopted"``)."""
+    return delayedKey(vhostName, exchangeName) + "\x00adopted"
 
 
 class DelayedJournal:
@@ -115,16 +129,23 @@ class Adopted:
         self.manager = manager
         self.vhostName = vhostName
         self.exchangeName = exchangeName
-        #: held id -> (store key, storeId)
+        self.key = adoptedKey(vhostName, exchangeName)
+        #: held id -> storeId (under :func:`adoptedKey`)
         self.stored = {}
         #: ids that were due when adopted (the dead node may have fired them)
         self.mayHaveFired = set()
         self.set = HeldSet(manager.node.clock, self._fire)
 
-    def add(self, heldId, message, due, storeKey):
-        self.stored[heldId] = (storeKey, message.storeId)
+    def add(self, heldId, message, due, write=True, mayHaveFired=None):
+        """Hold ``message`` (``heldId``, due at ``due`` ms); ``write``: to the store too."""
+        self.stored[heldId] = message.storeId
+        if write:
+            self.manager.storeCopy(self.key, {"kept": "delayed-adopted", "names": [self.vhostName, self.exchangeName]},
+                                   heldId, due, message, True)
         self.set.add(heldId, message, due)
-        if due <= nowMs(self.manager.node.clock) + _EPSILON_MS:
+        if mayHaveFired is None:
+            mayHaveFired = due <= nowMs(self.manager.node.clock) + _EPSILON_MS
+        if mayHaveFired:
             self.mayHaveFired.add(heldId)
 
     def remove(self, heldId):
@@ -140,7 +161,7 @@ class Adopted:
             self.mayHaveFired.discard(heldId)
             found = self.stored.pop(heldId, None)
             if found is not None and store is not None:
-                store.dequeue(found[0], found[1])
+                store.dequeue(self.key, found)
         self.manager.shipDrop(None, ids, self.vhostName, self.exchangeName)
 
     def purge(self):
@@ -175,10 +196,11 @@ class DelayedReplication:
         #: (vhost name, exchange name) -> Adopted
         self.adopted = {}
         self._seq = 0
-        #: (vhost name, exchange name) -> the exchange's last id when this node's links went
-        #: down: what a claim on this node's messages may have adopted
+        #: the store keys this node has a copy or adopted pseudo-queue entity for
+        self._entities = set()
+        #: (vhost name, exchange name) -> (the exchange's last id, the adopted ids) when this
+        #: node's links went down: what a claim on this node's messages may have adopted
         self.marks = {}
-        self._checking = None
         self.started = False
         node.handlers.update({
             "delayed.list": self._answerList,
@@ -194,6 +216,68 @@ class DelayedReplication:
                     # have been adopted by another node while this one was down)
                     ex._set._frozen = True
                     ex._set._cancel()
+        self._restore()
+
+    def _restore(self):
+        """The copies and adopted messages this node's store held at boot (the journal's ``kept``)."""
+        kept = getattr(self.broker.journal, "kept", None) or {}
+        store = self.store()
+        now = self.node.clock.seconds() * 1000.0
+        for key, (rec, recs) in list(kept.items()):
+            kind, names = rec.get("kept"), rec.get("names") or []
+            if kind == "delayed-copy" and len(names) == 3:
+                v, name, leader = names
+            elif kind == "delayed-adopted" and len(names) == 2:
+                (v, name), leader = names, None
+            else:
+                continue
+            kept.pop(key, None)
+            ex = self._exchange(v, name)
+            if ex is None or not ex.durable:
+                if store is not None:
+                    store.deleteEntity("queue", key)
+                continue
+            self._entities.add(key)
+            if leader is not None:
+                copies = self.copies.setdefault(leader, {}).setdefault((v, name), {})
+            else:
+                adopted = self.adopted.get((v, name))
+                if adopted is None:
+                    adopted = self.adopted[(v, name)] = Adopted(self, v, name)
+                    adopted.set._frozen = True
+            for r in recs:
+                m = Message(name, r.routingKey, r.propsRaw, r.body)
+                m.storeId = r.storeId
+                m.stored = True
+                self._seq = max(self._seq, r.seq)
+                due = r.expiresAtMs if r.expiresAtMs is not None else now
+                if leader is not None:
+                    copies[r.exchange] = (due, m)
+                else:
+                    # (one due before now may have fired before the stop)
+                    adopted.add(r.exchange, m, due, write=False)
+            log.info("cluster: {n} {what} delayed messages of exchange {x} restored", n=len(recs), x=name,
+                     what="copied" if leader is not None else "adopted")
+
+    def storeCopy(self, key, entity, heldId, due, message, again):
+        """Write ``message`` (held id ``heldId``, due ``due``) under ``key``, a kept pseudo-queue."""
+        store = self.store()
+        if store is None:
+            return
+        if key not in self._entities:
+            self._entities.add(key)
+            store.putEntity("queue", key, entity)
+        self._seq += 1
+        store.addMessage(message.storeId, heldId, message.routingKey, message.propsRaw, message.body, again)
+        store.enqueue(key, message.storeId, self._seq, self.node.clock.seconds() * 1000.0, due, False)
+
+    def dropStored(self, key):
+        """Every entry under ``key`` (and its entity) gone from the store."""
+        store = self.store()
+        if key in self._entities:
+            self._entities.discard(key)
+            if store is not None:
+                store.deleteEntity("queue", key)
 
     def store(self):
         journal = self.broker.journal
@@ -209,11 +293,11 @@ class DelayedReplication:
             # exchange made again with the name must not adopt and fire them later)
             found = self.adopted.pop((vhost.name, obj.name), None)
             if found is not None:
-                found.purge()
-            store = self.store()
+                found.set.clear()
+            self.dropStored(adoptedKey(vhost.name, obj.name))
             for origin, byExchange in self.copies.items():
-                if byExchange.pop((vhost.name, obj.name), None) and store is not None:
-                    store.purgeQueue(copyKey(vhost.name, obj.name, origin), ())
+                byExchange.pop((vhost.name, obj.name), None)
+                self.dropStored(copyKey(vhost.name, obj.name, origin))
             return
         self.attach(obj)
 
@@ -335,12 +419,10 @@ class DelayedReplication:
             m.stored = True
             old = copies.get(heldId)
             copies[heldId] = (due, m)
-            if store is not None:
-                if old is not None:
-                    store.dequeue(key, old[1].storeId)
-                self._seq += 1
-                store.addMessage(m.storeId, ex, rk, props, body, False)
-                store.enqueue(key, m.storeId, self._seq, self.node.clock.seconds() * 1000.0, due, False)
+            if old is not None and store is not None:
+                store.dequeue(key, old[1].storeId)
+            self.storeCopy(key, {"kept": "delayed-copy", "names": [vhostName, exchangeName, leader]}, heldId, due,
+                           m, False)
         elif op == wire.D_DROP:
             for heldId in r.strings():
                 e = copies.pop(heldId, None)
@@ -353,28 +435,42 @@ class DelayedReplication:
 
     def _forget(self, origin):
         """Drop every copy of ``origin``'s messages (it sends a snapshot, or they were adopted)."""
-        store = self.store()
-        for (v, n), copies in self.copies.pop(origin, {}).items():
-            if store is not None and copies:
-                store.purgeQueue(copyKey(v, n, origin), ())
+        for (v, n) in self.copies.pop(origin, {}):
+            self.dropStored(copyKey(v, n, origin))
 
     # --- nodes coming and going -------------------------------------------------------------
 
     def start(self):
         """The node joined: the claim check, then this node's held messages may fire."""
         self.started = True
-        d = self._checkClaim(all=True)
+        d = self._checkClaim(all=True).addCallback(lambda _: self._linksUp(self.node.clock.seconds() + LINKS_WAIT))
 
         def thaw(_):
+            sets = [a.set for a in self.adopted.values()]
             for vh in self.broker.vhosts.values():
                 for ex in vh.exchanges.values():
-                    s = getattr(ex, "_set", None)
-                    if ex.delayed and s is not None and s._frozen and not ex.deleted:
-                        s._frozen = False
-                        if s._chunks:
-                            s._schedule(s._chunks[0][0][0])
+                    if ex.delayed and not ex.deleted:
+                        sets.append(ex._set)
+            for s in sets:
+                if s._frozen:
+                    s._frozen = False
+                    if s._chunks:
+                        s._schedule(s._chunks[0][0][0])
+            # copies restored from the store of nodes that are gone (no lease): adopted now
+            for origin in list(self.copies):
+                if origin not in self.node.nodes and origin not in self.node.links and self.copies[origin]:
+                    self._claim(origin)
 
         return d.addBoth(thaw)
+
+    def _linksUp(self, until):
+        """A Deferred firing once this node has a link to every node with a record (or at ``until``)."""
+        node = self.node
+        if all(n in node.links for n in node.nodes) or node.clock.seconds() >= until or not node.running:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        node.clock.callLater(0.05, lambda: self._linksUp(until).chainDeferred(d))
+        return d
 
     def linkUp(self, peer):
         link = self.node.links.get(peer)
@@ -392,7 +488,8 @@ class DelayedReplication:
             return
         if not self.marks:
             for ex in self._exchanges():
-                self.marks[(ex.vhost.name, ex.name)] = ex._seq
+                adopted = self.adopted.get((ex.vhost.name, ex.name))
+                self.marks[(ex.vhost.name, ex.name)] = (ex._seq, set(adopted.stored) if adopted is not None else set())
         if peer in self.followers:
             self._chooseFollowers()
         for origin in list(self.copies):
@@ -407,7 +504,8 @@ class DelayedReplication:
         def change(rec):
             if origin in node.links or not node.running:
                 return None
-            if rec is not None and (rec.get("adopter") == me or rec.get("adopter") in node.links):
+            if rec is not None and not rec.get("done") and (rec.get("adopter") == me
+                                                            or rec.get("adopter") in node.links):
                 return None
             return {"node": origin, "adopter": me, "at": int(nowMs(node.clock))}
 
@@ -426,21 +524,21 @@ class DelayedReplication:
         for (v, name), copies in byExchange.items():
             key = copyKey(v, name, origin)
             if self._exchange(v, name) is None:
-                store = self.store()
-                if store is not None:
-                    store.purgeQueue(key, ())
+                self.dropStored(key)
                 continue
             adopted = self.adopted.get((v, name))
             if adopted is None:
                 adopted = self.adopted[(v, name)] = Adopted(self, v, name)
             links = self._links()
             for heldId, (due, m) in copies.items():
-                adopted.add(heldId, m, due, key)
+                # (written under the adopted key, then the copies' entity goes: one group commit)
+                adopted.add(heldId, m, due)
                 n += 1
                 if links:
                     frame = wire.delayedHold(v, name, heldId, due, m)
                     for link in links:
                         link.send(frame)
+            self.dropStored(key)
         # the other followers of the dead node drop their copies (they have this node's now)
         forget = wire.delayed("", "", wire.D_FORGET, wire.string(origin))
         for link in list(self.node.links.values()):
@@ -450,9 +548,11 @@ class DelayedReplication:
 
     def _checkClaim(self, all=False):
         """
-        ``delayed/<this node>`` names an adopter: this node's held messages
-        up to the marks (``all``: every one, at start) were adopted; they are
-        dropped here and the record deleted.  A Deferred.
+        ``delayed/<this node>`` names an adopter and is not ``done``: the
+        held messages (its own and those it had adopted) this node had when
+        its links went down (the marks; ``all``: every one, at start) were
+        adopted; they are dropped here and the record marked ``done``.  A
+        Deferred.
         """
         node = self.node
         key = claimKey(node.name)
@@ -461,21 +561,34 @@ class DelayedReplication:
             items, _ = result
             rec = dict(items).get(key)
             marks, self.marks = self.marks, {}
-            if rec is None:
+            if rec is None or rec.get("done"):
                 return None
             n = 0
             for ex in list(self._exchanges()):
-                mark = None if all else marks.get((ex.vhost.name, ex.name), 0)
-                seqs = [seq for _, seq, _ in list(ex._set.byId.values()) if mark is None or seq <= mark]
+                mark = None if all else marks.get((ex.vhost.name, ex.name), (0, set()))
+                seqs = [seq for _, seq, _ in list(ex._set.byId.values()) if mark is None or seq <= mark[0]]
                 for seq in seqs:
                     n += 1 if ex.cancel(seq) else 0
+                adopted = self.adopted.get((ex.vhost.name, ex.name))
+                if adopted is not None:
+                    for heldId in list(adopted.stored):
+                        if mark is None or heldId in mark[1]:
+                            n += 1 if adopted.remove(heldId) else 0
             log.info("cluster: {node}'s {n} held delayed messages were adopted by {a}: dropped here",
                      node=node.name, n=n, a=rec.get("adopter"))
             # the adopter told every node to forget their copies of this node's messages: the
             # followers get everything it holds now again
             for link in self._links():
                 self._snapshot(link)
-            return node.writes.write(key, lambda: node.metadata.delete(key))
+
+            def change(now):
+                if now is None or now.get("adopter") != rec.get("adopter") or now.get("at") != rec.get("at"):
+                    return None
+                return dict(now, done=True)
+
+            # (kept, not deleted: a node restarting later with copies of this one's messages may
+            # still find which node adopted them)
+            return node.writes.write(key, lambda: node.metadata.update(key, change))
 
         d = node.metadata.load(key).addCallback(loaded)
         return d.addErrback(lambda f: log.failure("checking the claim on {node}'s delayed messages", f,

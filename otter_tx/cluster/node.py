@@ -138,7 +138,10 @@ class ClusterNode:
             self.applying = False
         if not definitions:
             self.entities.publishAll()
-        self._applyNow([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)])
+        # (bindings last: the queues and exchanges they join must be mirrored first, and the
+        # store lists keys in order, "bindings/" before "queues/")
+        self._applyNow(sorted([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)],
+                              key=lambda e: e[1].startswith("bindings/")))
         self._caughtUp(revision)
         self.metadata.watch("", revision + 1, self._apply)
         self._registerLocal()

@@ -221,7 +221,7 @@ class ReplicatedDelayedTests(ClusterCase):
         self.meta._put("delayed/n1", {"node": "n1", "adopter": "n2"}, None)
         yield n1.delayed._checkClaim()
         self.assertEqual([i["message_id"] for i in ex.heldPage(1, 10)["items"]], ["new"])
-        self.assertNotIn("delayed/n1", self.meta.data)
+        self.assertTrue(self.meta.data["delayed/n1"]["done"])
 
     @inlineCallbacks
     def test_confirmWaitsForSlowFollower(self):
