@@ -401,6 +401,9 @@ class DelayedExchange(Exchange):
     #: before the broker id in ``x-delayed-id`` and lists: in a cluster ``"NODE:"``, so ids
     #: are unique across nodes (otter_tx/cluster/delayedrepl.py); empty on a single node
     idPrefix = ""
+    #: in a cluster, what runs ``list``, ``cancel`` and ``purge`` on every node (Deferreds;
+    #: :class:`~otter_tx.cluster.delayedrepl.DelayedReplication`), else None
+    cluster = None
 
     def __init__(self, vhost, name, type, durable, autoDelete, internal, arguments):
         Exchange.__init__(self, vhost, name, arguments["x-delayed-type"], durable, autoDelete,
@@ -604,8 +607,18 @@ class DelayedExchange(Exchange):
             command = command.decode("utf-8", "replace")
         status, body = self._command(user, command, message)
         replyTo = message.props.get("reply_to")
+        if status is None:
+            # run on every node of the cluster: ``body`` is a Deferred of (status, body), answered
+            # once each node's store synced it
+            body.addErrback(lambda f: (500, {"error": "internal_error", "reason": f.getErrorMessage()}))
+            if replyTo:
+                body.addCallback(lambda answer: self._reply(message, replyTo, *answer))
+            return
         if not replyTo:
             return
+        self._reply(message, replyTo, status, body)
+
+    def _reply(self, message, replyTo, status, body):
         correlationId = message.props.get("correlation_id")
 
         def reply(status, body):
@@ -648,9 +661,20 @@ class DelayedExchange(Exchange):
                 page, size = pageParameters(args.get("page"), args.get("page_size"))
             except ValueError as e:
                 return 400, {"error": "invalid_pagination_parameters", "reason": str(e)}
+            if self.cluster is not None:
+                return None, self.cluster.page(self, page, size).addCallback(lambda body: (200, body))
             return 200, self.heldPage(page, size)
         if command == "purge":
+            if self.cluster is not None:
+                return None, self.cluster.purge(self).addCallback(lambda n: (204, {"purged": n}))
             return 204, {"purged": self.purgeHeld()}
+        if self.cluster is not None and (type(args.get("id")) in (str, int) or isinstance(args.get("message_id"), str)):
+            if type(args.get("id")) in (str, int):
+                d = self.cluster.cancel(self, heldId=args["id"])
+            else:
+                d = self.cluster.cancel(self, messageId=args["message_id"])
+            return None, d.addCallback(lambda n: (204, {"cancelled": n}) if n else (
+                404, {"error": "Object Not Found", "reason": "Not Found"}))
         if type(args.get("id")) in (str, int):
             n = 1 if self.cancel(args["id"]) else 0
         elif isinstance(args.get("message_id"), str):

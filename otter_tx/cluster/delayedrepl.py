@@ -122,6 +122,21 @@ class DelayedJournal:
         return self.inner.sync().addCallback(lambda _: self.manager.sync())
 
 
+class HeldId(str):
+    """
+    A held id in an adopted set: a str that sorts before any float (the
+    HeldSet's ``(due, inf)`` probe meets it when a message is due exactly
+    then; ints, the exchange's own ids, compare with floats already).
+    """
+
+    __slots__ = ()
+
+    def __lt__(self, other):
+        if isinstance(other, float):
+            return True
+        return str.__lt__(self, other)
+
+
 class Adopted:
     """The held messages of one exchange this node adopted from nodes that are gone."""
 
@@ -142,7 +157,7 @@ class Adopted:
         if write:
             self.manager.storeCopy(self.key, {"kept": "delayed-adopted", "names": [self.vhostName, self.exchangeName]},
                                    heldId, due, message, True)
-        self.set.add(heldId, message, due)
+        self.set.add(HeldId(heldId), message, due)
         if mayHaveFired is None:
             mayHaveFired = due <= nowMs(self.manager.node.clock) + _EPSILON_MS
         if mayHaveFired:
@@ -304,6 +319,7 @@ class DelayedReplication:
     def attach(self, ex):
         """A delayed exchange of this node: ids ``NODE:SEQ``; a durable one's journal replicates."""
         ex.idPrefix = self.node.name + ":"
+        ex.cluster = self
         journal = ex.journal
         if journal is not None and not isinstance(journal, DelayedJournal):
             ex.journal = DelayedJournal(self, ex, journal)
@@ -463,13 +479,16 @@ class DelayedReplication:
 
         return d.addBoth(thaw)
 
-    def _linksUp(self, until):
+    def _linksUp(self, until, d=None):
         """A Deferred firing once this node has a link to every node with a record (or at ``until``)."""
         node = self.node
+        if d is None:
+            d = defer.Deferred()
         if all(n in node.links for n in node.nodes) or node.clock.seconds() >= until or not node.running:
-            return defer.succeed(None)
-        d = defer.Deferred()
-        node.clock.callLater(0.05, lambda: self._linksUp(until).chainDeferred(d))
+            d.callback(None)
+        else:
+            # (a call the node cancels when it stops)
+            node._later(0.05, self._linksUp, until, d)
         return d
 
     def linkUp(self, peer):

@@ -256,3 +256,46 @@ class ReplicatedDelayedTests(ClusterCase):
         yield self.inThread(delete)
         yield waitOnReactor(lambda: all("dx" not in f.broker.vhosts["/"].exchanges for f in self.fixtures), 5)
         self.assertEqual((self.copies(1, "n1"), self.copies(2, "n1")), (0, 0))
+
+    @inlineCallbacks
+    def test_amqpCommandsOnEveryNode(self):
+        """The x-delayed-command list / cancel / purge published on node 3 act on nodes 1 and 2's held messages."""
+        import uuid
+
+        yield self.setUpExchange()
+        yield self.waitExchangeEverywhere()
+        yield self.publish(0, [b"a1", b"a2"], 60000)
+        yield self.publish(1, [b"b1"], 30000)
+
+        def run():
+            ch = self.conn(2).channel()
+            replies = {}
+            ch.basic_consume("amq.rabbitmq.reply-to",
+                             lambda _c, _m, p, b: replies.__setitem__(p.correlation_id, (p, b)), auto_ack=True)
+
+            def rpc(command, args):
+                cid = uuid.uuid4().hex
+                ch.basic_publish("dx", "k", json.dumps(args).encode(), pika.BasicProperties(
+                    headers={"x-delayed-command": command}, reply_to="amq.rabbitmq.reply-to", correlation_id=cid))
+                deadline = time.monotonic() + 5
+                while cid not in replies and time.monotonic() < deadline:
+                    ch.connection.process_data_events(0.01)
+                props, body = replies.pop(cid)
+                return props.headers["x-delayed-status"], json.loads(body)
+
+            out = [rpc("list", {})]
+            out.append(rpc("cancel", {"id": "n1:2"}))
+            out.append(rpc("cancel", {"message_id": "b1"}))
+            out.append(rpc("cancel", {"id": "n1:2"}))
+            out.append(rpc("list", {}))
+            out.append(rpc("purge", {}))
+            out.append(rpc("list", {}))
+            return out
+
+        out = yield self.inThread(run)
+        self.assertEqual((out[0][0], [i["id"] for i in out[0][1]["items"]]), (200, ["n2:1", "n1:1", "n1:2"]))
+        self.assertEqual([o[0] for o in out[1:4]], [204, 204, 404])
+        self.assertEqual([i["id"] for i in out[4][1]["items"]], ["n1:1"])
+        self.assertEqual(out[5], (204, {"purged": 1}))
+        self.assertEqual(out[6][1]["total_count"], 0)
+        self.assertEqual((self.copies(1, "n1"), self.copies(2, "n1")), (0, 0))
