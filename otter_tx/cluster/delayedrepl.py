@@ -217,6 +217,8 @@ class DelayedReplication:
         #: node's links went down: what a claim on this node's messages may have adopted
         self.marks = {}
         self.started = False
+        #: nodes whose link went down (not waited for by a confirm until linked again)
+        self.down = set()
         node.handlers.update({
             "delayed.list": self._answerList,
             "delayed.cancel": self._answerCancel,
@@ -346,13 +348,23 @@ class DelayedReplication:
         for link in self._links():
             link.send(frame)
 
+    def _wanted(self):
+        """
+        How many followers a confirm waits for: :data:`COPIES`, or fewer when
+        there are fewer other nodes with a lease whose link did not go down
+        (a node starting, not linked yet, is waited for; a dead one is not).
+        """
+        node = self.node
+        return min(COPIES, len([n for n in node.nodes if n != node.name and n not in self.down]))
+
     def shipHold(self, exchange, heldId, due, message):
         links = self._links()
-        if not links:
+        if not links and not self._wanted():
             return
-        frame = wire.delayedHold(exchange.vhost.name, exchange.name, heldId, due, message)
-        for link in links:
-            link.send(frame)
+        if links:
+            frame = wire.delayedHold(exchange.vhost.name, exchange.name, heldId, due, message)
+            for link in links:
+                link.send(frame)
         # the publisher's confirm waits for the followers as for a link's answer (Session._route)
         if message.forwarded is None:
             message.forwarded = [(self, 0)]
@@ -374,7 +386,25 @@ class DelayedReplication:
         A Deferred firing once every follower has fsync'd what was shipped to
         it so far; a follower lost (or silent for :data:`FOLLOWER_TIMEOUT`)
         is replaced (the new one gets the snapshot) and synced once more.
+        With fewer followers than :meth:`_wanted` (a node still starting),
+        it first waits for them, at most :data:`FOLLOWER_TIMEOUT`.
         """
+        if len(self._links()) < self._wanted():
+            return self._followersUp(self.node.clock.seconds() + FOLLOWER_TIMEOUT).addCallback(
+                lambda _: self._syncLinks(retry))
+        return self._syncLinks(retry)
+
+    def _followersUp(self, until, d=None):
+        node = self.node
+        if d is None:
+            d = defer.Deferred()
+        if len(self._links()) >= self._wanted() or node.clock.seconds() >= until or not node.running:
+            d.callback(None)
+        else:
+            node._later(0.02, self._followersUp, until, d)
+        return d
+
+    def _syncLinks(self, retry):
         ds = []
         for link in self._links():
             d = link.sync()
@@ -387,7 +417,7 @@ class DelayedReplication:
             log.info("cluster: a follower of the delayed messages of {node} did not sync: {why}",
                      node=self.node.name, why=f.value.subFailure.getErrorMessage())
             self._chooseFollowers()
-            return self.sync(False) if retry else None
+            return self._syncLinks(False) if retry else None
 
         return defer.gatherResults(ds, consumeErrors=True).addCallbacks(lambda _: None, failed)
 
@@ -495,6 +525,7 @@ class DelayedReplication:
         link = self.node.links.get(peer)
         if link is None:
             return
+        self.down.discard(peer)
         if peer not in self.followers:
             # (copies it kept of this node's messages from before are stale)
             link.send(wire.delayed("", "", wire.D_FORGET, wire.string(self.node.name)))
@@ -503,6 +534,7 @@ class DelayedReplication:
             self._checkClaim()
 
     def nodeDown(self, peer):
+        self.down.add(peer)
         if not self.node.running:
             return
         if not self.marks:
