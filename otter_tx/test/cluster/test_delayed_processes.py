@@ -140,3 +140,82 @@ class DelayedProcessTests(TestCase):
         out = yield threads.deferToThread(drain)
         self.assertEqual(sorted({b for b, _ in out}), sorted(b"r%d" % i for i in range(20)))
         self.assertEqual(len({(b, i) for b, i in out}), 20)
+
+    @inlineCallbacks
+    def test_pausedLeader(self):
+        """
+        SIGSTOP of the node holding 10 delayed messages (due 3 s later): when
+        its lease lapses (5 s) a survivor adopts and fires them (overdue,
+        marked redelivered); resumed, the paused node may fire its own copies
+        once more before it sees the claim (same ``x-delayed-id``), then holds
+        none.  Every message arrives at least once.
+        """
+        def setup():
+            c2 = pika.BlockingConnection(params(self.port(1)))
+            c2.channel().queue_declare("sq", durable=True)
+            c2.close()
+            c = pika.BlockingConnection(params(self.port(0)))
+            ch = c.channel()
+            ch.exchange_declare("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+            ch.queue_bind("sq", "dx", "k")
+            time.sleep(0.5)
+            ch.confirm_delivery()
+            for i in range(10):
+                ch.basic_publish("dx", "k", b"s%d" % i, pika.BasicProperties(
+                    delivery_mode=2, headers={"x-delay": 3000}))
+            c.close()
+
+        yield threads.deferToThread(setup)
+        node = self.cluster.nodes[0]
+        yield node.kill(signal.SIGSTOP)
+        try:
+            def adopted():
+                c = pika.BlockingConnection(params(self.port(1)))
+                ch = c.channel()
+                out = []
+                deadline = time.monotonic() + 15
+                while len(out) < 10 and time.monotonic() < deadline:
+                    m = ch.basic_get("sq", auto_ack=True)
+                    if m[0] is None:
+                        time.sleep(0.05)
+                        continue
+                    out.append((m[2], m[1].headers.get("x-delayed-id"), m[0].redelivered))
+                c.close()
+                return out
+
+            first = yield threads.deferToThread(adopted)
+        finally:
+            yield node.kill(signal.SIGCONT)
+        self.assertEqual(sorted(b for b, _, _ in first), sorted(b"s%d" % i for i in range(10)))
+        self.assertEqual({r for _, _, r in first}, {True})
+
+        def after():
+            time.sleep(5)
+            c = pika.BlockingConnection(params(self.port(1)))
+            ch = c.channel()
+            out = []
+            while True:
+                m = ch.basic_get("sq", auto_ack=True)
+                if m[0] is None:
+                    break
+                out.append((m[2], m[1].headers.get("x-delayed-id")))
+            c.close()
+            return out
+
+        again = yield threads.deferToThread(after)
+        ids = {b: i for b, i, _ in first}
+        # duplicates, if any, are the same messages with the same ids
+        self.assertLessEqual({(b, i) for b, i in again}, set(ids.items()))
+
+        def held():
+            import base64
+            import json
+            import urllib.request
+
+            req = urllib.request.Request("http://127.0.0.1:%d/api/exchanges/%%2F/dx/delayed"
+                                         % self.cluster.nodes[2].managementPort)
+            req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())["total_count"]
+
+        self.assertEqual((yield threads.deferToThread(held)), 0)
