@@ -299,3 +299,35 @@ class ReplicatedDelayedTests(ClusterCase):
         self.assertEqual(out[5], (204, {"purged": 1}))
         self.assertEqual(out[6][1]["total_count"], 0)
         self.assertEqual((self.copies(1, "n1"), self.copies(2, "n1")), (0, 0))
+
+    @inlineCallbacks
+    def test_joiningNodeMirrorsBindingsToOtherNodesQueues(self):
+        """
+        A node joining after a binding from ``dx`` to a queue on node 2 was
+        made routes through it at once (node.start mirrors bindings after the
+        queues: a node restarted to fire adopted messages needs them).
+        """
+        from twisted.internet import reactor
+
+        from otter_tx.cluster.link import LinkFactory
+        from otter_tx.cluster.node import ClusterNode
+        from otter_tx.testing import startBroker
+
+        yield self.setUpExchange()
+        yield self.waitExchangeEverywhere()
+        f = yield startBroker(reactor)
+        self.addCleanup(f.stop)
+        node = ClusterNode(f.broker, "n4", self.meta, reactor)
+        port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.addCleanup(node.stop)
+        yield node.start(port.getHost().port)
+        ex = f.broker.vhosts["/"].exchanges["dx"]
+        self.assertEqual([q.name for q in f.broker.vhosts["/"].route(ex, _probe(), ["k"])], ["later"])
+
+
+def _probe():
+    from otter_tx.amqp.codec import encodeProperties
+    from otter_tx.broker.message import Message
+
+    return Message("dx", "k", encodeProperties({}), b"")
