@@ -703,7 +703,9 @@ class DelayedReplication:
             return {"n": 0, "copies": []}
         adopted = self.adopted.get((vhostName, name))
         if heldId is not None:
-            n = 1 if ex.cancel(heldId) else 0
+            # (a cluster's ids are NODE:SEQ: a bare number names no message, not SEQ on every node)
+            own = isinstance(heldId, str) and heldId.startswith(ex.idPrefix)
+            n = 1 if own and ex.cancel(heldId) else 0
             if adopted is not None and adopted.remove(str(heldId)):
                 n += 1
             match = lambda hid, m: hid == str(heldId)  # noqa: E731
