@@ -492,6 +492,8 @@ class DelayedReplication:
         d = self._checkClaim(all=True).addCallback(lambda _: self._linksUp(self.node.clock.seconds() + LINKS_WAIT))
 
         def thaw(_):
+            if not self.node.running:
+                return
             sets = [a.set for a in self.adopted.values()]
             for vh in self.broker.vhosts.values():
                 for ex in vh.exchanges.values():
@@ -514,7 +516,9 @@ class DelayedReplication:
         node = self.node
         if d is None:
             d = defer.Deferred()
-        if all(n in node.links for n in node.nodes) or node.clock.seconds() >= until or not node.running:
+        if not node.running:
+            return d  # (stopped: its held messages stay frozen)
+        if all(n in node.links for n in node.nodes) or node.clock.seconds() >= until:
             d.callback(None)
         else:
             # (a call the node cancels when it stops)

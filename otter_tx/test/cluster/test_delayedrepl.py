@@ -20,7 +20,8 @@ from otter_tx.test.interop.support import waitOnReactor
 DX = {"x-delayed-type": "direct"}
 
 
-class ReplicatedDelayedTests(ClusterCase):
+class DelayedCase(ClusterCase):
+    """Three nodes with their management apps, and helpers."""
 
     management = True
 
@@ -94,6 +95,10 @@ class ReplicatedDelayedTests(ClusterCase):
             return got
 
         return self.inThread(run)
+
+
+
+class ReplicatedDelayedTests(DelayedCase):
 
     @inlineCallbacks
     def test_confirmWaitsForFollowers(self):
@@ -328,6 +333,25 @@ class ReplicatedDelayedTests(ClusterCase):
         ex = f.broker.vhosts["/"].exchanges["dx"]
         self.assertEqual([q.name for q in f.broker.vhosts["/"].route(ex, _probe(), ["k"])], ["later"])
 
+
+
+class FiveNodeTests(DelayedCase):
+    """Five nodes: each node's messages have two followers, the next two in name order."""
+
+    nodes = 5
+
+    @inlineCallbacks
+    def test_twoFollowersOfFour(self):
+        """Node 4's messages are copied to nodes 5 and 1 only; killed, one of those two fires them."""
+        yield self.setUpExchange()
+        yield self.waitExchangeEverywhere()
+        yield self.publish(3, [b"f1", b"f2"], 1000)
+        self.assertEqual([self.copies(i, "n4") for i in range(5)], [2, 0, 0, 0, 2])
+        self.kill(3)
+        yield waitOnReactor(lambda: "delayed/n4" in self.meta.data, 5)
+        self.assertIn(self.meta.data["delayed/n4"]["adopter"], ("n1", "n5"))
+        got = yield self.consume(1, 2, 10)
+        self.assertEqual(sorted((g[0], g[1]) for g in got), [(b"f1", "n4:1"), (b"f2", "n4:2")])
 
 def _probe():
     from otter_tx.amqp.codec import encodeProperties
