@@ -191,11 +191,15 @@ class Adopted:
         ex = vh.exchanges.get(self.exchangeName) if vh is not None else None
         if ex is None or not ex.delayed or ex.deleted:
             return
+        copies = 0
         for (_, heldId, message), redelivered in zip(entries, again):
             out = _swapDelay(message, heldId)
             vh.broker.nextMessageId(out)
             for q in vh.route(ex, out, out.routingKeys()):
                 q.enqueue(out, None, redelivered)
+                copies += 1
+        log.info("cluster: {node} fired {n} adopted delayed messages of exchange {x} ({c} routed)",
+                 node=self.manager.node.name, n=len(entries), x=self.exchangeName, c=copies)
 
 
 class DelayedReplication:
