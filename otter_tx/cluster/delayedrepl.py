@@ -221,6 +221,7 @@ class DelayedReplication:
         #: node's links went down: what a claim on this node's messages may have adopted
         self.marks = {}
         self.started = False
+        self._checking = None
         #: nodes whose link went down (not waited for by a confirm until linked again)
         self.down = set()
         node.handlers.update({
@@ -615,6 +616,9 @@ class DelayedReplication:
         """
         node = self.node
         key = claimKey(node.name)
+        if self._checking is not None:
+            # (one at a time: links coming back together would each start one)
+            return defer.succeed(None)
 
         def loaded(result):
             items, _ = result
@@ -650,8 +654,15 @@ class DelayedReplication:
             return node.writes.write(key, lambda: node.metadata.update(key, change))
 
         d = node.metadata.load(key).addCallback(loaded)
-        return d.addErrback(lambda f: log.failure("checking the claim on {node}'s delayed messages", f,
-                                                  node=node.name))
+        d.addErrback(lambda f: log.failure("checking the claim on {node}'s delayed messages", f, node=node.name))
+
+        def done(_):
+            self._checking = None
+
+        d.addBoth(done)
+        if not d.called:
+            self._checking = d
+        return d
 
     # --- list, cancel, purge across the cluster --------------------------------------------
 
