@@ -398,6 +398,12 @@ class DelayedExchange(Exchange):
     delayed = True
     #: messages taken into hold since the exchange was declared (message rates)
     delayedCount = 0
+    #: before the broker id in ``x-delayed-id`` and lists: in a cluster ``"NODE:"``, so ids
+    #: are unique across nodes (otter_tx/cluster/delayedrepl.py); empty on a single node
+    idPrefix = ""
+    #: in a cluster, what runs ``list``, ``cancel`` and ``purge`` on every node (Deferreds;
+    #: :class:`~otter_tx.cluster.delayedrepl.DelayedReplication`), else None
+    cluster = None
 
     def __init__(self, vhost, name, type, durable, autoDelete, internal, arguments):
         Exchange.__init__(self, vhost, name, arguments["x-delayed-type"], durable, autoDelete,
@@ -494,7 +500,7 @@ class DelayedExchange(Exchange):
                 again = True
             if self.deleted:
                 continue
-            out = _swapDelay(message, seq)
+            out = _swapDelay(message, self.idPrefix + str(seq) if self.idPrefix else seq)
             vhost.broker.nextMessageId(out)
             for q in vhost.route(self, out, out.routingKeys()):
                 q.enqueue(out, None, again)
@@ -512,7 +518,11 @@ class DelayedExchange(Exchange):
         if dueFrom is not None:
             page = min(self._set.rank(dueFrom), max(0, len(self._set) - 1)) // pageSize + 1
         entries = self._set.page((page - 1) * pageSize, pageSize)
-        return {"items": [heldItem(*e) for e in entries], "total_count": len(self._set),
+        items = [heldItem(*e) for e in entries]
+        if self.idPrefix:
+            for item in items:
+                item["id"] = self.idPrefix + item["id"]
+        return {"items": items, "total_count": len(self._set),
                 "page": page, "page_size": pageSize}
 
     def cancel(self, heldId):
@@ -521,6 +531,8 @@ class DelayedExchange(Exchange):
         ASCII digits); True when it was held.  Written to the store
         (durable exchanges).
         """
+        if self.idPrefix and isinstance(heldId, str) and heldId.startswith(self.idPrefix):
+            heldId = heldId[len(self.idPrefix):]
         if isinstance(heldId, str) and heldId.isascii() and heldId.isdigit():
             seq = int(heldId)
         elif type(heldId) is int:
@@ -595,8 +607,18 @@ class DelayedExchange(Exchange):
             command = command.decode("utf-8", "replace")
         status, body = self._command(user, command, message)
         replyTo = message.props.get("reply_to")
+        if status is None:
+            # run on every node of the cluster: ``body`` is a Deferred of (status, body), answered
+            # once each node's store synced it
+            body.addErrback(lambda f: (500, {"error": "internal_error", "reason": f.getErrorMessage()}))
+            if replyTo:
+                body.addCallback(lambda answer: self._reply(message, replyTo, *answer))
+            return
         if not replyTo:
             return
+        self._reply(message, replyTo, status, body)
+
+    def _reply(self, message, replyTo, status, body):
         correlationId = message.props.get("correlation_id")
 
         def reply(status, body):
@@ -639,9 +661,20 @@ class DelayedExchange(Exchange):
                 page, size = pageParameters(args.get("page"), args.get("page_size"))
             except ValueError as e:
                 return 400, {"error": "invalid_pagination_parameters", "reason": str(e)}
+            if self.cluster is not None:
+                return None, self.cluster.page(self, page, size).addCallback(lambda body: (200, body))
             return 200, self.heldPage(page, size)
         if command == "purge":
+            if self.cluster is not None:
+                return None, self.cluster.purge(self).addCallback(lambda n: (204, {"purged": n}))
             return 204, {"purged": self.purgeHeld()}
+        if self.cluster is not None and (type(args.get("id")) in (str, int) or isinstance(args.get("message_id"), str)):
+            if type(args.get("id")) in (str, int):
+                d = self.cluster.cancel(self, heldId=args["id"])
+            else:
+                d = self.cluster.cancel(self, messageId=args["message_id"])
+            return None, d.addCallback(lambda n: (204, {"cancelled": n}) if n else (
+                404, {"error": "Object Not Found", "reason": "Not Found"}))
         if type(args.get("id")) in (str, int):
             n = 1 if self.cancel(args["id"]) else 0
         elif isinstance(args.get("message_id"), str):
@@ -674,7 +707,7 @@ class DelayedExchange(Exchange):
         held = _withoutCommand(message)
         self.vhost.broker.nextMessageId(held)
         self._add(held, due, now)
-        return 201, {"id": str(self._seq), "due": int(due)}
+        return 201, {"id": self.idPrefix + str(self._seq), "due": int(due)}
 
 
 def _withoutCommand(message):

@@ -67,6 +67,10 @@ class Journal:
         #: of :class:`~otter_tx.store.sqlite.writer.SQLiteStore` and the log
         #: store), or None
         self._enqueueMessage = getattr(store, "enqueueMessage", None)
+        #: store key -> (record, [RecoveredMessage]): the entries recovered for the pseudo-queue
+        #: entities marked ``"kept"``, for the layer that wrote them (the cluster's copies of other
+        #: nodes' delayed messages, otter_tx/cluster/delayedrepl.py)
+        self.kept = {}
 
     # --- keys ------------------------------------------------------------------
 
@@ -359,6 +363,9 @@ class Journal:
         queues = {}
         delayed = {}
         for key, rec in ents.get("queue", {}).items():
+            if rec.get("kept"):
+                self.kept[key] = (rec, [])
+                continue
             if rec.get("delayedExchange"):
                 _, vhName, name = keys.names(key, rec, 3)
                 vh = broker.vhosts.get(vhName)
@@ -425,6 +432,10 @@ class Journal:
             q = queues.get(qkey)
             ex = delayed.get(qkey) if q is None else None
             if q is None and ex is None:
+                kept = self.kept.get(qkey)
+                if kept is not None:
+                    kept[1].extend(recs)
+                    maxId = max([maxId] + [r.storeId for r in kept[1]])
                 continue
             restore = q.restore if q is not None else None
             # a deep classic queue: once it pages, the rest stays in the

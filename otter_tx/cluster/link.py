@@ -426,6 +426,8 @@ class LinkProtocol(protocol.Protocol):
             node.replication.followerFailed(self.peer)
         elif kind == wire.FENCED:
             node.replication.fencedBy(self, r)
+        elif kind == wire.DELAYED:
+            node.delayed.frame(self, r)
         elif kind == wire.STATS:
             node.figuresFrom(self.peer, r.json())
         elif kind == wire.HELLO:

@@ -40,6 +40,7 @@ from otter_tx.cluster.entities import Entities
 from otter_tx.cluster.link import LinkProtocol, messageFromJSON, messageJSON
 from otter_tx.cluster.membership import Membership
 from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
+from otter_tx.cluster.delayedrepl import DelayedReplication
 from otter_tx.cluster.replication import ReplicationManager, groupSize, isReplicated
 
 log = Logger()
@@ -105,6 +106,8 @@ class ClusterNode:
         self.replication = ReplicationManager(self)
         #: add / delete members of quorum queues, grow, shrink, rebalance (membership.py)
         self.membership = Membership(self)
+        #: replicated delayed messages (delayedrepl.py)
+        self.delayed = DelayedReplication(self)
         broker.cluster = self
 
     # --- joining --------------------------------------------------------------
@@ -138,12 +141,16 @@ class ClusterNode:
             self.applying = False
         if not definitions:
             self.entities.publishAll()
-        self._applyNow([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)])
+        # (bindings last: the queues and exchanges they join must be mirrored first, and the
+        # store lists keys in order, "bindings/" before "queues/")
+        self._applyNow(sorted([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)],
+                              key=lambda e: e[1].startswith("bindings/")))
         self._caughtUp(revision)
         self.metadata.watch("", revision + 1, self._apply)
         self._registerLocal()
         self.broker.listeners.append(self._entityChanged)
         self.running = True
+        self.delayed.start()
         self._figuresCall = self.clock.callLater(1, self._sendFigures)
 
     def _later(self, seconds, f, *a):
@@ -815,6 +822,7 @@ class ClusterNode:
                 if rq.home == link.peer:
                     rq.homeUp()
         self.replication.linkUp(link.peer)
+        self.delayed.linkUp(link.peer)
 
     def linkPaused(self, link):
         """
@@ -851,6 +859,7 @@ class ClusterNode:
     def _nodeDown(self, name):
         self.figures.pop(name, None)
         self.replication.nodeDown(name)
+        self.delayed.nodeDown(name)
         for vh in self.broker.vhosts.values():
             for rq in list(vh.remoteQueues.values()):
                 if rq.home != name:

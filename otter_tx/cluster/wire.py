@@ -34,6 +34,7 @@ STREAM_APPEND = 15  # vhost, queue, u32 count, entries: a stream protocol publis
 REPLICATE = 16     # vhost, queue, u64 epoch, u8 op, op fields: a quorum queue leader's log (replication.py)
 FENCED = 17        # vhost, queue, u64 epoch: a follower refused a REPLICATE of an older epoch
 REPL_FAILED = 18   # (nothing): the follower's store failed; the SYNCED after it does not hold its replicas
+DELAYED = 19       # vhost, exchange, u8 op, op fields: a node's held delayed messages (delayedrepl.py)
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 
@@ -114,6 +115,27 @@ R_UNHOLD = 8   # the buffer's messages are being dead-lettered again (those not 
 
 _D = struct.Struct(">d")
 
+#: DELAYED ops (otter_tx/cluster/delayedrepl.py); the leader is the sending node
+D_HOLD = 1     # id, f64 due (epoch ms), message: held by the sender
+D_DROP = 2     # u32 count, ids: fired or cancelled
+D_PURGE = 3    # every message the sender holds for this exchange dropped
+D_FORGET = 4   # (vhost and exchange empty) node name: drop every copy held for that node's messages;
+               # the node's own name: every copy of the sender's (it sends its snapshot next)
+
+
+def delayed(vhost, exchange, op, fields=b""):
+    return frame(DELAYED, string(vhost) + string(exchange) + bytes((op,)) + fields)
+
+
+def delayedHold(vhost, exchange, heldId, due, message):
+    return frame(DELAYED, string(vhost) + string(exchange) + bytes((D_HOLD,)) + string(heldId) + _D.pack(due)
+                 + messagePart(message))
+
+
+def strings(values):
+    """u32 count, a string each."""
+    return _U32.pack(len(values)) + b"".join(string(v) for v in values)
+
 
 def replicate(names, epoch, op, fields=b""):
     """REPLICATE with the vhost and queue already encoded (``names``)."""
@@ -192,6 +214,9 @@ class Reader:
 
     def seqs(self):
         return [self.u64() for _ in range(self.u32())]
+
+    def strings(self):
+        return [self.string() for _ in range(self.u32())]
 
     def string(self):
         n = self.u16()

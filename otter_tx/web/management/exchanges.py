@@ -230,8 +230,12 @@ class ExchangesRoom(Room):
         permission on the exchange.  ``DELETE``: purge them all (204); needs
         write permission.  404 for a missing or non-delayed exchange.
         """
+        cluster = self._delayedCluster()
         if request.method == b"DELETE":
             _, ex = self._delayedExchange(user, vhost, name, "purge")
+            if cluster is not None:
+                # every node's held messages (otter_tx/cluster/delayedrepl.py)
+                return cluster.purge(ex).addCallback(lambda _: Response(204))
             ex.purgeHeld()
             return self._afterSync(ex, Response(204))
         _, ex = self._delayedExchange(user, vhost, name, "list")
@@ -241,7 +245,26 @@ class ExchangesRoom(Room):
             dueFrom = None if dueFrom is None else int(dueFrom)
         except ValueError as e:
             raise HTTPError(400, "invalid_pagination_parameters", str(e))
+        if cluster is not None:
+            return cluster.page(ex, page, size, dueFrom)
         return ex.heldPage(page, size, dueFrom)
+
+    def _delayedCluster(self):
+        """In a cluster, its :class:`~otter_tx.cluster.delayedrepl.DelayedReplication` (acts on every node)."""
+        return getattr(self.broker.cluster, "delayed", None)
+
+    def _cancelled(self, ex, found):
+        """204 once cancelled (and synced), else 404; ``found``: a count, or a Deferred of one."""
+        def answer(n):
+            if not n:
+                raise notFound()
+            return Response(204)
+
+        if isinstance(found, int):
+            if not found:
+                raise notFound()
+            return self._afterSync(ex, Response(204))
+        return found.addCallback(answer)
 
     @app.route("/api/exchanges/<vhost>/<name>/delayed/<held>", methods=["DELETE", "OPTIONS"])
     @endpoint(VHOST)
@@ -252,9 +275,10 @@ class ExchangesRoom(Room):
         Needs write permission on the exchange.
         """
         _, ex = self._delayedExchange(user, vhost, name, "cancel")
-        if not ex.cancel(held):
-            raise notFound()
-        return self._afterSync(ex, Response(204))
+        cluster = self._delayedCluster()
+        if cluster is not None:
+            return self._cancelled(ex, cluster.cancel(ex, heldId=held))
+        return self._cancelled(ex, 1 if ex.cancel(held) else 0)
 
     @app.route("/api/exchanges/<vhost>/<name>/delayed/by-message-id/<messageId>",
                methods=["DELETE", "OPTIONS"])
@@ -267,9 +291,10 @@ class ExchangesRoom(Room):
         permission on the exchange.
         """
         _, ex = self._delayedExchange(user, vhost, name, "cancel")
-        if not ex.cancelMessageId(messageId):
-            raise notFound()
-        return self._afterSync(ex, Response(204))
+        cluster = self._delayedCluster()
+        if cluster is not None:
+            return self._cancelled(ex, cluster.cancel(ex, messageId=messageId))
+        return self._cancelled(ex, ex.cancelMessageId(messageId))
 
     @app.route("/api/bindings", methods=["GET", "OPTIONS"])
     @endpoint()
