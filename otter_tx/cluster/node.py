@@ -151,6 +151,7 @@ class ClusterNode:
         self.broker.listeners.append(self._entityChanged)
         self.running = True
         self.delayed.start()
+        self.replication.started()
         self._figuresCall = self.clock.callLater(1, self._sendFigures)
 
     def _later(self, seconds, f, *a):
@@ -345,6 +346,10 @@ class ClusterNode:
                     self.replication.lead(q, record)
                 else:
                     replica = self.replication.replicas.get((vhostName, name))
+                    if replica is None:
+                        # the leader's own copy as its store kept it (killed while it was being
+                        # promoted, before the queue itself was written)
+                        replica = self.replication.recovered(vhostName, name, record)
                     if replica is not None:
                         # another node gave this one the leadership (a transfer: rebalance,
                         # the old leader's member deleted)

@@ -357,7 +357,19 @@ class Replica:
         #: the epoch this replica joined (holds a snapshot of), or None
         self.joinedEpoch = None
         self.joining = False
-        self.store = manager.node.broker.journal.store
+        journal = manager.node.broker.journal
+        self.store = journal.store
+        # what this node's store kept of it before a restart: the copy it may lead from when the
+        # old leader never comes back (the journal's ``kept``: a pseudo-queue entity marked so)
+        kept = getattr(journal, "kept", {}).pop(self.key, None)
+        if kept is not None:
+            for rec in sorted(kept[1], key=lambda rec: rec.seq):
+                m = Message(rec.exchange, rec.routingKey, rec.propsRaw, rec.body)
+                m.storeId = rec.storeId
+                m.stored = True
+                self.entries[rec.seq] = [m, rec.expiresAtMs, 1 if rec.redelivered else 0, bool(rec.redelivered)]
+        else:
+            self.store.putEntity("queue", self.key, {"kept": "quorum-replica", "names": [vhostName, name]})
 
     def apply(self, epoch, op, r):
         store = self.store
@@ -406,10 +418,10 @@ class Replica:
             self.joinedEpoch = epoch
 
     def drop(self):
-        """This node is no longer a member: the replica goes from the store."""
+        """This node is no longer a member (or leads it now): the replica goes from the store."""
         self.entries = {}
         self.held = []
-        self.store.purgeQueue(self.key, ())
+        self.store.deleteEntity("queue", self.key)
 
 
 class ReplicationManager:
@@ -489,6 +501,14 @@ class ReplicationManager:
         self._maybeJoin(replica)
         return False
 
+    def recovered(self, vhostName, name, record):
+        """A Replica of what this node's store kept of the queue (a Replica or None)."""
+        kept = getattr(self.node.broker.journal, "kept", {})
+        if replicaKey(vhostName, name) not in kept:
+            return None
+        replica = self.replicas[(vhostName, name)] = Replica(self, vhostName, name, record)
+        return replica
+
     def _maybeJoin(self, replica):
         if replica.joining or replica.joinedEpoch == replica.epoch:
             return
@@ -544,6 +564,16 @@ class ReplicationManager:
             rep.fence()
 
     # --- links and nodes -----------------------------------------------------
+
+    def started(self):
+        """
+        The node joined: a replica whose leader's node is not in the cluster
+        (every member was down, the leader has not come back) is taken over
+        by an in-sync member from what its store kept.
+        """
+        for replica in list(self.replicas.values()):
+            if replica.leader not in self.node.nodes:
+                self.takeOver(replica)
 
     def linkUp(self, peer):
         for replica in list(self.replicas.values()):

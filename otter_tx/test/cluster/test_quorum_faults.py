@@ -18,7 +18,7 @@ import urllib.request
 
 import pika
 import pika.exceptions
-from twisted.internet import reactor, task, threads
+from twisted.internet import defer, reactor, task, threads
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import TestCase
 
@@ -379,3 +379,51 @@ class QuorumFaultTests(TestCase):
         load.stopConsuming.set()
         yield con
         self.assertEqual(sorted(confirmed - set(load.received)), [])
+
+    @inlineCallbacks
+    def test_everyNodeDownLeaderNeverBack(self):
+        """
+        Every node SIGKILLed at once (a power cut), and the leader's node never
+        comes back: the two followers start again, one takes the queue over
+        from what its store kept, and every confirmed message is there.
+        """
+        yield self.startQuorum()
+        nodes = self.cluster.nodes
+
+        def publish():
+            c = pika.BlockingConnection(params(nodes[0].amqpPort))
+            ch = c.channel()
+            ch.confirm_delivery()
+            for k in range(500):
+                ch.basic_publish("", "rq", b"%d" % k, pika.BasicProperties(delivery_mode=2))
+            c.close()
+
+        yield threads.deferToThread(publish)
+        # (the signals go out together: a follower may or may not take over in between; both
+        # ways, the queue must be there after the restart)
+        yield defer.gatherResults([n.kill(signal.SIGKILL) for n in nodes])
+        yield nodes[1].start()
+        yield nodes[2].start()
+
+        def drain():
+            leader = waitFor(lambda: (lambda n: n if n and n != "otter1" else None)(self.leaderSeenBy(1)), 20)
+            got = set()
+            deadline = time.monotonic() + 20
+            while leader and len(got) < 500 and time.monotonic() < deadline:
+                try:
+                    c = pika.BlockingConnection(params(nodes[1].amqpPort))
+                    ch = c.channel()
+                    while True:
+                        m = ch.basic_get("rq", auto_ack=True)
+                        if m[0] is None:
+                            break
+                        got.add(int(m[2]))
+                    c.close()
+                except (pika.exceptions.AMQPError, OSError):
+                    pass
+                time.sleep(0.1)
+            return leader, got
+
+        leader, got = yield threads.deferToThread(drain)
+        self.assertIsNotNone(leader, "no follower took over\n%s" % ((yield threads.deferToThread(self.clusterLog)),))
+        self.assertEqual(len(got), 500)
