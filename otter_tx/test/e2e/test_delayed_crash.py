@@ -72,11 +72,12 @@ def _publish(port, rng):
 
 def _consume(port, got, until, killAt=None, pid=None):
     """
-    Append ``(index, redelivered, x-delayed-id)`` per delivery (auto-ack)
-    until ``until()`` or the broker dies; SIGKILL process ``pid`` as
-    delivery ``j`` of burst ``n`` arrives, ``killAt = (n, j)``
-    (deliveries are not held back for the store, so that burst's fire may
-    not be committed yet).
+    Append ``(index, redelivered, x-delayed-id)`` per delivery (acked once
+    recorded: an auto-ack delivery still in the broker's socket buffer at the
+    kill would be lost by design, at most once) until ``until()`` or the
+    broker dies; SIGKILL process ``pid`` as delivery ``j`` of burst ``n``
+    arrives, ``killAt = (n, j)`` (deliveries are not held back for the store,
+    so that burst's fire may not be committed yet).
     """
     bursts = [0, 0.0, 0]  # bursts seen, time of the last delivery, deliveries in this burst
     try:
@@ -94,8 +95,10 @@ def _consume(port, got, until, killAt=None, pid=None):
             bursts[2] += 1
             if (bursts[0], bursts[2]) == killAt:
                 os.kill(pid, signal.SIGKILL)
+                return
+            _ch.basic_ack(method.delivery_tag)
 
-        ch.basic_consume(QUEUE, onMessage, auto_ack=True)
+        ch.basic_consume(QUEUE, onMessage, auto_ack=False)
         while not until():
             c.process_data_events(0.05)
         c.close()
