@@ -104,13 +104,17 @@ class Batch:
     :ivar coalesce: cancel enqueue/dequeue pairs (``SQLiteStore(coalesce=)``).
     """
 
-    __slots__ = ("entities", "purges", "adds", "entries", "waiters", "size", "addedBytes", "coalesce")
+    __slots__ = ("entities", "purges", "adds", "entries", "orphans", "waiters", "size", "addedBytes", "coalesce")
 
     def __init__(self, coalesce=True):
         self.entities = {}
         self.purges = {}
         self.adds = {}
         self.entries = {}
+        #: storeIds whose pending enqueue was cancelled while their message was written by an
+        #: earlier batch (the writer took it between addMessage and enqueue): removed at commit
+        #: when no queue entry refers to them
+        self.orphans = set()
         self.waiters = []
         self.size = 0
         self.addedBytes = 0
@@ -229,6 +233,7 @@ class Batch:
         """
         add = self.adds.get(storeId)
         if add is None:
+            self.orphans.add(storeId)
             return 0
         add.liveEnqueues -= 1
         add.enqueueCancelled = True

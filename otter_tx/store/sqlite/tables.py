@@ -268,6 +268,7 @@ class Tables:
         if marks:
             for sql, params in _rows(_MARK_ENTRIES, 2, "))", marks):
                 ex(sql, params)
+        orphanCandidates.update(batch.orphans)
         if orphanCandidates:
             self._deleteOrphans(conn, orphanCandidates)
 
