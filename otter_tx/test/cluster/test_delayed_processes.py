@@ -23,6 +23,33 @@ class DelayedProcessTests(TestCase):
     def setUp(self):
         self.cluster = yield startCluster(self, 3)
 
+    def bindingEverywhere(self, exchange, seconds=10):
+        """
+        Wait (in a thread) until every node's management API lists a binding
+        from ``exchange``: a survivor that adopts a message fires it through
+        its own copy of the binding (a fixed sleep was too short on a loaded
+        PyPy run, and the adopted messages were unroutable).
+        """
+        import base64
+        import json
+        import urllib.request
+
+        deadline = time.monotonic() + seconds
+        for n in self.cluster.nodes:
+            while time.monotonic() < deadline:
+                req = urllib.request.Request("http://127.0.0.1:%d/api/exchanges/%%2F/%s/bindings/source"
+                                             % (n.managementPort, exchange))
+                req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        if json.loads(r.read()):
+                            break
+                except Exception:
+                    pass
+                time.sleep(0.05)
+            else:
+                raise AssertionError("node %s has no binding from %s after %d s" % (n.name, exchange, seconds))
+
     def port(self, i):
         return self.cluster.nodes[i].amqpPort
 
@@ -42,7 +69,7 @@ class DelayedProcessTests(TestCase):
             ch = c1.channel()
             ch.exchange_declare("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
             ch.queue_bind("dq", "dx", "k")
-            time.sleep(0.5)  # (the binding reaches the other nodes through etcd)
+            self.bindingEverywhere("dx")  # (the binding reaches the other nodes through etcd)
             ch.confirm_delivery()
             started = time.time()
             for i in range(30):
@@ -94,7 +121,7 @@ class DelayedProcessTests(TestCase):
             ch.queue_declare("rq", durable=True)
             ch.exchange_declare("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
             ch.queue_bind("rq", "dx", "k")
-            time.sleep(0.5)
+            self.bindingEverywhere("dx")
             ch.confirm_delivery()
             for i in range(20):
                 ch.basic_publish("dx", "k", b"r%d" % i, pika.BasicProperties(
@@ -158,7 +185,7 @@ class DelayedProcessTests(TestCase):
             ch = c.channel()
             ch.exchange_declare("dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
             ch.queue_bind("sq", "dx", "k")
-            time.sleep(0.5)
+            self.bindingEverywhere("dx")
             ch.confirm_delivery()
             for i in range(10):
                 ch.basic_publish("dx", "k", b"s%d" % i, pika.BasicProperties(
