@@ -366,8 +366,8 @@ class ClusterNode:
             rq = RemoteQueue(self, vh, name, dict(record, arguments=md.fromJSON(record["arguments"])))
             rq.down = record["node"] not in self.links
             vh.remoteQueues[name] = rq
-            if isReplicated(record):
-                self._rebind(vh, name)
+            # (its bindings whose records came before its own)
+            self._rebind(vh, name)
         else:
             moved = rq.home != record["node"]
             rq.update(dict(record, arguments=md.fromJSON(record["arguments"])))
@@ -391,10 +391,18 @@ class ClusterNode:
                 except AMQPError:
                     consumer.cancelledByBroker(rq)
 
-    def _rebind(self, vh, name):
-        """The bindings (from the mirror) whose destination is queue ``name``, made again locally."""
+    def _rebind(self, vh, name, kinds=("queue",)):
+        """
+        The bindings (from the mirror) of ``name`` made again locally: those
+        whose destination is queue ``name`` (``kinds`` has ``"queue"``), whose
+        source is exchange ``name`` (``"source"``), or whose destination is
+        exchange ``name`` (``"exchange"``).
+        """
         for key, record in list(self._bindings.items()):
-            if record["destination_type"] == "queue" and record["destination"] == name:
+            if (("queue" in kinds and record["destination_type"] == "queue" and record["destination"] == name)
+                    or ("source" in kinds and record["source"] == name)
+                    or ("exchange" in kinds and record["destination_type"] == "exchange"
+                        and record["destination"] == name)):
                 what, parts = md.splitKey(key)
                 if parts[0] == vh.name:
                     self._binding(vh.name, key, record)
@@ -501,6 +509,7 @@ class ClusterNode:
         vh = self._vhost(vhostName)
         if vh is None:
             return
+        created = False
         self.applying = True
         try:
             if record is None:
@@ -509,8 +518,13 @@ class ClusterNode:
             elif name not in vh.exchanges:
                 vh.declareExchange(name, record["type"], False, record["durable"], record["auto_delete"],
                                    record["internal"], md.fromJSON(record["arguments"]))
+                created = True
         finally:
             self.applying = False
+        if record is not None and created:
+            # a binding of it whose record came first (two keys written at once by another node
+            # commit in either order): made now
+            self._rebind(vh, name, kinds=("source", "exchange"))
 
     def _binding(self, vhostName, key, record):
         vh = self._vhost(vhostName)

@@ -1116,3 +1116,39 @@ class SettleOrderTests(ClusterCase):
 
         out = yield self.inThread(run)
         self.assertEqual(out, [(b"again", True)] * 20)
+
+
+class RecordOrderTests(ClusterCase):
+
+    @inlineCallbacks
+    def test_bindingRecordBeforeItsExchange(self):
+        """
+        A binding's record applied before its exchange's (two keys another
+        node wrote at once commit in either order) is made once the exchange
+        is: it routes.
+        """
+        from otter_tx.cluster import metadata as md
+
+        def declare():
+            self.conn(1).channel().queue_declare("ordq")
+            return True
+
+        yield self.inThread(declare)
+        record = {"source": "ordx", "destination_type": "queue", "destination": "ordq", "routing_key": "k",
+                  "arguments": {}}
+        self.meta._put(md.bindingKey("/", "ordx", "queue", "ordq", "k", {}), record, None)
+        self.meta._put(md.exchangeKey("/", "ordx"), {"type": "direct", "durable": False, "auto_delete": False,
+                                                      "internal": False, "arguments": {}}, None)
+        vh = self.fixtures[2].broker.vhosts["/"]
+        yield waitOnReactor(lambda: "ordx" in vh.exchanges, 5)
+
+        def publish():
+            ch = self.conn(2).channel()
+            ch.confirm_delivery()
+            try:
+                ch.basic_publish("ordx", "k", b"routed", mandatory=True)
+            except pika.exceptions.UnroutableError:
+                return "unroutable"
+            return "routed"
+
+        self.assertEqual((yield self.inThread(publish)), "routed")
