@@ -175,8 +175,10 @@ class Replicator:
         """``messages`` went into the at-least-once dead-letter buffer (HeldDeadLetters.hold)."""
         if self.joined:
             for m in messages:
-                self._send(wire.replicate(self.names, self.epoch, wire.R_HOLD,
-                                          wire.string(reason) + wire.messagePart(m)))
+                self._send(self._holdFrame(m, reason))
+
+    def _holdFrame(self, message, reason):
+        return wire.replicate(self.names, self.epoch, wire.R_HOLD, wire.string(reason) + wire.messagePart(message))
 
     def dlxRetried(self, queue):
         """The buffer's messages are dead-lettered again; those no queue takes are held again."""
@@ -204,8 +206,7 @@ class Replicator:
             out.append(wire.replicateEnqueue(self.names, self.epoch, seq, e.expiresAt, e.returns,
                                              e.redelivered or e.state == UNACKED, e.message))
         for m, reason in self.queue.heldDeadLetters.messages or ():
-            out.append(wire.replicate(self.names, self.epoch, wire.R_HOLD,
-                                      wire.string(reason) + wire.messagePart(m)))
+            out.append(self._holdFrame(m, reason))
         for frame in out:
             link.send(frame)
         epoch = self.epoch

@@ -48,6 +48,30 @@ def waitFor(predicate, seconds, step=0.05):
     return None
 
 
+def getAll(port, name, count, seconds):
+    """
+    basic.get (auto-ack) from queue ``name`` through the node on ``port``
+    until ``count`` distinct integer bodies came or ``seconds`` passed
+    (connections that fail are made again); the set of bodies.
+    """
+    got = set()
+    deadline = time.monotonic() + seconds
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            c = pika.BlockingConnection(params(port))
+            ch = c.channel()
+            while True:
+                m = ch.basic_get(name, auto_ack=True)
+                if m[0] is None:
+                    break
+                got.add(int(m[2]))
+            c.close()
+        except (pika.exceptions.AMQPError, OSError):
+            pass
+        time.sleep(0.1)
+    return got
+
+
 class _Load:
     """
     A confirmed publisher and an acking consumer, each in a thread, each on
@@ -297,21 +321,7 @@ class QuorumFaultTests(TestCase):
 
         def drain():
             waitFor(lambda: (lambda n: n and n != "otter1")(self.leaderSeenBy(1)), 15)
-            got = set()
-            deadline = time.monotonic() + 20
-            while len(got) < 2000 and time.monotonic() < deadline:
-                try:
-                    c = pika.BlockingConnection(params(nodes[1].amqpPort))
-                    ch = c.channel()
-                    while True:
-                        m = ch.basic_get("rq", auto_ack=True)
-                        if m[0] is None:
-                            break
-                        got.add(int(m[2]))
-                    c.close()
-                except (pika.exceptions.AMQPError, OSError):
-                    pass
-                time.sleep(0.1)
+            got = getAll(nodes[1].amqpPort, "rq", 2000, 20)
             return got
 
         got = yield threads.deferToThread(drain)
@@ -407,21 +417,7 @@ class QuorumFaultTests(TestCase):
 
         def drain():
             leader = waitFor(lambda: (lambda n: n if n and n != "otter1" else None)(self.leaderSeenBy(1)), 20)
-            got = set()
-            deadline = time.monotonic() + 20
-            while leader and len(got) < 500 and time.monotonic() < deadline:
-                try:
-                    c = pika.BlockingConnection(params(nodes[1].amqpPort))
-                    ch = c.channel()
-                    while True:
-                        m = ch.basic_get("rq", auto_ack=True)
-                        if m[0] is None:
-                            break
-                        got.add(int(m[2]))
-                    c.close()
-                except (pika.exceptions.AMQPError, OSError):
-                    pass
-                time.sleep(0.1)
+            got = getAll(nodes[1].amqpPort, "rq", 500, 20) if leader else set()
             return leader, got
 
         leader, got = yield threads.deferToThread(drain)
