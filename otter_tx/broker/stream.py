@@ -291,6 +291,9 @@ class StreamLog:
         self._flushCall = None
         self._writing = False
         self._nextOffset = self.log.committed
+        #: a cluster's replication of this stream while this node leads it
+        #: (:class:`otter_tx.cluster.streamrepl.StreamReplicator`), else None
+        self.replicator = None
         #: messages appended (counter, for rates)
         self.appended = 0
         #: segments deleted by retention (counter)
@@ -358,7 +361,11 @@ class StreamLog:
         self.registry.unsynced += 1
         if self._flushCall is None and not self._writing:
             self._flushCall = self.clock.callLater(0, self._flush)
-        return d
+        return d if d is None or self.replicator is None else self._replicated(d)
+
+    def _replicated(self, d):
+        """``d`` (an append's), firing once the followers in sync hold it too (a cluster's stream)."""
+        return _both(d, self.replicator.sync())
 
     def appendEntries(self, entries, count, wantDeferred=True):
         """
@@ -384,7 +391,38 @@ class StreamLog:
         self.registry.unsynced += 1
         if self._flushCall is None and not self._writing:
             self._flushCall = self.clock.callLater(0, self._flush)
-        return d
+        return d if d is None or self.replicator is None else self._replicated(d)
+
+    def appendReplicated(self, items):
+        """
+        A follower's append of what its leader shipped (``items``: ``[(kind,
+        first offset, timestamp ms, messages, bytes)]``, kind 0 an ENQ record
+        as the leader's log holds it, 1 a BATCH record's entries): the same
+        records at the same offsets.  False (nothing appended) when the first
+        offset is not this log's next one (the follower joins again).
+        """
+        if self.deleted or not items or items[0][1] != self._nextOffset:
+            return not items
+        for kind, first, ts, count, data in items:
+            if first != self._nextOffset:
+                return False
+            if kind == 0:
+                self._incoming.append((data, ts, None, None))
+                self._nextOffset += 1
+                self.appended += 1
+            else:
+                self._incoming.append(((_seg.encodedBatch(first, ts, count, data), data), ts, None, count))
+                self._nextOffset += count
+                self.appended += count
+            self.registry.unsynced += 1
+        if self._flushCall is None and not self._writing:
+            self._flushCall = self.clock.callLater(0, self._flush)
+        return True
+
+    @property
+    def next(self):
+        """The offset the next append gets (int): ``committed`` plus the appends not durable yet."""
+        return self._nextOffset
 
     def _flush(self):
         self._flushCall = None
@@ -396,16 +434,25 @@ class StreamLog:
         firstOffset = None
         waiting = []
         enqueueRecord = log.enqueueRecord
+        rep = self.replicator
+        shipped = [] if rep is not None and rep.joined else None
         for rec, now, d, count in incoming:
             if count is None:
                 o = enqueueRecord(log._lastId + 1, 0, now, False, rec)
+                if shipped is not None:
+                    shipped.append((0, o, now, 1, rec))
             else:
                 if log.segments:
                     _trim(log.segments[-1])
                 o = log.enqueueBatch(log._lastId + 1, now, rec[0], rec[1], count)
+                if shipped is not None:
+                    shipped.append((1, o, now, count, rec[1]))
             if firstOffset is None:
                 firstOffset = o
             waiting.append((d, o))
+        if rep is not None:
+            # to the followers as written here (their SYNC answers come after their fsync)
+            rep.flushed(shipped)
         for seg in log.segments[nseg - 1 if nseg else 0:]:
             # the per-message arrays hold at most this turn's messages
             _trim(seg)
@@ -472,6 +519,71 @@ class StreamLog:
         syncs, self._syncWaiters = self._syncWaiters, []
         for d in syncs:
             d.errback(failure)
+        if self.replicator is not None:
+            self.replicator.flushed(None)
+
+    def truncate(self, offset):
+        """
+        Drop every message from ``offset`` on (a follower whose log holds
+        what a deposed leader shipped and the new one never had): the file
+        is cut at the record holding ``offset`` and the log read back (a chunk
+        cut in two is dropped whole, so it may end before ``offset``).  Only
+        with nothing being written (the follower waits for :meth:`sync`).
+        Returns the new end (int).
+        """
+        if offset >= self.committed or self._writing or self._incoming:
+            return self.committed
+        log = self.log
+        segs = log.segments
+        i = _seg._bisectFirst(segs, offset)
+        if i < 0 or offset <= segs[0].first:
+            return self.reset(min(offset, self.first))
+        reader = StreamReader(self, offset)
+        try:
+            reader._seek()
+            pos = reader._pos
+            seg = reader._seg
+        finally:
+            reader.close()
+        log.close()
+        for later in segs[segs.index(seg) + 1:] if seg in segs else ():
+            _seg._remove(later.path)
+        if seg is not None and pos is not None:
+            os.truncate(seg.path, pos)
+        _seg._fsyncDirectory(self.directory)
+        self._reopen()
+        return self.committed
+
+    def reset(self, firstOffset):
+        """
+        Drop every message and start empty at ``firstOffset`` (a follower
+        behind its leader's retention, or holding nothing the leader has).
+        Returns ``firstOffset``.
+        """
+        self.log.close()
+        for name in os.listdir(self.directory):
+            if name.endswith(".seg"):
+                _seg._remove(os.path.join(self.directory, name))
+        _seg._fsyncDirectory(self.directory)
+        self.log = QueueLog.create(self.directory, firstOffset, segmentBytes=self.segmentBytes)
+        self.log._lastId = firstOffset - 1
+        self._lastChunk = None
+        self._nextOffset = firstOffset
+        self._notify()
+        return firstOffset
+
+    def _reopen(self):
+        if any(n.endswith(".seg") for n in os.listdir(self.directory)):
+            self.log = QueueLog.open(self.directory, self.segmentBytes)
+            self.log.releaseRecovery()
+            self._lastChunk = _lastChunkFirst(self.log)
+            for seg in self.log.segments:
+                _trim(seg)
+        else:
+            self.log = QueueLog.create(self.directory, segmentBytes=self.segmentBytes)
+            self._lastChunk = None
+        self._nextOffset = self.log.committed
+        self._notify()
 
     def _fireSync(self):
         if self._incoming or self._waiting:
@@ -678,6 +790,29 @@ class StreamLog:
         self.registry.forget(self)
         self._notify()
         self._listeners = []
+
+
+def _both(d, other):
+    """``d``'s result once ``other`` fired too; the first failure of either."""
+    out = defer.Deferred()
+    state = {"left": 2, "result": None, "failed": None}
+
+    def one(result, mine):
+        if isinstance(result, Exception) or hasattr(result, "trap"):
+            if state["failed"] is None:
+                state["failed"] = result
+        elif mine:
+            state["result"] = result
+        state["left"] -= 1
+        if state["left"] == 0:
+            if state["failed"] is not None:
+                out.errback(state["failed"])
+            else:
+                out.callback(state["result"])
+
+    d.addBoth(one, True)
+    other.addBoth(one, False)
+    return out
 
 
 def _trim(seg):
@@ -1122,7 +1257,16 @@ class StreamQueue(Queue):
     def enqueue(self, message, now=None, redelivered=False):
         """Append ``message`` to the stream (durable at the end of the turn)."""
         self.publishedCount += 1
-        self.stream.append(message, wantDeferred=False)
+        stream = self.stream
+        stream.append(message, wantDeferred=False)
+        rep = stream.replicator
+        if rep is not None:
+            # a cluster's replicated stream: the publisher's confirm waits for the followers in
+            # sync as for a link's answer (Session._route: message.forwarded; Broker.sync)
+            if message.forwarded is None:
+                message.forwarded = [(rep, 0)]
+            else:
+                message.forwarded.append((rep, 0))
         return True
 
     # --- consumers ----------------------------------------------------------------------
@@ -1315,8 +1459,15 @@ class StreamQueue(Queue):
         for c in consumers:
             c.cancelledByBroker(self)
         self.stream.unlisten(self._committed)
-        self.stream.delete()
+        if self.keepStream:
+            # a cluster's stream led elsewhere now: its log stays, this node's replica
+            self.stream.replicator = None
+        else:
+            self.stream.delete()
         return 0
+
+    #: True when the queue goes but its log stays (a cluster node no longer leading it)
+    keepStream = False
 
 
 # --- the helpers the stream protocol door uses ---------------------------------------------

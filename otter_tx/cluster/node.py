@@ -30,7 +30,7 @@ from twisted.logger import Logger
 
 from otter_tx.amqp import spec
 from otter_tx.amqp.errors import AMQPError, notFound
-from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.arguments import QUORUM, STREAM, queueType
 from otter_tx.broker.policy import matchPolicy
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster import wire
@@ -42,6 +42,7 @@ from otter_tx.cluster.membership import Membership
 from otter_tx.cluster.remote import LinkLost, RemoteQueue, downText
 from otter_tx.cluster.delayedrepl import DelayedReplication
 from otter_tx.cluster.replication import ReplicationManager, groupSize, isReplicated
+from otter_tx.cluster.streamrepl import initialClusterSize
 
 log = Logger()
 
@@ -356,7 +357,7 @@ class ClusterNode:
                         self.promote(replica, record)
                 return
             q = vh.queues.get(name)
-            if q is not None and q.quorum:
+            if q is not None and (q.quorum or getattr(q, "stream", None) is not None):
                 # this node led it and another node leads it now (a newer epoch): it follows
                 moving = self._demote(vh, q)
         if record["node"] == self.name:
@@ -415,11 +416,16 @@ class ClusterNode:
         new leader; other nodes' consumers are dropped without a cancel
         (their nodes subscribe them at the new leader as they see it).
         """
-        self.replication.leading.pop((vh.name, q.name), None)
+        led = self.replication.leading.pop((vh.name, q.name), None)
         rep = q.journal
         if hasattr(rep, "fence"):
             rep.fence()
             q.journal = rep.inner
+        if getattr(q, "stream", None) is not None:
+            # a stream: its log stays, this node's replica now
+            if led is not None:
+                led.fence()
+            q.keepStream = True
         moving = []
         for c in list(q.consumers):
             link = getattr(c, "link", None)
@@ -476,10 +482,13 @@ class ClusterNode:
             ready.append(entry)
             if journal is not None:
                 journal.enqueued(q, entry)
-        for message, reason in replica.held:
+        for message, reason in getattr(replica, "held", ()):
             # the old leader's at-least-once dead letters no queue had taken yet
             q.heldDeadLetters.hold([message], reason)
-        replica.drop()
+        if getattr(replica, "isStream", False):
+            replica.release()  # (a stream's log is the live queue's now)
+        else:
+            replica.drop()
         self._rebind(vh, replica.name)
         if parked is not None and not parked.flushed:
             # publishes made here while the queue had no leader: into it now
@@ -654,6 +663,18 @@ class ClusterNode:
             self._memberTurn += 1
             record["members"] = [home] + (others[start:] + others[:start])[:size - 1]
             record["online"] = [home]
+        elif queueType(arguments) == STREAM and not exclusive:
+            # members on distinct nodes (x-initial-cluster-size, default every node, as RabbitMQ
+            # 3.10); the leader's records shipped to them (streamrepl.py)
+            others = sorted(n for n in self.nodes if n != home and n in self.links)
+            if home != self.name:
+                others = sorted(set(others + [self.name]) - {home})
+            size = initialClusterSize(arguments, len(others) + 1)
+            start = self._memberTurn % len(others) if others else 0
+            self._memberTurn += 1
+            record["members"] = [home] + (others[start:] + others[:start])[:size - 1]
+            record["online"] = [home]
+            record["stream_epochs"] = [[1, 0]]
         key = md.queueKey(vhost.name, name)
         try:
             created, current, _ = yield self.writes.write(

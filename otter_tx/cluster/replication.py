@@ -35,6 +35,8 @@ Kafka keeps its ISR in ZooKeeper and LavinMQ its in-sync followers in etcd.
   redelivered with their delivery count + 1) and the others join it.
 """
 
+import os
+
 from twisted.internet import defer
 from twisted.logger import Logger
 
@@ -440,6 +442,8 @@ class ReplicationManager:
 
     def lead(self, queue, record):
         """``queue`` (a local Queue) is the leader of ``record``: its journal replicates."""
+        if getattr(queue, "stream", None) is not None:
+            return self._leadStream(queue, record)
         rep = queue.journal
         if isinstance(rep, Replicator):
             rep.epoch = record["epoch"]
@@ -457,12 +461,35 @@ class ReplicationManager:
                     rep.followerLost(n)
         return rep
 
+    def _leadStream(self, queue, record):
+        from otter_tx.cluster.streamrepl import StreamReplicator
+
+        key = (queue.vhost.name, queue.name)
+        rep = self.leading.get(key)
+        if isinstance(rep, StreamReplicator) and rep.stream is queue.stream:
+            rep.update(record)
+        else:
+            rep = StreamReplicator(self, queue, record)
+        self.leading[key] = rep
+        for n in list(rep.online):
+            if n != self.node.name and n not in rep.joined:
+                rep.followerLost(n)
+        return rep
+
     def join(self, link, args):
         """A follower's ``replicaJoin`` request (a Deferred of ``{"epoch": E}``)."""
         rep = self.leading.get((args["vhost"], args["name"]))
         if rep is None or rep.fenced or rep.queue.deleted:
             raise notFound("%s does not lead queue '%s' in vhost '%s'" % (self.node.name, args["name"], args["vhost"]))
+        if args.get("stream"):
+            return rep.join(link.peer, link, args)
         return rep.join(link.peer, link)
+
+    def streamTracked(self, vhostName, name, change):
+        """A stream's leader shipped its stream protocol tracking changes: kept here too."""
+        backend = getattr(self.node.broker, "streamBackend", None)
+        if backend is not None:
+            backend.trackingChanged(vhostName, name, change)
 
     def queueGone(self, vhostName, name):
         self.records.pop((vhostName, name), None)
@@ -493,7 +520,7 @@ class ReplicationManager:
                 replica.drop()
             return False
         if replica is None:
-            replica = self.replicas[key] = Replica(self, vhostName, name, record)
+            replica = self.replicas[key] = self._replica(vhostName, name, record)
         replica.record = record
         if record["epoch"] > replica.epoch or replica.leader != record["node"]:
             replica.epoch = record["epoch"]
@@ -502,8 +529,25 @@ class ReplicationManager:
         self._maybeJoin(replica)
         return False
 
+    def _replica(self, vhostName, name, record):
+        from otter_tx.cluster.streamrepl import StreamReplica, isStreamRecord
+
+        if isStreamRecord(record):
+            return StreamReplica(self, vhostName, name, record)
+        return Replica(self, vhostName, name, record)
+
     def recovered(self, vhostName, name, record):
         """A Replica of what this node's store kept of the queue (a Replica or None)."""
+        from otter_tx.broker.stream import _dirName
+        from otter_tx.cluster.streamrepl import StreamReplica, isStreamRecord
+
+        if isStreamRecord(record):
+            streams = self.node.broker.streams
+            if (vhostName, name) not in streams.logs and not os.path.isdir(
+                    os.path.join(streams.directory(), _dirName(vhostName, name))):
+                return None
+            replica = self.replicas[(vhostName, name)] = StreamReplica(self, vhostName, name, record)
+            return replica
         kept = getattr(self.node.broker.journal, "kept", {})
         if replicaKey(vhostName, name) not in kept:
             return None
@@ -518,10 +562,18 @@ class ReplicationManager:
             return
         replica.joining = True
         epoch = replica.epoch
-        d = link.ask("replicaJoin", {"vhost": replica.vhostName, "name": replica.name, "epoch": epoch})
+        if getattr(replica, "isStream", False):
+            # nothing being written when the answer comes (it may cut the log)
+            d = replica.stream.sync().addCallback(lambda _: link.ask("replicaJoin", replica.joinArgs()))
+        else:
+            d = link.ask("replicaJoin", {"vhost": replica.vhostName, "name": replica.name, "epoch": epoch})
 
         def joined(result):
             replica.joining = False
+            if getattr(replica, "isStream", False):
+                if replica.stream._writing or replica.stream._incoming:
+                    raise AMQPError(spec.INTERNAL_ERROR, "stream replica busy")
+                replica.joinedWith(result)
             replica.joinedEpoch = result["epoch"]
 
         def failed(f):
@@ -529,7 +581,7 @@ class ReplicationManager:
             if self.replicas.get((replica.vhostName, replica.name)) is replica and self.node.running:
                 self.node._later(JOIN_RETRY, self._maybeJoin, replica)
 
-        d.addCallbacks(joined, failed)
+        d.addCallback(joined).addErrback(failed)
 
     def replicated(self, link, r):
         """A REPLICATE frame from ``link``."""
@@ -604,6 +656,8 @@ class ReplicationManager:
         old, epoch = replica.leader, replica.epoch
         key = md.queueKey(replica.vhostName, replica.name)
 
+        stream = getattr(replica, "stream", None)
+
         def change(rec):
             if rec is None or rec.get("node") != old or rec.get("epoch") != epoch:
                 return None
@@ -611,7 +665,11 @@ class ReplicationManager:
                 # not in sync, or the old leader is back (a killed node's link is gone at once; a
                 # paused one's record when its lease lapsed)
                 return None
-            return dict(rec, node=me, leader=me, epoch=epoch + 1, online=[me])
+            new = dict(rec, node=me, leader=me, epoch=epoch + 1, online=[me])
+            if stream is not None:
+                # where this epoch's records start: a follower holding more cuts its log there
+                new["stream_epochs"] = list(rec.get("stream_epochs") or [[1, 0]]) + [[epoch + 1, stream.next]]
+            return new
 
         def done(result):
             changed, rec, _ = result
@@ -620,7 +678,12 @@ class ReplicationManager:
                          node=me, q=replica.name, v=replica.vhostName, e=rec["epoch"], old=old)
                 node.promote(replica, rec)
 
-        d = node.writes.write(key, lambda: node.metadata.update(key, change)).addCallback(done)
+        if stream is not None:
+            # its records durable first: the epoch starts after them
+            d = stream.sync().addCallback(lambda _: node.writes.write(key, lambda: node.metadata.update(key, change)))
+            d.addCallback(done)
+        else:
+            d = node.writes.write(key, lambda: node.metadata.update(key, change)).addCallback(done)
         d.addErrback(lambda f: log.failure("taking over quorum queue {q}", f, q=replica.name))
         return d
 

@@ -112,6 +112,10 @@ R_RESET = 5    # the snapshot that follows replaces the replica
 R_DLV = 6      # u64 seq: delivered (comes back redelivered after a leader change)
 R_HOLD = 7     # reason, message: held in the at-least-once dead-letter buffer
 R_UNHOLD = 8   # the buffer's messages are being dead-lettered again (those not taken come back as R_HOLD)
+#: REPLICATE ops of a stream's leader (otter_tx/cluster/streamrepl.py)
+R_SAPPEND = 9  # u32 count, records: u8 kind (0 ENQ, 1 BATCH), u64 first offset, f64 timestamp (ms),
+               # u32 messages, blob (an ENQ record as the log holds it, or a BATCH record's entries)
+R_STRACK = 10  # json {"sequences": {ref: n}, "offsets": {ref: n}}: the stream protocol's tracking changes
 
 _D = struct.Struct(">d")
 
@@ -146,6 +150,30 @@ def replicateEnqueue(names, epoch, seq, expiresAt, returns, redelivered, message
     return frame(REPLICATE, names + _Q.pack(epoch) + bytes((R_ENQ,)) + _Q.pack(seq)
                  + _D.pack(-1.0 if expiresAt is None else expiresAt) + _U32.pack(returns)
                  + (b"\x01" if redelivered else b"\x00") + messagePart(message))
+
+
+def streamRecords(names, epoch, items):
+    """REPLICATE R_SAPPEND of ``items``: ``[(kind, first offset, timestamp ms, messages, bytes)]``."""
+    parts = [names, _Q.pack(epoch), bytes((R_SAPPEND,)), _U32.pack(len(items))]
+    for kind, first, ts, count, data in items:
+        parts.append(_REC.pack(kind, first, ts, count, len(data)))
+        parts.append(data)
+    return frame(REPLICATE, b"".join(parts))
+
+
+_REC = struct.Struct(">BQdII")
+
+
+def readStreamRecords(r):
+    """The items of an R_SAPPEND (after its op byte), from Reader ``r``."""
+    out = []
+    buf = r.buf
+    for _ in range(r.u32()):
+        kind, first, ts, count, n = _REC.unpack_from(buf, r.pos)
+        r.pos += _REC.size
+        out.append((kind, first, ts, count, bytes(buf[r.pos:r.pos + n])))
+        r.pos += n
+    return out
 
 
 def seqs(values):

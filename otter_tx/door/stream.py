@@ -419,14 +419,22 @@ class StreamServerProtocol(Protocol):
         here = self.factory.advertised(self.transport)
         brokers = []  # those a stream names (RabbitMQ 3.10 lists no other), else this node
         out = []
+        def replicaIndexes(name):
+            out = []
+            for r in self._replicas(name):
+                if r not in brokers:
+                    brokers.append(r)
+                out.append(brokers.index(r))
+            return out
+
         for name in streams:
             if self.backend.exists(self.vhost, name):
                 if here not in brokers:
                     brokers.append(here)
-                out.append((name, wire.OK, brokers.index(here), []))
+                out.append((name, wire.OK, brokers.index(here), replicaIndexes(name)))
                 continue
             # in a cluster, a stream on another node: its leader is that node's stream
-            # listener, with no replicas (one member: docs/streams.md, "In a cluster")
+            # listener; its replicas the in-sync followers' (docs/streams.md, "In a cluster")
             where = self._elsewhere(name)
             if where is None:
                 out.append((name, wire.STREAM_DOES_NOT_EXIST, 0, []))
@@ -435,8 +443,18 @@ class StreamServerProtocol(Protocol):
             else:
                 if where not in brokers:
                     brokers.append(where)
-                out.append((name, wire.OK, brokers.index(where), []))
+                out.append((name, wire.OK, brokers.index(where), replicaIndexes(name)))
         self.send(wire.metadataResponse(corr, brokers or [here], out))
+
+    def _readable(self, name):
+        """The stream can be read here: held here, or (in a cluster) a replica here."""
+        readable = getattr(self.backend, "readable", None)
+        return readable(self.vhost, name) if readable is not None else self.backend.exists(self.vhost, name)
+
+    def _replicas(self, name):
+        """``(host, port)`` of the stream's in-sync replicas' stream listeners (a cluster's), else []."""
+        replicas = getattr(self.backend, "replicas", None)
+        return replicas(self.vhost, name) if replicas is not None else []
 
     def _elsewhere(self, name):
         """The backend's ``elsewhere`` (a cluster's stream on another node), when it has one."""
@@ -639,7 +657,7 @@ class StreamServerProtocol(Protocol):
     def _resolveOffsetSpec(self, corr, version, stream, spec, props):
         if not self._permits(READ, stream):
             self.send(wire.resolveOffsetSpecResponse(corr, wire.ACCESS_REFUSED, 0))
-        elif not self.backend.exists(self.vhost, stream):
+        elif not self._readable(stream):
             self.send(wire.resolveOffsetSpecResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
         else:
             self.send(wire.resolveOffsetSpecResponse(corr, wire.OK, self._resolve(stream, spec)))
@@ -650,7 +668,7 @@ class StreamServerProtocol(Protocol):
         reply = lambda code: self.send(wire.response(wire.SUBSCRIBE, corr, code))  # noqa: E731
         if not self._permits(READ, stream):
             return reply(wire.ACCESS_REFUSED)
-        if not self.backend.exists(self.vhost, stream):
+        if not self._readable(stream):
             # a stream without a member on this node of the cluster: RabbitMQ 3.10's answer
             return reply(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(stream) is None
                          else wire.STREAM_NOT_AVAILABLE)
@@ -690,7 +708,7 @@ class StreamServerProtocol(Protocol):
         """The core's listen callback: new data, or the stream was deleted (by any protocol)."""
         if self.closed:
             return
-        if not self.backend.exists(self.vhost, stream):
+        if not self._readable(stream):
             self.streamGone(stream)
         else:
             self._schedulePump()

@@ -374,12 +374,69 @@ class BrokerStreams:
         self.tracking = Tracking(clock, directory)
         self._readers = {}
         self._cache = {}
+        # (a cluster node's stream replicas keep the tracking their leader ships: trackingChanged)
+        broker.streamBackend = self
 
     def _log(self, vhost, name):
         log = findStream(self.broker, vhost, name)
         if log is None or getattr(log, "deleted", False):
             return None
         return log
+
+    def _readLog(self, vhost, name):
+        """The log to read stream ``name`` from: the stream here, or this cluster node's replica of it."""
+        log = self._log(vhost, name)
+        if log is None and self.broker.cluster is not None:
+            replica = self.broker.cluster.replication.replicas.get((vhost, name))
+            log = getattr(replica, "stream", None)
+            if log is not None and log.deleted:
+                return None
+        return log
+
+    def readable(self, vhost, name):
+        """True when stream ``name`` can be read on this node (held here, or a replica here)."""
+        return self._readLog(vhost, name) is not None
+
+    def replicas(self, vhost, name):
+        """
+        ``[(host, port)]``: the stream listeners of a cluster's stream's
+        in-sync followers (the stream protocol's metadata names them as
+        replicas, as RabbitMQ's); [] on one node.
+        """
+        cluster = self.broker.cluster
+        if cluster is None:
+            return []
+        record = cluster.replication.records.get((vhost, name))
+        if record is None:
+            return []
+        out = []
+        for member in record.get("online") or ():
+            if member == record.get("node"):
+                continue
+            if member == cluster.name:
+                info = dict(cluster.info, host=cluster.advertise)
+            elif member in cluster.links:
+                info = cluster.nodes.get(member)
+            else:
+                continue
+            if not info or not info.get("stream_port"):
+                continue
+            out.append((info.get("stream_host") or info["host"], info["stream_port"]))
+        return out
+
+    def trackingChanged(self, vhost, name, change):
+        """What a stream's leader shipped of its tracking (``{"sequences": {...}, "offsets": {...}}``)."""
+        t = self.tracking.get(vhost, name)
+        for kind in ("sequences", "offsets"):
+            for ref, value in (change.get(kind) or {}).items():
+                if kind == "offsets" or value > t[kind].get(ref, 0):
+                    t[kind][ref] = value
+        self.tracking.changed(vhost, name)
+
+    def _shipTracking(self, log, change):
+        rep = getattr(log, "replicator", None)
+        if rep is not None:
+            rep.tracked(change)
 
     def exists(self, vhost, name):
         return self._log(vhost, name) is not None
@@ -489,7 +546,8 @@ class BrokerStreams:
                 t = self.tracking.get(vhost, name)
                 if last > t["sequences"].get(reference, 0):
                     t["sequences"][reference] = last
-                    self.tracking.changed(vhost, name)
+                self.tracking.changed(vhost, name)
+                self._shipTracking(log, {"sequences": {reference: last}})
 
             d.addCallback(durable)
             # the sequence moves at once for the next frames; durable() persists it
@@ -501,13 +559,13 @@ class BrokerStreams:
         return self.tracking.get(vhost, name)["sequences"].get(reference, 0)
 
     def bounds(self, vhost, name):
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         return log.first, log.committed
 
     def resolve(self, vhost, name, spec):
         """The offset an offset specification starts at, as the core's readers start."""
         kind, value = spec
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         core = {wire.OFFSET_FIRST: "first", wire.OFFSET_LAST: "last", wire.OFFSET_NEXT: "next",
                 wire.OFFSET_OFFSET: value, wire.OFFSET_TIMESTAMP: ("timestamp", value)}.get(kind, "next")
         off = log.startOffset(core)
@@ -558,7 +616,7 @@ class BrokerStreams:
             r.close()
 
     def chunks(self, vhost, name, offset, maxChunks, maxBytes=None):
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         if log is None or offset >= log.committed:
             return []
         limit = min(self.chunkBytes, maxBytes or self.chunkBytes)
@@ -610,7 +668,7 @@ class BrokerStreams:
 
     def messages(self, vhost, name):
         """Every ``(offset, bytes)`` as a stream client reads it (tests)."""
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         r = log.reader("first")
         out = []
         try:
@@ -624,18 +682,21 @@ class BrokerStreams:
             r.close()
 
     def listen(self, vhost, name, cb):
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         if log is not None:
             log.listen(cb)
 
     def unlisten(self, vhost, name, cb):
-        log = findStream(self.broker, vhost, name)
+        log = findStream(self.broker, vhost, name) or self._readLog(vhost, name)
         if log is not None:
             log.unlisten(cb)
 
     def storeOffset(self, vhost, name, reference, offset):
         self.tracking.get(vhost, name)["offsets"][reference] = offset
         self.tracking.changed(vhost, name)
+        log = self._log(vhost, name)
+        if log is not None:
+            self._shipTracking(log, {"offsets": {reference: offset}})
 
     def queryOffset(self, vhost, name, reference):
         return self.tracking.get(vhost, name)["offsets"].get(reference)
@@ -691,7 +752,7 @@ class BrokerStreams:
         return wire.OK
 
     def stats(self, vhost, name):
-        log = self._log(vhost, name)
+        log = self._readLog(vhost, name)
         return {"first_chunk_id": log.first,
                 "committed_chunk_id": log.last if log.last is not None else log.first}
 

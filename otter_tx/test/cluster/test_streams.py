@@ -37,7 +37,7 @@ class StreamAcrossNodesTests(ClusterCase):
         self.assertIn("s1", self.fixtures[0].broker.vhosts["/"].queues)
         record = self.meta.data[md.queueKey("/", "s1")]
         record = record[0] if isinstance(record, tuple) else record
-        self.assertEqual((record["node"], record["leader"], record["members"]), ("n1", "n1", ["n1"]))
+        self.assertEqual((record["node"], record["leader"], sorted(record["members"])), ("n1", "n1", ["n1", "n2", "n3"]))
         yield waitOnReactor(lambda: all("s1" in f.broker.vhosts["/"].remoteQueues for f in self.fixtures[1:]), 5)
 
         def run():
@@ -220,7 +220,8 @@ class StreamProtocolInClusterTests(ClusterCase):
         async def create():
             c = await self.client(1)
             try:
-                await c.create_stream("ps1")
+                # one member (x-initial-cluster-size 1): nodes 1 and 3 hold no replica
+                await c.create_stream("ps1", arguments={"initial-cluster-size": "1"})
             finally:
                 await c.close()
 

@@ -1,0 +1,313 @@
+"""
+Replicated streams (otter_tx/cluster/streamrepl.py) on three in-process
+nodes (test_inprocess.ClusterCase: whole brokers, real TCP links, the
+in-memory metadata store), driven by pika and rstream.
+"""
+
+import asyncio
+import platform
+import time
+
+import pika
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
+
+from otter_tx.cluster import metadata as md
+from otter_tx.cluster import replication
+from otter_tx.test.cluster.test_inprocess import ClusterCase
+from otter_tx.test.interop.support import requireModule, waitOnReactor
+
+STREAM = {"x-queue-type": "stream"}
+
+
+class _StreamCluster(ClusterCase):
+
+    def record(self, name="rs"):
+        return self.meta.data.get(md.queueKey("/", name))
+
+    def replicaLog(self, i, name="rs"):
+        replica = self.cluster[i].replication.replicas.get(("/", name))
+        return None if replica is None else replica.stream
+
+    def leaderLog(self, i, name="rs"):
+        q = self.fixtures[i].broker.vhosts["/"].queues.get(name)
+        return None if q is None else q.stream
+
+    def kill(self, i):
+        """Node ``i``'s links drop at once, as when its process is SIGKILLed."""
+        n = self.cluster[i]
+        n.running = False
+        for link in list(n.links.values()):
+            link.transport.abortConnection()
+
+    def publish(self, i, count, name="rs", start=0, arguments=STREAM):
+        def run():
+            ch = self.conn(i).channel()
+            ch.queue_declare(name, durable=True, arguments=arguments)
+            ch.confirm_delivery()
+            for k in range(start, start + count):
+                ch.basic_publish("", name, b"m%d" % k, pika.BasicProperties(delivery_mode=2))
+            return True
+
+        return self.inThread(run)
+
+    def consume(self, i, count, name="rs"):
+        def run():
+            c = self.conn(i)
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=100)
+            got = []
+
+            def onMessage(ch, method, props, body):
+                got.append((props.headers["x-stream-offset"], body))
+                ch.basic_ack(method.delivery_tag)
+
+            ch.basic_consume(name, onMessage, arguments={"x-stream-offset": "first"})
+            deadline = time.time() + 15
+            while len(got) < count and time.time() < deadline:
+                c.process_data_events(0.05)
+            return got
+
+        return self.inThread(run)
+
+
+class ReplicatedStreamTests(_StreamCluster):
+
+    @inlineCallbacks
+    def test_membersHoldEveryConfirmedMessage(self):
+        """
+        A stream declared on node 1 has a member on every node (RabbitMQ
+        3.10's default initial cluster size), the followers join and are in
+        sync; once a publish is confirmed both followers' logs hold it, at
+        the same offsets, byte for byte as the leader's records.
+        """
+        yield self.publish(0, 0)
+        rec = self.record()
+        self.assertEqual((rec["node"], sorted(rec["members"]), rec["stream_epochs"]),
+                         ("n1", ["n1", "n2", "n3"], [[1, 0]]))
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(1, 50)
+        self.assertEqual([self.replicaLog(i).committed for i in (1, 2)], [50, 50])
+        leader = self.leaderLog(0)
+        for i in (1, 2):
+            self.assertEqual(sorted(n for n in __import__("os").listdir(self.replicaLog(i).directory)
+                                    if n.endswith(".seg")),
+                             sorted(n for n in __import__("os").listdir(leader.directory) if n.endswith(".seg")))
+        got = yield self.consume(2, 50)
+        self.assertEqual(got, [(k, b"m%d" % k) for k in range(50)])
+
+    @inlineCallbacks
+    def test_lateFollowerCatchesUpFromTheLog(self):
+        """
+        A member whose node was away while 300 messages were confirmed joins
+        again: the leader sends what it lacks from its log, then it is in
+        sync and holds them all.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        # node 3's replica falls behind: the leader drops it (as when it stops answering), and
+        # it joins again only once 300 more messages were confirmed (by the leader and node 2)
+        manager = self.cluster[2].replication
+        rejoin = manager._maybeJoin
+        self.patch(manager, "_maybeJoin", lambda replica: None)
+        yield self.cluster[0].replication.leading[("/", "rs")].followerLost("n3")
+        self.assertNotIn("n3", self.record()["online"])
+        yield self.publish(0, 300)
+        self.assertEqual(self.replicaLog(2).committed, 0)
+        manager._maybeJoin = rejoin
+        replica = manager.replicas[("/", "rs")]
+        replica.joinedEpoch = None
+        rejoin(replica)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 10)
+        yield self.publish(0, 1, start=300)
+        self.assertEqual(self.replicaLog(2).committed, 301)
+        self.assertEqual(self.replicaLog(1).committed, 301)
+
+    @inlineCallbacks
+    def test_leaderLostNothingConfirmedLost(self):
+        """
+        The leader's node dies after 80 confirmed publishes: a follower takes
+        over (epoch 2, its history records where epoch 2 starts), and every
+        message is read from the first offset through a surviving node; the
+        other survivor follows the new leader.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(1, 80)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        rec = self.record()
+        self.assertIn(rec["node"], ("n2", "n3"))
+        self.assertEqual(rec["stream_epochs"], [[1, 0], [2, 80]])
+        leader = int(rec["node"][1:]) - 1
+        other = 1 if leader == 2 else 2
+        self.assertIsNotNone(self.leaderLog(leader))
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 2, 5)
+        yield self.publish(other, 20, start=80)
+        self.assertEqual(self.replicaLog(other).committed, 100)
+        got = yield self.consume(other, 100)
+        self.assertEqual(got, [(k, b"m%d" % k) for k in range(100)])
+
+    @inlineCallbacks
+    def test_noMajorityNoConfirm(self):
+        """Both followers gone: a publish to the stream is nacked after the wait, not confirmed."""
+        self.patch(replication, "NO_MAJORITY_WAIT", 0.5)
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        self.kill(1)
+        self.kill(2)
+        yield waitOnReactor(lambda: self.record()["online"] == ["n1"], 5)
+
+        def run():
+            ch = self.conn(0).channel()
+            ch.confirm_delivery()
+            try:
+                ch.basic_publish("", "rs", b"alone", pika.BasicProperties(delivery_mode=2))
+            except pika.exceptions.NackError:
+                return "nack"
+            return "confirmed"
+
+        outcome = yield self.inThread(run)
+        self.assertEqual(outcome, "nack")
+
+    @inlineCallbacks
+    def test_deposedLeaderCutsItsLog(self):
+        """
+        A leader deposed while it held records no follower had (written
+        after it lost them) rejoins as a follower: it cuts its log where the
+        new epoch starts and then holds exactly the new leader's records.
+        """
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(0, 10)
+        old = self.leaderLog(0)
+        # records only the leader has: appended while no follower is joined
+        rep = old.replicator
+        joined, rep.joined = rep.joined, {}
+        for k in range(5):
+            old.appendEntries(b"\x00\x00\x00\x01x", 1, wantDeferred=False)
+        yield old.sync()
+        rep.joined = joined
+        self.assertEqual(old.committed, 15)
+        # node 2 takes over at offset 10 (as after node 1 was paused past its lease)
+        rec = self.record()
+        self.meta._put(md.queueKey("/", "rs"), dict(rec, node="n2", leader="n2", epoch=2, online=["n2"],
+                                                     stream_epochs=[[1, 0], [2, 10]]), None)
+        yield waitOnReactor(lambda: "rs" in self.fixtures[1].broker.vhosts["/"].queues, 5)
+        yield waitOnReactor(lambda: "rs" not in self.fixtures[0].broker.vhosts["/"].queues, 5)
+        yield waitOnReactor(lambda: "n1" in self.record()["online"], 10)
+        yield self.publish(1, 3, start=10)
+        self.assertEqual(self.replicaLog(0).committed, 13)
+        got = yield self.consume(0, 13)
+        self.assertEqual(got, [(k, b"m%d" % k) for k in range(13)])
+
+
+class ReplicatedStreamProtocolTests(_StreamCluster):
+    """The stream protocol on a replicated stream: metadata, reads on replicas, tracking."""
+
+    stream = True
+
+    def setUp(self):
+        if platform.python_implementation() != "CPython":
+            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
+        self.rs = requireModule("rstream")
+        return ClusterCase.setUp(self)
+
+    def inAsyncio(self, f):
+        return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), 30)))
+
+    @inlineCallbacks
+    def test_metadataNamesReplicasAndReplicasServeReaders(self):
+        """
+        Metadata on any node names the leader and the in-sync replicas (as
+        RabbitMQ's); a subscription on a replica's node reads its replica;
+        stored offsets reach the followers and answer after a failover.
+        """
+        rs = self.rs
+        from rstream import schema
+        from rstream.client import Client
+
+        ports = [f.streamPort for f in self.fixtures]
+
+        async def create():
+            async with rs.Producer("127.0.0.1", port=ports[0], username="guest", password="guest") as p:
+                await p.create_stream("rs")
+
+        yield self.inAsyncio(create)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+
+        async def run():
+            out = {}
+            c = Client("127.0.0.1", ports[2], frame_max=1048576, heartbeat=60)
+            await c.start()
+            await c.authenticate("/", "guest", "guest")
+            try:
+                r = await c.sync_request(schema.Metadata(c._corr_id_seq.next(), streams=["rs"]),
+                                         resp_schema=schema.MetadataResponse, raise_exception=False)
+                brokers = {b.reference: b.port for b in r.brokers}
+                m = r.metadata[0]
+                out["leader"] = brokers[m.leader_ref]
+                out["replicas"] = sorted(brokers[x] for x in m.replicas_refs)
+            finally:
+                await c.close()
+            async with rs.Producer("127.0.0.1", port=ports[0], username="guest", password="guest") as p:
+                for i in range(30):
+                    await p.send_wait("rs", rs.AMQPMessage(body=b"m%d" % i))
+            got = []
+            done = asyncio.Event()
+
+            async def cb(msg, ctx):
+                got.append((ctx.offset, bytes(msg.body)))
+                if len(got) == 30:
+                    done.set()
+
+            # a raw subscription on node 3 (a replica), not following metadata
+            c = Client("127.0.0.1", ports[2], frame_max=1048576, heartbeat=60)
+            await c.start()
+            await c.authenticate("/", "guest", "guest")
+            try:
+                from rstream import constants
+
+                r = await c.sync_request(
+                    schema.Subscribe(c._corr_id_seq.next(), subscription_id=1, stream="rs",
+                                     offset_spec=schema.OffsetSpec(constants.OffsetType.FIRST), credit=100,
+                                     properties=[]),
+                    resp_schema=schema.SubscribeResponse, raise_exception=False)
+                out["subscribe on a replica"] = r.response_code
+            finally:
+                await c.close()
+            async with rs.Consumer("127.0.0.1", port=ports[1], username="guest", password="guest") as cons:
+                await cons.subscribe("rs", cb, decoder=rs.amqp_decoder,
+                                     offset_specification=rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST,
+                                                                                          None))
+                await asyncio.wait_for(done.wait(), 10)
+            c = Client("127.0.0.1", ports[0], frame_max=1048576, heartbeat=60)
+            await c.start()
+            await c.authenticate("/", "guest", "guest")
+            try:
+                await c.store_offset("rs", "reader-1", 17)
+                await c.query_offset("rs", "reader-1")
+            finally:
+                await c.close()
+            out["got"] = got
+            return out
+
+        out = yield self.inAsyncio(run)
+        self.assertEqual(out["leader"], ports[0])
+        self.assertEqual(out["replicas"], sorted(ports[1:]))
+        self.assertEqual(out["subscribe on a replica"], 1)
+        self.assertEqual(out["got"], [(k, b"m%d" % k) for k in range(30)])
+        # the offset stored at the leader reaches every follower
+        yield waitOnReactor(lambda: all(
+            f.service.streamFactory.backend.tracking.get("/", "rs")["offsets"].get("reader-1") == 17
+            for f in self.fixtures), 5)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        leader = int(self.record()["node"][1:]) - 1
+
+        async def query():
+            async with rs.Consumer("127.0.0.1", port=ports[leader], username="guest", password="guest") as cons:
+                return await cons.query_offset("rs", "reader-1")
+
+        offset = yield self.inAsyncio(query)
+        self.assertEqual(offset, 17)

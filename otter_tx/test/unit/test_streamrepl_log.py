@@ -1,0 +1,152 @@
+"""
+Deterministic tests (task.Clock, writes inline) for what a stream's
+replication does to a log (otter_tx/cluster/streamrepl.py and
+StreamLog.appendReplicated / truncate / reset): a follower's log holds the
+leader's records at the same offsets, is cut where a new epoch starts, and
+starts again where the leader's retention left it.
+"""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from otter_tx.amqp.codec import encodeProperties
+from otter_tx.broker.message import Message
+from otter_tx.broker.stream import StreamReader, StreamRegistry
+from otter_tx.cluster import wire
+from otter_tx.cluster.streamrepl import cutPoint, initialClusterSize
+from otter_tx.store.log import segments as _seg
+
+
+def message(body):
+    return Message("", "s", encodeProperties({}), body)
+
+
+class _Shipper:
+    """A stand-in replicator: records what the leader's group commits ship."""
+
+    def __init__(self):
+        self.joined = {"n2": object()}
+        self.items = []
+
+    def flushed(self, items):
+        if items:
+            self.items.extend(items)
+
+
+class FollowerLogTests(SynchronousTestCase):
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.leaderRegistry = StreamRegistry(self.mktemp())
+        self.followerRegistry = StreamRegistry(self.mktemp())
+        self.addCleanup(self.leaderRegistry.close)
+        self.addCleanup(self.followerRegistry.close)
+        self.leader = self.leaderRegistry.open(self.clock, "/", "s", 4096)
+        self.follower = self.followerRegistry.open(self.clock, "/", "s", 4096)
+        self.shipper = _Shipper()
+        self.leader.replicator = self.shipper
+
+    def read(self, log):
+        r = StreamReader(log, log.first)
+        out = []
+        try:
+            while True:
+                got = r.read(1000)
+                if not got:
+                    return out
+                out.extend((o, m.body) for o, _, m in got)
+        finally:
+            r.close()
+
+    def ship(self):
+        """What the leader wrote, through the wire format, appended by the follower."""
+        frame = wire.streamRecords(b"", 1, self.shipper.items)
+        self.shipper.items = []
+        r = wire.Reader(frame, 4 + 1 + 8 + 1)
+        ok = self.follower.appendReplicated(wire.readStreamRecords(r))
+        self.clock.advance(0)
+        return ok
+
+    def test_sameRecordsSameOffsets(self):
+        """AMQP 0-9-1 messages and stream protocol batches reach the follower at the leader's offsets."""
+        for i in range(5):
+            self.leader.append(message(b"a%d" % i), wantDeferred=False)
+        self.leader.appendEntries(b"\x00\x00\x00\x02b0\x00\x00\x00\x02b1", 2, wantDeferred=False)
+        self.clock.advance(0)
+        self.assertTrue(self.ship())
+        self.assertEqual((self.follower.committed, self.follower.next), (7, 7))
+        leaderOffsets = [o for o, _ in self.read(self.leader)]
+        self.assertEqual([o for o, _ in self.read(self.follower)], leaderOffsets)
+        self.assertEqual([b for _, b in self.read(self.follower)][:5], [b"a%d" % i for i in range(5)])
+
+    def test_gapRefused(self):
+        """Records that do not start at the follower's next offset are refused (it joins again)."""
+        for i in range(3):
+            self.leader.append(message(b"a%d" % i), wantDeferred=False)
+        self.clock.advance(0)
+        self.shipper.items = self.shipper.items[1:]
+        self.assertFalse(self.ship())
+        self.assertEqual(self.follower.committed, 0)
+
+    def test_truncateCutsAtTheRecord(self):
+        """A follower's log cut at an offset ends there (or at the start of the chunk holding it)."""
+        for k in range(4):
+            for i in range(10):
+                self.follower.append(message(b"m%d" % (k * 10 + i)), wantDeferred=False)
+            self.clock.advance(0)
+        self.assertEqual(self.follower.committed, 40)
+        end = self.follower.truncate(20)
+        self.assertEqual(end, 20)
+        self.assertEqual(self.read(self.follower), [(i, b"m%d" % i) for i in range(20)])
+        # it goes on from there, and reopens the same
+        self.follower.append(message(b"new"), wantDeferred=False)
+        self.clock.advance(0)
+        self.assertEqual(self.read(self.follower)[-1], (20, b"new"))
+        # a cut inside a chunk drops that chunk whole
+        end = self.follower.truncate(15)
+        self.assertEqual(end, 10)
+        self.assertEqual(self.read(self.follower), [(i, b"m%d" % i) for i in range(10)])
+
+    def test_truncateAcrossSegments(self):
+        """A cut in an earlier segment deletes the later ones."""
+        for i in range(200):
+            self.follower.append(message(b"x" * 100), wantDeferred=False)
+            self.clock.advance(0)
+        self.assertGreater(len(self.follower.log.segments), 2)
+        self.follower.truncate(30)
+        self.assertEqual(self.follower.committed, 30)
+        self.assertEqual([s.first < 30 for s in self.follower.log.segments], [True, True])
+        self.assertEqual(self.read(self.follower)[-1][0], 29)
+
+    def test_resetStartsAtTheLeadersFirst(self):
+        """A follower behind the leader's retention starts again, empty, at the leader's first offset."""
+        for i in range(5):
+            self.follower.append(message(b"old"), wantDeferred=False)
+        self.clock.advance(0)
+        self.follower.reset(1000)
+        self.assertEqual((self.follower.first, self.follower.committed), (1000, 1000))
+        rec = _seg.encodedEnq(1000, 1000, 5.0, None, False, b"", b"s", encodeProperties({}), b"late")
+        self.assertTrue(self.follower.appendReplicated([(0, 1000, 5.0, 1, rec)]))
+        self.clock.advance(0)
+        self.assertEqual(self.read(self.follower), [(1000, b"late")])
+
+
+class RulesTests(SynchronousTestCase):
+
+    def test_cutPoint(self):
+        """A follower is cut at the start of the first epoch after its last record's, when its log goes past it."""
+        epochs = [[1, 0], [2, 80], [4, 120]]
+        self.assertIsNone(cutPoint(epochs, 4, 130))
+        self.assertEqual(cutPoint(epochs, 1, 95), 80)
+        self.assertIsNone(cutPoint(epochs, 1, 80))
+        self.assertEqual(cutPoint(epochs, 2, 125), 120)
+        self.assertEqual(cutPoint(epochs, 3, 125), 120)
+        self.assertIsNone(cutPoint(epochs, 0, 0))
+
+    def test_initialClusterSize(self):
+        """x-initial-cluster-size: default every node, at most the nodes there are."""
+        self.assertEqual(initialClusterSize({}, 3), 3)
+        self.assertEqual(initialClusterSize({"x-initial-cluster-size": 2}, 3), 2)
+        self.assertEqual(initialClusterSize({"x-initial-cluster-size": 5}, 3), 3)
+        self.assertEqual(initialClusterSize({"x-initial-cluster-size": "x"}, 3), 3)
