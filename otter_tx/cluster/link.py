@@ -209,6 +209,13 @@ class LinkProtocol(protocol.Protocol):
         self.send(wire.forwardNamed(names, redelivered, message))
         return self._fwdOut
 
+    def streamAppend(self, names, count, entries):
+        """A stream protocol publish to a stream there (STREAM_APPEND); its forward number (int)."""
+        self._forwarded = True
+        self._fwdOut += 1
+        self.send(wire.streamAppend(names, count, entries))
+        return self._fwdOut
+
     def refused(self, n):
         """True when the other node's queue refused forward ``n`` (reject-publish; asked once)."""
         if n in self._refused:
@@ -418,7 +425,14 @@ class LinkProtocol(protocol.Protocol):
                     d.callback(result)
         elif kind == wire.STREAM_APPEND:
             vhost, queue, count = r.string(), r.string(), r.u32()
-            node.streamAppended(vhost, queue, count, r.blob())
+            # (numbered as a forward: the sender learns from SYNCED whether it was taken)
+            self._fwdIn += 1
+            rep = node.streamAppended(vhost, queue, count, r.blob())
+            if rep is False:
+                self._refusedIn.append(self._fwdIn)
+            elif rep is not None:
+                # a replicated stream: its SYNCED waits for the followers in sync
+                self._replicatedIn.append((self._fwdIn, [(rep, 0)]))
         elif kind == wire.REPLICATE:
             self._replicaOpsIn = True
             node.replication.replicated(self, r)

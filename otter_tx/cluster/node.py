@@ -746,11 +746,15 @@ class ClusterNode:
         """
         A stream protocol publish made on another node to a stream here
         (STREAM_APPEND): appended as the stream door appends (the SYNC that
-        follows waits for its fsync).
+        follows waits for its fsync).  Returns the stream's replicator when
+        it is replicated (the SYNC waits for its followers too), None, or
+        False when there is no such stream here (the forward is refused).
         """
         log = getattr(self.localQueue(vhostName, name), "stream", None)
-        if log is not None and not log.deleted:
-            log.appendEntries(entries, count, wantDeferred=False)
+        if log is None or log.deleted:
+            return False
+        log.appendEntries(entries, count, wantDeferred=False)
+        return log.replicator
 
     def askAll(self, op, args):
         """

@@ -244,8 +244,14 @@ class RemoteQueue:
         link = self.node.links.get(self.home)
         if link is None or self.down or self.deleted:
             return None
-        link.send(wire.streamAppend(self._names, count, entries))
-        return link.sync()
+        n = link.streamAppend(self._names, count, entries)
+
+        def answered(_):
+            if link.refused(n):
+                # the stream is gone there, or its followers could not hold it (no majority)
+                raise StoreFailedError(None, "stream '%s' did not take the publish" % (self.name,))
+
+        return link.sync().addCallback(answered)
 
     # --- consumers -------------------------------------------------------------
 

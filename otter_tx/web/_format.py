@@ -195,6 +195,11 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["members"] = [NODE]
         d["online"] = [NODE]
         d["readers"] = {NODE: 1}
+        rep = stream.replicator
+        if rep is not None:
+            # a cluster's replicated stream: its members, the in-sync ones, its leader (this node)
+            d.update(rep.info())
+            d["readers"] = {n: 1 for n in d["online"]}
         d["stream"] = {
             "first_offset": stream.first,
             "last_offset": stream.last,
@@ -248,6 +253,10 @@ def _quorumMembers(d, leader, online, record=None):
     d["online"] = [leader] if online else []
 
 
+def _isReplicatedStream(q):
+    return getattr(q, "isStream", False) and len((q.record or {}).get("members") or ()) > 1
+
+
 def remoteQueueDict(q, detail=False):
     """
     A queue whose home is another node of the cluster
@@ -259,7 +268,7 @@ def remoteQueueDict(q, detail=False):
     if q.down:
         # only the record's fields, as RabbitMQ 3.10 lists a durable queue of a stopped node
         d = dict(sorted(_queueRecord(q, q.home, "down").items()))
-        if q.quorum:
+        if q.quorum or _isReplicatedStream(q):
             _quorumMembers(d, q.home, online=False, record=q.record)
         return d
     f = q.figures
@@ -279,6 +288,9 @@ def remoteQueueDict(q, detail=False):
     })
     if q.quorum:
         _quorumMembers(d, q.home, online=True, record=q.record)
+    elif _isReplicatedStream(q):
+        _quorumMembers(d, q.home, online=True, record=q.record)
+        d["readers"] = {n: 1 for n in d["online"]}
     if detail:
         d["consumer_details"] = []
         d["deliveries"] = []

@@ -311,3 +311,82 @@ class ReplicatedStreamProtocolTests(_StreamCluster):
 
         offset = yield self.inAsyncio(query)
         self.assertEqual(offset, 17)
+
+
+class ReplicatedStreamManagementTests(_StreamCluster):
+    """The queue JSON of a replicated stream, on its leader's node and on the others."""
+
+    management = True
+
+    def api(self, i, method, path, body=None):
+        from otter_tx.test.cluster.test_inprocess import ManagementTests
+
+        return ManagementTests.api(self, i, method, path, body)
+
+    @inlineCallbacks
+    def test_membersOnlineLeader(self):
+        """``leader``, ``members`` and the in-sync ``online`` come from the stream's record on every node."""
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        for i in range(3):
+            code, q = yield self.inThread(self.api, i, "GET", "/api/queues/%2F/rs")
+            self.assertEqual(code, 200)
+            self.assertEqual((q["type"], q["leader"], sorted(q["members"]), sorted(q["online"])),
+                             ("stream", "n1", ["n1", "n2", "n3"], ["n1", "n2", "n3"]))
+
+
+class PartialMembersTests(_StreamCluster):
+    """A stream with fewer members than nodes: the node without a replica forwards to the leader."""
+
+    stream = True
+
+    def setUp(self):
+        if platform.python_implementation() != "CPython":
+            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
+        self.rs = requireModule("rstream")
+        return ClusterCase.setUp(self)
+
+    @inlineCallbacks
+    def test_publishOnNonMemberConfirmedOnceReplicated(self):
+        """
+        A stream of two members (x-initial-cluster-size 2) on three nodes: a
+        stream protocol publisher on the third node is confirmed once the
+        leader and its follower hold the messages.
+        """
+        yield self.publish(0, 0, arguments={"x-queue-type": "stream", "x-initial-cluster-size": 2})
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 2, 5)
+        members = self.record()["members"]
+        outsider = [i for i in range(3) if "n%d" % (i + 1) not in members][0]
+        follower = [i for i in range(1, 3) if "n%d" % (i + 1) in members][0]
+        rs = self.rs
+        port = self.fixtures[outsider].streamPort
+
+        async def run():
+            from rstream.client import Client
+            from rstream import schema
+
+            c = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+            await c.start()
+            await c.authenticate("/", "guest", "guest")
+            try:
+                await c.declare_publisher("rs", "", 1)
+                confirmed = []
+                done = asyncio.Event()
+
+                def onConfirm(frame):
+                    confirmed.extend(frame.publishing_ids)
+                    if len(confirmed) == 10:
+                        done.set()
+
+                c.add_handler(schema.PublishConfirm, onConfirm)
+                await c.publish([schema.Message(publishing_id=k, data=bytes(rs.AMQPMessage(body=b"p%d" % k)),
+                                                filter_value=None) for k in range(1, 11)], 1)
+                await asyncio.wait_for(done.wait(), 10)
+                return sorted(confirmed)
+            finally:
+                await c.close()
+
+        confirmed = yield self.inThread(lambda: asyncio.run(asyncio.wait_for(run(), 30)))
+        self.assertEqual(confirmed, list(range(1, 11)))
+        # confirmed: the follower holds them already
+        self.assertEqual(self.replicaLog(follower).committed, 10)
