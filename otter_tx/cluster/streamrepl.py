@@ -232,6 +232,10 @@ class StreamReplicator(Replicator):
             return
         stream = self.stream
         clock = self.manager.node.clock
+        if getattr(link, "paused", False):
+            # the link's write buffer is full: no more of the backlog until it drains
+            self.catching[follower] = (reader, clock.callLater(0.005, self._catchUp, follower, link, cursor, reader))
+            return
         if cursor < stream.committed:
             if reader is None or reader.offset != cursor:
                 if reader is not None:
