@@ -263,6 +263,13 @@ class StreamReplicator(Replicator):
                 reader.close()
             self.catching.pop(follower, None)
             self.joined[follower] = link
+            backend = getattr(self.manager.node.broker, "streamBackend", None)
+            if backend is not None:
+                # the stream protocol's tracking as it stands (the changes follow as they happen)
+                t = backend.tracking.get(self.vhostName, self.name)
+                if t["sequences"] or t["offsets"]:
+                    link.send(wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(
+                        {"sequences": t["sequences"], "offsets": t["offsets"]}).encode())))
             epoch = self.epoch
 
             def synced(_):

@@ -390,3 +390,27 @@ class PartialMembersTests(_StreamCluster):
         self.assertEqual(confirmed, list(range(1, 11)))
         # confirmed: the follower holds them already
         self.assertEqual(self.replicaLog(follower).committed, 10)
+
+
+class TrackingSnapshotTests(_StreamCluster):
+    """A follower joining late gets the stream protocol tracking stored before it joined."""
+
+    stream = True
+
+    @inlineCallbacks
+    def test_lateFollowerGetsTracking(self):
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        manager = self.cluster[2].replication
+        rejoin = manager._maybeJoin
+        self.patch(manager, "_maybeJoin", lambda replica: None)
+        yield self.cluster[0].replication.leading[("/", "rs")].followerLost("n3")
+        self.fixtures[0].service.streamFactory.backend.storeOffset("/", "rs", "reader", 7)
+        backend3 = self.fixtures[2].service.streamFactory.backend
+        self.assertIsNone(backend3.tracking.get("/", "rs")["offsets"].get("reader"))
+        manager._maybeJoin = rejoin
+        replica = manager.replicas[("/", "rs")]
+        replica.joinedEpoch = None
+        rejoin(replica)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 10)
+        yield waitOnReactor(lambda: backend3.tracking.get("/", "rs")["offsets"].get("reader") == 7, 5)
