@@ -63,3 +63,32 @@ class QueueMembersPageTests(ClusterCase):
         text = yield self.inThread(run)
         self.assertEqual(sorted(self.record()["members"]), ["n1", "n2", "n3"])
         self.assertIn("Leader", text)
+
+    @inlineCallbacks
+    def test_replicatedStreamMembers(self):
+        """A replicated stream's page shows its leader, members and in-sync ones, without member buttons."""
+        base = "http://127.0.0.1:%d" % (self.fixtures[1].managementPort,)
+        yield self.inThread(apiCall, base, "PUT", "/api/queues/%2F/events",
+                            {"durable": True, "arguments": {"x-queue-type": "stream"}})
+        key = md.queueKey("/", "events")
+        yield waitOnReactor(lambda: len((self.meta.data.get(key) or {}).get("online") or ()) == 3, 5)
+
+        def run():
+            with browser() as page:
+                login(page, base + "/")
+                page.goto(base + "/#/queues/%2F/events")
+                page.wait_for_selector("#members:not([hidden]) [data-member-leader]")
+                page.wait_for_function("() => /Online \\(in sync\\)\\s*n\\d, n\\d, n\\d/.test("
+                                       "document.querySelector('#members').innerText)")
+                if SHOT_DIR:
+                    page.locator("#members").scroll_into_view_if_needed()
+                    page.screenshot(path=os.path.join(SHOT_DIR, "stream-members.png"), full_page=False)
+                return (page.locator("#members").inner_text(),
+                        page.locator("#members button[data-delete-member]").count(),
+                        page.locator("#members form").is_visible())
+
+        text, buttons, formShown = yield self.inThread(run)
+        self.assertIn("Leader", text)
+        for n in ("n1", "n2", "n3"):
+            self.assertIn(n, text)
+        self.assertEqual((buttons, formShown), (0, False))

@@ -889,7 +889,8 @@ pages.queues = (root) => {
 };
 
 // a quorum queue's members (docs/cluster.md, "Membership"): its leader, members and the in-sync
-// ones; administrators add a member (a running cluster node that is not one) or delete one
+// ones; administrators add a member (a running cluster node that is not one) or delete one.  A
+// replicated stream's members are shown the same way, without the buttons (docs/streams.md)
 function membersSection(vhost, name) {
   const base = "/api/queues/quorum/" + enc(vhost) + "/" + enc(name) + "/replicas/";
   const admin = hasTag("administrator");
@@ -902,19 +903,21 @@ function membersSection(vhost, name) {
   const el = h("div", {id: "members", hidden: true}, h("h2", {}, "Members"), view, admin ? add : null);
   let shown = "";
   return {el, async refresh(q) {
-    el.hidden = !(q.type === "quorum" && q.leader);
+    el.hidden = !((q.type === "quorum" || q.type === "stream") && q.leader);
     if (el.hidden) return;
+    const manage = admin && q.type === "quorum";
+    if (add) add.hidden = !manage;
     const ms = q.members || [q.leader], online = q.online || [];
     fill(view, kv([["Leader", h("span", {"data-member-leader": ""}, q.leader)], ["Members", ms.join(", ")],
       ["Online (in sync)", online.join(", ")]]),
-    table(["Node", "Role", "In sync", ""], ms.map((m) => [m, m === q.leader ? "leader" : "follower",
-      online.includes(m) ? "yes" : "no",
-      admin && ms.length > 1 ? h("button", {class: "danger", "data-delete-member": m, onclick: () => {
+    table(manage ? ["Node", "Role", "In sync", ""] : ["Node", "Role", "In sync"], ms.map((m) => [m,
+      m === q.leader ? "leader" : "follower", online.includes(m) ? "yes" : "no"].concat(!manage ? [] : [
+      ms.length > 1 ? h("button", {class: "danger", "data-delete-member": m, onclick: () => {
         if (window.confirm("Delete member " + m + " of queue " + name + "?" + (m === q.leader ?
           " Its leadership goes to an in-sync follower first." : "")))
           act(() => api("DELETE", base + "delete", {node: m}), "Member " + m + " deleted.");
-      }}, "Delete member") : ""]), "No members"));
-    if (!admin) return;
+      }}, "Delete member") : ""])), "No members"));
+    if (!manage) return;
     let nodes = [];
     try { nodes = (await api("GET", "/api/nodes")).filter((n) => n.running !== false).map((n) => n.name); } catch (e) { nodes = []; }
     const others = nodes.filter((n) => !ms.includes(n)).sort();
