@@ -1303,9 +1303,13 @@ class StreamQueue(Queue):
         """Stream consumers are never exclusive of one another (the flag is ignored, as RabbitMQ 3.10)."""
         return False
 
-    def addConsumer(self, consumer, exclusive=False):
-        """``consumer`` reads from its ``x-stream-offset`` (default ``next``)."""
-        spec = (consumer.arguments or {}).get("x-stream-offset", "next")
+    def addConsumer(self, consumer, exclusive=False, resumeAt=None):
+        """
+        ``consumer`` reads from its ``x-stream-offset`` (default ``next``), or
+        from offset ``resumeAt`` (int: a cluster's consumer moved here from
+        another leader goes on where it was).
+        """
+        spec = (consumer.arguments or {}).get("x-stream-offset", "next") if resumeAt is None else int(resumeAt)
         try:
             reader = self.stream.reader(parseOffsetSpec(spec, nowMs(self.clock)))
         except ValueError:

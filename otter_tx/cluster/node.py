@@ -385,8 +385,11 @@ class ClusterNode:
         if moving:
             # the consumers of the local queue this node led, now subscribed at the new leader
             rq = vh.remoteQueues.get(name)
-            for consumer, exclusive in moving:
+            for consumer, exclusive, resume in moving:
                 consumer.queue = rq
+                if resume is not None:
+                    # a stream consumer: on at the new leader from where it was
+                    rq._resume[consumer] = resume
                 try:
                     rq.addConsumer(consumer, exclusive)
                 except AMQPError:
@@ -432,7 +435,8 @@ class ClusterNode:
             if link is not None:
                 link._consumers.pop(c.cid, None)
             else:
-                moving.append((c, c is q.exclusiveConsumer))
+                state = getattr(q, "_states", {}).get(c)
+                moving.append((c, c is q.exclusiveConsumer, state.reader.offset if state is not None else None))
             q.removeConsumer(c)
         self.applying = True
         try:
@@ -458,7 +462,7 @@ class ClusterNode:
         if rq is not None:
             # this node's consumers of the queue stay subscribed, to the queue here now
             for consumer, cid in list(rq._cids.items()):
-                moving.append((consumer, consumer is rq._exclusive))
+                moving.append((consumer, consumer is rq._exclusive, rq._resume.get(consumer)))
                 self.consumerGone(cid)
             rq._cids, rq.consumers, rq._backlog, rq._exclusive = {}, [], {}, None
             parked, rq.parked = rq.parked, None
@@ -495,9 +499,13 @@ class ClusterNode:
             for message, redelivered in parked.messages:
                 q.enqueue(message, None, redelivered)
             parked.flush(q.journal.sync())
-        for consumer, exclusive in moving:
+        for consumer, exclusive, resume in moving:
             consumer.queue = q
-            q.addConsumer(consumer, exclusive)
+            if resume is not None:
+                # a stream consumer: on from the offset after the last one it was handed
+                q.addConsumer(consumer, exclusive, resumeAt=resume)
+            else:
+                q.addConsumer(consumer, exclusive)
         q.dispatch()
 
     def _dropRemote(self, vh, rq):

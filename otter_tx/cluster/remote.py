@@ -18,7 +18,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from otter_tx.amqp.codec import encodeTable
+from otter_tx.amqp.codec import TaggedInt, decodeProperties, encodeTable
 from otter_tx.amqp.errors import AMQPError, notFound
 from otter_tx.broker.arguments import QUORUM, STREAM, queueType
 from otter_tx.broker.interfaces import IConsumer, IDeclaredQueue, IQueue
@@ -113,6 +113,7 @@ class RemoteQueue:
         self.update(record)
         self._cids = {}          # Consumer -> cid
         self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
+        self._resume = {}        # a stream's Consumer -> the offset after the last one handed to it
         self._onHand = set()     # cids whose credit comes back when handed over (no prefetch)
         self._exclusive = None   # this node's exclusive consumer, if any
         self._holds = set()      # requeue feeders holding deliveries (holdRequeue)
@@ -295,10 +296,16 @@ class RemoteQueue:
             # credit comes back as deliveries are handed to the client
             self._onHand.add(cid)
         arguments = consumer.arguments
+        resume = self._resume.get(consumer) if self.isStream else None
+        if resume is not None:
+            # a stream consumer subscribing again at a new leader: on from the offset after the
+            # last one it was handed (not from its x-stream-offset again)
+            arguments = dict(arguments or {}, **{"x-stream-offset": TaggedInt(resume, "l")})
         link.send(wire.consume(cid, self.vhost.name, self.name, consumer.noAck, exclusive,
                                consumer.priority, window, encodeTable(arguments) if arguments else b""))
 
     def removeConsumer(self, consumer):
+        self._resume.pop(consumer, None)
         cid = self._cids.pop(consumer, None)
         if cid is None:
             return
@@ -326,6 +333,10 @@ class RemoteQueue:
 
     def _hand(self, consumer, entry):
         entry.deliveredAt = self.clock.seconds()
+        if self.isStream:
+            offset = _streamOffset(entry.message)
+            if offset is not None:
+                self._resume[consumer] = offset + 1
         consumer.deliver(self, entry)
         if consumer.noAck or entry.cid in self._onHand:
             link = self.node.links.get(self.home)
@@ -524,6 +535,16 @@ class RemoteQueue:
         self.deleted = True
         self._cancelAll()
         return self.readyCount
+
+
+def _streamOffset(message):
+    """The ``x-stream-offset`` header of a stream delivery (int), or None."""
+    try:
+        headers = decodeProperties(message.propsRaw).get("headers") or {}
+        value = headers.get("x-stream-offset")
+        return int(value) if value is not None else None
+    except Exception:
+        return None
 
 
 #: seconds a publish to a replicated quorum queue waits for a leader before its nack

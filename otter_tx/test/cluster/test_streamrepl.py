@@ -414,3 +414,60 @@ class TrackingSnapshotTests(_StreamCluster):
         rejoin(replica)
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 10)
         yield waitOnReactor(lambda: backend3.tracking.get("/", "rs")["offsets"].get("reader") == 7, 5)
+
+
+class ConsumersAcrossFailoverTests(_StreamCluster):
+
+    def test_consumerOnOtherNodeResumesAfterLeaderLoss(self):
+        """
+        An AMQP 0-9-1 stream consumer on a surviving node keeps its
+        subscription through the leader's loss and goes on at the offset
+        after the last one it was handed: no offset twice, none missed
+        (whether its node becomes the leader or follows the new one).
+        """
+        return self.resumes(1)
+
+    def test_consumerOnThirdNodeResumes(self):
+        """The same with the consumer on the other survivor."""
+        return self.resumes(2)
+
+    @inlineCallbacks
+    def resumes(self, node):
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        yield self.publish(0, 30)
+        state = {"got": [], "cancelled": 0}
+
+        def subscribe():
+            c = self.conn(node)
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=10)
+            ch.add_on_cancel_callback(lambda frame: state.__setitem__("cancelled", state["cancelled"] + 1))
+
+            def onMessage(ch, method, props, body):
+                state["got"].append(props.headers["x-stream-offset"])
+                ch.basic_ack(method.delivery_tag)
+
+            ch.basic_consume("rs", onMessage, arguments={"x-stream-offset": "first"})
+            deadline = time.time() + 10
+            while len(state["got"]) < 30 and time.time() < deadline:
+                c.process_data_events(0.05)
+            return c
+
+        conn = yield self.inThread(subscribe)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        leader = int(self.record()["node"][1:]) - 1
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 2, 5)
+        yield self.publish(leader, 10, start=30)
+
+        def rest():
+            deadline = time.time() + 10
+            while len(state["got"]) < 40 and time.time() < deadline:
+                conn.process_data_events(0.05)
+            conn.process_data_events(0.3)
+            return state
+
+        state = yield self.inThread(rest)
+        self.maxDiff = None
+        self.assertEqual(([int(o) for o in state["got"]], state["cancelled"]), (list(range(40)), 0))
