@@ -216,6 +216,16 @@ class LinkProtocol(protocol.Protocol):
         self.send(wire.streamAppend(names, count, entries))
         return self._fwdOut
 
+    def streamDedup(self, names, reference, groups, entries):
+        """
+        A stream protocol publish with a publisher reference to a stream
+        there (STREAM_DEDUP: de-duplicated by its leader); its forward number.
+        """
+        self._forwarded = True
+        self._fwdOut += 1
+        self.send(wire.streamDedup(names, reference, groups, entries))
+        return self._fwdOut
+
     def refused(self, n):
         """True when the other node's queue refused forward ``n`` (reject-publish; asked once)."""
         if n in self._refused:
@@ -433,6 +443,17 @@ class LinkProtocol(protocol.Protocol):
             elif rep is not None:
                 # a replicated stream: its SYNCED waits for the followers in sync
                 self._replicatedIn.append((self._fwdIn, [(rep, 0)]))
+        elif kind == wire.STREAM_DEDUP:
+            vhost, queue, reference, groups, entries = wire.readStreamDedup(r)
+            self._fwdIn += 1
+            # the stream door's backend de-duplicates as for its own publishers (door/streambackend.py)
+            backend = getattr(node.broker, "streamBackend", None)
+            taken = backend.appendForwarded(vhost, queue, reference, groups, entries) if backend else False
+            if taken is False:
+                self._refusedIn.append(self._fwdIn)
+            elif taken is not None:
+                # its SYNCED waits for the write to be durable (and on the followers in sync)
+                self._replicatedIn.append((self._fwdIn, [(taken, 0)]))
         elif kind == wire.REPLICATE:
             self._replicaOpsIn = True
             node.replication.replicated(self, r)

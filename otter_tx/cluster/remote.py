@@ -236,16 +236,21 @@ class RemoteQueue:
         self.unpark()
         return parked
 
-    def appendStream(self, count, entries):
+    def appendStream(self, count, entries, reference=None, groups=None):
         """
         A stream protocol publish to this stream (its home's log): ``count``
         messages as a stream chunk holds them; a Deferred firing once durable
-        there (the link's SYNC), or None while the home node is down.
+        there (the link's SYNC), or None while the home node is down.  With a
+        publisher ``reference`` (de-duplication) ``groups`` are ``[(publishing
+        id, messages)]`` and the home de-duplicates them (STREAM_DEDUP).
         """
         link = self.node.links.get(self.home)
         if link is None or self.down or self.deleted:
             return None
-        n = link.streamAppend(self._names, count, entries)
+        if reference:
+            n = link.streamDedup(self._names, reference, groups, entries)
+        else:
+            n = link.streamAppend(self._names, count, entries)
 
         def answered(_):
             if link.refused(n):
@@ -253,6 +258,18 @@ class RemoteQueue:
                 raise StoreFailedError(None, "stream '%s' did not take the publish" % (self.name,))
 
         return link.sync().addCallback(answered)
+
+    def askStream(self, op, args):
+        """
+        A stream door request to this stream's home (its leader): ``args``
+        with the vhost and stream name; a Deferred of the answer (it fails
+        when the link is lost or the home does not answer in time), or None
+        while the home node is down.
+        """
+        link = self.node.links.get(self.home)
+        if link is None or self.down or self.deleted:
+            return None
+        return link.ask(op, dict(args, vhost=self.vhost.name, name=self.name))
 
     # --- consumers -------------------------------------------------------------
 

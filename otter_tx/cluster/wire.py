@@ -35,6 +35,8 @@ REPLICATE = 16     # vhost, queue, u64 epoch, u8 op, op fields: a quorum queue l
 FENCED = 17        # vhost, queue, u64 epoch: a follower refused a REPLICATE of an older epoch
 REPL_FAILED = 18   # (nothing): the follower's store failed; the SYNCED after it does not hold its replicas
 DELAYED = 19       # vhost, exchange, u8 op, op fields: a node's held delayed messages (delayedrepl.py)
+STREAM_DEDUP = 20  # vhost, queue, reference, u32 groups, (u64 publishing id, u32 messages) each, entries:
+                   # a stream protocol publish with a publisher reference, de-duplicated at the stream's leader
 
 ACK, REJECT, REQUEUE = 0, 1, 2
 
@@ -75,6 +77,31 @@ def streamAppend(names, count, entries):
     u32 size then its bytes, as the stream client published them).
     """
     return frame(STREAM_APPEND, names + _U32.pack(count) + blob(entries))
+
+
+_GROUP = struct.Struct(">QI")
+
+
+def streamDedup(names, reference, groups, entries):
+    """
+    STREAM_DEDUP with the vhost and stream already encoded (``names``): a
+    publish of a publisher with ``reference`` (str); ``groups``: ``[(publishing
+    id, messages)]`` in order (a sub-entry batch is one id for several
+    messages), ``entries``: every message's u32 size then its bytes.
+    """
+    return frame(STREAM_DEDUP, names + string(reference) + _U32.pack(len(groups))
+                 + b"".join(_GROUP.pack(pid, n) for pid, n in groups) + blob(entries))
+
+
+def readStreamDedup(r):
+    """``(vhost, stream, reference, groups, entries)`` of a STREAM_DEDUP, from Reader ``r``."""
+    vhost, queue, reference = r.string(), r.string(), r.string()
+    buf = r.buf
+    groups = []
+    for _ in range(r.u32()):
+        groups.append(_GROUP.unpack_from(buf, r.pos))
+        r.pos += _GROUP.size
+    return vhost, queue, reference, groups, r.blob()
 
 
 def deliver(cid, eid, redelivered, message):

@@ -461,11 +461,28 @@ class StreamServerProtocol(Protocol):
         elsewhere = getattr(self.backend, "elsewhere", None)
         return elsewhere(self.vhost, name) if elsewhere is not None else None
 
+    def _askHome(self, stream, op, args, answer):
+        """
+        A cluster's stream led by another node: ``answer(result)`` with what
+        its leader answers ``op`` (the backend's askHome: a dict with
+        ``code``, STREAM_NOT_AVAILABLE when the leader's node is down or
+        silent); False when no other node has such a stream.
+        """
+        ask = getattr(self.backend, "askHome", None)
+        d = ask(self.vhost, stream, op, args) if ask is not None else None
+        if d is None:
+            return False
+        d.addCallback(lambda r: None if self.closed else answer(r))
+        return True
+
     def _streamStats(self, corr, version, name):
         if not self._permits(READ, name):
             self.send(wire.streamStatsResponse(corr, wire.ACCESS_REFUSED, {}))
         elif not self.backend.exists(self.vhost, name):
-            self.send(wire.streamStatsResponse(corr, wire.STREAM_DOES_NOT_EXIST, {}))
+            # led by another node of the cluster: its leader answers (docs/streams.md, "In a cluster")
+            if not self._askHome(name, "stream.stats", {}, lambda r: self.send(
+                    wire.streamStatsResponse(corr, r["code"], r.get("stats") or {}))):
+                self.send(wire.streamStatsResponse(corr, wire.STREAM_DOES_NOT_EXIST, {}))
         else:
             self.send(wire.streamStatsResponse(corr, wire.OK, self.backend.stats(self.vhost, name)))
 
@@ -486,13 +503,13 @@ class StreamServerProtocol(Protocol):
         if pid in self.publishers or (ref is not None and (stream, ref) in self.publisherRefs):
             return reply(wire.PRECONDITION_FAILED)
         if not self.backend.exists(self.vhost, stream):
-            # a stream on another node of the cluster: its publishes are forwarded there,
-            # as RabbitMQ 3.10 writes to the leader; one with a reference is told to go to
-            # the leader (its de-duplication is the leader's): docs/streams.md, "In a cluster"
+            # a stream led by another node of the cluster: its publishes are forwarded there,
+            # as RabbitMQ 3.10 writes to the leader; with a reference, the leader de-duplicates
+            # them (it keeps the sequence): docs/streams.md, "In a cluster"
             where = self._elsewhere(stream)
             if where is None:
                 return reply(wire.STREAM_DOES_NOT_EXIST)
-            if where is False or ref is not None:
+            if where is False:
                 return reply(wire.STREAM_NOT_AVAILABLE)
         self.publishers[pid] = _Publisher(pid, stream, ref)
         if ref is not None:
@@ -532,8 +549,7 @@ class StreamServerProtocol(Protocol):
             # the fast path: the frame's entries are the chunk's, as they came
             ids, data = batch
             if not self.backend.exists(self.vhost, p.stream):
-                if not self._remoteWrite(p, ids, data, count):
-                    self.send(wire.publishError(pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i in ids]))
+                self._remoteWrite(p, ids, data, count)
                 return
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
             self._confirm(pid, confirmed, d)
@@ -560,8 +576,9 @@ class StreamServerProtocol(Protocol):
         backend = self.backend
         if not backend.exists(self.vhost, p.stream):
             msgs = [bytes(x) for _, m in entries for x in (m if isinstance(m, list) else [m])]
-            if not self._remoteWrite(p, [i for i, _ in entries], _chunk.entries(msgs), len(msgs)):
-                self.send(wire.publishError(p.pid, [(i, wire.STREAM_DOES_NOT_EXIST) for i, _ in entries]))
+            # (a sub-entry batch: one publishing id for its messages, de-duplicated together)
+            groups = [(i, len(m) if isinstance(m, list) else 1) for i, m in entries]
+            self._remoteWrite(p, [i for i, _ in entries], _chunk.entries(msgs), len(msgs), groups)
             return
         if any(isinstance(m, list) for _, m in entries):
             # a sub-entry batch has one publishing id for all its messages: the first carries
@@ -581,14 +598,25 @@ class StreamServerProtocol(Protocol):
             confirmed, d = backend.publish(self.vhost, p.stream, p.reference, entries)
         self._confirm(p.pid, confirmed, d)
 
-    def _remoteWrite(self, p, ids, data, count):
-        """A cluster's stream on another node: the publish forwarded there (False when it cannot be)."""
+    def _remoteWrite(self, p, ids, data, count, groups=None):
+        """
+        A cluster's stream led by another node: the publish forwarded there
+        (with the publisher's reference: de-duplicated there); a publish
+        error when it cannot be (the stream is gone, or its leader's node is
+        down: STREAM_NOT_AVAILABLE).
+        """
         remote = getattr(self.backend, "remoteAppend", None)
-        r = remote(self.vhost, p.stream, ids, data, count) if remote is not None else None
+        r = None
+        if remote is not None:
+            if p.reference is not None:
+                r = remote(self.vhost, p.stream, ids, data, count, p.reference, groups)
+            else:
+                r = remote(self.vhost, p.stream, ids, data, count)
         if r is None:
-            return False
+            code = wire.STREAM_DOES_NOT_EXIST if self._elsewhere(p.stream) is None else wire.STREAM_NOT_AVAILABLE
+            self.send(wire.publishError(p.pid, [(i, code) for i in ids]))
+            return
         self._confirm(p.pid, *r)
-        return True
 
     def _confirm(self, pid, ids, d):
         """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""
@@ -606,7 +634,9 @@ class StreamServerProtocol(Protocol):
         if not self._permits(READ, stream):
             self.send(wire.querySequenceResponse(corr, wire.ACCESS_REFUSED, 0))
         elif not self.backend.exists(self.vhost, stream):
-            self.send(wire.querySequenceResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+            if not self._askHome(stream, "stream.sequence", {"reference": reference}, lambda r: self.send(
+                    wire.querySequenceResponse(corr, r["code"], r.get("sequence", 0)))):
+                self.send(wire.querySequenceResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
         else:
             self.send(wire.querySequenceResponse(
                 corr, wire.OK, self.backend.sequence(self.vhost, stream, reference)))
@@ -616,7 +646,12 @@ class StreamServerProtocol(Protocol):
     def _storeOffset(self, corr, version, reference, stream, offset):
         if not reference or len(reference.encode("utf-8")) > MAX_REFERENCE:
             return
-        if not self._permits(READ, stream) or not self.backend.exists(self.vhost, stream):
+        if not self._permits(READ, stream):
+            return
+        if not self.backend.exists(self.vhost, stream):
+            # led by another node: stored there (no answer; this node's questions to it go in order)
+            self._askHome(stream, "stream.storeOffset", {"reference": reference, "offset": offset},
+                          lambda r: None)
             return
         self.backend.storeOffset(self.vhost, stream, reference, offset)
 
@@ -626,7 +661,9 @@ class StreamServerProtocol(Protocol):
         elif not self._permits(READ, stream):
             self.send(wire.queryOffsetResponse(corr, wire.ACCESS_REFUSED, 0))
         elif not self.backend.exists(self.vhost, stream):
-            self.send(wire.queryOffsetResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+            if not self._askHome(stream, "stream.queryOffset", {"reference": reference}, lambda r: self.send(
+                    wire.queryOffsetResponse(corr, r["code"], r.get("offset", 0)))):
+                self.send(wire.queryOffsetResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
         else:
             off = self.backend.queryOffset(self.vhost, stream, reference)
             if off is None:

@@ -41,6 +41,8 @@ import bisect
 import zlib
 
 from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import declareStream, deleteStream, findStream
@@ -48,6 +50,7 @@ from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
+_log = Logger()
 
 class Chunk:
     """
@@ -344,6 +347,50 @@ class Tracking:
         self.changed(vhost, name)
 
 
+#: what another node's stream door asks a stream's leader (BrokerStreams.askHome / answerHome)
+OP_QUERY_OFFSET = "stream.queryOffset"
+OP_STORE_OFFSET = "stream.storeOffset"
+OP_SEQUENCE = "stream.sequence"
+OP_STATS = "stream.stats"
+HOME_OPS = (OP_QUERY_OFFSET, OP_STORE_OFFSET, OP_SEQUENCE, OP_STATS)
+
+
+class _Written:
+    """
+    A write another node's publish made here (STREAM_DEDUP), as the link's
+    SYNC waits for it: ``sync()`` fires once the write's Deferred fired
+    (fails when it failed: the forward is refused, a publish error there).
+    """
+
+    def __init__(self, d):
+        self._result = None
+        self._waiters = []
+        d.addBoth(self._done)
+
+    def _done(self, result):
+        if isinstance(result, Failure):
+            _log.failure("stream write forwarded by another node", result)
+        self._result = result if isinstance(result, Failure) else True
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            self._fire(w)
+        return None
+
+    def _fire(self, d):
+        if self._result is True:
+            d.callback(None)
+        else:
+            d.errback(self._result)
+
+    def sync(self):
+        d = defer.Deferred()
+        if self._result is None:
+            self._waiters.append(d)
+        else:
+            self._fire(d)
+        return d
+
+
 class BrokerStreams:
     """
     The backend interface on the broker's stream queues (docs:
@@ -376,6 +423,12 @@ class BrokerStreams:
         self._cache = {}
         # (a cluster node's stream replicas keep the tracking their leader ships: trackingChanged)
         broker.streamBackend = self
+        # other nodes' stream doors ask this node, their streams' leader, for its tracking
+        # (askHome); their de-duplicating publishes come as STREAM_DEDUP (appendForwarded)
+        add = getattr(broker, "addClusterHandler", None)
+        if add is not None:
+            for op in HOME_OPS:
+                add(op, lambda args, op=op: self.answerHome(op, args))
 
     def _log(self, vhost, name):
         log = findStream(self.broker, vhost, name)
@@ -441,35 +494,141 @@ class BrokerStreams:
     def exists(self, vhost, name):
         return self._log(vhost, name) is not None
 
+    def _remoteStream(self, vhost, name):
+        """The RemoteQueue of a cluster's stream led by another node, or None."""
+        if self.broker.cluster is None:
+            return None
+        v = self.broker.vhosts.get(vhost)
+        rq = v.remoteQueues.get(name) if v is not None else None
+        if rq is None or not getattr(rq, "isStream", False):
+            return None
+        return rq
+
     def elsewhere(self, vhost, name):
         """
         A cluster's stream ``name`` on another node: ``(host, port)`` of that
         node's stream listener (its leader), False while that node is down or
         serves no stream protocol, None when no other node has such a stream.
         """
-        cluster = self.broker.cluster
-        v = self.broker.vhosts.get(vhost)
-        rq = v.remoteQueues.get(name) if cluster is not None and v is not None else None
-        if rq is None or not getattr(rq, "isStream", False):
+        rq = self._remoteStream(vhost, name)
+        if rq is None:
             return None
-        record = cluster.nodes.get(rq.home)
+        record = self.broker.cluster.nodes.get(rq.home)
         if rq.down or record is None or not record.get("stream_port"):
             return False
         return (record.get("stream_host") or record["host"], record["stream_port"])
 
-    def remoteAppend(self, vhost, name, ids, data, count):
+    def remoteAppend(self, vhost, name, ids, data, count, reference=None, groups=None):
         """
-        A publish to a cluster's stream on another node (a publisher without
-        a reference: de-duplication is the leader's), forwarded to its home
-        node: ``(ids, Deferred)`` firing once durable there, or None when
-        there is no such stream or its node is down.
+        A publish to a cluster's stream on another node, forwarded to its
+        leader: ``(ids, Deferred)`` firing once durable there, or None when
+        there is no such stream or its node is down.  With a publisher
+        ``reference`` the leader de-duplicates (``groups``: ``[(publishing id,
+        messages)]``, default one message per id; the ids at or below the
+        reference's sequence there are confirmed and not written).
         """
-        v = self.broker.vhosts.get(vhost)
-        rq = v.remoteQueues.get(name) if self.broker.cluster is not None and v is not None else None
-        if rq is None or not getattr(rq, "isStream", False):
+        rq = self._remoteStream(vhost, name)
+        if rq is None:
             return None
-        d = rq.appendStream(count, bytes(data))
+        if reference and groups is None:
+            groups = [(i, 1) for i in ids]
+        d = rq.appendStream(count, bytes(data), reference or None, groups)
         return None if d is None else (ids, d)
+
+    #: seconds a question to a stream's leader may take (the link's own ask times out later)
+    homeTimeout = 5.0
+
+    def askHome(self, vhost, name, op, args):
+        """
+        Ask the leader of a cluster's stream led by another node (``op``, one
+        of :data:`HOME_OPS`): a Deferred firing with its answer (a dict with
+        ``code``, a stream protocol response code), ``{"code":
+        STREAM_NOT_AVAILABLE}`` when its node is down, the link is lost or
+        it does not answer within :attr:`homeTimeout`; None when no other
+        node has such a stream.  Questions of one node go in order over its
+        link (a store_offset, then a query_offset, sees the store).
+        """
+        rq = self._remoteStream(vhost, name)
+        if rq is None:
+            return None
+        unavailable = {"code": wire.STREAM_NOT_AVAILABLE}
+        d = rq.askStream(op, args)
+        if d is None:
+            return defer.succeed(unavailable)
+        out = defer.Deferred()
+
+        def done(result):
+            if timer.active():
+                timer.cancel()
+            if not out.called:
+                ok = isinstance(result, dict) and isinstance(result.get("code"), int)
+                out.callback(result if ok else unavailable)
+
+        def failed(f):
+            done(None)
+
+        def late():
+            if not out.called:
+                out.callback(unavailable)
+
+        timer = self.clock.callLater(self.homeTimeout, late)
+        d.addCallbacks(done, failed)
+        return out
+
+    def answerHome(self, op, args):
+        """Another node's :meth:`askHome`, answered here (its leader)."""
+        vhost, name = args["vhost"], args["name"]
+        if self._log(vhost, name) is None:
+            # not (or no longer) led here: a new leader, or deleted
+            gone = self.elsewhere(vhost, name) is None and not self.readable(vhost, name)
+            return {"code": wire.STREAM_DOES_NOT_EXIST if gone else wire.STREAM_NOT_AVAILABLE}
+        if op == OP_QUERY_OFFSET:
+            offset = self.queryOffset(vhost, name, args["reference"])
+            if offset is None:
+                return {"code": wire.NO_OFFSET}
+            return {"code": wire.OK, "offset": offset}
+        if op == OP_STORE_OFFSET:
+            self.storeOffset(vhost, name, args["reference"], args["offset"])
+            return {"code": wire.OK}
+        if op == OP_SEQUENCE:
+            return {"code": wire.OK, "sequence": self.sequence(vhost, name, args["reference"])}
+        if op == OP_STATS:
+            return {"code": wire.OK, "stats": self.stats(vhost, name)}
+        return {"code": wire.INTERNAL_ERROR}
+
+    def appendForwarded(self, vhost, name, reference, groups, entries):
+        """
+        A STREAM_DEDUP at the stream's leader: another node's publish of a
+        publisher with ``reference``, ``groups`` ``[(publishing id,
+        messages)]`` over ``entries``, de-duplicated as this node's own
+        (:meth:`append`, :meth:`publish`: a group at or below the
+        reference's sequence is not written).  None when nothing is left to
+        write, False when the stream is not here (refused), else an object
+        whose ``sync()`` fires once the write is durable (and on the
+        in-sync followers): the link's SYNCED waits for it.
+        """
+        log = self._log(vhost, name)
+        if log is None:
+            return False
+        count = sum(n for _, n in groups)
+        if all(n == 1 for _, n in groups):
+            _, d = self.append(vhost, name, reference, [pid for pid, _ in groups], entries, count)
+        else:
+            # sub-entry batches: one publishing id for several messages, kept or dropped together
+            seq = self.tracking.get(vhost, name)["sequences"].get(reference, 0)
+            msgs = _chunk.split(entries, count)
+            keep = []
+            last = None
+            i = 0
+            for pid, n in groups:
+                if pid > seq:
+                    keep.extend(bytes(m) for m in msgs[i:i + n])
+                    seq = last = pid
+                i += n
+            d = None
+            if keep:
+                d = self._append(log, vhost, name, reference, last, _chunk.entries(keep), len(keep))
+        return None if d is None else _Written(d)
 
     def create(self, vhost, name, arguments):
         from otter_tx.amqp.errors import AMQPError
