@@ -70,6 +70,15 @@ sys.path.insert(0, ROOT)
 DEFAULT_RABBIT_SCRIPT = "/work/shared/tools/rabbitmq-cluster.sh"
 PERF = os.path.join(HERE, "amqp-perf")
 QQ_ARGS = {"x-queue-type": "quorum"}
+#: --queue-type stream: a 3-member stream (RabbitMQ 3.10's default is every node; said anyway)
+STREAM_ARGS = {"x-queue-type": "stream", "x-initial-cluster-size": 3}
+#: the arguments queues are declared with, and their names' prefix (set by main from --queue-type)
+QUEUE = {"args": QQ_ARGS, "prefix": "qq", "stream": False}
+
+
+def setQueueType(kind):
+    QUEUE.update(args=STREAM_ARGS if kind == "stream" else QQ_ARGS, prefix="sq" if kind == "stream" else "qq",
+                 stream=kind == "stream")
 
 
 def log(msg):
@@ -247,7 +256,36 @@ class RabbitCluster:
         (state follower) and when its log index first equals the leader's.  A :class:`Handle`
         with ``.result`` = dict(up_ms, sync_ms, leader_index, follower_index) or None.
         """
-        expr = ("Q = <<\"%s\">>, F = '%s', Dl = erlang:system_time(millisecond) + %d, "
+        if QUEUE["stream"]:
+            expr = self._streamSyncExpr(follower, queue, limitS)
+        else:
+            expr = self._quorumSyncExpr(follower, queue, limitS)
+        return self._probe(leader, expr, limitS)
+
+    def _streamSyncExpr(self, follower, queue, limitS):
+        """
+        A stream's: rabbit_stream_queue:status/2 (what ``rabbitmq-streams
+        stream_status`` prints) every 10 ms; up = the follower's row has an
+        offset, in sync = that offset reached the writer's committed offset.
+        """
+        return ("Q = <<\"%s\">>, F = '%s', Dl = erlang:system_time(millisecond) + %d, "
+                "G = fun(Rows, Pred, K) -> case [proplists:get_value(K, R) || R <- Rows, Pred(R)] "
+                "of [V | _] -> V; _ -> undefined end end, "
+                "IsF = fun(R) -> proplists:get_value(node, R) =:= F end, "
+                "IsL = fun(R) -> proplists:get_value(role, R) =:= writer end, "
+                "L = fun Loop(Up) -> Now = erlang:system_time(millisecond), "
+                "case Now > Dl of true -> {timeout, Up}; false -> "
+                "Rows0 = try rabbit_stream_queue:status(<<\"/\">>, Q) catch _:_ -> [] end, "
+                "Rows = case is_list(Rows0) of true -> Rows0; false -> [] end, "
+                "FI = G(Rows, IsF, offset), LI = G(Rows, IsL, committed_offset), "
+                "Up2 = case {Up, is_integer(FI)} of {undefined, true} -> Now; _ -> Up end, "
+                "case is_integer(FI) andalso is_integer(LI) andalso FI >= LI of "
+                "true -> {sync, Up2, Now, LI, FI}; "
+                "false -> timer:sleep(10), Loop(Up2) end end end, "
+                "L(undefined)." % (queue, self.name(follower), int(limitS * 1000)))
+
+    def _quorumSyncExpr(self, follower, queue, limitS):
+        return ("Q = <<\"%s\">>, F = '%s', Dl = erlang:system_time(millisecond) + %d, "
                 "G = fun(Rows, Pred, K) -> case [proplists:get_value(K, R) || R <- Rows, Pred(R)] "
                 "of [V | _] -> V; _ -> undefined end end, "
                 "IsF = fun(R) -> proplists:get_value(<<\"Node Name\">>, R) =:= F end, "
@@ -262,6 +300,8 @@ class RabbitCluster:
                 "true -> {sync, Up2, Now, LI, FI}; "
                 "false -> timer:sleep(10), Loop(Up2) end end end, "
                 "L(undefined)." % (queue, self.name(follower), int(limitS * 1000)))
+
+    def _probe(self, leader, expr, limitS):
         h = Handle()
         h.result = None
         p = CHILDREN.popen([self.script, "ctl", str(leader + 1), "eval", expr], stdout=subprocess.PIPE,
@@ -393,6 +433,17 @@ def nodeIndex(cluster, name):
     return None
 
 
+def leaderName(q):
+    """
+    The leader's node in a queue JSON: ``leader`` (quorum queues; otter_tx's
+    streams); RabbitMQ 3.10's stream JSON has none and names the writer's
+    node as ``node`` (from its stats, a few seconds late after a change).
+    """
+    if not q:
+        return None
+    return q.get("leader") or (q.get("node") if q.get("type") == "stream" else None)
+
+
 def onlineIndexes(cluster, q):
     return sorted(i for i in (nodeIndex(cluster, n) for n in (q or {}).get("online") or []) if i is not None)
 
@@ -417,8 +468,8 @@ def waitAllOnline(cluster, queue, timeout, vias=(0, 1, 2)):
     while time.monotonic() < deadline:
         for v in vias:
             q = getQueue(cluster, v, queue)
-            if q and nodeIndex(cluster, q.get("leader")) is not None and onlineIndexes(cluster, q) == [0, 1, 2]:
-                return nodeIndex(cluster, q["leader"])
+            if q and nodeIndex(cluster, leaderName(q)) is not None and onlineIndexes(cluster, q) == [0, 1, 2]:
+                return nodeIndex(cluster, leaderName(q))
         time.sleep(0.1)
     raise RuntimeError("queue %s: not all 3 members online after %s s" % (queue, timeout))
 
@@ -429,11 +480,27 @@ def declare(cluster, i, queue, purge=False):
         "127.0.0.1", cluster.amqpPort(i), heartbeat=0, socket_timeout=10, blocked_connection_timeout=60))
     try:
         ch = c.channel()
-        ch.queue_declare(queue, durable=True, arguments=QQ_ARGS)
+        ch.queue_declare(queue, durable=True, arguments=QUEUE["args"])
         if purge:
             ch.queue_purge(queue)
     finally:
         c.close()
+
+
+def freshQueue(cluster, base, tag, old=None):
+    """
+    An empty queue for the next run, declared on node 1: ``base`` purged
+    (a quorum queue), or a new stream ``base-tag`` (a stream cannot be
+    purged; ``old`` is deleted first).  Its name.
+    """
+    if not QUEUE["stream"]:
+        declare(cluster, 0, base, purge=True)
+        return base
+    if old is not None:
+        deleteQueue(cluster, 0, old)
+    name = "%s-%s" % (base, tag)
+    declare(cluster, 0, name)
+    return name
 
 
 def deleteQueue(cluster, i, queue):
@@ -476,8 +543,11 @@ def runPerf(cluster, i, queue, a, label, extra=(), timeout=None):
 
 
 def throughput(cluster, a):
-    queue = "qq-perf"
-    declare(cluster, 0, queue)
+    queue = base = QUEUE["prefix"] + "-perf"
+    if QUEUE["stream"]:
+        queue = freshQueue(cluster, base, "0")
+    else:
+        declare(cluster, 0, queue)
     leader = waitAllOnline(cluster, queue, 120)
     other = (leader + 1) % 3
     log("throughput: %s declared on %s, leader %s" % (queue, cluster.name(0), cluster.name(leader)))
@@ -485,9 +555,15 @@ def throughput(cluster, a):
     order = [("leader", leader), ("non-leader", other)]
     for r in range(a.perf_rounds):
         for label, i in (order if r % 2 == 0 else order[::-1]):
-            declare(cluster, 0, queue, purge=True)
+            queue = freshQueue(cluster, base, "%s-%d" % (label, r + 1), queue)
+            if QUEUE["stream"]:
+                # (a new stream: its leader is where node 1 placed it, its members all in online)
+                leaderNow = waitAllOnline(cluster, queue, 120)
+                i = leaderNow if label == "leader" else (leaderNow + 1) % 3
+            # (a stream consumer needs a prefetch; it reads from "next", started before the producer)
+            prefetch = ["-q", str(a.prefetch)] if QUEUE["stream"] else []
             s = runPerf(cluster, i, queue, a, "%s-%d" % (label, r + 1),
-                        ["-x", "1", "-y", "1", "-c", str(a.perf_confirm), "-z", str(a.seconds)],
+                        ["-x", "1", "-y", "1", "-c", str(a.perf_confirm), "-z", str(a.seconds)] + prefetch,
                         timeout=a.seconds + 120)
             row = dict(node=cluster.name(i), confirm_rate=float(s.get("confirm_rate", 0)),
                        recv_rate=float(s.get("recv_rate", 0)), nacked=int(s.get("nacked", 0)),
@@ -531,6 +607,7 @@ class FailoverClients:
         self.pubErrorCount = 0
         self.stopping = False
         self.pending = set()
+        self.lastOffset = None  # a stream's: the last x-stream-offset delivered
 
     async def open(self):
         import aiormq
@@ -543,7 +620,11 @@ class FailoverClients:
         await self.consume()
 
     async def consume(self):
-        await asyncio.wait_for(self.cch.basic_consume(self.queue, self.onMessage, no_ack=False), 15)
+        args = None
+        if QUEUE["stream"]:
+            # from the next message; consuming again (after a basic.cancel), after the last one seen
+            args = {"x-stream-offset": "next" if self.lastOffset is None else self.lastOffset + 1}
+        await asyncio.wait_for(self.cch.basic_consume(self.queue, self.onMessage, no_ack=False, arguments=args), 15)
 
     async def onCancel(self, frame):
         """A basic.cancel from the broker (RabbitMQ does not send one here): recorded, and consume again."""
@@ -563,6 +644,10 @@ class FailoverClients:
         body = message.body
         seq = int.from_bytes(body[:8], "big") if len(body) >= 8 else -1
         self.deliveries.append((t, seq, bool(message.delivery.redelivered)))
+        if QUEUE["stream"]:
+            offset = (message.header.properties.headers or {}).get("x-stream-offset")
+            if isinstance(offset, int):
+                self.lastOffset = offset
         try:
             await message.channel.basic_ack(message.delivery.delivery_tag)
         except Exception as e:  # noqa: BLE001 - recorded
@@ -612,7 +697,7 @@ def pollLeader(cluster, via, queue, oldLeader, deadline):
     while time.monotonic() < deadline:
         q = getQueue(cluster, via, queue, timeout=1.0)
         if q is not None:
-            li = nodeIndex(cluster, q.get("leader"))
+            li = nodeIndex(cluster, leaderName(q))
             if li is not None and li != oldLeader:
                 return time.monotonic(), li
         time.sleep(0.01)
@@ -726,13 +811,16 @@ async def failoverRound(cluster, a, r, queue):
 
 
 def failover(cluster, a):
-    queue = "qq-failover"
-    declare(cluster, 0, queue)
+    base = queue = QUEUE["prefix"] + "-failover"
+    if QUEUE["stream"]:
+        queue = freshQueue(cluster, base, "1")
+    else:
+        declare(cluster, 0, queue)
     rounds = []
     try:
         for r in range(1, a.rounds + 1):
             if r > 1:
-                declare(cluster, 0, queue, purge=True)
+                queue = freshQueue(cluster, base, str(r), queue)
             rounds.append(asyncio.run(failoverRound(cluster, a, r, queue)))
     finally:
         leader = None
@@ -757,7 +845,7 @@ def failover(cluster, a):
 def catchup(cluster, a):
     rounds = []
     for r in range(1, a.catchup_rounds + 1):
-        res = catchupRound(cluster, a, (r - 1) % 3, "qq-catchup-%d" % (r,))
+        res = catchupRound(cluster, a, (r - 1) % 3, "%s-catchup-%d" % (QUEUE["prefix"], r))
         res["round"] = r
         rounds.append(res)
     summary = {k: med([x.get(k) for x in rounds]) for k in (
@@ -809,7 +897,9 @@ def catchupRound(cluster, a, declareOn, queue):
         res["raft_up_s"] = round(p["up_ms"] / 1000.0 - tWall, 3) if p and p["up_ms"] else None
         res["sync_s"] = round(p["sync_ms"] / 1000.0 - tWall, 3) if p else None
         res["sync_log_index"] = p["leader_index"] if p else None
-        res["sync_how"] = "Raft log index of the follower = the leader's (rabbit_quorum_queue:status/2 every 10 ms)"
+        res["sync_how"] = ("the follower's offset = the writer's committed offset (rabbit_stream_queue:status/2 "
+                           "every 10 ms)" if QUEUE["stream"] else
+                           "Raft log index of the follower = the leader's (rabbit_quorum_queue:status/2 every 10 ms)")
     else:
         res["sync_s"] = res["online_s"]
         res["sync_how"] = "in the queue's online list (defined as in sync)"
@@ -826,8 +916,9 @@ def fmt(v, spec="%.1f"):
 
 
 def table(summary):
-    lines = ["broker: %s  (%s); load average before %s, after %s (%d cores)" % (
-        summary["broker"], summary.get("version") or "?", "/".join("%.2f" % x for x in summary["loadavg_before"]),
+    lines = ["broker: %s  (%s), %s queues; load average before %s, after %s (%d cores)" % (
+        summary["broker"], summary.get("version") or "?", summary["args"]["queue_type"],
+        "/".join("%.2f" % x for x in summary["loadavg_before"]),
         "/".join("%.2f" % x for x in summary.get("loadavg_after") or ()), os.cpu_count())]
     t = summary.get("throughput")
     if t:
@@ -939,6 +1030,9 @@ def parseArgs(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--broker", choices=("rabbitmq", "otter"), required=True)
+    p.add_argument("--queue-type", choices=("quorum", "stream"), default="quorum",
+                   help="quorum queues (default), or streams (x-initial-cluster-size 3; consumers with a "
+                   "prefetch and x-stream-offset next)")
     p.add_argument("--parts", default="throughput,failover,catchup",
                    help="comma list of throughput, failover, catchup (default all)")
     p.add_argument("--size", type=int, default=16, help="body bytes (default 16; >= 12 for amqp-perf latency)")
@@ -999,6 +1093,7 @@ def ensurePerf(a):
 
 def main(argv=None):
     a = parseArgs(argv)
+    setQueueType(a.queue_type)
     ensurePerf(a)
     if a.broker == "rabbitmq":
         if os.geteuid() != 0:
