@@ -266,7 +266,8 @@ class RabbitCluster:
         """
         A stream's: rabbit_stream_queue:status/2 (what ``rabbitmq-streams
         stream_status`` prints) every 10 ms; up = the follower's row has an
-        offset, in sync = that offset reached the writer's committed offset.
+        offset, in sync = that offset reached the writer's (its last written: nothing is
+        published then; its committed_offset lags behind it).
         """
         return ("Q = <<\"%s\">>, F = '%s', Dl = erlang:system_time(millisecond) + %d, "
                 "G = fun(Rows, Pred, K) -> case [proplists:get_value(K, R) || R <- Rows, Pred(R)] "
@@ -277,7 +278,7 @@ class RabbitCluster:
                 "case Now > Dl of true -> {timeout, Up}; false -> "
                 "Rows0 = try rabbit_stream_queue:status(<<\"/\">>, Q) catch _:_ -> [] end, "
                 "Rows = case is_list(Rows0) of true -> Rows0; false -> [] end, "
-                "FI = G(Rows, IsF, offset), LI = G(Rows, IsL, committed_offset), "
+                "FI = G(Rows, IsF, offset), LI = G(Rows, IsL, offset), "
                 "Up2 = case {Up, is_integer(FI)} of {undefined, true} -> Now; _ -> Up end, "
                 "case is_integer(FI) andalso is_integer(LI) andalso FI >= LI of "
                 "true -> {sync, Up2, Now, LI, FI}; "
@@ -877,6 +878,8 @@ def catchupRound(cluster, a, declareOn, queue):
     res["publish_rate"] = float(s.get("confirm_rate", 0))
     res["confirmed"] = int(s.get("confirmed", 0))
     res["nacked"] = int(s.get("nacked", 0))
+    if not res["confirmed"]:
+        raise RuntimeError("catch-up: nothing confirmed: %s" % (s,))
     log("catch-up: %d confirmed (%d nacked) in %.1f s (%.0f msg/s) with %s down" % (
         res["confirmed"], res["nacked"], res["publish_s"], res["publish_rate"], cluster.name(follower)))
     q = getQueue(cluster, leader, queue, timeout=10)
@@ -897,7 +900,7 @@ def catchupRound(cluster, a, declareOn, queue):
         res["raft_up_s"] = round(p["up_ms"] / 1000.0 - tWall, 3) if p and p["up_ms"] else None
         res["sync_s"] = round(p["sync_ms"] / 1000.0 - tWall, 3) if p else None
         res["sync_log_index"] = p["leader_index"] if p else None
-        res["sync_how"] = ("the follower's offset = the writer's committed offset (rabbit_stream_queue:status/2 "
+        res["sync_how"] = ("the follower's offset = the writer's (rabbit_stream_queue:status/2 "
                            "every 10 ms)" if QUEUE["stream"] else
                            "Raft log index of the follower = the leader's (rabbit_quorum_queue:status/2 every 10 ms)")
     else:
@@ -971,7 +974,8 @@ def table(summary):
                      "start command" % (c["messages"], summary["args"]["size"]))
         lines.append("in sync: " + c["sync_how"])
         lines.append("%-6s %-14s %-14s %10s %9s %8s %9s %9s" % (
-            "round", "leader", "follower", "publish/s", "booted s", "online s", "raft up s", "in sync s"))
+            "round", "leader", "follower", "publish/s", "booted s", "online s",
+            "member up" if summary["args"]["queue_type"] == "stream" else "raft up s", "in sync s"))
         for x in c["rounds"] + [dict(c, round="median", leader="", follower="")]:
             lines.append("%-6s %-14s %-14s %10s %9s %8s %9s %9s" % (
                 x["round"], x["leader"], x["follower"], fmt(x["publish_rate"], "%.0f"), fmt(x["boot_s"], "%.2f"),
