@@ -268,8 +268,10 @@ class StreamReplicator(Replicator):
                 # the stream protocol's tracking as it stands (the changes follow as they happen)
                 t = backend.tracking.get(self.vhostName, self.name)
                 if t["sequences"] or t["offsets"]:
+                    # (sequences move as publishes are appended: taken once the follower's log
+                    # holds what is appended so far)
                     link.send(wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(
-                        {"sequences": t["sequences"], "offsets": t["offsets"]}).encode())))
+                        {"sequences": t["sequences"], "offsets": t["offsets"], "upTo": stream.next}).encode())))
             epoch = self.epoch
 
             def synced(_):
@@ -328,6 +330,8 @@ class StreamReplica:
         self.stream = node.broker.streams.open(node.clock, vhostName, name,
                                                int(seg) if seg else DEFAULT_SEGMENT_BYTES)
         self.lastEpoch = readEpoch(self.stream)
+        #: tracking changes of records this log does not hold yet: [(epoch, upTo, change)]
+        self.heldTracking = []
         self.retention(args)
 
     def retention(self, args):
@@ -354,6 +358,7 @@ class StreamReplica:
     def joinedWith(self, answer):
         """The leader's answer to the join: cut or restart the log as it says (nothing is being written)."""
         s = self.stream
+        self.heldTracking = []
         if "reset" in answer:
             log.info("cluster: stream {q} replica starts again at {o}", q=self.name, o=answer["reset"])
             s.reset(answer["reset"])
@@ -374,9 +379,28 @@ class StreamReplica:
                          q=self.name, o=items[0][1], n=self.stream.next)
                 self.joinedEpoch = None
                 self.manager._maybeJoin(self)
+            elif self.heldTracking:
+                self._releaseTracking(epoch)
         elif op == wire.R_STRACK:
             change = json.loads(bytes(r.blob()).decode())
+            upTo = change.pop("upTo", None)
+            if upTo is not None and self.stream.next < upTo:
+                # a publisher sequence of records still to come: taken once this log holds them
+                self.heldTracking.append((epoch, upTo, change))
+                return
             self.manager.streamTracked(self.vhostName, self.name, change)
+
+    def _releaseTracking(self, epoch):
+        """The held tracking changes whose records this log holds now (another epoch's are dropped)."""
+        keep = []
+        for e, upTo, change in self.heldTracking:
+            if e != epoch:
+                continue
+            if self.stream.next >= upTo:
+                self.manager.streamTracked(self.vhostName, self.name, change)
+            else:
+                keep.append((e, upTo, change))
+        self.heldTracking = keep
 
     def drop(self):
         """This node is no longer a member: the replica's log goes."""

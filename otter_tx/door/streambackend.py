@@ -706,9 +706,12 @@ class BrokerStreams:
                 if last > t["sequences"].get(reference, 0):
                     t["sequences"][reference] = last
                 self.tracking.changed(vhost, name)
-                self._shipTracking(log, {"sequences": {reference: last}})
 
             d.addCallback(durable)
+            # to a cluster's followers at once, with where the record ends: a follower takes the
+            # sequence once its log holds the record, so a new leader knows the sequence of every
+            # record it has (a publisher resending an unconfirmed batch is de-duplicated there)
+            self._shipTracking(log, {"sequences": {reference: last}, "upTo": log.next})
             # the sequence moves at once for the next frames; durable() persists it
             seqs = self.tracking.get(vhost, name)["sequences"]
             seqs[reference] = max(last, seqs.get(reference, 0))

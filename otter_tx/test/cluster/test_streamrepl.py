@@ -9,7 +9,7 @@ import platform
 import time
 
 import pika
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from otter_tx.cluster import metadata as md
@@ -471,3 +471,70 @@ class ConsumersAcrossFailoverTests(_StreamCluster):
         state = yield self.inThread(rest)
         self.maxDiff = None
         self.assertEqual(([int(o) for o in state["got"]], state["cancelled"]), (list(range(40)), 0))
+
+
+class SequenceWithRecordsTests(_StreamCluster):
+    """
+    A publisher sequence reaches the followers with its records, not after
+    the confirm: a new leader that holds a record knows its sequence, so a
+    publisher resending an unconfirmed batch after the failover is
+    de-duplicated (found by test_stream_faults: the batch was stored twice).
+    """
+
+    stream = True
+
+    @inlineCallbacks
+    def test_newLeaderKnowsSequenceOfUnconfirmedRecords(self):
+        from otter_tx.stream import chunk
+
+        yield self.publish(0, 0)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        backend = self.fixtures[0].service.streamFactory.backend
+        # the followers hold the records, the leader dies before the confirm
+        rep = self.cluster[0].replication.leading[("/", "rs")]
+        self.patch(rep, "sync", lambda: Deferred())
+        ids = list(range(1, 6))
+        _, d = backend.append("/", "rs", "ref", ids, chunk.entries([b"p%d" % k for k in ids]), len(ids))
+        yield waitOnReactor(lambda: all(self.replicaLog(i).committed == 5 for i in (1, 2)), 5)
+        self.assertFalse(d.called)
+        self.kill(0)
+        yield waitOnReactor(lambda: self.record()["epoch"] == 2, 5)
+        for i in (1, 2):
+            t = self.fixtures[i].service.streamFactory.backend.tracking.get("/", "rs")
+            self.assertEqual(t["sequences"].get("ref"), 5, "n%d" % (i + 1,))
+        leader = int(self.record()["node"][1:]) - 1
+        yield waitOnReactor(lambda: ("/", "rs") in self.cluster[leader].replication.leading, 5)
+        # the publisher sends the batch again at the new leader, and one more: only the new one is stored
+        newBackend = self.fixtures[leader].service.streamFactory.backend
+        ids = list(range(1, 7))
+        kept, d = newBackend.append("/", "rs", "ref", ids, chunk.entries([b"p%d" % k for k in ids]), len(ids))
+        yield d
+        self.assertEqual(self.leaderLog(leader).committed, 6)
+
+    def test_heldUntilTheRecordsCome(self):
+        """A sequence shipped before its records is taken once the log holds them, dropped at a new join."""
+        from otter_tx.cluster import streamrepl, wire
+
+        class Stream:
+            next = 3
+
+        taken = []
+        replica = streamrepl.StreamReplica.__new__(streamrepl.StreamReplica)
+        replica.vhostName, replica.name, replica.stream, replica.heldTracking = "/", "rs", Stream(), []
+        replica.manager = type("M", (), {"streamTracked": lambda s, v, n, c: taken.append(c)})()
+
+        class Blob:
+            def __init__(self, change):
+                self.data = __import__("json").dumps(change).encode()
+
+            def blob(self):
+                return self.data
+
+        replica.apply(2, wire.R_STRACK, Blob({"sequences": {"a": 1}, "upTo": 3}))
+        replica.apply(2, wire.R_STRACK, Blob({"sequences": {"a": 4}, "upTo": 5}))
+        replica.apply(1, wire.R_STRACK, Blob({"sequences": {"b": 9}, "upTo": 9}))
+        self.assertEqual(taken, [{"sequences": {"a": 1}}])
+        Stream.next = 5
+        replica._releaseTracking(2)
+        self.assertEqual(taken, [{"sequences": {"a": 1}}, {"sequences": {"a": 4}}])
+        self.assertEqual(replica.heldTracking, [])
