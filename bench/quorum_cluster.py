@@ -28,6 +28,18 @@ and on otter_tx (:class:`otter_tx.cluster.local.LocalCluster`).
    every 10 ms; on otter_tx ``online`` is defined as the in-sync members,
    so both times are the same unless its queue JSON says otherwise.
 
+``--queue-type stream`` (issue 23) measures the same on a 3-member stream
+(``x-queue-type: stream``, ``x-initial-cluster-size: 3``): each throughput
+run and failover round gets a new stream (a stream cannot be purged), the
+consumers give a prefetch, ack manually and read from ``x-stream-offset:
+next`` (after a ``basic.cancel``, from the offset after the last one they
+got); amqp-perf's consumer reads from ``next``, started before its
+producer.  On RabbitMQ "in sync" is the follower's offset equal to the
+writer's, read with ``rabbit_stream_queue:status/2`` (``rabbitmq-streams
+stream_status``); its stream JSON has no ``leader`` (the writer's node is
+``node``) and its ``members`` / ``online`` come from its stats, emitted
+every 5 s, so they lag behind a kill or a restart.
+
 Both brokers are read through the same queue JSON fields
 (``GET /api/queues/%2F/NAME``: ``leader``, ``members``, ``online``); node
 names differ (``c1@localhost`` / ``otter1``), so nodes are matched by index.
@@ -42,6 +54,8 @@ stdout (``--json PATH`` writes the JSON to a file too).
     .venv-test/bin/python bench/quorum_cluster.py --broker otter --rounds 3
     # one part only, a running RabbitMQ cluster left running
     .venv-test/bin/python bench/quorum_cluster.py --broker rabbitmq --parts failover --no-start --keep
+    # replicated streams instead of quorum queues
+    .venv-test/bin/python bench/quorum_cluster.py --broker otter --queue-type stream
 
 Every wait is bounded; processes started here (cluster nodes, amqp-perf,
 rabbitmqctl) are ended on exit.
