@@ -69,6 +69,8 @@ READ_BYTES = 1024 * 1024
 READ_PIECE = 64 * 1024
 #: the most a reader reads at a time after meeting records larger than READ_PIECE
 MAX_READ_PIECE = 1024 * 1024
+#: writers (forwarding nodes' publishers) a stream remembers the last sequence of
+MAX_WRITERS = 4096
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
 
@@ -294,6 +296,9 @@ class StreamLog:
         #: a cluster's replication of this stream while this node leads it
         #: (:class:`otter_tx.cluster.streamrepl.StreamReplicator`), else None
         self.replicator = None
+        #: a cluster's forwarded publishes taken: writer id (str) -> its last sequence (int), so a
+        #: publish sent again to a new leader is taken once (StreamQueue.enqueueFrom)
+        self.writers = {}
         #: messages appended (counter, for rates)
         self.appended = 0
         #: segments deleted by retention (counter)
@@ -1267,6 +1272,29 @@ class StreamQueue(Queue):
                 message.forwarded = [(rep, 0)]
             else:
                 message.forwarded.append((rep, 0))
+        return True
+
+    def enqueueFrom(self, writer, message):
+        """
+        A publish another node of a cluster forwarded, with its ``writer``
+        (``(writer id, sequence)``): appended unless this stream took that
+        sequence already (the node sent it again after a leader change and
+        the old leader had taken and replicated it); True either way (the
+        confirm follows).
+        """
+        wid, seq = writer
+        stream = self.stream
+        writers = stream.writers
+        if writers.get(wid, 0) >= seq:
+            return True
+        writers.pop(wid, None)
+        writers[wid] = seq
+        if len(writers) > MAX_WRITERS:
+            del writers[next(iter(writers))]
+        self.enqueue(message)
+        rep = stream.replicator
+        if rep is not None:
+            rep.writerTaken(wid, seq)
         return True
 
     # --- consumers ----------------------------------------------------------------------

@@ -199,14 +199,15 @@ class LinkProtocol(protocol.Protocol):
         if self._flushCall is None:
             self._flushCall = self.clock.callLater(0, self.flush)
 
-    def forward(self, names, redelivered, message):
+    def forward(self, names, redelivered, message, writer=None):
         """
         Forward ``message`` to a queue there (``names``: its vhost and name,
-        encoded once by the RemoteQueue); its forward number (int).
+        encoded once by the RemoteQueue; ``writer``: a replicated stream's
+        ``(writer id, sequence)``); its forward number (int).
         """
         self._forwarded = True
         self._fwdOut += 1
-        self.send(wire.forwardNamed(names, redelivered, message))
+        self.send(wire.forwardNamed(names, redelivered, message, writer))
         return self._fwdOut
 
     def streamAppend(self, names, count, entries):
@@ -347,9 +348,10 @@ class LinkProtocol(protocol.Protocol):
         if kind == wire.FORWARD:
             vhost, queue, flags = r.string(), r.string(), r.u8()
             ex, rk, props, body = r.message()
+            writer = (r.string(), r.u64()) if flags & 2 else None
             self._fwdIn += 1
             m = Message(ex, rk, props, body)
-            if node.forwarded(self, vhost, queue, bool(flags & 1), m) is False:
+            if node.forwarded(self, vhost, queue, bool(flags & 1), m, writer) is False:
                 self._refusedIn.append(self._fwdIn)
             elif m.forwarded:
                 # taken by a replicated quorum queue here: its SYNCED waits for the followers

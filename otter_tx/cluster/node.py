@@ -495,9 +495,14 @@ class ClusterNode:
             replica.drop()
         self._rebind(vh, replica.name)
         if parked is not None and not parked.flushed:
-            # publishes made here while the queue had no leader: into it now
+            # publishes made here while the queue had no leader: into it now (a stream's that
+            # the old leader had taken and shipped here are not taken twice)
             for message, redelivered in parked.messages:
-                q.enqueue(message, None, redelivered)
+                writer = rq.writerOf(message) if rq is not None else None
+                if writer is not None and getattr(q, "stream", None) is not None:
+                    q.enqueueFrom(writer, message)
+                else:
+                    q.enqueue(message, None, redelivered)
             parked.flush(q.journal.sync())
         for consumer, exclusive, resume in moving:
             consumer.queue = q
@@ -743,11 +748,14 @@ class ClusterNode:
         vh = self._vhost(vhostName)
         return vh.queues.get(name) if vh is not None else None
 
-    def forwarded(self, link, vhostName, name, redelivered, message):
+    def forwarded(self, link, vhostName, name, redelivered, message, writer=None):
         q = self.localQueue(vhostName, name)
         if q is None or q.deleted:
             return
         self.broker.nextMessageId(message)
+        if writer is not None and getattr(q, "stream", None) is not None:
+            # a publish to a replicated stream sent again after a leader change: once only
+            return q.enqueueFrom(writer, message)
         return q.enqueue(message, None, redelivered)
 
     def streamAppended(self, vhostName, name, count, entries):

@@ -12,6 +12,7 @@ back with credit that follows the consumer's prefetch, and settlements
 (basic.get, purge, delete) is a request whose reply fires a Deferred.
 """
 
+import os
 from collections import deque
 
 from twisted.internet import defer
@@ -208,7 +209,10 @@ class RemoteQueue:
                 if parked.park(message, redelivered):
                     return True
             return None
-        n = link.forward(self._names, redelivered, message)
+        if self.replicated and self.isStream:
+            n = link.forward(self._names, redelivered, message, self._writerFor(message))
+        else:
+            n = link.forward(self._names, redelivered, message)
         via = link
         if self.replicated:
             # kept until the leader answers: if it dies first, the publish goes to the next one
@@ -225,6 +229,36 @@ class RemoteQueue:
         return True
 
     _inflight = None
+    _writer = None
+    _writerSeq = 0
+
+    def _writerFor(self, message):
+        """
+        A publish forwarded to a replicated stream's leader: ``(writer id,
+        sequence)``, kept until its leader answered, so that one sent again
+        to a next leader is taken once (RabbitMQ's osiris drops such by the
+        channel's writer id and sequence).
+        """
+        if self._writer is None:
+            self._writer = "%s:%s" % (self.node.name, os.urandom(6).hex())
+            self._writerSeqs = {}
+        self._writerSeq += 1
+        w = (self._writer, self._writerSeq)
+        self._writerSeqs[id(message)] = (message, w)
+        return w
+
+    def writerOf(self, message):
+        """The ``(writer id, sequence)`` a publish was forwarded with, or None."""
+        seqs = getattr(self, "_writerSeqs", None)
+        found = seqs.get(id(message)) if seqs else None
+        return found[1] if found is not None and found[0] is message else None
+
+    def writerAnswered(self, messages):
+        """``messages`` (``[(message, redelivered)]``) were answered by a leader: their sequences go."""
+        seqs = getattr(self, "_writerSeqs", None)
+        if seqs:
+            for m, _ in messages:
+                seqs.pop(id(m), None)
 
     def park(self, messages):
         """``messages`` (``[(message, redelivered)]``) wait for the next leader (:class:`Parked`)."""
@@ -514,9 +548,12 @@ class RemoteQueue:
             # (a link closing: its LinkLost errbacks run before the node hears of it)
             return
         self.parked = None
-        for message, redelivered in parked.messages:
-            link.forward(self._names, redelivered, message)
-        parked.flush(link.sync())
+        messages = parked.messages
+        for message, redelivered in messages:
+            link.forward(self._names, redelivered, message, self.writerOf(message))
+        answer = link.sync()
+        answer.addBoth(lambda r: (self.writerAnswered(messages), r)[1])
+        parked.flush(answer)
 
     _detached = False
 
@@ -683,6 +720,7 @@ class InFlight:
         def answered(_):
             drop = upto - self.base
             if drop > 0:
+                self.rq.writerAnswered(self.messages[:drop])
                 del self.messages[:drop]
                 self.base = upto
             return None

@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from otter_tx.amqp.errors import notFound
-from otter_tx.broker.stream import READ_BYTES, StreamReader
+from otter_tx.broker.stream import MAX_WRITERS, READ_BYTES, StreamReader
 from otter_tx.cluster import wire
 from otter_tx.cluster.replication import Replicator
 from otter_tx.store.log import segments as _seg
@@ -267,11 +267,14 @@ class StreamReplicator(Replicator):
             if backend is not None:
                 # the stream protocol's tracking as it stands (the changes follow as they happen)
                 t = backend.tracking.get(self.vhostName, self.name)
-                if t["sequences"] or t["offsets"]:
-                    # (sequences move as publishes are appended: taken once the follower's log
-                    # holds what is appended so far)
-                    link.send(wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(
-                        {"sequences": t["sequences"], "offsets": t["offsets"], "upTo": stream.next}).encode())))
+            else:
+                t = {"sequences": {}, "offsets": {}}
+            if t["sequences"] or t["offsets"] or stream.writers:
+                # (sequences and writers move as publishes are appended: taken once the
+                # follower's log holds what is appended so far)
+                link.send(wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(
+                    {"sequences": t["sequences"], "offsets": t["offsets"], "writers": stream.writers,
+                     "upTo": stream.next}).encode())))
             epoch = self.epoch
 
             def synced(_):
@@ -295,6 +298,11 @@ class StreamReplicator(Replicator):
             self._stopCatching(follower)
         Replicator.fence(self)
         self._syncNow()
+
+    def writerTaken(self, wid, seq):
+        """A forwarded publish of writer ``wid`` with ``seq`` was appended: the followers learn it with its record."""
+        if self.joined:
+            self.tracked({"writers": {wid: seq}, "upTo": self.stream.next})
 
     def tracked(self, change):
         """The stream protocol's tracking changed (``{"sequences": {...}, "offsets": {...}}``): to the followers."""
@@ -359,6 +367,9 @@ class StreamReplica:
         """The leader's answer to the join: cut or restart the log as it says (nothing is being written)."""
         s = self.stream
         self.heldTracking = []
+        if "reset" in answer or "truncate" in answer:
+            # (records cut: the leader's writers come with its snapshot once this log is level)
+            s.writers.clear()
         if "reset" in answer:
             log.info("cluster: stream {q} replica starts again at {o}", q=self.name, o=answer["reset"])
             s.reset(answer["reset"])
@@ -388,6 +399,19 @@ class StreamReplica:
                 # a publisher sequence of records still to come: taken once this log holds them
                 self.heldTracking.append((epoch, upTo, change))
                 return
+            self._take(change)
+
+    def _take(self, change):
+        writers = change.pop("writers", None)
+        if writers:
+            mine = self.stream.writers
+            for wid, seq in writers.items():
+                if seq > mine.get(wid, 0):
+                    mine.pop(wid, None)
+                    mine[wid] = seq
+            while len(mine) > MAX_WRITERS:
+                del mine[next(iter(mine))]
+        if change.get("sequences") or change.get("offsets"):
             self.manager.streamTracked(self.vhostName, self.name, change)
 
     def _releaseTracking(self, epoch):
@@ -397,7 +421,7 @@ class StreamReplica:
             if e != epoch:
                 continue
             if self.stream.next >= upTo:
-                self.manager.streamTracked(self.vhostName, self.name, change)
+                self._take(change)
             else:
                 keep.append((e, upTo, change))
         self.heldTracking = keep

@@ -65,9 +65,16 @@ def forward(vhost, queue, redelivered, message):
     return forwardNamed(string(vhost) + string(queue), redelivered, message)
 
 
-def forwardNamed(names, redelivered, message):
-    """FORWARD with the vhost and queue already encoded (``names``: ``string(vhost) + string(queue)``)."""
-    return frame(FORWARD, names + (b"\x01" if redelivered else b"\x00") + messagePart(message))
+def forwardNamed(names, redelivered, message, writer=None):
+    """
+    FORWARD with the vhost and queue already encoded (``names``: ``string(vhost) + string(queue)``);
+    ``writer``: ``(writer id, sequence)`` of a publish to a replicated stream (flag 2: the id and a
+    u64 follow the message), by which a new leader drops one the old leader had taken.
+    """
+    if writer is None:
+        return frame(FORWARD, names + (b"\x01" if redelivered else b"\x00") + messagePart(message))
+    return frame(FORWARD, names + (b"\x03" if redelivered else b"\x02") + messagePart(message)
+                 + string(writer[0]) + _Q.pack(writer[1]))
 
 
 def streamAppend(names, count, entries):
@@ -142,7 +149,7 @@ R_UNHOLD = 8   # the buffer's messages are being dead-lettered again (those not 
 #: REPLICATE ops of a stream's leader (otter_tx/cluster/streamrepl.py)
 R_SAPPEND = 9  # u32 count, records: u8 kind (0 ENQ, 1 BATCH), u64 first offset, f64 timestamp (ms),
                # u32 messages, blob (an ENQ record as the log holds it, or a BATCH record's entries)
-R_STRACK = 10  # json {"sequences": {ref: n}, "offsets": {ref: n}}: the stream protocol's tracking changes
+R_STRACK = 10  # json {"sequences", "offsets", "writers", "upTo"}: tracking and forwarded writers (streamrepl.py)
 
 _D = struct.Struct(">d")
 

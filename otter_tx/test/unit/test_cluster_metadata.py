@@ -131,7 +131,7 @@ class _ForwardsNode:
         self.batchers = []
         self.taken = []
 
-    def forwarded(self, link, vhost, queue, redelivered, message):
+    def forwarded(self, link, vhost, queue, redelivered, message, writer=None):
         self.taken.append(message.body)
 
     def linkUp(self, link):

@@ -150,3 +150,37 @@ class RulesTests(SynchronousTestCase):
         self.assertEqual(initialClusterSize({"x-initial-cluster-size": 2}, 3), 2)
         self.assertEqual(initialClusterSize({"x-initial-cluster-size": 5}, 3), 3)
         self.assertEqual(initialClusterSize({"x-initial-cluster-size": "x"}, 3), 3)
+
+
+class WriterTests(SynchronousTestCase):
+    """A publish another node forwards with its writer id and sequence is taken once (StreamQueue.enqueueFrom)."""
+
+    def setUp(self):
+        from otter_tx.broker.broker import Broker
+
+        self.clock = Clock()
+        self.broker = Broker(self.clock, streamDirectory=self.mktemp())
+        self.addCleanup(self.broker.streams.close)
+        vh = self.broker.vhosts["/"]
+        self.q = vh.declareQueue("s", None, durable=True, arguments={"x-queue-type": "stream"})
+
+    def test_sequenceTakenOnce(self):
+        q = self.q
+        self.assertTrue(q.enqueueFrom(("n2:a", 1), message(b"one")))
+        self.assertTrue(q.enqueueFrom(("n2:a", 2), message(b"two")))
+        # sent again after a leader change: confirmed, not appended
+        self.assertTrue(q.enqueueFrom(("n2:a", 2), message(b"two")))
+        self.assertTrue(q.enqueueFrom(("n2:a", 1), message(b"one")))
+        # another writer's sequences are its own
+        self.assertTrue(q.enqueueFrom(("n3:b", 1), message(b"other")))
+        self.clock.advance(0)
+        self.assertEqual(q.stream.committed, 3)
+        self.assertEqual(q.stream.writers, {"n2:a": 2, "n3:b": 1})
+
+    def test_forwardFrameCarriesTheWriter(self):
+        """FORWARD's flag 2: the writer id and sequence follow the message."""
+        frame = wire.forwardNamed(wire.string("/") + wire.string("s"), True, message(b"x"), ("n2:a", 7))
+        r = wire.Reader(frame, 5)
+        self.assertEqual((r.string(), r.string(), r.u8()), ("/", "s", 3))
+        r.message()
+        self.assertEqual((r.string(), r.u64()), ("n2:a", 7))
