@@ -651,6 +651,20 @@ class ClusterNode:
                     counts[rq.home] += 1
         return min(up, key=lambda n: (counts[n], n))
 
+    def _chooseMembers(self, home, size):
+        """
+        A replicated queue's members: ``home`` first, then reachable nodes
+        in turn (new queues spread their followers), ``size(nodes)`` in all
+        (``nodes``: how many there are to choose from, int).
+        """
+        others = sorted(n for n in self.nodes if n != home and n in self.links)
+        if home != self.name:
+            others = sorted(set(others + [self.name]) - {home})
+        count = size(len(others) + 1)
+        start = self._memberTurn % len(others) if others else 0
+        self._memberTurn += 1
+        return [home] + (others[start:] + others[:start])[:count - 1]
+
     @defer.inlineCallbacks
     def declareQueue(self, vhost, name, connection, durable, exclusive, autoDelete, arguments,
                      serverNamed=False):
@@ -665,27 +679,16 @@ class ClusterNode:
         record = {"vhost": vhost.name, "name": name, "node": home, "durable": durable and not exclusive,
                   "auto_delete": autoDelete, "exclusive": exclusive, "arguments": md.toJSON(arguments),
                   "leader": home, "members": [home], "epoch": 1}
-        if queueType(arguments) == QUORUM:
+        kind = queueType(arguments)
+        if kind == QUORUM:
             # members on distinct nodes (x-quorum-initial-group-size, default 3); in sync: the
             # leader, until its followers joined (docs/cluster.md, "Replicated quorum queues")
-            others = sorted(n for n in self.nodes if n != home and n in self.links)
-            if home != self.name:
-                others = sorted(set(others + [self.name]) - {home})
-            size = groupSize(arguments, len(others) + 1)
-            start = self._memberTurn % len(others) if others else 0
-            self._memberTurn += 1
-            record["members"] = [home] + (others[start:] + others[:start])[:size - 1]
+            record["members"] = self._chooseMembers(home, lambda nodes: groupSize(arguments, nodes))
             record["online"] = [home]
-        elif queueType(arguments) == STREAM and not exclusive:
+        elif kind == STREAM and not exclusive:
             # members on distinct nodes (x-initial-cluster-size, default every node, as RabbitMQ
             # 3.10); the leader's records shipped to them (streamrepl.py)
-            others = sorted(n for n in self.nodes if n != home and n in self.links)
-            if home != self.name:
-                others = sorted(set(others + [self.name]) - {home})
-            size = initialClusterSize(arguments, len(others) + 1)
-            start = self._memberTurn % len(others) if others else 0
-            self._memberTurn += 1
-            record["members"] = [home] + (others[start:] + others[:start])[:size - 1]
+            record["members"] = self._chooseMembers(home, lambda nodes: initialClusterSize(arguments, nodes))
             record["online"] = [home]
             record["stream_epochs"] = [[1, 0]]
         key = md.queueKey(vhost.name, name)

@@ -64,6 +64,63 @@ class ClusterCase(TestCase):
     def inThread(self, f, *a):
         return threads.deferToThread(f, *a)
 
+    def publishConfirmed(self, i, name, arguments, count, start=0):
+        """Declare durable queue ``name`` on node ``i`` and publish ``count`` persistent messages ``m<k>`` with confirms."""
+        def run():
+            ch = self.conn(i).channel()
+            ch.queue_declare(name, durable=True, arguments=arguments)
+            ch.confirm_delivery()
+            for k in range(start, start + count):
+                ch.basic_publish("", name, b"m%d" % k, pika.BasicProperties(delivery_mode=2))
+            return True
+
+        return self.inThread(run)
+
+    def publishOutcome(self, i, name, body=b"alone"):
+        """One persistent publish with confirms to queue ``name`` on node ``i``: ``"confirmed"`` or ``"nack"``."""
+        def run():
+            ch = self.conn(i).channel()
+            ch.confirm_delivery()
+            try:
+                ch.basic_publish("", name, body, pika.BasicProperties(delivery_mode=2))
+            except pika.exceptions.NackError:
+                return "nack"
+            return "confirmed"
+
+        return self.inThread(run)
+
+    def kill(self, i):
+        """Node ``i``'s links drop at once, as when its process is SIGKILLed."""
+        n = self.cluster[i]
+        n.running = False
+        for link in list(n.links.values()):
+            link.transport.abortConnection()
+
+
+class RStreamClusterCase(ClusterCase):
+    """A cluster with stream listeners, driven by rstream (CPython only: it needs mmh3)."""
+
+    stream = True
+    #: seconds an asyncio client run may take
+    asyncTimeout = 30
+
+    def setUp(self):
+        import platform
+
+        from twisted.trial.unittest import SkipTest
+
+        from otter_tx.test.interop.support import requireModule
+
+        if platform.python_implementation() != "CPython":
+            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
+        self.rs = requireModule("rstream")
+        return ClusterCase.setUp(self)
+
+    def inAsyncio(self, f):
+        import asyncio
+
+        return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), self.asyncTimeout)))
+
 
 class AcrossNodesTests(ClusterCase):
 

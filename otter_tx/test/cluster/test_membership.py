@@ -29,15 +29,7 @@ class MembershipTests(ClusterCase):
         return None if replica is None else len(replica.entries)
 
     def publish(self, i, count, name="qq", arguments=QUORUM, start=0):
-        def run():
-            ch = self.conn(i).channel()
-            ch.queue_declare(name, durable=True, arguments=arguments)
-            ch.confirm_delivery()
-            for k in range(start, start + count):
-                ch.basic_publish("", name, b"m%d" % k, pika.BasicProperties(delivery_mode=2))
-            return True
-
-        return self.inThread(run)
+        return self.publishConfirmed(i, name, arguments, count, start)
 
     def drain(self, i, name="qq", expect=0):
         def run():

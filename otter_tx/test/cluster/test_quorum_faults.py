@@ -152,27 +152,37 @@ class _Load:
                     pass
 
 
-class QuorumFaultTests(TestCase):
+class ProcessClusterCase(TestCase):
+    """
+    Fault tests on a real cluster (``self.cluster``: 3 twistd nodes and
+    etcd) around one replicated queue or stream named :attr:`queueName`.
+    """
+
     timeout = 300
+    queueName = "rq"
 
     @inlineCallbacks
-    def startQuorum(self, name="rq", etcdMembers=1):
+    def startReplicated(self, arguments, etcdMembers=1, wait=10):
+        """The cluster, and the queue declared on node 1 with all three members in sync: its JSON."""
         self.cluster = cluster = yield startCluster(self, 3, etcdMembers=etcdMembers)
+        name = self.queueName
 
         def declare():
             c = pika.BlockingConnection(params(cluster.nodes[0].amqpPort))
-            c.channel().queue_declare(name, durable=True, arguments=QUORUM)
+            c.channel().queue_declare(name, durable=True, arguments=arguments)
             c.close()
             return waitFor(lambda: (lambda q: q and len(q.get("online", ())) == 3 and q)(
-                queueJSON(cluster.nodes[0], name)), 10)
+                queueJSON(cluster.nodes[0], name)), wait)
 
         q = yield threads.deferToThread(declare)
-        self.assertTrue(q, "the followers did not join within 10 s")
+        self.assertTrue(q, "the followers did not join within %d s\n%s" % (
+            wait, (yield threads.deferToThread(self.clusterLog))))
         self.assertEqual(sorted(q["members"]), ["otter1", "otter2", "otter3"])
         return q
 
     def clusterLog(self):
         """Each node's ``cluster:`` log lines and its view of the queue (printed when a wait fails)."""
+        name = self.queueName
         out = []
         for n in self.cluster.nodes:
             try:
@@ -181,17 +191,41 @@ class QuorumFaultTests(TestCase):
                              if "cluster:" in line or "Traceback" in line or "Error" in line]
             except OSError:
                 lines = []
-            out.append("== %s: %s\n%s" % (n.name, queueJSON(n, "rq") and {
-                k: queueJSON(n, "rq").get(k) for k in ("leader", "members", "online", "state")},
-                "\n".join(lines[-15:])))
+            q = queueJSON(n, name)
+            out.append("== %s: %s\n%s" % (n.name, q and {k: q.get(k) for k in ("leader", "members", "online", "state")},
+                                          "\n".join(lines[-15:])))
         return "\n".join(out)
 
     def index(self, nodeName):
         return int(nodeName[len("otter"):]) - 1
 
-    def leaderSeenBy(self, i, name="rq"):
-        q = queueJSON(self.cluster.nodes[i], name)
+    def leaderSeenBy(self, i, name=None):
+        q = queueJSON(self.cluster.nodes[i], name or self.queueName)
         return q.get("leader") if q else None
+
+    def seed(self, test):
+        """A random seed (``OTTER_FAULT_SEED`` repeats one), printed: ``(seed, random.Random)``."""
+        seed = int(os.environ.get("OTTER_FAULT_SEED") or random.SystemRandom().randrange(2 ** 32))
+        print("%s.%s seed %d (OTTER_FAULT_SEED=%d repeats it)" % (type(self).__name__, test, seed, seed))
+        return seed, random.Random(seed)
+
+    @inlineCallbacks
+    def killLeader(self, seed, victim, wait):
+        """SIGKILL node ``victim`` (the leader): the new leader's name, seen by a survivor within ``wait`` s."""
+        yield self.cluster.nodes[victim].kill(signal.SIGKILL)
+        survivor = (victim + 1) % 3
+        newLeader = yield threads.deferToThread(
+            waitFor, lambda: (lambda n: n if n and self.index(n) != victim else None)(
+                self.leaderSeenBy(survivor)), wait)
+        self.assertIsNotNone(newLeader, "no new leader within %d s (seed %d)\n%s" % (
+            wait, seed, (yield threads.deferToThread(self.clusterLog))))
+        return newLeader
+
+
+class QuorumFaultTests(ProcessClusterCase):
+
+    def startQuorum(self, etcdMembers=1):
+        return self.startReplicated(QUORUM, etcdMembers)
 
     @inlineCallbacks
     def test_leaderKilledUnderLoad(self):
@@ -201,9 +235,7 @@ class QuorumFaultTests(TestCase):
         other nodes, and restarted: a follower takes over each time and every
         confirmed message is received at least once (duplicates counted).
         """
-        seed = int(os.environ.get("OTTER_FAULT_SEED") or random.SystemRandom().randrange(2 ** 32))
-        print("QuorumFaultTests.test_leaderKilledUnderLoad seed %d (OTTER_FAULT_SEED=%d repeats it)" % (seed, seed))
-        rng = random.Random(seed)
+        seed, rng = self.seed("test_leaderKilledUnderLoad")
         yield self.startQuorum()
         nodes = self.cluster.nodes
         state = {"leader": 0}
@@ -223,13 +255,7 @@ class QuorumFaultTests(TestCase):
                 victim = state["leader"]
                 before = len(load.confirmed)
                 killed = time.monotonic()
-                yield nodes[victim].kill(signal.SIGKILL)
-                survivor = (victim + 1) % 3
-                newLeader = yield threads.deferToThread(
-                    waitFor, lambda: (lambda n: n if n and self.index(n) != victim else None)(
-                        self.leaderSeenBy(survivor)), 15)
-                self.assertIsNotNone(newLeader, "no new leader within 15 s (seed %d)\n%s" % (
-                    seed, (yield threads.deferToThread(self.clusterLog))))
+                newLeader = yield self.killLeader(seed, victim, 15)
                 state["leader"] = self.index(newLeader)
                 confirmedAgain = yield threads.deferToThread(
                     waitFor, lambda: len(load.confirmed) > before + 10, 15)

@@ -27,13 +27,6 @@ class ReplicatedQuorumTests(ClusterCase):
         replica = self.cluster[i].replication.replicas.get(("/", name))
         return None if replica is None else len(replica.entries)
 
-    def kill(self, i):
-        """Node ``i``'s links drop at once, as when its process is SIGKILLed."""
-        n = self.cluster[i]
-        n.running = False
-        for link in list(n.links.values()):
-            link.transport.abortConnection()
-
     def publish(self, i, count, name="qq", arguments=QUORUM):
         def run():
             ch = self.conn(i).channel()
@@ -128,16 +121,7 @@ class ReplicatedQuorumTests(ClusterCase):
         self.kill(2)
         yield waitOnReactor(lambda: self.record()["online"] == ["n1"], 5)
 
-        def run():
-            ch = self.conn(0).channel()
-            ch.confirm_delivery()
-            try:
-                ch.basic_publish("", "qq", b"alone", pika.BasicProperties(delivery_mode=2))
-            except pika.exceptions.NackError:
-                return "nack"
-            return "confirmed"
-
-        outcome = yield self.inThread(run)
+        outcome = yield self.publishOutcome(0, "qq")
         self.assertEqual(outcome, "nack")
 
     @inlineCallbacks

@@ -14,10 +14,7 @@ killed node started again catches up as a follower.
 import asyncio
 import base64
 import json
-import os
 import platform
-import random
-import signal
 import time
 import urllib.request
 
@@ -25,11 +22,11 @@ import pika
 import pika.exceptions
 from twisted.internet import reactor, task, threads
 from twisted.internet.defer import inlineCallbacks
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import SkipTest
 
 from otter_tx.cluster import metadata as md
-from otter_tx.test.cluster.test_processes import params, startCluster
-from otter_tx.test.cluster.test_quorum_faults import _Load, queueJSON, waitFor
+from otter_tx.test.cluster.test_processes import params
+from otter_tx.test.cluster.test_quorum_faults import ProcessClusterCase, _Load, queueJSON, waitFor
 
 STREAM = {"x-queue-type": "stream"}
 NAME = "rs"
@@ -141,53 +138,17 @@ def readReplica(port, name, upTo, seconds):
     return asyncio.run(asyncio.wait_for(run(), seconds + 20))
 
 
-class StreamFaultTests(TestCase):
-    timeout = 300
+class StreamFaultTests(ProcessClusterCase):
+    queueName = NAME
 
     @inlineCallbacks
-    def startStream(self, name=NAME):
-        self.cluster = cluster = yield startCluster(self, 3)
-
-        def declare():
-            c = pika.BlockingConnection(params(cluster.nodes[0].amqpPort))
-            c.channel().queue_declare(name, durable=True, arguments=STREAM)
-            c.close()
-            return waitFor(lambda: (lambda q: q and len(q.get("online", ())) == 3 and q)(
-                queueJSON(cluster.nodes[0], name)), 30)
-
-        q = yield threads.deferToThread(declare)
-        self.assertTrue(q, "the followers did not join within 30 s\n%s" % (
-            (yield threads.deferToThread(self.clusterLog)),))
-        self.assertEqual(sorted(q["members"]), ["otter1", "otter2", "otter3"])
+    def startStream(self):
+        q = yield self.startReplicated(STREAM, wait=30)
         self.assertEqual(q["type"], "stream")
         return q
 
-    def clusterLog(self, name=NAME):
-        """Each node's ``cluster:`` log lines and its view of the stream (for a failed wait's message)."""
-        out = ["etcd record: %s" % (etcdRecord(self.cluster, name),)]
-        for n in self.cluster.nodes:
-            try:
-                with open(n.dataDir + ".log", "rb") as f:
-                    lines = [line for line in f.read().decode("utf-8", "replace").splitlines()
-                             if "cluster:" in line or "Traceback" in line or "Error" in line]
-            except OSError:
-                lines = []
-            q = queueJSON(n, name)
-            out.append("== %s: %s\n%s" % (n.name, q and {k: q.get(k) for k in ("leader", "members", "online")},
-                                          "\n".join(lines[-15:])))
-        return "\n".join(out)
-
-    def index(self, nodeName):
-        return int(nodeName[len("otter"):]) - 1
-
-    def leaderSeenBy(self, i, name=NAME):
-        q = queueJSON(self.cluster.nodes[i], name)
-        return q.get("leader") if q else None
-
-    def seed(self, test):
-        seed = int(os.environ.get("OTTER_FAULT_SEED") or random.SystemRandom().randrange(2 ** 32))
-        print("StreamFaultTests.%s seed %d (OTTER_FAULT_SEED=%d repeats it)" % (test, seed, seed))
-        return seed, random.Random(seed)
+    def clusterLog(self):
+        return "etcd record: %s\n%s" % (etcdRecord(self.cluster, NAME), ProcessClusterCase.clusterLog(self))
 
     @inlineCallbacks
     def killLeaderUnderLoad(self, seed, rng, load, publisher, victim):
@@ -197,7 +158,6 @@ class StreamFaultTests(TestCase):
         leader's node (``victim``) is SIGKILLed after a random 1-3 s:
         (victim, the new leader's index).  Publishing goes on until confirms came again.
         """
-        nodes = self.cluster.nodes
         self.addCleanup(load.stop)
         pub = threads.deferToThread(publisher)
         try:
@@ -206,13 +166,7 @@ class StreamFaultTests(TestCase):
                 seed, load.failures[:3]))
             before = len(load.confirmed)
             killed = time.monotonic()
-            yield nodes[victim].kill(signal.SIGKILL)
-            survivor = (victim + 1) % 3
-            newLeader = yield threads.deferToThread(
-                waitFor, lambda: (lambda n: n if n and self.index(n) != victim else None)(
-                    self.leaderSeenBy(survivor)), 30)
-            self.assertIsNotNone(newLeader, "no new leader within 30 s (seed %d)\n%s" % (
-                seed, (yield threads.deferToThread(self.clusterLog))))
+            newLeader = yield self.killLeader(seed, victim, 30)
             again = yield threads.deferToThread(waitFor, lambda: len(load.confirmed) > before + 10, 30)
             self.assertTrue(again, "no confirms within 30 s of the kill (seed %d): %s\n%s" % (
                 seed, load.failures[-3:], (yield threads.deferToThread(self.clusterLog))))

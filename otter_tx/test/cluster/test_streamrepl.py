@@ -5,17 +5,14 @@ in-memory metadata store), driven by pika and rstream.
 """
 
 import asyncio
-import platform
 import time
 
-import pika
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.trial.unittest import SkipTest
 
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster import replication
-from otter_tx.test.cluster.test_inprocess import ClusterCase
-from otter_tx.test.interop.support import requireModule, waitOnReactor
+from otter_tx.test.cluster.test_inprocess import ClusterCase, RStreamClusterCase
+from otter_tx.test.interop.support import waitOnReactor
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -33,23 +30,29 @@ class _StreamCluster(ClusterCase):
         q = self.fixtures[i].broker.vhosts["/"].queues.get(name)
         return None if q is None else q.stream
 
-    def kill(self, i):
-        """Node ``i``'s links drop at once, as when its process is SIGKILLed."""
-        n = self.cluster[i]
-        n.running = False
-        for link in list(n.links.values()):
-            link.transport.abortConnection()
-
     def publish(self, i, count, name="rs", start=0, arguments=STREAM):
-        def run():
-            ch = self.conn(i).channel()
-            ch.queue_declare(name, durable=True, arguments=arguments)
-            ch.confirm_delivery()
-            for k in range(start, start + count):
-                ch.basic_publish("", name, b"m%d" % k, pika.BasicProperties(delivery_mode=2))
-            return True
+        return self.publishConfirmed(i, name, arguments, count, start)
 
-        return self.inThread(run)
+    @inlineCallbacks
+    def holdOut(self, i, name="rs"):
+        """
+        Node ``i``'s replica is dropped by the leader (node 1), as when it
+        stops answering, and does not join again until the function this
+        fires with is called.
+        """
+        manager = self.cluster[i].replication
+        rejoin = manager._maybeJoin
+        manager._maybeJoin = lambda replica: None
+        self.addCleanup(setattr, manager, "_maybeJoin", rejoin)
+        yield self.cluster[0].replication.leading[("/", name)].followerLost("n%d" % (i + 1,))
+
+        def letIn():
+            manager._maybeJoin = rejoin
+            replica = manager.replicas[("/", name)]
+            replica.joinedEpoch = None
+            rejoin(replica)
+
+        return letIn
 
     def consume(self, i, count, name="rs"):
         def run():
@@ -107,17 +110,11 @@ class ReplicatedStreamTests(_StreamCluster):
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         # node 3's replica falls behind: the leader drops it (as when it stops answering), and
         # it joins again only once 300 more messages were confirmed (by the leader and node 2)
-        manager = self.cluster[2].replication
-        rejoin = manager._maybeJoin
-        self.patch(manager, "_maybeJoin", lambda replica: None)
-        yield self.cluster[0].replication.leading[("/", "rs")].followerLost("n3")
+        letIn = yield self.holdOut(2)
         self.assertNotIn("n3", self.record()["online"])
         yield self.publish(0, 300)
         self.assertEqual(self.replicaLog(2).committed, 0)
-        manager._maybeJoin = rejoin
-        replica = manager.replicas[("/", "rs")]
-        replica.joinedEpoch = None
-        rejoin(replica)
+        letIn()
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 10)
         yield self.publish(0, 1, start=300)
         self.assertEqual(self.replicaLog(2).committed, 301)
@@ -158,16 +155,7 @@ class ReplicatedStreamTests(_StreamCluster):
         self.kill(2)
         yield waitOnReactor(lambda: self.record()["online"] == ["n1"], 5)
 
-        def run():
-            ch = self.conn(0).channel()
-            ch.confirm_delivery()
-            try:
-                ch.basic_publish("", "rs", b"alone", pika.BasicProperties(delivery_mode=2))
-            except pika.exceptions.NackError:
-                return "nack"
-            return "confirmed"
-
-        outcome = yield self.inThread(run)
+        outcome = yield self.publishOutcome(0, "rs")
         self.assertEqual(outcome, "nack")
 
     @inlineCallbacks
@@ -202,19 +190,11 @@ class ReplicatedStreamTests(_StreamCluster):
         self.assertEqual(got, [(k, b"m%d" % k) for k in range(13)])
 
 
-class ReplicatedStreamProtocolTests(_StreamCluster):
+class ReplicatedStreamProtocolTests(_StreamCluster, RStreamClusterCase):
     """The stream protocol on a replicated stream: metadata, reads on replicas, tracking."""
 
     stream = True
 
-    def setUp(self):
-        if platform.python_implementation() != "CPython":
-            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
-        self.rs = requireModule("rstream")
-        return ClusterCase.setUp(self)
-
-    def inAsyncio(self, f):
-        return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), 30)))
 
     @inlineCallbacks
     def test_metadataNamesReplicasAndReplicasServeReaders(self):
@@ -335,16 +315,11 @@ class ReplicatedStreamManagementTests(_StreamCluster):
                              ("stream", "n1", ["n1", "n2", "n3"], ["n1", "n2", "n3"]))
 
 
-class PartialMembersTests(_StreamCluster):
+class PartialMembersTests(_StreamCluster, RStreamClusterCase):
     """A stream with fewer members than nodes: the node without a replica forwards to the leader."""
 
     stream = True
 
-    def setUp(self):
-        if platform.python_implementation() != "CPython":
-            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
-        self.rs = requireModule("rstream")
-        return ClusterCase.setUp(self)
 
     @inlineCallbacks
     def test_publishOnNonMemberConfirmedOnceReplicated(self):
@@ -386,7 +361,7 @@ class PartialMembersTests(_StreamCluster):
             finally:
                 await c.close()
 
-        confirmed = yield self.inThread(lambda: asyncio.run(asyncio.wait_for(run(), 30)))
+        confirmed = yield self.inAsyncio(run)
         self.assertEqual(confirmed, list(range(1, 11)))
         # confirmed: the follower holds them already
         self.assertEqual(self.replicaLog(follower).committed, 10)
@@ -401,17 +376,11 @@ class TrackingSnapshotTests(_StreamCluster):
     def test_lateFollowerGetsTracking(self):
         yield self.publish(0, 0)
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
-        manager = self.cluster[2].replication
-        rejoin = manager._maybeJoin
-        self.patch(manager, "_maybeJoin", lambda replica: None)
-        yield self.cluster[0].replication.leading[("/", "rs")].followerLost("n3")
+        letIn = yield self.holdOut(2)
         self.fixtures[0].service.streamFactory.backend.storeOffset("/", "rs", "reader", 7)
         backend3 = self.fixtures[2].service.streamFactory.backend
         self.assertIsNone(backend3.tracking.get("/", "rs")["offsets"].get("reader"))
-        manager._maybeJoin = rejoin
-        replica = manager.replicas[("/", "rs")]
-        replica.joinedEpoch = None
-        rejoin(replica)
+        letIn()
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 10)
         yield waitOnReactor(lambda: backend3.tracking.get("/", "rs")["offsets"].get("reader") == 7, 5)
 

@@ -5,17 +5,15 @@ stream's home.  A stream has one member, its leader at its home node.
 """
 
 import asyncio
-import platform
 import time
 
 import pika
 import pika.exceptions
 from twisted.internet.defer import inlineCallbacks
-from twisted.trial.unittest import SkipTest
 
 from otter_tx.cluster import metadata as md
-from otter_tx.test.cluster.test_inprocess import ClusterCase
-from otter_tx.test.interop.support import requireModule, waitOnReactor
+from otter_tx.test.cluster.test_inprocess import ClusterCase, RStreamClusterCase
+from otter_tx.test.interop.support import waitOnReactor
 
 
 class StreamAcrossNodesTests(ClusterCase):
@@ -178,16 +176,11 @@ class StreamAcrossNodesTests(ClusterCase):
         self.assertTrue(log.deleted)
 
 
-class StreamProtocolInClusterTests(ClusterCase):
+class StreamProtocolInClusterTests(RStreamClusterCase):
     """The stream protocol on every node (rstream): metadata names the leader, at the stream's home."""
 
     stream = True
 
-    def setUp(self):
-        if platform.python_implementation() != "CPython":
-            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
-        self.rs = requireModule("rstream")
-        return ClusterCase.setUp(self)
 
     def inAsyncio(self, f):
         return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), 30)))

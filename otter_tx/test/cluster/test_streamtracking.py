@@ -9,28 +9,21 @@ and the raw client of the interop tests.
 """
 
 import asyncio
-import platform
 
 from twisted.internet.defer import inlineCallbacks
-from twisted.trial.unittest import SkipTest
 
 from otter_tx.stream import wire
-from otter_tx.test.cluster.test_inprocess import ClusterCase
-from otter_tx.test.interop.support import requireModule, waitOnReactor
+from otter_tx.test.cluster.test_inprocess import RStreamClusterCase
+from otter_tx.test.interop.support import waitOnReactor
 
 N = 20
 
 
-class TrackingOnOtherNodeTests(ClusterCase):
+class TrackingOnOtherNodeTests(RStreamClusterCase):
 
     nodes = 2
     stream = True
 
-    def setUp(self):
-        if platform.python_implementation() != "CPython":
-            raise SkipTest("rstream needs mmh3, which does not build on PyPy")
-        self.rs = requireModule("rstream")
-        return ClusterCase.setUp(self)
 
     def inAsyncio(self, f):
         return self.inThread(lambda: asyncio.run(asyncio.wait_for(f(), 40)))
