@@ -827,10 +827,10 @@ class StreamServerProtocol(Protocol):
                 if not chunks:
                     break
                 c = chunks[0]
-                data = c.data
-                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + len(data)))
-                out.append(chunkHeader(c.first, c.count, c.timestamp, data, c.crc))
-                out.append(data)
+                size = c.size
+                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + size))
+                out.append(chunkHeader(c.first, c.count, c.timestamp, None, c.crc, size=size))
+                out.extend(c.parts)
                 sub.offset = c.first + c.count
                 sub.credit -= 1
                 budget -= 1

@@ -52,24 +52,39 @@ from otter_tx.stream import wire
 class Chunk:
     """
     What one write appended: ``count`` messages from offset ``first``, stamped
-    ``timestamp`` (ms), their entries ``data``; ``crc`` is computed once, on
-    first delivery.
+    ``timestamp`` (ms), their entries: ``data`` (bytes), or ``parts`` (bytes-like
+    pieces that ``data`` joins when asked; the door writes them as they are);
+    ``size`` their length; ``crc`` is computed once, on first delivery.
     """
 
-    __slots__ = ("first", "timestamp", "count", "data", "_crc")
+    __slots__ = ("first", "timestamp", "count", "_data", "parts", "size", "_crc")
 
-    def __init__(self, first, timestamp, count, data):
+    def __init__(self, first, timestamp, count, data=None, parts=None):
         self.first = first
         self.timestamp = timestamp
         self.count = count
-        self.data = data
+        if parts is None:
+            parts = [data]
+        self.parts = parts
+        self._data = data
+        self.size = len(data) if data is not None else sum(len(p) for p in parts)
         self._crc = None
+
+    @property
+    def data(self):
+        d = self._data
+        if d is None:
+            d = self._data = b"".join(self.parts)
+        return d
 
     @property
     def crc(self):
         c = self._crc
         if c is None:
-            c = self._crc = zlib.crc32(self.data)
+            c = 0
+            for p in self.parts:
+                c = zlib.crc32(p, c)
+            self._crc = c
         return c
 
 
@@ -571,7 +586,7 @@ class BrokerStreams:
         if cache is not None:
             while len(out) < maxChunks and offset >= log.first:
                 c = cache.get(offset)
-                if c is None or len(c.data) > limit:
+                if c is None or c.size > limit:
                     break
                 out.append(c)
                 offset = c.first + c.count
@@ -582,7 +597,9 @@ class BrokerStreams:
             cache = {}
             self._cache[(vhost, name)] = (log, cache)
         while len(out) < maxChunks:
-            items = r.readRaw(self.chunkMessages, limit)
+            # BATCH entries as views of what the reader read: a chunk is the list of them (no copy
+            # until the door writes it)
+            items = r.readRaw(self.chunkMessages, limit, views=True)
             if not items:
                 break
             count = sum(i[1] for i in items)
@@ -592,7 +609,7 @@ class BrokerStreams:
                 if size >= limit:
                     break
                 # whole records (a read splits one only when it can take nothing else)
-                more = r.readRaw(self.chunkMessages, limit - size, split=False)
+                more = r.readRaw(self.chunkMessages, limit - size, split=False, views=True)
                 if not more:
                     break
                 items += more
@@ -699,11 +716,13 @@ class BrokerStreams:
 def _chunkOf(items):
     """
     One :class:`Chunk` of what a reader read (StreamReader.readRaw): the
-    entries of BATCH records as stored, each AMQP 0-9-1 message converted.
+    entries of BATCH records as stored (the parts of the chunk when that is all
+    it holds), each AMQP 0-9-1 message converted.
     """
     first, n, ts, payload, isBatch = items[0]
-    if isBatch and len(items) == 1:
-        return Chunk(first, int(ts), n, payload)
+    if all(i[4] for i in items):
+        # records as published: their entries are the chunk's, as they are
+        return Chunk(first, int(ts), sum(i[1] for i in items), parts=[i[3] for i in items])
     parts = []
     count = 0
     pack = _chunk._I.pack
