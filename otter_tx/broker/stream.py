@@ -72,29 +72,11 @@ READ_PIECE = 64 * 1024
 MAX_READ_PIECE = 1024 * 1024
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
+#: a reader's ``views`` are memoryviews of the pieces it read on CPython; on PyPy slices
+#: (bytes: its sendmsg and crc32 copy a memoryview first, and a slice copies less)
+_VIEWS = sys.implementation.name != "pypy"
 
 
-def _preadInto(f, size, pos):
-    """
-    Up to ``size`` bytes of the unbuffered file ``f`` at ``pos``, in a new
-    bytearray (PyPy: its ``os.pread`` of a large piece runs at about 2 GB/s,
-    a ``readinto`` at several times that).
-    """
-    buf = bytearray(size)
-    f.seek(pos)
-    n = f.readinto(buf) or 0
-    if n < size:
-        del buf[n:]
-    return buf
-
-
-def _pread(f, size, pos):
-    """Up to ``size`` bytes of the unbuffered file ``f`` at ``pos`` (bytes)."""
-    return os.pread(f.fileno(), size, pos)
-
-
-#: how a reader reads a piece of a segment file (the faster on this interpreter)
-_readPiece = _preadInto if sys.implementation.name == "pypy" else _pread
 
 class OffsetSpec:
     """
@@ -869,15 +851,16 @@ class StreamReader:
         timestampMs, payload, isBatch)``: for an ENQ record ``n`` is 1 and
         ``payload`` its decoded fields (None without ``decode``); for (part
         of) a BATCH record, ``n`` messages and ``payload`` their entries (bytes,
-        as the stream client published them; a memoryview of the piece read
-        with ``views``).  Records of a chunk are contiguous and a chunk header
-        starts with :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a
-        record length it would be over 1 GB, which no record is), so the
-        cursor walks records and steps over the headers it meets without
-        knowing where chunks end.
+        as the stream client published them; with ``views`` a list of buffers
+        that hold them in order, views of the pieces read and pieces).
+        Records of a chunk are contiguous and a chunk header starts with
+        :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a record length
+        it would be over 1 GB, which no record is), so the cursor walks
+        records and steps over the headers it meets without knowing where
+        chunks end.
         """
-        f = self._f
-        pread = _readPiece
+        fd = self._f.fileno()
+        pread = os.pread
         out = []
         total = 0
         size = 0
@@ -897,7 +880,7 @@ class StreamReader:
             buf = None
         while total < limit and self._cursorOffset < committed and not full:
             if buf is None:
-                buf = pread(f, self._piece, self._pos)
+                buf = pread(fd, self._piece, self._pos)
                 self._buf = buf
                 self._bufPos = self._pos
                 self._bufCommitted = self.stream.log.committed
@@ -913,11 +896,46 @@ class StreamReader:
                     continue
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
+                    if (views or not decode) and kind == BATCH and not self._skip and p + batchSize <= n:
+                        _, _, _, ts, count = batchHead(buf, p)
+                        esize = 4 + length - batchSize
+                        if count <= limit - total and (maxBytes is None or size + esize <= maxBytes):
+                            # a whole BATCH record larger than what the piece holds of it: its
+                            # entries are the rest of the piece and pieces read on from the file
+                            # (no large string: PyPy makes and collects those slowly)
+                            end = self._bufPos + p + 4 + length
+                            if decode:
+                                parts = []
+                                if p + batchSize < n:
+                                    parts.append(memoryview(buf)[p + batchSize:] if _VIEWS else buf[p + batchSize:])
+                                at = self._bufPos + n
+                                while at < end:
+                                    piece = pread(fd, min(READ_PIECE, end - at), at)
+                                    if not piece:
+                                        break
+                                    parts.append(piece)
+                                    at += len(piece)
+                                if at < end:
+                                    break
+                            else:
+                                parts = None
+                            out.append((self._cursorOffset, count, ts, parts, True))
+                            self._cursorOffset += count
+                            total += count
+                            size += esize
+                            p += 4 + length
+                            if maxBytes is not None and size >= maxBytes:
+                                full = True
+                            break
+                        if total or not split:
+                            # not taken whole, and not split (as below): for the next read
+                            full = True
+                            break
                     if p == p0 and p0 == 0:
                         # one record larger than a piece (BATCH records of large messages):
                         # read it whole, and larger pieces from now on
                         self._piece = min(max(self._piece, 2 * (4 + length)), MAX_READ_PIECE)
-                        buf = pread(f, max(4 + length, self._piece), self._pos)
+                        buf = pread(fd, max(4 + length, self._piece), self._pos)
                         self._buf = buf
                         n = len(buf)
                         if n < 4 + length:
@@ -962,7 +980,7 @@ class StreamReader:
                         if not decode:
                             payload = None
                         elif views:
-                            payload = memoryview(buf)[q:r]
+                            payload = [memoryview(buf)[q:r] if _VIEWS else buf[q:r]]
                         else:
                             payload = buf[q:r]
                         out.append((self._cursorOffset, m, ts, payload, True))
@@ -1004,8 +1022,9 @@ class StreamReader:
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
         payload, isBatch)``); ``[]`` when there is nothing (yet).  With ``split``
         False, a BATCH record that does not fit is left whole for the next read.  With
-        ``views`` a BATCH record's entries are a memoryview of the bytes read (no copy;
-        it holds the piece read, up to :data:`MAX_READ_PIECE` bytes), else bytes.
+        ``views`` a BATCH record's entries are a list of buffers that hold them in
+        order (views of the pieces read, no copy; none larger than :data:`READ_PIECE`
+        when the record is larger), else bytes.
         """
         if self.closed or self.stream.deleted:
             return []

@@ -605,7 +605,7 @@ class BrokerStreams:
             count = sum(i[1] for i in items)
             while count + self.chunkMessages <= self.rawChunkMessages and all(i[4] for i in items):
                 # records as published: join more of them (a chunk's count costs nothing)
-                size = sum(len(i[3]) for i in items)
+                size = sum(len(b) for i in items for b in i[3])
                 if size >= limit:
                     break
                 # whole records (a read splits one only when it can take nothing else)
@@ -632,7 +632,7 @@ class BrokerStreams:
         out = []
         try:
             while True:
-                items = r.readRaw(256)
+                items = r.readRaw(256, views=True)
                 if not items:
                     return out
                 c = _chunkOf(items)
@@ -715,20 +715,20 @@ class BrokerStreams:
 
 def _chunkOf(items):
     """
-    One :class:`Chunk` of what a reader read (StreamReader.readRaw): the
+    One :class:`Chunk` of what a reader read (StreamReader.readRaw with ``views``): the
     entries of BATCH records as stored (the parts of the chunk when that is all
     it holds), each AMQP 0-9-1 message converted.
     """
     first, n, ts, payload, isBatch = items[0]
     if all(i[4] for i in items):
         # records as published: their entries are the chunk's, as they are
-        return Chunk(first, int(ts), sum(i[1] for i in items), parts=[i[3] for i in items])
+        return Chunk(first, int(ts), sum(i[1] for i in items), parts=[b for i in items for b in i[3]])
     parts = []
     count = 0
     pack = _chunk._I.pack
     for _, n, _, payload, isBatch in items:
         if isBatch:
-            parts.append(payload)
+            parts.extend(payload)
         else:
             m = payload
             data = _fromMessage(Message(m[5].decode("utf-8", "surrogateescape"),
