@@ -7,6 +7,8 @@ contract where it applies.  test_interop_streams checks the wire rules
 against RabbitMQ 3.10.
 """
 
+import os
+
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -388,6 +390,68 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertEqual(r.offset, 0)
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(5, split=False)], [])
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(10, split=False)], [(0, 10)])
+
+    def readViews(self, r, step, maxBytes=None):
+        """Everything ``r`` reads with views: ``[(offset, n, entries)]`` (the buffers joined)."""
+        got = []
+        while True:
+            items = r.readRaw(step, maxBytes, views=True)
+            if not items:
+                return got
+            for o, n, _, payload, isBatch in items:
+                self.assertTrue(isBatch)
+                self.assertIsInstance(payload, list)
+                got.append((o, n, b"".join(payload)))
+
+    def test_views(self):
+        """readRaw with views: a batch's entries as buffers (views of the pieces read), the same bytes."""
+        from otter_tx.broker import stream as streamModule
+
+        log = self.open()
+        self.batch(log, 100, size=1024)     # a record larger than a piece
+        self.batch(log, 10)
+        self.batch(log, 3, size=100000)
+        self.batch(log, 200, size=20)
+        n = len(self.expected)
+        for start in (0, 1, 99, 100, 105, 110, 112, 113, 200):
+            for step, maxBytes in ((1, None), (7, None), (512, None), (4096, 10000), (4096, None)):
+                got = self.readViews(log.reader(start), step, maxBytes)
+                self.assertEqual([o for o, _, _ in got][0], start)
+                self.assertEqual(sum(k for _, k, _ in got), n - start, (start, step, maxBytes))
+                self.assertEqual(b"".join(e for _, _, e in got), entries(self.expected[start:]))
+        # a whole record larger than the piece is read in pieces of at most READ_PIECE bytes
+        r = log.reader(110)
+        [(o, k, _, parts, _)] = r.readRaw(3, views=True)
+        self.assertEqual((o, k), (110, 3))
+        self.assertGreater(len(parts), 3)
+        self.assertLessEqual(max(len(b) for b in parts), streamModule.READ_PIECE)
+
+    def test_pieceKeptForTheNextRead(self):
+        """A reader's next read starts in the piece it read last: small records are read once."""
+        from otter_tx.broker import stream as streamModule
+
+        log = self.open()
+        for _ in range(40):
+            self.batch(log, 100)
+        reads = []
+        real = os.pread
+
+        def pread(fd, n, pos):
+            reads.append(n)
+            return real(fd, n, pos)
+
+        self.patch(streamModule.os, "pread", pread)
+        r = log.reader("first")
+        got = self.readViews(r, 250)
+        self.assertEqual(sum(k for _, k, _ in got), 4000)
+        # 4000 messages of 12 bytes and their record heads are about 70 KiB: two pieces
+        # (and the first read's index look-up), not one a read
+        self.assertLessEqual(len(reads), 4)
+        # what is committed later is read (the piece of before is not trusted past its end)
+        self.batch(log, 5)
+        got = self.readViews(r, 250)
+        self.assertEqual([(o, k) for o, k, _ in got], [(4000, 5)])
+        self.assertEqual(got[0][2], entries(self.expected[4000:]))
 
     def test_reopen(self):
         """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""
