@@ -35,6 +35,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import zlib
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -68,6 +69,8 @@ READ_BATCH = 128
 READ_BYTES = 1024 * 1024
 #: bytes read from a segment file at a time (a larger record is read whole)
 READ_PIECE = 64 * 1024
+#: what a reader reads after a record it left in the file (FileRange): the next record's head
+HEAD_PIECE = 4096
 #: the most a reader reads at a time after meeting records larger than READ_PIECE
 MAX_READ_PIECE = 1024 * 1024
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
@@ -75,6 +78,70 @@ _BE_U32 = struct.Struct(">I")
 #: a reader's ``views`` are memoryviews of the pieces it read on CPython; on PyPy slices
 #: (bytes: its sendmsg and crc32 copy a memoryview first, and a slice copies less)
 _VIEWS = sys.implementation.name != "pypy"
+#: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
+#: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
+RANGES = sys.implementation.name == "pypy"
+
+
+class FileRange:
+    """
+    ``size`` bytes of the open (unbuffered) file ``f`` at ``pos``, not read:
+    what a :class:`StreamReader` gives with ``ranges`` for the entries of a
+    large BATCH record. Valid while ``f`` is open (a closed file raises
+    ValueError rather than reading another).
+    """
+
+    __slots__ = ("f", "pos", "size")
+
+    def __init__(self, f, pos, size):
+        self.f = f
+        self.pos = pos
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __repr__(self):
+        return "<FileRange %d+%d>" % (self.pos, self.size)
+
+    def pieces(self, start=0):
+        """Its bytes from ``start`` on, in pieces of at most :data:`READ_PIECE` bytes."""
+        fd = self.f.fileno()
+        at = self.pos + start
+        end = self.pos + self.size
+        while at < end:
+            piece = os.pread(fd, min(READ_PIECE, end - at), at)
+            if not piece:
+                raise OSError("segment file shorter than its record")
+            yield piece
+            at += len(piece)
+
+    def read(self, start=0):
+        """Its bytes from ``start`` on (bytes)."""
+        return b"".join(self.pieces(start))
+
+    def crc32(self, crc=0):
+        """``zlib.crc32`` of its bytes, from ``crc``, read into scratch buffers (nothing to collect)."""
+        f = self.f
+        at = self.pos
+        end = self.pos + self.size
+        while at < end:
+            n = min(READ_PIECE, end - at)
+            buf = _scratch.get(n)
+            if buf is None:
+                if len(_scratch) >= 16:
+                    _scratch.clear()
+                buf = _scratch[n] = bytearray(n)
+            f.seek(at)
+            if f.readinto(buf) != n:
+                raise OSError("segment file shorter than its record")
+            crc = zlib.crc32(buf, crc)
+            at += n
+        return crc
+
+
+#: bytearrays FileRange.crc32 reads into, by size (the reactor thread's only)
+_scratch = {}
 
 
 
@@ -784,6 +851,8 @@ class StreamReader:
         self._buf = None
         self._bufPos = 0
         self._bufCommitted = None
+        # FileRanges of the open file were handed out
+        self._lent = False
         self.closed = False
 
     def close(self):
@@ -792,9 +861,11 @@ class StreamReader:
         self._drop()
 
     def _drop(self):
-        if self._f is not None:
+        if self._f is not None and not self._lent:
             self._f.close()
+        # a file that FileRanges were made of is theirs now: closed when they are gone
         self._f = None
+        self._lent = False
         self._seg = None
         self._buf = None
 
@@ -844,7 +915,7 @@ class StreamReader:
             skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True, split=True, views=False):
+    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False):
         """
         Up to ``limit`` messages from the cursor within one segment, as
         ``(items, count, bytes)``; advances it.  An item is ``(offset, n,
@@ -878,9 +949,11 @@ class StreamReader:
             # a piece read before more was committed may end with bytes of a write not yet
             # committed then (rolled back and written again since): read again
             buf = None
+        pieceSize = self._piece
         while total < limit and self._cursorOffset < committed and not full:
             if buf is None:
-                buf = pread(fd, self._piece, self._pos)
+                buf = pread(fd, pieceSize, self._pos)
+                pieceSize = self._piece
                 self._buf = buf
                 self._bufPos = self._pos
                 self._bufCommitted = self.stream.log.committed
@@ -902,9 +975,16 @@ class StreamReader:
                         if count <= limit - total and (maxBytes is None or size + esize <= maxBytes):
                             # a whole BATCH record larger than what the piece holds of it: its
                             # entries are the rest of the piece and pieces read on from the file
-                            # (no large string: PyPy makes and collects those slowly)
+                            # (no large string: PyPy makes and collects those slowly), or a
+                            # FileRange (``ranges``)
                             end = self._bufPos + p + 4 + length
-                            if decode:
+                            if decode and ranges:
+                                # all of them left in the file; the next piece is small (a record
+                                # head, most likely of another large record)
+                                parts = [FileRange(self._f, self._bufPos + p + batchSize, esize)]
+                                self._lent = True
+                                pieceSize = HEAD_PIECE
+                            elif decode:
                                 parts = []
                                 if p + batchSize < n:
                                     parts.append(memoryview(buf)[p + batchSize:] if _VIEWS else buf[p + batchSize:])
@@ -1016,7 +1096,7 @@ class StreamReader:
         self._full = full
         return out, total, size
 
-    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False):
+    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False, ranges=False):
         """
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
@@ -1024,7 +1104,8 @@ class StreamReader:
         False, a BATCH record that does not fit is left whole for the next read.  With
         ``views`` a BATCH record's entries are a list of buffers that hold them in
         order (views of the pieces read, no copy; none larger than :data:`READ_PIECE`
-        when the record is larger), else bytes.
+        when the record is larger; with ``ranges`` too, the rest of such a record
+        is a :class:`FileRange`, not read), else bytes.
         """
         if self.closed or self.stream.deleted:
             return []
@@ -1039,7 +1120,7 @@ class StreamReader:
                     self._cursorOffset != self.offset:
                 if not self._seek():
                     break
-            recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views)
+            recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views, ranges=ranges)
             if maxBytes is not None:
                 maxBytes -= size
             if n:

@@ -13,6 +13,8 @@ reactor. A subscription only gets chunks while it has credit (one credit =
 one chunk, as RabbitMQ).
 """
 
+import os
+
 from twisted.application.service import Service
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
@@ -22,6 +24,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
+from otter_tx.broker.stream import FileRange
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -55,36 +58,75 @@ def _socketOf(transport):
     return transport.socket
 
 
+def _asBytes(p):
+    t = type(p)
+    if t is bytes:
+        return p
+    if t is FileRange:
+        return p.read()
+    return bytes(p)
+
+
 def writeDirect(transport, parts):
     """
-    Write ``parts`` (bytes-like) to ``transport`` in order, with one
-    ``sendmsg`` straight to its socket when :func:`_socketOf` allows (Twisted's
-    own write joins what it buffers into one string and sends 128 KiB a reactor
-    turn; a stream chunk is up to half a MiB), the rest (all of it when the
-    socket is not writable or not available) through the transport's buffer.
-    Returns True when everything went out now.
+    Write ``parts`` (bytes-like, or :class:`~otter_tx.broker.stream.FileRange`
+    s: bytes of a segment file) to ``transport`` in order: straight to its
+    socket when :func:`_socketOf` allows (Twisted's own write joins what it
+    buffers into one string and sends 128 KiB a reactor turn; a stream chunk is
+    up to half a MiB), buffers with one ``sendmsg``, file ranges with
+    ``sendfile``; the rest (all of it when the socket is not writable or not
+    available) through the transport's buffer, read into bytes. Returns True
+    when everything went out now.
     """
+    sock = _socketOf(transport)
+    i = 0
     sent = 0
-    sock = _socketOf(transport) if len(parts) <= _MAX_PARTS else None
     if sock is not None:
-        try:
-            sent = sock.sendmsg(parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            # the transport's own write meets the error and closes the connection
-            sent = 0
-    if sent:
-        i = 0
-        while i < len(parts) and sent >= len(parts[i]):
-            sent -= len(parts[i])
+        n = len(parts)
+        while i < n:
+            # the buffers up to the next file range: one sendmsg
+            j = i
+            while j < n and type(parts[j]) is not FileRange and j - i < _MAX_PARTS:
+                j += 1
+            if j > i:
+                run = parts[i:j]
+                try:
+                    sent = sock.sendmsg(run)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    # the transport's own write meets the error and closes the connection
+                    sent = 0
+                while i < j and sent >= len(parts[i]):
+                    sent -= len(parts[i])
+                    i += 1
+                if i < j:
+                    break
+                sent = 0
+                continue
+            r = parts[i]
+            try:
+                fd = r.f.fileno()
+                while sent < r.size:
+                    k = os.sendfile(sock.fileno(), fd, r.pos + sent, r.size - sent)
+                    if not k:
+                        break
+                    sent += k
+            except (BlockingIOError, InterruptedError):
+                pass
+            except (OSError, ValueError):
+                pass
+            if sent < r.size:
+                break
             i += 1
-        if i == len(parts):
+            sent = 0
+        if i == n:
             return True
-        rest = [memoryview(parts[i])[sent:]] + list(parts[i + 1:])
-    else:
-        rest = parts
-    transport.writeSequence([p if type(p) is bytes else bytes(p) for p in rest])
+    rest = parts[i:]
+    if sent:
+        p = rest[0]
+        rest[0] = p.read(sent) if type(p) is FileRange else memoryview(p)[sent:]
+    transport.writeSequence([_asBytes(p) for p in rest])
     return False
 
 
@@ -830,7 +872,11 @@ class StreamServerProtocol(Protocol):
                 size = c.size
                 out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + size))
                 out.append(chunkHeader(c.first, c.count, c.timestamp, None, c.crc, size=size))
-                out.extend(c.parts)
+                if direct:
+                    out.extend(c.parts)
+                else:
+                    # file ranges are read now (the reader goes on and may close its file)
+                    out.extend([_asBytes(p) if type(p) is FileRange else p for p in c.parts])
                 sub.offset = c.first + c.count
                 sub.credit -= 1
                 budget -= 1
@@ -851,7 +897,7 @@ class StreamServerProtocol(Protocol):
                 more = True
                 break
         if out:
-            transport.writeSequence([p if type(p) is bytes else bytes(p) for p in out])
+            transport.writeSequence([_asBytes(p) for p in out])
             self._lastSent = self.clock.seconds()
         if more:
             self._schedulePump()

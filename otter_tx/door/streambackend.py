@@ -43,7 +43,7 @@ import zlib
 from twisted.internet import defer
 
 from otter_tx.broker.message import Message
-from otter_tx.broker.stream import declareStream, deleteStream, findStream
+from otter_tx.broker.stream import RANGES, FileRange, declareStream, deleteStream, findStream
 from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
@@ -54,7 +54,9 @@ class Chunk:
     What one write appended: ``count`` messages from offset ``first``, stamped
     ``timestamp`` (ms), their entries: ``data`` (bytes), or ``parts`` (bytes-like
     pieces that ``data`` joins when asked; the door writes them as they are);
-    ``size`` their length; ``crc`` is computed once, on first delivery.
+    ``size`` their length; ``crc`` is computed once, on first delivery. A part
+    may be a :class:`~otter_tx.broker.stream.FileRange` (bytes left in a segment
+    file: the door sends them with ``sendfile``).
     """
 
     __slots__ = ("first", "timestamp", "count", "_data", "parts", "size", "_crc")
@@ -74,7 +76,7 @@ class Chunk:
     def data(self):
         d = self._data
         if d is None:
-            d = self._data = b"".join(self.parts)
+            d = self._data = b"".join([p.read() if type(p) is FileRange else p for p in self.parts])
         return d
 
     @property
@@ -83,9 +85,17 @@ class Chunk:
         if c is None:
             c = 0
             for p in self.parts:
-                c = zlib.crc32(p, c)
+                if type(p) is FileRange:
+                    c = p.crc32(c)
+                else:
+                    c = zlib.crc32(p, c)
             self._crc = c
         return c
+
+    @property
+    def transient(self):
+        """True when parts are FileRanges of a reader's file: written at once, not kept."""
+        return any(type(p) is FileRange for p in self.parts)
 
 
 class _Stream:
@@ -382,6 +392,9 @@ class BrokerStreams:
     #: chunks kept per stream for readers in step (at most this many times chunkBytes)
     cacheChunks = 16
     chunkBytes = 512 * 1024
+    #: large records are left in the segment file (FileRange parts, sent with sendfile; a chunk
+    #: with them is written at once and not cached); on PyPy
+    ranges = RANGES
 
     def __init__(self, broker, clock, directory=None):
         self.broker = broker
@@ -599,7 +612,7 @@ class BrokerStreams:
         while len(out) < maxChunks:
             # BATCH entries as views of what the reader read: a chunk is the list of them (no copy
             # until the door writes it)
-            items = r.readRaw(self.chunkMessages, limit, views=True)
+            items = r.readRaw(self.chunkMessages, limit, views=True, ranges=self.ranges)
             if not items:
                 break
             count = sum(i[1] for i in items)
@@ -609,13 +622,16 @@ class BrokerStreams:
                 if size >= limit:
                     break
                 # whole records (a read splits one only when it can take nothing else)
-                more = r.readRaw(self.chunkMessages, limit - size, split=False, views=True)
+                more = r.readRaw(self.chunkMessages, limit - size, split=False, views=True, ranges=self.ranges)
                 if not more:
                     break
                 items += more
                 count += sum(i[1] for i in more)
             c = _chunkOf(items)
             out.append(c)
+            if c.transient:
+                # bytes left in the reader's file: the caller writes them now, nobody keeps them
+                break
             cache[c.first] = c
             while len(cache) > self.cacheChunks:
                 del cache[next(iter(cache))]
