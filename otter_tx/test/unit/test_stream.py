@@ -426,6 +426,42 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertGreater(len(parts), 3)
         self.assertLessEqual(max(len(b) for b in parts), streamModule.READ_PIECE)
 
+    def test_ranges(self):
+        """
+        readRaw with ranges: a record larger than a piece is a FileRange of the segment file (its
+        bytes, its CRC), valid after the reader has moved on to another segment.
+        """
+        import zlib
+
+        from otter_tx.broker.stream import FileRange
+
+        log = self.open(segmentBytes=150000)
+        self.batch(log, 100, size=1024)
+        self.batch(log, 10)
+        self.batch(log, 100, size=1024)
+        self.batch(log, 100, size=1024)
+        self.assertGreater(len(log.log.segments), 1)
+        r = log.reader("first")
+        got = []
+        while True:
+            items = r.readRaw(4096, None, views=True, ranges=True)
+            if not items:
+                break
+            got.extend(items)
+        ranges = [b for i in got for b in i[3] if type(b) is FileRange]
+        self.assertEqual(len(ranges), 3)
+        data = b"".join(b.read() if type(b) is FileRange else bytes(b) for i in got for b in i[3])
+        self.assertEqual(data, entries(self.expected))
+        self.assertEqual([(o, k) for o, k, _, _, _ in got], [(0, 100), (100, 10), (110, 100), (210, 100)])
+        for b in ranges:
+            self.assertEqual(b.crc32(), zlib.crc32(b.read()))
+            self.assertEqual(b.crc32(7), zlib.crc32(b.read(), 7))
+            self.assertEqual(b.read(1000), b.read()[1000:])
+            self.assertEqual(len(b), len(b.read()))
+        r.close()
+        # the reader closed its own file, not those lent to the ranges
+        self.assertEqual(ranges[0].read(), entries(self.expected[:100]))
+
     def test_pieceKeptForTheNextRead(self):
         """A reader's next read starts in the piece it read last: small records are read once."""
         from otter_tx.broker import stream as streamModule

@@ -199,3 +199,78 @@ class DoorOnSocketTests(SynchronousTestCase):
         self.assertFalse(c.proto.paused)
         self.assertEqual([first for first, _ in got], sorted(first for first, _ in got))
         self.assertEqual([m for _, ms in got for m in ms], msgs)
+
+
+class FileRangeTests(SynchronousTestCase):
+    """Parts that are bytes of a file (FileRange) go out with sendfile, or are read when they cannot."""
+
+    def setUp(self):
+        from otter_tx.broker.stream import FileRange
+
+        path = self.mktemp()
+        self.content = bytes(range(256)) * 4000
+        with open(path, "wb") as f:
+            f.write(self.content)
+        self.f = open(path, "rb", buffering=0)
+        self.addCleanup(self.f.close)
+        self.FileRange = FileRange
+
+    def test_sendfile(self):
+        conn, other, reactor = socketTransport(self)
+        r = self.FileRange(self.f, 1000, 5000)
+        self.assertTrue(door.writeDirect(conn, [b"head", r, b"mid", self.FileRange(self.f, 0, 10), b"end"]))
+        self.assertEqual(drain(conn, other, reactor),
+                         b"head" + self.content[1000:6000] + b"mid" + self.content[:10] + b"end")
+
+    def test_socketFull(self):
+        """The rest of a range the socket did not take is read and waits in the transport's buffer."""
+        conn, other, reactor = socketTransport(self, sndbuf=4096)
+        parts = [b"h" * 100, self.FileRange(self.f, 0, len(self.content)), b"tail",
+                 self.FileRange(self.f, 5, 100)]
+        self.assertFalse(door.writeDirect(conn, parts))
+        self.assertTrue(all(type(p) is bytes for p in conn._tempDataBuffer))
+        self.assertEqual(drain(conn, other, reactor), b"h" * 100 + self.content + b"tail" + self.content[5:105])
+
+    def test_otherTransports(self):
+        t = StringTransport()
+        self.assertFalse(door.writeDirect(t, [b"a", self.FileRange(self.f, 3, 4), b"b"]))
+        self.assertEqual(t.value(), b"a" + self.content[3:7] + b"b")
+
+    def test_closedFile(self):
+        """A range of a closed file is never another file's bytes: the write fails loudly."""
+        t = StringTransport()
+        r = self.FileRange(self.f, 0, 10)
+        self.f.close()
+        self.assertRaises(ValueError, door.writeDirect, t, [r])
+
+
+class BrokerDoorOnSocketTests(DoorOnSocketTests):
+    """The same on the broker's streams, large records left in the file (FileRange, sendfile)."""
+
+    def setUp(self):
+        from otter_tx.door.streambackend import BrokerStreams
+
+        self.clock = Clock()
+        self.broker = Broker(self.clock, memoryHighWatermark=None)
+        self.backend = BrokerStreams(self.broker, self.clock)
+        self.backend.ranges = True
+        self.factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0)
+        self.addCleanup(self.broker.streams.close)
+
+    def publish(self, c, count, size):
+        msgs = DoorOnSocketTests.publish(self, c, count, size)
+        for _ in range(5):
+            self.clock.advance(0)
+        return msgs
+
+    def test_overStringTransport(self):
+        """A test transport gets the ranges read (the door's own write path)."""
+        c = Client(self.factory, self.clock)
+        self.assertEqual(c.handshake(), wire.OK)
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        msgs = self.publish(c, 300, 3000)
+        c.read()
+        c.subscribe(1, "s", credit=100)
+        got = c.deliveries()
+        self.assertEqual([m for _, _, ms in got for m in ms], msgs)
