@@ -75,9 +75,6 @@ HEAD_PIECE = 4096
 MAX_READ_PIECE = 1024 * 1024
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
-#: a reader's ``views`` are memoryviews of the pieces it read on CPython; on PyPy slices
-#: (bytes: its sendmsg and crc32 copy a memoryview first, and a slice copies less)
-_VIEWS = sys.implementation.name != "pypy"
 #: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
 #: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
 RANGES = sys.implementation.name == "pypy"
@@ -969,12 +966,13 @@ class StreamReader:
                     continue
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
-                    if (views or not decode) and kind == BATCH and not self._skip and p + batchSize <= n:
+                    if (views or not decode) and kind == BATCH and 4 + length > READ_PIECE and not self._skip \
+                            and p + batchSize <= n:
                         _, _, _, ts, count = batchHead(buf, p)
                         esize = 4 + length - batchSize
                         if count <= limit - total and (maxBytes is None or size + esize <= maxBytes):
-                            # a whole BATCH record larger than what the piece holds of it: its
-                            # entries are the rest of the piece and pieces read on from the file
+                            # a whole BATCH record larger than a piece: its entries are the
+                            # rest of the piece and pieces read on from the file
                             # (no large string: PyPy makes and collects those slowly), or a
                             # FileRange (``ranges``)
                             end = self._bufPos + p + 4 + length
@@ -987,7 +985,7 @@ class StreamReader:
                             elif decode:
                                 parts = []
                                 if p + batchSize < n:
-                                    parts.append(memoryview(buf)[p + batchSize:] if _VIEWS else buf[p + batchSize:])
+                                    parts.append(memoryview(buf)[p + batchSize:])
                                 at = self._bufPos + n
                                 while at < end:
                                     piece = pread(fd, min(READ_PIECE, end - at), at)
@@ -1060,7 +1058,7 @@ class StreamReader:
                         if not decode:
                             payload = None
                         elif views:
-                            payload = [memoryview(buf)[q:r] if _VIEWS else buf[q:r]]
+                            payload = [memoryview(buf)[q:r]]
                         else:
                             payload = buf[q:r]
                         out.append((self._cursorOffset, m, ts, payload, True))

@@ -729,6 +729,10 @@ class BrokerStreams:
                 "committed_chunk_id": log.last if log.last is not None else log.first}
 
 
+#: a chunk whose parts are smaller than this on average is joined into one string
+_SMALL_PART = 16 * 1024
+
+
 def _chunkOf(items):
     """
     One :class:`Chunk` of what a reader read (StreamReader.readRaw with ``views``): the
@@ -737,8 +741,14 @@ def _chunkOf(items):
     """
     first, n, ts, payload, isBatch = items[0]
     if all(i[4] for i in items):
-        # records as published: their entries are the chunk's, as they are
-        return Chunk(first, int(ts), sum(i[1] for i in items), parts=[b for i in items for b in i[3]])
+        # records as published: their entries are the chunk's, as they are (small ones joined:
+        # many small buffers cost more a buffer than a copy, in sendmsg and crc32 on PyPy)
+        parts = [b for i in items for b in i[3]]
+        count = sum(i[1] for i in items)
+        if len(parts) > 1 and not any(type(b) is FileRange for b in parts) and \
+                sum(len(b) for b in parts) < _SMALL_PART * len(parts):
+            return Chunk(first, int(ts), count, b"".join(parts))
+        return Chunk(first, int(ts), count, parts=parts)
     parts = []
     count = 0
     pack = _chunk._I.pack
