@@ -35,6 +35,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import weakref
 import zlib
 
 from twisted.internet import defer
@@ -75,6 +76,11 @@ HEAD_PIECE = 4096
 MAX_READ_PIECE = 1024 * 1024
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
+#: stream clients' messages an AMQP 0-9-1 reader converted, kept per stream for the readers
+#: after it (consumers in step convert each message once): at most this many
+CONVERTED_MESSAGES = 4096
+#: StreamLog -> {offset: Message} (insertion order: the oldest conversion goes first)
+_converted = weakref.WeakKeyDictionary()
 #: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
 #: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
 RANGES = sys.implementation.name == "pypy"
@@ -1144,16 +1150,29 @@ class StreamReader:
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         ``(offset, timestampMs, Message)``; ``[]`` when there is nothing
         (yet).  A reader whose offset retention removed goes on at ``first``.
+        A stream client's message is converted once for the readers of a
+        stream (the last :data:`CONVERTED_MESSAGES` conversions are kept).
         """
         out = []
+        converted = None
         for offset, n, ts, payload, isBatch in self.readRaw(maxMessages, maxBytes):
             if isBatch:
                 name = self.stream.name
+                if converted is None:
+                    converted = _converted.get(self.stream)
+                    if converted is None:
+                        converted = _converted[self.stream] = {}
                 p = 0
                 unpack = _BE_U32.unpack_from
                 for i in range(n):
                     (size,) = unpack(payload, p)
-                    out.append((offset + i, ts, toMessage(name, payload[p + 4:p + 4 + size])))
+                    o = offset + i
+                    m = converted.get(o)
+                    if m is None:
+                        m = converted[o] = toMessage(name, payload[p + 4:p + 4 + size])
+                        if len(converted) > CONVERTED_MESSAGES:
+                            del converted[next(iter(converted))]
+                    out.append((o, ts, m))
                     p += 4 + size
             else:
                 _, _, ts, _, _, ex, rk, propsRaw, body = payload

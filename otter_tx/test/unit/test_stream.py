@@ -479,6 +479,27 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertFalse([b for i in got for b in i[3] if type(b) is FileRange])
         self.assertEqual(b"".join(bytes(b) for i in got for b in i[3]), entries(self.expected))
 
+    def test_conversionsShared(self):
+        """Readers of the same offsets share a stream client's message converted once; a bounded number kept."""
+        from otter_tx.broker import stream as streamModule
+
+        self.patch(streamModule, "CONVERTED_MESSAGES", 5)
+        log = self.open()
+        self.batch(log, 10)
+        self.enq(log, 1)
+        a = log.reader("first").read()
+        b = log.reader(7).read()
+        self.assertEqual([m.body for _, _, m in a], self.expected)
+        self.assertEqual([o for o, _, _ in b], list(range(7, 11)))
+        for (oa, _, ma), (ob, _, mb) in zip(a[7:10], b):
+            self.assertEqual(oa, ob)
+            self.assertIs(ma, mb)
+        self.assertIsNot(a[10][2], b[3][2])      # an AMQP 0-9-1 publish: its own Message a read
+        self.assertEqual(sorted(streamModule._converted[log]), [5, 6, 7, 8, 9])
+        c = log.reader("first").read()
+        self.assertIsNot(c[0][2], a[0][2])
+        self.assertEqual([m.body for _, _, m in c], self.expected)
+
     def test_pieceKeptForTheNextRead(self):
         """A reader's next read starts in the piece it read last: small records are read once."""
         from otter_tx.broker import stream as streamModule
