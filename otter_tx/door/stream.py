@@ -875,7 +875,7 @@ class StreamServerProtocol(Protocol):
                 if direct:
                     out.extend(c.parts)
                 else:
-                    # file ranges are read now (the reader goes on and may close its file)
+                    # file ranges are read now: the transport's buffer holds bytes
                     out.extend([_asBytes(p) if type(p) is FileRange else p for p in c.parts])
                 sub.offset = c.first + c.count
                 sub.credit -= 1
