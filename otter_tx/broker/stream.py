@@ -33,7 +33,10 @@ import bisect
 import os
 import shutil
 import struct
+import sys
 import tempfile
+import weakref
+import zlib
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -67,12 +70,85 @@ READ_BATCH = 128
 READ_BYTES = 1024 * 1024
 #: bytes read from a segment file at a time (a larger record is read whole)
 READ_PIECE = 64 * 1024
+#: what a reader reads after a record it left in the file (FileRange): the next record's head
+HEAD_PIECE = 4096
 #: the most a reader reads at a time after meeting records larger than READ_PIECE
 MAX_READ_PIECE = 1024 * 1024
 #: writers (forwarding nodes' publishers) a stream remembers the last sequence of
 MAX_WRITERS = 4096
 #: a stream entry's size (big endian, as a stream protocol chunk holds it)
 _BE_U32 = struct.Struct(">I")
+#: stream clients' messages an AMQP 0-9-1 reader converted, kept per stream for the readers
+#: after it (consumers in step convert each message once): at most this many
+CONVERTED_MESSAGES = 4096
+#: StreamLog -> {offset: Message} (insertion order: the oldest conversion goes first)
+_converted = weakref.WeakKeyDictionary()
+#: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
+#: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
+RANGES = sys.implementation.name == "pypy"
+
+
+class FileRange:
+    """
+    ``size`` bytes of the open (unbuffered) file ``f`` at ``pos``, not read:
+    what a :class:`StreamReader` gives with ``ranges`` for the entries of a
+    large BATCH record. Valid while ``f`` is open (a closed file raises
+    ValueError rather than reading another).
+    """
+
+    __slots__ = ("f", "pos", "size")
+
+    def __init__(self, f, pos, size):
+        self.f = f
+        self.pos = pos
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __repr__(self):
+        return "<FileRange %d+%d>" % (self.pos, self.size)
+
+    def pieces(self, start=0):
+        """Its bytes from ``start`` on, in pieces of at most :data:`READ_PIECE` bytes."""
+        fd = self.f.fileno()
+        at = self.pos + start
+        end = self.pos + self.size
+        while at < end:
+            piece = os.pread(fd, min(READ_PIECE, end - at), at)
+            if not piece:
+                raise OSError("segment file shorter than its record")
+            yield piece
+            at += len(piece)
+
+    def read(self, start=0):
+        """Its bytes from ``start`` on (bytes)."""
+        return b"".join(self.pieces(start))
+
+    def crc32(self, crc=0):
+        """``zlib.crc32`` of its bytes, from ``crc``, read into scratch buffers (nothing to collect)."""
+        f = self.f
+        at = self.pos
+        end = self.pos + self.size
+        while at < end:
+            n = min(READ_PIECE, end - at)
+            buf = _scratch.get(n)
+            if buf is None:
+                if len(_scratch) >= 16:
+                    _scratch.clear()
+                buf = _scratch[n] = bytearray(n)
+            f.seek(at)
+            if f.readinto(buf) != n:
+                raise OSError("segment file shorter than its record")
+            crc = zlib.crc32(buf, crc)
+            at += n
+        return crc
+
+
+#: bytearrays FileRange.crc32 reads into, by size (the reactor thread's only)
+_scratch = {}
+
+
 
 class OffsetSpec:
     """
@@ -913,6 +989,13 @@ class StreamReader:
         self._full = False
         # bytes read from the segment file at a time
         self._piece = READ_PIECE
+        # the last piece read (bytes), its position in the file and the committed end when it was
+        # read: the next read starts in it more often than not (a read takes a few records of it)
+        self._buf = None
+        self._bufPos = 0
+        self._bufCommitted = None
+        # FileRanges of the open file were handed out
+        self._lent = False
         self.closed = False
 
     def close(self):
@@ -921,10 +1004,13 @@ class StreamReader:
         self._drop()
 
     def _drop(self):
-        if self._f is not None:
+        if self._f is not None and not self._lent:
             self._f.close()
+        # a file that FileRanges were made of is theirs now: closed when they are gone
         self._f = None
+        self._lent = False
         self._seg = None
+        self._buf = None
 
     def _seek(self):
         """Position the cursor at ``self.offset``; False when it is past the committed end."""
@@ -949,6 +1035,7 @@ class StreamReader:
         except FileNotFoundError:
             return False
         self._seg = seg
+        self._buf = None
         self._skip = self._skipBytes = 0
         k = (self.offset - seg.first) // INDEX_EVERY
         if k < len(seg.index):
@@ -971,18 +1058,20 @@ class StreamReader:
             skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True, split=True):
+    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False):
         """
         Up to ``limit`` messages from the cursor within one segment, as
-        ``(items, count, bytes)``; advances it.  An item is ``(offset, n, timestampMs,
-        payload, isBatch)``: for an ENQ record ``n`` is 1 and ``payload`` its
-        decoded fields (None without ``decode``); for (part of) a BATCH
-        record, ``n`` messages and ``payload`` their entries (bytes, as the
-        stream client published them).  Records of a chunk are contiguous and
-        a chunk header starts with :data:`~otter_tx.store.log.segments.CHUNK_MAGIC`
-        (as a record length it would be over 1 GB, which no record is), so the
-        cursor walks records and steps over the headers it meets without
-        knowing where chunks end.
+        ``(items, count, bytes)``; advances it.  An item is ``(offset, n,
+        timestampMs, payload, isBatch)``: for an ENQ record ``n`` is 1 and
+        ``payload`` its decoded fields (None without ``decode``); for (part
+        of) a BATCH record, ``n`` messages and ``payload`` their entries (bytes,
+        as the stream client published them; with ``views`` a list of buffers
+        that hold them in order, views of the pieces read and pieces).
+        Records of a chunk are contiguous and a chunk header starts with
+        :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a record length
+        it would be over 1 GB, which no record is), so the cursor walks
+        records and steps over the headers it meets without knowing where
+        chunks end.
         """
         fd = self._f.fileno()
         pread = os.pread
@@ -997,11 +1086,23 @@ class StreamReader:
         batchSize = BATCH_HEAD.size
         entrySize = _BE_U32.unpack_from
         full = False
+        buf = self._buf
+        if buf is not None and (self._bufCommitted != self.stream.log.committed or
+                                not self._bufPos <= self._pos < self._bufPos + len(buf)):
+            # a piece read before more was committed may end with bytes of a write not yet
+            # committed then (rolled back and written again since): read again
+            buf = None
+        pieceSize = self._piece
         while total < limit and self._cursorOffset < committed and not full:
-            buf = pread(fd, self._piece, self._pos)
-            if len(buf) < 5:
-                break
-            p = 0
+            if buf is None:
+                buf = pread(fd, pieceSize, self._pos)
+                pieceSize = self._piece
+                self._buf = buf
+                self._bufPos = self._pos
+                self._bufCommitted = self.stream.log.committed
+                if len(buf) < 5:
+                    break
+            p = p0 = self._pos - self._bufPos
             n = len(buf)
             while p + 5 <= n and total < limit and self._cursorOffset < committed:
                 if buf[p:p + 4] == magic:
@@ -1011,11 +1112,55 @@ class StreamReader:
                     continue
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
-                    if p == 0:
+                    if (views or not decode) and kind == BATCH and 4 + length > READ_PIECE and not self._skip \
+                            and p + batchSize <= n:
+                        _, _, _, ts, count = batchHead(buf, p)
+                        esize = 4 + length - batchSize
+                        if count <= limit - total and (maxBytes is None or size + esize <= maxBytes):
+                            # a whole BATCH record larger than a piece: its entries are the
+                            # rest of the piece and pieces read on from the file
+                            # (no large string: PyPy makes and collects those slowly), or a
+                            # FileRange (``ranges``)
+                            end = self._bufPos + p + 4 + length
+                            if decode and ranges:
+                                # all of them left in the file; the next piece is small (a record
+                                # head, most likely of another large record)
+                                parts = [FileRange(self._f, self._bufPos + p + batchSize, esize)]
+                                self._lent = True
+                                pieceSize = HEAD_PIECE
+                            elif decode:
+                                parts = []
+                                if p + batchSize < n:
+                                    parts.append(memoryview(buf)[p + batchSize:])
+                                at = self._bufPos + n
+                                while at < end:
+                                    piece = pread(fd, min(READ_PIECE, end - at), at)
+                                    if not piece:
+                                        break
+                                    parts.append(piece)
+                                    at += len(piece)
+                                if at < end:
+                                    break
+                            else:
+                                parts = None
+                            out.append((self._cursorOffset, count, ts, parts, True))
+                            self._cursorOffset += count
+                            total += count
+                            size += esize
+                            p += 4 + length
+                            if maxBytes is not None and size >= maxBytes:
+                                full = True
+                            break
+                        if total or not split:
+                            # not taken whole, and not split (as below): for the next read
+                            full = True
+                            break
+                    if p == p0 and p0 == 0:
                         # one record larger than a piece (BATCH records of large messages):
                         # read it whole, and larger pieces from now on
                         self._piece = min(max(self._piece, 2 * (4 + length)), MAX_READ_PIECE)
                         buf = pread(fd, max(4 + length, self._piece), self._pos)
+                        self._buf = buf
                         n = len(buf)
                         if n < 4 + length:
                             break
@@ -1056,7 +1201,13 @@ class StreamReader:
                             m += 1
                     size += r - q
                     if m:
-                        out.append((self._cursorOffset, m, ts, buf[q:r] if decode else None, True))
+                        if not decode:
+                            payload = None
+                        elif views:
+                            payload = [memoryview(buf)[q:r]]
+                        else:
+                            payload = buf[q:r]
+                        out.append((self._cursorOffset, m, ts, payload, True))
                         self._cursorOffset += m
                         total += m
                     if m < avail:
@@ -1076,18 +1227,29 @@ class StreamReader:
                 if maxBytes is not None and size >= maxBytes:
                     full = True
                     break
-            if p == 0:
-                break
-            self._pos += p
+            if p == p0:
+                if p0 == 0:
+                    break
+                # the rest of the piece holds no whole record: read on from the cursor
+                buf = None
+                continue
+            self._pos = self._bufPos + p
+            if p + 5 > n or (p + 4 <= n and buf[p:p + 4] != magic and p + 4 + unpack(buf, p)[0] > n):
+                # the piece is used up (its tail is the start of a record read next time)
+                buf = None
         self._full = full
         return out, total, size
 
-    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True):
+    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False, ranges=False):
         """
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
         payload, isBatch)``); ``[]`` when there is nothing (yet).  With ``split``
-        False, a BATCH record that does not fit is left whole for the next read.
+        False, a BATCH record that does not fit is left whole for the next read.  With
+        ``views`` a BATCH record's entries are a list of buffers that hold them in
+        order (views of the pieces read, no copy; none larger than :data:`READ_PIECE`
+        when the record is larger; with ``ranges`` too, the rest of such a record
+        is a :class:`FileRange`, not read), else bytes.
         """
         if self.closed or self.stream.deleted:
             return []
@@ -1102,7 +1264,7 @@ class StreamReader:
                     self._cursorOffset != self.offset:
                 if not self._seek():
                     break
-            recs, n, size = self._records(maxMessages - got, maxBytes, split=split)
+            recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views, ranges=ranges)
             if maxBytes is not None:
                 maxBytes -= size
             if n:
@@ -1128,16 +1290,29 @@ class StreamReader:
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         ``(offset, timestampMs, Message)``; ``[]`` when there is nothing
         (yet).  A reader whose offset retention removed goes on at ``first``.
+        A stream client's message is converted once for the readers of a
+        stream (the last :data:`CONVERTED_MESSAGES` conversions are kept).
         """
         out = []
+        converted = None
         for offset, n, ts, payload, isBatch in self.readRaw(maxMessages, maxBytes):
             if isBatch:
                 name = self.stream.name
+                if converted is None:
+                    converted = _converted.get(self.stream)
+                    if converted is None:
+                        converted = _converted[self.stream] = {}
                 p = 0
                 unpack = _BE_U32.unpack_from
                 for i in range(n):
                     (size,) = unpack(payload, p)
-                    out.append((offset + i, ts, toMessage(name, payload[p + 4:p + 4 + size])))
+                    o = offset + i
+                    m = converted.get(o)
+                    if m is None:
+                        m = converted[o] = toMessage(name, payload[p + 4:p + 4 + size])
+                        if len(converted) > CONVERTED_MESSAGES:
+                            del converted[next(iter(converted))]
+                    out.append((o, ts, m))
                     p += 4 + size
             else:
                 _, _, ts, _, _, ex, rk, propsRaw, body = payload

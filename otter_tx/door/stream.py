@@ -13,7 +13,10 @@ reactor. A subscription only gets chunks while it has credit (one credit =
 one chunk, as RabbitMQ).
 """
 
+import os
+
 from twisted.application.service import Service
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -21,6 +24,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
+from otter_tx.broker.stream import FileRange
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -34,6 +38,97 @@ MAX_PUBLISHERS = 256
 ALARM_CHECK = 0.5
 MAX_SUBSCRIPTIONS = 256
 MAX_REFERENCE = 256
+
+#: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
+_MAX_PARTS = 512
+
+
+def _socketOf(transport):
+    """
+    The socket to write to directly, or None: only a plain TCP connection
+    (not TLS, not a test transport) that holds nothing in its own buffers
+    (what was written through it goes first).
+    """
+    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", False):
+        return None
+    if not transport.connected or transport.disconnecting or getattr(transport, "_writeDisconnected", True):
+        return None
+    if getattr(transport, "_tempDataBuffer", True) or len(transport.dataBuffer) != transport.offset:
+        return None
+    return transport.socket
+
+
+def _asBytes(p):
+    t = type(p)
+    if t is bytes:
+        return p
+    if t is FileRange:
+        return p.read()
+    return bytes(p)
+
+
+def writeDirect(transport, parts):
+    """
+    Write ``parts`` (bytes-like, or :class:`~otter_tx.broker.stream.FileRange`
+    s: bytes of a segment file) to ``transport`` in order: straight to its
+    socket when :func:`_socketOf` allows (Twisted's own write joins what it
+    buffers into one string and sends 128 KiB a reactor turn; a stream chunk is
+    up to half a MiB), buffers with one ``sendmsg``, file ranges with
+    ``sendfile``; the rest (all of it when the socket is not writable or not
+    available) through the transport's buffer, read into bytes. Returns True
+    when everything went out now.
+    """
+    sock = _socketOf(transport)
+    i = 0
+    sent = 0
+    if sock is not None:
+        n = len(parts)
+        while i < n:
+            # the buffers up to the next file range: one sendmsg
+            j = i
+            while j < n and type(parts[j]) is not FileRange and j - i < _MAX_PARTS:
+                j += 1
+            if j > i:
+                run = parts[i:j]
+                try:
+                    sent = sock.sendmsg(run)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    # the transport's own write meets the error and closes the connection
+                    sent = 0
+                while i < j and sent >= len(parts[i]):
+                    sent -= len(parts[i])
+                    i += 1
+                if i < j:
+                    break
+                sent = 0
+                continue
+            r = parts[i]
+            try:
+                fd = r.f.fileno()
+                while sent < r.size:
+                    k = os.sendfile(sock.fileno(), fd, r.pos + sent, r.size - sent)
+                    if not k:
+                        break
+                    sent += k
+            except (BlockingIOError, InterruptedError):
+                pass
+            except (OSError, ValueError):
+                pass
+            if sent < r.size:
+                break
+            i += 1
+            sent = 0
+        if i == n:
+            return True
+    rest = parts[i:]
+    if sent:
+        p = rest[0]
+        rest[0] = p.read(sent) if type(p) is FileRange else memoryview(p)[sent:]
+    transport.writeSequence([_asBytes(p) for p in rest])
+    return False
+
 
 _PRE_AUTH = {wire.PEER_PROPERTIES, wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE, wire.TUNE,
              wire.OPEN, wire.HEARTBEAT, wire.CLOSE, wire.CLOSE | wire.RESPONSE_FLAG}
@@ -819,25 +914,45 @@ class StreamServerProtocol(Protocol):
         # a chunk the backend builds stays within the client's frame_max (the AMQP 1.0
         # conversion adds ~40 bytes a message over what the read counts)
         maxBytes = max(self.frameMax // 2, 4096) if self.frameMax else None
+        transport = self.transport
+        # each chunk goes straight to the socket while it takes them (writeDirect); once it
+        # does not, the rest waits in the transport's buffer and the turn ends
+        direct = _socketOf(transport) is not None
         for sub in list(self.subscriptions.values()):
             while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:
                 chunks = backend.chunks(vhost, sub.stream, sub.offset, 1, maxBytes)
                 if not chunks:
                     break
                 c = chunks[0]
-                data = c.data
-                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + len(data)))
-                out.append(chunkHeader(c.first, c.count, c.timestamp, data, c.crc))
-                out.append(data)
+                size = c.size
+                out.append(deliverHeader(sub.sid, _chunk.HEADER_SIZE + size))
+                out.append(chunkHeader(c.first, c.count, c.timestamp, None, c.crc, size=size))
+                if direct:
+                    out.extend(c.parts)
+                else:
+                    # file ranges are read now: the transport's buffer holds bytes
+                    out.extend([_asBytes(p) if type(p) is FileRange else p for p in c.parts])
                 sub.offset = c.first + c.count
                 sub.credit -= 1
                 budget -= 1
                 messages -= c.count
+                if direct:
+                    full = not writeDirect(transport, out)
+                    out = []
+                    self._lastSent = self.clock.seconds()
+                    if full:
+                        # the socket is full: wait until the transport has written the rest
+                        # (it resumes a paused streaming producer once its buffer drains)
+                        if not self.paused and transport.producer is self:
+                            transport.producerPaused = True
+                            self.pauseProducing()
+                        budget = 0
+                        break
             if budget <= 0 or messages <= 0:
                 more = True
                 break
         if out:
-            self.transport.writeSequence(out)
+            transport.writeSequence([_asBytes(p) for p in out])
             self._lastSent = self.clock.seconds()
         if more:
             self._schedulePump()

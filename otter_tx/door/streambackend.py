@@ -45,7 +45,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from otter_tx.broker.message import Message
-from otter_tx.broker.stream import declareStream, deleteStream, findStream
+from otter_tx.broker.stream import RANGES, FileRange, declareStream, deleteStream, findStream
 from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
@@ -55,25 +55,50 @@ _log = Logger()
 class Chunk:
     """
     What one write appended: ``count`` messages from offset ``first``, stamped
-    ``timestamp`` (ms), their entries ``data``; ``crc`` is computed once, on
-    first delivery.
+    ``timestamp`` (ms), their entries: ``data`` (bytes), or ``parts`` (bytes-like
+    pieces that ``data`` joins when asked; the door writes them as they are);
+    ``size`` their length; ``crc`` is computed once, on first delivery. A part
+    may be a :class:`~otter_tx.broker.stream.FileRange` (bytes left in a segment
+    file: the door sends them with ``sendfile``).
     """
 
-    __slots__ = ("first", "timestamp", "count", "data", "_crc")
+    __slots__ = ("first", "timestamp", "count", "_data", "parts", "size", "_crc")
 
-    def __init__(self, first, timestamp, count, data):
+    def __init__(self, first, timestamp, count, data=None, parts=None):
         self.first = first
         self.timestamp = timestamp
         self.count = count
-        self.data = data
+        if parts is None:
+            parts = [data]
+        self.parts = parts
+        self._data = data
+        self.size = len(data) if data is not None else sum(len(p) for p in parts)
         self._crc = None
+
+    @property
+    def data(self):
+        d = self._data
+        if d is None:
+            d = self._data = b"".join([p.read() if type(p) is FileRange else p for p in self.parts])
+        return d
 
     @property
     def crc(self):
         c = self._crc
         if c is None:
-            c = self._crc = zlib.crc32(self.data)
+            c = 0
+            for p in self.parts:
+                if type(p) is FileRange:
+                    c = p.crc32(c)
+                else:
+                    c = zlib.crc32(p, c)
+            self._crc = c
         return c
+
+    @property
+    def transient(self):
+        """True when parts are FileRanges of a reader's file: written at once, not kept."""
+        return any(type(p) is FileRange for p in self.parts)
 
 
 class _Stream:
@@ -414,6 +439,9 @@ class BrokerStreams:
     #: chunks kept per stream for readers in step (at most this many times chunkBytes)
     cacheChunks = 16
     chunkBytes = 512 * 1024
+    #: large records are left in the segment file (FileRange parts, sent with sendfile; a chunk
+    #: with them is written at once and not cached); on PyPy
+    ranges = RANGES
 
     def __init__(self, broker, clock, directory=None):
         self.broker = broker
@@ -791,7 +819,7 @@ class BrokerStreams:
         if cache is not None:
             while len(out) < maxChunks and offset >= log.first:
                 c = cache.get(offset)
-                if c is None or len(c.data) > limit:
+                if c is None or c.size > limit:
                     break
                 out.append(c)
                 offset = c.first + c.count
@@ -802,23 +830,28 @@ class BrokerStreams:
             cache = {}
             self._cache[(vhost, name)] = (log, cache)
         while len(out) < maxChunks:
-            items = r.readRaw(self.chunkMessages, limit)
+            # BATCH entries as views of what the reader read: a chunk is the list of them (no copy
+            # until the door writes it)
+            items = r.readRaw(self.chunkMessages, limit, views=True, ranges=self.ranges)
             if not items:
                 break
             count = sum(i[1] for i in items)
             while count + self.chunkMessages <= self.rawChunkMessages and all(i[4] for i in items):
                 # records as published: join more of them (a chunk's count costs nothing)
-                size = sum(len(i[3]) for i in items)
+                size = sum(len(b) for i in items for b in i[3])
                 if size >= limit:
                     break
                 # whole records (a read splits one only when it can take nothing else)
-                more = r.readRaw(self.chunkMessages, limit - size, split=False)
+                more = r.readRaw(self.chunkMessages, limit - size, split=False, views=True, ranges=self.ranges)
                 if not more:
                     break
                 items += more
                 count += sum(i[1] for i in more)
             c = _chunkOf(items)
             out.append(c)
+            if c.transient:
+                # bytes left in the reader's file: the caller writes them now, nobody keeps them
+                break
             cache[c.first] = c
             while len(cache) > self.cacheChunks:
                 del cache[next(iter(cache))]
@@ -835,7 +868,7 @@ class BrokerStreams:
         out = []
         try:
             while True:
-                items = r.readRaw(256)
+                items = r.readRaw(256, views=True)
                 if not items:
                     return out
                 c = _chunkOf(items)
@@ -919,20 +952,32 @@ class BrokerStreams:
                 "committed_chunk_id": log.last if log.last is not None else log.first}
 
 
+#: a chunk whose parts are smaller than this on average is joined into one string
+_SMALL_PART = 16 * 1024
+
+
 def _chunkOf(items):
     """
-    One :class:`Chunk` of what a reader read (StreamReader.readRaw): the
-    entries of BATCH records as stored, each AMQP 0-9-1 message converted.
+    One :class:`Chunk` of what a reader read (StreamReader.readRaw with ``views``): the
+    entries of BATCH records as stored (the parts of the chunk when that is all
+    it holds), each AMQP 0-9-1 message converted.
     """
     first, n, ts, payload, isBatch = items[0]
-    if isBatch and len(items) == 1:
-        return Chunk(first, int(ts), n, payload)
+    if all(i[4] for i in items):
+        # records as published: their entries are the chunk's, as they are (small ones joined:
+        # many small buffers cost more a buffer than a copy, in sendmsg and crc32 on PyPy)
+        parts = [b for i in items for b in i[3]]
+        count = sum(i[1] for i in items)
+        if len(parts) > 1 and not any(type(b) is FileRange for b in parts) and \
+                sum(len(b) for b in parts) < _SMALL_PART * len(parts):
+            return Chunk(first, int(ts), count, b"".join(parts))
+        return Chunk(first, int(ts), count, parts=parts)
     parts = []
     count = 0
     pack = _chunk._I.pack
     for _, n, _, payload, isBatch in items:
         if isBatch:
-            parts.append(payload)
+            parts.extend(payload)
         else:
             m = payload
             data = _fromMessage(Message(m[5].decode("utf-8", "surrogateescape"),

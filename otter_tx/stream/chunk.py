@@ -26,12 +26,15 @@ def entries(messages):
     return b"".join([pack(len(m)) + m for m in messages])
 
 
-def header(firstOffset, count, timestamp, data, crc=None, epoch=1):
-    """The 48-byte header of a user chunk of ``count`` simple entries ``data``."""
+def header(firstOffset, count, timestamp, data, crc=None, epoch=1, size=None):
+    """
+    The 48-byte header of a user chunk of ``count`` simple entries ``data``
+    (with ``crc`` and ``size`` given, ``data`` is not needed).
+    """
     if crc is None:
         crc = zlib.crc32(data)
     return HEADER.pack(MAGIC_VERSION, CHUNK_USER, count, count, timestamp, epoch, firstOffset,
-                       crc, len(data), 0, 0, 0, 0)
+                       crc, len(data) if size is None else size, 0, 0, 0, 0)
 
 
 def split(data, count):

@@ -7,6 +7,8 @@ contract where it applies.  test_interop_streams checks the wire rules
 against RabbitMQ 3.10.
 """
 
+import os
+
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -388,6 +390,142 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertEqual(r.offset, 0)
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(5, split=False)], [])
         self.assertEqual([(o, n) for o, n, _, _, _ in r.readRaw(10, split=False)], [(0, 10)])
+
+    def readViews(self, r, step, maxBytes=None):
+        """Everything ``r`` reads with views: ``[(offset, n, entries)]`` (the buffers joined)."""
+        got = []
+        while True:
+            items = r.readRaw(step, maxBytes, views=True)
+            if not items:
+                return got
+            for o, n, _, payload, isBatch in items:
+                self.assertTrue(isBatch)
+                self.assertIsInstance(payload, list)
+                got.append((o, n, b"".join(payload)))
+
+    def test_views(self):
+        """readRaw with views: a batch's entries as buffers (views of the pieces read), the same bytes."""
+        from otter_tx.broker import stream as streamModule
+
+        log = self.open()
+        self.batch(log, 100, size=1024)     # a record larger than a piece
+        self.batch(log, 10)
+        self.batch(log, 3, size=100000)
+        self.batch(log, 200, size=20)
+        n = len(self.expected)
+        for start in (0, 1, 99, 100, 105, 110, 112, 113, 200):
+            for step, maxBytes in ((1, None), (7, None), (512, None), (4096, 10000), (4096, None)):
+                got = self.readViews(log.reader(start), step, maxBytes)
+                self.assertEqual([o for o, _, _ in got][0], start)
+                self.assertEqual(sum(k for _, k, _ in got), n - start, (start, step, maxBytes))
+                self.assertEqual(b"".join(e for _, _, e in got), entries(self.expected[start:]))
+        # a whole record larger than the piece is read in pieces of at most READ_PIECE bytes
+        r = log.reader(110)
+        [(o, k, _, parts, _)] = r.readRaw(3, views=True)
+        self.assertEqual((o, k), (110, 3))
+        self.assertGreater(len(parts), 3)
+        self.assertLessEqual(max(len(b) for b in parts), streamModule.READ_PIECE)
+
+    def test_ranges(self):
+        """
+        readRaw with ranges: a record larger than a piece is a FileRange of the segment file (its
+        bytes, its CRC), valid after the reader has moved on to another segment.
+        """
+        import zlib
+
+        from otter_tx.broker.stream import FileRange
+
+        log = self.open(segmentBytes=150000)
+        self.batch(log, 100, size=1024)
+        self.batch(log, 10)
+        self.batch(log, 100, size=1024)
+        self.batch(log, 100, size=1024)
+        self.assertGreater(len(log.log.segments), 1)
+        r = log.reader("first")
+        got = []
+        while True:
+            items = r.readRaw(4096, None, views=True, ranges=True)
+            if not items:
+                break
+            got.extend(items)
+        ranges = [b for i in got for b in i[3] if type(b) is FileRange]
+        self.assertEqual(len(ranges), 3)
+        data = b"".join(b.read() if type(b) is FileRange else bytes(b) for i in got for b in i[3])
+        self.assertEqual(data, entries(self.expected))
+        self.assertEqual([(o, k) for o, k, _, _, _ in got], [(0, 100), (100, 10), (110, 100), (210, 100)])
+        for b in ranges:
+            self.assertEqual(b.crc32(), zlib.crc32(b.read()))
+            self.assertEqual(b.crc32(7), zlib.crc32(b.read(), 7))
+            self.assertEqual(b.read(1000), b.read()[1000:])
+            self.assertEqual(len(b), len(b.read()))
+        r.close()
+        # the reader closed its own file, not those lent to the ranges
+        self.assertEqual(ranges[0].read(), entries(self.expected[:100]))
+
+    def test_smallRecordsNoRanges(self):
+        """Small records across a piece's end are read as bytes, not left in the file."""
+        from otter_tx.broker.stream import FileRange
+
+        log = self.open()
+        for _ in range(100):
+            self.batch(log, 100)        # 1.6 KB records: 160 KB, pieces end inside records
+        r = log.reader("first")
+        got = []
+        while True:
+            items = r.readRaw(512, None, views=True, ranges=True)
+            if not items:
+                break
+            got.extend(items)
+        self.assertFalse([b for i in got for b in i[3] if type(b) is FileRange])
+        self.assertEqual(b"".join(bytes(b) for i in got for b in i[3]), entries(self.expected))
+
+    def test_conversionsShared(self):
+        """Readers of the same offsets share a stream client's message converted once; a bounded number kept."""
+        from otter_tx.broker import stream as streamModule
+
+        self.patch(streamModule, "CONVERTED_MESSAGES", 5)
+        log = self.open()
+        self.batch(log, 10)
+        self.enq(log, 1)
+        a = log.reader("first").read()
+        b = log.reader(7).read()
+        self.assertEqual([m.body for _, _, m in a], self.expected)
+        self.assertEqual([o for o, _, _ in b], list(range(7, 11)))
+        for (oa, _, ma), (ob, _, mb) in zip(a[7:10], b):
+            self.assertEqual(oa, ob)
+            self.assertIs(ma, mb)
+        self.assertIsNot(a[10][2], b[3][2])      # an AMQP 0-9-1 publish: its own Message a read
+        self.assertEqual(sorted(streamModule._converted[log]), [5, 6, 7, 8, 9])
+        c = log.reader("first").read()
+        self.assertIsNot(c[0][2], a[0][2])
+        self.assertEqual([m.body for _, _, m in c], self.expected)
+
+    def test_pieceKeptForTheNextRead(self):
+        """A reader's next read starts in the piece it read last: small records are read once."""
+        from otter_tx.broker import stream as streamModule
+
+        log = self.open()
+        for _ in range(40):
+            self.batch(log, 100)
+        reads = []
+        real = os.pread
+
+        def pread(fd, n, pos):
+            reads.append(n)
+            return real(fd, n, pos)
+
+        self.patch(streamModule.os, "pread", pread)
+        r = log.reader("first")
+        got = self.readViews(r, 250)
+        self.assertEqual(sum(k for _, k, _ in got), 4000)
+        # 4000 messages of 12 bytes and their record heads are about 70 KiB: two pieces
+        # (and the first read's index look-up), not one a read
+        self.assertLessEqual(len(reads), 4)
+        # what is committed later is read (the piece of before is not trusted past its end)
+        self.batch(log, 5)
+        got = self.readViews(r, 250)
+        self.assertEqual([(o, k) for o, k, _ in got], [(4000, 5)])
+        self.assertEqual(got[0][2], entries(self.expected[4000:]))
 
     def test_reopen(self):
         """A restart reads BATCH records back: offsets, the last chunk, readers anywhere, new appends."""

@@ -6,6 +6,7 @@ consumer, heartbeats and back-pressure.
 """
 
 import struct
+import zlib
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -587,6 +588,37 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
         c.subscribe(2, "s")
         got = c.deliveries()
         self.assertEqual([(sid, first, len(ms)) for sid, first, ms in got], [(1, 0, 10), (2, 0, 10)])
+
+    def test_largeRecordsInChunks(self):
+        """
+        Publish frames of 1 KiB messages (records larger than a read piece) and small ones are
+        delivered as published, in chunks within the frame size, whatever the frame size.
+        """
+        c = self.client(frameMax=300000)
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        msgs = []
+        for k in range(12):
+            size = 1024 if k % 3 else 12
+            frame = [(len(msgs) + i + 1, bytes([k]) * size + b"%d" % i) for i in range(100)]
+            msgs.extend(m for _, m in frame)
+            c.feed(wire.publishFrame(1, frame))
+            self.settle()
+        c.read()
+        c.subscribe(1, "s", credit=1000)
+        got = c.deliveries()
+        self.assertEqual([m for _, _, ms in got for m in ms], msgs)
+        firsts = [first for _, first, _ in got]
+        self.assertEqual(firsts, sorted(firsts))
+        self.assertGreater(len(got), 4)
+        # a chunk's parts are its data (FileRanges read), its CRC theirs
+        from otter_tx.broker.stream import FileRange
+
+        for first in (0, 100, 200):
+            (again,) = self.backend.chunks("/", "s", first, 1)
+            data = b"".join(p.read() if type(p) is FileRange else p for p in again.parts)
+            self.assertEqual(data, again.data)
+            self.assertEqual(again.crc, zlib.crc32(again.data))
 
     def test_amqpDeleteTellsSubscribers(self):
         """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
