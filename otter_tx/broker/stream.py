@@ -36,7 +36,6 @@ import struct
 import sys
 import tempfile
 import weakref
-import zlib
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -50,6 +49,7 @@ from otter_tx.broker.message import Message
 from otter_tx.broker.queue import Queue
 from otter_tx.broker.streamconvert import toMessage
 from otter_tx.store.log import segments as _seg
+from otter_tx.store.log.segments import crc32 as _crc32
 from otter_tx.store.log.segments import (BATCH, BATCH_HEAD, CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog,
                                          decodeEnq)
 
@@ -140,7 +140,7 @@ class FileRange:
             f.seek(at)
             if f.readinto(buf) != n:
                 raise OSError("segment file shorter than its record")
-            crc = zlib.crc32(buf, crc)
+            crc = _crc32(buf, crc)
             at += n
         return crc
 

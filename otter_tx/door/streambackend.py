@@ -38,12 +38,12 @@ fallback when no broker streams are wired in).
 """
 
 import bisect
-import zlib
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from otter_tx.store.log.segments import crc32 as _crc32
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import RANGES, FileRange, declareStream, deleteStream, findStream
 from otter_tx.broker import streamconvert as _convert
@@ -91,7 +91,7 @@ class Chunk:
                 if type(p) is FileRange:
                     c = p.crc32(c)
                 else:
-                    c = zlib.crc32(p, c)
+                    c = _crc32(p, c)
             self._crc = c
         return c
 

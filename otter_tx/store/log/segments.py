@@ -62,6 +62,13 @@ import struct
 import zlib
 from array import array
 
+try:
+    # ISA-L's crc32: the same CRC-32 as zlib's, about 9x its speed here (0.015 against 0.14 s a
+    # GB); every chunk written, every stream chunk sent (docs/performance.md)
+    from isal.isal_zlib import crc32
+except ImportError:  # PyPy (it does not build there), or not installed
+    crc32 = zlib.crc32
+
 #: the first 8 bytes of every segment file (format version 1)
 FILE_MAGIC = b"OTXLOG\x00\x01"
 #: the first 4 bytes of every chunk
@@ -387,7 +394,7 @@ class QueueLog:
                     bad = "a chunk without its magic"
                 elif start + length > end:
                     bad = "a torn chunk"
-                elif zlib.crc32(buf[start:start + length]) != crc:
+                elif crc32(buf[start:start + length]) != crc:
                     bad = "a chunk failing its CRC"
             if bad is not None:
                 if not last:
@@ -1248,7 +1255,7 @@ class _Parts:
 def _crc(parts):
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = crc32(p, crc)
     return crc
 
 
@@ -1300,7 +1307,7 @@ def _validChunkAt(buf, pos):
         return False
     magic, length, crc, _ = CHUNK_HEADER.unpack_from(buf, pos)
     start = pos + CHUNK_HEADER.size
-    return magic == CHUNK_MAGIC and start + length <= len(buf) and zlib.crc32(buf[start:start + length]) == crc
+    return magic == CHUNK_MAGIC and start + length <= len(buf) and crc32(buf[start:start + length]) == crc
 
 
 def _positions(buf, seg):

@@ -1601,3 +1601,20 @@ class LogStoreTests(_LogFixture, TestCase):
         self.assertEqual({k: [_fields(m) for m in v] for k, v in recovered.messages.items()}, expected)
         self.assertEqual(self._meta(path), ("3", [0, 0, 0]))
         await again.close()
+
+
+class CrcTests(SynchronousTestCase):
+    """The message log's crc32 (ISA-L's on CPython, zlib's where it is missing) is zlib's CRC-32."""
+
+    def test_sameAsZlib(self):
+        import platform
+        import zlib
+
+        from otter_tx.store.log.segments import crc32
+
+        for data in (b"", b"a", bytes(range(256)) * 4099, memoryview(b"xyz" * 1000)[5:2000]):
+            self.assertEqual(crc32(data), zlib.crc32(data))
+            self.assertEqual(crc32(data, 12345), zlib.crc32(data, 12345))
+        if platform.python_implementation() == "CPython":
+            # installed with otter_tx on CPython (setup.cfg)
+            self.assertIsNot(crc32, zlib.crc32)
