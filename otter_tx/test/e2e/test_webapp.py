@@ -541,6 +541,13 @@ class WebAppBrowserTests(TestCase):
                 seen["all"] = (pages.inner_text(), page.locator(".filter [data-shown]").inner_text(), rows.count())
                 page.click(".filter button >> text=Next")
                 page.locator(".filter [data-page=\"2\"]").wait_for()
+                # (the page number shows before the table is filled again: wait for its rows, or
+                # read what is there after 10 s)
+                try:
+                    page.wait_for_function("() => (document.querySelector('main table tbody tr td a') || {})"
+                                           ".textContent === 'q-100'", timeout=10000)
+                except Exception:
+                    pass
                 seen["page2"] = (pages.inner_text(), rows.count(), rows.first.locator("td a").inner_text())
                 page.fill(".filter input[name=filter]", "Q-01")
                 page.locator(".filter [data-shown=\"10\"]").wait_for()  # q-010..q-019, ignoring case
