@@ -54,7 +54,7 @@ from otter_tx.store.log.segments import (BATCH, BATCH_HEAD, CHUNK_HEADER, ENQ, F
                                          decodeEnq)
 
 __all__ = ["StreamRegistry", "StreamLog", "StreamReader", "StreamQueue", "OffsetSpec", "parseMaxAge",
-           "parseOffsetSpec", "findStream", "declareStream", "deleteStream", "STREAM"]
+           "parseOffsetSpec", "findStream", "declareStream", "deleteStream", "applyRetention", "STREAM"]
 
 STREAM = "stream"
 
@@ -1382,20 +1382,7 @@ class StreamQueue(Queue):
         return "<StreamQueue %r in %r>" % (self.name, self.vhost.name)
 
     def _applyRetention(self):
-        args = self.arguments
-        pol = self.effectiveDefinition or {}
-        maxBytes = args.get("x-max-length-bytes", pol.get("max-length-bytes"))
-        age = args.get("x-max-age", pol.get("max-age"))
-        seconds = None
-        if age is not None:
-            try:
-                seconds = parseMaxAge(age, self.name, self.vhost.name)
-            except AMQPError:
-                seconds = None
-        segBytes = args.get("x-stream-max-segment-size-bytes", pol.get("stream-max-segment-size-bytes"))
-        if segBytes:
-            self.stream.log.segmentBytes = int(segBytes)
-        self.stream.setRetention(int(maxBytes) if maxBytes is not None else None, seconds)
+        applyRetention(self.stream, self.arguments, self.effectiveDefinition, self.name, self.vhost.name)
 
     def applySettings(self, settings, policy=None):
         """Policies: ``max-length-bytes``, ``max-age``, ``stream-max-segment-size-bytes`` apply."""
@@ -1675,6 +1662,29 @@ class StreamQueue(Queue):
 
     #: True when the queue goes but its log stays (a cluster node no longer leading it)
     keepStream = False
+
+
+def applyRetention(stream, arguments, definition, name, vhostName):
+    """
+    Set ``stream``'s (a :class:`StreamLog`) segment size and retention from
+    its queue ``arguments`` (``x-max-length-bytes``, ``x-max-age``,
+    ``x-stream-max-segment-size-bytes``), else the policy ``definition``
+    (dict or None: ``max-length-bytes``, ``max-age``,
+    ``stream-max-segment-size-bytes``); an invalid age is no age limit.
+    """
+    pol = definition or {}
+    maxBytes = arguments.get("x-max-length-bytes", pol.get("max-length-bytes"))
+    age = arguments.get("x-max-age", pol.get("max-age"))
+    seconds = None
+    if age is not None:
+        try:
+            seconds = parseMaxAge(age, name, vhostName)
+        except AMQPError:
+            seconds = None
+    segBytes = arguments.get("x-stream-max-segment-size-bytes", pol.get("stream-max-segment-size-bytes"))
+    if segBytes:
+        stream.log.segmentBytes = int(segBytes)
+    stream.setRetention(int(maxBytes) if maxBytes is not None else None, seconds)
 
 
 # --- the helpers the stream protocol door uses ---------------------------------------------

@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from otter_tx.amqp.errors import notFound
-from otter_tx.broker.stream import MAX_WRITERS, READ_BYTES, StreamReader
+from otter_tx.broker.stream import MAX_WRITERS, READ_BYTES, StreamReader, applyRetention
 from otter_tx.cluster import wire
 from otter_tx.cluster.replication import Replicator
 from otter_tx.store.log import segments as _seg
@@ -343,15 +343,8 @@ class StreamReplica:
         self.retention(args)
 
     def retention(self, args):
-        from otter_tx.broker.stream import parseMaxAge
-
-        maxBytes = args.get("x-max-length-bytes")
-        age = args.get("x-max-age")
-        try:
-            self.stream.setRetention(int(maxBytes) if maxBytes is not None else None,
-                                     parseMaxAge(age) if age is not None else None)
-        except Exception:
-            pass
+        """The stream's arguments' retention, as its leader applies them (policies are the leader's)."""
+        applyRetention(self.stream, args, None, self.name, self.vhostName)
 
     @property
     def entries(self):

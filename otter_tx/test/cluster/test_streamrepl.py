@@ -507,3 +507,16 @@ class SequenceWithRecordsTests(_StreamCluster):
         replica._releaseTracking(2)
         self.assertEqual(taken, [{"sequences": {"a": 1}}, {"sequences": {"a": 4}}])
         self.assertEqual(replica.heldTracking, [])
+
+
+class FollowerRetentionTests(_StreamCluster):
+
+    @inlineCallbacks
+    def test_followersApplyTheStreamsRetention(self):
+        """A follower's log has the retention of the stream's arguments (x-max-length-bytes, x-max-age)."""
+        yield self.publish(0, 0, arguments={"x-queue-type": "stream", "x-max-length-bytes": 1000000,
+                                            "x-max-age": "2h"})
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        for i in (1, 2):
+            log = self.replicaLog(i)
+            self.assertEqual((log.maxBytes, log.maxAgeSeconds), (1000000, 7200))
