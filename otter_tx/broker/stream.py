@@ -346,15 +346,7 @@ class StreamLog:
         self.name = name
         self.directory = directory
         self.segmentBytes = segmentBytes
-        if os.path.isdir(directory) and any(n.endswith(".seg") for n in os.listdir(directory)):
-            self.log = QueueLog.open(directory, segmentBytes)
-            self.log.releaseRecovery()
-            self._lastChunk = _lastChunkFirst(self.log)
-            for seg in self.log.segments:
-                _trim(seg)
-        else:
-            self.log = QueueLog.create(directory, segmentBytes=segmentBytes)
-            self._lastChunk = None
+        self._openLog()
         #: retention: bytes (x-max-length-bytes) and seconds (x-max-age), None for none
         self.maxBytes = None
         self.maxAgeSeconds = None
@@ -446,7 +438,7 @@ class StreamLog:
 
     def _replicated(self, d):
         """``d`` (an append's), firing once the followers in sync hold it too (a cluster's stream)."""
-        return _both(d, self.replicator.sync())
+        return defer.DeferredList([d, self.replicator.sync()], consumeErrors=True).addCallback(_firstOrFailure)
 
     def appendEntries(self, entries, count, wantDeferred=True):
         """
@@ -653,16 +645,21 @@ class StreamLog:
         self._notify()
         return firstOffset
 
-    def _reopen(self):
-        if any(n.endswith(".seg") for n in os.listdir(self.directory)):
-            self.log = QueueLog.open(self.directory, self.segmentBytes)
+    def _openLog(self):
+        """``self.log`` read from the directory's segments (only their sparse indexes kept), or a new one."""
+        d = self.directory
+        if os.path.isdir(d) and any(n.endswith(".seg") for n in os.listdir(d)):
+            self.log = QueueLog.open(d, self.segmentBytes)
             self.log.releaseRecovery()
             self._lastChunk = _lastChunkFirst(self.log)
             for seg in self.log.segments:
                 _trim(seg)
         else:
-            self.log = QueueLog.create(self.directory, segmentBytes=self.segmentBytes)
+            self.log = QueueLog.create(d, segmentBytes=self.segmentBytes)
             self._lastChunk = None
+
+    def _reopen(self):
+        self._openLog()
         self._nextOffset = self.log.committed
         self._notify()
 
@@ -873,27 +870,12 @@ class StreamLog:
         self._listeners = []
 
 
-def _both(d, other):
-    """``d``'s result once ``other`` fired too; the first failure of either."""
-    out = defer.Deferred()
-    state = {"left": 2, "result": None, "failed": None}
-
-    def one(result, mine):
-        if isinstance(result, Exception) or hasattr(result, "trap"):
-            if state["failed"] is None:
-                state["failed"] = result
-        elif mine:
-            state["result"] = result
-        state["left"] -= 1
-        if state["left"] == 0:
-            if state["failed"] is not None:
-                out.errback(state["failed"])
-            else:
-                out.callback(state["result"])
-
-    d.addBoth(one, True)
-    other.addBoth(one, False)
-    return out
+def _firstOrFailure(results):
+    """A DeferredList's results: the first one's value, or the first failure (raised)."""
+    for ok, value in results:
+        if not ok:
+            value.raiseException()
+    return results[0][1]
 
 
 def _trim(seg):

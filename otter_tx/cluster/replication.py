@@ -130,6 +130,13 @@ class Replicator:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def update(self, record):
+        """``record`` (this node's, a newer one) names the epoch, members and in-sync ones now."""
+        self.epoch = record["epoch"]
+        self.members = list(record["members"])
+        self.online = list(record.get("online") or [self.manager.node.name])
+        self.fenced = False
+
     # --- the queue's journal -------------------------------------------------
 
     def _send(self, frame):
@@ -446,10 +453,7 @@ class ReplicationManager:
             return self._leadStream(queue, record)
         rep = queue.journal
         if isinstance(rep, Replicator):
-            rep.epoch = record["epoch"]
-            rep.members = list(record["members"])
-            rep.online = list(record.get("online") or [self.node.name])
-            rep.fenced = False
+            rep.update(record)
         else:
             rep = Replicator(self, queue, queue.journal, record)
             queue.journal = rep

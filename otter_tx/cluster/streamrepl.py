@@ -118,19 +118,19 @@ class StreamReplicator(Replicator):
         self.catching = {}
         self._waiters = []
         self._syncCall = None
-        if readEpoch(self.stream) != self.epoch:
-            writeEpoch(self.stream, self.epoch)
+        self._markEpoch()
 
     def __getattr__(self, name):
         raise AttributeError(name)
 
     def update(self, record):
-        self.epoch = record["epoch"]
-        self.members = list(record["members"])
-        self.online = list(record.get("online") or [self.manager.node.name])
+        Replicator.update(self, record)
         self.epochs = [list(e) for e in record.get("stream_epochs") or self.epochs]
-        self.fenced = False
         self.stream.replicator = self
+        self._markEpoch()
+
+    def _markEpoch(self):
+        """The log's next records are this epoch's (its ``epoch`` file says so before any is written)."""
         if readEpoch(self.stream) != self.epoch:
             writeEpoch(self.stream, self.epoch)
 
@@ -272,9 +272,8 @@ class StreamReplicator(Replicator):
             if t["sequences"] or t["offsets"] or stream.writers:
                 # (sequences and writers move as publishes are appended: taken once the
                 # follower's log holds what is appended so far)
-                link.send(wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(
-                    {"sequences": t["sequences"], "offsets": t["offsets"], "writers": stream.writers,
-                     "upTo": stream.next}).encode())))
+                link.send(self._trackFrame({"sequences": t["sequences"], "offsets": t["offsets"],
+                                            "writers": stream.writers, "upTo": stream.next}))
             epoch = self.epoch
 
             def synced(_):
@@ -307,9 +306,12 @@ class StreamReplicator(Replicator):
     def tracked(self, change):
         """The stream protocol's tracking changed (``{"sequences": {...}, "offsets": {...}}``): to the followers."""
         if self.joined:
-            frame = wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(change).encode()))
+            frame = self._trackFrame(change)
             for link in self.joined.values():
                 link.send(frame)
+
+    def _trackFrame(self, change):
+        return wire.replicate(self.names, self.epoch, wire.R_STRACK, wire.blob(json.dumps(change).encode()))
 
 
 class StreamReplica:
