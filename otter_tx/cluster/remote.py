@@ -115,6 +115,7 @@ class RemoteQueue:
         self._cids = {}          # Consumer -> cid
         self._backlog = {}       # cid -> deque of RemoteEntry not handed to the consumer yet
         self._resume = {}        # a stream's Consumer -> the offset after the last one handed to it
+        self._writerSeqs = {}    # id(message) -> (message, (writer id, sequence)): a stream's forwards unanswered
         self._onHand = set()     # cids whose credit comes back when handed over (no prefetch)
         self._exclusive = None   # this node's exclusive consumer, if any
         self._holds = set()      # requeue feeders holding deliveries (holdRequeue)
@@ -241,7 +242,6 @@ class RemoteQueue:
         """
         if self._writer is None:
             self._writer = "%s:%s" % (self.node.name, os.urandom(6).hex())
-            self._writerSeqs = {}
         self._writerSeq += 1
         w = (self._writer, self._writerSeq)
         self._writerSeqs[id(message)] = (message, w)
@@ -249,13 +249,12 @@ class RemoteQueue:
 
     def writerOf(self, message):
         """The ``(writer id, sequence)`` a publish was forwarded with, or None."""
-        seqs = getattr(self, "_writerSeqs", None)
-        found = seqs.get(id(message)) if seqs else None
+        found = self._writerSeqs.get(id(message))
         return found[1] if found is not None and found[0] is message else None
 
     def writerAnswered(self, messages):
         """``messages`` (``[(message, redelivered)]``) were answered by a leader: their sequences go."""
-        seqs = getattr(self, "_writerSeqs", None)
+        seqs = self._writerSeqs
         if seqs:
             for m, _ in messages:
                 seqs.pop(id(m), None)
