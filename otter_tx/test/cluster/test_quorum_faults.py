@@ -210,6 +210,19 @@ class ProcessClusterCase(TestCase):
         return seed, random.Random(seed)
 
     @inlineCallbacks
+    def drained(self, load, con):
+        """
+        Publishing stopped: wait (30 s at most) until the consumer ``con``
+        (``load.consumer``'s thread) received every confirmed message, stop
+        it; the confirmed messages it never received (sorted list).
+        """
+        confirmed = set(load.confirmed)
+        yield threads.deferToThread(waitFor, lambda: confirmed <= set(load.received), 30)
+        load.stopConsuming.set()
+        yield con
+        return sorted(confirmed - set(load.received))
+
+    @inlineCallbacks
     def killLeader(self, seed, victim, wait):
         """SIGKILL node ``victim`` (the leader): the new leader's name, seen by a survivor within ``wait`` s."""
         yield self.cluster.nodes[victim].kill(signal.SIGKILL)
@@ -267,10 +280,7 @@ class QuorumFaultTests(ProcessClusterCase):
             load.stopPublishing.set()
             yield pub
         confirmed = set(load.confirmed)
-        yield threads.deferToThread(waitFor, lambda: confirmed <= set(load.received), 30)
-        load.stopConsuming.set()
-        yield con
-        lost = sorted(confirmed - set(load.received))
+        lost = yield self.drained(load, con)
         duplicates = len(load.received) - len(set(load.received))
         print("failovers (killed node, new leader, s to the next confirms): %s; %d confirmed, %d nacked, "
               "%d received, %d duplicates, %d client failures" % (
@@ -310,11 +320,8 @@ class QuorumFaultTests(ProcessClusterCase):
         finally:
             load.stopPublishing.set()
             yield pub
-        confirmed = set(load.confirmed)
-        yield threads.deferToThread(waitFor, lambda: confirmed <= set(load.received), 30)
-        load.stopConsuming.set()
-        yield con
-        self.assertEqual(sorted(confirmed - set(load.received)), [])
+        lost = yield self.drained(load, con)
+        self.assertEqual(lost, [])
 
     @inlineCallbacks
     def test_followerCatchesUp(self):
@@ -410,11 +417,8 @@ class QuorumFaultTests(ProcessClusterCase):
         finally:
             load.stopPublishing.set()
             yield pub
-        confirmed = set(load.confirmed)
-        yield threads.deferToThread(waitFor, lambda: confirmed <= set(load.received), 30)
-        load.stopConsuming.set()
-        yield con
-        self.assertEqual(sorted(confirmed - set(load.received)), [])
+        lost = yield self.drained(load, con)
+        self.assertEqual(lost, [])
 
     @inlineCallbacks
     def test_everyNodeDownLeaderNeverBack(self):
