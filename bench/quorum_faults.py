@@ -18,7 +18,6 @@ import json
 import random
 import signal
 import sys
-import threading
 import time
 import urllib.request
 
@@ -30,6 +29,7 @@ sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(_
     __file__))))
 
 from otter_tx.cluster.local import LocalCluster  # noqa: E402
+from otter_tx.test.cluster.test_quorum_faults import _Load  # noqa: E402
 
 QUEUE = "faults-qq"
 
@@ -47,79 +47,6 @@ def queueJSON(node):
             return json.loads(r.read())
     except Exception:
         return None
-
-
-class Load:
-    def __init__(self, up, rng):
-        self.up = up            # callable: ports of the nodes that are up now
-        self.rng = random.Random(rng.random())
-        self.confirmed = []
-        self.nacked = 0
-        self.received = []
-        self.clientFailures = 0
-        self.stopPublishing = threading.Event()
-        self.stopConsuming = threading.Event()
-
-    def _connect(self):
-        ports = self.up()
-        if not ports:
-            time.sleep(0.1)
-            return None
-        try:
-            return pika.BlockingConnection(params(self.rng.choice(ports)))
-        except Exception:
-            self.clientFailures += 1
-            time.sleep(0.1)
-            return None
-
-    def publisher(self):
-        n = 0
-        while not self.stopPublishing.is_set():
-            c = self._connect()
-            if c is None:
-                continue
-            try:
-                ch = c.channel()
-                ch.confirm_delivery()
-                while not self.stopPublishing.is_set():
-                    n += 1
-                    try:
-                        ch.basic_publish("", QUEUE, b"%d" % n, pika.BasicProperties(delivery_mode=2))
-                    except pika.exceptions.NackError:
-                        self.nacked += 1
-                        continue
-                    self.confirmed.append(n)
-            except Exception:
-                self.clientFailures += 1
-            finally:
-                try:
-                    if c.is_open:
-                        c.close()
-                except Exception:
-                    pass
-
-    def consumer(self):
-        while not self.stopConsuming.is_set():
-            c = self._connect()
-            if c is None:
-                continue
-            try:
-                ch = c.channel()
-                ch.basic_qos(prefetch_count=100)
-                for method, _, body in ch.consume(QUEUE, inactivity_timeout=0.2):
-                    if self.stopConsuming.is_set():
-                        break
-                    if method is not None:
-                        self.received.append(int(body))
-                        ch.basic_ack(method.delivery_tag)
-            except Exception:
-                self.clientFailures += 1
-            finally:
-                try:
-                    if c.is_open:
-                        c.close()
-                except Exception:
-                    pass
 
 
 @defer.inlineCallbacks
@@ -148,7 +75,13 @@ def run(args):
 
         if not (yield threads.deferToThread(declare)):
             raise RuntimeError("the queue's followers did not join")
-        load = Load(lambda: [n.amqpPort for i, n in enumerate(nodes) if i not in faulty], rng)
+        # (any node that is up, chosen again at each reconnection)
+        loadRng = random.Random(rng.random())
+
+        def pick():
+            return loadRng.choice([n.amqpPort for i, n in enumerate(nodes) if i not in faulty])
+
+        load = _Load(QUEUE, pick, pick, prefetch=100)
         pub = threads.deferToThread(load.publisher)
         con = threads.deferToThread(load.consumer)
         started = time.monotonic()
@@ -194,7 +127,7 @@ def run(args):
         result.update({"seconds": args.seconds, "confirmed": len(confirmed), "nacked": load.nacked,
                        "received": len(load.received), "distinct_received": len(set(load.received)),
                        "duplicates": len(load.received) - len(set(load.received)), "lost": len(lost),
-                       "lost_sample": lost[:20], "client_failures": load.clientFailures})
+                       "lost_sample": lost[:20], "client_failures": len(load.failures)})
         print("summary: %d faults; %d confirmed, %d nacked, %d received (%d duplicates), %d confirmed lost %s"
               % (len(result["faults"]), len(confirmed), load.nacked, len(load.received), result["duplicates"],
                  len(lost), lost[:20]), flush=True)

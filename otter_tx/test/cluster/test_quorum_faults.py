@@ -75,11 +75,14 @@ def getAll(port, name, count, seconds):
 class _Load:
     """
     A confirmed publisher and an acking consumer, each in a thread, each on
-    a node ``pick()`` chooses (again whenever its connection fails).
+    a node ``pick()`` chooses (again whenever its connection fails; a
+    ``pick()`` that raises counts as a failed connection).  Also
+    bench/quorum_faults.py's load.
     """
 
-    def __init__(self, name, pickPublisher, pickConsumer):
+    def __init__(self, name, pickPublisher, pickConsumer, prefetch=50):
         self.name = name
+        self.prefetch = prefetch
         self.pickPublisher = pickPublisher
         self.pickConsumer = pickConsumer
         self.confirmed = []
@@ -133,7 +136,7 @@ class _Load:
                 continue
             try:
                 ch = c.channel()
-                ch.basic_qos(prefetch_count=50)
+                ch.basic_qos(prefetch_count=self.prefetch)
                 for method, _, body in ch.consume(self.name, inactivity_timeout=0.2):
                     if self.stopConsuming.is_set():
                         break
