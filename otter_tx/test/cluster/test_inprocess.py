@@ -89,6 +89,38 @@ class ClusterCase(TestCase):
 
         return self.inThread(run)
 
+    def ackingConsumers(self, nodes, name, state, prefetch=None):
+        """
+        (In a thread.) A consumer of queue ``name`` on each of ``nodes``
+        (tags ``c<i>``) that acks each delivery: bodies go to
+        ``state["got"]``, basic.cancel tags to ``state["cancelled"]``; the
+        connections (list), for :meth:`pump`.
+        """
+        conns = []
+        for i in nodes:
+            c = self.conn(i)
+            ch = c.channel()
+            if prefetch is not None:
+                ch.basic_qos(prefetch_count=prefetch)
+            ch.add_on_cancel_callback(lambda frame: state["cancelled"].append(frame.method.consumer_tag))
+
+            def onMessage(ch, method, props, body):
+                state["got"].append(body)
+                ch.basic_ack(method.delivery_tag)
+
+            ch.basic_consume(name, onMessage, consumer_tag="c%d" % i)
+            conns.append(c)
+        return conns
+
+    @staticmethod
+    def pump(conns, seconds, until):
+        """(In a thread.) Process ``conns``' events until ``until()`` or ``seconds`` passed."""
+        deadline = time.time() + seconds
+        while time.time() < deadline and not until():
+            for c in conns:
+                c.process_data_events(0.05)
+        return True
+
     def kill(self, i):
         """Node ``i``'s links drop at once, as when its process is SIGKILLed."""
         n = self.cluster[i]

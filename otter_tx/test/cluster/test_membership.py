@@ -204,30 +204,10 @@ class MembershipTests(ClusterCase):
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         state = {"got": [], "cancelled": []}
 
-        def subscribe():
-            conns = []
-            for i in (0, 1):
-                c = self.conn(i)
-                ch = c.channel()
-                ch.add_on_cancel_callback(lambda frame: state["cancelled"].append(frame.method.consumer_tag))
-
-                def onMessage(ch, method, props, body):
-                    state["got"].append(body)
-                    ch.basic_ack(method.delivery_tag)
-
-                ch.basic_consume("qq", onMessage, consumer_tag="c%d" % i)
-                conns.append(c)
-            return conns
-
-        conns = yield self.inThread(subscribe)
+        conns = yield self.inThread(self.ackingConsumers, (0, 1), "qq", state)
 
         def pump(seconds, until):
-            import time
-            deadline = time.time() + seconds
-            while time.time() < deadline and not until():
-                for c in conns:
-                    c.process_data_events(0.05)
-            return True
+            return self.pump(conns, seconds, until)
 
         code, _ = yield self.call(2, "POST", "/api/rebalance/queues")
         self.assertEqual(code, 204)

@@ -147,29 +147,10 @@ class ReplicatedQuorumTests(ClusterCase):
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         state = {"got": [], "cancelled": []}
 
-        def subscribe():
-            chans = []
-            for i in (1, 2):
-                c = self.conn(i)
-                ch = c.channel()
-                ch.basic_qos(prefetch_count=5)
-                ch.add_on_cancel_callback(lambda frame: state["cancelled"].append(frame.method.consumer_tag))
-
-                def onMessage(ch, method, props, body):
-                    state["got"].append(body)
-                    ch.basic_ack(method.delivery_tag)
-
-                ch.basic_consume("qq", onMessage, consumer_tag="c%d" % i)
-                chans.append(c)
-            return chans
-
-        conns = yield self.inThread(subscribe)
+        conns = yield self.inThread(self.ackingConsumers, (1, 2), "qq", state, 5)
 
         def pump(seconds, until):
-            deadline = time.time() + seconds
-            while time.time() < deadline and not until():
-                for c in conns:
-                    c.process_data_events(0.05)
+            return self.pump(conns, seconds, until)
 
         yield self.publish(1, 20)
         yield self.inThread(pump, 10, lambda: len(state["got"]) >= 20)
