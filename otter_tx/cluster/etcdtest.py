@@ -47,12 +47,25 @@ def etcdAvailable():
 
 def freePort():
     """A TCP port (int) free on 127.0.0.1 right now (the kernel's pick)."""
-    s = socket.socket()
+    return freePorts(1)[0]
+
+
+def freePorts(n):
+    """
+    ``n`` distinct TCP ports (list of int) free on 127.0.0.1 right now: all
+    bound at once, so the kernel cannot hand the same one out twice (one at a
+    time it can, once the first socket closed).
+    """
+    socks = []
     try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
     finally:
-        s.close()
+        for s in socks:
+            s.close()
 
 
 def _dieWithParent():
@@ -218,7 +231,9 @@ def startEtcd(members=1, dataDir=None, reactor=None, timeout=15.0):
     if not etcdAvailable():
         raise RuntimeError("%s is missing (Debian's etcd-server package)" % (ETCD,))
     top = tempfile.mkdtemp(prefix="otter-etcd-", dir=dataDir or _defaultParent())
-    ms = [EtcdMember("m%d" % (i,), freePort(), freePort(), os.path.join(top, "m%d" % (i,))) for i in range(members)]
+    ports = freePorts(2 * members)
+    ms = [EtcdMember("m%d" % (i,), ports[2 * i], ports[2 * i + 1], os.path.join(top, "m%d" % (i,)))
+          for i in range(members)]
     cluster = EtcdCluster(ms, top, "otter-" + uuid.uuid4().hex[:12], reactor, timeout)
     try:
         for i in range(members):
