@@ -68,11 +68,18 @@ try:
     from isal.isal_zlib import crc32
 except ImportError:
     try:
-        # PyPy, where isal does not build: zlib-ng's, as fast (PyPy's zlib.crc32 takes 0.15 s a
-        # GB of bytes, 0.5 s a GB of a bytearray)
-        from zlib_ng.zlib_ng import crc32
+        # PyPy, where isal does not build: zlib-ng's (through cpyext) for a bytearray or a
+        # memoryview (0.016 s a GB; PyPy's zlib.crc32 0.2-0.5), PyPy's own zlib for bytes (cpyext
+        # copies a young bytes object first: 0.5 s a GB against zlib's 0.2); docs/performance.md
+        from zlib_ng.zlib_ng import crc32 as _zngCrc32
     except ImportError:  # neither installed
         crc32 = zlib.crc32
+    else:
+        def crc32(data, value=0, _bytes=zlib.crc32, _buffer=_zngCrc32):
+            """``zlib.crc32(data, value)``, by the faster of two implementations for ``data``'s type."""
+            if type(data) is bytes:
+                return _bytes(data, value)
+            return _buffer(data, value)
 
 #: the first 8 bytes of every segment file (format version 1)
 FILE_MAGIC = b"OTXLOG\x00\x01"
