@@ -700,10 +700,18 @@ class VHost:
             self._reapplyPolicies()
             self.broker.entityChanged("operator_policy", self, p, deleted=True)
 
+    def effectivePolicy(self, name):
+        """
+        ``(policy, operator policy, effective)`` for queue ``name`` (str): the
+        policy and operator policy that match it (or None) and their merge (a
+        policy or None), as RabbitMQ's "Policies" page describes.
+        """
+        policy = matchPolicy(self.policies.values(), name, "queues")
+        operator = matchPolicy(self.operatorPolicies.values(), name, "queues")
+        return policy, operator, mergeOperatorPolicy(policy, operator)
+
     def _applyPolicy(self, q):
-        policy = matchPolicy(self.policies.values(), q.name, "queues")
-        operator = matchPolicy(self.operatorPolicies.values(), q.name, "queues")
-        effective = mergeOperatorPolicy(policy, operator)
+        policy, operator, effective = self.effectivePolicy(q.name)
         q.operatorPolicy = operator
         q.effectiveDefinition = dict(effective.definition) if effective is not None else {}
         q.applySettings(effectiveSettings(q.arguments, effective, self.broker.defaultDeliveryLimit), policy)

@@ -26,18 +26,23 @@ def entityKey(kind, key):
 class _Capture:
     """The store side of a Journal that writes entity records to the metadata store."""
 
-    def __init__(self, node, onError):
+    def __init__(self, node, onError, records):
         self.node = node
         self.onError = onError
+        # Entities.records: this node's own writes are what the cluster holds too (their watch
+        # echoes are dropped, OrderedWrites), so a later delete from another node finds them
+        self.records = records
 
     def putEntity(self, kind, key, value):
         k = entityKey(kind, key)
         m = self.node.metadata
+        self.records[k] = value
         self.node.writes.write(k, lambda: m.put(k, value)).addErrback(self.onError, k)
 
     def deleteEntity(self, kind, key):
         k = entityKey(kind, key)
         m = self.node.metadata
+        self.records.pop(k, None)
         self.node.writes.write(k, lambda: m.delete(k)).addErrback(self.onError, k)
 
 
@@ -47,9 +52,9 @@ class Entities:
     def __init__(self, node, onError):
         self.node = node
         self.broker = node.broker
-        self.capture = _Capture(node, onError)
-        self.journal = Journal(self.broker, self.capture)
         self.records = {}   # full key -> value, what the cluster holds
+        self.capture = _Capture(node, onError, self.records)
+        self.journal = Journal(self.broker, self.capture)
 
     def changed(self, kind, vhost, obj, deleted):
         """A local change (not one being applied from the cluster)."""

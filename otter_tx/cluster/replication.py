@@ -444,6 +444,14 @@ class ReplicationManager:
         self.replicas = {}
         #: (vhost name, queue name) -> the last record of a replicated queue
         self.records = {}
+        node.broker.listeners.append(self._entityChanged)
+
+    def _entityChanged(self, kind, vhost, obj, deleted):
+        if kind in ("policy", "operator_policy"):
+            # a stream's followers keep the retention its leader keeps (StreamReplica.retention)
+            for (vhostName, _), replica in list(self.replicas.items()):
+                if vhostName == vhost.name and getattr(replica, "isStream", False):
+                    replica.retention()
 
     # --- leader ----------------------------------------------------------------
 

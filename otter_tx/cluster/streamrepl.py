@@ -344,9 +344,20 @@ class StreamReplica:
         self.heldTracking = []
         self.retention(args)
 
-    def retention(self, args):
-        """The stream's arguments' retention, as its leader applies them (policies are the leader's)."""
-        applyRetention(self.stream, args, None, self.name, self.vhostName)
+    def retention(self, args=None):
+        """
+        The stream's retention from its arguments (``args``, a dict; None: the
+        record's), else the policy that matches it on this node (policies are
+        the cluster's, the same on every node), as its leader applies them.
+        """
+        from otter_tx.cluster import metadata as md
+
+        if args is None:
+            args = md.fromJSON(self.record.get("arguments") or {})
+        vh = self.manager.node.broker.vhosts.get(self.vhostName)
+        effective = vh.effectivePolicy(self.name)[2] if vh is not None else None
+        applyRetention(self.stream, args, effective.definition if effective is not None else None,
+                       self.name, self.vhostName)
 
     @property
     def entries(self):

@@ -398,6 +398,27 @@ class DefinitionsTests(ClusterCase):
         yield waitOnReactor(lambda: "v2" not in b1.vhosts and "v2" not in others[0].vhosts, 1)
 
     @inlineCallbacks
+    def test_deletedOnAnotherNodeGoneEverywhere(self):
+        """
+        A policy, an operator policy and a user made on node 1 and deleted on node 3 are gone
+        from node 1 too (a node's own records are part of what it knows the cluster holds).
+        """
+        from otter_tx.broker.policy import OperatorPolicy
+
+        b1, b2, b3 = (f.broker for f in self.fixtures)
+        b1.setPolicy("/", "gone", "^gone", {"max-length": 3}, 0, "queues")
+        b1.vhosts["/"].setOperatorPolicy(OperatorPolicy("opgone", "^gone", {"max-length": 5}, 0, "queues", "/"))
+        b1.addUser("bob", "secret", [])
+        yield waitOnReactor(lambda: all("gone" in b.vhosts["/"].policies and "opgone" in b.vhosts["/"].operatorPolicies
+                                    and "bob" in b.users for b in (b2, b3)), 2)
+        b3.clearPolicy("/", "gone")
+        b3.vhosts["/"].clearOperatorPolicy("opgone")
+        b3.deleteUser("bob")
+        yield waitOnReactor(lambda: all("gone" not in b.vhosts["/"].policies
+                                    and "opgone" not in b.vhosts["/"].operatorPolicies
+                                    and "bob" not in b.users for b in (b1, b2, b3)), 2)
+
+    @inlineCallbacks
     def test_policyAppliesToQueueOnOtherNode(self):
         """A max-length policy set on node 1 limits a queue whose home is node 2."""
         def declare():

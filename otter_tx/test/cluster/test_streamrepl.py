@@ -520,3 +520,22 @@ class FollowerRetentionTests(_StreamCluster):
         for i in (1, 2):
             log = self.replicaLog(i)
             self.assertEqual((log.maxBytes, log.maxAgeSeconds), (1000000, 7200))
+
+    @inlineCallbacks
+    def test_followersApplyPolicyRetention(self):
+        """
+        A policy's max-length-bytes / max-age reach the followers' logs too, set and cleared on
+        any node (the stream's arguments still win), as the leader applies them.
+        """
+        yield self.publish(0, 0, arguments={"x-queue-type": "stream", "x-max-age": "1h"})
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        self.fixtures[2].broker.setPolicy("/", "keep", "^rs$", {"max-length-bytes": 5000000, "max-age": "2D"},
+                                          0, "queues")
+
+        def retention():
+            return [(log.maxBytes, log.maxAgeSeconds) for log in
+                    (self.leaderLog(0), self.replicaLog(1), self.replicaLog(2))]
+
+        yield waitOnReactor(lambda: retention() == [(5000000, 3600)] * 3, 5)
+        self.fixtures[1].broker.clearPolicy("/", "keep")
+        yield waitOnReactor(lambda: retention() == [(None, 3600)] * 3, 5)
