@@ -1,7 +1,9 @@
 """
 The membership of replicated quorum queues (docs/cluster.md,
 "Membership"), as RabbitMQ's ``rabbitmq-queues add_member``,
-``delete_member``, ``grow``, ``shrink`` and ``rebalance quorum``.
+``delete_member``, ``grow``, ``shrink`` and ``rebalance``, and of
+replicated streams, as ``rabbitmq-streams add_replica`` and
+``delete_replica`` (docs/streams.md, "In a cluster").
 
 Every change is made by the queue's leader: a request made on another
 node goes to it over the link (``qqMembership``, a request registered in
@@ -24,9 +26,15 @@ once.  The other nodes see the record through their watch:
   the new one.  Before a transfer the leader waits until the new leader
   has synced everything shipped to it, so every confirmed message is there.
 
+A stream's transfer also records where the new epoch's records start
+(``stream_epochs``, after a barrier that puts everything appended so far on
+the new leader), so a member holding later records of the old leader cuts
+them when it joins.
+
 Errors are :class:`MembershipError` with RabbitMQ's reason atoms
 (``node_not_running``, ``last_node``, ``not_found``,
-``classic_queue_not_supported``) and otter_tx's own
+``classic_queue_not_supported``; for streams ``quorum_queue_not_supported``
+and ``last_stream_member``, as ``rabbit_stream_queue``) and otter_tx's own
 (``no_in_sync_follower``, ``leader_down``).
 """
 
@@ -35,7 +43,7 @@ import re
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from otter_tx.broker.arguments import QUORUM
+from otter_tx.broker.arguments import QUORUM, STREAM
 from otter_tx.cluster import metadata as md
 from otter_tx.cluster.remote import LinkLost
 from otter_tx.store.interface import StoreFailedError
@@ -64,6 +72,11 @@ class MembershipError(Exception):
 def isQuorum(record):
     args = record.get("arguments") or {}
     return args.get("x-queue-type") == QUORUM
+
+
+def isStream(record):
+    args = record.get("arguments") or {}
+    return args.get("x-queue-type") == STREAM
 
 
 class Membership:
@@ -95,24 +108,32 @@ class Membership:
         return self.node.metadata.load(key).addCallback(
             lambda result: next((v for k, v in result[0] if k == key), None))
 
-    def quorumRecords(self):
-        """A Deferred of every quorum queue's record (a list of dicts)."""
+    def quorumRecords(self, streams=False):
+        """A Deferred of every quorum queue's record (a list of dicts); with ``streams``, every stream's too."""
         return self.node.metadata.load("queues/").addCallback(
-            lambda result: [v for _, v in result[0] if isQuorum(v)])
+            lambda result: [v for _, v in result[0] if isQuorum(v) or (streams and isStream(v))])
 
     # --- the operations (on any node) --------------------------------------------
 
-    def addMember(self, vhost, name, node):
-        """``node`` (a running node, not yet a member) becomes a member; fires with ``"added"`` or ``"already"``."""
-        return self._onLeader("add", vhost, name, node)
+    def addMember(self, vhost, name, node, kind=QUORUM):
+        """
+        ``node`` (a running node, not yet a member) becomes a member of the
+        quorum queue (``kind`` ``"quorum"``) or the stream (``"stream"``:
+        ``rabbitmq-streams add_replica``); fires with ``"added"`` or
+        ``"already"``.
+        """
+        return self._onLeader("add", vhost, name, node, kind)
 
-    def deleteMember(self, vhost, name, node):
+    def deleteMember(self, vhost, name, node, kind=QUORUM):
         """``node`` is no longer a member; fires with ``"deleted"`` or ``"not_a_member"``."""
-        return self._onLeader("delete", vhost, name, node)
+        return self._onLeader("delete", vhost, name, node, kind)
 
     def transfer(self, vhost, name, node):
-        """The leadership goes to ``node`` (an in-sync follower); fires with ``"transferred"``."""
-        return self._onLeader("transfer", vhost, name, node)
+        """
+        The leadership of a quorum queue or stream goes to ``node`` (an
+        in-sync follower); fires with ``"transferred"``.
+        """
+        return self._onLeader("transfer", vhost, name, node, None)
 
     @defer.inlineCallbacks
     def grow(self, node, strategy="all", vhostPattern=".*", queuePattern=".*"):
@@ -163,14 +184,15 @@ class Membership:
     def rebalance(self, vhostPattern=".*", queuePattern=".*"):
         """
         Move leaderships so that each running node leads about as many
-        replicated quorum queues as the others: a queue led by a node with
-        more than the fewest goes to an in-sync follower on a running node
-        that leads at least two fewer (RabbitMQ's ``rabbitmq-queues
-        rebalance quorum``).  Fires with ``{node: leaders}`` afterwards.
+        replicated quorum queues and streams as the others: one led by a
+        node with more than the fewest goes to an in-sync follower on a
+        running node that leads at least two fewer (RabbitMQ's
+        ``rabbitmq-queues rebalance all``).  Fires with ``{node: leaders}``
+        afterwards.
         """
         vre, qre = re.compile(vhostPattern), re.compile(queuePattern)
         running = self.running()
-        records = yield self.quorumRecords()
+        records = yield self.quorumRecords(streams=True)
         counts = {n: 0 for n in running}
         for rec in records:
             if rec["node"] in counts:
@@ -211,7 +233,7 @@ class Membership:
     # --- the leader -----------------------------------------------------------------
 
     @defer.inlineCallbacks
-    def _onLeader(self, action, vhost, name, node):
+    def _onLeader(self, action, vhost, name, node, kind=QUORUM):
         n = self.node
         for _ in range(ATTEMPTS):
             rec = yield self.record(vhost, name)
@@ -219,7 +241,7 @@ class Membership:
                 raise MembershipError("not_found", "no queue '%s' in vhost '%s'" % (name, vhost))
             leader = rec["node"]
             if leader == n.name:
-                result = yield self._local(action, vhost, name, node)
+                result = yield self._local(action, vhost, name, node, kind)
             else:
                 link = n.links.get(leader)
                 if link is None:
@@ -228,7 +250,7 @@ class Membership:
                 yield n.writes.pending()
                 try:
                     answer = yield link.ask(OP, {"action": action, "vhost": vhost, "name": name, "node": node,
-                                                 "revision": n.writes.lastRevision})
+                                                 "kind": kind, "revision": n.writes.lastRevision})
                 except LinkLost as e:
                     raise MembershipError("leader_down", "the leader of queue '%s' in vhost '%s', node '%s': %s"
                                           % (name, vhost, leader, e))
@@ -243,7 +265,7 @@ class Membership:
 
     def _answer(self, args):
         """Another node's ``qqMembership`` request: done here, as the leader."""
-        d = self._local(args["action"], args["vhost"], args["name"], args["node"])
+        d = self._local(args["action"], args["vhost"], args["name"], args["node"], args.get("kind", QUORUM))
 
         def failed(f):
             f.trap(MembershipError)
@@ -252,18 +274,24 @@ class Membership:
         return d.addCallbacks(lambda result: {"result": result}, failed)
 
     @defer.inlineCallbacks
-    def _local(self, action, vhost, name, target):
+    def _local(self, action, vhost, name, target, kind=QUORUM):
         """
-        ``action`` on this node, the leader: ``"retry"`` when the record no
-        longer names it (the asking node reads it again and asks the new
-        leader) or changed meanwhile.
+        ``action`` on this node, the leader, for a queue of type ``kind``
+        (``"quorum"``, ``"stream"``, or None for either: rebalance):
+        ``"retry"`` when the record no longer names it (the asking node
+        reads it again and asks the new leader) or changed meanwhile.
         """
         n = self.node
         me = n.name
         rec = yield self.record(vhost, name)
         if rec is None:
             raise MembershipError("not_found", "no queue '%s' in vhost '%s'" % (name, vhost))
-        if not isQuorum(rec):
+        stream = isStream(rec)
+        if kind == STREAM and not stream:
+            # (rabbit_stream_queue:add_replica's answers)
+            reason = "quorum_queue_not_supported" if isQuorum(rec) else "classic_queue_not_supported"
+            raise MembershipError(reason, "queue '%s' in vhost '%s' is not a stream" % (name, vhost))
+        if not isQuorum(rec) and not (stream and kind != QUORUM):
             raise MembershipError("classic_queue_not_supported",
                                   "queue '%s' in vhost '%s' is not a quorum queue" % (name, vhost))
         if rec["node"] != me:
@@ -282,13 +310,15 @@ class Membership:
             if target not in members:
                 return "not_a_member"
             if members == [target]:
-                raise MembershipError("last_node", "node '%s' is the last member of queue '%s' in vhost '%s'"
+                raise MembershipError("last_stream_member" if stream else "last_node",
+                                      "node '%s' is the last member of queue '%s' in vhost '%s'"
                                       % (target, name, vhost))
             if target == me:
                 # the leader's own member: the leadership goes first, in the same transaction
-                heir = yield self._heir(vhost, name, rec)
+                heir, start = yield self._heir(vhost, name, rec)
                 new = dict(rec, node=heir, leader=heir, epoch=epoch + 1, online=[heir],
                            members=[m for m in members if m != me])
+                self._epochStarts(new, rec, start)
             else:
                 new = dict(rec, members=[m for m in members if m != target],
                            online=[m for m in online if m != target])
@@ -298,32 +328,48 @@ class Membership:
                 return "transferred"
             if target not in members:
                 raise MembershipError("not_a_member", "node '%s' is not a member of queue '%s'" % (target, name))
-            heir = yield self._heir(vhost, name, rec, target)
+            heir, start = yield self._heir(vhost, name, rec, target)
             new = dict(rec, node=heir, leader=heir, epoch=epoch + 1, online=[heir])
+            self._epochStarts(new, rec, start)
             done = "transferred"
         else:
             raise MembershipError("bad_request", "unknown membership action %r" % (action,))
         result = yield self._swap(vhost, name, rec, new)
         return done if result else "retry"
 
+    @staticmethod
+    def _epochStarts(new, rec, start):
+        """A stream's new epoch (``new``'s) starts at offset ``start``: in its ``stream_epochs``."""
+        if start is not None:
+            new["stream_epochs"] = list(rec.get("stream_epochs") or [[1, 0]]) + [[new["epoch"], start]]
+
     @defer.inlineCallbacks
     def _heir(self, vhost, name, rec, target=None):
         """
-        The in-sync follower (``target``, or the first running one) to take
-        over, once it has synced everything this leader shipped to it.
+        ``(heir, start)``: the in-sync follower (``target``, or the first
+        running one) to take over, once it has synced everything this leader
+        shipped to it; for a stream, ``start`` is the offset its log holds
+        everything below (every append made before this call, after the
+        stream's own barrier), else None.
         """
         n = self.node
         rep = n.replication.leading.get((vhost, name))
         joined = rep.joined if rep is not None else {}
         online = [m for m in rec.get("online") or () if m != n.name]
         candidates = [target] if target is not None else online
+        stream = getattr(rep, "stream", None) if rep is not None else None
         for heir in candidates:
             if heir in online and heir in joined and heir in self.running():
+                start = None
                 try:
+                    if stream is not None:
+                        start = stream.next
+                        # every append so far on every in-sync follower (the heir included)
+                        yield rep.sync()
                     yield joined[heir].sync()
-                except StoreFailedError:  # (LinkLost) gone meanwhile
+                except StoreFailedError:  # (LinkLost: gone meanwhile; NoMajority)
                     continue
-                return heir
+                return heir, start
         if target is None:
             text = "no in-sync follower of queue '%s' in vhost '%s' to take over" % (name, vhost)
         else:
@@ -351,7 +397,7 @@ class Membership:
         changed, rec, _ = yield n.writes.write(key, lambda: n.metadata.update(key, change))
         if not changed:
             return False
-        log.info("cluster: quorum queue {q} in vhost {v}: members {m}, leader {l} (epoch {e})", q=name, v=vhost,
+        log.info("cluster: queue {q} in vhost {v}: members {m}, leader {l} (epoch {e})", q=name, v=vhost,
                  m=rec.get("members"), l=rec.get("node"), e=rec.get("epoch"))
         # this node's own write: its watch echo is dropped, so it applies the record itself
         n._queue(vhost, name, rec)
@@ -361,11 +407,11 @@ class Membership:
             for follower in list(rep.joined):
                 if follower not in members:
                     del rep.joined[follower]
-            if not rep.live:
+            if getattr(rep, "stream", None) is None and not rep.live:
                 # a queue of one member gaining its first follower: its snapshot needs the entries
                 q = rep.queue
                 rep.live = {e.seq: e for e in q.readyEntries()}
         return True
 
 
-__all__ = ["Membership", "MembershipError", "OP", "STRATEGIES", "isQuorum"]
+__all__ = ["Membership", "MembershipError", "OP", "STRATEGIES", "isQuorum", "isStream"]

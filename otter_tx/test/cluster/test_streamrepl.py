@@ -5,6 +5,7 @@ in-memory metadata store), driven by pika and rstream.
 """
 
 import asyncio
+import os
 import time
 
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -539,3 +540,128 @@ class FollowerRetentionTests(_StreamCluster):
         yield waitOnReactor(lambda: retention() == [(5000000, 3600)] * 3, 5)
         self.fixtures[1].broker.clearPolicy("/", "keep")
         yield waitOnReactor(lambda: retention() == [(None, 3600)] * 3, 5)
+
+
+class StreamMembershipTests(_StreamCluster):
+    """
+    A replicated stream's members over the management API, as
+    ``rabbitmq-streams add_replica`` / ``delete_replica`` (otter_tx/cluster/membership.py,
+    otter_tx/web/management/members.py), and rebalance with streams.
+    """
+
+    management = True
+
+    def api(self, i, method, path, body=None):
+        from otter_tx.test.cluster import test_inprocess
+
+        return test_inprocess.ManagementTests.api(self, i, method, path, body)
+
+    def call(self, i, method, path, body=None):
+        return self.inThread(self.api, i, method, path, body)
+
+    def addr(self, name, action):
+        return "/api/queues/stream/%%2F/%s/replicas/%s" % (name, action)
+
+    @inlineCallbacks
+    def test_addReplicaReadsTheLog(self):
+        """
+        A stream of two members gets the third node (204, asked on another
+        node than the leader): it joins, holds every message at the same
+        offsets, is in sync, and holds what is published afterwards.
+        """
+        two = dict(STREAM, **{"x-initial-cluster-size": 2})
+        yield self.publish(0, 25, arguments=two)
+        (outsider,) = {"n1", "n2", "n3"} - set(self.record()["members"])
+        o = int(outsider[1:]) - 1
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 2, 5)
+        code, body = yield self.call((o + 1) % 3 or 1, "POST", self.addr("rs", "add"), {"node": outsider})
+        self.assertEqual((code, body), (204, None))
+        self.assertIn(outsider, self.record()["members"])
+        yield waitOnReactor(lambda: outsider in self.record()["online"], 10)
+        self.assertEqual((self.replicaLog(o).first, self.replicaLog(o).committed), (0, 25))
+        yield self.publish(0, 5, start=25, arguments=two)
+        yield waitOnReactor(lambda: self.replicaLog(o).committed == 30, 5)
+        # again: nothing to do (204); a node not in the cluster: 503 node_not_running
+        code, _ = yield self.call(0, "POST", self.addr("rs", "add"), {"node": outsider})
+        self.assertEqual(code, 204)
+        code, body = yield self.call(0, "POST", self.addr("rs", "add"), {"node": "n9"})
+        self.assertEqual((code, body), (503, {"error": "service_unavailable", "reason": "node_not_running"}))
+
+    @inlineCallbacks
+    def test_deleteReplicaDropsItsLog(self):
+        """A follower's member deleted (202): out of members and online, its log deleted there."""
+        yield self.publish(0, 10)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        directory = self.replicaLog(2).directory
+        code, _ = yield self.call(1, "DELETE", self.addr("rs", "delete"), {"node": "n3"})
+        self.assertEqual(code, 202)
+        rec = self.record()
+        self.assertNotIn("n3", rec["members"])
+        self.assertNotIn("n3", rec["online"])
+        yield waitOnReactor(lambda: self.replicaLog(2) is None and not os.path.exists(directory), 5)
+        # a member no longer: 202 again; the stream goes on with two members
+        code, _ = yield self.call(0, "DELETE", self.addr("rs", "delete"), {"node": "n3"})
+        self.assertEqual(code, 202)
+        yield self.publish(1, 5, start=10)
+        self.assertEqual(self.replicaLog(1).committed, 15)
+
+    @inlineCallbacks
+    def test_deleteLeadersMemberMovesTheLeadership(self):
+        """
+        Deleting the leader's own member hands the stream to an in-sync
+        follower first (a new epoch, recorded in stream_epochs where the
+        new leader's log ends): every confirmed message is read back from
+        the first offset, in order, with no gap; publishing goes on.
+        """
+        yield self.publish(0, 20)
+        yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
+        epoch = self.record()["epoch"]
+        code, _ = yield self.call(2, "DELETE", self.addr("rs", "delete"), {"node": "n1"})
+        self.assertEqual(code, 202)
+        rec = self.record()
+        self.assertNotIn("n1", rec["members"])
+        self.assertIn(rec["node"], ("n2", "n3"))
+        self.assertEqual(rec["epoch"], epoch + 1)
+        self.assertEqual(rec["stream_epochs"][-1], [epoch + 1, 20])
+        leader = int(rec["node"][1:]) - 1
+        yield waitOnReactor(lambda: self.leaderLog(leader) is not None, 5)
+        yield waitOnReactor(lambda: "rs" not in self.fixtures[0].broker.vhosts["/"].queues, 5)
+        yield self.publish(leader, 5, start=20)
+        got = yield self.consume(leader, 25)
+        self.assertEqual([o for o, _ in got], list(range(25)))
+        self.assertEqual([b for _, b in got], [b"m%d" % k for k in range(25)])
+
+    @inlineCallbacks
+    def test_errors(self):
+        """
+        The last member: 503 last_stream_member; a quorum queue or a classic
+        queue on the stream routes: quorum_queue_not_supported /
+        classic_queue_not_supported; no queue: 404.
+        """
+        yield self.publish(0, 0, arguments=dict(STREAM, **{"x-initial-cluster-size": 1}))
+        code, body = yield self.call(1, "DELETE", self.addr("rs", "delete"), {"node": "n1"})
+        self.assertEqual((code, body), (503, {"error": "service_unavailable", "reason": "last_stream_member"}))
+        yield self.publishConfirmed(0, "qq", {"x-queue-type": "quorum"}, 0)
+        yield self.publishConfirmed(0, "cq", {}, 0)
+        for name, reason in (("qq", "quorum_queue_not_supported"), ("cq", "classic_queue_not_supported")):
+            code, body = yield self.call(0, "POST", self.addr(name, "add"), {"node": "n2"})
+            self.assertEqual((code, body), (503, {"error": "service_unavailable", "reason": reason}))
+        code, _ = yield self.call(0, "POST", self.addr("nope", "add"), {"node": "n2"})
+        self.assertEqual(code, 404)
+
+    @inlineCallbacks
+    def test_rebalanceMovesStreams(self):
+        """Three streams led by n1: after POST /api/rebalance/queues each node leads one, every message kept."""
+        names = ["s%d" % k for k in range(3)]
+        for name in names:
+            yield self.publish(0, 4, name=name)
+        yield waitOnReactor(lambda: all(len(self.record(n)["online"]) == 3 for n in names), 10)
+        code, _ = yield self.call(1, "POST", "/api/rebalance/queues")
+        self.assertEqual(code, 204)
+        leaders = sorted(self.record(n)["node"] for n in names)
+        self.assertEqual(leaders, ["n1", "n2", "n3"])
+        for name in names:
+            i = int(self.record(name)["node"][1:]) - 1
+            yield waitOnReactor(lambda: self.leaderLog(i, name) is not None, 5)
+            self.assertEqual(self.leaderLog(i, name).committed, 4)
+        yield waitOnReactor(lambda: all(len(self.record(n)["online"]) == 3 for n in names), 10)

@@ -104,8 +104,10 @@ def roomFor(segments):
     if len(segments) >= 2 and segments[0] == b"api":
         if segments[1] == b"vhosts" and len(segments) >= 4 and segments[3] in VHOST_PARTS:
             return VHOST_PARTS[segments[3]]
-        if segments[1] == b"queues" and len(segments) == 7 and segments[2] == b"quorum":
-            # /api/queues/quorum/{v}/{q}/replicas/add|delete, /api/queues/quorum/replicas/on/{node}/grow|shrink
+        if segments[1] == b"queues" and len(segments) == 7 and (
+                segments[2] == b"quorum" or (segments[2] == b"stream" and segments[5] == b"replicas")):
+            # /api/queues/quorum/{v}/{q}/replicas/add|delete, /api/queues/quorum/replicas/on/{node}/grow|shrink,
+            # /api/queues/stream/{v}/{q}/replicas/add|delete
             return MembersRoom
         return ROOMS.get(segments[1], OverviewRoom)
     return OverviewRoom

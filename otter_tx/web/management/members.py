@@ -12,7 +12,21 @@ The quorum queue membership room: RabbitMQ 3.13/4.x's replica operations
 - ``POST /api/queues/quorum/replicas/on/{node}/grow`` ``{"strategy":
   "all"|"even", "vhost_pattern", "queue_pattern"}``: 204;
 - ``DELETE /api/queues/quorum/replicas/on/{node}/shrink``: 202;
-- ``POST /api/rebalance/queues``: 204.
+- ``POST /api/rebalance/queues``: 204 (quorum queues and streams, as
+  RabbitMQ's ``rabbit_amqqueue:rebalance(all, ...)``).
+
+A replicated stream's members change as with ``rabbitmq-streams
+add_replica`` / ``delete_replica`` (RabbitMQ has no HTTP route for them;
+these are otter_tx's, shaped as the quorum queue ones):
+
+- ``POST /api/queues/stream/{vhost}/{name}/replicas/add`` ``{"node": N}``:
+  204 (N joins the leader and reads the log it lacks, then is in sync);
+- ``DELETE /api/queues/stream/{vhost}/{name}/replicas/delete``
+  ``{"node": N}``: 202 (N's copy of the log is deleted there).
+
+Their refusals are ``rabbit_stream_queue``'s reasons: 503
+``classic_queue_not_supported`` / ``quorum_queue_not_supported`` for a queue
+of another type, ``node_not_running``, ``last_stream_member``.
 
 Errors as RabbitMQ's: a missing body key 400 ``[{key_missing,node}]``; a
 missing queue 404; a refused change 503 ``{"error":
@@ -27,7 +41,7 @@ and add on a missing queue is 404 (RabbitMQ: 503 ``not_found``).
 
 from twisted.internet.defer import inlineCallbacks
 
-from otter_tx.broker.arguments import QUORUM, queueType
+from otter_tx.broker.arguments import QUORUM, STREAM, queueType
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import ADMIN
@@ -51,7 +65,7 @@ def _httpError(e):
 
 
 class MembersRoom(Room):
-    """Add and delete quorum queue members, grow, shrink, rebalance."""
+    """Add and delete quorum queue and stream members, grow, shrink, rebalance."""
 
     app = roomApp()
 
@@ -118,6 +132,46 @@ class MembersRoom(Room):
             return Response(202)
         return self._run(membership, membership.deleteMember(vhost, name, node), Response(202))
 
+    def _stream(self, request, vhost, name):
+        """The node the body names, after 404 for a missing vhost or queue, 400, and 503 for another type."""
+        q = self._queue(self._vhost(vhost), name)
+        node = self._nodeArg(request)
+        kind = queueType(q.arguments)
+        if kind != STREAM:
+            raise unavailable("quorum_queue_not_supported" if kind == QUORUM else "classic_queue_not_supported")
+        return node
+
+    @app.route("/api/queues/stream/<vhost>/<name>/replicas/add", methods=["POST", "OPTIONS"])
+    @endpoint(ADMIN)
+    def addReplica(self, request, user, vhost, name):
+        """
+        ``POST {"node": N}``: N becomes a member of the stream (``rabbitmq-streams
+        add_replica``): it joins the leader, reads what it lacks and is in sync; 204.
+        """
+        node = self._stream(request, vhost, name)
+        membership = self._membership()
+        if membership is None:
+            if node == self._me():
+                return Response(204)
+            raise unavailable("node_not_running")
+        return self._run(membership, membership.addMember(vhost, name, node, STREAM), Response(204))
+
+    @app.route("/api/queues/stream/<vhost>/<name>/replicas/delete", methods=["DELETE", "OPTIONS"])
+    @endpoint(ADMIN)
+    def deleteReplica(self, request, user, vhost, name):
+        """
+        ``DELETE {"node": N}``: N is no longer a member of the stream
+        (``rabbitmq-streams delete_replica``; the leader's own member: the
+        leadership goes to an in-sync follower first); 202.
+        """
+        node = self._stream(request, vhost, name)
+        membership = self._membership()
+        if membership is None:
+            if node == self._me():
+                raise unavailable("last_stream_member")
+            return Response(202)
+        return self._run(membership, membership.deleteMember(vhost, name, node, STREAM), Response(202))
+
     @app.route("/api/queues/quorum/replicas/on/<node>/grow", methods=["POST", "OPTIONS"])
     @endpoint(ADMIN)
     def grow(self, request, user, node):
@@ -156,7 +210,7 @@ class MembersRoom(Room):
     @app.route("/api/rebalance/queues", methods=["POST", "OPTIONS"])
     @endpoint(ADMIN)
     def rebalance(self, request, user):
-        """``POST``: move quorum queue leaderships so each running node leads about as many; 204."""
+        """``POST``: move quorum queue and stream leaderships so each running node leads about as many; 204."""
         membership = self._membership()
         if membership is None:
             return Response(204)

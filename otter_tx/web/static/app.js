@@ -888,11 +888,11 @@ pages.queues = (root) => {
   }};
 };
 
-// a quorum queue's members (docs/cluster.md, "Membership"): its leader, members and the in-sync
-// ones; administrators add a member (a running cluster node that is not one) or delete one.  A
-// replicated stream's members are shown the same way, without the buttons (docs/streams.md)
+// a quorum queue's or a replicated stream's members (docs/cluster.md, "Membership"; docs/streams.md,
+// "In a cluster"): its leader, members and the in-sync ones; administrators add a member (a running
+// cluster node that is not one) or delete one (a stream's: rabbitmq-streams add_replica / delete_replica)
 function membersSection(vhost, name) {
-  const base = "/api/queues/quorum/" + enc(vhost) + "/" + enc(name) + "/replicas/";
+  let base = "/api/queues/quorum/" + enc(vhost) + "/" + enc(name) + "/replicas/";
   const admin = hasTag("administrator");
   const view = h("div");
   const nodeSel = h("select", {name: "node", required: true});
@@ -901,11 +901,12 @@ function membersSection(vhost, name) {
     if (node) await act(() => api("POST", base + "add", {node}), "Member " + node + " added: it joins and syncs.");
   });
   const el = h("div", {id: "members", hidden: true}, h("h2", {}, "Members"), view, admin ? add : null);
-  let shown = "";
+  let shown = null;
   return {el, async refresh(q) {
     el.hidden = !((q.type === "quorum" || q.type === "stream") && q.leader);
     if (el.hidden) return;
-    const manage = admin && q.type === "quorum";
+    const manage = admin;
+    base = "/api/queues/" + q.type + "/" + enc(vhost) + "/" + enc(name) + "/replicas/";
     if (add) add.hidden = !manage;
     const ms = q.members || [q.leader], online = q.online || [];
     fill(view, kv([["Leader", h("span", {"data-member-leader": ""}, q.leader)], ["Members", ms.join(", ")],
