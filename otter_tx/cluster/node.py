@@ -359,7 +359,7 @@ class ClusterNode:
             q = vh.queues.get(name)
             if q is not None and (q.quorum or getattr(q, "stream", None) is not None):
                 # this node led it and another node leads it now (a newer epoch): it follows
-                moving = self._demote(vh, q)
+                moving = self._demote(vh, q, self.name in (record.get("members") or ()))
         if record["node"] == self.name:
             return
         rq = vh.remoteQueues.get(name)
@@ -411,13 +411,15 @@ class ClusterNode:
                 if parts[0] == vh.name:
                     self._binding(vh.name, key, record)
 
-    def _demote(self, vh, q):
+    def _demote(self, vh, q, member=True):
         """
         A quorum queue this node led is led elsewhere now: the local queue
-        goes (this node's follower joins the new leader).  Its consumers
-        here are returned (``[(consumer, exclusive)]``) to subscribe at the
-        new leader; other nodes' consumers are dropped without a cancel
-        (their nodes subscribe them at the new leader as they see it).
+        goes (this node's follower joins the new leader; a stream's log
+        stays as its copy while this node is still a ``member``, else it is
+        deleted too).  Its consumers here are returned (``[(consumer,
+        exclusive)]``) to subscribe at the new leader; other nodes'
+        consumers are dropped without a cancel (their nodes subscribe them
+        at the new leader as they see it).
         """
         led = self.replication.leading.pop((vh.name, q.name), None)
         rep = q.journal
@@ -425,10 +427,10 @@ class ClusterNode:
             rep.fence()
             q.journal = rep.inner
         if getattr(q, "stream", None) is not None:
-            # a stream: its log stays, this node's replica now
+            # a stream: its log stays, this node's replica now (unless it is no longer a member)
             if led is not None:
                 led.fence()
-            q.keepStream = True
+            q.keepStream = member
         moving = []
         for c in list(q.consumers):
             link = getattr(c, "link", None)

@@ -616,6 +616,7 @@ class StreamMembershipTests(_StreamCluster):
         yield self.publish(0, 20)
         yield waitOnReactor(lambda: len(self.record()["online"]) == 3, 5)
         epoch = self.record()["epoch"]
+        directory = self.leaderLog(0).directory
         code, _ = yield self.call(2, "DELETE", self.addr("rs", "delete"), {"node": "n1"})
         self.assertEqual(code, 202)
         rec = self.record()
@@ -626,6 +627,9 @@ class StreamMembershipTests(_StreamCluster):
         leader = int(rec["node"][1:]) - 1
         yield waitOnReactor(lambda: self.leaderLog(leader) is not None, 5)
         yield waitOnReactor(lambda: "rs" not in self.fixtures[0].broker.vhosts["/"].queues, 5)
+        # no longer a member: its copy of the log goes too
+        yield waitOnReactor(lambda: not os.path.exists(directory), 5)
+        self.assertIsNone(self.replicaLog(0))
         yield self.publish(leader, 5, start=20)
         got = yield self.consume(leader, 25)
         self.assertEqual([o for o, _ in got], list(range(25)))
