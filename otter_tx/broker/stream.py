@@ -300,6 +300,28 @@ class StreamRegistry:
             log = self.logs[key] = StreamLog(self, clock, vhost, name, path, segmentBytes)
         return log
 
+    def orphans(self):
+        """
+        The stream directories under the root that no open log uses (list of
+        ``(vhost, name, path)``): a cluster node's copies of streams that were
+        deleted, or whose member it stopped being, while it was down.
+        """
+        if self.root is None or not os.path.isdir(self.root):
+            return []
+        used = {os.path.basename(log.directory) for log in self.logs.values()}
+        out = []
+        for entry in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, entry)
+            if entry in used or ".deleted-" in entry or not os.path.isdir(path):
+                continue
+            vhost, dot, name = entry.partition(".")
+            try:
+                out.append((bytes.fromhex(vhost).decode("utf-8", "surrogateescape"),
+                            bytes.fromhex(name).decode("utf-8", "surrogateescape"), path))
+            except ValueError:
+                continue  # not a stream's (_dirName)
+        return out
+
     def forget(self, log):
         """``log`` was deleted."""
         if self.logs.get((log.vhost, log.name)) is log:

@@ -22,6 +22,8 @@ it returns.
 """
 
 import heapq
+import os
+import shutil
 from urllib.parse import quote
 
 from twisted.internet import defer
@@ -153,7 +155,28 @@ class ClusterNode:
         self.running = True
         self.delayed.start()
         self.replication.started()
+        self._sweepStreams()
         self._figuresCall = self.clock.callLater(1, self._sendFigures)
+
+    def _sweepStreams(self):
+        """
+        After the mirror is loaded: this node's copies of streams that are
+        gone, or that it is no longer a member of (deleted while it was
+        down), are deleted, as RabbitMQ's stream coordinator deletes a
+        removed member's data when its node is back.
+        """
+        streams = getattr(self.broker, "streams", None)
+        if streams is None:
+            return
+        for vhostName, name, path in streams.orphans():
+            log.info("cluster: stream {q} in vhost {v} has no member on this node: its copy {p} is deleted",
+                     q=name, v=vhostName, p=path)
+            gone = "%s.deleted-orphan" % (path,)
+            try:
+                os.rename(path, gone)
+            except OSError:
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
 
     def _later(self, seconds, f, *a):
         self._calls = [c for c in self._calls if c.active()]

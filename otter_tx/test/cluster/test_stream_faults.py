@@ -423,3 +423,58 @@ def streamPublisher(load, ports, batch=None):
         except Exception as e:  # the leader went, or a timeout
             load.failures.append(repr(e))
             time.sleep(0.2)
+
+
+class StreamCopiesSweptTests(ProcessClusterCase):
+
+    queueName = NAME
+
+    @inlineCallbacks
+    def test_deletedWhileDownIsSweptAtStart(self):
+        """
+        A node SIGKILLed while one of its streams is deleted and its member
+        of another is deleted: started again, it deletes both copies (it is
+        no longer a member) and keeps and syncs the stream it still follows.
+        """
+        import os
+        import signal
+
+        from otter_tx.broker.stream import _dirName
+
+        yield self.startReplicated(STREAM, wait=30)
+        nodes = self.cluster.nodes
+
+        def declare():
+            c = pika.BlockingConnection(params(nodes[0].amqpPort))
+            ch = c.channel()
+            for name in ("gone", "left"):
+                ch.queue_declare(name, durable=True, arguments=STREAM)
+            c.close()
+            return waitFor(lambda: all(len((queueJSON(nodes[0], n) or {}).get("online", ())) == 3
+                                       for n in ("gone", "left")), 30)
+
+        self.assertTrue((yield threads.deferToThread(declare)))
+        victim = [i for i in range(3) if i != self.index(queueJSON(nodes[0], "left")["leader"])][-1]
+        root = os.path.join(nodes[victim].dataDir, "streams")
+        paths = {n: os.path.join(root, _dirName("/", n)) for n in ("gone", "left", NAME)}
+        self.assertTrue(all(os.path.isdir(p) for p in paths.values()), os.listdir(root))
+        yield nodes[victim].kill(signal.SIGKILL)
+        survivor = (victim + 1) % 3
+
+        def change():
+            c = pika.BlockingConnection(params(nodes[survivor].amqpPort))
+            c.channel().queue_delete("gone")
+            c.close()
+            req = urllib.request.Request(
+                "http://127.0.0.1:%d/api/queues/stream/%%2F/left/replicas/delete" % (nodes[survivor].managementPort,),
+                data=json.dumps({"node": "otter%d" % (victim + 1,)}).encode(), method="DELETE",
+                headers={"content-type": "application/json",
+                         "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+            return urllib.request.urlopen(req, timeout=10).status
+
+        self.assertEqual((yield threads.deferToThread(change)), 202)
+        yield nodes[victim].start()
+        synced = yield threads.deferToThread(
+            waitFor, lambda: "otter%d" % (victim + 1,) in (queueJSON(nodes[survivor], NAME) or {}).get("online", ()), 60)
+        self.assertTrue(synced, (yield threads.deferToThread(self.clusterLog)))
+        self.assertEqual(sorted(os.listdir(root)), [os.path.basename(paths[NAME])])
