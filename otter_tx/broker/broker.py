@@ -11,7 +11,8 @@ from twisted.logger import Logger
 from otter_tx.resources.alarms import Alarms, MemoryMonitor
 from otter_tx.amqp.errors import notAllowed
 from otter_tx.broker.access import User
-from otter_tx.broker.counters import GlobalCounters
+from otter_tx.broker.arguments import QUORUM, STREAM
+from otter_tx.broker.counters import GlobalCounters, StreamCounters
 from otter_tx.broker.stats import MessageCounts, Sampler, vhostMessageCounts
 from otter_tx.broker.durability import Journal
 from otter_tx.broker.lateness import ReapingLateness
@@ -86,6 +87,16 @@ class Broker:
         self.counters = GlobalCounters(self.messageTotals)
         #: channel message counts of deleted vhosts (they stay in the broker's totals)
         self.deletedVHostStats = MessageCounts()
+        #: of the channels' counts, those of quorum queues' and streams' deliveries, gets and
+        #: acks (``"quorum"``, ``"stream"`` -> MessageCounts; a classic queue's are the rest):
+        #: RabbitMQ's ``queue_type`` label of the ``rabbitmq_global_*`` counters
+        self.typeCounts = {QUORUM: MessageCounts(), STREAM: MessageCounts()}
+        #: the stream protocol's totals (``protocol="stream"``; otter_tx.door.stream counts them)
+        self.streamCounters = StreamCounters()
+        #: dead-lettered messages since start: (queue type, strategy, reason) -> int, the strategy
+        #: ``disabled`` (no DLX), ``at_most_once`` or ``at_least_once``, the reason ``expired``,
+        #: ``rejected``, ``maxlen``, ``delivery_limit`` or ``confirmed`` (otter_tx.broker.deadletter)
+        self.deadLetterCounts = {}
         #: message rates: samples every object's counters (started by the service,
         #: :meth:`startStatistics`; ``sampler.intervalMs`` is the setting)
         self.sampler = Sampler(self, clock)

@@ -140,6 +140,17 @@ def deadLetterCopy(message, queueName, dlx, reason, dlrk, nowSeconds, ignoreDeat
     return copy, deaths
 
 
+def _countGlobal(vhost, queue, strategy, reason, n):
+    """
+    The broker-wide ``rabbitmq_global_messages_dead_lettered_<reason>_total``
+    count of ``queue``'s type and ``strategy`` (``Broker.deadLetterCounts``).
+    """
+    counts = getattr(vhost.broker, "deadLetterCounts", None)
+    if counts is not None:
+        key = (queue.queueType, strategy, reason)
+        counts[key] = counts.get(key, 0) + n
+
+
 class DeadLetterer:
     """
     The dead-lettering of one vhost: republishes copies through a queue's
@@ -182,6 +193,7 @@ class DeadLetterer:
             # RabbitMQ's dead_letter_strategy="disabled" counters
             counts = vhost.deadLetterDisabled
             counts[reason] = counts.get(reason, 0) + len(messages)
+            _countGlobal(vhost, queue, "disabled", reason, len(messages))
             return
         ex = vhost.exchanges.get(s.dlx)
         if ex is None:
@@ -199,6 +211,7 @@ class DeadLetterer:
             return
         vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + n
         queue.deadLetteredBy[reason] = queue.deadLetteredBy.get(reason, 0) + n
+        _countGlobal(vhost, queue, "at_most_once", reason, n)
         for m in messages:
             try:
                 self._deadLetterOne(ex, queue, m, reason)
@@ -232,6 +245,9 @@ class DeadLetterer:
         if done:
             vhost.deadLettered[reason] = vhost.deadLettered.get(reason, 0) + done
             queue.deadLetteredBy[reason] = queue.deadLetteredBy.get(reason, 0) + done
+            _countGlobal(vhost, queue, "at_least_once", reason, done)
+            # (routed to a queue: RabbitMQ's dead_lettered_confirmed once the target confirms)
+            _countGlobal(vhost, queue, "at_least_once", "confirmed", done)
         if held:
             queue.heldDeadLetters.hold(held, reason)
 

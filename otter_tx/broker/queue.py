@@ -123,6 +123,9 @@ class Queue:
         #: ``"quorum"`` or ``"classic"`` (``x-queue-type``)
         self.queueType = queueType(arguments)
         self.quorum = self.queueType == QUORUM
+        #: the broker's counts of this queue type's deliveries and acks
+        #: (``Broker.typeCounts``; None for a classic queue: the channel totals less the others)
+        self.typeCounts = getattr(vhost.broker, "typeCounts", {}).get(self.queueType)
         self.unackedCount = 0
         self._seq = 0
         self.consumers = []

@@ -29,6 +29,9 @@ class ReplyToQueue:
     consumer, whose deliveries are no-ack.
     """
 
+    #: (Queue.typeCounts: counted with the classic queues, as RabbitMQ's direct reply-to)
+    typeCounts = None
+
     def __init__(self, vhost):
         self.vhost = vhost
         self.name = REPLY_TO

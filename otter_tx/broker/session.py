@@ -128,15 +128,22 @@ class Consumer:
         """
         s = self.session
         tag = s.deliveryTag = s.deliveryTag + 1
+        typed = queue.typeCounts
         if not self.noAck:
             s.unacked[tag] = (queue, entry, self, tag)
             s.unackedCount += 1
             self.unacked += 1
             s.stats.deliver += 1
+            if typed is not None:
+                typed.deliver += 1
         else:
             s.stats.deliverNoAck += 1
+            if typed is not None:
+                typed.deliverNoAck += 1
         if entry.redelivered:
             s.stats.redeliver += 1
+            if typed is not None:
+                typed.redeliver += 1
         s.client.delivered(s.number, self, tag, entry.redelivered,
                                entry.message if not entry.returns else queue.deliveredMessage(entry))
 
@@ -478,8 +485,11 @@ class Session:
 
     def _got(self, entry, q, noAck):
         stats = self.stats
+        typed = q.typeCounts
         if entry is None:
             stats.getEmpty += 1
+            if typed is not None:
+                typed.getEmpty += 1
             return None
         self.deliveryTag += 1
         tag = self.deliveryTag
@@ -487,10 +497,16 @@ class Session:
             self.unacked[tag] = (q, entry, None, tag)
             self.unackedCount += 1
             stats.get += 1
+            if typed is not None:
+                typed.get += 1
         else:
             stats.getNoAck += 1
+            if typed is not None:
+                typed.getNoAck += 1
         if entry.redelivered:
             stats.redeliver += 1
+            if typed is not None:
+                typed.redeliver += 1
         return tag, entry, q
 
     # --- acknowledgements -----------------------------------------------------------
@@ -531,6 +547,8 @@ class Session:
                 queue, entry, consumer, _ = rec
                 self.unackedCount -= 1
                 self.stats.ack += 1
+                if queue.typeCounts is not None:
+                    queue.typeCounts.ack += 1
                 if consumer is not None:
                     consumer.unacked -= 1
                 queue.settle(entry)
@@ -551,6 +569,8 @@ class Session:
         for queue, entry, consumer, _ in taken:
             queue.settle(entry)
             queues.add(queue)
+            if queue.typeCounts is not None:
+                queue.typeCounts.ack += 1
         self._afterSettle(queues)
 
     def _afterSettle(self, queues):

@@ -1371,6 +1371,7 @@ class StreamQueue(Queue):
         Queue.__init__(self, vhost, name, durable, autoDelete, owner, arguments)
         self.queueType = STREAM
         self.quorum = False
+        self.typeCounts = getattr(vhost.broker, "typeCounts", {}).get(STREAM)
         self.singleActive = False
         broker = vhost.broker
         seg = arguments.get("x-stream-max-segment-size-bytes")

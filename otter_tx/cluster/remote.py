@@ -134,6 +134,8 @@ class RemoteQueue:
         self.quorum = self.queueType == QUORUM
         #: a stream (one member, at its home: docs/streams.md): its consumer rules apply here
         self.isStream = self.queueType == STREAM
+        #: this node's counts of the queue type's deliveries and acks (Queue.typeCounts)
+        self.typeCounts = getattr(self.vhost.broker, "typeCounts", {}).get(self.queueType)
         #: a replicated quorum queue (its consumers here follow its leader: reattach)
         self.replicated = len(record.get("members") or ()) > 1
 

@@ -250,11 +250,13 @@ class StreamServerProtocol(Protocol):
         peer = self.transport.getPeer()
         self.peerHost = getattr(peer, "host", None)
         f.connections.add(self)
+        self.broker.streamCounters.connections.add(self)
         self._handshakeTimer = self.clock.callLater(f.handshakeTimeout, self._handshakeTimeout)
 
     def connectionLost(self, reason=None):
         self.closed = True
         self.factory.connections.discard(self)
+        self.broker.streamCounters.connections.discard(self)
         for call in (self._pumpCall, self._hbCall, self._handshakeTimer, self._blockCall):
             if call is not None and call.active():
                 call.cancel()
@@ -283,7 +285,7 @@ class StreamServerProtocol(Protocol):
             log.warn("stream connection: frame of {size} bytes exceeds frame_max {max}",
                      size=e.size, max=e.frameMax)
             if self.state == "open":
-                self.send(wire.closeRequest(self._nextCorr(), wire.FRAME_TOO_LARGE, "frame too large"))
+                self.send(wire.closeRequest(self._nextCorr(), self._counted(wire.FRAME_TOO_LARGE), "frame too large"))
             self.transport.loseConnection()
             self.closed = True
             return
@@ -308,11 +310,21 @@ class StreamServerProtocol(Protocol):
 
     def _unknownFrame(self):
         if self.state == "open":
-            self.send(wire.closeRequest(self._nextCorr(), wire.UNKNOWN_FRAME, "unknown frame"))
+            self.send(wire.closeRequest(self._nextCorr(), self._counted(wire.UNKNOWN_FRAME), "unknown frame"))
             self._closeSoon()
         else:
             self.transport.loseConnection()
             self.closed = True
+
+    def _counted(self, code):
+        """
+        ``code`` (a response code), counted in ``rabbitmq_global_stream_error_*``
+        when it is an error, as RabbitMQ's stream reader counts each error
+        response it sends after the connection opened (NO_OFFSET is no error).
+        """
+        if code != wire.OK and code != wire.NO_OFFSET:
+            self.broker.streamCounters.error(code)
+        return code
 
     def _closeSoon(self):
         """Close once what was written is out (the client reads the refusal first)."""
@@ -467,31 +479,31 @@ class StreamServerProtocol(Protocol):
 
     def _create(self, corr, version, name, arguments):
         if not _validName(name):
-            self.send(wire.response(wire.CREATE_STREAM, corr, wire.PRECONDITION_FAILED))
+            self.send(wire.response(wire.CREATE_STREAM, corr, self._counted(wire.PRECONDITION_FAILED)))
             return
         if not self._permits(CONFIGURE, name):
-            self.send(wire.response(wire.CREATE_STREAM, corr, wire.ACCESS_REFUSED))
+            self.send(wire.response(wire.CREATE_STREAM, corr, self._counted(wire.ACCESS_REFUSED)))
             return
         if self.backend.exists(self.vhost, name):
-            self.send(wire.response(wire.CREATE_STREAM, corr, wire.STREAM_ALREADY_EXISTS))
+            self.send(wire.response(wire.CREATE_STREAM, corr, self._counted(wire.STREAM_ALREADY_EXISTS)))
             return
         code = self.backend.create(self.vhost, name, arguments)
         if isinstance(code, Deferred):
             # a cluster's: the stream is created at its home node (docs/streams.md, "In a cluster")
             code.addCallback(lambda c: self.send(wire.response(wire.CREATE_STREAM, corr, c)))
             return
-        self.send(wire.response(wire.CREATE_STREAM, corr, code))
+        self.send(wire.response(wire.CREATE_STREAM, corr, self._counted(code)))
 
     def _delete(self, corr, version, name):
         if not self._permits(CONFIGURE, name):
-            self.send(wire.response(wire.DELETE_STREAM, corr, wire.ACCESS_REFUSED))
+            self.send(wire.response(wire.DELETE_STREAM, corr, self._counted(wire.ACCESS_REFUSED)))
             return
         code = self.backend.delete(self.vhost, name)
         if isinstance(code, Deferred):
             # a stream on another node of the cluster: deleted there
             code.addCallback(lambda c: self.send(wire.response(wire.DELETE_STREAM, corr, c)))
             return
-        self.send(wire.response(wire.DELETE_STREAM, corr, code))
+        self.send(wire.response(wire.DELETE_STREAM, corr, self._counted(code)))
         if code == wire.OK:
             self.factory.streamDeleted(self.vhost, name)
 
@@ -508,7 +520,7 @@ class StreamServerProtocol(Protocol):
                 del self.subscriptions[sid]
                 gone = True
         if gone:
-            self.send(wire.metadataUpdate(wire.STREAM_NOT_AVAILABLE, name))
+            self.send(wire.metadataUpdate(self._counted(wire.STREAM_NOT_AVAILABLE), name))
 
     def _metadata(self, corr, version, streams):
         here = self.factory.advertised(self.transport)
@@ -572,12 +584,12 @@ class StreamServerProtocol(Protocol):
 
     def _streamStats(self, corr, version, name):
         if not self._permits(READ, name):
-            self.send(wire.streamStatsResponse(corr, wire.ACCESS_REFUSED, {}))
+            self.send(wire.streamStatsResponse(corr, self._counted(wire.ACCESS_REFUSED), {}))
         elif not self.backend.exists(self.vhost, name):
             # led by another node of the cluster: its leader answers (docs/streams.md, "In a cluster")
             if not self._askHome(name, "stream.stats", {}, lambda r: self.send(
-                    wire.streamStatsResponse(corr, r["code"], r.get("stats") or {}))):
-                self.send(wire.streamStatsResponse(corr, wire.STREAM_DOES_NOT_EXIST, {}))
+                    wire.streamStatsResponse(corr, self._counted(r["code"]), r.get("stats") or {}))):
+                self.send(wire.streamStatsResponse(corr, self._counted(wire.STREAM_DOES_NOT_EXIST), {}))
         else:
             self.send(wire.streamStatsResponse(corr, wire.OK, self.backend.stats(self.vhost, name)))
 
@@ -587,7 +599,7 @@ class StreamServerProtocol(Protocol):
     # --- publishers
 
     def _declarePublisher(self, corr, version, pid, reference, stream):
-        reply = lambda code: self.send(wire.response(wire.DECLARE_PUBLISHER, corr, code))  # noqa: E731
+        reply = lambda code: self.send(wire.response(wire.DECLARE_PUBLISHER, corr, self._counted(code)))  # noqa: E731
         if len(self.publishers) >= MAX_PUBLISHERS:
             return reply(wire.PRECONDITION_FAILED)
         if reference is not None and len(reference.encode("utf-8")) > MAX_REFERENCE:
@@ -619,7 +631,7 @@ class StreamServerProtocol(Protocol):
     def _deletePublisher(self, corr, version, pid):
         p = self.publishers.get(pid)
         if p is None:
-            self.send(wire.response(wire.DELETE_PUBLISHER, corr, wire.PUBLISHER_DOES_NOT_EXIST))
+            self.send(wire.response(wire.DELETE_PUBLISHER, corr, self._counted(wire.PUBLISHER_DOES_NOT_EXIST)))
             return
         self._dropPublisher(p)
         self.send(wire.response(wire.DELETE_PUBLISHER, corr, wire.OK))
@@ -633,8 +645,10 @@ class StreamServerProtocol(Protocol):
             self._unknownFrame()
             return
         if p is None:
-            self.send(wire.publishError(pid, [(i, wire.PUBLISHER_DOES_NOT_EXIST) for i, _ in entries]))
+            code = self._counted(wire.PUBLISHER_DOES_NOT_EXIST)
+            self.send(wire.publishError(pid, [(i, code) for i, _ in entries]))
             return
+        self.broker.streamCounters.received += count
         if self.broker.alarmed and not self.blocked:
             # as RabbitMQ: a publishing connection stops being read during a memory or disk alarm
             self.blocked = True
@@ -663,7 +677,8 @@ class StreamServerProtocol(Protocol):
             else:
                 flat.append((pubId, m))
         if rejected:
-            self.send(wire.publishError(pid, [(i, wire.PRECONDITION_FAILED) for i in rejected]))
+            code = self._counted(wire.PRECONDITION_FAILED)
+            self.send(wire.publishError(pid, [(i, code) for i in rejected]))
         if flat:
             self._write(p, flat)
 
@@ -708,7 +723,8 @@ class StreamServerProtocol(Protocol):
             else:
                 r = remote(self.vhost, p.stream, ids, data, count)
         if r is None:
-            code = wire.STREAM_DOES_NOT_EXIST if self._elsewhere(p.stream) is None else wire.STREAM_NOT_AVAILABLE
+            code = self._counted(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(p.stream) is None
+                                 else wire.STREAM_NOT_AVAILABLE)
             self.send(wire.publishError(p.pid, [(i, code) for i in ids]))
             return
         self._confirm(p.pid, *r)
@@ -716,22 +732,27 @@ class StreamServerProtocol(Protocol):
     def _confirm(self, pid, ids, d):
         """publish_confirm for ``ids`` now, or once ``d`` fires; a failed write is a publish_error."""
         if d is None:
-            self.send(wire.publishConfirm(pid, ids))
+            self._confirmed(pid, ids)
             return
 
         def failed(f):
             log.failure("stream publish failed", f)
-            self.send(wire.publishError(pid, [(i, wire.INTERNAL_ERROR) for i in ids]))
+            code = self._counted(wire.INTERNAL_ERROR)
+            self.send(wire.publishError(pid, [(i, code) for i in ids]))
 
-        d.addCallbacks(lambda _: self.send(wire.publishConfirm(pid, ids)), failed)
+        d.addCallbacks(lambda _: self._confirmed(pid, ids), failed)
+
+    def _confirmed(self, pid, ids):
+        self.broker.streamCounters.confirmed += len(ids)
+        self.send(wire.publishConfirm(pid, ids))
 
     def _querySequence(self, corr, version, reference, stream):
         if not self._permits(READ, stream):
-            self.send(wire.querySequenceResponse(corr, wire.ACCESS_REFUSED, 0))
+            self.send(wire.querySequenceResponse(corr, self._counted(wire.ACCESS_REFUSED), 0))
         elif not self.backend.exists(self.vhost, stream):
             if not self._askHome(stream, "stream.sequence", {"reference": reference}, lambda r: self.send(
-                    wire.querySequenceResponse(corr, r["code"], r.get("sequence", 0)))):
-                self.send(wire.querySequenceResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+                    wire.querySequenceResponse(corr, self._counted(r["code"]), r.get("sequence", 0)))):
+                self.send(wire.querySequenceResponse(corr, self._counted(wire.STREAM_DOES_NOT_EXIST), 0))
         else:
             self.send(wire.querySequenceResponse(
                 corr, wire.OK, self.backend.sequence(self.vhost, stream, reference)))
@@ -752,13 +773,13 @@ class StreamServerProtocol(Protocol):
 
     def _queryOffset(self, corr, version, reference, stream):
         if not reference or len(reference.encode("utf-8")) > MAX_REFERENCE:
-            self.send(wire.queryOffsetResponse(corr, wire.PRECONDITION_FAILED, 0))
+            self.send(wire.queryOffsetResponse(corr, self._counted(wire.PRECONDITION_FAILED), 0))
         elif not self._permits(READ, stream):
-            self.send(wire.queryOffsetResponse(corr, wire.ACCESS_REFUSED, 0))
+            self.send(wire.queryOffsetResponse(corr, self._counted(wire.ACCESS_REFUSED), 0))
         elif not self.backend.exists(self.vhost, stream):
             if not self._askHome(stream, "stream.queryOffset", {"reference": reference}, lambda r: self.send(
-                    wire.queryOffsetResponse(corr, r["code"], r.get("offset", 0)))):
-                self.send(wire.queryOffsetResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+                    wire.queryOffsetResponse(corr, self._counted(r["code"]), r.get("offset", 0)))):
+                self.send(wire.queryOffsetResponse(corr, self._counted(wire.STREAM_DOES_NOT_EXIST), 0))
         else:
             off = self.backend.queryOffset(self.vhost, stream, reference)
             if off is None:
@@ -788,16 +809,16 @@ class StreamServerProtocol(Protocol):
 
     def _resolveOffsetSpec(self, corr, version, stream, spec, props):
         if not self._permits(READ, stream):
-            self.send(wire.resolveOffsetSpecResponse(corr, wire.ACCESS_REFUSED, 0))
+            self.send(wire.resolveOffsetSpecResponse(corr, self._counted(wire.ACCESS_REFUSED), 0))
         elif not self._readable(stream):
-            self.send(wire.resolveOffsetSpecResponse(corr, wire.STREAM_DOES_NOT_EXIST, 0))
+            self.send(wire.resolveOffsetSpecResponse(corr, self._counted(wire.STREAM_DOES_NOT_EXIST), 0))
         else:
             self.send(wire.resolveOffsetSpecResponse(corr, wire.OK, self._resolve(stream, spec)))
 
     # --- subscriptions
 
     def _subscribe(self, corr, version, sid, stream, spec, credit, props):
-        reply = lambda code: self.send(wire.response(wire.SUBSCRIBE, corr, code))  # noqa: E731
+        reply = lambda code: self.send(wire.response(wire.SUBSCRIBE, corr, self._counted(code)))  # noqa: E731
         if not self._permits(READ, stream):
             return reply(wire.ACCESS_REFUSED)
         if not self._readable(stream):
@@ -880,7 +901,7 @@ class StreamServerProtocol(Protocol):
     def _unsubscribe(self, corr, version, sid):
         sub = self.subscriptions.pop(sid, None)
         if sub is None:
-            self.send(wire.response(wire.UNSUBSCRIBE, corr, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            self.send(wire.response(wire.UNSUBSCRIBE, corr, self._counted(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST)))
             return
         sub.active = False
         self._dropSubscription(sub)
@@ -889,7 +910,7 @@ class StreamServerProtocol(Protocol):
     def _credit(self, corr, version, sid, credit):
         sub = self.subscriptions.get(sid)
         if sub is None:
-            self.send(wire.creditResponse(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
+            self.send(wire.creditResponse(self._counted(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST), sid))
             return
         sub.credit = min(sub.credit + max(credit, 0), 0xFFFF)
         self._schedulePump()
@@ -918,6 +939,7 @@ class StreamServerProtocol(Protocol):
         # each chunk goes straight to the socket while it takes them (writeDirect); once it
         # does not, the rest waits in the transport's buffer and the turn ends
         direct = _socketOf(transport) is not None
+        counters = self.broker.streamCounters
         for sub in list(self.subscriptions.values()):
             while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:
                 chunks = backend.chunks(vhost, sub.stream, sub.offset, 1, maxBytes)
@@ -933,6 +955,7 @@ class StreamServerProtocol(Protocol):
                     # file ranges are read now: the transport's buffer holds bytes
                     out.extend([_asBytes(p) if type(p) is FileRange else p for p in c.parts])
                 sub.offset = c.first + c.count
+                counters.delivered += c.count
                 sub.credit -= 1
                 budget -= 1
                 messages -= c.count
@@ -962,9 +985,9 @@ class StreamServerProtocol(Protocol):
     def _route(self, corr, version, key, superStream):
         parts = self.backend.partitions(self.vhost, superStream)
         if not self._permits(READ, superStream) and parts is not None:
-            self.send(wire.streamsResponse(wire.ROUTE, corr, wire.ACCESS_REFUSED, []))
+            self.send(wire.streamsResponse(wire.ROUTE, corr, self._counted(wire.ACCESS_REFUSED), []))
         elif parts is None:
-            self.send(wire.streamsResponse(wire.ROUTE, corr, wire.STREAM_DOES_NOT_EXIST, []))
+            self.send(wire.streamsResponse(wire.ROUTE, corr, self._counted(wire.STREAM_DOES_NOT_EXIST), []))
         else:
             self.send(wire.streamsResponse(wire.ROUTE, corr, wire.OK,
                                            self.backend.route(self.vhost, superStream, key)))
@@ -972,12 +995,12 @@ class StreamServerProtocol(Protocol):
     def _partitions(self, corr, version, superStream):
         parts = self.backend.partitions(self.vhost, superStream)
         if parts is None:
-            self.send(wire.streamsResponse(wire.PARTITIONS, corr, wire.STREAM_DOES_NOT_EXIST, []))
+            self.send(wire.streamsResponse(wire.PARTITIONS, corr, self._counted(wire.STREAM_DOES_NOT_EXIST), []))
         else:
             self.send(wire.streamsResponse(wire.PARTITIONS, corr, wire.OK, parts))
 
     def _createSuperStream(self, corr, version, name, partitions, keys, arguments):
-        reply = lambda code: self.send(wire.response(wire.CREATE_SUPER_STREAM, corr, code))  # noqa: E731
+        reply = lambda code: self.send(wire.response(wire.CREATE_SUPER_STREAM, corr, self._counted(code)))  # noqa: E731
         if not partitions or len(partitions) != len(keys) or not _validName(name) or \
                 not all(_validName(p) for p in partitions):
             return reply(wire.PRECONDITION_FAILED)
@@ -987,11 +1010,11 @@ class StreamServerProtocol(Protocol):
 
     def _deleteSuperStream(self, corr, version, name):
         if not self._permits(CONFIGURE, name):
-            self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, wire.ACCESS_REFUSED))
+            self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, self._counted(wire.ACCESS_REFUSED)))
             return
         parts = self.backend.partitions(self.vhost, name) or []
         code = self.backend.deleteSuperStream(self.vhost, name)
-        self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, code))
+        self.send(wire.response(wire.DELETE_SUPER_STREAM, corr, self._counted(code)))
         for p in parts:
             self.factory.streamDeleted(self.vhost, p)
 

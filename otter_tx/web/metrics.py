@@ -38,6 +38,7 @@ from prometheus_client.core import (
 from twisted.web.resource import Resource
 
 from otter_tx import __version__
+from otter_tx.broker.counters import STREAM_ERRORS
 from otter_tx.broker.lateness import BUCKETS_MS
 from otter_tx.resources.process_memory import rssBytes
 from otter_tx.web._format import NODE, nodeName
@@ -94,7 +95,32 @@ _REASON_HELP = {
     "maxlen": "Total number of messages dead-lettered due to overflow drop-head or reject-publish-dlx",
 }
 _CLASSIC = "rabbit_classic_queue"
+_QUORUM = "rabbit_quorum_queue"
+_STREAM_QUEUE = "rabbit_stream_queue"
 _AMQP = "amqp091"
+_STREAM = "stream"
+#: the dead_letter_strategy lines of each (queue type, reason), as RabbitMQ 3.10 lists them (a classic
+#: queue has no delivery limit there: otter_tx lists those lines once one counted something)
+_DEAD_LETTER_LINES = {
+    ("classic", "expired"): ("at_most_once", "disabled"),
+    ("classic", "rejected"): ("at_most_once", "disabled"),
+    ("classic", "maxlen"): ("at_most_once", "disabled"),
+    ("classic", "delivery_limit"): (),
+    ("quorum", "expired"): ("at_least_once", "at_most_once", "disabled"),
+    ("quorum", "rejected"): ("at_least_once", "at_most_once", "disabled"),
+    ("quorum", "maxlen"): ("at_most_once", "disabled"),
+    ("quorum", "delivery_limit"): ("at_least_once", "at_most_once", "disabled"),
+}
+
+
+def _deadLettered(snap, dead, qtype, strategy, reason):
+    """The global dead-lettered count of one line (``Broker.deadLetterCounts``; else the vhosts' totals)."""
+    if dead is not None:
+        return dead.get((qtype, strategy, reason), 0)
+    if qtype != "classic" or strategy == "at_least_once":
+        return 0
+    counts = "deadLetterDisabled" if strategy == "disabled" else "deadLettered"
+    return sum(getattr(vh, counts).get(reason, 0) for vh in snap.vhosts)
 
 
 def _counter(prefix, name, help, labels=()):
@@ -438,60 +464,104 @@ class BrokerCollector(_Collector):
 
     def _global(self, snap):
         c = self.broker.counters.frozen()  # the message totals summed once for the ~19 reads below
-        proto = [_AMQP]
-        for name, help, value in (
-            ("messages_received_total", "Total number of messages received from publishers", c.received),
+        sc = getattr(self.broker, "streamCounters", None)
+        amqp, stream = [_AMQP], [_STREAM]
+        for name, help, value, streamValue in (
+            ("messages_received_total", "Total number of messages received from publishers", c.received,
+             sc and sc.received),
             ("messages_received_confirm_total",
-             "Total number of messages received from publishers expecting confirmations", c.receivedConfirm),
-            ("messages_routed_total", "Total number of messages routed to queues or streams", c.routed),
+             "Total number of messages received from publishers expecting confirmations", c.receivedConfirm,
+             sc and sc.received),
+            # (RabbitMQ 3.10's stream protocol counts no routed or unroutable messages: checked on the peer)
+            ("messages_routed_total", "Total number of messages routed to queues or streams", c.routed, 0),
             ("messages_unroutable_dropped_total",
              "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
-             c.unroutableDropped),
+             c.unroutableDropped, 0),
             ("messages_unroutable_returned_total",
              "Total number of messages published as mandatory into an exchange and returned to the "
-             "publisher as unroutable", c.unroutableReturned),
-            ("messages_confirmed_total", "Total number of messages confirmed to publishers", c.confirmed),
+             "publisher as unroutable", c.unroutableReturned, 0),
+            ("messages_confirmed_total", "Total number of messages confirmed to publishers", c.confirmed,
+             sc and sc.confirmed),
         ):
             f = _counter("rabbitmq_global_", name, help, ("protocol",))
-            f.add_metric(proto, value)
+            f.add_metric(amqp, value)
+            if sc is not None:
+                f.add_metric(stream, streamValue)
             yield f
         sessions = [ch.session for ch in snap.channels if getattr(ch, "session", None) is not None]
         f = _gauge("rabbitmq_global_", "publishers", "Current number of publishers", ("protocol",))
-        f.add_metric(proto, sum(1 for s in sessions if s.publisher))
+        f.add_metric(amqp, sum(1 for s in sessions if s.publisher))
+        if sc is not None:
+            f.add_metric(stream, sc.publishers())
         yield f
         f = _gauge("rabbitmq_global_", "consumers", "Current number of consumers", ("protocol",))
-        f.add_metric(proto, sum(len(s.consumers) for s in sessions))
+        f.add_metric(amqp, sum(len(s.consumers) for s in sessions))
+        if sc is not None:
+            f.add_metric(stream, sc.consumers())
         yield f
-        pq = [_AMQP, _CLASSIC]
-        for name, help, value in (
-            ("messages_delivered_total", "Total number of messages delivered to consumers", c.delivered),
+        # by queue type: the quorum queues' and streams' own counts, a classic queue's the rest
+        typed = getattr(self.broker, "typeCounts", {})
+        quorum, streams = typed.get("quorum"), typed.get("stream")
+        for name, help, value, attrs in (
+            ("messages_delivered_total", "Total number of messages delivered to consumers", c.delivered,
+             ("deliver", "deliverNoAck", "get", "getNoAck")),
             ("messages_delivered_consume_manual_ack_total",
              "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
-             c.deliveredConsumeManualAck),
+             c.deliveredConsumeManualAck, ("deliver",)),
             ("messages_delivered_consume_auto_ack_total",
              "Total number of messages delivered to consumers using basic.consume with automatic "
-             "acknowledgment", c.deliveredConsumeAutoAck),
+             "acknowledgment", c.deliveredConsumeAutoAck, ("deliverNoAck",)),
             ("messages_delivered_get_manual_ack_total",
              "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
-             c.deliveredGetManualAck),
+             c.deliveredGetManualAck, ("get",)),
             ("messages_delivered_get_auto_ack_total",
              "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
-             c.deliveredGetAutoAck),
+             c.deliveredGetAutoAck, ("getNoAck",)),
             ("messages_get_empty_total", "Total number of times basic.get operations fetched no message",
-             c.getEmpty),
-            ("messages_redelivered_total", "Total number of messages redelivered to consumers", c.redelivered),
+             c.getEmpty, ("getEmpty",)),
+            ("messages_redelivered_total", "Total number of messages redelivered to consumers", c.redelivered,
+             ("redeliver",)),
             ("messages_acknowledged_total", "Total number of messages acknowledged by consumers",
-             c.acknowledged),
+             c.acknowledged, ("ack",)),
         ):
             f = _counter("rabbitmq_global_", name, help, ("protocol", "queue_type"))
-            f.add_metric(pq, value)
+            q = sum(getattr(quorum, a) for a in attrs) if quorum is not None else 0
+            st = sum(getattr(streams, a) for a in attrs) if streams is not None else 0
+            f.add_metric([_AMQP, _CLASSIC], max(value - q - st, 0))
+            if quorum is not None:
+                f.add_metric([_AMQP, _QUORUM], q)
+            if streams is not None:
+                f.add_metric([_AMQP, _STREAM_QUEUE], st)
+            if sc is not None:
+                # the stream protocol's deliveries (RabbitMQ counts them in messages_delivered_total only)
+                f.add_metric([_STREAM, _STREAM_QUEUE], sc.delivered if name == "messages_delivered_total" else 0)
             yield f
+        dead = getattr(self.broker, "deadLetterCounts", None)
         for reason in _REASONS:
             f = _counter("rabbitmq_global_", "messages_dead_lettered_%s_total" % (reason,), _REASON_HELP[reason],
                          ("queue_type", "dead_letter_strategy"))
-            f.add_metric([_CLASSIC, "disabled"], sum(vh.deadLetterDisabled.get(reason, 0) for vh in snap.vhosts))
-            f.add_metric([_CLASSIC, "at_most_once"], sum(vh.deadLettered.get(reason, 0) for vh in snap.vhosts))
+            for qtype, label in (("classic", _CLASSIC), ("quorum", _QUORUM)):
+                for strategy in _DEAD_LETTER_LINES[(qtype, reason)]:
+                    f.add_metric([label, strategy], _deadLettered(snap, dead, qtype, strategy, reason))
+            if reason == "delivery_limit":
+                for strategy in ("at_most_once", "disabled"):
+                    n = _deadLettered(snap, dead, "classic", strategy, reason)
+                    if n:
+                        f.add_metric([_CLASSIC, strategy], n)
             yield f
+        f = _counter("rabbitmq_global_", "messages_dead_lettered_confirmed_total",
+                     "Total number of messages dead-lettered and confirmed by target queues",
+                     ("queue_type", "dead_letter_strategy"))
+        f.add_metric([_QUORUM, "at_least_once"], (dead or {}).get(("quorum", "at_least_once", "confirmed"), 0))
+        yield f
+        if sc is not None:
+            for code, errName in sorted(STREAM_ERRORS.items(), key=lambda kv: kv[1]):
+                help = ("Total number of commands rejected with stream does not exist error"
+                        if errName == "stream_does_not_exist" else
+                        "Total number of commands failed with %s" % (errName.replace("_", " "),))
+                f = _counter("rabbitmq_global_", "stream_error_%s_total" % (errName,), help, ("protocol",))
+                f.add_metric(stream, sc.errors.get(code, 0))
+                yield f
 
     def _alarms(self):
         active = self.broker.alarms.active

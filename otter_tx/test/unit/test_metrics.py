@@ -112,7 +112,15 @@ RABBITMQ_310 = {
     "rabbitmq_global_messages_dead_lettered_rejected_total": "counter",
     "rabbitmq_global_messages_dead_lettered_maxlen_total": "counter",
     "rabbitmq_global_messages_dead_lettered_delivery_limit_total": "counter",
+    "rabbitmq_global_messages_dead_lettered_confirmed_total": "counter",
 }
+#: with rabbitmq_stream enabled (as on the 3.10 peer): protocol="stream" error counters
+RABBITMQ_310.update(("rabbitmq_global_stream_error_%s_total" % (name,), "counter") for name in (
+    "access_refused", "authentication_failure", "frame_too_large", "internal_error", "precondition_failed",
+    "publisher_does_not_exist", "sasl_authentication_failure_loopback", "sasl_challenge", "sasl_error",
+    "sasl_mechanism_not_supported", "stream_already_exists", "stream_does_not_exist", "stream_not_available",
+    "subscription_id_already_exists", "subscription_id_does_not_exist", "unknown_frame",
+    "vhost_access_failure"))
 
 #: the detailed families' names (rabbitmq_detailed_ + the core name), 3.10's
 #: /metrics/detailed; exchange_names and exchange_bindings as untyped
@@ -267,6 +275,58 @@ class CounterTests(MetricsTestCase):
         self.assertEqual(value(fams, "rabbitmq_global_messages_get_empty_total", **classic), 1)
         self.assertEqual(value(fams, "rabbitmq_global_messages_redelivered_total", **classic), 1)
         self.assertEqual(value(fams, "rabbitmq_global_messages_acknowledged_total", **classic), 0)
+
+    def test_byQueueType(self):
+        """
+        Deliveries, gets and acks of a quorum queue and a stream count under their queue_type
+        (rabbit_quorum_queue, rabbit_stream_queue), a classic queue's under rabbit_classic_queue;
+        dead-lettering by queue type and strategy as 3.10 lists the lines.
+        """
+        c = self.client()
+        c.send(1, spec.QueueDeclare(0, "cq", False, True, False, False, False, {}))
+        c.send(1, spec.QueueDeclare(0, "qq", False, True, False, False, False,
+                                    {"x-queue-type": "quorum", "x-delivery-limit": 0}))
+        c.send(1, spec.QueueDeclare(0, "sq", False, True, False, False, False, {"x-queue-type": "stream"}))
+        for q in ("cq", "qq", "qq", "sq", "sq", "sq"):
+            c.publish(1, "", q, b"x")
+        self.clock.advance(0)
+        self.addCleanup(self.broker.streams.close)
+        c.send(1, spec.BasicGet(0, "cq", True))
+        c.send(1, spec.BasicGet(0, "qq", False))
+        c.send(1, spec.BasicQos(0, 10, False))
+        c.send(1, spec.BasicConsume(0, "sq", "s", False, False, False, False, {"x-stream-offset": "first"}))
+        for _ in range(3):
+            self.clock.advance(0)
+        tags = [m.delivery_tag for m in c.methods() if isinstance(m, (spec.BasicDeliver, spec.BasicGetOk))]
+        self.assertEqual(len(tags), 5)
+        c.send(1, spec.BasicAck(tags[-1], True))
+        # the quorum queue's other message: rejected past its delivery limit of 0, dead-lettered (no DLX)
+        c.send(1, spec.BasicGet(0, "qq", False))
+        got = [m.delivery_tag for m in c.methods() if isinstance(m, spec.BasicGetOk)]
+        self.assertEqual(len(got), 1)
+        c.send(1, spec.BasicReject(got[0], True))
+        self.clock.advance(0)
+        fams = self.metrics()
+        g = "rabbitmq_global_messages_"
+        for qtype, delivered, acked in (("rabbit_classic_queue", 1, 0), ("rabbit_quorum_queue", 2, 1),
+                                        ("rabbit_stream_queue", 3, 3)):
+            labels = {"protocol": "amqp091", "queue_type": qtype}
+            self.assertEqual(value(fams, g + "delivered_total", **labels), delivered, qtype)
+            self.assertEqual(value(fams, g + "acknowledged_total", **labels), acked, qtype)
+        self.assertEqual(value(fams, g + "delivered_consume_manual_ack_total", protocol="amqp091",
+                               queue_type="rabbit_stream_queue"), 3)
+        self.assertEqual(value(fams, g + "delivered_get_manual_ack_total", protocol="amqp091",
+                               queue_type="rabbit_quorum_queue"), 2)
+        self.assertEqual(value(fams, g + "delivered_get_auto_ack_total", protocol="amqp091",
+                               queue_type="rabbit_classic_queue"), 1)
+        limit = g + "dead_lettered_delivery_limit_total"
+        self.assertEqual(value(fams, limit, queue_type="rabbit_quorum_queue", dead_letter_strategy="disabled"), 1)
+        self.assertEqual(value(fams, limit, queue_type="rabbit_quorum_queue", dead_letter_strategy="at_least_once"),
+                         0)
+        self.assertEqual(value(fams, g + "dead_lettered_maxlen_total", queue_type="rabbit_quorum_queue",
+                               dead_letter_strategy="at_most_once"), 0)
+        self.assertEqual(value(fams, g + "dead_lettered_confirmed_total", queue_type="rabbit_quorum_queue",
+                               dead_letter_strategy="at_least_once"), 0)
 
     def test_churn(self):
         """Connections, channels and queues opened/created/declared/closed/deleted are counted."""

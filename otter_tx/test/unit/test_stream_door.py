@@ -707,3 +707,56 @@ class StreamOptionsTests(SynchronousTestCase):
         from twisted.python.usage import UsageError
 
         self.assertRaises(UsageError, self.settings, ["--stream-advertised-port", "0"])
+
+
+class CountersTests(OnBrokerStreams, StreamDoorTestCase):
+    """
+    The stream protocol's rabbitmq_global_* counters (Broker.streamCounters), as RabbitMQ 3.10's
+    (checked on the peer): messages received and confirmed, deliveries, publishers and consumers,
+    one error per error response after the connection opened (handshake refusals not counted).
+    """
+
+    def test_countsAsRabbitMQ(self):
+        from otter_tx.test.unit.test_metrics import families, value
+        from otter_tx.web.metrics import renderMetrics
+
+        sc = self.broker.streamCounters
+        bad = Client(self.factory, self.clock)
+        self.assertEqual(bad.handshake(password="wrong"), wire.AUTHENTICATION_FAILURE)
+        c = self.client()
+        self.assertEqual(c.create("s"), wire.OK)
+        self.assertEqual(c.declarePublisher(1, "", "s"), wire.OK)
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b"), (3, b"c")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1, 2, 3])])
+        self.assertEqual(c.subscribe(7, "s"), wire.OK)
+        self.settle()
+        self.assertEqual(sum(len(ms) for _, _, ms in c.deliveries()), 3)
+        # errors: two stream_does_not_exist, a publish error of 2 ids counted once, two unknown
+        # subscription ids (unsubscribe and credit)
+        self.assertEqual(c.call(wire.DELETE_STREAM, wire.encodeString("nope"))[0], wire.STREAM_DOES_NOT_EXIST)
+        self.assertEqual(c.declarePublisher(2, "", "nope"), wire.STREAM_DOES_NOT_EXIST)
+        c.feed(wire.publishFrame(9, [(1, b"x"), (2, b"y")]))
+        self.assertEqual(c.call(wire.UNSUBSCRIBE, bytes((9,)))[0], wire.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+        c.feed(struct.pack(">IHHBH", 7, wire.CREDIT, 1, 9, 1))
+        self.settle()
+        self.assertEqual((sc.received, sc.confirmed, sc.delivered), (3, 3, 3))
+        self.assertEqual(sc.errors, {wire.STREAM_DOES_NOT_EXIST: 2, wire.PUBLISHER_DOES_NOT_EXIST: 1,
+                                     wire.SUBSCRIPTION_ID_DOES_NOT_EXIST: 2})
+        fams = families(renderMetrics(self.broker, 1.0, False))
+        stream = {"protocol": "stream"}
+        for name, want in (("rabbitmq_global_messages_received_total", 3),
+                           ("rabbitmq_global_messages_received_confirm_total", 3),
+                           ("rabbitmq_global_messages_confirmed_total", 3),
+                           ("rabbitmq_global_messages_routed_total", 0),
+                           ("rabbitmq_global_publishers", 1), ("rabbitmq_global_consumers", 1),
+                           ("rabbitmq_global_stream_error_stream_does_not_exist_total", 2),
+                           ("rabbitmq_global_stream_error_subscription_id_does_not_exist_total", 2),
+                           ("rabbitmq_global_stream_error_authentication_failure_total", 0)):
+            self.assertEqual(value(fams, name, **stream), want, name)
+        self.assertEqual(value(fams, "rabbitmq_global_messages_delivered_total", protocol="stream",
+                               queue_type="rabbit_stream_queue"), 3)
+        self.assertEqual(value(fams, "rabbitmq_global_messages_delivered_consume_auto_ack_total",
+                               protocol="stream", queue_type="rabbit_stream_queue"), 0)
+        c.proto.connectionLost(None)
+        self.assertEqual((sc.publishers(), sc.consumers()), (0, 0))
