@@ -109,13 +109,25 @@ class MembersRoom(Room):
     @endpoint(ADMIN)
     def addMember(self, request, user, vhost, name):
         """``POST {"node": N}``: N becomes a member of the quorum queue (it joins and syncs); 204."""
-        node = self._quorumQueue(request, vhost, name)
+        return self._add(self._quorumQueue(request, vhost, name), vhost, name, QUORUM)
+
+    def _add(self, node, vhost, name, kind):
+        """``node`` joins queue ``name`` (``kind``: quorum or stream): 204, or 503 ``node_not_running``."""
         membership = self._membership()
         if membership is None:
             if node == self._me():
                 return Response(204)
             raise unavailable("node_not_running")
-        return self._run(membership, membership.addMember(vhost, name, node), Response(204))
+        return self._run(membership, membership.addMember(vhost, name, node, kind), Response(204))
+
+    def _delete(self, node, vhost, name, kind, last):
+        """``node`` leaves queue ``name``: 202, or 503 ``last`` for this single node's own member."""
+        membership = self._membership()
+        if membership is None:
+            if node == self._me():
+                raise unavailable(last)
+            return Response(202)
+        return self._run(membership, membership.deleteMember(vhost, name, node, kind), Response(202))
 
     @app.route("/api/queues/quorum/<vhost>/<name>/replicas/delete", methods=["DELETE", "OPTIONS"])
     @endpoint(ADMIN)
@@ -124,13 +136,7 @@ class MembersRoom(Room):
         ``DELETE {"node": N}``: N is no longer a member (the leader's own
         member: the leadership goes to an in-sync follower first); 202.
         """
-        node = self._quorumQueue(request, vhost, name)
-        membership = self._membership()
-        if membership is None:
-            if node == self._me():
-                raise unavailable("last_node")
-            return Response(202)
-        return self._run(membership, membership.deleteMember(vhost, name, node), Response(202))
+        return self._delete(self._quorumQueue(request, vhost, name), vhost, name, QUORUM, "last_node")
 
     def _stream(self, request, vhost, name):
         """The node the body names, after 404 for a missing vhost or queue, 400, and 503 for another type."""
@@ -148,13 +154,7 @@ class MembersRoom(Room):
         ``POST {"node": N}``: N becomes a member of the stream (``rabbitmq-streams
         add_replica``): it joins the leader, reads what it lacks and is in sync; 204.
         """
-        node = self._stream(request, vhost, name)
-        membership = self._membership()
-        if membership is None:
-            if node == self._me():
-                return Response(204)
-            raise unavailable("node_not_running")
-        return self._run(membership, membership.addMember(vhost, name, node, STREAM), Response(204))
+        return self._add(self._stream(request, vhost, name), vhost, name, STREAM)
 
     @app.route("/api/queues/stream/<vhost>/<name>/replicas/delete", methods=["DELETE", "OPTIONS"])
     @endpoint(ADMIN)
@@ -164,13 +164,7 @@ class MembersRoom(Room):
         (``rabbitmq-streams delete_replica``; the leader's own member: the
         leadership goes to an in-sync follower first); 202.
         """
-        node = self._stream(request, vhost, name)
-        membership = self._membership()
-        if membership is None:
-            if node == self._me():
-                raise unavailable("last_stream_member")
-            return Response(202)
-        return self._run(membership, membership.deleteMember(vhost, name, node, STREAM), Response(202))
+        return self._delete(self._stream(request, vhost, name), vhost, name, STREAM, "last_stream_member")
 
     @app.route("/api/queues/quorum/replicas/on/<node>/grow", methods=["POST", "OPTIONS"])
     @endpoint(ADMIN)
