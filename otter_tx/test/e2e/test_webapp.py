@@ -684,7 +684,8 @@ class WebAppBrowserTests(TestCase):
         self.assertRegex(seen["lease"], r"^59 min [0-9]{1,2} s \(at 20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC\)$")
         [due90, due2h] = seen["delayed"]
         self.assertRegex(due90[0], r"^20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} UTC$")
-        self.assertRegex(due90[1], r"^1 min (29|30) s$")
+        # (read as the page loads: up to 10 s later on a busy machine; a helper session saw "1 min 28 s")
+        self.assertRegex(due90[1], r"^1 min (2[0-9]|30) s$")
         self.assertRegex(due2h[1], r"^(1 h 59 min|2 h 0 min)$")
 
     def timesAndRanges(self, url):
