@@ -428,6 +428,98 @@ def connectionDict(conn, view):
     return d
 
 
+#: the TLS keys a stream connection lists, None without TLS (as RabbitMQ 3.10's stream plugin)
+_STREAM_TLS_KEYS = ("peer_cert_issuer", "peer_cert_subject", "peer_cert_validity",
+                    "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol")
+
+
+def streamConnectionDict(conn, view):
+    """
+    A stream protocol connection (an :class:`otter_tx.door.stream.StreamServerProtocol`)
+    as RabbitMQ 3.10's ``GET /api/connections`` and ``/api/stream/connections``
+    show it: ``"protocol": "stream"``, the peer properties as
+    ``client_properties``, the tuned ``frame_max`` and heartbeat
+    (``timeout``), ``channels`` 0, ``recv_oct`` / ``send_oct`` with their
+    rates (``data_rates`` range of ``view``), ``recv_cnt`` / ``send_cnt``.
+    """
+    broker = conn.broker
+    user = conn.user.name if conn.user is not None else None
+    d = {
+        "name": conn.name,
+        "node": nodeName(broker),
+        "vhost": conn.vhost,
+        "user": user,
+        "user_who_performed_action": user,
+        "state": "running",
+        "protocol": "stream",
+        "auth_mechanism": conn.mechanism or "PLAIN",
+        "channels": 0,
+        "channel_max": 0,
+        "frame_max": conn.frameMax,
+        "timeout": conn.heartbeat,
+        "host": getattr(conn.local, "host", None),
+        "port": getattr(conn.local, "port", None),
+        "peer_host": getattr(conn.peer, "host", None),
+        "peer_port": getattr(conn.peer, "port", None),
+        "ssl": bool(getattr(conn.transport, "TLS", False)),
+        "client_properties": jsonable(conn.clientProperties or {}),
+        "connected_at": int(conn.connectedAt * 1000),
+        "recv_cnt": conn.recvCnt,
+        "send_cnt": conn.sendCnt,
+        "send_pend": 0,
+    }
+    d.update(dict.fromkeys(_STREAM_TLS_KEYS))
+    d.update(view.dataStats("connection", conn, (conn.recvOct, conn.sendOct)))
+    return d
+
+
+def streamConnectionDetails(conn):
+    """The ``connection_details`` of a stream publisher or consumer."""
+    return {
+        "name": conn.name,
+        "node": nodeName(conn.broker),
+        "peer_host": getattr(conn.peer, "host", None),
+        "peer_port": getattr(conn.peer, "port", None),
+        "user": conn.user.name if conn.user is not None else None,
+    }
+
+
+def streamPublisherDict(conn, p):
+    """A stream publisher as ``GET /api/stream/publishers`` shows it (rabbitmq_stream_management)."""
+    return {
+        "connection_details": streamConnectionDetails(conn),
+        "publisher_id": p.pid,
+        "queue": {"name": p.stream, "vhost": conn.vhost},
+        "reference": p.reference or "",
+        "published": p.published,
+        "confirmed": p.confirmed,
+        "errored": p.errored,
+    }
+
+
+def streamConsumerDict(conn, sub, last):
+    """
+    A stream subscription as ``GET /api/stream/consumers`` shows it:
+    ``offset`` is the first offset of the last chunk delivered (the start
+    offset before one is), ``offset_lag`` how far the stream's last chunk
+    (its first offset, ``last``; None for an empty stream) is past it, as
+    3.10 counts them (0 once the subscription read into the last chunk: a
+    chunk otter_tx delivers may join several written ones); ``credits`` what
+    the subscription has left.
+    """
+    lag = 0 if last is None or sub.offset > last else max(last - sub.chunk, 0)
+    return {
+        "connection_details": streamConnectionDetails(conn),
+        "subscription_id": sub.sid,
+        "queue": {"name": sub.stream, "vhost": conn.vhost},
+        "properties": jsonable(sub.props or {}),
+        "credits": sub.credit,
+        "consumed": sub.consumed,
+        "offset": sub.chunk,
+        "offset_lag": lag,
+    }
+
+
 def channelDict(ch, view):
     """
     A channel as ``GET /api/channels`` shows it, with ``message_stats``
