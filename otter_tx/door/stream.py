@@ -170,9 +170,9 @@ class _Subscription:
         self.name = props.get("name")
         self.superStream = props.get("super-stream")
         # what the management API shows: messages delivered (each chunk's count), and the
-        # first offset of the last chunk delivered (RabbitMQ's consumer "offset")
+        # first offset of the last chunk delivered (RabbitMQ's consumer "offset": 0 before one)
         self.consumed = 0
-        self.chunk = offset
+        self.chunk = 0
 
 
 class ConsumerGroups:

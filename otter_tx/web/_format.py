@@ -500,14 +500,14 @@ def streamPublisherDict(conn, p):
 def streamConsumerDict(conn, sub, last):
     """
     A stream subscription as ``GET /api/stream/consumers`` shows it:
-    ``offset`` is the first offset of the last chunk delivered (the start
-    offset before one is), ``offset_lag`` how far the stream's last chunk
-    (its first offset, ``last``; None for an empty stream) is past it, as
-    3.10 counts them (0 once the subscription read into the last chunk: a
-    chunk otter_tx delivers may join several written ones); ``credits`` what
-    the subscription has left.
+    ``offset`` is the first offset of the last chunk delivered (0 before
+    one is, wherever the subscription starts), ``offset_lag`` how far the
+    stream's last chunk (its first offset, ``last``; None for an empty
+    stream) is past it, as 3.10 counts them (0 once the subscription read
+    into the last chunk: a chunk otter_tx delivers may join several written
+    ones); ``credits`` what the subscription has left.
     """
-    lag = 0 if last is None or sub.offset > last else max(last - sub.chunk, 0)
+    lag = 0 if last is None or (sub.consumed and sub.offset > last) else max(last - sub.chunk, 0)
     return {
         "connection_details": streamConnectionDetails(conn),
         "subscription_id": sub.sid,
