@@ -118,6 +118,51 @@ def consumerDict(q, c):
     }
 
 
+def streamSubscriptions(broker, vhost=None, stream=None):
+    """
+    ``[(connection, subscription)]`` of the stream protocol door's open
+    connections (:mod:`otter_tx.door.stream`), on vhost ``vhost`` and stream
+    ``stream`` (names; None: any).
+    """
+    out = []
+    for conn in list(getattr(getattr(broker, "streamCounters", None), "connections", ())):
+        if conn.vhost is None or conn.closed or (vhost is not None and conn.vhost != vhost):
+            continue
+        for _, sub in sorted(conn.subscriptions.items()):
+            if stream is None or sub.stream == stream:
+                out.append((conn, sub))
+    return out
+
+
+def streamSubscriptionDict(conn, sub):
+    """
+    A stream protocol subscription as RabbitMQ 3.10 lists it among the
+    consumers (``GET /api/consumers``, a stream queue's ``consumer_details``):
+    tag ``stream.subid-<id>``, its properties as ``arguments``, no ack, no
+    prefetch, and ``channel_details`` with channel 0 and an empty name.
+    """
+    sac = sub.group is not None
+    return {
+        "consumer_tag": "stream.subid-%d" % (sub.sid,),
+        "ack_required": False,
+        "exclusive": False,
+        "prefetch_count": 0,
+        "active": bool(sub.active),
+        "activity_status": ("single_active" if sub.active else "waiting") if sac else "up",
+        "arguments": jsonable(sub.props or {}),
+        "channel_details": {
+            "name": "",
+            "number": 0,
+            "connection_name": conn.name,
+            "peer_host": getattr(conn.peer, "host", None),
+            "peer_port": getattr(conn.peer, "port", None),
+            "user": conn.user.name if conn.user is not None else None,
+            "node": nodeName(conn.broker),
+        },
+        "queue": {"name": sub.stream, "vhost": conn.vhost},
+    }
+
+
 def unackedBytes(broker):
     """``{queue: body bytes delivered and not yet acknowledged}`` over every channel."""
     out = {}
@@ -188,7 +233,13 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     stream = q.stream
+    subs = ()
     if stream is not None:
+        # the stream protocol's subscriptions are consumers too (as 3.10 counts them)
+        subs = streamSubscriptions(q.vhost.broker, q.vhost.name, q.name)
+        if subs:
+            d["consumers"] += len(subs)
+            d["consumer_capacity"] = d["consumer_utilisation"] = 1.0
         # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
         # ``readers`` {node: 1} with or without consumers and no ``leader``), and
         # otter_tx's own ``stream`` object (docs/management.md, docs/streams.md)
@@ -217,6 +268,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         # (the consumers of this node's channels: a LinkConsumer stands for a consumer on
         # another node of the cluster, which lists it in its /api/consumers)
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers if getattr(c, "session", None) is not None]
+        d["consumer_details"] += [streamSubscriptionDict(conn, sub) for conn, sub in subs]
         d["deliveries"] = []
         d["incoming"] = []
     return d

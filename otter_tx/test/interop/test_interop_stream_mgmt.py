@@ -95,6 +95,9 @@ class StreamManagementTests(StreamInteropTestCase):
                     pubs = await look("/api/stream/publishers", lambda d: d["confirmed"] == 3)
                     subs = await look("/api/stream/consumers", lambda d: d["consumed"] == 3)
                     byStream = await look("/api/stream/publishers/%2F/" + quoted, lambda d: True)
+                    asConsumers = await look("/api/consumers", lambda d: True)
+                    queue = await loop.run_in_executor(None, lambda: (200, self.poll(
+                        "/api/queues/%2F/" + quoted, lambda d: d.get("consumers") == 1)))
                     names = {pubs[0]["connection_details"]["name"], subs[0]["connection_details"]["name"]}
                     # (the peer lists a connection's figures once it has emitted them)
                     conns = await loop.run_in_executor(None, lambda: self.poll(
@@ -110,9 +113,10 @@ class StreamManagementTests(StreamInteropTestCase):
                         None, lambda: self.mgmt("GET", "/api/stream/connections/%2F/" + q + "/publishers"))
                     missing = await loop.run_in_executor(
                         None, lambda: self.mgmt("GET", "/api/stream/publishers/%2F/" + quoted + "-none")[0])
-            return got, pubs, subs, byStream, conns, streamConns, one, connPubs, missing
+            return got, pubs, subs, byStream, conns, streamConns, one, connPubs, missing, asConsumers, queue
 
-        got, pubs, subs, byStream, conns, streamConns, one, connPubs, missing = yield self.inAsyncio(run)
+        got, pubs, subs, byStream, conns, streamConns, one, connPubs, missing, asConsumers, queue = \
+            yield self.inAsyncio(run)
         self.assertEqual(len(got), 3)
         [pub] = pubs
         self.assertEqual(set(pub), PUBLISHER_KEYS)
@@ -126,6 +130,15 @@ class StreamManagementTests(StreamInteropTestCase):
         self.assertEqual(sub["offset_lag"], 0)
         self.assertEqual([d["publisher_id"] for d in byStream], [pub["publisher_id"]])
         self.assertEqual(missing, 404)
+        # a subscription is a consumer of the stream queue too
+        [cons] = asConsumers
+        self.assertEqual((cons["consumer_tag"], cons["ack_required"], cons["prefetch_count"], cons["arguments"].get("name"),
+                          cons["channel_details"]["name"], cons["channel_details"]["number"],
+                          cons["channel_details"]["connection_name"]),
+                         ("stream.subid-%d" % sub["subscription_id"], False, 0, "cons1", "", 0,
+                          sub["connection_details"]["name"]))
+        self.assertEqual((queue[0], queue[1]["consumers"], [d["consumer_tag"] for d in queue[1]["consumer_details"]]),
+                         (200, 1, [cons["consumer_tag"]]))
         names = {pub["connection_details"]["name"], sub["connection_details"]["name"]}
         listed = {d["name"]: d for d in conns if d["name"] in names}
         self.assertEqual(set(listed), names)

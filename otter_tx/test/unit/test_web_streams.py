@@ -292,3 +292,24 @@ class PublishersConsumersTests(StreamMgmtTestCase):
             self.assertEqual(c.subscribe(sid, "s", spec=spec, credit=0), wire.OK)
             d = [x for x in self.get("/api/stream/consumers").json() if x["subscription_id"] == sid][0]
             self.assertEqual((d["offset"], d["consumed"], d["offset_lag"]), (0, 0, 2))
+
+
+class AsConsumersTests(StreamMgmtTestCase):
+    def test_consumersList(self):
+        """A subscription is in /api/consumers and its stream queue's consumers, as 3.10 lists it."""
+        self.addUser("mg", "management")
+        c = self.working()
+        expected = {
+            "consumer_tag": "stream.subid-3", "ack_required": False, "exclusive": False, "prefetch_count": 0,
+            "active": True, "activity_status": "up", "arguments": {"name": "cons1"},
+            "channel_details": {"name": "", "number": 0, "connection_name": c.name, "peer_host": "127.0.0.1",
+                                "peer_port": self.port, "user": "guest",
+                                "node": self.get("/api/overview").json()["node"]},
+            "queue": {"name": "s", "vhost": "/"},
+        }
+        self.assertEqual(self.get("/api/consumers").json(), [expected])
+        self.assertEqual(self.get("/api/consumers/%2F").json(), [expected])
+        self.assertEqual(self.get("/api/consumers", auth=("mg", "pw")).json(), [])
+        q = self.get("/api/queues/%2F/s").json()
+        self.assertEqual((q["consumers"], q["consumer_details"]), (1, [expected]))
+        self.assertEqual(self.get("/api/queues").json()[0]["consumers"], 1)

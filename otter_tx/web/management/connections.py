@@ -375,10 +375,15 @@ class ConnectionsRoom(Room):
         """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
         seesAll = self._isMonitor(user)
         if self.broker.cluster is None:
-            return [
+            found = [
                 fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
                 if seesAll or self._owns(user, c.session.client)
             ]
+            streams = self._streamConsumers(None if seesAll else user.name, {vh.name for vh in vhosts})
+            if streams:
+                found += streams
+                found.sort(key=_consumerKey)
+            return found
         # a cluster: this node's consumers (of its queues and of queues on other nodes;
         # a queue here also holds other nodes' consumers: they list those), and theirs
         args = {"owner": None if seesAll else user.name, "vhosts": [vh.name for vh in vhosts]}
@@ -399,8 +404,14 @@ class ConnectionsRoom(Room):
                     if vh is None or vh.name not in wanted or vh.findQueue(q.name) is not q:
                         continue
                     found.append(fmt.consumerDict(q, c))
+        found += self._streamConsumers(owner, wanted)
         found.sort(key=_consumerKey)
         return found
+
+    def _streamConsumers(self, owner, vhosts):
+        """The stream protocol subscriptions of this node on ``vhosts`` (names) of ``owner``'s (None: anyone's)."""
+        return [fmt.streamSubscriptionDict(conn, sub) for conn, sub in fmt.streamSubscriptions(self.broker)
+                if conn.vhost in vhosts and (owner is None or (conn.user is not None and conn.user.name == owner))]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
     @endpoint()
