@@ -206,20 +206,34 @@ class ConnectionsTests(StreamMgmtTestCase):
                      "/api/stream/connections/%2F/nope/consumers"):
             self.assertError(self.get(path), 404, "Object Not Found", "Not Found")
 
-    def test_overviewAndPrometheus(self):
-        """The overview's object totals and rabbitmq_connections count stream connections (3.10 does)."""
-        self.working()
-        totals = self.get("/api/overview").json()["object_totals"]
-        self.assertEqual((totals["connections"], totals["consumers"]), (1, 1))
+    def metrics(self, path):
         from treq.testing import StubTreq
 
         http = StubTreq(PrometheusResource(self.broker, self.clock))
-        d = http.get("http://localhost:15692/metrics")
+        d = http.get("http://localhost:15692" + path)
         http.flush()
         d2 = self.successResultOf(d).content()
         http.flush()
-        fams = families(self.successResultOf(d2))
-        self.assertEqual(value(fams, "rabbitmq_connections"), 1)
+        return families(self.successResultOf(d2))
+
+    def test_overviewAndPrometheus(self):
+        """
+        The overview's object totals, rabbitmq_connections, rabbitmq_consumers, the queue's consumers
+        and the connections' bytes count stream connections and subscriptions (3.10 does).
+        """
+        c = self.working()
+        totals = self.get("/api/overview").json()["object_totals"]
+        self.assertEqual((totals["connections"], totals["consumers"]), (1, 1))
+        fams = self.metrics("/metrics")
+        self.assertEqual((value(fams, "rabbitmq_connections"), value(fams, "rabbitmq_consumers"),
+                          value(fams, "rabbitmq_queue_consumers"), value(fams, "rabbitmq_process_open_tcp_sockets")),
+                         (1, 1, 1, 1))
+        self.assertEqual(value(fams, "rabbitmq_connection_incoming_bytes_total"), c.proto.recvOct)
+        fams = self.metrics("/metrics/per-object")
+        self.assertEqual(value(fams, "rabbitmq_queue_consumers", vhost="/", queue="s"), 1)
+        self.assertEqual(value(fams, "rabbitmq_connection_outgoing_bytes_total", vhost="/", connection=c.name),
+                         c.proto.sendOct)
+        self.assertEqual(value(fams, "rabbitmq_connection_channels", vhost="/", connection=c.name), 0)
 
 
 class PublishersConsumersTests(StreamMgmtTestCase):
