@@ -485,7 +485,7 @@ _STREAM_TLS_KEYS = ("peer_cert_issuer", "peer_cert_subject", "peer_cert_validity
                     "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol")
 
 
-def streamConnectionDict(conn, view):
+def streamConnectionDict(conn, view, detail=False):
     """
     A stream protocol connection (an :class:`otter_tx.door.stream.StreamServerProtocol`)
     as RabbitMQ 3.10's ``GET /api/connections`` and ``/api/stream/connections``
@@ -493,6 +493,8 @@ def streamConnectionDict(conn, view):
     ``client_properties``, the tuned ``frame_max`` and heartbeat
     (``timeout``), ``channels`` 0, ``recv_oct`` / ``send_oct`` with their
     rates (``data_rates`` range of ``view``), ``recv_cnt`` / ``send_cnt``.
+    The TLS keys are null in a list, ``""`` when one connection is shown
+    (``detail``), as the 3.10 peer shows them without TLS.
     """
     broker = conn.broker
     user = conn.user.name if conn.user is not None else None
@@ -520,7 +522,7 @@ def streamConnectionDict(conn, view):
         "send_cnt": conn.sendCnt,
         "send_pend": 0,
     }
-    d.update(dict.fromkeys(_STREAM_TLS_KEYS))
+    d.update(dict.fromkeys(_STREAM_TLS_KEYS, "" if detail else None))
     d.update(view.dataStats("connection", conn, (conn.recvOct, conn.sendOct)))
     return d
 

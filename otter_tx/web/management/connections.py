@@ -40,9 +40,9 @@ def isStream(conn):
 
 
 def _connectionDict(conn, view):
-    """``conn`` (AMQP or stream) as ``/api/connections`` lists it."""
+    """``conn`` (AMQP or stream) as ``/api/connections/{name}`` shows it."""
     if isStream(conn):
-        return fmt.streamConnectionDict(conn, view)
+        return fmt.streamConnectionDict(conn, view, detail=True)
     return fmt.connectionDict(conn, view)
 
 

@@ -185,7 +185,7 @@ class StreamsRoom(Room):
                 return found
             return found.addCallback(lambda d: self._remoteClose(d, request))
         if request.method == b"GET":
-            return fmt.streamConnectionDict(found, view)
+            return fmt.streamConnectionDict(found, view, detail=True)
         found.closeConnection()
         return Response(204)
 
