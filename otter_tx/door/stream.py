@@ -280,6 +280,7 @@ class StreamServerProtocol(Protocol):
 
     def connectionLost(self, reason=None):
         self.closed = True
+        self.broker.counters.connectionsClosed += 1
         self.factory.connections.discard(self)
         self.broker.streamCounters.connections.discard(self)
         for call in (self._pumpCall, self._hbCall, self._handshakeTimer, self._blockCall):
@@ -459,6 +460,9 @@ class StreamServerProtocol(Protocol):
         self.send(wire.openResponse(corr, wire.OK, {"advertised_host": host,
                                                      "advertised_port": str(port)}))
         self.state = "open"
+        # RabbitMQ 3.10 counts a stream connection opened once it opens a vhost, and closed
+        # whenever it goes (one that never opened too): rabbitmq_connections_*_total, churn
+        self.broker.counters.connectionsOpened += 1
         self.reader.frameMax = self.frameMax
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()

@@ -75,6 +75,16 @@ class StreamMgmtTestCase(WebTestCase):
         self.assertEqual(self.put("/api/permissions/%s/%s" % (quote(vhost, safe=""), name),
                                   {"configure": ".*", "write": ".*", "read": ".*"}).code, 201)
 
+    def metrics(self, path):
+        from treq.testing import StubTreq
+
+        http = StubTreq(PrometheusResource(self.broker, self.clock))
+        d = http.get("http://localhost:15692" + path)
+        http.flush()
+        d2 = self.successResultOf(d).content()
+        http.flush()
+        return families(self.successResultOf(d2))
+
     def working(self):
         """A guest connection with stream s, publisher 1 (ref1, 2 messages confirmed) and subscription 3."""
         c = self.client()
@@ -209,16 +219,6 @@ class ConnectionsTests(StreamMgmtTestCase):
                      "/api/stream/connections/%2F/nope/consumers"):
             self.assertError(self.get(path), 404, "Object Not Found", "Not Found")
 
-    def metrics(self, path):
-        from treq.testing import StubTreq
-
-        http = StubTreq(PrometheusResource(self.broker, self.clock))
-        d = http.get("http://localhost:15692" + path)
-        http.flush()
-        d2 = self.successResultOf(d).content()
-        http.flush()
-        return families(self.successResultOf(d2))
-
     def test_overviewAndPrometheus(self):
         """
         The overview's object totals, rabbitmq_connections, rabbitmq_consumers, the queue's consumers
@@ -330,3 +330,22 @@ class AsConsumersTests(StreamMgmtTestCase):
         q = self.get("/api/queues/%2F/s").json()
         self.assertEqual((q["consumers"], q["consumer_details"]), (1, [expected]))
         self.assertEqual(self.get("/api/queues").json()[0]["consumers"], 1)
+
+
+class ChurnTests(StreamMgmtTestCase):
+    def test_openedAndClosed(self):
+        """
+        As the 3.10 peer counts them: a stream connection is opened once it opens a vhost, closed
+        when it goes, also one that never opened (rabbitmq_connections_opened/closed_total).
+        """
+        c = self.client()
+        counters = self.broker.counters
+        self.assertEqual((counters.connectionsOpened, counters.connectionsClosed), (1, 0))
+        c.proto.connectionLost(None)
+        self.port += 1
+        bare = StreamClient(self.factory, self.clock, self.port)
+        bare.proto.connectionLost(None)
+        self.assertEqual((counters.connectionsOpened, counters.connectionsClosed), (1, 2))
+        fams = self.metrics("/metrics")
+        self.assertEqual((value(fams, "rabbitmq_connections_opened_total"),
+                          value(fams, "rabbitmq_connections_closed_total")), (1, 2))
