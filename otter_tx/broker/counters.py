@@ -46,8 +46,10 @@ class GlobalCounters:
 
     Churn (RabbitMQ's ``connection_churn_metrics``):
 
-    :ivar connectionsOpened: AMQP connections accepted.
-    :ivar connectionsClosed: AMQP connections gone (closed or dropped).
+    :ivar connectionsOpened: AMQP connections accepted, and stream protocol
+        connections that opened a vhost (as RabbitMQ 3.10 counts them).
+    :ivar connectionsClosed: AMQP and stream protocol connections gone (closed
+        or dropped; a stream connection that never opened too, as 3.10).
     :ivar channelsOpened: AMQP channels opened.
     :ivar channelsClosed: AMQP channels finished.
     :ivar queuesDeclared: successful non-passive ``queue.declare`` (also

@@ -464,6 +464,9 @@ class Sampler:
         for conn in list(broker.connections):
             # IClientConnection's byte counts
             put("connection", conn, (conn.bytesIn, conn.bytesOut))
+        for conn in list(getattr(getattr(broker, "streamCounters", None), "connections", ())):
+            # the stream door's (otter_tx.door.stream)
+            put("connection", conn, (conn.recvOct, conn.sendOct))
         put("overview", broker, sumValues(vhostRows, len(VHOST_KEYS)))
         put("overview-lengths", broker, sumValues(lengthRows, len(LENGTH_KEYS)))
         put("churn", broker, churnValues(broker.counters))

@@ -42,6 +42,10 @@ MAX_REFERENCE = 256
 #: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
 _MAX_PARTS = 512
 
+#: bytes a deliver frame adds to its chunk's data (frame size, key, version,
+#: subscription id, chunk header): counted in ``sendOct``
+_DELIVER_BYTES = 4 + 2 + 2 + 1 + _chunk.HEADER_SIZE
+
 
 def _socketOf(transport):
     """
@@ -135,17 +139,22 @@ _PRE_AUTH = {wire.PEER_PROPERTIES, wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE, 
 
 
 class _Publisher:
-    __slots__ = ("pid", "stream", "reference")
+    __slots__ = ("pid", "stream", "reference", "published", "confirmed", "errored")
 
     def __init__(self, pid, stream, reference):
         self.pid = pid
         self.stream = stream
         self.reference = reference
+        # what the management API shows (rabbitmq_stream_management): messages published
+        # (each publish frame's count), publishing ids confirmed and errored
+        self.published = 0
+        self.confirmed = 0
+        self.errored = 0
 
 
 class _Subscription:
     __slots__ = ("sid", "stream", "offset", "credit", "props", "active", "group", "listener",
-                 "name", "superStream", "awaiting")
+                 "name", "superStream", "awaiting", "consumed", "chunk")
 
     def __init__(self, sid, stream, offset, credit, props):
         self.sid = sid
@@ -160,6 +169,10 @@ class _Subscription:
         self.listener = None
         self.name = props.get("name")
         self.superStream = props.get("super-stream")
+        # what the management API shows: messages delivered (each chunk's count), and the
+        # first offset of the last chunk delivered (RabbitMQ's consumer "offset": 0 before one)
+        self.consumed = 0
+        self.chunk = 0
 
 
 class ConsumerGroups:
@@ -232,6 +245,12 @@ class StreamServerProtocol(Protocol):
         self._corr = 0
         self._pendingUpdates = {}
         self.mechanism = None
+        # what the management API shows of the connection (otter_tx.web._format.streamConnectionDict):
+        # bytes and socket reads / writes (counted per read, per write and per chunk)
+        self.recvOct = self.recvCnt = self.sendOct = self.sendCnt = 0
+        self.connectedAt = 0.0
+        self.name = ""
+        self.peer = self.local = None
         #: reading is paused while a resource alarm blocks publishers (a timer looks again)
         self.blocked = False
         self._blockCall = None
@@ -249,12 +268,19 @@ class StreamServerProtocol(Protocol):
         self._lastReceived = self._lastSent = self.clock.seconds()
         peer = self.transport.getPeer()
         self.peerHost = getattr(peer, "host", None)
+        self.connectedAt = self.clock.seconds()
+        self.peer = peer
+        self.local = local = self.transport.getHost()
+        # RabbitMQ's connection name, as the management API lists it
+        self.name = "%s:%s -> %s:%s" % (getattr(peer, "host", "?"), getattr(peer, "port", 0),
+                                        getattr(local, "host", "?"), getattr(local, "port", 0))
         f.connections.add(self)
         self.broker.streamCounters.connections.add(self)
         self._handshakeTimer = self.clock.callLater(f.handshakeTimeout, self._handshakeTimeout)
 
     def connectionLost(self, reason=None):
         self.closed = True
+        self.broker.counters.connectionsClosed += 1
         self.factory.connections.discard(self)
         self.broker.streamCounters.connections.discard(self)
         for call in (self._pumpCall, self._hbCall, self._handshakeTimer, self._blockCall):
@@ -270,14 +296,25 @@ class StreamServerProtocol(Protocol):
             self.transport.abortConnection()
 
     def send(self, data):
+        self.sendOct += len(data)
         if self._out is not None:
             self._out.append(data)
         elif not self.closed:
             self.transport.write(data)
+            self.sendCnt += 1
             self._lastSent = self.clock.seconds()
+
+    def closeConnection(self):
+        """Close the connection as the management API's DELETE does (RabbitMQ 3.10 sends no close frame)."""
+        if not self.closed:
+            self.closed = True
+            self.state = "closing"
+            self.transport.loseConnection()
 
     def dataReceived(self, data):
         self._lastReceived = self.clock.seconds()
+        self.recvOct += len(data)
+        self.recvCnt += 1
         self.broker.received(len(data))
         try:
             frames = self.reader.feed(data)
@@ -306,6 +343,7 @@ class StreamServerProtocol(Protocol):
             self._out = None
             if out and not self.closed:
                 self.transport.writeSequence(out)
+                self.sendCnt += 1
                 self._lastSent = self.clock.seconds()
 
     def _unknownFrame(self):
@@ -422,6 +460,9 @@ class StreamServerProtocol(Protocol):
         self.send(wire.openResponse(corr, wire.OK, {"advertised_host": host,
                                                      "advertised_port": str(port)}))
         self.state = "open"
+        # RabbitMQ 3.10 counts a stream connection opened once it opens a vhost, and closed
+        # whenever it goes (one that never opened too): rabbitmq_connections_*_total, churn
+        self.broker.counters.connectionsOpened += 1
         self.reader.frameMax = self.frameMax
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()
@@ -649,6 +690,7 @@ class StreamServerProtocol(Protocol):
             self.send(wire.publishError(pid, [(i, code) for i, _ in entries]))
             return
         self.broker.streamCounters.received += count
+        p.published += count
         if self.broker.alarmed and not self.blocked:
             # as RabbitMQ: a publishing connection stops being read during a memory or disk alarm
             self.blocked = True
@@ -678,6 +720,7 @@ class StreamServerProtocol(Protocol):
                 flat.append((pubId, m))
         if rejected:
             code = self._counted(wire.PRECONDITION_FAILED)
+            p.errored += len(rejected)
             self.send(wire.publishError(pid, [(i, code) for i in rejected]))
         if flat:
             self._write(p, flat)
@@ -725,6 +768,7 @@ class StreamServerProtocol(Protocol):
         if r is None:
             code = self._counted(wire.STREAM_DOES_NOT_EXIST if self._elsewhere(p.stream) is None
                                  else wire.STREAM_NOT_AVAILABLE)
+            p.errored += len(ids)
             self.send(wire.publishError(p.pid, [(i, code) for i in ids]))
             return
         self._confirm(p.pid, *r)
@@ -738,12 +782,18 @@ class StreamServerProtocol(Protocol):
         def failed(f):
             log.failure("stream publish failed", f)
             code = self._counted(wire.INTERNAL_ERROR)
+            p = self.publishers.get(pid)
+            if p is not None:
+                p.errored += len(ids)
             self.send(wire.publishError(pid, [(i, code) for i in ids]))
 
         d.addCallbacks(lambda _: self._confirmed(pid, ids), failed)
 
     def _confirmed(self, pid, ids):
         self.broker.streamCounters.confirmed += len(ids)
+        p = self.publishers.get(pid)
+        if p is not None:
+            p.confirmed += len(ids)
         self.send(wire.publishConfirm(pid, ids))
 
     def _querySequence(self, corr, version, reference, stream):
@@ -956,6 +1006,7 @@ class StreamServerProtocol(Protocol):
                     out.extend([_asBytes(p) if type(p) is FileRange else p for p in c.parts])
                 sub.offset = c.first + c.count
                 counters.delivered += c.count
+                self._delivered(sub, c)
                 sub.credit -= 1
                 budget -= 1
                 messages -= c.count
@@ -979,6 +1030,13 @@ class StreamServerProtocol(Protocol):
             self._lastSent = self.clock.seconds()
         if more:
             self._schedulePump()
+
+    def _delivered(self, sub, c):
+        """Chunk ``c`` went to ``sub``: the management API's counts (once a chunk)."""
+        sub.consumed += c.count
+        sub.chunk = c.first
+        self.sendOct += _DELIVER_BYTES + c.size
+        self.sendCnt += 1
 
     # --- super streams
 

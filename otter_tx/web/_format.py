@@ -118,6 +118,51 @@ def consumerDict(q, c):
     }
 
 
+def streamSubscriptions(broker, vhost=None, stream=None):
+    """
+    ``[(connection, subscription)]`` of the stream protocol door's open
+    connections (:mod:`otter_tx.door.stream`), on vhost ``vhost`` and stream
+    ``stream`` (names; None: any).
+    """
+    out = []
+    for conn in list(getattr(getattr(broker, "streamCounters", None), "connections", ())):
+        if conn.vhost is None or conn.closed or (vhost is not None and conn.vhost != vhost):
+            continue
+        for _, sub in sorted(conn.subscriptions.items()):
+            if stream is None or sub.stream == stream:
+                out.append((conn, sub))
+    return out
+
+
+def streamSubscriptionDict(conn, sub):
+    """
+    A stream protocol subscription as RabbitMQ 3.10 lists it among the
+    consumers (``GET /api/consumers``, a stream queue's ``consumer_details``):
+    tag ``stream.subid-<id>``, its properties as ``arguments``, no ack, no
+    prefetch, and ``channel_details`` with channel 0 and an empty name.
+    """
+    sac = sub.group is not None
+    return {
+        "consumer_tag": "stream.subid-%d" % (sub.sid,),
+        "ack_required": False,
+        "exclusive": False,
+        "prefetch_count": 0,
+        "active": bool(sub.active),
+        "activity_status": ("single_active" if sub.active else "waiting") if sac else "up",
+        "arguments": jsonable(sub.props or {}),
+        "channel_details": {
+            "name": "",
+            "number": 0,
+            "connection_name": conn.name,
+            "peer_host": getattr(conn.peer, "host", None),
+            "peer_port": getattr(conn.peer, "port", None),
+            "user": conn.user.name if conn.user is not None else None,
+            "node": nodeName(conn.broker),
+        },
+        "queue": {"name": sub.stream, "vhost": conn.vhost},
+    }
+
+
 def unackedBytes(broker):
     """``{queue: body bytes delivered and not yet acknowledged}`` over every channel."""
     out = {}
@@ -188,7 +233,13 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     stream = q.stream
+    subs = ()
     if stream is not None:
+        # the stream protocol's subscriptions are consumers too (as 3.10 counts them)
+        subs = streamSubscriptions(q.vhost.broker, q.vhost.name, q.name)
+        if subs:
+            d["consumers"] += len(subs)
+            d["consumer_capacity"] = d["consumer_utilisation"] = 1.0
         # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
         # ``readers`` {node: 1} with or without consumers and no ``leader``), and
         # otter_tx's own ``stream`` object (docs/management.md, docs/streams.md)
@@ -217,6 +268,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         # (the consumers of this node's channels: a LinkConsumer stands for a consumer on
         # another node of the cluster, which lists it in its /api/consumers)
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers if getattr(c, "session", None) is not None]
+        d["consumer_details"] += [streamSubscriptionDict(conn, sub) for conn, sub in subs]
         d["deliveries"] = []
         d["incoming"] = []
     return d
@@ -426,6 +478,100 @@ def connectionDict(conn, view):
     d.update(conn.peerCertificateInfo)
     d.update(view.dataStats("connection", conn, (conn.bytesIn, conn.bytesOut)))
     return d
+
+
+#: the TLS keys a stream connection lists, None without TLS (as RabbitMQ 3.10's stream plugin)
+_STREAM_TLS_KEYS = ("peer_cert_issuer", "peer_cert_subject", "peer_cert_validity",
+                    "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol")
+
+
+def streamConnectionDict(conn, view, detail=False):
+    """
+    A stream protocol connection (an :class:`otter_tx.door.stream.StreamServerProtocol`)
+    as RabbitMQ 3.10's ``GET /api/connections`` and ``/api/stream/connections``
+    show it: ``"protocol": "stream"``, the peer properties as
+    ``client_properties``, the tuned ``frame_max`` and heartbeat
+    (``timeout``), ``channels`` 0, ``recv_oct`` / ``send_oct`` with their
+    rates (``data_rates`` range of ``view``), ``recv_cnt`` / ``send_cnt``.
+    The TLS keys are null in a list, ``""`` when one connection is shown
+    (``detail``), as the 3.10 peer shows them without TLS.
+    """
+    broker = conn.broker
+    user = conn.user.name if conn.user is not None else None
+    d = {
+        "name": conn.name,
+        "node": nodeName(broker),
+        "vhost": conn.vhost,
+        "user": user,
+        "user_who_performed_action": user,
+        "state": "running",
+        "protocol": "stream",
+        "auth_mechanism": conn.mechanism or "PLAIN",
+        "channels": 0,
+        "channel_max": 0,
+        "frame_max": conn.frameMax,
+        "timeout": conn.heartbeat,
+        "host": getattr(conn.local, "host", None),
+        "port": getattr(conn.local, "port", None),
+        "peer_host": getattr(conn.peer, "host", None),
+        "peer_port": getattr(conn.peer, "port", None),
+        "ssl": bool(getattr(conn.transport, "TLS", False)),
+        "client_properties": jsonable(conn.clientProperties or {}),
+        "connected_at": int(conn.connectedAt * 1000),
+        "recv_cnt": conn.recvCnt,
+        "send_cnt": conn.sendCnt,
+        "send_pend": 0,
+    }
+    d.update(dict.fromkeys(_STREAM_TLS_KEYS, "" if detail else None))
+    d.update(view.dataStats("connection", conn, (conn.recvOct, conn.sendOct)))
+    return d
+
+
+def streamConnectionDetails(conn):
+    """The ``connection_details`` of a stream publisher or consumer."""
+    return {
+        "name": conn.name,
+        "node": nodeName(conn.broker),
+        "peer_host": getattr(conn.peer, "host", None),
+        "peer_port": getattr(conn.peer, "port", None),
+        "user": conn.user.name if conn.user is not None else None,
+    }
+
+
+def streamPublisherDict(conn, p):
+    """A stream publisher as ``GET /api/stream/publishers`` shows it (rabbitmq_stream_management)."""
+    return {
+        "connection_details": streamConnectionDetails(conn),
+        "publisher_id": p.pid,
+        "queue": {"name": p.stream, "vhost": conn.vhost},
+        "reference": p.reference or "",
+        "published": p.published,
+        "confirmed": p.confirmed,
+        "errored": p.errored,
+    }
+
+
+def streamConsumerDict(conn, sub, last):
+    """
+    A stream subscription as ``GET /api/stream/consumers`` shows it:
+    ``offset`` is the first offset of the last chunk delivered (0 before
+    one is, wherever the subscription starts), ``offset_lag`` how far the
+    stream's last chunk (its first offset, ``last``; None for an empty
+    stream) is past it, as 3.10 counts them (0 once the subscription read
+    into the last chunk: a chunk otter_tx delivers may join several written
+    ones); ``credits`` what the subscription has left.
+    """
+    lag = 0 if last is None or (sub.consumed and sub.offset > last) else max(last - sub.chunk, 0)
+    return {
+        "connection_details": streamConnectionDetails(conn),
+        "subscription_id": sub.sid,
+        "queue": {"name": sub.stream, "vhost": conn.vhost},
+        "properties": jsonable(sub.props or {}),
+        "credits": sub.credit,
+        "consumed": sub.consumed,
+        "offset": sub.chunk,
+        "offset_lag": lag,
+    }
 
 
 def channelDict(ch, view):

@@ -166,10 +166,32 @@ class _Snapshot:
                           else [q for vh in self.vhosts for _, q in sorted(vh.queues.items())])
         self.conns = sorted(broker.connections, key=lambda c: getattr(c, "name", ""))
         self.channels = [ch for c in self.conns for _, ch in sorted(c.channels.items())]
+        # the stream protocol's open connections and their subscriptions per (vhost, stream):
+        # RabbitMQ 3.10 counts them as connections and consumers (checked on the peer)
+        self.streamConns = sorted((c for c in getattr(getattr(broker, "streamCounters", None), "connections", ())
+                                   if c.vhost is not None and not c.closed), key=lambda c: c.name)
+        self.streamSubs = {}
+        for c in self.streamConns:
+            for sub in c.subscriptions.values():
+                key = (c.vhost, sub.stream)
+                self.streamSubs[key] = self.streamSubs.get(key, 0) + 1
 
 
 def _connLabels(c):
-    return [c.vhost.name if getattr(c, "vhost", None) is not None else "", getattr(c, "name", "")]
+    vhost = getattr(c, "vhost", None)
+    if vhost is not None and not isinstance(vhost, str):
+        vhost = vhost.name  # an AMQP connection's VHost (a stream connection has the name)
+    return [vhost or "", getattr(c, "name", "")]
+
+
+def _bytesIn(c):
+    """Bytes received on an AMQP or a stream protocol connection."""
+    return c.recvOct if hasattr(c, "recvOct") else c.bytesIn
+
+
+def _bytesOut(c):
+    """Bytes sent on an AMQP or a stream protocol connection."""
+    return c.sendOct if hasattr(c, "sendOct") else c.bytesOut
 
 
 def _channelLabels(ch):
@@ -247,10 +269,12 @@ class BrokerCollector(_Collector):
     # --- RabbitMQ's ?TOTALS, build and identity info ---------------------------------
 
     def _totals(self, snap):
-        yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open", value=len(snap.conns))
+        # stream protocol connections and subscriptions count too (checked on the 3.10 peer)
+        yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open",
+                                value=len(snap.conns) + len(snap.streamConns))
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=len(snap.channels))
         yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected",
-                                value=sum(len(q.consumers) for q in snap.allQueues))
+                                value=sum(len(q.consumers) for q in snap.allQueues) + sum(snap.streamSubs.values()))
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=len(snap.allQueues))
 
     def _info(self):
@@ -285,12 +309,20 @@ class BrokerCollector(_Collector):
 
     def _queueConsumerCount(self, snap, prefix, perObject):
         return self._queueFamilies(snap, prefix, perObject, (
-            ("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+            ("queue_consumers", "gauge", "Consumers on a queue", self._consumersOf(snap)),
         ))
+
+    @staticmethod
+    def _consumersOf(snap):
+        """A queue's consumers: its AMQP consumers and the stream protocol's subscriptions to it."""
+        subs = snap.streamSubs
+        if not subs:
+            return lambda q: len(q.consumers)
+        return lambda q: len(q.consumers) + subs.get((q.vhost.name, q.name), 0)
 
     def _queueMetrics(self, snap, prefix, perObject):
         return self._queueFamilies(snap, prefix, perObject, (
-            ("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+            ("queue_consumers", "gauge", "Consumers on a queue", self._consumersOf(snap)),
             ("queue_messages_ready_bytes", "gauge", "Size in bytes of ready messages",
              lambda q: q.readyBytes),
             ("queue_messages_paged_out", "gauge", "Messages paged out to disk", lambda q: q.pagedCount),
@@ -315,16 +347,18 @@ class BrokerCollector(_Collector):
             yield f
 
     def _connectionCoarse(self, snap, prefix, perObject):
-        return _objectFamilies(prefix, perObject, snap.conns, ("vhost", "connection"), _connLabels, (
+        conns = snap.conns + snap.streamConns
+        return _objectFamilies(prefix, perObject, conns, ("vhost", "connection"), _connLabels, (
             ("connection_incoming_bytes_total", "counter", "Total number of bytes received on a connection",
-             lambda c: c.bytesIn),
+             _bytesIn),
             ("connection_outgoing_bytes_total", "counter", "Total number of bytes sent on a connection",
-             lambda c: c.bytesOut),
+             _bytesOut),
         ))
 
     def _connectionMetrics(self, snap, prefix, perObject):
-        return _objectFamilies(prefix, perObject, snap.conns, ("vhost", "connection"), _connLabels, (
-            ("connection_channels", "gauge", "Channels on a connection", lambda c: len(c.channels)),
+        conns = snap.conns + snap.streamConns
+        return _objectFamilies(prefix, perObject, conns, ("vhost", "connection"), _connLabels, (
+            ("connection_channels", "gauge", "Channels on a connection", lambda c: len(getattr(c, "channels", ()))),
         ))
 
     def _channelMetrics(self, snap, prefix, perObject):
@@ -405,7 +439,7 @@ class BrokerCollector(_Collector):
         if fds is not None:
             yield GaugeMetricFamily(prefix + "process_open_fds", "Open file descriptors", value=fds)
         yield GaugeMetricFamily(prefix + "process_open_tcp_sockets", "Open TCP sockets",
-                                value=len(snap.conns))
+                                value=len(snap.conns) + len(snap.streamConns))
         rss = rssBytes()
         if rss is not None:
             yield GaugeMetricFamily(prefix + "process_resident_memory_bytes", "Memory used in bytes",

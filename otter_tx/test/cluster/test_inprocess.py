@@ -1015,6 +1015,83 @@ class LocatorTests(ClusterCase):
         self.assertEqual(sum(1 for h in homes if h), 2)
 
 
+class StreamManagementTests(ClusterCase):
+    """Stream protocol connections of every node in any node's management API."""
+
+    nodes = 2
+    management = True
+    stream = True
+    api = ManagementTests.api
+
+    @inlineCallbacks
+    def test_streamConnectionsOfOtherNodes(self):
+        """
+        A stream connection on node 1, its publisher and its subscription are
+        listed by node 2 (/api/connections, /api/stream/...), shown by name,
+        and DELETE on node 2 closes its socket.
+        """
+        from otter_tx.test.interop.stream_raw import RawStreamClient
+        from otter_tx.stream import wire
+
+        def work():
+            c = RawStreamClient("127.0.0.1", self.fixtures[0].streamPort)
+            self.addCleanup(c.close)
+            assert c.handshake() == wire.OK
+            assert c.create("cs") == wire.OK
+            assert c.declarePublisher(1, "ref1", "cs") == wire.OK
+            c.publish(1, [(1, b"a"), (2, b"b")])
+            assert c.confirms() == (1, [1, 2])
+            assert c.subscribe(3, "cs", props={"name": "cons1"}) == wire.OK
+            c.deliver()
+            return c
+
+        c = yield self.inThread(work)
+
+        def lists():
+            return {p: self.api(1, "GET", p) for p in (
+                "/api/connections", "/api/vhosts/%2F/connections", "/api/stream/connections",
+                "/api/stream/connections/%2F", "/api/stream/publishers", "/api/stream/publishers/%2F/cs",
+                "/api/stream/consumers", "/api/stream/consumers/%2F")}
+
+        got = yield self.inThread(lists)
+        for p, (code, items) in got.items():
+            self.assertEqual((code, len(items)), (200, 1), p)
+        conn = got["/api/connections"][1][0]
+        self.assertEqual((conn["node"], conn["protocol"], conn["user"]), ("n1", "stream", "guest"))
+        pub = got["/api/stream/publishers"][1][0]
+        self.assertEqual((pub["connection_details"]["node"], pub["reference"], pub["published"], pub["confirmed"]),
+                         ("n1", "ref1", 2, 2))
+        cons = got["/api/stream/consumers"][1][0]
+        self.assertEqual((cons["subscription_id"], cons["consumed"], cons["properties"]), (3, 2, {"name": "cons1"}))
+        quoted = urllib.parse.quote(conn["name"], safe="")
+
+        def one():
+            return (self.api(1, "GET", "/api/connections/" + quoted),
+                    self.api(1, "GET", "/api/stream/connections/%2F/" + quoted),
+                    self.api(1, "GET", "/api/stream/connections/%2F/" + quoted + "/publishers"),
+                    self.api(1, "GET", "/api/stream/connections/%2F/" + quoted + "/consumers"),
+                    self.api(1, "GET", "/api/stream/connections/%2F/nosuch")[0])
+
+        (c1, d1), (c2, d2), (c3, pubs), (c4, subs), missing = yield self.inThread(one)
+        self.assertEqual((c1, c2, c3, c4, missing), (200, 200, 200, 200, 404))
+        self.assertEqual((d1["name"], d2["name"], d2["node"]), (conn["name"], conn["name"], "n1"))
+        self.assertEqual(([p["publisher_id"] for p in pubs], [s["subscription_id"] for s in subs]), ([1], [3]))
+
+        def close():
+            code = self.api(1, "DELETE", "/api/stream/connections/%2F/" + quoted)[0]
+            try:
+                while True:
+                    c.frame()
+            except EOFError:
+                return code, "closed"
+            except OSError as e:
+                return code, repr(e)
+
+        self.assertEqual((yield self.inThread(close)), (204, "closed"))
+        conns = (yield self.inThread(self.api, 1, "GET", "/api/stream/connections"))[1]
+        self.assertEqual(conns, [])
+
+
 class OverviewTests(ClusterCase):
     """The overview counts the cluster."""
 

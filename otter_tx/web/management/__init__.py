@@ -22,7 +22,8 @@ clock, the node's listeners):
   :mod:`.policies` (policies, operator policies, parameters),
   :mod:`.users` (users, permissions, user limits), :mod:`.vhosts`
   (vhosts, vhost limits), :mod:`.connections` (connections, channels,
-  consumers), :mod:`.definitions`, :mod:`.members` (quorum queue members,
+  consumers; stream protocol connections too), :mod:`.streams`
+  (rabbitmq_stream_management's ``/api/stream/...``), :mod:`.definitions`, :mod:`.members` (quorum queue members,
   rebalance), :mod:`.nodes` (nodes, health checks,
   aliveness) and :mod:`.overview` (overview, whoami, the admin web app,
   and every unknown path);
@@ -62,6 +63,7 @@ from otter_tx.web.management.nodes import NodesRoom
 from otter_tx.web.management.overview import OverviewRoom
 from otter_tx.web.management.policies import PoliciesRoom
 from otter_tx.web.management.queues import QueuesRoom
+from otter_tx.web.management.streams import StreamsRoom
 from otter_tx.web.management.users import UsersRoom
 from otter_tx.web.management.vhosts import VHostsRoom
 
@@ -88,6 +90,7 @@ ROOMS = {
     b"health": NodesRoom,
     b"aliveness-test": NodesRoom,
     b"rebalance": MembersRoom,
+    b"stream": StreamsRoom,
 }
 
 #: ``/api/vhosts/{v}/{part}``: the room of a vhost's sub-resource

@@ -4,6 +4,11 @@ The connections and channels room: ``/api/connections...``,
 ``/api/consumers...`` (``rabbit_mgmt_wm_connections``, ``_connection``,
 ``_channels``, ``_channel``, ``_consumers``), filtered as
 ``rabbit_mgmt_util:filter_conn_ch_list`` (:mod:`.authz`).
+
+Connections are AMQP 0-9-1's (``Broker.connections``) and, as RabbitMQ
+lists them with ``"protocol": "stream"``, the stream protocol's
+(``Broker.streamCounters.connections``; :mod:`.streams` serves
+rabbitmq_stream_management's ``/api/stream/...`` routes).
 """
 
 from otter_tx.broker import stats
@@ -14,6 +19,31 @@ from otter_tx.web.management.http import Response, notAuthorisedObject, notFound
 
 #: the query arguments of a request's rate view, passed to the other nodes of a cluster
 RANGE_ARGS = ("msg_rates_age", "msg_rates_incr", "lengths_age", "lengths_incr", "data_rates_age", "data_rates_incr")
+
+
+def streamConnections(broker, owner=None, vhost=None):
+    """
+    The open stream protocol connections of this node, by name, of user
+    ``owner`` (a name; None: anyone's) on vhost ``vhost`` (a name; None:
+    any); only those that opened (logged in to a vhost).
+    """
+    conns = getattr(getattr(broker, "streamCounters", None), "connections", ())
+    return sorted((c for c in conns
+                   if c.vhost is not None and not c.closed
+                   and (owner is None or (c.user is not None and c.user.name == owner))
+                   and (vhost is None or c.vhost == vhost)), key=lambda c: c.name)
+
+
+def isStream(conn):
+    """Whether ``conn`` is a stream protocol connection (not an AMQP one)."""
+    return not hasattr(conn, "channels")
+
+
+def _connectionDict(conn, view):
+    """``conn`` (AMQP or stream) as ``/api/connections/{name}`` shows it."""
+    if isStream(conn):
+        return fmt.streamConnectionDict(conn, view, detail=True)
+    return fmt.connectionDict(conn, view)
 
 
 def _channelKey(d):
@@ -78,7 +108,10 @@ class ConnectionsRoom(Room):
 
     def _answerConnections(self, args):
         view = self._viewOf(args["ranges"])
-        return [fmt.connectionDict(c, view) for c in self._localConnections(args["owner"], args.get("vhost"))]
+        found = [fmt.connectionDict(c, view) for c in self._localConnections(args["owner"], args.get("vhost"))]
+        found += [fmt.streamConnectionDict(c, view)
+                  for c in streamConnections(self.broker, args["owner"], args.get("vhost"))]
+        return found
 
     def _answerChannels(self, args):
         view = self._viewOf(args["ranges"])
@@ -86,8 +119,12 @@ class ConnectionsRoom(Room):
                 for _, ch in sorted(c.channels.items())]
 
     def _findLocal(self, name):
+        """This node's connection ``name``: AMQP's, else a stream connection; None when it has none."""
         for conn in self.broker.connections:
             if fmt.connectionName(conn) == name:
+                return conn
+        for conn in streamConnections(self.broker):
+            if conn.name == name:
                 return conn
         return None
 
@@ -97,9 +134,10 @@ class ConnectionsRoom(Room):
         if conn is None:
             return None
         view = self._viewOf(args["ranges"])
-        d = {"connection": fmt.connectionDict(conn, view)}
+        d = {"connection": _connectionDict(conn, view)}
         if args.get("channels"):
-            d["channels"] = [fmt.channelDict(ch, view) for _, ch in sorted(conn.channels.items())]
+            d["channels"] = [] if isStream(conn) else [fmt.channelDict(ch, view)
+                                                       for _, ch in sorted(conn.channels.items())]
         return d
 
     def _answerClose(self, args):
@@ -110,8 +148,20 @@ class ConnectionsRoom(Room):
         owner = args.get("owner")
         if owner is not None and not (conn.user is not None and conn.user.name == owner):
             return "forbidden"
-        conn.close(320, "CONNECTION_FORCED - " + args["reason"])
+        self._close(conn, args["reason"])
         return "closed"
+
+    @staticmethod
+    def _close(conn, reason):
+        """
+        Close ``conn`` as DELETE does: an AMQP connection with 320
+        ``CONNECTION_FORCED - <reason>``; a stream connection's socket is
+        closed (RabbitMQ 3.10 sends its client no close frame, checked on the peer).
+        """
+        if isStream(conn):
+            conn.closeConnection()
+        else:
+            conn.close(320, "CONNECTION_FORCED - " + reason)
 
     def _merged(self, local, op, args, key):
         """``local`` (a list) with what the other nodes answer ``op``, sorted by ``key`` (a Deferred)."""
@@ -167,7 +217,9 @@ class ConnectionsRoom(Room):
         """``GET /api/connections``: all for monitoring users and administrators, else the user's own."""
         view = self._rateView(request)
         local = [fmt.connectionDict(c, view) for c in self._visibleConnections(user)]
+        local += [fmt.streamConnectionDict(c, view) for c in self._visibleStreamConnections(user)]
         if self.broker.cluster is None:
+            local.sort(key=lambda d: d["name"])
             return local
         return self._merged(local, "mgmt.connections", self._argsFor(request, user), lambda d: d["name"])
 
@@ -178,10 +230,16 @@ class ConnectionsRoom(Room):
         vh = self._vhost(vhost)
         view = self._rateView(request)
         local = [fmt.connectionDict(c, view) for c in self._visibleConnections(user) if c.vhost is vh]
+        local += [fmt.streamConnectionDict(c, view) for c in self._visibleStreamConnections(user, vh.name)]
         if self.broker.cluster is None:
+            local.sort(key=lambda d: d["name"])
             return local
         return self._merged(local, "mgmt.connections", self._argsFor(request, user, vhost=vh.name),
                             lambda d: d["name"])
+
+    def _visibleStreamConnections(self, user, vhost=None):
+        """The stream connections ``user`` sees (as :meth:`_visibleConnections`), of ``vhost`` (a name) when given."""
+        return streamConnections(self.broker, None if self._isMonitor(user) else user.name, vhost)
 
     def _authoriseUser(self, request, user, name):
         """
@@ -217,9 +275,8 @@ class ConnectionsRoom(Room):
             return self._remoteClose(user, name, self._reason(request))
         conn = self._authoriseUser(request, user, name)
         if request.method == b"GET":
-            return fmt.connectionDict(conn, self._rateView(request))
-        reason = self._reason(request)
-        conn.close(320, "CONNECTION_FORCED - " + reason)
+            return _connectionDict(conn, self._rateView(request))
+        self._close(conn, self._reason(request))
         return Response(204)
 
     @staticmethod
@@ -237,6 +294,8 @@ class ConnectionsRoom(Room):
             return self._remoteConnection(request, user, name, channels=True).addCallback(lambda d: d["channels"])
         conn = self._authoriseUser(request, user, name)
         view = self._rateView(request)
+        if isStream(conn):
+            return []
         return [fmt.channelDict(ch, view) for _, ch in sorted(conn.channels.items())]
 
     @app.route("/api/channels", methods=["GET", "OPTIONS"])
@@ -316,10 +375,15 @@ class ConnectionsRoom(Room):
         """Consumers on ``vhosts`` whose connection the user sees (``filter_conn_ch_list``)."""
         seesAll = self._isMonitor(user)
         if self.broker.cluster is None:
-            return [
+            found = [
                 fmt.consumerDict(q, c) for vh in vhosts for _, q in sorted(vh.queues.items()) for c in q.consumers
                 if seesAll or self._owns(user, c.session.client)
             ]
+            streams = self._streamConsumers(None if seesAll else user.name, {vh.name for vh in vhosts})
+            if streams:
+                found += streams
+                found.sort(key=_consumerKey)
+            return found
         # a cluster: this node's consumers (of its queues and of queues on other nodes;
         # a queue here also holds other nodes' consumers: they list those), and theirs
         args = {"owner": None if seesAll else user.name, "vhosts": [vh.name for vh in vhosts]}
@@ -340,8 +404,14 @@ class ConnectionsRoom(Room):
                     if vh is None or vh.name not in wanted or vh.findQueue(q.name) is not q:
                         continue
                     found.append(fmt.consumerDict(q, c))
+        found += self._streamConsumers(owner, wanted)
         found.sort(key=_consumerKey)
         return found
+
+    def _streamConsumers(self, owner, vhosts):
+        """The stream protocol subscriptions of this node on ``vhosts`` (names) of ``owner``'s (None: anyone's)."""
+        return [fmt.streamSubscriptionDict(conn, sub) for conn, sub in fmt.streamSubscriptions(self.broker)
+                if conn.vhost in vhosts and (owner is None or (conn.user is not None and conn.user.name == owner))]
 
     @app.route("/api/consumers", methods=["GET", "OPTIONS"])
     @endpoint()

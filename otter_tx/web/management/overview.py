@@ -10,6 +10,7 @@ from otter_tx.broker.policy import OPERATOR_POLICY_KEYS, POLICY_KEYS
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import NONE
+from otter_tx.web.management.connections import streamConnections
 from otter_tx.web.management.http import (
     EXCHANGE_TYPE_DESCRIPTIONS, RABBITMQ_COMPAT_VERSION, notFound, queryFlag,
 )
@@ -63,7 +64,7 @@ class OverviewRoom(Room):
         values = stats.sumValues([stats.vhostValues(vh) for vh in vhosts], len(stats.VHOST_KEYS))
         own = fmt.RateView(broker.sampler).messageStats("overview", broker, stats.VHOST_KEYS, values)
         return {
-            "connections": len(broker.connections),
+            "connections": len(broker.connections) + len(streamConnections(broker)),
             "channels": sum(len(c.channels) for c in broker.connections),
             "message_stats": {k: ({"rate": v.get("rate", 0.0)} if k.endswith("_details") else v)
                               for k, v in own.items()},
@@ -83,6 +84,11 @@ class OverviewRoom(Room):
         vhosts = self._visibleVHosts(user)
         queues = [q for vh in vhosts for q in vh.queues.values()]
         conns = [c for c in self._visibleConnections(user) if c.vhost in vhosts or c.vhost is None]
+        # stream protocol connections and their subscriptions count too (as on the 3.10 peer)
+        names = {vh.name for vh in vhosts}
+        streamConns = [c for c in streamConnections(self.broker,
+                                                    None if self._isMonitor(user) else user.name)
+                       if c.vhost in names]
         view = self._rateView(request)
         broker = self.broker
         if len(vhosts) == len(broker.vhosts):
@@ -108,8 +114,9 @@ class OverviewRoom(Room):
                     queueTotals[key] = queueTotals.get(key, 0) + n
         objectTotals = {
             "channels": sum(len(c.channels) for c in conns),
-            "connections": len(conns),
-            "consumers": sum(len(q.consumers) for q in queues) + sum(q.figures.get("consumers", 0) for q in remote),
+            "connections": len(conns) + len(streamConns),
+            "consumers": (sum(len(q.consumers) for q in queues) + sum(q.figures.get("consumers", 0) for q in remote)
+                          + sum(len(c.subscriptions) for c in streamConns)),
             "exchanges": sum(len(vh.exchanges) for vh in vhosts),
             "queues": len(queues) + len(remote),
         }

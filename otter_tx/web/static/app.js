@@ -609,9 +609,24 @@ pages.connections = (root) => {
   }};
 };
 
+// A stream protocol connection's publishers and consumers (rabbitmq_stream_management's lists)
+function streamPublisherTable(ps) {
+  return table(["Publisher", "Stream", "Reference", "Published", "Confirmed", "Errored"],
+    ps.map((p) => [p.publisher_id, h("a", {href: queueHref(p.queue.vhost, p.queue.name)}, p.queue.name), p.reference,
+      p.published, p.confirmed, p.errored]), "No publishers");
+}
+
+function streamConsumerTable(cs) {
+  return table(["Subscription", "Stream", "Properties", "Credits", "Consumed", "Offset", "Offset lag"],
+    cs.map((c) => [c.subscription_id, h("a", {href: queueHref(c.queue.vhost, c.queue.name)}, c.queue.name),
+      h("span", {}, tags(c.properties)), c.credits, c.consumed, c.offset, c.offset_lag]), "No consumers");
+}
+
 pages.connection = (root, [name]) => {
-  const info = h("div"), chans = h("div");
-  append(root, h("h1", {}, "Connection ", name), info, h("h2", {}, "Channels"), chans,
+  const info = h("div"), chans = h("div"), chansHead = h("h2", {}, "Channels");
+  const pubsHead = h("h2", {hidden: ""}, "Publishers"), pubs = h("div");
+  const subsHead = h("h2", {hidden: ""}, "Consumers"), subs = h("div");
+  append(root, h("h1", {}, "Connection ", name), info, chansHead, chans, pubsHead, pubs, subsHead, subs,
     h("h2", {}, "Close this connection"),
     form(null, [field("Reason", textInput("reason", "Closed via management plugin"))], "Force close", async (f) => {
       if (!window.confirm("Close connection " + name + "?")) return;
@@ -622,7 +637,19 @@ pages.connection = (root, [name]) => {
     const c = await api("GET", "/api/connections/" + enc(name));
     fill(info, kv([["Virtual host", c.vhost], ["User", c.user], ["State", c.state], ["Protocol", c.protocol],
       ["Client", fmtValue(c.client_properties)], ["From", c.peer_host + ":" + c.peer_port],
-      ["Channel max", c.channel_max], ["Frame max", c.frame_max], ["Heartbeat", c.timeout], ["TLS", String(!!c.ssl)]]));
+      c.protocol === "stream" ? null : ["Channel max", c.channel_max], ["Frame max", c.frame_max], ["Heartbeat", c.timeout], ["TLS", String(!!c.ssl)]]));
+    if (c.protocol === "stream") {
+      // no channels: its publishers and consumers instead
+      chansHead.hidden = true;
+      pubsHead.hidden = false;
+      subsHead.hidden = false;
+      const base = "/api/stream/connections/" + enc(c.vhost) + "/" + enc(name);
+      const [ps, cs] = await Promise.all([api("GET", base + "/publishers"), api("GET", base + "/consumers")]);
+      fill(chans);
+      fill(pubs, streamPublisherTable(ps));
+      fill(subs, streamConsumerTable(cs));
+      return;
+    }
     const ch = await api("GET", "/api/connections/" + enc(name) + "/channels");
     fill(chans, channelTable(ch));
   }};
