@@ -6,6 +6,7 @@ docs/performance.md, "The stream protocol on a 3-node cluster").
     .venv-test/bin/python bench/stream_cluster.py                    # both; otter_tx's cluster started here
     .venv-test/bin/python bench/stream_cluster.py --targets otter --otter-ports 5552,5553,5554   # running nodes
     .venv-test/bin/python bench/stream_cluster.py --targets rabbit --sizes 12 --publishers 1
+    .venv-test/bin/python bench/stream_cluster.py --targets base,otter,rabbit --base-root /tmp/base  # before/after
 
 Each round creates a fresh stream through the stream protocol's create
 command on node 1 with ``initial-cluster-size`` 3 (so node 1 leads it, both
@@ -153,13 +154,13 @@ def run(ports, messages, size, publishers, batch, window, consumes, members=3):
 _NODE_LINE = re.compile(r"^(otter\d+): amqp \S+  stream 127\.0\.0\.1:(\d+) .* pid (\d+)")
 
 
-def startOtter(nodes=3, python=None):
-    """``python -m otter_tx.cluster.local``; (process, [stream ports], [pids])."""
+def startOtter(nodes=3, python=None, root=ROOT):
+    """``python -m otter_tx.cluster.local`` of the checkout ``root``; (process, [stream ports], [pids])."""
     python = python or sys.executable
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([python, "-u", "-m", "otter_tx.cluster.local", "--nodes", str(nodes)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=root, env=env,
                             start_new_session=True)
     ports, pids = [], []
     deadline = time.time() + 120
@@ -225,6 +226,9 @@ def main():
     ap.add_argument("--otter-ports", default=None, help="running otter_tx nodes' stream ports (else a cluster "
                                                         "is started)")
     ap.add_argument("--otter-python", default=None, help="the nodes' interpreter (default: this one)")
+    ap.add_argument("--base-root", default=None,
+                    help="another checkout (e.g. a git archive of an older commit): target 'base' is an otter_tx "
+                         "cluster started from it, to compare with 'otter' (this checkout)")
     ap.add_argument("--rabbit-ports", default="5591,5592,5593")
     ap.add_argument("--messages", type=int, default=500000, help="12 B messages a run (1 KiB: a fifth)")
     ap.add_argument("--sizes", default="12,1024")
@@ -238,7 +242,7 @@ def main():
     args = ap.parse_args()
     targets = args.targets.split(",")
     clusters = {}
-    proc = None
+    procs = []
     if "rabbit" in targets:
         clusters["rabbit"] = [int(p) for p in args.rabbit_ports.split(",")]
         rabbitStreams(clusters["rabbit"])
@@ -249,6 +253,10 @@ def main():
                 clusters["otter"] = [int(p) for p in args.otter_ports.split(",")]
             else:
                 proc, clusters["otter"], _ = startOtter(3, args.otter_python)
+                procs.append(proc)
+        if "base" in targets:
+            proc, clusters["base"], _ = startOtter(3, args.otter_python, os.path.abspath(args.base_root))
+            procs.append(proc)
         if args.pause:
             time.sleep(args.pause)
         for rnd in range(args.rounds):
@@ -263,7 +271,7 @@ def main():
                               "replica %10.0f msg/s  (leader :%d, replicas %s)"
                               % (rnd + 1, size, pubs, t, pub, cl, cr, leader, replicas), flush=True)
     finally:
-        if proc is not None:
+        for proc in procs:
             stopOtter(proc)
     print("\nmedians (msg/s)")
     print("%6s %10s %-6s %12s %15s %16s" % ("size", "publishers", "target", "publish", "consume leader",

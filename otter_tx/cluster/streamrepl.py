@@ -145,9 +145,10 @@ class StreamReplicator(Replicator):
         was shipped so far, or failing as :meth:`sync`).
         """
         if items:
-            frame = wire.streamRecords(self.names, self.epoch, items)
+            # (parts: the records' bytes go to each follower's socket as they are)
+            parts = wire.streamRecordParts(self.names, self.epoch, items)
             for link in self.joined.values():
-                link.send(frame)
+                link.sendParts(parts)
         return self._syncNow(True)
 
     def sync(self):
