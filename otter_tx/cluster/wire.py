@@ -217,13 +217,19 @@ _REC = struct.Struct(">BQdII")
 
 
 def readStreamRecords(r):
-    """The items of an R_SAPPEND (after its op byte), from Reader ``r``."""
+    """
+    The items of an R_SAPPEND (after its op byte), from Reader ``r``: each
+    record's bytes a view of the frame's (bytes; not copied: they are
+    written to the follower's log as they are).
+    """
     out = []
     buf = r.buf
+    view = memoryview(buf) if type(buf) is bytes else None
     for _ in range(r.u32()):
         kind, first, ts, count, n = _REC.unpack_from(buf, r.pos)
         r.pos += _REC.size
-        out.append((kind, first, ts, count, bytes(buf[r.pos:r.pos + n])))
+        out.append((kind, first, ts, count, view[r.pos:r.pos + n] if view is not None
+                    else bytes(buf[r.pos:r.pos + n])))
         r.pos += n
     return out
 
