@@ -36,6 +36,10 @@ LINK_HIGH_WATER = 1 << 20
 FRAMES_PER_SLICE = 300
 #: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
 _MAX_PARTS = 512
+#: a frame at least this large (bytes) that is not complete is gathered from the reads as they come
+#: and joined once (a replicated stream's commit of 1 KiB messages is a frame of a MiB or more):
+#: appended to the receive buffer, then copied out of it, each byte was copied twice
+BIG_FRAME = 256 * 1024
 
 
 def _socketOf(transport):
@@ -137,6 +141,7 @@ class LinkProtocol(protocol.Protocol):
         self.clock = node.clock
         self.dialled = dialled
         self._buf = bytearray()
+        self._ready = []
         self._out = []
         self._flushCall = None
         self._rid = 0
@@ -364,7 +369,22 @@ class LinkProtocol(protocol.Protocol):
     # --- input ----------------------------------------------------------------
 
     def dataReceived(self, data):
-        self._buf += data
+        big = self._big
+        if big is not None:
+            # the rest of a large frame: gathered, joined once complete
+            need = self._bigNeed - self._bigHave
+            if len(data) < need:
+                big.append(data)
+                self._bigHave += len(data)
+                return
+            view = memoryview(data)
+            big.append(view[:need])
+            self._big = None
+            self._ready.append((self._bigKind, b"".join(big)))
+            self._buf += view[need:]
+            view.release()
+        else:
+            self._buf += data
         if not self._sliced:
             self._take()
 
@@ -377,7 +397,14 @@ class LinkProtocol(protocol.Protocol):
         fills, and its publishers go into flow).
         """
         buf = self._buf
-        frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE)
+        ready = self._ready
+        if ready:
+            # (a large frame completed by the last read comes before what followed it)
+            self._ready = []
+            frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE - len(ready))
+            frames = ready + frames
+        else:
+            frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE)
         if used:
             del buf[:used]
         if len(frames) == FRAMES_PER_SLICE and len(buf) >= 4 and self.connected:
@@ -385,12 +412,28 @@ class LinkProtocol(protocol.Protocol):
                 self._sliced = True
                 self.transport.pauseProducing()
             self.clock.callLater(0, self._nextSlice)
-        elif self._sliced:
-            self._sliced = False
-            self.transport.resumeProducing()
+        else:
+            if self._sliced:
+                self._sliced = False
+                self.transport.resumeProducing()
+            if len(buf) >= 5:
+                size = wire._U32.unpack_from(buf, 0)[0]
+                if size >= BIG_FRAME and len(buf) < 4 + size:
+                    # an incomplete large frame: its payload so far out of the buffer, the
+                    # rest gathered as it comes (dataReceived)
+                    self._bigKind = buf[4]
+                    self._bigNeed = size - 1
+                    self._bigHave = len(buf) - 5
+                    self._big = [bytes(memoryview(buf)[5:])]
+                    del buf[:]
         self._handle(frames)
 
     _sliced = False
+    #: the payload of an incomplete large frame so far (a list of bytes-like), or None
+    _big = None
+    _bigKind = _bigNeed = _bigHave = 0
+    #: frames completed by a read and not handled yet
+    _ready = ()
 
     def _nextSlice(self):
         if self.connected:
