@@ -56,40 +56,52 @@ def _socketOf(transport):
     return transport.socket
 
 
-def writeParts(transport, parts):
+def _sendParts(sock, parts):
+    """
+    ``sock.sendmsg`` of ``parts`` (a list) as far as the socket takes them;
+    returns what it did not take (a list, its first part maybe a view of
+    the rest of one), empty when it took everything.
+    """
+    i = 0
+    n = len(parts)
+    while i < n:
+        j = min(n, i + _MAX_PARTS)
+        try:
+            sent = sock.sendmsg(parts[i:j])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            # the transport's own write (or the next writable event) meets the error
+            sent = 0
+        while i < j and sent >= len(parts[i]):
+            sent -= len(parts[i])
+            i += 1
+        if i < j:
+            rest = parts[i:]
+            if sent:
+                rest[0] = memoryview(rest[0])[sent:]
+            return rest
+    return []
+
+
+def writeParts(transport, parts, hold=False):
     """
     Write ``parts`` (bytes-like) to ``transport`` in order: straight to its
     socket with ``sendmsg`` when :func:`_socketOf` allows (Twisted's own
     write joins what a turn wrote into one string, then sends it 128 KiB a
     reactor turn: a replicated stream's records went through two more copies
-    on their way out), what the socket does not take through the transport.
+    on their way out), what the socket does not take through the transport,
+    or, with ``hold``, returned (a list; None when the socket could not be
+    used and everything went through the transport).
     """
     sock = _socketOf(transport)
-    i = 0
-    n = len(parts)
-    sent = 0
+    rest = parts
     if sock is not None:
-        while i < n:
-            j = min(n, i + _MAX_PARTS)
-            try:
-                sent = sock.sendmsg(parts[i:j])
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                # the transport's own write meets the error and closes the connection
-                sent = 0
-            while i < j and sent >= len(parts[i]):
-                sent -= len(parts[i])
-                i += 1
-            if i < j:
-                break
-            sent = 0
-        if i == n:
-            return
-    rest = parts[i:]
-    if sent:
-        rest[0] = memoryview(rest[0])[sent:]
+        rest = _sendParts(sock, parts)
+        if hold or not rest:
+            return rest
     transport.writeSequence([p if type(p) is bytes else bytes(p) for p in rest])
+    return None
 
 
 def messageJSON(message, **extra):
@@ -183,6 +195,7 @@ class LinkProtocol(protocol.Protocol):
 
     def connectionLost(self, reason=None):
         self.connected = False
+        self._held = None
         if self._flushCall is not None and self._flushCall.active():
             self._flushCall.cancel()
         self._flushCall = None
@@ -262,12 +275,59 @@ class LinkProtocol(protocol.Protocol):
         direct, self._direct = self._direct, False
         if self._out and self.connected:
             out, self._out = self._out, []
-            if direct:
-                writeParts(self.transport, out)
+            if self._held is not None:
+                # after what the socket has not taken yet
+                self._hold(out)
+            elif direct:
+                rest = writeParts(self.transport, out, hold=True)
+                if rest:
+                    self._hold(rest)
             else:
                 self.transport.writeSequence(out)
         else:
             self._out = []
+
+    #: output the socket did not take (a list of bytes-like, oldest first), written as it becomes
+    #: writable (:meth:`_writeHeld`) instead of through the transport's buffer, which joins it,
+    #: copies what remains into each new write and sends 128 KiB a reactor turn; None when empty
+    _held = None
+    _heldBytes = 0
+    _heldPaused = False
+
+    def _hold(self, parts):
+        t = self.transport
+        if self._held is None:
+            self._held = []
+            self._heldBytes = 0
+            # the reactor calls the transport's doWrite when its socket is writable: ours first
+            t.doWrite = self._writeHeld
+            t.startWriting()
+        self._held.extend(parts)
+        self._heldBytes += sum(len(p) for p in parts)
+        if self._heldBytes > LINK_HIGH_WATER and not self.paused:
+            # as the transport's high water mark would: this node's publishers are in flow
+            self._heldPaused = True
+            self.pauseProducing()
+
+    def _writeHeld(self):
+        """The socket is writable: what it takes of the held output; the transport's own write once empty."""
+        t = self.transport
+        held = self._held
+        if held:
+            rest = _sendParts(t.socket, held)
+            self._heldBytes -= sum(len(p) for p in held) - sum(len(p) for p in rest)
+            if rest:
+                self._held = rest
+                return None
+        self._held = None
+        self._heldBytes = 0
+        del t.doWrite
+        if self._heldPaused:
+            self._heldPaused = False
+            if self.paused:
+                self.resumeProducing()
+        # (stops writing when the transport holds nothing, else writes what it holds)
+        return t.doWrite()
 
     def _kick(self):
         if self._flushCall is None:

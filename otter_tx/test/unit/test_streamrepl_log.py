@@ -336,3 +336,83 @@ class WritePartsTests(SynchronousTestCase):
         t = StringTransport()
         link.writeParts(t, [b"ab", memoryview(b"cd")])
         self.assertEqual(t.value(), b"abcd")
+
+
+class HeldOutputTests(SynchronousTestCase):
+    """
+    A link's direct writes: what the socket does not take is held by the
+    link (not the transport's buffer) and written when the socket is
+    writable, in order with later output; the node's publishers are in flow
+    while it holds more than LINK_HIGH_WATER.
+    """
+
+    def test_heldUntilWritable(self):
+        from otter_tx.cluster import link
+
+        class Sock:
+            take = 0
+            got = b""
+
+            def sendmsg(self, parts):
+                data = b"".join(bytes(p) for p in parts)[:self.take]
+                self.take -= len(data)
+                self.got += data
+                return len(data)
+
+        class Transport:
+            writing = False
+
+            def __init__(self):
+                self.socket = Sock()
+                self.written = b""
+
+            def startWriting(self):
+                self.writing = True
+
+            def stopWriting(self):
+                self.writing = False
+
+            def writeSequence(self, data):
+                self.written += b"".join(data)
+
+            def doWrite(self):
+                # (the transport's own: nothing of its own to write)
+                self.stopWriting()
+
+        class Node:
+            def __init__(self):
+                self.clock = Clock()
+                self.events = []
+
+            def linkPaused(self, l):
+                self.events.append("paused")
+
+            def linkResumed(self, l):
+                self.events.append("resumed")
+
+        t = Transport()
+        node = Node()
+        proto = link.LinkProtocol(node)
+        proto.transport = t
+        proto.connected = True
+        proto.peer = "n2"
+        self.patch(link, "_socketOf", lambda tr: tr.socket)
+        self.patch(link, "LINK_HIGH_WATER", 8)
+        t.socket.take = 3
+        proto.sendParts([b"abcd", b"efgh", memoryview(b"ij")])
+        proto.flush()
+        self.assertEqual((t.socket.got, t.writing, proto.paused), (b"abc", True, False))
+        # later output, direct or not, goes after what is held
+        proto.send(b"KLMNOP")
+        proto.flush()
+        self.assertEqual((proto._heldBytes, proto.paused, node.events), (13, True, ["paused"]))
+        t.socket.take = 5
+        self.assertIsNone(t.doWrite())
+        self.assertEqual((t.socket.got, t.writing, proto.paused), (b"abcdefgh", True, True))
+        t.socket.take = 100
+        self.assertIsNone(t.doWrite())
+        self.assertEqual(t.socket.got, b"abcdefghijKLMNOP")
+        self.assertEqual((t.writing, proto.paused, node.events, proto._held), (False, False, ["paused", "resumed"],
+                                                                               None))
+        self.assertNotIn("doWrite", vars(t))
+        self.assertEqual(t.written, b"")
