@@ -332,9 +332,7 @@ class StreamRegistry:
         out = []
         for log in self.logs.values():
             if log._waiting or log._incoming:
-                d = defer.Deferred()
-                log._syncWaiters.append(d)
-                out.append(d)
+                out.append(log.sync())
         return out
 
     def drain(self):
@@ -379,7 +377,13 @@ class StreamLog:
         self._incoming = []
         # appends being written: their Deferreds (offset order)
         self._waiting = []
+        # sync(): (offset the appends so far reach, Deferred), in offset order
         self._syncWaiters = []
+        # a cluster's replicator the appends waiting for the next group commit were made under
+        # (their confirms wait for its barrier even if it is gone by the time they are written)
+        self._pendingReplicator = None
+        # the replication barrier of the group commit being written (a Deferred), or None
+        self._barrier = None
         self._flushCall = None
         self._writing = False
         self._nextOffset = self.log.committed
@@ -440,7 +444,9 @@ class StreamLog:
         Append ``message`` (a :class:`~otter_tx.broker.message.Message`);
         returns a Deferred firing with its offset once it is durable (None
         with ``wantDeferred=False``).  Appends of one reactor turn are one
-        group commit.
+        group commit.  On a cluster's leader (``replicator`` set) durable
+        means on this node and on every in-sync follower: the group commit's
+        Deferreds wait for its replication barrier (:meth:`_written`).
         """
         if self.deleted:
             return defer.fail(AMQPError(404, "stream deleted")) if wantDeferred else None
@@ -454,13 +460,11 @@ class StreamLog:
         self._incoming.append((rec, now, d, None))
         self.appended += 1
         self.registry.unsynced += 1
+        if self.replicator is not None:
+            self._pendingReplicator = self.replicator
         if self._flushCall is None and not self._writing:
             self._flushCall = self.clock.callLater(0, self._flush)
-        return d if d is None or self.replicator is None else self._replicated(d)
-
-    def _replicated(self, d):
-        """``d`` (an append's), firing once the followers in sync hold it too (a cluster's stream)."""
-        return defer.DeferredList([d, self.replicator.sync()], consumeErrors=True).addCallback(_firstOrFailure)
+        return d
 
     def appendEntries(self, entries, count, wantDeferred=True):
         """
@@ -484,9 +488,11 @@ class StreamLog:
         self._incoming.append((rec, now, d, count))
         self.appended += count
         self.registry.unsynced += 1
+        if self.replicator is not None:
+            self._pendingReplicator = self.replicator
         if self._flushCall is None and not self._writing:
             self._flushCall = self.clock.callLater(0, self._flush)
-        return d if d is None or self.replicator is None else self._replicated(d)
+        return d
 
     def appendReplicated(self, items):
         """
@@ -529,7 +535,8 @@ class StreamLog:
         firstOffset = None
         waiting = []
         enqueueRecord = log.enqueueRecord
-        rep = self.replicator
+        rep = self.replicator or self._pendingReplicator
+        self._pendingReplicator = None
         shipped = [] if rep is not None and rep.joined else None
         for rec, now, d, count in incoming:
             if count is None:
@@ -546,8 +553,9 @@ class StreamLog:
                 firstOffset = o
             waiting.append((d, o))
         if rep is not None:
-            # to the followers as written here (their SYNC answers come after their fsync)
-            rep.flushed(shipped)
+            # to the followers as written here (their SYNC answers come after their fsync); the
+            # commit's appends are confirmed once it is durable here and the barrier fired
+            self._barrier = rep.flushed(shipped)
         for seg in log.segments[nseg - 1 if nseg else 0:]:
             # the per-message arrays hold at most this turn's messages
             _trim(seg)
@@ -579,12 +587,18 @@ class StreamLog:
         # a commit that rolled over wrote one chunk per segment: the last starts the last segment
         self._lastChunk = max(chunkFirst, log.segments[-1].first)
         waiting, self._waiting = self._waiting, []
+        barrier, self._barrier = self._barrier, None
         self.registry.unsynced -= len(waiting)
         if rolled:
             self.applyRetention()
-        for d, offset in waiting:
-            if d is not None:
-                d.callback(offset)
+        if barrier is None:
+            for d, offset in waiting:
+                if d is not None:
+                    d.callback(offset)
+        else:
+            # one callback for the commit's appends, when its followers hold it too (the next
+            # commit is written meanwhile: the two overlap)
+            barrier.addCallbacks(_fireWaiting, _failWaiting, callbackArgs=(waiting,), errbackArgs=(waiting,))
         self._fireSync()
         self._notify()
         if self._incoming:
@@ -592,6 +606,8 @@ class StreamLog:
 
     def _failed(self, failure):
         self._writing = False
+        self._barrier = None
+        self._pendingReplicator = None
         if self.deleted:
             self._removeFiles()
             return
@@ -612,7 +628,7 @@ class StreamLog:
             if d is not None:
                 d.errback(failure)
         syncs, self._syncWaiters = self._syncWaiters, []
-        for d in syncs:
+        for _, d in syncs:
             d.errback(failure)
         if self.replicator is not None:
             self.replicator.flushed(None)
@@ -686,10 +702,22 @@ class StreamLog:
         self._notify()
 
     def _fireSync(self):
-        if self._incoming or self._waiting:
+        syncs = self._syncWaiters
+        if not syncs:
             return
-        syncs, self._syncWaiters = self._syncWaiters, []
-        for d in syncs:
+        if self._incoming or self._waiting:
+            # the waiters whose appends are durable (later appends may be on their way: a
+            # follower's log under a leader's steady stream is never idle)
+            done = self.log.committed
+            n = 0
+            while n < len(syncs) and syncs[n][0] <= done:
+                n += 1
+            if not n:
+                return
+            fire, self._syncWaiters = syncs[:n], syncs[n:]
+        else:
+            fire, self._syncWaiters = syncs, []
+        for _, d in fire:
             d.callback(None)
 
     def sync(self):
@@ -697,7 +725,7 @@ class StreamLog:
         if not self._incoming and not self._waiting:
             return defer.succeed(None)
         d = defer.Deferred()
-        self._syncWaiters.append(d)
+        self._syncWaiters.append((self._nextOffset, d))
         return d
 
     # --- retention -------------------------------------------------------------
@@ -874,7 +902,7 @@ class StreamLog:
                 d.errback(err)
         self._waiting = []
         self._incoming = []
-        for d in self._syncWaiters:
+        for _, d in self._syncWaiters:
             d.callback(None)
         self._syncWaiters = []
         # out of the way at once: a stream declared again under this name gets a fresh directory
@@ -892,12 +920,18 @@ class StreamLog:
         self._listeners = []
 
 
-def _firstOrFailure(results):
-    """A DeferredList's results: the first one's value, or the first failure (raised)."""
-    for ok, value in results:
-        if not ok:
-            value.raiseException()
-    return results[0][1]
+def _fireWaiting(_, waiting):
+    """A replicated group commit's barrier fired: its appends' Deferreds get their offsets."""
+    for d, offset in waiting:
+        if d is not None:
+            d.callback(offset)
+
+
+def _failWaiting(failure, waiting):
+    """A replicated group commit's barrier failed (no majority in sync, fenced): its appends fail."""
+    for d, _ in waiting:
+        if d is not None:
+            d.errback(failure)
 
 
 def _trim(seg):

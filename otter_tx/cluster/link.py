@@ -12,7 +12,7 @@ journal's ``sync()``): publisher confirms wait for it.
 
 import base64
 
-from twisted.internet import defer, protocol
+from twisted.internet import defer, protocol, tcp
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable
@@ -34,6 +34,74 @@ ASK_TIMEOUT = 10.0
 LINK_HIGH_WATER = 1 << 20
 #: frames a link handles per reactor turn (as the AMQP door's FRAMES_PER_SLICE)
 FRAMES_PER_SLICE = 300
+#: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
+_MAX_PARTS = 512
+#: a frame at least this large (bytes) that is not complete is gathered from the reads as they come
+#: and joined once (a replicated stream's commit of 1 KiB messages is a frame of a MiB or more):
+#: appended to the receive buffer, then copied out of it, each byte was copied twice
+BIG_FRAME = 256 * 1024
+
+
+def _socketOf(transport):
+    """
+    The socket a link may write to directly, or None: a plain TCP connection
+    (not TLS, not a test transport) holding nothing in its own buffers.
+    """
+    if type(transport) is not tcp.Client and type(transport) is not tcp.Server:
+        return None
+    if getattr(transport, "TLS", False) or not transport.connected or transport.disconnecting:
+        return None
+    if transport._tempDataBuffer or len(transport.dataBuffer) != transport.offset:
+        return None
+    return transport.socket
+
+
+def _sendParts(sock, parts):
+    """
+    ``sock.sendmsg`` of ``parts`` (a list) as far as the socket takes them;
+    returns what it did not take (a list, its first part maybe a view of
+    the rest of one), empty when it took everything.
+    """
+    i = 0
+    n = len(parts)
+    while i < n:
+        j = min(n, i + _MAX_PARTS)
+        try:
+            sent = sock.sendmsg(parts[i:j])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            # the transport's own write (or the next writable event) meets the error
+            sent = 0
+        while i < j and sent >= len(parts[i]):
+            sent -= len(parts[i])
+            i += 1
+        if i < j:
+            rest = parts[i:]
+            if sent:
+                rest[0] = memoryview(rest[0])[sent:]
+            return rest
+    return []
+
+
+def writeParts(transport, parts, hold=False):
+    """
+    Write ``parts`` (bytes-like) to ``transport`` in order: straight to its
+    socket with ``sendmsg`` when :func:`_socketOf` allows (Twisted's own
+    write joins what a turn wrote into one string, then sends it 128 KiB a
+    reactor turn: a replicated stream's records went through two more copies
+    on their way out), what the socket does not take through the transport,
+    or, with ``hold``, returned (a list; None when the socket could not be
+    used and everything went through the transport).
+    """
+    sock = _socketOf(transport)
+    rest = parts
+    if sock is not None:
+        rest = _sendParts(sock, parts)
+        if hold or not rest:
+            return rest
+    transport.writeSequence([p if type(p) is bytes else bytes(p) for p in rest])
+    return None
 
 
 def messageJSON(message, **extra):
@@ -78,12 +146,14 @@ class LinkProtocol(protocol.Protocol):
 
     peer = None
     paused = False
+    _direct = False
 
     def __init__(self, node, dialled=None):
         self.node = node
         self.clock = node.clock
         self.dialled = dialled
         self._buf = bytearray()
+        self._ready = []
         self._out = []
         self._flushCall = None
         self._rid = 0
@@ -125,6 +195,7 @@ class LinkProtocol(protocol.Protocol):
 
     def connectionLost(self, reason=None):
         self.connected = False
+        self._held = None
         if self._flushCall is not None and self._flushCall.active():
             self._flushCall.cancel()
         self._flushCall = None
@@ -172,6 +243,18 @@ class LinkProtocol(protocol.Protocol):
         if self._flushCall is None:
             self._flushCall = self.clock.callLater(0, self.flush)
 
+    def sendParts(self, parts):
+        """
+        One frame as its parts (bytes-like: a replicated stream's records, not
+        joined); the turn's output then goes straight to the socket when it
+        can (:func:`writeParts`).  (The other frames go through the transport's
+        buffer, whose high water mark puts this node's publishers in flow.)
+        """
+        self._out.extend(parts)
+        self._direct = True
+        if self._flushCall is None:
+            self._flushCall = self.clock.callLater(0, self.flush)
+
     def _drainBatched(self):
         """The credits and settles gathered so far go out now, after what was sent before them."""
         if self._credits:
@@ -189,11 +272,62 @@ class LinkProtocol(protocol.Protocol):
         if self._pendingSync is not None:
             self._out.append(wire.u64frame(wire.SYNC, self._pendingSync))
             self._pendingSync = None
+        direct, self._direct = self._direct, False
         if self._out and self.connected:
             out, self._out = self._out, []
-            self.transport.writeSequence(out)
+            if self._held is not None:
+                # after what the socket has not taken yet
+                self._hold(out)
+            elif direct:
+                rest = writeParts(self.transport, out, hold=True)
+                if rest:
+                    self._hold(rest)
+            else:
+                self.transport.writeSequence(out)
         else:
             self._out = []
+
+    #: output the socket did not take (a list of bytes-like, oldest first), written as it becomes
+    #: writable (:meth:`_writeHeld`) instead of through the transport's buffer, which joins it,
+    #: copies what remains into each new write and sends 128 KiB a reactor turn; None when empty
+    _held = None
+    _heldBytes = 0
+    _heldPaused = False
+
+    def _hold(self, parts):
+        t = self.transport
+        if self._held is None:
+            self._held = []
+            self._heldBytes = 0
+            # the reactor calls the transport's doWrite when its socket is writable: ours first
+            t.doWrite = self._writeHeld
+            t.startWriting()
+        self._held.extend(parts)
+        self._heldBytes += sum(len(p) for p in parts)
+        if self._heldBytes > LINK_HIGH_WATER and not self.paused:
+            # as the transport's high water mark would: this node's publishers are in flow
+            self._heldPaused = True
+            self.pauseProducing()
+
+    def _writeHeld(self):
+        """The socket is writable: what it takes of the held output; the transport's own write once empty."""
+        t = self.transport
+        held = self._held
+        if held:
+            rest = _sendParts(t.socket, held)
+            self._heldBytes -= sum(len(p) for p in held) - sum(len(p) for p in rest)
+            if rest:
+                self._held = rest
+                return None
+        self._held = None
+        self._heldBytes = 0
+        del t.doWrite
+        if self._heldPaused:
+            self._heldPaused = False
+            if self.paused:
+                self.resumeProducing()
+        # (stops writing when the transport holds nothing, else writes what it holds)
+        return t.doWrite()
 
     def _kick(self):
         if self._flushCall is None:
@@ -295,7 +429,22 @@ class LinkProtocol(protocol.Protocol):
     # --- input ----------------------------------------------------------------
 
     def dataReceived(self, data):
-        self._buf += data
+        big = self._big
+        if big is not None:
+            # the rest of a large frame: gathered, joined once complete
+            need = self._bigNeed - self._bigHave
+            if len(data) < need:
+                big.append(data)
+                self._bigHave += len(data)
+                return
+            view = memoryview(data)
+            big.append(view[:need])
+            self._big = None
+            self._ready.append((self._bigKind, b"".join(big)))
+            self._buf += view[need:]
+            view.release()
+        else:
+            self._buf += data
         if not self._sliced:
             self._take()
 
@@ -308,7 +457,14 @@ class LinkProtocol(protocol.Protocol):
         fills, and its publishers go into flow).
         """
         buf = self._buf
-        frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE)
+        ready = self._ready
+        if ready:
+            # (a large frame completed by the last read comes before what followed it)
+            self._ready = []
+            frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE - len(ready))
+            frames = ready + frames
+        else:
+            frames, used = wire.splitFrames(buf, FRAMES_PER_SLICE)
         if used:
             del buf[:used]
         if len(frames) == FRAMES_PER_SLICE and len(buf) >= 4 and self.connected:
@@ -316,12 +472,28 @@ class LinkProtocol(protocol.Protocol):
                 self._sliced = True
                 self.transport.pauseProducing()
             self.clock.callLater(0, self._nextSlice)
-        elif self._sliced:
-            self._sliced = False
-            self.transport.resumeProducing()
+        else:
+            if self._sliced:
+                self._sliced = False
+                self.transport.resumeProducing()
+            if len(buf) >= 5:
+                size = wire._U32.unpack_from(buf, 0)[0]
+                if size >= BIG_FRAME and len(buf) < 4 + size:
+                    # an incomplete large frame: its payload so far out of the buffer, the
+                    # rest gathered as it comes (dataReceived)
+                    self._bigKind = buf[4]
+                    self._bigNeed = size - 1
+                    self._bigHave = len(buf) - 5
+                    self._big = [bytes(memoryview(buf)[5:])]
+                    del buf[:]
         self._handle(frames)
 
     _sliced = False
+    #: the payload of an incomplete large frame so far (a list of bytes-like), or None
+    _big = None
+    _bigKind = _bigNeed = _bigHave = 0
+    #: frames completed by a read and not handled yet
+    _ready = ()
 
     def _nextSlice(self):
         if self.connected:

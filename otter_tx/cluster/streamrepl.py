@@ -140,13 +140,16 @@ class StreamReplicator(Replicator):
         """
         The log wrote a group commit (``items``: its records, for the
         followers receiving live records; None after a failed write): shipped,
-        then one barrier for the confirms waiting.
+        then one barrier for it and the :meth:`sync` calls waiting; returns
+        the barrier (a Deferred firing once the followers in sync hold what
+        was shipped so far, or failing as :meth:`sync`).
         """
         if items:
-            frame = wire.streamRecords(self.names, self.epoch, items)
+            # (parts: the records' bytes go to each follower's socket as they are)
+            parts = wire.streamRecordParts(self.names, self.epoch, items)
             for link in self.joined.values():
-                link.send(frame)
-        self._syncNow()
+                link.sendParts(parts)
+        return self._syncNow(True)
 
     def sync(self):
         """
@@ -163,13 +166,17 @@ class StreamReplicator(Replicator):
         # (else: after the group commit that ships them, flushed() above)
         return d
 
-    def _syncNow(self):
+    def _syncNow(self, barrier=False):
         if self._syncCall is not None and self._syncCall.active():
             self._syncCall.cancel()
         self._syncCall = None
-        if not self._waiters:
-            return
+        if not self._waiters and not barrier:
+            return None
         waiters, self._waiters = self._waiters, []
+        out = None
+        if barrier:
+            out = defer.Deferred()
+            waiters.append(out)
         d = Replicator.sync(self)
 
         def done(result):
@@ -180,6 +187,7 @@ class StreamReplicator(Replicator):
                     w.callback(None)
 
         d.addBoth(done)
+        return out
 
     # --- followers -----------------------------------------------------------
 

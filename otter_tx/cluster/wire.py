@@ -188,24 +188,48 @@ def replicateEnqueue(names, epoch, seq, expiresAt, returns, redelivered, message
 
 def streamRecords(names, epoch, items):
     """REPLICATE R_SAPPEND of ``items``: ``[(kind, first offset, timestamp ms, messages, bytes)]``."""
-    parts = [names, _Q.pack(epoch), bytes((R_SAPPEND,)), _U32.pack(len(items))]
+    return b"".join(streamRecordParts(names, epoch, items))
+
+
+def streamRecordParts(names, epoch, items):
+    """
+    :func:`streamRecords` as a list of parts (bytes-like; the records'
+    bytes as they are, not copied): for ``LinkProtocol.sendParts``.
+    """
+    head = [names, _Q.pack(epoch), bytes((R_SAPPEND,)), _U32.pack(len(items))]
+    parts = []
+    size = 1 + sum(len(p) for p in head)
+    pack = _REC.pack
     for kind, first, ts, count, data in items:
-        parts.append(_REC.pack(kind, first, ts, count, len(data)))
+        n = len(data)
+        head.append(pack(kind, first, ts, count, n))
+        parts.append(b"".join(head))
         parts.append(data)
-    return frame(REPLICATE, b"".join(parts))
+        size += _REC.size + n
+        head = []
+    if not parts:
+        parts.append(b"".join(head))
+    parts[0] = _U32.pack(size) + bytes((REPLICATE,)) + parts[0]
+    return parts
 
 
 _REC = struct.Struct(">BQdII")
 
 
 def readStreamRecords(r):
-    """The items of an R_SAPPEND (after its op byte), from Reader ``r``."""
+    """
+    The items of an R_SAPPEND (after its op byte), from Reader ``r``: each
+    record's bytes a view of the frame's (bytes; not copied: they are
+    written to the follower's log as they are).
+    """
     out = []
     buf = r.buf
+    view = memoryview(buf) if type(buf) is bytes else None
     for _ in range(r.u32()):
         kind, first, ts, count, n = _REC.unpack_from(buf, r.pos)
         r.pos += _REC.size
-        out.append((kind, first, ts, count, bytes(buf[r.pos:r.pos + n])))
+        out.append((kind, first, ts, count, view[r.pos:r.pos + n] if view is not None
+                    else bytes(buf[r.pos:r.pos + n])))
         r.pos += n
     return out
 
@@ -315,11 +339,14 @@ def splitFrames(buf, limit=None):
     n = len(buf)
     if limit is None:
         limit = n
+    # (slices of a view: one copy a frame; a bytearray's slice, then bytes(), made two)
+    view = memoryview(buf)
     while n - pos >= 4 and len(out) < limit:
         size = _U32.unpack_from(buf, pos)[0]
         if n - pos - 4 < size:
             break
         start = pos + 4
-        out.append((buf[start], bytes(buf[start + 1:start + size])))
+        out.append((buf[start], bytes(view[start + 1:start + size])))
         pos = start + size
+    view.release()
     return out, pos

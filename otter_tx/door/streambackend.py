@@ -490,9 +490,15 @@ class BrokerStreams:
         record = cluster.replication.records.get((vhost, name))
         if record is None:
             return []
+        online = record.get("online") or ()
+        rep = cluster.replication.leading.get((vhost, name))
+        if rep is not None and not rep.fenced:
+            # this node leads: its replicator's in-sync set is the live one (the record kept
+            # here is the one of the declare, with no follower in sync yet)
+            online = rep.online
         out = []
-        for member in record.get("online") or ():
-            if member == record.get("node"):
+        for member in online:
+            if member == record.get("node") or member == cluster.name and rep is not None:
                 continue
             if member == cluster.name:
                 info = dict(cluster.info, host=cluster.advertise)

@@ -1258,9 +1258,14 @@ class _Parts:
         return self.n
 
     def pieces(self):
-        """The bytes as a short list (joined when there are many: one write takes a few)."""
-        if len(self.parts) > 16:
-            self.parts = [b"".join(self.parts)]
+        """
+        The bytes as a short list: joined when there are many small ones (one
+        write takes a few); large ones (a stream's BATCH records, about 100 KiB
+        a publish frame of 1 KiB messages) are written as they are, up to 512.
+        """
+        parts = self.parts
+        if len(parts) > 16 and (len(parts) > 512 or self.n < 512 * len(parts)):
+            self.parts = [b"".join(parts)]
         return self.parts
 
 

@@ -219,18 +219,21 @@ class ReplicatedStreamProtocolTests(_StreamCluster, RStreamClusterCase):
 
         async def run():
             out = {}
-            c = Client("127.0.0.1", ports[2], frame_max=1048576, heartbeat=60)
-            await c.start()
-            await c.authenticate("/", "guest", "guest")
-            try:
-                r = await c.sync_request(schema.Metadata(c._corr_id_seq.next(), streams=["rs"]),
-                                         resp_schema=schema.MetadataResponse, raise_exception=False)
-                brokers = {b.reference: b.port for b in r.brokers}
-                m = r.metadata[0]
-                out["leader"] = brokers[m.leader_ref]
-                out["replicas"] = sorted(brokers[x] for x in m.replicas_refs)
-            finally:
-                await c.close()
+            # on a follower's node and on the leader's (whose record of the declare named no
+            # follower in sync: it answers from its replicator's in-sync set)
+            for key, port in (("", ports[2]), (" on the leader", ports[0])):
+                c = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+                await c.start()
+                await c.authenticate("/", "guest", "guest")
+                try:
+                    r = await c.sync_request(schema.Metadata(c._corr_id_seq.next(), streams=["rs"]),
+                                             resp_schema=schema.MetadataResponse, raise_exception=False)
+                    brokers = {b.reference: b.port for b in r.brokers}
+                    m = r.metadata[0]
+                    out["leader" + key] = brokers[m.leader_ref]
+                    out["replicas" + key] = sorted(brokers[x] for x in m.replicas_refs)
+                finally:
+                    await c.close()
             async with rs.Producer("127.0.0.1", port=ports[0], username="guest", password="guest") as p:
                 for i in range(30):
                     await p.send_wait("rs", rs.AMQPMessage(body=b"m%d" % i))
@@ -276,6 +279,7 @@ class ReplicatedStreamProtocolTests(_StreamCluster, RStreamClusterCase):
         out = yield self.inAsyncio(run)
         self.assertEqual(out["leader"], ports[0])
         self.assertEqual(out["replicas"], sorted(ports[1:]))
+        self.assertEqual((out["leader on the leader"], out["replicas on the leader"]), (ports[0], sorted(ports[1:])))
         self.assertEqual(out["subscribe on a replica"], 1)
         self.assertEqual(out["got"], [(k, b"m%d" % k) for k in range(30)])
         # the offset stored at the leader reaches every follower
@@ -462,7 +466,8 @@ class SequenceWithRecordsTests(_StreamCluster):
         backend = self.fixtures[0].service.streamFactory.backend
         # the followers hold the records, the leader dies before the confirm
         rep = self.cluster[0].replication.leading[("/", "rs")]
-        self.patch(rep, "sync", lambda: Deferred())
+        # (the records are shipped; the barrier their confirm waits for never fires)
+        self.patch(rep, "_syncNow", lambda barrier=False: Deferred())
         ids = list(range(1, 6))
         _, d = backend.append("/", "rs", "ref", ids, chunk.entries([b"p%d" % k for k in ids]), len(ids))
         yield waitOnReactor(lambda: all(self.replicaLog(i).committed == 5 for i in (1, 2)), 5)

@@ -164,3 +164,31 @@ class LinkSliceTests(SynchronousTestCase):
         proto.dataReceived(data[-3:])
         self.assertEqual(node.taken, [b"%d" % i for i in range(n)])
         self.assertEqual(node.clock.getDelayedCalls(), [])
+
+    def test_bigFrameGathered(self):
+        """
+        A large frame that arrives in pieces is gathered from the reads and
+        joined once (not appended to the receive buffer and copied out of
+        it); the frames around it come in order, whatever the read sizes.
+        """
+        from twisted.internet.testing import StringTransport
+
+        from otter_tx.broker.message import Message
+        from otter_tx.cluster import link as L
+
+        names = wire.string("/") + wire.string("q")
+        bodies = [b"a", b"B" * (L.BIG_FRAME + 7), b"c", b"D" * (3 * L.BIG_FRAME), b"e", b"f"]
+        data = b"".join(wire.forwardNamed(names, False, Message("", "q", b"\x00\x00", b)) for b in bodies)
+        for step in (1000, 65536, L.BIG_FRAME - 3, L.BIG_FRAME + 11, len(data) - 2):
+            node = _ForwardsNode()
+            proto = L.LinkProtocol(node)
+            proto.makeConnection(StringTransport())
+            gathered = False
+            for i in range(0, len(data), step):
+                proto.dataReceived(data[i:i + step])
+                gathered = gathered or proto._big is not None
+            node.clock.advance(0)
+            self.assertEqual(node.taken, bodies, step)
+            # (the last step reads both large frames whole: nothing to gather)
+            self.assertEqual(gathered, step < len(data) - 2, step)
+            self.assertEqual((proto._big, bytes(proto._buf), proto._ready), (None, b"", []), step)

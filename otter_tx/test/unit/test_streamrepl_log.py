@@ -184,3 +184,235 @@ class WriterTests(SynchronousTestCase):
         self.assertEqual((r.string(), r.string(), r.u8()), ("/", "s", 3))
         r.message()
         self.assertEqual((r.string(), r.u64()), ("n2:a", 7))
+
+
+class _Barrier:
+    """A stand-in replicator whose group commit barriers the test fires."""
+
+    def __init__(self):
+        self.joined = {}
+        self.barriers = []
+
+    def flushed(self, items):
+        from twisted.internet.defer import Deferred
+
+        d = Deferred()
+        self.barriers.append(d)
+        return d
+
+
+class ReplicatedCommitTests(SynchronousTestCase):
+    """
+    A leader's group commit is confirmed once it is durable here and its
+    replication barrier fired (one barrier a commit, not one a publish); a
+    stream's sync() waits for the appends made so far only.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = StreamRegistry(self.mktemp())
+        self.addCleanup(self.registry.close)
+        self.log = self.registry.open(self.clock, "/", "s", 1 << 20)
+        self.rep = _Barrier()
+        self.log.replicator = self.rep
+
+    def test_confirmWaitsForTheBarrier(self):
+        got = []
+        for i in range(3):
+            self.log.appendEntries(b"\x00\x00\x00\x01x", 1).addCallback(got.append)
+        self.clock.advance(0)
+        self.assertEqual((self.log.committed, len(self.rep.barriers), got), (3, 1, []))
+        self.rep.barriers[0].callback(None)
+        self.assertEqual(got, [0, 1, 2])
+
+    def test_failedBarrierFailsTheCommit(self):
+        from otter_tx.cluster.replication import NoMajority
+
+        failed = []
+        self.log.appendEntries(b"\x00\x00\x00\x01x", 1).addErrback(lambda f: failed.append(f.type))
+        self.clock.advance(0)
+        self.rep.barriers[0].errback(NoMajority("no"))
+        self.assertEqual(failed, [NoMajority])
+
+    def test_appendsUnderAReplicatorGoneBeforeTheirCommit(self):
+        """An append made while leading still waits for that replicator's barrier."""
+        got = []
+        self.log.appendEntries(b"\x00\x00\x00\x01x", 1).addCallback(got.append)
+        self.log.replicator = None
+        self.clock.advance(0)
+        self.assertEqual((len(self.rep.barriers), got), (1, []))
+        self.rep.barriers[0].callback(None)
+        self.assertEqual(got, [0])
+
+    def test_syncWaitsForAppendsSoFarOnly(self):
+        """A follower's SYNC under a steady stream: answered once what came before it is durable."""
+        log = self.log
+        log.replicator = None
+        run = []
+        # writes off the reactor: each one completes when the test says
+        from twisted.internet.defer import Deferred
+
+        def runInThread(f):
+            d = Deferred()
+            run.append((f, d))
+            return d
+
+        self.registry.runInThread = runInThread
+
+        def complete():
+            f, d = run.pop(0)
+            f()
+            d.callback(None)
+
+        log.appendEntries(b"\x00\x00\x00\x01x", 1, wantDeferred=False)
+        self.clock.advance(0)
+        synced = []
+        log.sync().addCallback(synced.append)
+        # more arrives while the first commit is written
+        log.appendEntries(b"\x00\x00\x00\x01y", 1, wantDeferred=False)
+        later = []
+        log.sync().addCallback(later.append)
+        complete()
+        self.assertEqual((synced, later, log.committed), ([None], [], 1))
+        complete()
+        self.assertEqual(later, [None])
+
+
+class RecordPartsTests(SynchronousTestCase):
+    """R_SAPPEND as parts (sent without joining) is the frame streamRecords makes."""
+
+    def test_partsAreTheFrame(self):
+        items = [(1, 10, 5.0, 2, b"\x00\x00\x00\x01a\x00\x00\x00\x01b"), (0, 12, 6.0, 1, b"enq-record")]
+        names = wire.string("/") + wire.string("s")
+        parts = wire.streamRecordParts(names, 3, items)
+        self.assertIs(parts[-1], items[-1][4])
+        frame = b"".join(parts)
+        self.assertEqual(frame, wire.streamRecords(names, 3, items))
+        frames, used = wire.splitFrames(bytearray(frame + b"\x00\x00"))
+        self.assertEqual((used, len(frames), frames[0][0]), (len(frame), 1, wire.REPLICATE))
+        r = wire.Reader(frames[0][1])
+        self.assertEqual((r.string(), r.string(), r.u64(), r.u8()), ("/", "s", 3, wire.R_SAPPEND))
+        self.assertEqual(wire.readStreamRecords(r), items)
+
+    def test_noItems(self):
+        frame = b"".join(wire.streamRecordParts(b"", 1, []))
+        frames, _ = wire.splitFrames(frame)
+        r = wire.Reader(frames[0][1])
+        self.assertEqual((r.u64(), r.u8(), r.u32()), (1, wire.R_SAPPEND, 0))
+
+
+class WritePartsTests(SynchronousTestCase):
+    """LinkProtocol's direct writes: what the socket does not take goes through the transport, in order."""
+
+    def test_partialSend(self):
+        from twisted.internet.testing import StringTransport
+
+        from otter_tx.cluster import link
+
+        class Sock:
+            def __init__(self, take):
+                self.take = take
+                self.got = b""
+
+            def sendmsg(self, parts):
+                data = b"".join(bytes(p) for p in parts)[:self.take]
+                self.take -= len(data)
+                self.got += data
+                return len(data)
+
+        for take in (0, 3, 5, 9, 100):
+            sock = Sock(take)
+            self.patch(link, "_socketOf", lambda t: sock)
+            t = StringTransport()
+            link.writeParts(t, [b"abc", memoryview(b"defg"), b"", b"hij"])
+            self.assertEqual(sock.got + t.value(), b"abcdefghij", take)
+            self.assertEqual(len(sock.got), min(take, 10))
+
+    def test_notATcpTransport(self):
+        from twisted.internet.testing import StringTransport
+
+        from otter_tx.cluster import link
+
+        t = StringTransport()
+        link.writeParts(t, [b"ab", memoryview(b"cd")])
+        self.assertEqual(t.value(), b"abcd")
+
+
+class HeldOutputTests(SynchronousTestCase):
+    """
+    A link's direct writes: what the socket does not take is held by the
+    link (not the transport's buffer) and written when the socket is
+    writable, in order with later output; the node's publishers are in flow
+    while it holds more than LINK_HIGH_WATER.
+    """
+
+    def test_heldUntilWritable(self):
+        from otter_tx.cluster import link
+
+        class Sock:
+            take = 0
+            got = b""
+
+            def sendmsg(self, parts):
+                data = b"".join(bytes(p) for p in parts)[:self.take]
+                self.take -= len(data)
+                self.got += data
+                return len(data)
+
+        class Transport:
+            writing = False
+
+            def __init__(self):
+                self.socket = Sock()
+                self.written = b""
+
+            def startWriting(self):
+                self.writing = True
+
+            def stopWriting(self):
+                self.writing = False
+
+            def writeSequence(self, data):
+                self.written += b"".join(data)
+
+            def doWrite(self):
+                # (the transport's own: nothing of its own to write)
+                self.stopWriting()
+
+        class Node:
+            def __init__(self):
+                self.clock = Clock()
+                self.events = []
+
+            def linkPaused(self, l):
+                self.events.append("paused")
+
+            def linkResumed(self, l):
+                self.events.append("resumed")
+
+        t = Transport()
+        node = Node()
+        proto = link.LinkProtocol(node)
+        proto.transport = t
+        proto.connected = True
+        proto.peer = "n2"
+        self.patch(link, "_socketOf", lambda tr: tr.socket)
+        self.patch(link, "LINK_HIGH_WATER", 8)
+        t.socket.take = 3
+        proto.sendParts([b"abcd", b"efgh", memoryview(b"ij")])
+        proto.flush()
+        self.assertEqual((t.socket.got, t.writing, proto.paused), (b"abc", True, False))
+        # later output, direct or not, goes after what is held
+        proto.send(b"KLMNOP")
+        proto.flush()
+        self.assertEqual((proto._heldBytes, proto.paused, node.events), (13, True, ["paused"]))
+        t.socket.take = 5
+        self.assertIsNone(t.doWrite())
+        self.assertEqual((t.socket.got, t.writing, proto.paused), (b"abcdefgh", True, True))
+        t.socket.take = 100
+        self.assertIsNone(t.doWrite())
+        self.assertEqual(t.socket.got, b"abcdefghijKLMNOP")
+        self.assertEqual((t.writing, proto.paused, node.events, proto._held), (False, False, ["paused", "resumed"],
+                                                                               None))
+        self.assertNotIn("doWrite", vars(t))
+        self.assertEqual(t.written, b"")
