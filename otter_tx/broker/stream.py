@@ -50,8 +50,8 @@ from otter_tx.broker.queue import Queue
 from otter_tx.broker.streamconvert import toMessage
 from otter_tx.store.log import segments as _seg
 from otter_tx.store.log.segments import crc32 as _crc32
-from otter_tx.store.log.segments import (BATCH, BATCH_HEAD, CHUNK_HEADER, ENQ, FILE_HEADER, INDEX_EVERY, QueueLog,
-                                         decodeEnq)
+from otter_tx.store.log.segments import (BATCH, BATCH_CRC, BATCH_CRC_HEAD, BATCH_HEAD, CHUNK_HEADER, ENQ,
+                                         FILE_HEADER, INDEX_EVERY, QueueLog, decodeEnq)
 
 __all__ = ["StreamRegistry", "StreamLog", "StreamReader", "StreamQueue", "OffsetSpec", "parseMaxAge",
            "parseOffsetSpec", "findStream", "declareStream", "deleteStream", "applyRetention", "STREAM"]
@@ -483,7 +483,8 @@ class StreamLog:
         now = nowMs(self.clock)
         offset = self._nextOffset
         self._nextOffset += count
-        rec = (_seg.encodedBatch(offset, now, count, entries), entries)
+        # the entries' CRC-32 is stored with them: a consumer's chunk header is made of it (no read)
+        rec = (_seg.encodedBatch(offset, now, count, entries, _crc32(entries)), entries)
         d = defer.Deferred() if wantDeferred else None
         self._incoming.append((rec, now, d, count))
         self.appended += count
@@ -512,7 +513,9 @@ class StreamLog:
                 self._nextOffset += 1
                 self.appended += 1
             else:
-                self._incoming.append(((_seg.encodedBatch(first, ts, count, data), data), ts, None, count))
+                # (the leader ships the entries; their CRC is computed here, as on the leader)
+                self._incoming.append(((_seg.encodedBatch(first, ts, count, data, _crc32(data)), data), ts, None,
+                                       count))
                 self._nextOffset += count
                 self.appended += count
             self.registry.unsynced += 1
@@ -971,7 +974,7 @@ def _lastChunkIn(f, pos, offset, target):
                 break
             if kind == ENQ:
                 offset += 1
-            elif kind == BATCH:
+            elif kind == BATCH or kind == BATCH_CRC:
                 # its own first offset (an index entry may point at a record holding several blocks)
                 _, _, first, _, count = BATCH_HEAD.unpack_from(buf, p)
                 offset = first + count
@@ -1081,7 +1084,7 @@ class StreamReader:
             self._pos = seg.index[k]
             self._cursorOffset = seg.first + k * INDEX_EVERY
             head = os.pread(self._f.fileno(), BATCH_HEAD.size, self._pos)
-            if len(head) == BATCH_HEAD.size and head[4] == BATCH:
+            if len(head) == BATCH_HEAD.size and (head[4] == BATCH or head[4] == BATCH_CRC):
                 # a BATCH record: the cursor is at its first message
                 self._cursorOffset = BATCH_HEAD.unpack(head)[2]
         else:
@@ -1096,7 +1099,7 @@ class StreamReader:
             skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False):
+    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False, crcs=None):
         """
         Up to ``limit`` messages from the cursor within one segment, as
         ``(items, count, bytes)``; advances it.  An item is ``(offset, n,
@@ -1105,6 +1108,8 @@ class StreamReader:
         of) a BATCH record, ``n`` messages and ``payload`` their entries (bytes,
         as the stream client published them; with ``views`` a list of buffers
         that hold them in order, views of the pieces read and pieces).
+        With ``crcs`` (a dict), an item that is a whole BATCH_CRC record's
+        entries gets its stored CRC-32 there, by its offset.
         Records of a chunk are contiguous and a chunk header starts with
         :data:`~otter_tx.store.log.segments.CHUNK_MAGIC` (as a record length
         it would be over 1 GB, which no record is), so the cursor walks
@@ -1122,7 +1127,9 @@ class StreamReader:
         unpack = _seg._LEN_TYPE.unpack_from
         batchHead = BATCH_HEAD.unpack_from
         batchSize = BATCH_HEAD.size
+        crcSize = BATCH_CRC_HEAD.size
         entrySize = _BE_U32.unpack_from
+        u32 = _seg._U32.unpack_from
         full = False
         buf = self._buf
         if buf is not None and (self._bufCommitted != self.stream.log.committed or
@@ -1150,10 +1157,11 @@ class StreamReader:
                     continue
                 length, kind = unpack(buf, p)
                 if p + 4 + length > n:
-                    if (views or not decode) and kind == BATCH and 4 + length > READ_PIECE and not self._skip \
-                            and p + batchSize <= n:
+                    hs = crcSize if kind == BATCH_CRC else batchSize
+                    if (views or not decode) and (kind == BATCH or kind == BATCH_CRC) and 4 + length > READ_PIECE \
+                            and not self._skip and p + hs <= n:
                         _, _, _, ts, count = batchHead(buf, p)
-                        esize = 4 + length - batchSize
+                        esize = 4 + length - hs
                         if count <= limit - total and (maxBytes is None or size + esize <= maxBytes):
                             # a whole BATCH record larger than a piece: its entries are the
                             # rest of the piece and pieces read on from the file
@@ -1163,13 +1171,13 @@ class StreamReader:
                             if decode and ranges:
                                 # all of them left in the file; the next piece is small (a record
                                 # head, most likely of another large record)
-                                parts = [FileRange(self._f, self._bufPos + p + batchSize, esize)]
+                                parts = [FileRange(self._f, self._bufPos + p + hs, esize)]
                                 self._lent = True
                                 pieceSize = HEAD_PIECE
                             elif decode:
                                 parts = []
-                                if p + batchSize < n:
-                                    parts.append(memoryview(buf)[p + batchSize:])
+                                if p + hs < n:
+                                    parts.append(memoryview(buf)[p + hs:])
                                 at = self._bufPos + n
                                 while at < end:
                                     piece = pread(fd, min(READ_PIECE, end - at), at)
@@ -1181,6 +1189,8 @@ class StreamReader:
                                     break
                             else:
                                 parts = None
+                            if crcs is not None and kind == BATCH_CRC:
+                                crcs[self._cursorOffset] = u32(buf, p + batchSize)[0]
                             out.append((self._cursorOffset, count, ts, parts, True))
                             self._cursorOffset += count
                             total += count
@@ -1213,10 +1223,10 @@ class StreamReader:
                     self._cursorOffset += 1
                     total += 1
                     size += length
-                elif kind == BATCH:
+                elif kind == BATCH or kind == BATCH_CRC:
                     _, _, _, ts, count = batchHead(buf, p)
                     end = p + 4 + length
-                    start = p + batchSize
+                    start = p + (crcSize if kind == BATCH_CRC else batchSize)
                     q = start + self._skipBytes
                     avail = count - self._skip
                     want = min(avail, limit - total)
@@ -1245,6 +1255,8 @@ class StreamReader:
                             payload = [memoryview(buf)[q:r]]
                         else:
                             payload = buf[q:r]
+                        if crcs is not None and kind == BATCH_CRC and m == avail and q == start:
+                            crcs[self._cursorOffset] = u32(buf, p + batchSize)[0]
                         out.append((self._cursorOffset, m, ts, payload, True))
                         self._cursorOffset += m
                         total += m
@@ -1255,12 +1267,11 @@ class StreamReader:
                         full = True
                         break
                     self._skip = self._skipBytes = 0
-                    if kind == BATCH:
-                        p = end
-                        if maxBytes is not None and size >= maxBytes:
-                            full = True
-                            break
-                        continue
+                    p = end
+                    if maxBytes is not None and size >= maxBytes:
+                        full = True
+                        break
+                    continue
                 p += 4 + length
                 if maxBytes is not None and size >= maxBytes:
                     full = True
@@ -1278,7 +1289,8 @@ class StreamReader:
         self._full = full
         return out, total, size
 
-    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False, ranges=False):
+    def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False, ranges=False,
+                crcs=None):
         """
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
@@ -1287,7 +1299,9 @@ class StreamReader:
         ``views`` a BATCH record's entries are a list of buffers that hold them in
         order (views of the pieces read, no copy; none larger than :data:`READ_PIECE`
         when the record is larger; with ``ranges`` too, the rest of such a record
-        is a :class:`FileRange`, not read), else bytes.
+        is a :class:`FileRange`, not read), else bytes.  With ``crcs`` (a dict), the
+        items that are whole BATCH_CRC records get their entries' stored CRC-32 there
+        (offset -> CRC).
         """
         if self.closed or self.stream.deleted:
             return []
@@ -1302,7 +1316,8 @@ class StreamReader:
                     self._cursorOffset != self.offset:
                 if not self._seek():
                     break
-            recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views, ranges=ranges)
+            recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views, ranges=ranges,
+                                          crcs=crcs)
             if maxBytes is not None:
                 maxBytes -= size
             if n:

@@ -46,6 +46,11 @@ bytes, then the type u8):
   It has ``count`` offsets from ``first`` (one record, many messages: a
   stream protocol publish frame is appended as one record and delivered as
   it is stored).
+- ``BATCH_CRC`` (7): streams only: a ``BATCH`` record whose head ends with
+  the CRC-32 of its entries (u32, after count): what a stream consumer's
+  chunk header needs, so a chunk of whole records is sent without reading
+  it (``crc32_combine`` of the stored CRCs).  Written for every stream
+  protocol publish since; ``BATCH`` records are still read.
 
 Reclaiming.  A segment is deleted once it is not the active (last) one,
 none of its messages is live, and no record in it still matters to an
@@ -81,6 +86,33 @@ except ImportError:
                 return _bytes(data, value)
             return _buffer(data, value)
 
+try:
+    from isal.isal_zlib import crc32_combine
+except ImportError:
+    try:
+        from zlib_ng.zlib_ng import crc32_combine
+    except ImportError:
+        crc32_combine = None
+if crc32_combine is None:  # neither installed: Python's zlib has no crc32_combine
+    def crc32_combine(crc1, crc2, len2):
+        """
+        The CRC-32 of A + B from ``crc1`` (A's), ``crc2`` (B's) and ``len2`` (B's
+        length).  crc32(B, c) is affine in c: crc32(B, c) = crc2 ^ crc32(Z, c) ^
+        crc32(Z, 0), Z being ``len2`` zeros (hashed here: as slow as hashing B,
+        without reading it).
+        """
+        c1 = crc1
+        c0 = 0
+        while len2 > 0:
+            k = min(len2, len(_ZEROS))
+            z = _ZEROS if k == len(_ZEROS) else memoryview(_ZEROS)[:k]
+            c1 = crc32(z, c1)
+            c0 = crc32(z, c0)
+            len2 -= k
+        return crc2 ^ c1 ^ c0
+
+    _ZEROS = bytes(64 * 1024)
+
 #: the first 8 bytes of every segment file (format version 1)
 FILE_MAGIC = b"OTXLOG\x00\x01"
 #: the first 4 bytes of every chunk
@@ -94,6 +126,7 @@ MARK = 3
 PURGE = 4
 REDELIVER_ALL = 5
 BATCH = 6
+BATCH_CRC = 7
 
 #: ENQ: length, type, storeId, seq, enqueuedAtMs, expiresAtMs, flags, exchange
 #: length, routing key length, property bytes length (44 bytes)
@@ -105,6 +138,8 @@ PURGE_HEAD = struct.Struct("<IBQI")
 _LEN_TYPE = struct.Struct("<IB")
 #: BATCH: length, type, first offset, enqueuedAtMs, count (25 bytes; then the entries)
 BATCH_HEAD = struct.Struct("<IBQdI")
+#: BATCH_CRC: BATCH_HEAD then the CRC-32 of the entries (29 bytes; then the entries)
+BATCH_CRC_HEAD = struct.Struct("<IBQdII")
 _U32 = struct.Struct("<I")
 #: an ENQ name length byte meaning "the length follows as u32"
 LONG_NAME = 255
@@ -192,9 +227,21 @@ def encodedEnq(storeId, seq, enqueuedAtMs, expiresAtMs, redelivered, exchange, r
     return bytes(out)
 
 
-def encodedBatch(firstOffset, enqueuedAtMs, count, entries):
-    """The head of a BATCH record (bytes) for ``count`` messages ``entries`` (size-prefixed); the entries follow it."""
-    return BATCH_HEAD.pack(BATCH_HEAD.size - 4 + len(entries), BATCH, firstOffset, enqueuedAtMs, count)
+def encodedBatch(firstOffset, enqueuedAtMs, count, entries, crc=None):
+    """
+    The head of a BATCH record (bytes) for ``count`` messages ``entries``
+    (size-prefixed); the entries follow it.  With ``crc`` (``crc32(entries)``)
+    a BATCH_CRC record's, which stores it.
+    """
+    if crc is None:
+        return BATCH_HEAD.pack(BATCH_HEAD.size - 4 + len(entries), BATCH, firstOffset, enqueuedAtMs, count)
+    return BATCH_CRC_HEAD.pack(BATCH_CRC_HEAD.size - 4 + len(entries), BATCH_CRC, firstOffset, enqueuedAtMs,
+                               count, crc)
+
+
+def batchHeadSize(kind):
+    """The head size of a BATCH (25) or BATCH_CRC (29) record: where its entries start."""
+    return BATCH_CRC_HEAD.size if kind == BATCH_CRC else BATCH_HEAD.size
 
 
 #: the byte of an ENQ record holding its flags (redelivered)
@@ -456,7 +503,7 @@ class QueueLog:
                 expiries.append(exp)
                 self._appendId(seg, storeId)
                 flags[-1] |= (f & 1) * REDELIVERED
-            elif kind == BATCH:
+            elif kind == BATCH or kind == BATCH_CRC:
                 _, _, first, enq, count = BATCH_HEAD.unpack_from(buf, pos)
                 base = len(ids)
                 k = -(-base // INDEX_EVERY) * INDEX_EVERY
