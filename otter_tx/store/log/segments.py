@@ -86,32 +86,37 @@ except ImportError:
                 return _bytes(data, value)
             return _buffer(data, value)
 
+_ZEROS = bytes(64 * 1024)
+
+
+def crc32CombineZeros(crc1, crc2, len2):
+    """
+    The CRC-32 of A + B from ``crc1`` (A's), ``crc2`` (B's) and ``len2`` (B's length),
+    with ``crc32`` alone (Python's zlib has no crc32_combine): crc32(B, c) is affine in
+    c, so crc32(B, crc1) = crc2 ^ crc32(Z, crc1) ^ crc32(Z, 0), Z being ``len2`` zeros
+    (hashed here: as slow as hashing B, but no read of it).
+    """
+    c1 = crc1
+    c0 = 0
+    while len2 > 0:
+        k = min(len2, len(_ZEROS))
+        z = _ZEROS if k == len(_ZEROS) else memoryview(_ZEROS)[:k]
+        c1 = crc32(z, c1)
+        c0 = crc32(z, c0)
+        len2 -= k
+    return crc2 ^ c1 ^ c0
+
+
 try:
+    # crc32_combine(crc1, crc2, len2): zlib's, O(log len2) (about 0.3 us): a stream chunk's CRC
+    # from its records' stored ones
     from isal.isal_zlib import crc32_combine
 except ImportError:
     try:
         from zlib_ng.zlib_ng import crc32_combine
     except ImportError:
-        crc32_combine = None
-if crc32_combine is None:  # neither installed: Python's zlib has no crc32_combine
-    def crc32_combine(crc1, crc2, len2):
-        """
-        The CRC-32 of A + B from ``crc1`` (A's), ``crc2`` (B's) and ``len2`` (B's
-        length).  crc32(B, c) is affine in c: crc32(B, c) = crc2 ^ crc32(Z, c) ^
-        crc32(Z, 0), Z being ``len2`` zeros (hashed here: as slow as hashing B,
-        without reading it).
-        """
-        c1 = crc1
-        c0 = 0
-        while len2 > 0:
-            k = min(len2, len(_ZEROS))
-            z = _ZEROS if k == len(_ZEROS) else memoryview(_ZEROS)[:k]
-            c1 = crc32(z, c1)
-            c0 = crc32(z, c0)
-            len2 -= k
-        return crc2 ^ c1 ^ c0
+        crc32_combine = crc32CombineZeros
 
-    _ZEROS = bytes(64 * 1024)
 
 #: the first 8 bytes of every segment file (format version 1)
 FILE_MAGIC = b"OTXLOG\x00\x01"

@@ -462,6 +462,132 @@ class BatchRecordTests(SynchronousTestCase):
         # the reader closed its own file, not those lent to the ranges
         self.assertEqual(ranges[0].read(), entries(self.expected[:100]))
 
+    def readCrcs(self, r, step, maxBytes=None, ranges=False):
+        """Everything ``r`` reads with views and crcs: ``([(offset, n, entries)], {offset: crc})``."""
+        from otter_tx.broker.stream import FileRange
+
+        got = []
+        crcs = {}
+        while True:
+            items = r.readRaw(step, maxBytes, views=True, ranges=ranges, crcs=crcs)
+            if not items:
+                return got, crcs
+            for o, n, _, payload, isBatch in items:
+                if not isBatch:
+                    got.append((o, n, None))
+                    continue
+                got.append((o, n, b"".join(b.read() if type(b) is FileRange else bytes(b) for b in payload)))
+
+    def test_batchCrcStored(self):
+        """
+        A stream protocol publish is a BATCH_CRC record: its entries' CRC-32 stored in its
+        head; a read gives it for each whole record it returns (none for part of one).
+        """
+        import zlib
+
+        from otter_tx.store.log import segments
+
+        log = self.open()
+        self.batch(log, 100, size=1024)     # a record larger than a piece
+        self.batch(log, 10)
+        self.batch(log, 3, size=100000)
+        self.batch(log, 200, size=20)
+        sizes = [100, 10, 3, 200]
+        firsts = [0, 100, 110, 113]
+        records = []
+        for f, k in zip(firsts, sizes):
+            records.append((f, k, entries(self.expected[f:f + k])))
+        # the file: each record's head holds its kind and its entries' CRC
+        with open(log.log.segments[0].path, "rb") as f:
+            data = f.read()
+        for first, k, ents in records:
+            at = data.index(ents) - segments.BATCH_CRC_HEAD.size
+            length, kind, o, _, count, crc = segments.BATCH_CRC_HEAD.unpack_from(data, at)
+            self.assertEqual((length, kind, o, count, crc),
+                             (segments.BATCH_CRC_HEAD.size - 4 + len(ents), segments.BATCH_CRC, first, k,
+                              zlib.crc32(ents)))
+        for ranges in (False, True):
+            # whole records: every one has its CRC
+            got, crcs = self.readCrcs(log.reader("first"), 4096, ranges=ranges)
+            self.assertEqual([(o, n) for o, n, _ in got], [(f, k) for f, k, _ in records])
+            self.assertEqual(crcs, {f: zlib.crc32(e) for f, _, e in records})
+            # split reads: only the items that are whole records
+            got, crcs = self.readCrcs(log.reader("first"), 7, ranges=ranges)
+            self.assertEqual(b"".join(e for _, _, e in got), entries(self.expected))
+            self.assertEqual(crcs, {110: zlib.crc32(records[2][2])})
+            for o, n, e in got:
+                if o in crcs:
+                    self.assertEqual(crcs[o], zlib.crc32(e))
+            got, crcs = self.readCrcs(log.reader(50), 4096, ranges=ranges)
+            self.assertNotIn(50, crcs)
+            self.assertEqual(sorted(crcs), [100, 110, 113])
+
+    def test_oldBatchRecords(self):
+        """
+        BATCH records (6, no CRC: written before BATCH_CRC) are still read, beside BATCH_CRC
+        ones, after a restart too; a read has no CRC to give for them.
+        """
+        import zlib
+
+        from otter_tx.broker import stream as streamModule
+        from otter_tx.store.log import segments
+
+        encoded = segments.encodedBatch
+        log = self.open()
+        # an otter_tx from before BATCH_CRC: encodedBatch took no CRC
+        self.patch(streamModule._seg, "encodedBatch", lambda first, ts, count, ents, crc=None:
+                   encoded(first, ts, count, ents))
+        self.batch(log, 100, size=1024)
+        self.batch(log, 10)
+        self.patch(streamModule._seg, "encodedBatch", encoded)
+        self.batch(log, 100, size=1024)
+        self.batch(log, 10)
+        self.enq(log, 1)
+        with open(log.log.segments[0].path, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[data.index(entries(self.expected[:100])) - segments.BATCH_HEAD.size + 4],
+                         segments.BATCH)
+        self.registry.close()
+        registry = StreamRegistry(self.root)
+        self.addCleanup(registry.close)
+        log = self.open(registry=registry)
+        self.assertEqual(log.committed, 221)
+        for ranges in (False, True):
+            got, crcs = self.readCrcs(log.reader("first"), 4096, ranges=ranges)
+            self.assertEqual([(o, n) for o, n, _ in got], [(0, 100), (100, 10), (110, 100), (210, 10), (220, 1)])
+            self.assertEqual(crcs, {110: zlib.crc32(entries(self.expected[110:210])),
+                                    210: zlib.crc32(entries(self.expected[210:220]))})
+        self.checkReads(log, [0, 5, 100, 109, 110, 150, 210, 220])
+        # appended after the restart: BATCH_CRC
+        self.batch(log, 5)
+        got, crcs = self.readCrcs(log.reader(221), 4096)
+        self.assertEqual(crcs, {221: zlib.crc32(entries(self.expected[221:]))})
+
+    def test_replicatedBatchCrc(self):
+        """A follower's append of its leader's records computes their CRC: BATCH_CRC records too."""
+        import zlib
+
+        log = self.open()
+        ents = entries([b"a" * 10, b"b" * 20])
+        self.assertTrue(log.appendReplicated([(1, 0, 5.0, 2, ents)]))
+        self.clock.advance(0)
+        got, crcs = self.readCrcs(log.reader("first"), 100)
+        self.assertEqual(got, [(0, 2, ents)])
+        self.assertEqual(crcs, {0: zlib.crc32(ents)})
+
+    def test_crc32Combine(self):
+        """crc32_combine (ISA-L's or zlib-ng's) and the pure-zlib fallback give zlib's CRC of the concatenation."""
+        import zlib
+
+        from otter_tx.store.log import segments
+
+        a = bytes(range(256)) * 3
+        for n in (0, 1, 1000, 65536, 65537, 200001):
+            b = (b"xyz" * (n // 3 + 1))[:n]
+            for combine in (segments.crc32_combine, segments.crc32CombineZeros):
+                self.assertEqual(combine(zlib.crc32(a), zlib.crc32(b), len(b)), zlib.crc32(a + b), n)
+                self.assertEqual(combine(0, zlib.crc32(b), len(b)), zlib.crc32(b))
+
     def test_smallRecordsNoRanges(self):
         """Small records across a piece's end are read as bytes, not left in the file."""
         from otter_tx.broker.stream import FileRange

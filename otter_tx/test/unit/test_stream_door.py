@@ -620,6 +620,65 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
             self.assertEqual(data, again.data)
             self.assertEqual(again.crc, zlib.crc32(again.data))
 
+    def test_chunkCrcs(self):
+        """
+        Delivered chunks carry zlib's CRC-32 of their data, whether it is made of the records'
+        stored CRCs (BATCH_CRC, crc32_combine), of old BATCH records' bytes, or of both; with
+        ranges, a chunk of whole BATCH_CRC records is not read for its CRC.
+        """
+        from otter_tx.broker import stream as streamModule
+        from otter_tx.broker.stream import FileRange
+
+        encoded = streamModule._seg.encodedBatch
+        c = self.client(frameMax=300000)
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        msgs = []
+        for k in range(16):
+            # records 4-7 as an otter_tx from before BATCH_CRC wrote them (no CRC stored)
+            old = 4 <= k < 8
+            self.patch(streamModule._seg, "encodedBatch",
+                       (lambda first, ts, count, ents, crc=None: encoded(first, ts, count, ents)) if old else encoded)
+            size = (1024, 12, 700, 3000)[k % 4]
+            frame = [(len(msgs) + i + 1, bytes([65 + k]) * size + b"%d" % i) for i in range(k % 5 * 20 + 1)]
+            msgs.extend(m for _, m in frame)
+            c.feed(wire.publishFrame(1, frame))
+            self.settle()
+        c.read()
+        for ranges in (False, True):
+            self.patch(self.backend, "ranges", ranges)
+            self.backend._cache.clear()
+            offset = 0
+            while offset < len(msgs):
+                (ch,) = self.backend.chunks("/", "s", offset, 1, 100000)
+                data = b"".join(p.read() if type(p) is FileRange else bytes(p) for p in ch.parts)
+                self.assertEqual(ch.crc, zlib.crc32(data), (ranges, offset))
+                self.assertEqual(chunk.split(data, ch.count), msgs[offset:offset + ch.count])
+                offset = ch.first + ch.count
+            sid = 11 if ranges else 10
+            c.subscribe(sid, "s", credit=1000)
+            got = c.deliveries()      # chunk.parse checks each chunk's CRC against zlib.crc32
+            self.assertEqual([m for _, _, ms in got for m in ms], msgs)
+        # only BATCH_CRC records, large ones: nothing of the file is read for the CRC
+        c.create("t")
+        c.declarePublisher(2, "", "t")
+        tmsgs = [b"%04d" % i * 300 for i in range(300)]
+        for f in range(0, 300, 100):
+            c.feed(wire.publishFrame(2, [(i + 1, tmsgs[i]) for i in range(f, f + 100)]))
+            self.settle()
+        c.read()
+        self.patch(self.backend, "ranges", True)
+
+        def noRead(*a):
+            raise AssertionError("read for its CRC")
+
+        self.patch(FileRange, "crc32", noRead)
+        (ch,) = self.backend.chunks("/", "t", 0, 1)
+        self.assertEqual([type(p) for p in ch.parts], [FileRange] * 3)
+        data = b"".join(p.read() for p in ch.parts)
+        self.assertEqual((ch.count, ch.crc), (300, zlib.crc32(data)))
+        self.assertEqual(chunk.split(data, 300), tmsgs)
+
     def test_amqpDeleteTellsSubscribers(self):
         """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
         c = self.client()
