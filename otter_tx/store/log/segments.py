@@ -781,7 +781,11 @@ class QueueLog:
             seg.stamps.append(enqueuedAtMs)
             k += INDEX_EVERY
         chunk += head
-        chunk += entries
+        if head[4] == BATCH_CRC:
+            # the entries' CRC is in the head: the chunk's CRC combines it (not hashed again)
+            chunk.add(entries, _U32.unpack_from(head, BATCH_HEAD.size)[0])
+        else:
+            chunk += entries
         self._count += count
         self._lastSeq = firstId + count - 1
         self._appendIds(seg, firstId, count)
@@ -897,11 +901,14 @@ class QueueLog:
             if phase == 0:
                 # one chunk: the commit is all there or not at all
                 data = pend.enq.pieces()
+                crc = pend.enq.crc()
                 if pend.other:
-                    data = data + [bytes(pend.other)]
+                    other = bytes(pend.other)
+                    data = data + [other]
+                    crc = crc32(other, crc)
                 size = len(pend.enq) + len(pend.other)
                 start = at
-                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), pend.count + pend.otherCount))
+                parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, crc, pend.count + pend.otherCount))
                 parts.extend(data)
             else:
                 for which, data, count in ((1, pend.enq.pieces(), pend.count),
@@ -911,7 +918,8 @@ class QueueLog:
                     size = sum(len(x) for x in data)
                     if phase == which:
                         start = at
-                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, _crc(data), count))
+                        crc = pend.enq.crc() if which == 1 else _crc(data)
+                        parts.append(CHUNK_HEADER.pack(CHUNK_MAGIC, size, crc, count))
                         parts.extend(data)
                     at += CHUNK_HEADER.size + size
             if parts:
@@ -1295,19 +1303,35 @@ class _Parts:
     ``bytearray`` copies every byte, which is slow on PyPy).
     """
 
-    __slots__ = ("parts", "n")
+    __slots__ = ("parts", "n", "crcs")
 
     def __init__(self):
         self.parts = []
         self.n = 0
+        # each part's CRC-32 when known (a BATCH_CRC record's entries), else None
+        self.crcs = []
 
     def __iadd__(self, data):
         self.parts.append(data)
+        self.crcs.append(None)
         self.n += len(data)
         return self
 
+    def add(self, data, crc):
+        """Append ``data`` whose CRC-32 is ``crc``."""
+        self.parts.append(data)
+        self.crcs.append(crc)
+        self.n += len(data)
+
     def __len__(self):
         return self.n
+
+    def crc(self):
+        """The CRC-32 of the bytes: the known ones combined, the rest hashed."""
+        c = 0
+        for p, k in zip(self.parts, self.crcs):
+            c = crc32(p, c) if k is None else crc32_combine(c, k, len(p))
+        return c
 
     def pieces(self):
         """
@@ -1317,7 +1341,9 @@ class _Parts:
         """
         parts = self.parts
         if len(parts) > 16 and (len(parts) > 512 or self.n < 512 * len(parts)):
+            crc = self.crc()
             self.parts = [b"".join(parts)]
+            self.crcs = [crc]
         return self.parts
 
 

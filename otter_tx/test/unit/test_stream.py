@@ -563,6 +563,41 @@ class BatchRecordTests(SynchronousTestCase):
         got, crcs = self.readCrcs(log.reader(221), 4096)
         self.assertEqual(crcs, {221: zlib.crc32(entries(self.expected[221:]))})
 
+    def test_logChunkCrc(self):
+        """
+        The message log's chunk CRC combines the BATCH_CRC records' stored CRCs (the entries are not
+        hashed twice): it is zlib's CRC of the payload, for one record, for many (their parts
+        joined for the write) and mixed with ENQ records; the log reopens with all of it.
+        """
+        import zlib
+
+        from otter_tx.store.log import segments
+
+        log = self.open()
+        self.batch(log, 3, size=100000)
+        for k in range(20):
+            self.batch(log, 5, size=30 + k, advance=False)
+            if k % 7 == 0:
+                self.enq(log, 1, advance=False)
+        self.clock.advance(0)
+        with open(log.log.segments[0].path, "rb") as f:
+            data = f.read()
+        pos = segments.FILE_HEADER.size
+        chunks = 0
+        while pos < len(data):
+            magic, length, crc, count = segments.CHUNK_HEADER.unpack_from(data, pos)
+            start = pos + segments.CHUNK_HEADER.size
+            self.assertEqual((magic, crc), (segments.CHUNK_MAGIC, zlib.crc32(data[start:start + length])))
+            pos = start + length
+            chunks += 1
+        self.assertEqual(chunks, 2)
+        self.registry.close()
+        registry = StreamRegistry(self.root)
+        self.addCleanup(registry.close)
+        log = self.open(registry=registry)
+        self.assertEqual(log.committed, len(self.expected))
+        self.checkReads(log, [0, 3, 50, len(self.expected) - 1])
+
     def test_replicatedBatchCrc(self):
         """A follower's append of its leader's records computes their CRC: BATCH_CRC records too."""
         import zlib
