@@ -30,6 +30,7 @@ Nothing here imports the global reactor; time comes from the vhost's clock.
 """
 
 import bisect
+import mmap
 import os
 import shutil
 import struct
@@ -86,6 +87,14 @@ _converted = weakref.WeakKeyDictionary()
 #: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
 #: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
 RANGES = sys.implementation.name == "pypy"
+#: elsewhere (CPython) such a record is a view of the segment file mapped (``mmap``): sent with
+#: ``sendmsg`` from the page cache, no ``pread`` copy (its CRC is stored: no read either)
+MAPPED = not RANGES
+
+
+def isMapped(part):
+    """True when ``part`` (a chunk's) is a view of a mapped segment file (``readRaw`` with ``mapped``)."""
+    return type(part) is memoryview and type(part.obj) is mmap.mmap
 
 
 class FileRange:
@@ -1037,6 +1046,9 @@ class StreamReader:
         self._bufCommitted = None
         # FileRanges of the open file were handed out
         self._lent = False
+        # the open file mapped (mapped reads): a memoryview of its first _mapLen bytes
+        self._map = None
+        self._mapLen = 0
         self.closed = False
 
     def close(self):
@@ -1052,6 +1064,20 @@ class StreamReader:
         self._lent = False
         self._seg = None
         self._buf = None
+        # (not closed: views of it may still be on their way to a socket; freed with the last)
+        self._map = None
+        self._mapLen = 0
+
+    def _mapped(self, end):
+        """A memoryview of the open segment file mapped, at least ``end`` bytes long, or None."""
+        if self._map is None or self._mapLen < end:
+            fd = self._f.fileno()
+            size = os.fstat(fd).st_size
+            if size < end:
+                return None
+            self._map = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+            self._mapLen = size
+        return self._map
 
     def _seek(self):
         """Position the cursor at ``self.offset``; False when it is past the committed end."""
@@ -1099,7 +1125,8 @@ class StreamReader:
             skip -= got
         return True
 
-    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False, crcs=None):
+    def _records(self, limit, maxBytes, decode=True, split=True, views=False, ranges=False, crcs=None,
+                 mapped=False):
         """
         Up to ``limit`` messages from the cursor within one segment, as
         ``(items, count, bytes)``; advances it.  An item is ``(offset, n,
@@ -1168,7 +1195,12 @@ class StreamReader:
                             # (no large string: PyPy makes and collects those slowly), or a
                             # FileRange (``ranges``)
                             end = self._bufPos + p + 4 + length
-                            if decode and ranges:
+                            mv = self._mapped(self._bufPos + p + 4 + length) if decode and mapped else None
+                            if mv is not None:
+                                # a view of the file mapped: no read (the page cache's pages)
+                                parts = [mv[self._bufPos + p + hs:self._bufPos + p + 4 + length]]
+                                pieceSize = HEAD_PIECE
+                            elif decode and ranges:
                                 # all of them left in the file; the next piece is small (a record
                                 # head, most likely of another large record)
                                 parts = [FileRange(self._f, self._bufPos + p + hs, esize)]
@@ -1290,7 +1322,7 @@ class StreamReader:
         return out, total, size
 
     def readRaw(self, maxMessages=READ_BATCH, maxBytes=READ_BYTES, split=True, views=False, ranges=False,
-                crcs=None):
+                crcs=None, mapped=False):
         """
         Up to ``maxMessages`` committed messages from :attr:`offset` on, as
         stored: the items of :meth:`_records` (``(offset, n, timestampMs,
@@ -1301,7 +1333,9 @@ class StreamReader:
         when the record is larger; with ``ranges`` too, the rest of such a record
         is a :class:`FileRange`, not read), else bytes.  With ``crcs`` (a dict), the
         items that are whole BATCH_CRC records get their entries' stored CRC-32 there
-        (offset -> CRC).
+        (offset -> CRC).  With ``mapped`` (and ``views``) the entries of such a record are
+        a view of the segment file mapped (:func:`isMapped`; valid while the file is not
+        truncated under it: write it at once, keep nothing).
         """
         if self.closed or self.stream.deleted:
             return []
@@ -1317,7 +1351,7 @@ class StreamReader:
                 if not self._seek():
                     break
             recs, n, size = self._records(maxMessages - got, maxBytes, split=split, views=views, ranges=ranges,
-                                          crcs=crcs)
+                                          crcs=crcs, mapped=mapped)
             if maxBytes is not None:
                 maxBytes -= size
             if n:

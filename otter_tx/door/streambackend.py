@@ -46,7 +46,7 @@ from twisted.python.failure import Failure
 from otter_tx.store.log.segments import crc32 as _crc32
 from otter_tx.store.log.segments import crc32_combine as _crc32_combine
 from otter_tx.broker.message import Message
-from otter_tx.broker.stream import RANGES, FileRange, declareStream, deleteStream, findStream
+from otter_tx.broker.stream import MAPPED, RANGES, FileRange, declareStream, deleteStream, findStream, isMapped
 from otter_tx.broker import streamconvert as _convert
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
@@ -99,8 +99,8 @@ class Chunk:
 
     @property
     def transient(self):
-        """True when parts are FileRanges of a reader's file: written at once, not kept."""
-        return any(type(p) is FileRange for p in self.parts)
+        """True when parts are FileRanges or mapped views of a reader's file: written at once, not kept."""
+        return any(type(p) is FileRange or isMapped(p) for p in self.parts)
 
 
 class _Stream:
@@ -444,6 +444,9 @@ class BrokerStreams:
     #: large records are left in the segment file (FileRange parts, sent with sendfile; a chunk
     #: with them is written at once and not cached); on PyPy
     ranges = RANGES
+    #: (CPython) large records are views of the segment file mapped (sent with sendmsg, no pread; a
+    #: chunk with them is written at once and not cached either)
+    mapped = MAPPED
 
     def __init__(self, broker, clock, directory=None):
         self.broker = broker
@@ -842,7 +845,8 @@ class BrokerStreams:
             # until the door writes it)
             # whole BATCH_CRC records' stored CRCs (offset -> CRC): the chunk's CRC is made of them
             crcs = {}
-            items = r.readRaw(self.chunkMessages, limit, views=True, ranges=self.ranges, crcs=crcs)
+            items = r.readRaw(self.chunkMessages, limit, views=True, ranges=self.ranges, crcs=crcs,
+                              mapped=self.mapped)
             if not items:
                 break
             count = sum(i[1] for i in items)
@@ -853,7 +857,7 @@ class BrokerStreams:
                     break
                 # whole records (a read splits one only when it can take nothing else)
                 more = r.readRaw(self.chunkMessages, limit - size, split=False, views=True, ranges=self.ranges,
-                                 crcs=crcs)
+                                 crcs=crcs, mapped=self.mapped)
                 if not more:
                     break
                 items += more

@@ -462,14 +462,14 @@ class BatchRecordTests(SynchronousTestCase):
         # the reader closed its own file, not those lent to the ranges
         self.assertEqual(ranges[0].read(), entries(self.expected[:100]))
 
-    def readCrcs(self, r, step, maxBytes=None, ranges=False):
+    def readCrcs(self, r, step, maxBytes=None, ranges=False, mapped=False):
         """Everything ``r`` reads with views and crcs: ``([(offset, n, entries)], {offset: crc})``."""
         from otter_tx.broker.stream import FileRange
 
         got = []
         crcs = {}
         while True:
-            items = r.readRaw(step, maxBytes, views=True, ranges=ranges, crcs=crcs)
+            items = r.readRaw(step, maxBytes, views=True, ranges=ranges, crcs=crcs, mapped=mapped)
             if not items:
                 return got, crcs
             for o, n, _, payload, isBatch in items:
@@ -506,19 +506,19 @@ class BatchRecordTests(SynchronousTestCase):
             self.assertEqual((length, kind, o, count, crc),
                              (segments.BATCH_CRC_HEAD.size - 4 + len(ents), segments.BATCH_CRC, first, k,
                               zlib.crc32(ents)))
-        for ranges in (False, True):
+        for ranges, mapped in ((False, False), (True, False), (False, True)):
             # whole records: every one has its CRC
-            got, crcs = self.readCrcs(log.reader("first"), 4096, ranges=ranges)
+            got, crcs = self.readCrcs(log.reader("first"), 4096, ranges=ranges, mapped=mapped)
             self.assertEqual([(o, n) for o, n, _ in got], [(f, k) for f, k, _ in records])
             self.assertEqual(crcs, {f: zlib.crc32(e) for f, _, e in records})
             # split reads: only the items that are whole records
-            got, crcs = self.readCrcs(log.reader("first"), 7, ranges=ranges)
+            got, crcs = self.readCrcs(log.reader("first"), 7, ranges=ranges, mapped=mapped)
             self.assertEqual(b"".join(e for _, _, e in got), entries(self.expected))
             self.assertEqual(crcs, {110: zlib.crc32(records[2][2])})
             for o, n, e in got:
                 if o in crcs:
                     self.assertEqual(crcs[o], zlib.crc32(e))
-            got, crcs = self.readCrcs(log.reader(50), 4096, ranges=ranges)
+            got, crcs = self.readCrcs(log.reader(50), 4096, ranges=ranges, mapped=mapped)
             self.assertNotIn(50, crcs)
             self.assertEqual(sorted(crcs), [100, 110, 113])
 
@@ -623,7 +623,32 @@ class BatchRecordTests(SynchronousTestCase):
                 self.assertEqual(combine(zlib.crc32(a), zlib.crc32(b), len(b)), zlib.crc32(a + b), n)
                 self.assertEqual(combine(0, zlib.crc32(b), len(b)), zlib.crc32(b))
 
+    def test_mapped(self):
+        """
+        readRaw with mapped: a record larger than a piece is a view of the segment file mapped,
+        across segments and as the active one grows (mapped again), the same bytes.
+        """
+        from otter_tx.broker.stream import isMapped
+
+        log = self.open(segmentBytes=250000)
+        r = log.reader("first")
+        got = []
+        for k in range(6):
+            self.batch(log, 100, size=1024 + k)
+            self.batch(log, 3, size=20)
+            while True:
+                items = r.readRaw(4096, None, views=True, mapped=True)
+                if not items:
+                    break
+                got.extend(items)
+        self.assertGreater(len(log.log.segments), 1)
+        views = [b for i in got for b in i[3]]
+        self.assertEqual(sum(isMapped(b) for b in views), 6)
+        self.assertEqual(b"".join(views), entries(self.expected))
+        r.close()
+
     def test_smallRecordsNoRanges(self):
+
         """Small records across a piece's end are read as bytes, not left in the file."""
         from otter_tx.broker.stream import FileRange
 

@@ -623,8 +623,8 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     def test_chunkCrcs(self):
         """
         Delivered chunks carry zlib's CRC-32 of their data, whether it is made of the records'
-        stored CRCs (BATCH_CRC, crc32_combine), of old BATCH records' bytes, or of both; with
-        ranges, a chunk of whole BATCH_CRC records is not read for its CRC.
+        stored CRCs (BATCH_CRC, crc32_combine), of old BATCH records' bytes, or of both, read,
+        with ranges or mapped; a chunk of whole large BATCH_CRC records is not read for its CRC.
         """
         from otter_tx.broker import stream as streamModule
         from otter_tx.broker.stream import FileRange
@@ -645,8 +645,9 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
             c.feed(wire.publishFrame(1, frame))
             self.settle()
         c.read()
-        for ranges in (False, True):
+        for sid, ranges, mapped in ((10, False, False), (11, True, False), (12, False, True)):
             self.patch(self.backend, "ranges", ranges)
+            self.patch(self.backend, "mapped", mapped)
             self.backend._cache.clear()
             offset = 0
             while offset < len(msgs):
@@ -655,7 +656,6 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
                 self.assertEqual(ch.crc, zlib.crc32(data), (ranges, offset))
                 self.assertEqual(chunk.split(data, ch.count), msgs[offset:offset + ch.count])
                 offset = ch.first + ch.count
-            sid = 11 if ranges else 10
             c.subscribe(sid, "s", credit=1000)
             got = c.deliveries()      # chunk.parse checks each chunk's CRC against zlib.crc32
             self.assertEqual([m for _, _, ms in got for m in ms], msgs)
@@ -667,17 +667,29 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
             c.feed(wire.publishFrame(2, [(i + 1, tmsgs[i]) for i in range(f, f + 100)]))
             self.settle()
         c.read()
-        self.patch(self.backend, "ranges", True)
 
         def noRead(*a):
             raise AssertionError("read for its CRC")
 
+        from otter_tx.broker.stream import isMapped
+        from otter_tx.door import streambackend
+
         self.patch(FileRange, "crc32", noRead)
-        (ch,) = self.backend.chunks("/", "t", 0, 1)
-        self.assertEqual([type(p) for p in ch.parts], [FileRange] * 3)
-        data = b"".join(p.read() for p in ch.parts)
-        self.assertEqual((ch.count, ch.crc), (300, zlib.crc32(data)))
-        self.assertEqual(chunk.split(data, 300), tmsgs)
+        self.patch(streambackend, "_crc32", noRead)
+        for ranges, mapped in ((True, False), (False, True)):
+            self.patch(self.backend, "ranges", ranges)
+            self.patch(self.backend, "mapped", mapped)
+            (ch,) = self.backend.chunks("/", "t", 0, 1)
+            self.assertTrue(ch.transient)
+            if ranges:
+                self.assertEqual([type(p) for p in ch.parts], [FileRange] * 3)
+                data = b"".join(p.read() for p in ch.parts)
+            else:
+                self.assertEqual([isMapped(p) for p in ch.parts], [True] * 3)
+                data = b"".join(ch.parts)
+            self.assertEqual((ch.count, ch.crc), (300, zlib.crc32(data)))
+            self.assertEqual(chunk.split(data, 300), tmsgs)
+            self.assertNotIn(0, self.backend._cache[("/", "t")][1])
 
     def test_amqpDeleteTellsSubscribers(self):
         """A stream deleted over AMQP 0-9-1 ends the stream protocol's subscriptions (metadata_update)."""
