@@ -1075,7 +1075,11 @@ class StreamReader:
             size = os.fstat(fd).st_size
             if size < end:
                 return None
-            self._map = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+            try:
+                self._map = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+            except (OSError, ValueError):
+                # (a file system that cannot map: read as without ``mapped``)
+                return None
             self._mapLen = size
         return self._map
 
