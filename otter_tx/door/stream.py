@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.broker.stream import FileRange
+from otter_tx.door.writev import WRITEV
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -95,7 +96,8 @@ def writeDirect(transport, parts):
             if j > i:
                 run = parts[i:j]
                 try:
-                    sent = sock.sendmsg(run)
+                    # (PyPy: libc's writev, its sendmsg copies buffers that are not bytes)
+                    sent = sock.sendmsg(run) if WRITEV is None else WRITEV(sock.fileno(), run)
                 except (BlockingIOError, InterruptedError):
                     sent = 0
                 except OSError:

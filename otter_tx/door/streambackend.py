@@ -48,6 +48,7 @@ from otter_tx.store.log.segments import crc32_combine as _crc32_combine
 from otter_tx.broker.message import Message
 from otter_tx.broker.stream import MAPPED, RANGES, FileRange, declareStream, deleteStream, findStream, isMapped
 from otter_tx.broker import streamconvert as _convert
+from otter_tx.door.writev import WRITEV
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -443,10 +444,10 @@ class BrokerStreams:
     chunkBytes = 512 * 1024
     #: large records are left in the segment file (FileRange parts, sent with sendfile; a chunk
     #: with them is written at once and not cached); on PyPy
-    ranges = RANGES
-    #: (CPython) large records are views of the segment file mapped (sent with sendmsg, no pread; a
-    #: chunk with them is written at once and not cached either)
-    mapped = MAPPED
+    ranges = RANGES and WRITEV is None
+    #: large records are views of the segment file mapped (sent with sendmsg, or PyPy's writev
+    #: through cffi: no pread; a chunk with them is written at once and not cached either)
+    mapped = MAPPED or WRITEV is not None
 
     def __init__(self, broker, clock, directory=None):
         self.broker = broker

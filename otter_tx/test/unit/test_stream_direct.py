@@ -274,3 +274,76 @@ class BrokerDoorOnSocketTests(DoorOnSocketTests):
         c.subscribe(1, "s", credit=100)
         got = c.deliveries()
         self.assertEqual([m for _, _, ms in got for m in ms], msgs)
+
+
+class MappedBrokerDoorOnSocketTests(BrokerDoorOnSocketTests):
+    """The same, large records as views of the segment file mapped (mmap, the default on CPython)."""
+
+    def setUp(self):
+        BrokerDoorOnSocketTests.setUp(self)
+        self.backend.ranges = False
+        self.backend.mapped = True
+
+
+class WritevTests(SynchronousTestCase):
+    """libc's writev through cffi (PyPy's direct writes: its sendmsg copies non-bytes buffers)."""
+
+    def setUp(self):
+        from otter_tx.door.writev import makeWritev
+
+        self.writev = makeWritev()
+        if self.writev is None:
+            from twisted.trial.unittest import SkipTest
+
+            raise SkipTest("no cffi")
+
+    def test_buffers(self):
+        """bytes, bytearrays, memoryviews of bytes and of a mapped file go out in order; a full socket raises."""
+        import mmap
+
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(bytes(range(256)) * 100)
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        view = memoryview(mapped)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        parts = [b"head", bytearray(b"ba"), memoryview(b"xmvx")[1:3], view[10:5000], b""]
+        self.assertEqual(self.writev(a.fileno(), parts), 4 + 2 + 2 + 4990)
+        self.assertEqual(b.recv(10000), b"headbamv" + bytes(view[10:5000]))
+        a.setblocking(False)
+        with self.assertRaises(BlockingIOError):
+            for _ in range(10000):
+                self.writev(a.fileno(), [view])
+        del view
+
+    def test_writeDirect(self):
+        """writeDirect with it (as on PyPy): the same bytes, the rest buffered when the socket is full."""
+        self.patch(door, "WRITEV", self.writev)
+        conn, other, reactor = socketTransport(self, sndbuf=4096)
+        parts = [bytes([i]) * 100000 for i in range(40)]
+        parts[3] = bytearray(parts[3])
+        parts[5] = memoryview(parts[5])[10:]
+        self.assertFalse(door.writeDirect(conn, parts))
+        self.assertTrue(all(type(p) is bytes for p in conn._tempDataBuffer))
+        self.assertEqual(drain(conn, other, reactor), b"".join(bytes(p) for p in parts))
+        conn, other, reactor = socketTransport(self)
+        self.assertTrue(door.writeDirect(conn, [b"a" * 10, memoryview(b"c" * 5)]))
+        self.assertEqual(other.recv(100), b"a" * 10 + b"c" * 5)
+
+
+class WritevBrokerDoorOnSocketTests(MappedBrokerDoorOnSocketTests):
+    """Mapped records written with libc's writev (PyPy's way)."""
+
+    def setUp(self):
+        from otter_tx.door.writev import makeWritev
+
+        MappedBrokerDoorOnSocketTests.setUp(self)
+        w = makeWritev()
+        if w is None:
+            from twisted.trial.unittest import SkipTest
+
+            raise SkipTest("no cffi")
+        self.patch(door, "WRITEV", w)
