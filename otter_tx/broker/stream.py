@@ -84,12 +84,14 @@ _BE_U32 = struct.Struct(">I")
 CONVERTED_MESSAGES = 4096
 #: StreamLog -> {offset: Message} (insertion order: the oldest conversion goes first)
 _converted = weakref.WeakKeyDictionary()
-#: on PyPy a large record read for a stream client is left on disk (a :class:`FileRange`, sent
-#: with ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
+#: a large record read for a stream client is a view of the segment file mapped (``mmap``): sent
+#: from the page cache, no ``pread`` copy (its CRC is stored: no read either); on PyPy the door
+#: writes it with libc's writev (``otter_tx.door.writev``), whose absence (no cffi) falls back to
+#: RANGES
+MAPPED = sys.implementation.name != "pypy"
+#: on PyPy without that writev, a large record is left on disk (a :class:`FileRange`, sent with
+#: ``sendfile``): gigabytes a second of large strings cost its GC more than the rest
 RANGES = sys.implementation.name == "pypy"
-#: elsewhere (CPython) such a record is a view of the segment file mapped (``mmap``): sent with
-#: ``sendmsg`` from the page cache, no ``pread`` copy (its CRC is stored: no read either)
-MAPPED = not RANGES
 
 
 def isMapped(part):
