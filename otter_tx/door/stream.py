@@ -96,8 +96,12 @@ def writeDirect(transport, parts):
             if j > i:
                 run = parts[i:j]
                 try:
-                    # (PyPy: libc's writev, its sendmsg copies buffers that are not bytes)
-                    sent = sock.sendmsg(run) if WRITEV is None else WRITEV(sock.fileno(), run)
+                    if WRITEV is None or all(type(p) is bytes for p in run):
+                        sent = sock.sendmsg(run)
+                    else:
+                        # PyPy: libc's writev (its sendmsg copies buffers that are not bytes; its
+                        # cffi.from_buffer of young bytes costs more than its sendmsg of them)
+                        sent = WRITEV(sock.fileno(), run)
                 except (BlockingIOError, InterruptedError):
                     sent = 0
                 except OSError:
