@@ -443,7 +443,7 @@ class BrokerStreams:
     cacheChunks = 16
     chunkBytes = 512 * 1024
     #: large records are left in the segment file (FileRange parts, sent with sendfile; a chunk
-    #: with them is written at once and not cached); on PyPy
+    #: with them is written at once and not cached): on PyPy without cffi
     ranges = RANGES and WRITEV is None
     #: large records are views of the segment file mapped (sent with sendmsg, or PyPy's writev
     #: through cffi: no pread; a chunk with them is written at once and not cached either)
