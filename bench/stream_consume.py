@@ -57,6 +57,7 @@ def main():
     p.add_argument("--messages", type=int, default=400000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--consumes", type=int, default=10)
+    p.add_argument("--each", action="store_true", help="print each consume's rate and CPU / wall time")
     a = p.parse_args()
     if a.broker_pid:
         proc, data = _Running(a.broker_pid), None
@@ -89,6 +90,9 @@ def main():
             rates.append(a.messages / elapsed)
             broker.append(b1 - b0)
             client.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+            if a.each:
+                print("  %.2fM msg/s, broker CPU / wall %.2f, client %.2f" % (
+                    rates[-1] / 1e6, broker[-1] / elapsed, client[-1] / elapsed))
         admin.call(wire.DELETE_STREAM, wire.encodeString(stream))
         gb = a.consumes * a.messages * a.size / 1e9
         print("consume median %.0f msg/s (%s)" % (statistics.median(rates),
