@@ -647,6 +647,33 @@ class BatchRecordTests(SynchronousTestCase):
         self.assertEqual(b"".join(views), entries(self.expected))
         r.close()
 
+    def test_mappedThenTruncated(self):
+        """
+        A reader that mapped a segment file goes on after a follower's truncate cut that file (it
+        reads the new file, never its old mapping past the cut) and after new appends.
+        """
+        from otter_tx.broker.stream import isMapped
+
+        log = self.open()
+        for _ in range(4):
+            self.batch(log, 100, size=1024)
+        r = log.reader("first")
+        items = r.readRaw(200, None, views=True, mapped=True)
+        self.assertEqual([(o, n) for o, n, _, _, _ in items], [(0, 100), (100, 100)])
+        self.assertTrue(isMapped(items[0][3][0]))
+        del items
+        self.assertEqual(log.truncate(200), 200)
+        del self.expected[200:]
+        self.batch(log, 100, size=700)
+        got = []
+        while True:
+            items = r.readRaw(4096, None, views=True, mapped=True)
+            if not items:
+                break
+            got.extend((o, n, b"".join(p)) for o, n, _, p, _ in items)
+        self.assertEqual([(o, n) for o, n, _ in got], [(200, 100)])
+        self.assertEqual(got[0][2], entries(self.expected[200:]))
+
     def test_smallRecordsNoRanges(self):
 
         """Small records across a piece's end are read as bytes, not left in the file."""
