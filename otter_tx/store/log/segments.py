@@ -244,11 +244,6 @@ def encodedBatch(firstOffset, enqueuedAtMs, count, entries, crc=None):
                                count, crc)
 
 
-def batchHeadSize(kind):
-    """The head size of a BATCH (25) or BATCH_CRC (29) record: where its entries start."""
-    return BATCH_CRC_HEAD.size if kind == BATCH_CRC else BATCH_HEAD.size
-
-
 #: the byte of an ENQ record holding its flags (redelivered)
 ENQ_FLAGS_AT = 37
 
