@@ -977,18 +977,25 @@ class ClusterNode:
         if not self.running:
             return
         queues = {}
+        # the stream protocol's subscriptions here, by stream (as the management app lists them,
+        # when it runs here): consumers of the stream (RabbitMQ counts them), on this node's
+        # replica or leader
+        describeSubs = getattr(self.broker, "describeStreamSubscriptions", None)
+        subs = describeSubs() if describeSubs is not None else {}
         # the management app's message_stats of a queue (its rates), when it runs here
         queueStats = getattr(self.broker, "describeQueueStats", None)
         for vh in self.broker.vhosts.values():
             for q in vh.queues.values():
-                f = queues["%s\x00%s" % (vh.name, q.name)] = {
+                key = "%s\x00%s" % (vh.name, q.name)
+                f = queues[key] = {
                     "messages_ready": q.readyCount, "messages_unacknowledged": q.unackedCount,
-                    "messages": q.readyCount + q.unackedCount, "consumers": len(q.consumers),
+                    "messages": q.readyCount + q.unackedCount,
+                    "consumers": len(q.consumers) + (len(subs.get(key, ())) if q.stream is not None else 0),
                     "policy": q.policy.name if q.policy is not None else None,
                     "message_bytes": q.readyBytes}
                 if queueStats is not None:
                     f["message_stats"] = queueStats(q)
-        figures = {"queues": queues}
+        figures = {"queues": queues, "streamSubscriptions": subs}
         describe = getattr(self.broker, "describeNode", None)
         if describe is not None:
             # the management app's own /api/nodes object for this node

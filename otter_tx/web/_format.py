@@ -134,6 +134,37 @@ def streamSubscriptions(broker, vhost=None, stream=None):
     return out
 
 
+def streamSubscriptionsByStream(broker):
+    """
+    This node's stream protocol subscriptions as consumers
+    (:func:`streamSubscriptionDict`), by ``"vhost\\x00stream"``: what a
+    cluster node sends the others every second (``ClusterNode._sendFigures``).
+    """
+    out = {}
+    for conn, sub in streamSubscriptions(broker):
+        out.setdefault("%s\x00%s" % (conn.vhost, sub.stream), []).append(streamSubscriptionDict(conn, sub))
+    return out
+
+
+def peerStreamSubscriptions(broker, vhost, stream, skip=None):
+    """
+    The stream protocol subscriptions to ``stream`` (in vhost ``vhost``) of
+    the other nodes of a cluster, as consumers (list of dicts), from the
+    figures they send every second (``ClusterNode.figures``); node ``skip``
+    left out (a stream's home node counts its own in its queue's
+    ``consumers``); ``[]`` without a cluster.
+    """
+    cluster = getattr(broker, "cluster", None)
+    if cluster is None:
+        return []
+    key = "%s\x00%s" % (vhost, stream)
+    out = []
+    for peer, f in sorted(list(getattr(cluster, "figures", {}).items())):
+        if peer != skip:
+            out.extend((f.get("streamSubscriptions") or {}).get(key) or ())
+    return out
+
+
 def streamSubscriptionDict(conn, sub):
     """
     A stream protocol subscription as RabbitMQ 3.10 lists it among the
@@ -233,12 +264,14 @@ def queueDict(q, unacked=None, detail=False, view=None):
         d["messages_dlx"] = len(q.heldDeadLetters.messages or ())
         d["message_bytes_dlx"] = q.heldDeadLetters.bytes
     stream = q.stream
-    subs = ()
+    subs = elsewhere = ()
     if stream is not None:
         # the stream protocol's subscriptions are consumers too (as 3.10 counts them)
         subs = streamSubscriptions(q.vhost.broker, q.vhost.name, q.name)
-        if subs:
-            d["consumers"] += len(subs)
+        # (and in a cluster the other nodes' subscriptions, on their replicas)
+        elsewhere = peerStreamSubscriptions(q.vhost.broker, q.vhost.name, q.name)
+        if subs or elsewhere:
+            d["consumers"] += len(subs) + len(elsewhere)
             d["consumer_capacity"] = d["consumer_utilisation"] = 1.0
         # RabbitMQ 3.10's stream keys (one node, the only member; the peer shows
         # ``readers`` {node: 1} with or without consumers and no ``leader``), and
@@ -268,7 +301,7 @@ def queueDict(q, unacked=None, detail=False, view=None):
         # (the consumers of this node's channels: a LinkConsumer stands for a consumer on
         # another node of the cluster, which lists it in its /api/consumers)
         d["consumer_details"] = [consumerDict(q, c) for c in q.consumers if getattr(c, "session", None) is not None]
-        d["consumer_details"] += [streamSubscriptionDict(conn, sub) for conn, sub in subs]
+        d["consumer_details"] += [streamSubscriptionDict(conn, sub) for conn, sub in subs] + list(elsewhere)
         d["deliveries"] = []
         d["incoming"] = []
     return d
@@ -343,8 +376,19 @@ def remoteQueueDict(q, detail=False):
     elif _isReplicatedStream(q):
         _quorumMembers(d, q.home, online=True, record=q.record)
         d["readers"] = {n: 1 for n in d["online"]}
+    if getattr(q, "isStream", False):
+        # the home node's consumers count its stream protocol subscriptions; this node's and
+        # the other nodes' (on their replicas) are added here
+        subs = [streamSubscriptionDict(c, s) for c, s in streamSubscriptions(q.vhost.broker, q.vhost.name, q.name)]
+        home = (getattr(q.vhost.broker, "cluster", None) and q.vhost.broker.cluster.figures.get(q.home)) or {}
+        homeSubs = (home.get("streamSubscriptions") or {}).get("%s\x00%s" % (q.vhost.name, q.name)) or []
+        subs += peerStreamSubscriptions(q.vhost.broker, q.vhost.name, q.name, skip=q.home)
+        d["consumers"] += len(subs)
+    else:
+        subs = homeSubs = []
     if detail:
-        d["consumer_details"] = []
+        # (the home node's AMQP consumers are not sent; its subscriptions and the others' are)
+        d["consumer_details"] = homeSubs + subs
         d["deliveries"] = []
         d["incoming"] = []
     return d

@@ -73,6 +73,9 @@ class QueuesRoom(Room):
         broker = self.broker
         self.broker.describeQueueStats = lambda q: fmt.defaultView(broker).messageStats(
             "queue", q, stats.QUEUE_KEYS, stats.queueValues(q))
+        # and its stream protocol subscriptions as consumers of their streams (their queue JSON
+        # counts and lists every node's)
+        self.broker.describeStreamSubscriptions = lambda: fmt.streamSubscriptionsByStream(broker)
 
     @app.route("/api/queues", methods=["GET", "OPTIONS"])
     @endpoint()
