@@ -121,27 +121,7 @@ def run(ports, messages, size, publishers, batch, window, consumes, members=3):
             raise RuntimeError("stream %s: metadata %r after 60 s" % (stream, md))
         time.sleep(0.1)
     leader, replicas = md
-    import multiprocessing
-    ctx = multiprocessing.get_context("fork")
-    ready = [ctx.Event() for _ in range(publishers)]
-    go = ctx.Event()
-    result = ctx.Queue()
-    share = messages // publishers
-    procs = [ctx.Process(target=sp.publisher, args=(leader, stream, share, size, batch, window, i, ready[i], go,
-                                                    result))
-             for i in range(publishers)]
-    for p in procs:
-        p.start()
-    for r in ready:
-        r.wait(60)
-    t0 = time.perf_counter()
-    go.set()
-    for _ in procs:
-        result.get(timeout=600)
-    pubElapsed = time.perf_counter() - t0
-    for p in procs:
-        p.join(60)
-    total = share * publishers
+    total, pubElapsed = sp.publishAll(leader, stream, messages, size, publishers, batch, window)
     conLeader = statistics.median(sp.consume(leader, stream, total) for _ in range(consumes))
     conReplica = statistics.median(sp.consume(replicas[0], stream, total) for _ in range(consumes))
     admin.call(wire.DELETE_STREAM, wire.encodeString(stream))

@@ -205,11 +205,11 @@ def consume(port, stream, total):
     return elapsed
 
 
-def run(port, messages, size, publishers, batch, window, consumes=1):
-    stream = "bench-%d-%d" % (os.getpid(), time.monotonic_ns())
-    admin = Conn(port)
-    admin.handshake()
-    assert admin.call(wire.CREATE_STREAM, wire.encodeString(stream) + struct.pack(">I", 0)) == wire.OK
+def publishAll(port, stream, messages, size, publishers, batch, window):
+    """
+    ``publishers`` processes publish ``messages`` (shared) to ``stream`` at
+    ``port`` at once: ``(messages published, seconds until the last confirm)``.
+    """
     ctx = multiprocessing.get_context("fork")
     ready = [ctx.Event() for _ in range(publishers)]
     go = ctx.Event()
@@ -225,10 +225,18 @@ def run(port, messages, size, publishers, batch, window, consumes=1):
     go.set()
     for _ in procs:
         result.get(timeout=600)
-    pubElapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
     for p in procs:
         p.join(60)
-    total = share * publishers
+    return share * publishers, elapsed
+
+
+def run(port, messages, size, publishers, batch, window, consumes=1):
+    stream = "bench-%d-%d" % (os.getpid(), time.monotonic_ns())
+    admin = Conn(port)
+    admin.handshake()
+    assert admin.call(wire.CREATE_STREAM, wire.encodeString(stream) + struct.pack(">I", 0)) == wire.OK
+    total, pubElapsed = publishAll(port, stream, messages, size, publishers, batch, window)
     # a consume of a small stream takes a fraction of a second: several, the median
     conElapsed = statistics.median(consume(port, stream, total) for _ in range(consumes))
     admin.call(wire.DELETE_STREAM, wire.encodeString(stream))

@@ -18,21 +18,13 @@ from twisted.trial.unittest import SkipTest
 from otter_tx.stream import wire
 from otter_tx.test.interop.support import EXTERNAL, EXTERNAL_MGMT_URL, EXTERNAL_OTTER
 from otter_tx.test.interop.test_interop_stream_protocol import StreamInteropTestCase, collect
+# (the keys RabbitMQ 3.10 and otter_tx list for a stream connection)
+from otter_tx.test.unit.test_web_streams import CONNECTION_KEYS
 
 PUBLISHER_KEYS = {"confirmed", "connection_details", "errored", "published", "publisher_id", "queue", "reference"}
 CONSUMER_KEYS = {"connection_details", "consumed", "credits", "offset", "offset_lag", "properties", "queue",
                  "subscription_id"}
 DETAILS_KEYS = {"name", "node", "peer_host", "peer_port", "user"}
-#: what both list of a stream connection (RabbitMQ adds its process figures: garbage_collection, reductions)
-CONNECTION_KEYS = {
-    "auth_mechanism", "channel_max", "channels", "client_properties", "connected_at", "frame_max", "host",
-    "name", "node", "peer_cert_issuer", "peer_cert_subject", "peer_cert_validity", "peer_host", "peer_port",
-    "port", "protocol", "recv_cnt", "recv_oct", "recv_oct_details", "send_cnt", "send_oct", "send_oct_details",
-    "send_pend", "ssl", "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol", "state", "timeout", "user",
-    "user_who_performed_action", "vhost",
-}
-
-
 class StreamManagementTests(StreamInteropTestCase):
     brokerOptions = {"stream": True, "management": True}
 

@@ -76,6 +76,26 @@ class Room:
         self.broker = root.broker
         self.clock = root.clock
 
+    def _merged(self, local, op, args, key):
+        """
+        ``local`` (a list of dicts) with what the other nodes of the cluster
+        answer request ``op`` (``ClusterNode.askAll`` with ``args``), sorted by
+        ``key``: a Deferred of the list; without a cluster the sorted list.
+        """
+        cluster = self.broker.cluster
+        if cluster is None:
+            return sorted(local, key=key)
+
+        def merge(answers):
+            items = list(local)
+            for _, theirs in sorted(answers.items()):
+                if isinstance(theirs, list):
+                    items.extend(theirs)
+            items.sort(key=key)
+            return items
+
+        return cluster.askAll(op, args).addCallback(merge)
+
     def _handle(self, f, access, request, kw):
         kw = {k: unquote(v) if isinstance(v, str) else v for k, v in kw.items()}
         try:

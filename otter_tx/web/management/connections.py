@@ -163,20 +163,6 @@ class ConnectionsRoom(Room):
         else:
             conn.close(320, "CONNECTION_FORCED - " + reason)
 
-    def _merged(self, local, op, args, key):
-        """``local`` (a list) with what the other nodes answer ``op``, sorted by ``key`` (a Deferred)."""
-        cluster = self.broker.cluster
-
-        def merge(answers):
-            items = list(local)
-            for _, theirs in sorted(answers.items()):
-                if isinstance(theirs, list):
-                    items.extend(theirs)
-            items.sort(key=key)
-            return items
-
-        return cluster.askAll(op, args).addCallback(merge)
-
     def _remoteConnection(self, request, user, name, channels=False):
         """
         Connection ``name`` on another node (a Deferred of its answer, with

@@ -90,22 +90,6 @@ class StreamsRoom(Room):
             return publishers(conns, args.get("stream"))
         return consumers(conns)
 
-    def _merged(self, local, op, args, key):
-        """``local`` with what the other nodes answer ``op`` (a Deferred in a cluster), sorted by ``key``."""
-        cluster = self.broker.cluster
-        if cluster is None:
-            return sorted(local, key=key)
-
-        def merge(answers):
-            items = list(local)
-            for _, theirs in sorted(answers.items()):
-                if isinstance(theirs, list):
-                    items.extend(theirs)
-            items.sort(key=key)
-            return items
-
-        return cluster.askAll(op, args).addCallback(merge)
-
     def _connections(self, request, user, vhost=None):
         view = self._rateView(request)
         owner = self._owner(user)
