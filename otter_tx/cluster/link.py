@@ -12,7 +12,7 @@ journal's ``sync()``): publisher confirms wait for it.
 
 import base64
 
-from twisted.internet import defer, protocol, tcp
+from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
 from otter_tx.amqp.codec import decodeTable
@@ -21,6 +21,7 @@ from otter_tx.broker.arguments import STREAM
 from otter_tx.broker.message import Message
 from otter_tx.cluster import wire
 from otter_tx.cluster.remote import LinkConsumer, LinkLost, RemoteEntry
+from otter_tx.resources.sockets import MAX_PARTS, directSocket, sendRun
 
 log = Logger()
 
@@ -34,26 +35,10 @@ ASK_TIMEOUT = 10.0
 LINK_HIGH_WATER = 1 << 20
 #: frames a link handles per reactor turn (as the AMQP door's FRAMES_PER_SLICE)
 FRAMES_PER_SLICE = 300
-#: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
-_MAX_PARTS = 512
 #: a frame at least this large (bytes) that is not complete is gathered from the reads as they come
 #: and joined once (a replicated stream's commit of 1 KiB messages is a frame of a MiB or more):
 #: appended to the receive buffer, then copied out of it, each byte was copied twice
 BIG_FRAME = 256 * 1024
-
-
-def _socketOf(transport):
-    """
-    The socket a link may write to directly, or None: a plain TCP connection
-    (not TLS, not a test transport) holding nothing in its own buffers.
-    """
-    if type(transport) is not tcp.Client and type(transport) is not tcp.Server:
-        return None
-    if getattr(transport, "TLS", False) or not transport.connected or transport.disconnecting:
-        return None
-    if transport._tempDataBuffer or len(transport.dataBuffer) != transport.offset:
-        return None
-    return transport.socket
 
 
 def _sendParts(sock, parts):
@@ -65,17 +50,8 @@ def _sendParts(sock, parts):
     i = 0
     n = len(parts)
     while i < n:
-        j = min(n, i + _MAX_PARTS)
-        try:
-            sent = sock.sendmsg(parts[i:j])
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            # the transport's own write (or the next writable event) meets the error
-            sent = 0
-        while i < j and sent >= len(parts[i]):
-            sent -= len(parts[i])
-            i += 1
+        j = min(n, i + MAX_PARTS)
+        i, sent = sendRun(sock, parts, i, j)
         if i < j:
             rest = parts[i:]
             if sent:
@@ -87,14 +63,14 @@ def _sendParts(sock, parts):
 def writeParts(transport, parts, hold=False):
     """
     Write ``parts`` (bytes-like) to ``transport`` in order: straight to its
-    socket with ``sendmsg`` when :func:`_socketOf` allows (Twisted's own
+    socket with ``sendmsg`` when :func:`~otter_tx.resources.sockets.directSocket` allows (Twisted's own
     write joins what a turn wrote into one string, then sends it 128 KiB a
     reactor turn: a replicated stream's records went through two more copies
     on their way out), what the socket does not take through the transport,
     or, with ``hold``, returned (a list; None when the socket could not be
     used and everything went through the transport).
     """
-    sock = _socketOf(transport)
+    sock = directSocket(transport)
     rest = parts
     if sock is not None:
         rest = _sendParts(sock, parts)

@@ -16,7 +16,6 @@ one chunk, as RabbitMQ).
 import os
 
 from twisted.application.service import Service
-from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -26,6 +25,7 @@ from zope.interface import implementer
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.broker.stream import FileRange
 from otter_tx.door.writev import WRITEV
+from otter_tx.resources.sockets import MAX_PARTS, directSocket, sendRun
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
@@ -40,27 +40,9 @@ ALARM_CHECK = 0.5
 MAX_SUBSCRIPTIONS = 256
 MAX_REFERENCE = 256
 
-#: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
-_MAX_PARTS = 512
-
 #: bytes a deliver frame adds to its chunk's data (frame size, key, version,
 #: subscription id, chunk header): counted in ``sendOct``
 _DELIVER_BYTES = 4 + 2 + 2 + 1 + _chunk.HEADER_SIZE
-
-
-def _socketOf(transport):
-    """
-    The socket to write to directly, or None: only a plain TCP connection
-    (not TLS, not a test transport) that holds nothing in its own buffers
-    (what was written through it goes first).
-    """
-    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", False):
-        return None
-    if not transport.connected or transport.disconnecting or getattr(transport, "_writeDisconnected", True):
-        return None
-    if getattr(transport, "_tempDataBuffer", True) or len(transport.dataBuffer) != transport.offset:
-        return None
-    return transport.socket
 
 
 def _asBytes(p):
@@ -76,14 +58,14 @@ def writeDirect(transport, parts):
     """
     Write ``parts`` (bytes-like, or :class:`~otter_tx.broker.stream.FileRange`
     s: bytes of a segment file) to ``transport`` in order: straight to its
-    socket when :func:`_socketOf` allows (Twisted's own write joins what it
+    socket when :func:`~otter_tx.resources.sockets.directSocket` allows (Twisted's own write joins what it
     buffers into one string and sends 128 KiB a reactor turn; a stream chunk is
     up to half a MiB), buffers with one ``sendmsg``, file ranges with
     ``sendfile``; the rest (all of it when the socket is not writable or not
     available) through the transport's buffer, read into bytes. Returns True
     when everything went out now.
     """
-    sock = _socketOf(transport)
+    sock = directSocket(transport)
     i = 0
     sent = 0
     if sock is not None:
@@ -91,25 +73,12 @@ def writeDirect(transport, parts):
         while i < n:
             # the buffers up to the next file range: one sendmsg
             j = i
-            while j < n and type(parts[j]) is not FileRange and j - i < _MAX_PARTS:
+            while j < n and type(parts[j]) is not FileRange and j - i < MAX_PARTS:
                 j += 1
             if j > i:
-                run = parts[i:j]
-                try:
-                    if WRITEV is None or all(type(p) is bytes for p in run):
-                        sent = sock.sendmsg(run)
-                    else:
-                        # PyPy: libc's writev (its sendmsg copies buffers that are not bytes; its
-                        # cffi.from_buffer of young bytes costs more than its sendmsg of them)
-                        sent = WRITEV(sock.fileno(), run)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError:
-                    # the transport's own write meets the error and closes the connection
-                    sent = 0
-                while i < j and sent >= len(parts[i]):
-                    sent -= len(parts[i])
-                    i += 1
+                # (PyPy: libc's writev for views, as its sendmsg copies buffers that are not bytes;
+                # cffi.from_buffer of young bytes costs more than its sendmsg of them)
+                i, sent = sendRun(sock, parts, i, j, WRITEV)
                 if i < j:
                     break
                 sent = 0
@@ -994,7 +963,7 @@ class StreamServerProtocol(Protocol):
         transport = self.transport
         # each chunk goes straight to the socket while it takes them (writeDirect); once it
         # does not, the rest waits in the transport's buffer and the turn ends
-        direct = _socketOf(transport) is not None
+        direct = directSocket(transport) is not None
         counters = self.broker.streamCounters
         for sub in list(self.subscriptions.values()):
             while sub.credit > 0 and sub.active and not sub.awaiting and budget > 0 and messages > 0:

@@ -93,7 +93,7 @@ class WriteDirectTests(SynchronousTestCase):
     def test_straightToTheSocket(self):
         """Bytes, bytearrays and memoryviews go out with one sendmsg; nothing is buffered."""
         conn, other, reactor = socketTransport(self)
-        self.assertIs(door._socketOf(conn), conn.socket)
+        self.assertIs(door.directSocket(conn), conn.socket)
         self.assertTrue(door.writeDirect(conn, [b"a" * 10, bytearray(b"b" * 20), memoryview(b"c" * 5)]))
         self.assertEqual(conn._tempDataBuffer, [])
         self.assertEqual(reactor.writers, set())
@@ -109,7 +109,7 @@ class WriteDirectTests(SynchronousTestCase):
         self.assertTrue(all(type(p) is bytes for p in conn._tempDataBuffer))
         self.assertIn(conn, reactor.writers)
         # while the transport holds something, writes go behind it
-        self.assertIsNone(door._socketOf(conn))
+        self.assertIsNone(door.directSocket(conn))
         self.assertFalse(door.writeDirect(conn, [b"tail"]))
         self.assertEqual(drain(conn, other, reactor), b"".join(bytes(p) for p in parts) + b"tail")
 
@@ -123,17 +123,17 @@ class WriteDirectTests(SynchronousTestCase):
     def test_otherTransports(self):
         """A test transport or a TLS connection gets everything through its own write, as bytes."""
         t = StringTransport()
-        self.assertIsNone(door._socketOf(t))
+        self.assertIsNone(door.directSocket(t))
         self.assertFalse(door.writeDirect(t, [b"x", bytearray(b"y"), memoryview(b"z")]))
         self.assertEqual(t.value(), b"xyz")
         conn, other, reactor = socketTransport(self)
         conn.TLS = True
-        self.assertIsNone(door._socketOf(conn))
+        self.assertIsNone(door.directSocket(conn))
 
     def test_closed(self):
         conn, other, reactor = socketTransport(self)
         conn.connected = 0
-        self.assertIsNone(door._socketOf(conn))
+        self.assertIsNone(door.directSocket(conn))
 
 
 class DoorOnSocketTests(SynchronousTestCase):

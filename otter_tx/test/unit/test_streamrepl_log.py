@@ -322,7 +322,7 @@ class WritePartsTests(SynchronousTestCase):
 
         for take in (0, 3, 5, 9, 100):
             sock = Sock(take)
-            self.patch(link, "_socketOf", lambda t: sock)
+            self.patch(link, "directSocket", lambda t: sock)
             t = StringTransport()
             link.writeParts(t, [b"abc", memoryview(b"defg"), b"", b"hij"])
             self.assertEqual(sock.got + t.value(), b"abcdefghij", take)
@@ -396,7 +396,7 @@ class HeldOutputTests(SynchronousTestCase):
         proto.transport = t
         proto.connected = True
         proto.peer = "n2"
-        self.patch(link, "_socketOf", lambda tr: tr.socket)
+        self.patch(link, "directSocket", lambda tr: tr.socket)
         self.patch(link, "LINK_HIGH_WATER", 8)
         t.socket.take = 3
         proto.sendParts([b"abcd", b"efgh", memoryview(b"ij")])
