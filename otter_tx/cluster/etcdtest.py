@@ -187,6 +187,12 @@ class EtcdCluster:
                 try:
                     st = await client.status()
                     if st["leader"]:
+                        # our member, not another test's etcd that took the port first (ours then
+                        # exits a moment later): its member list names our peer URL
+                        listed = await client._call("/v3/cluster/member/list", {}, True)
+                        peers = {u for mem in listed.get("members") or () for u in mem.get("peerURLs") or ()}
+                        if m.peerURL not in peers:
+                            raise PortTaken("etcd member %s: %s answers for another etcd" % (m.name, m.clientURL))
                         pending.discard(i)
                 except EtcdError:
                     pass
@@ -214,6 +220,10 @@ def _defaultParent():
     return None
 
 
+class PortTaken(RuntimeError):
+    """A member's client port answers for another etcd (taken between its pick and the start)."""
+
+
 def startEtcd(members=1, dataDir=None, reactor=None, timeout=15.0):
     """
     Start an etcd cluster of ``members`` processes on free loopback ports.
@@ -230,20 +240,26 @@ def startEtcd(members=1, dataDir=None, reactor=None, timeout=15.0):
         from twisted.internet import reactor
     if not etcdAvailable():
         raise RuntimeError("%s is missing (Debian's etcd-server package)" % (ETCD,))
-    top = tempfile.mkdtemp(prefix="otter-etcd-", dir=dataDir or _defaultParent())
-    ports = freePorts(2 * members)
-    ms = [EtcdMember("m%d" % (i,), ports[2 * i], ports[2 * i + 1], os.path.join(top, "m%d" % (i,)))
-          for i in range(members)]
-    cluster = EtcdCluster(ms, top, "otter-" + uuid.uuid4().hex[:12], reactor, timeout)
-    try:
-        for i in range(members):
-            cluster._spawn(i)
-    except Exception:
-        cluster.stop()
-        raise
-    d = cluster.waitHealthy()
+    def attempt(tries):
+        top = tempfile.mkdtemp(prefix="otter-etcd-", dir=dataDir or _defaultParent())
+        ports = freePorts(2 * members)
+        ms = [EtcdMember("m%d" % (i,), ports[2 * i], ports[2 * i + 1], os.path.join(top, "m%d" % (i,)))
+              for i in range(members)]
+        cluster = EtcdCluster(ms, top, "otter-" + uuid.uuid4().hex[:12], reactor, timeout)
+        try:
+            for i in range(members):
+                cluster._spawn(i)
+        except Exception:
+            cluster.stop()
+            raise
+        d = cluster.waitHealthy()
 
-    def failed(f):
-        cluster.stop()
-        return f
-    return d.addCallbacks(lambda _: cluster, failed)
+        def failed(f):
+            cluster.stop()
+            if f.check(PortTaken) and tries > 1:
+                # a port picked free was taken meanwhile by another process: fresh ones
+                return attempt(tries - 1)
+            return f
+        return d.addCallbacks(lambda _: cluster, failed)
+
+    return attempt(3)

@@ -169,6 +169,27 @@ class KVTests(_EtcdCase):
         self.assertIn("future revision", e.message)
 
 
+class PortTakenTests(_EtcdCase):
+    async def test_clientPortTakenByAnotherEtcd(self):
+        """
+        A second cluster whose member's client port is already another etcd's (taken between the
+        pick and the start, as by a test running beside it) starts on fresh ports instead of
+        taking that etcd for its own.
+        """
+        from otter_tx.cluster import etcdtest
+
+        taken = int(self.cluster.endpoints[0].rsplit(":", 1)[1])
+        real = etcdtest.freePorts
+        picks = [[taken, freePort()]]
+        self.patch(etcdtest, "freePorts", lambda n: picks.pop() if picks else real(n))
+        other = await etcdtest.startEtcd(1)
+        self.addCleanup(other.stop)
+        self.assertNotEqual(other.endpoints, self.cluster.endpoints)
+        await self.client.put(self.prefix + "mine", "1")
+        theirs = self.makeClient(other.endpoints)
+        self.assertIsNone(await theirs.get(self.prefix + "mine"))
+
+
 class WatchTests(_EtcdCase):
     """Watches on one member."""
 
