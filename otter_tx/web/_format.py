@@ -118,6 +118,19 @@ def consumerDict(q, c):
     }
 
 
+def streamConnections(broker, owner=None, vhost=None):
+    """
+    The open stream protocol connections of this node, by name, of user
+    ``owner`` (a name; None: anyone's) on vhost ``vhost`` (a name; None:
+    any); only those that opened (logged in to a vhost).
+    """
+    conns = getattr(getattr(broker, "streamCounters", None), "connections", ())
+    return sorted((c for c in conns
+                   if c.vhost is not None and not c.closed
+                   and (owner is None or (c.user is not None and c.user.name == owner))
+                   and (vhost is None or c.vhost == vhost)), key=lambda c: c.name)
+
+
 def streamSubscriptions(broker, vhost=None, stream=None):
     """
     ``[(connection, subscription)]`` of the stream protocol door's open
@@ -125,9 +138,7 @@ def streamSubscriptions(broker, vhost=None, stream=None):
     ``stream`` (names; None: any).
     """
     out = []
-    for conn in list(getattr(getattr(broker, "streamCounters", None), "connections", ())):
-        if conn.vhost is None or conn.closed or (vhost is not None and conn.vhost != vhost):
-            continue
+    for conn in streamConnections(broker, vhost=vhost):
         for _, sub in sorted(conn.subscriptions.items()):
             if stream is None or sub.stream == stream:
                 out.append((conn, sub))

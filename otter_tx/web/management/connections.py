@@ -21,19 +21,6 @@ from otter_tx.web.management.http import Response, notAuthorisedObject, notFound
 RANGE_ARGS = ("msg_rates_age", "msg_rates_incr", "lengths_age", "lengths_incr", "data_rates_age", "data_rates_incr")
 
 
-def streamConnections(broker, owner=None, vhost=None):
-    """
-    The open stream protocol connections of this node, by name, of user
-    ``owner`` (a name; None: anyone's) on vhost ``vhost`` (a name; None:
-    any); only those that opened (logged in to a vhost).
-    """
-    conns = getattr(getattr(broker, "streamCounters", None), "connections", ())
-    return sorted((c for c in conns
-                   if c.vhost is not None and not c.closed
-                   and (owner is None or (c.user is not None and c.user.name == owner))
-                   and (vhost is None or c.vhost == vhost)), key=lambda c: c.name)
-
-
 def isStream(conn):
     """Whether ``conn`` is a stream protocol connection (not an AMQP one)."""
     return not hasattr(conn, "channels")
@@ -110,7 +97,7 @@ class ConnectionsRoom(Room):
         view = self._viewOf(args["ranges"])
         found = [fmt.connectionDict(c, view) for c in self._localConnections(args["owner"], args.get("vhost"))]
         found += [fmt.streamConnectionDict(c, view)
-                  for c in streamConnections(self.broker, args["owner"], args.get("vhost"))]
+                  for c in fmt.streamConnections(self.broker, args["owner"], args.get("vhost"))]
         return found
 
     def _answerChannels(self, args):
@@ -123,7 +110,7 @@ class ConnectionsRoom(Room):
         for conn in self.broker.connections:
             if fmt.connectionName(conn) == name:
                 return conn
-        for conn in streamConnections(self.broker):
+        for conn in fmt.streamConnections(self.broker):
             if conn.name == name:
                 return conn
         return None
@@ -225,7 +212,7 @@ class ConnectionsRoom(Room):
 
     def _visibleStreamConnections(self, user, vhost=None):
         """The stream connections ``user`` sees (as :meth:`_visibleConnections`), of ``vhost`` (a name) when given."""
-        return streamConnections(self.broker, None if self._isMonitor(user) else user.name, vhost)
+        return fmt.streamConnections(self.broker, None if self._isMonitor(user) else user.name, vhost)
 
     def _authoriseUser(self, request, user, name):
         """

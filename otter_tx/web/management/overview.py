@@ -10,7 +10,6 @@ from otter_tx.broker.policy import OPERATOR_POLICY_KEYS, POLICY_KEYS
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import NONE
-from otter_tx.web.management.connections import streamConnections
 from otter_tx.web.management.http import (
     EXCHANGE_TYPE_DESCRIPTIONS, RABBITMQ_COMPAT_VERSION, notFound, queryFlag,
 )
@@ -64,7 +63,7 @@ class OverviewRoom(Room):
         values = stats.sumValues([stats.vhostValues(vh) for vh in vhosts], len(stats.VHOST_KEYS))
         own = fmt.RateView(broker.sampler).messageStats("overview", broker, stats.VHOST_KEYS, values)
         return {
-            "connections": len(broker.connections) + len(streamConnections(broker)),
+            "connections": len(broker.connections) + len(fmt.streamConnections(broker)),
             "channels": sum(len(c.channels) for c in broker.connections),
             "message_stats": {k: ({"rate": v.get("rate", 0.0)} if k.endswith("_details") else v)
                               for k, v in own.items()},
@@ -86,7 +85,7 @@ class OverviewRoom(Room):
         conns = [c for c in self._visibleConnections(user) if c.vhost in vhosts or c.vhost is None]
         # stream protocol connections and their subscriptions count too (as on the 3.10 peer)
         names = {vh.name for vh in vhosts}
-        streamConns = [c for c in streamConnections(self.broker,
+        streamConns = [c for c in fmt.streamConnections(self.broker,
                                                     None if self._isMonitor(user) else user.name)
                        if c.vhost in names]
         view = self._rateView(request)

@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred
 from otter_tx.web import _format as fmt
 from otter_tx.web.management._room import Room, endpoint, roomApp
 from otter_tx.web.management.authz import VHOST
-from otter_tx.web.management.connections import RANGE_ARGS, streamConnections
+from otter_tx.web.management.connections import RANGE_ARGS
 from otter_tx.web.management.http import Response, notAuthorisedObject, notFound, queryArg
 
 
@@ -83,7 +83,7 @@ class StreamsRoom(Room):
 
     def _answerItems(self, args):
         """This node's ``kind`` (publishers, consumers) of the connections ``args`` selects."""
-        conns = streamConnections(self.broker, args.get("owner"), args.get("vhost"))
+        conns = fmt.streamConnections(self.broker, args.get("owner"), args.get("vhost"))
         if args.get("name") is not None:
             conns = [c for c in conns if c.name == args["name"]]
         if args["kind"] == "publishers":
@@ -93,7 +93,7 @@ class StreamsRoom(Room):
     def _connections(self, request, user, vhost=None):
         view = self._rateView(request)
         owner = self._owner(user)
-        local = [fmt.streamConnectionDict(c, view) for c in streamConnections(self.broker, owner, vhost)]
+        local = [fmt.streamConnectionDict(c, view) for c in fmt.streamConnections(self.broker, owner, vhost)]
         if self.broker.cluster is None:
             return local
         args = {"owner": owner, "ranges": [queryArg(request, a) for a in RANGE_ARGS]}
@@ -118,7 +118,7 @@ class StreamsRoom(Room):
         (GET: monitoring or its owner; DELETE: administrator or its owner).
         """
         allowed = self._isAdmin(user) if request.method == b"DELETE" else self._isMonitor(user)
-        for conn in streamConnections(self.broker, None, vhost):
+        for conn in fmt.streamConnections(self.broker, None, vhost):
             if conn.name == name:
                 if not (allowed or self._owns(user, conn)):
                     raise notAuthorisedObject()
