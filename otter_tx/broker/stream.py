@@ -477,13 +477,14 @@ class StreamLog:
             self._flushCall = self.clock.callLater(0, self._flush)
         return d
 
-    def appendEntries(self, entries, count, wantDeferred=True):
+    def appendEntries(self, entries, count, wantDeferred=True, crc=None):
         """
         Append ``count`` messages as a stream protocol chunk holds them
         (``entries``: each message's size, u32 big endian, then its bytes, as
         a stream client published them) as one record; returns a Deferred
         firing with the first one's offset once they are durable (None with
-        ``wantDeferred=False``).  They are read back as they are (the stream
+        ``wantDeferred=False``).  ``crc``: their CRC-32 (int) when the caller
+        has it, else None (computed here).  They are read back as they are (the stream
         protocol) or converted to AMQP 0-9-1 messages when an AMQP 0-9-1
         consumer reads them (:func:`otter_tx.broker.streamconvert.toMessage`).
         """
@@ -495,7 +496,9 @@ class StreamLog:
         offset = self._nextOffset
         self._nextOffset += count
         # the entries' CRC-32 is stored with them: a consumer's chunk header is made of it (no read)
-        rec = (_seg.encodedBatch(offset, now, count, entries, _crc32(entries)), entries)
+        if crc is None:
+            crc = _crc32(entries)
+        rec = (_seg.encodedBatch(offset, now, count, entries, crc), entries)
         d = defer.Deferred() if wantDeferred else None
         self._incoming.append((rec, now, d, count))
         self.appended += count

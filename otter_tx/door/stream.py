@@ -25,11 +25,18 @@ from zope.interface import implementer
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.broker.stream import FileRange
 from otter_tx.door.writev import WRITEV
-from otter_tx.resources.sockets import MAX_PARTS, directSocket, sendRun
+from otter_tx.store.log.segments import crc32
+from otter_tx.store.rawio import makeCompact
+from otter_tx.resources.sockets import MAX_PARTS, directSocket, readInto, sendRun
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 
 log = Logger()
+
+#: PyPy: a publish frame's entries are moved together in the receive buffer and written to the
+#: log from there (docs/performance.md, "The stream protocol's publish path on PyPy"); None on
+#: CPython, where taking them out with struct is as fast
+COMPACT = makeCompact(crc32) if WRITEV is not None else None
 
 #: most chunks, and about most messages, a turn writes before yielding to the reactor
 CHUNKS_PER_TURN = 16
@@ -200,7 +207,7 @@ class StreamServerProtocol(Protocol):
     """One stream-protocol connection."""
 
     def __init__(self):
-        self.reader = wire.FrameReader(wire.INITIAL_FRAME_MAX)
+        self.reader = wire.ReceiveBuffer(wire.INITIAL_FRAME_MAX)
         self.state = "start"
         self.user = None
         self.vhost = None
@@ -240,6 +247,8 @@ class StreamServerProtocol(Protocol):
         self.frameMax = f.frameMax
         self.heartbeat = f.heartbeat
         self.transport.registerProducer(self, True)
+        # a plain TCP connection reads into the reader's buffer (bytesReceived); others call dataReceived
+        readInto(self.transport, self.reader.space, self.bytesReceived)
         self._lastReceived = self._lastSent = self.clock.seconds()
         peer = self.transport.getPeer()
         self.peerHost = getattr(peer, "host", None)
@@ -287,12 +296,19 @@ class StreamServerProtocol(Protocol):
             self.transport.loseConnection()
 
     def dataReceived(self, data):
+        self._received(len(data), self.reader.feed, data)
+
+    def bytesReceived(self, n):
+        """``n`` bytes were read into ``self.reader.space()`` (:func:`~otter_tx.resources.sockets.readInto`)."""
+        self._received(n, self.reader.filled, n)
+
+    def _received(self, n, split, arg):
         self._lastReceived = self.clock.seconds()
-        self.recvOct += len(data)
+        self.recvOct += n
         self.recvCnt += 1
-        self.broker.received(len(data))
+        self.broker.received(n)
         try:
-            frames = self.reader.feed(data)
+            frames = split(arg)
         except wire.FrameTooLarge as e:
             log.warn("stream connection: frame of {size} bytes exceeds frame_max {max}",
                      size=e.size, max=e.frameMax)
@@ -655,7 +671,7 @@ class StreamServerProtocol(Protocol):
     def _publish(self, corr, version, pid, count, body, pos):
         p = self.publishers.get(pid)
         try:
-            batch = wire.publishBatch(body, pos, count, version) if p is not None else None
+            batch = wire.publishBatch(body, pos, count, version, COMPACT) if p is not None else None
             entries = None if batch is not None else wire.publishedMessages(body, pos, count, version)
         except wire.FrameError:
             self._unknownFrame()
@@ -673,11 +689,14 @@ class StreamServerProtocol(Protocol):
             self._blockCall = self.clock.callLater(ALARM_CHECK, self._checkAlarm)
         if batch is not None:
             # the fast path: the frame's entries are the chunk's, as they came
-            ids, data = batch
+            ids, data, crc = batch
+            if COMPACT is not None:
+                # (a view of the receive buffer, written to the log from there)
+                self.reader.lend()
             if not self.backend.exists(self.vhost, p.stream):
                 self._remoteWrite(p, ids, data, count)
                 return
-            confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count)
+            confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count, crc)
             self._confirm(pid, confirmed, d)
             return
         flat = []

@@ -9,9 +9,10 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
 - ``create(vhost, name, arguments)`` -> response code (wire.OK,
   STREAM_ALREADY_EXISTS, PRECONDITION_FAILED)
 - ``delete(vhost, name)`` -> response code
-- ``append(vhost, name, reference, ids, data, count)`` -> ``(confirmedIds,
-  d)``: ``count`` messages as a chunk holds them (``data``: size-prefixed
-  entries, otter_tx.stream.chunk) with their publishing ``ids``; with a
+- ``append(vhost, name, reference, ids, data, count, crc=None)`` ->
+  ``(confirmedIds, d)``: ``count`` messages as a chunk holds them (``data``:
+  size-prefixed entries, otter_tx.stream.chunk; ``crc``: their CRC-32 when
+  the door has it) with their publishing ``ids``; with a
   ``reference``, the ids not above the reference's sequence are confirmed
   without a write (de-duplication); ``d`` is None when all is safe now, else
   a Deferred firing when the written entries are durable
@@ -148,7 +149,7 @@ class MemoryStreams:
             cb()
         return wire.OK
 
-    def append(self, vhost, name, reference, ids, data, count):
+    def append(self, vhost, name, reference, ids, data, count, crc=None):
         s = self._get(vhost, name)
         if s is None:
             return [], None
@@ -177,7 +178,7 @@ class MemoryStreams:
 
     def _write(self, s, data, count):
         ts = int(self.clock.seconds() * 1000)
-        s.chunks.append(Chunk(s.next, ts, count, data))
+        s.chunks.append(Chunk(s.next, ts, count, bytes(data)))
         s.firsts.append(s.next)
         s.next += count
         for cb in list(s.listeners):
@@ -702,7 +703,7 @@ class BrokerStreams:
         self._dropReaders(vhost, name)
         return wire.OK
 
-    def append(self, vhost, name, reference, ids, data, count):
+    def append(self, vhost, name, reference, ids, data, count, crc=None):
         log = self._log(vhost, name)
         if log is None:
             return ids, None
@@ -712,8 +713,8 @@ class BrokerStreams:
             if min(ids) <= seq:
                 # de-duplication: keep the entries above the sequence
                 return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
-            return ids, self._append(log, vhost, name, reference, max(ids), data, count)
-        return ids, self._append(log, vhost, name, None, None, data, count)
+            return ids, self._append(log, vhost, name, reference, max(ids), data, count, crc)
+        return ids, self._append(log, vhost, name, None, None, data, count, crc)
 
     def publish(self, vhost, name, reference, entries):
         log = self._log(vhost, name)
@@ -737,9 +738,15 @@ class BrokerStreams:
         return ids, self._append(log, vhost, name, reference, last,
                                  _chunk.entries([bytes(m) for _, m in entries]), len(entries))
 
-    def _append(self, log, vhost, name, reference, last, data, count):
-        """The entries as one record of the log (kept as published); a Deferred firing once durable."""
-        d = log.appendEntries(bytes(data), count)
+    def _append(self, log, vhost, name, reference, last, data, count, crc=None):
+        """
+        The entries as one record of the log (kept as published); a Deferred
+        firing once durable.  ``crc``: their CRC-32 when known, else None.
+        """
+        if type(data) is not memoryview:
+            # (a memoryview is the door's receive buffer on PyPy, lent: kept as it is)
+            data = bytes(data)
+        d = log.appendEntries(data, count, crc=crc)
         if reference:
             def durable(_):
                 t = self.tracking.get(vhost, name)

@@ -3,10 +3,14 @@ Writing straight to a connection's socket, past Twisted's write buffer
 (which joins what a turn wrote into one string and sends it 128 KiB a
 reactor turn): the stream door's chunks (:func:`otter_tx.door.stream.writeDirect`)
 and a cluster link's replicated records (:func:`otter_tx.cluster.link.writeParts`)
-go out with one ``sendmsg`` (or ``writev``) of their parts.
+go out with one ``sendmsg`` (or ``writev``) of their parts.  And reading
+straight into a protocol's own buffer (:func:`readInto`: the stream door's
+publish frames), past Twisted's ``recv``, which makes a new string a read.
 """
 
-from twisted.internet import tcp
+from errno import EWOULDBLOCK
+
+from twisted.internet import main, tcp
 
 #: most buffers one direct write hands the kernel (IOV_MAX is 1024 on Linux)
 MAX_PARTS = 512
@@ -48,3 +52,31 @@ def sendRun(sock, parts, i, j, writev=None):
         sent -= len(parts[i])
         i += 1
     return i, sent
+
+
+def readInto(transport, space, filled):
+    """
+    Make ``transport`` (a plain TCP connection; False, nothing changed, for
+    any other) read with ``recv_into(space())`` and hand the count to
+    ``filled(n)`` instead of a new string to its protocol's ``dataReceived``;
+    the end of the connection and errors end it as Twisted's ``doRead`` does
+    (``CONNECTION_DONE``, ``CONNECTION_LOST``).  Pausing and resuming the
+    transport work as before (the reactor calls this ``doRead``).
+    """
+    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", False):
+        return False
+    sock = transport.socket
+
+    def doRead():
+        try:
+            n = sock.recv_into(space())
+        except OSError as se:
+            if se.args[0] == EWOULDBLOCK:
+                return None
+            return main.CONNECTION_LOST
+        if not n:
+            return main.CONNECTION_DONE
+        return filled(n)
+
+    transport.doRead = doRead
+    return True

@@ -180,6 +180,150 @@ class FrameReader:
         return len(self._buf)
 
 
+#: the least free space :meth:`ReceiveBuffer.space` offers a read
+MIN_READ = 4096
+#: reads of less than a sixteenth of a grown :class:`ReceiveBuffer` before it shrinks back
+SHRINK_AFTER = 16
+
+
+def _bytearrayView(n):
+    return memoryview(bytearray(n))
+
+
+class ReceiveBuffer:
+    """
+    The server's receive buffer: the socket reads into it (``recv_into``
+    :meth:`space`, then :meth:`filled`) and frames are split in place, so a
+    read makes no new object and a frame is not copied (a :class:`FrameReader`
+    makes a string a read, a joined string when a frame spans reads and a
+    slice a frame: on PyPy, whose garbage collector pays for every large
+    string, most of the stream publish path's time; docs/performance.md).
+    The frame bodies :meth:`filled` returns are memoryviews of the buffer,
+    valid until the next :meth:`space` or :meth:`feed`, unless :meth:`lend`
+    was called: then the bytes already split stay as they are for as long
+    as anything holds a view of them (the buffer is not rewound or compacted
+    again; more reads go after them, then into a new buffer).
+
+    The buffer starts at ``initial`` bytes, doubles (up to ``largest``) while
+    reads fill it and while a frame larger than it comes in (``frameMax``, 0
+    for no limit, bounds what it holds: the size is checked as soon as its 4
+    bytes are in), and is small again after :data:`SHRINK_AFTER` small reads
+    in a row that left it empty (an idle connection keeps ``initial`` bytes).
+    ``allocate(n)`` makes a buffer (a writable memoryview of ``n`` bytes; by
+    default a bytearray's).
+    """
+
+    def __init__(self, frameMax=INITIAL_FRAME_MAX, initial=8192, largest=1024 * 1024, allocate=None):
+        self.frameMax = frameMax
+        self.initial = initial
+        self.largest = largest
+        self._allocate = allocate or _bytearrayView
+        #: reads in a row that took less than a sixteenth of the buffer
+        self._small = 0
+        self._view = self._allocate(initial)
+        self._start = 0
+        self._fill = 0
+        #: bytes the buffer must hold from ``_start`` (the frame in progress), 0 when unknown
+        self._need = 0
+        self._grow = False
+        #: views of the bytes before ``_start`` may be held (lend)
+        self._lent = False
+
+    def lend(self):
+        """The frames :meth:`filled` returned last may be held past the next read (their bytes stay)."""
+        self._lent = True
+
+    def _renew(self, size):
+        """A new buffer of ``size`` bytes, what is held moved to its front (views of the old one stay valid)."""
+        start, fill = self._start, self._fill
+        view = self._allocate(size)
+        view[0:fill - start] = self._view[start:fill]
+        self._view = view
+        self._start, self._fill = 0, fill - start
+        self._lent = False
+
+    def space(self, least=MIN_READ):
+        """A writable memoryview of the buffer's free end (at least ``least`` bytes)."""
+        start, fill = self._start, self._fill
+        cap = len(self._view)
+        if start == fill and not self._lent:
+            start = fill = self._start = self._fill = 0
+            if self._small >= SHRINK_AFTER and cap > self.initial:
+                # a burst is over: back to the small buffer an idle connection keeps
+                self._view = self._allocate(self.initial)
+                cap = self.initial
+                self._small = 0
+        held = fill - start
+        want = held + least
+        if self._need:
+            # toward a frame larger than the buffer, doubling (bytes it announced are not held yet)
+            want = max(want, min(self._need, 2 * cap))
+        if self._grow and cap < self.largest:
+            want = max(want, min(cap * 2, self.largest))
+        self._grow = False
+        if want > cap:
+            self._renew(want)
+        elif cap - fill < want - held:
+            if self._lent:
+                # (lent bytes stay where they are)
+                self._renew(cap)
+            else:
+                # room enough once what is held moves to the front
+                moved = bytes(self._view[start:fill])
+                self._view[0:held] = moved
+                self._start, self._fill = 0, held
+        return self._view[self._fill:]
+
+    def filled(self, n):
+        """
+        ``n`` bytes were read into :meth:`space`: the frame bodies complete
+        now (memoryviews); raises FrameTooLarge.
+        """
+        view = self._view
+        cap = len(view)
+        if n >= cap - self._fill:
+            self._grow = True
+            self._small = 0
+        elif n < cap >> 4:
+            self._small += 1
+        else:
+            self._small = 0
+        self._fill += n
+        pos = self._start
+        fill = self._fill
+        frameMax = self.frameMax
+        unpack = _I.unpack_from
+        frames = []
+        self._need = 0
+        while fill - pos >= 4:
+            (size,) = unpack(view, pos)
+            if frameMax and size > frameMax:
+                self._start = self._fill = 0
+                self._lent = False
+                self._view = self._allocate(self.initial)
+                raise FrameTooLarge(size, frameMax)
+            end = pos + 4 + size
+            if end > fill:
+                self._need = 4 + size
+                break
+            frames.append(view[pos + 4:end])
+            pos = end
+        self._start = pos
+        return frames
+
+    def feed(self, data):
+        """:meth:`filled` after copying ``data`` (bytes-like) in."""
+        n = len(data)
+        if not n:
+            return []
+        self.space(n)[:n] = data
+        return self.filled(n)
+
+    def buffered(self):
+        """How many bytes of an incomplete frame are held."""
+        return self._fill - self._start
+
+
 # --- decoding primitives
 
 
@@ -469,14 +613,19 @@ def _fixedStructs(size, count):
     return st
 
 
-def publishBatch(body, pos, count, version):
+def publishBatch(body, pos, count, version, compact=None):
     """
     The fast form of :func:`publishedMessages` for a version 1 publish of
-    simple entries: ``(publishingIds, data)`` where ``data`` is the entries
-    as a chunk holds them (size-prefixed, the publishing ids taken out); None
-    when the frame has a sub-entry batch or is version 2 (use
-    publishedMessages). Frames whose messages all have the same size take two
-    struct calls whatever their count. Raises FrameError.
+    simple entries: ``(publishingIds, data, crc)`` where ``data`` is the
+    entries as a chunk holds them (size-prefixed, the publishing ids taken
+    out; bytes, never a view of ``body``, which may be a memoryview of a
+    :class:`ReceiveBuffer`) and ``crc`` their CRC-32 or None (not computed);
+    None when the frame has a sub-entry batch or is version 2 (use
+    publishedMessages).  Frames whose messages all have the same size take
+    two struct calls whatever their count (CPython).  ``compact``
+    (:data:`otter_tx.store.rawio.COMPACT` on PyPy) moves the entries together
+    in ``body`` (which it changes) and copies them out once, with their CRC.
+    Raises FrameError.
     """
     if version != 1 or count == 0:
         return None
@@ -491,10 +640,33 @@ def publishBatch(body, pos, count, version):
         vals = ids.unpack_from(body, pos)
         sizes = vals[1::2]
         if sizes.count(size) == count:
-            return list(vals[0::2]), b"".join(parts.unpack_from(body, pos))
+            return list(vals[0::2]), b"".join(parts.unpack_from(body, pos)), None
     out = []
-    parts = []
     unpack = _QI.unpack_from
+    if compact is not None:
+        # (PyPy: the entries moved together in place and copied out once, no string a message)
+        runs = []
+        total = 0
+        try:
+            for _ in range(count):
+                pubId, size = unpack(body, pos)
+                if size & 0x80000000:
+                    return None
+                end = pos + 12 + size
+                if end > n:
+                    raise FrameError("short publish")
+                out.append(pubId)
+                runs.append(pos + 8)
+                runs.append(end)
+                total += size + 4
+                pos = end
+        except struct.error:
+            raise FrameError("short publish") from None
+        if pos != n:
+            raise FrameError("trailing bytes in publish")
+        data, crc = compact(body, runs, total)
+        return out, data, crc
+    parts = []
     try:
         for _ in range(count):
             pubId, size = unpack(body, pos)
@@ -510,7 +682,7 @@ def publishBatch(body, pos, count, version):
         raise FrameError("short publish") from None
     if pos != n:
         raise FrameError("trailing bytes in publish")
-    return out, b"".join(parts)
+    return out, b"".join(parts), None
 
 
 class SubBatch:

@@ -67,23 +67,32 @@ import struct
 import zlib
 from array import array
 
+from otter_tx.store.rawio import PWRITEV, makeCrc32
+
 try:
     # ISA-L's crc32: the same CRC-32 as zlib's, about 9x its speed here (0.015 against 0.14 s a
     # GB); every chunk written, every stream chunk sent (docs/performance.md)
     from isal.isal_zlib import crc32
 except ImportError:
     try:
-        # PyPy, where isal does not build: zlib-ng's (through cpyext) for a bytearray or a
-        # memoryview (0.016 s a GB; PyPy's zlib.crc32 0.2-0.5), PyPy's own zlib for bytes (cpyext
-        # copies a young bytes object first: 0.5 s a GB against zlib's 0.2); docs/performance.md
-        from zlib_ng.zlib_ng import crc32 as _zngCrc32
+        # PyPy, where isal does not build: zlib-ng's (0.016 s a GB; PyPy's zlib.crc32 0.2-0.5) for
+        # a bytearray (through cpyext) and other buffers, memoryviews, mapped files (through cffi:
+        # cpyext keeps what a memoryview shows for good, otter_tx.store.rawio.makeCrc32); PyPy's
+        # own zlib for bytes (cpyext copies a young bytes object first: 0.5 s a GB against zlib's
+        # 0.2); docs/performance.md
+        from zlib_ng import zlib_ng as _zng
     except ImportError:  # neither installed
         crc32 = zlib.crc32
     else:
-        def crc32(data, value=0, _bytes=zlib.crc32, _buffer=_zngCrc32):
-            """``zlib.crc32(data, value)``, by the faster of two implementations for ``data``'s type."""
-            if type(data) is bytes:
+        _viewCrc32 = makeCrc32(_zng.__file__) or (lambda data, value=0: zlib.crc32(bytes(data), value))
+
+        def crc32(data, value=0, _bytes=zlib.crc32, _bytearray=_zng.crc32, _buffer=_viewCrc32):
+            """``zlib.crc32(data, value)``, by the fastest of three implementations for ``data``'s type."""
+            t = type(data)
+            if t is bytes:
                 return _bytes(data, value)
+            if t is bytearray:
+                return _bytearray(data, value)
             return _buffer(data, value)
 
 _ZEROS = bytes(64 * 1024)
@@ -1350,9 +1359,19 @@ def _crc(parts):
 
 
 def _pwritev(fd, parts, offset):
-    """Write ``parts`` at ``offset`` in one system call; returns the bytes written."""
-    if len(parts) > 1 and hasattr(os, "pwritev"):
-        return os.pwritev(fd, parts, offset)
+    """
+    Write ``parts`` at ``offset`` in one system call; returns the bytes
+    written.  PyPy has no ``os.pwritev``: parts that are all ``bytes`` are
+    joined (cffi would copy each), others (the stream door's entries, in
+    memory that does not move) go through libc's ``pwritev``
+    (:mod:`otter_tx.store.rawio`).
+    """
+    if len(parts) > 1:
+        pwritev = getattr(os, "pwritev", None)
+        if pwritev is not None:
+            return pwritev(fd, parts, offset)
+        if PWRITEV is not None and not all(type(p) is bytes for p in parts):
+            return PWRITEV(fd, parts, offset)
     return os.pwrite(fd, b"".join(parts), offset)
 
 
