@@ -565,7 +565,10 @@ class StreamLog:
                     _trim(log.segments[-1])
                 o = log.enqueueBatch(log._lastId + 1, now, rec[0], rec[1], count)
                 if shipped is not None:
-                    shipped.append((1, o, now, count, rec[1]))
+                    # (a memoryview is the stream door's receive buffer, lent until this commit's
+                    # Deferreds fire: a follower's link may hold what it ships longer, so a copy)
+                    data = rec[1]
+                    shipped.append((1, o, now, count, bytes(data) if type(data) is memoryview else data))
             if firstOffset is None:
                 firstOffset = o
             waiting.append((d, o))

@@ -207,7 +207,7 @@ class StreamServerProtocol(Protocol):
     """One stream-protocol connection."""
 
     def __init__(self):
-        self.reader = wire.ReceiveBuffer(wire.INITIAL_FRAME_MAX)
+        self.reader = wire.ReceiveBuffer(wire.INITIAL_FRAME_MAX, pool=wire.SHARED_POOL)
         self.state = "start"
         self.user = None
         self.vhost = None
@@ -690,13 +690,18 @@ class StreamServerProtocol(Protocol):
         if batch is not None:
             # the fast path: the frame's entries are the chunk's, as they came
             ids, data, crc = batch
-            if COMPACT is not None:
-                # (a view of the receive buffer, written to the log from there)
-                self.reader.lend()
             if not self.backend.exists(self.vhost, p.stream):
                 self._remoteWrite(p, ids, data, count)
                 return
+            # (PyPy: data is a view of the receive buffer, written to the log from there: its
+            # bytes stay until the write is durable, or failed)
+            token = self.reader.lend() if COMPACT is not None else None
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count, crc)
+            if token is not None:
+                if d is None:
+                    token.release()
+                else:
+                    d.addBoth(token.release)
             self._confirm(pid, confirmed, d)
             return
         flat = []

@@ -190,6 +190,58 @@ def _bytearrayView(n):
     return memoryview(bytearray(n))
 
 
+class _Block:
+    """One buffer of a :class:`ReceiveBuffer` and the frames lent from it."""
+
+    __slots__ = ("view", "lent", "retired", "pool")
+
+    def __init__(self, view, pool):
+        self.view = view
+        self.lent = 0
+        self.retired = False
+        self.pool = pool
+
+    def release(self, result=None):
+        """What was lent from it is no longer held (a Deferred callback: passes ``result`` on)."""
+        self.lent -= 1
+        if self.lent == 0 and self.retired:
+            self.pool.give(self)
+        return result
+
+
+class BlockPool:
+    """
+    Released receive buffers of one size (``size`` bytes), kept for use again
+    by any :class:`ReceiveBuffer` that uses the pool, at most ``limit`` bytes
+    of them (a publisher's buffers are lent until its commits end: as many
+    as the bytes it has in flight, tens of MB at full speed; the pool bounds
+    what stays after, whatever the number of connections).
+    """
+
+    #: tests: fill a released buffer with this byte before it is used again (a use after release shows)
+    poison = None
+
+    def __init__(self, size=1024 * 1024, limit=64 * 1024 * 1024):
+        self.size = size
+        self.limit = limit
+        self._free = []
+
+    def take(self):
+        """A released buffer (a :class:`_Block`), or None."""
+        return self._free.pop() if self._free else None
+
+    def give(self, block):
+        block.retired = False
+        if len(block.view) == self.size and (len(self._free) + 1) * self.size <= self.limit:
+            if self.poison is not None:
+                block.view[:] = self.poison * self.size
+            self._free.append(block)
+
+
+#: the pool of the stream door's connections (their buffers' ``largest``, 1 MiB)
+SHARED_POOL = BlockPool()
+
+
 class ReceiveBuffer:
     """
     The server's receive buffer: the socket reads into it (``recv_into``
@@ -200,9 +252,10 @@ class ReceiveBuffer:
     string, most of the stream publish path's time; docs/performance.md).
     The frame bodies :meth:`filled` returns are memoryviews of the buffer,
     valid until the next :meth:`space` or :meth:`feed`, unless :meth:`lend`
-    was called: then the bytes already split stay as they are for as long
-    as anything holds a view of them (the buffer is not rewound or compacted
-    again; more reads go after them, then into a new buffer).
+    was called: then the bytes already split stay as they are until the
+    token it returned is released (the buffer is not rewound or compacted;
+    more reads go after them, then into another buffer, and a released one
+    is used again).
 
     The buffer starts at ``initial`` bytes, doubles (up to ``largest``) while
     reads fill it and while a frame larger than it comes in (``frameMax``, 0
@@ -210,47 +263,63 @@ class ReceiveBuffer:
     bytes are in), and is small again after :data:`SHRINK_AFTER` small reads
     in a row that left it empty (an idle connection keeps ``initial`` bytes).
     ``allocate(n)`` makes a buffer (a writable memoryview of ``n`` bytes; by
-    default a bytearray's).
+    default a bytearray's); ``pool`` (a :class:`BlockPool` of ``largest``
+    bytes) keeps released ones for use again.
     """
 
-    def __init__(self, frameMax=INITIAL_FRAME_MAX, initial=8192, largest=1024 * 1024, allocate=None):
+    def __init__(self, frameMax=INITIAL_FRAME_MAX, initial=8192, largest=1024 * 1024, allocate=None, pool=None):
         self.frameMax = frameMax
         self.initial = initial
         self.largest = largest
         self._allocate = allocate or _bytearrayView
+        #: released buffers of ``largest`` bytes (their own pool unless given one of that size)
+        self._pool = pool if pool is not None and pool.size == largest else BlockPool(largest, 4 * largest)
         #: reads in a row that took less than a sixteenth of the buffer
         self._small = 0
-        self._view = self._allocate(initial)
+        self._block = _Block(self._allocate(initial), self._pool)
+        self._view = self._block.view
         self._start = 0
         self._fill = 0
         #: bytes the buffer must hold from ``_start`` (the frame in progress), 0 when unknown
         self._need = 0
         self._grow = False
-        #: views of the bytes before ``_start`` may be held (lend)
-        self._lent = False
 
     def lend(self):
-        """The frames :meth:`filled` returned last may be held past the next read (their bytes stay)."""
-        self._lent = True
+        """
+        The frames :meth:`filled` returned last are held past the next read:
+        their bytes stay until the token returned is released
+        (``token.release()``, also a Deferred callback).
+        """
+        b = self._block
+        b.lent += 1
+        return b
 
     def _renew(self, size):
-        """A new buffer of ``size`` bytes, what is held moved to its front (views of the old one stay valid)."""
+        """A buffer of ``size`` bytes (a released one when it can), what is held moved to its front."""
         start, fill = self._start, self._fill
-        view = self._allocate(size)
-        view[0:fill - start] = self._view[start:fill]
-        self._view = view
+        old = self._block
+        block = self._pool.take() if size <= self.largest else None
+        if block is None:
+            block = _Block(self._allocate(size), self._pool)
+        block.view[0:fill - start] = self._view[start:fill]
+        old.retired = True
+        if not old.lent:
+            self._pool.give(old)
+        self._block = block
+        self._view = block.view
         self._start, self._fill = 0, fill - start
-        self._lent = False
 
     def space(self, least=MIN_READ):
         """A writable memoryview of the buffer's free end (at least ``least`` bytes)."""
         start, fill = self._start, self._fill
         cap = len(self._view)
-        if start == fill and not self._lent:
+        lent = self._block.lent
+        if start == fill and not lent:
             start = fill = self._start = self._fill = 0
             if self._small >= SHRINK_AFTER and cap > self.initial:
                 # a burst is over: back to the small buffer an idle connection keeps
-                self._view = self._allocate(self.initial)
+                self._block = _Block(self._allocate(self.initial), self._pool)
+                self._view = self._block.view
                 cap = self.initial
                 self._small = 0
         held = fill - start
@@ -264,7 +333,7 @@ class ReceiveBuffer:
         if want > cap:
             self._renew(want)
         elif cap - fill < want - held:
-            if self._lent:
+            if lent:
                 # (lent bytes stay where they are)
                 self._renew(cap)
             else:
@@ -299,8 +368,8 @@ class ReceiveBuffer:
             (size,) = unpack(view, pos)
             if frameMax and size > frameMax:
                 self._start = self._fill = 0
-                self._lent = False
-                self._view = self._allocate(self.initial)
+                self._block = _Block(self._allocate(self.initial), self._pool)
+                self._view = self._block.view
                 raise FrameTooLarge(size, frameMax)
             end = pos + 4 + size
             if end > fill:

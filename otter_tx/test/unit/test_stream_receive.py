@@ -115,7 +115,11 @@ class ReceiveBufferTests(SynchronousTestCase):
         self.assertEqual(r.buffered(), 0)
 
     def test_lentBytesStay(self):
-        """After lend, the frames split stay as they are while reads go on (into a new buffer when full)."""
+        """
+        After lend, the frames split stay as they are until released, while
+        reads go on (into another buffer when full); released buffers are used
+        again (poisoned first here: a frame read after its release would show it).
+        """
         seed = random.randrange(1 << 30)
         print("test_lentBytesStay seed", seed)
         rnd = random.Random(seed)
@@ -125,10 +129,14 @@ class ReceiveBufferTests(SynchronousTestCase):
             allocated.append(n)
             return memoryview(bytearray(n))
 
-        r = wire.ReceiveBuffer(0, initial=8192, largest=65536, allocate=allocate)
-        frames = _frames([rnd.choice((0, 10, 1000, 5000, 20000)) for _ in range(300)])
+        pool = wire.BlockPool(65536, 8 * 65536)
+        pool.poison = b"\xee"
+        r = wire.ReceiveBuffer(0, initial=8192, largest=65536, allocate=allocate, pool=pool)
+        frames = _frames([rnd.choice((0, 10, 1000, 5000, 20000)) for _ in range(2000)])
         data = b"".join(frames)
+        want = iter([f[4:] for f in frames])
         held = []
+        got = 0
         pos = 0
         while pos < len(data):
             space = r.space()
@@ -137,10 +145,29 @@ class ReceiveBufferTests(SynchronousTestCase):
             pos += k
             views = r.filled(k)
             if views:
-                r.lend()
-            held.extend(views)
-        self.assertEqual([bytes(v) for v in held], [f[4:] for f in frames], "seed %d" % seed)
-        self.assertGreater(len(allocated), 5)
+                held.append((r.lend(), views))
+            # release some (oldest first, as commits end), checking what they held first
+            while held and (len(held) > 8 or rnd.random() < 0.3):
+                token, views = held.pop(0)
+                for v in views:
+                    self.assertEqual(bytes(v), next(want), "seed %d" % seed)
+                    got += 1
+                token.release()
+        for token, views in held:
+            for v in views:
+                self.assertEqual(bytes(v), next(want), "seed %d" % seed)
+                got += 1
+        self.assertEqual(got, len(frames))
+        # (4.3 MB read through 64 KiB buffers: most of them used again)
+        self.assertLess(sum(allocated), len(data) // 4, "seed %d" % seed)
+
+    def test_releasedAsACallback(self):
+        """A token's release passes a Deferred's result on."""
+        r = wire.ReceiveBuffer(0)
+        r.feed(wire.heartbeat())
+        token = r.lend()
+        self.assertEqual(token.release("result"), "result")
+        self.assertEqual(token.lent, 0)
 
     def test_notLentRewinds(self):
         """Without lend, an emptied buffer is used again from its start (no new buffer)."""
@@ -155,11 +182,10 @@ class ReceiveBufferTests(SynchronousTestCase):
         for _ in range(10000):
             self.assertEqual(len(r.feed(hb)), 1)
         self.assertEqual(allocated, [8192])
-        r.lend()
+        # lent and never released: a new buffer each time one is full
         for _ in range(10000):
             self.assertEqual(len(r.feed(hb)), 1)
             r.lend()
-        self.assertEqual(allocated, [8192] + [8192] * (len(allocated) - 1))
         # (80,000 bytes lent: about one new 8 KiB buffer each 1,024 heartbeats)
         self.assertGreaterEqual(len(allocated), 9)
 
@@ -284,18 +310,37 @@ class DoorReadsIntoItsBufferTests(SynchronousTestCase):
         conn, other, reactor = socketTransport(self, proto)
         proto.transport = conn
         conn.registerProducer(proto, True)
+        # small buffers, counted: frames span them and released ones are used again
+        self.allocated = []
+        self.received = b""
+
+        def allocate(n):
+            self.allocated.append(n)
+            return memoryview(bytearray(n))
+
+        self.pool = wire.BlockPool(32768, 32 * 32768)
+        proto.reader = wire.ReceiveBuffer(wire.DEFAULT_FRAME_MAX, initial=4096, largest=32768, allocate=allocate,
+                                          pool=self.pool)
         self.assertTrue(readInto(conn, proto.reader.space, proto.bytesReceived))
         rnd = random.Random(7)
-        msgs = [(i + 1, bytes([i % 251]) * rnd.choice((1, 50, 1024, 5000))) for i in range(600)]
-        data = b"".join(wire.publishFrame(1, msgs[k:k + 100]) for k in range(0, len(msgs), 100))
+        msgs = [(i + 1, bytes([i % 251]) * rnd.choice((1, 50, 1024, 3000))) for i in range(3000)]
+        data = b"".join(wire.publishFrame(1, msgs[k:k + 5]) for k in range(0, len(msgs), 5))
         other.setblocking(True)
         sent = 0
         while sent < len(data):
-            # odd pieces: frames span reads
+            # odd pieces: frames span reads; commits end (and lent buffers are released) meanwhile
             k = rnd.choice((1, 999, 4096, 70000))
             other.sendall(data[sent:sent + k])
             sent += k
-            self.assertIsNone(conn.doRead())
+            while True:
+                before = proto.recvOct
+                self.assertIsNone(conn.doRead())
+                if proto.recvOct == before:
+                    break
+            self.clock.advance(0)
+            other.setblocking(False)
+            self.received += drain(conn, other, reactor)
+            other.setblocking(True)
         for _ in range(100):
             before = proto.recvOct
             conn.doRead()
@@ -316,7 +361,7 @@ class DoorReadsIntoItsBufferTests(SynchronousTestCase):
         self.clock.advance(0)
         ids = []
         got = []
-        for body in wire.FrameReader(0).feed(drain(conn, other, reactor, self.clock)):
+        for body in wire.FrameReader(0).feed(self.received + drain(conn, other, reactor, self.clock)):
             k, _ = struct.unpack_from(">HH", body)
             if k == wire.PUBLISH_CONFIRM:
                 (n,) = struct.unpack_from(">I", body, 5)
@@ -334,7 +379,11 @@ class DoorReadsIntoItsBufferTests(SynchronousTestCase):
         if compact is None:
             raise SkipTest("no cffi")
         self.patch(door, "COMPACT", compact)
+        # a buffer released too early would show: it is poisoned before it is used again
+        self.patch(wire.BlockPool, "poison", b"\xee")
         self.test_publishedWhole()
+        # (about 3.3 MB through 32 KiB buffers: released ones were used again)
+        self.assertLess(sum(self.allocated), 1024 * 1024)
 
 
 class Crc32Tests(SynchronousTestCase):
