@@ -695,7 +695,7 @@ class StreamServerProtocol(Protocol):
                 return
             # (PyPy: data is a view of the receive buffer, written to the log from there: its
             # bytes stay until the write is durable, or failed)
-            token = self.reader.lend() if COMPACT is not None else None
+            token = self.reader.lend() if type(data) is memoryview else None
             confirmed, d = self.backend.append(self.vhost, p.stream, p.reference, ids, data, count, crc)
             if token is not None:
                 if d is None:

@@ -11,6 +11,8 @@ Pure: no Twisted, no broker imports. Decoded requests are small tuples
 
 import platform
 import struct
+import sys
+from array import array
 
 # command keys (rabbit_stream.hrl)
 DECLARE_PUBLISHER = 1
@@ -180,10 +182,14 @@ class FrameReader:
         return len(self._buf)
 
 
+#: the least bytes a frame has to come out of a :class:`ReceiveBuffer` as a view, and a publish
+#: frame's messages for ``compact`` (below, slices and a join cost less than a memmove call a
+#: message: 12 B messages, docs/performance.md)
+COMPACT_MIN = 16384
 #: the least free space :meth:`ReceiveBuffer.space` offers a read
 MIN_READ = 4096
-#: reads of less than a sixteenth of a grown :class:`ReceiveBuffer` before it shrinks back
-SHRINK_AFTER = 16
+#: reads in a row of less than a sixteenth of a grown :class:`ReceiveBuffer` before it shrinks back
+SHRINK_AFTER = 64
 
 
 def _bytearrayView(n):
@@ -250,7 +256,9 @@ class ReceiveBuffer:
     makes a string a read, a joined string when a frame spans reads and a
     slice a frame: on PyPy, whose garbage collector pays for every large
     string, most of the stream publish path's time; docs/performance.md).
-    The frame bodies :meth:`filled` returns are memoryviews of the buffer,
+    The frame bodies :meth:`filled` returns are memoryviews of the buffer
+    (bytes below :data:`COMPACT_MIN` bytes: copying them costs less than
+    decoding a view),
     valid until the next :meth:`space` or :meth:`feed`, unless :meth:`lend`
     was called: then the bytes already split stay as they are until the
     token it returned is released (the buffer is not rewound or compacted;
@@ -317,7 +325,10 @@ class ReceiveBuffer:
         if start == fill and not lent:
             start = fill = self._start = self._fill = 0
             if self._small >= SHRINK_AFTER and cap > self.initial:
-                # a burst is over: back to the small buffer an idle connection keeps
+                # a burst is over: back to the small buffer an idle connection keeps (the large
+                # one to the pool, for the next burst)
+                self._block.retired = True
+                self._pool.give(self._block)
                 self._block = _Block(self._allocate(self.initial), self._pool)
                 self._view = self._block.view
                 cap = self.initial
@@ -375,7 +386,8 @@ class ReceiveBuffer:
             if end > fill:
                 self._need = 4 + size
                 break
-            frames.append(view[pos + 4:end])
+            # (a small frame as bytes: cheaper to decode, on PyPy above all, and held by nobody)
+            frames.append(view[pos + 4:end] if size >= COMPACT_MIN else bytes(view[pos + 4:end]))
             pos = end
         self._start = pos
         return frames
@@ -669,6 +681,7 @@ def publishedMessages(body, pos, count, version):
 _FIXED_CACHE = {}
 #: PyPy's struct is slow with formats of hundreds of fields (its JIT compiles the loop instead)
 _PYPY = platform.python_implementation() == "PyPy"
+_LITTLE = sys.byteorder == "little"
 
 
 def _fixedStructs(size, count):
@@ -687,14 +700,14 @@ def publishBatch(body, pos, count, version, compact=None):
     The fast form of :func:`publishedMessages` for a version 1 publish of
     simple entries: ``(publishingIds, data, crc)`` where ``data`` is the
     entries as a chunk holds them (size-prefixed, the publishing ids taken
-    out; bytes, never a view of ``body``, which may be a memoryview of a
-    :class:`ReceiveBuffer`) and ``crc`` their CRC-32 or None (not computed);
-    None when the frame has a sub-entry batch or is version 2 (use
-    publishedMessages).  Frames whose messages all have the same size take
-    two struct calls whatever their count (CPython).  ``compact``
-    (:data:`otter_tx.store.rawio.COMPACT` on PyPy) moves the entries together
-    in ``body`` (which it changes) and copies them out once, with their CRC.
-    Raises FrameError.
+    out; bytes, or what ``compact`` gave) and ``crc`` their CRC-32 or None
+    (not computed); None when the frame has a sub-entry batch or is version
+    2 (use publishedMessages).  Frames whose messages all have the same size
+    take two struct calls whatever their count (CPython).  ``compact``
+    (:data:`otter_tx.door.stream.COMPACT` on PyPy) moves the entries of a
+    frame of at least :data:`COMPACT_MIN` bytes together in ``body`` (which
+    it changes; a :class:`ReceiveBuffer`'s memoryview) and gives a view of
+    them, with their CRC.  Raises FrameError.
     """
     if version != 1 or count == 0:
         return None
@@ -712,8 +725,11 @@ def publishBatch(body, pos, count, version, compact=None):
             return list(vals[0::2]), b"".join(parts.unpack_from(body, pos)), None
     out = []
     unpack = _QI.unpack_from
-    if compact is not None:
-        # (PyPy: the entries moved together in place and copied out once, no string a message)
+    if _PYPY and type(body) is memoryview and (compact is None or n - pos < COMPACT_MIN):
+        # (PyPy's struct and slices are slower on a memoryview than on bytes: a small frame is copied)
+        body = bytes(body)
+    elif compact is not None and n - pos >= COMPACT_MIN:
+        # (PyPy: the entries moved together in place, no string a message)
         runs = []
         total = 0
         try:
@@ -911,10 +927,29 @@ def streamStatsResponse(corr, code, stats):
     return response(STREAM_STATS, corr, code, b"".join(parts))
 
 
+_CONFIRM_HEAD = struct.Struct(">IHHBI")
+
+
 def publishConfirm(publisherId, ids):
+    """
+    The publish_confirm frame of ``ids`` (ints): the ids packed one by one
+    into a bytearray on PyPy (a format string made a call is slow there),
+    as a byte-swapped ``array`` elsewhere.
+    """
     n = len(ids)
-    return (_I.pack(9 + 8 * n) + _HH.pack(PUBLISH_CONFIRM, 1) + bytes((publisherId,))
-            + _I.pack(n) + struct.pack(">%dQ" % n, *ids))
+    if _PYPY:
+        out = bytearray(13 + 8 * n)
+        _CONFIRM_HEAD.pack_into(out, 0, 9 + 8 * n, PUBLISH_CONFIRM, 1, publisherId, n)
+        pack = _Q.pack_into
+        o = 13
+        for i in ids:
+            pack(out, o, i)
+            o += 8
+        return bytes(out)
+    a = array("Q", ids)
+    if _LITTLE:
+        a.byteswap()
+    return _CONFIRM_HEAD.pack(9 + 8 * n, PUBLISH_CONFIRM, 1, publisherId, n) + a.tobytes()
 
 
 def publishError(publisherId, errors):
