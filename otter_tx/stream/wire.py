@@ -723,35 +723,15 @@ def publishBatch(body, pos, count, version, compact=None):
         sizes = vals[1::2]
         if sizes.count(size) == count:
             return list(vals[0::2]), b"".join(parts.unpack_from(body, pos)), None
-    out = []
-    unpack = _QI.unpack_from
-    if _PYPY and type(body) is memoryview and (compact is None or n - pos < COMPACT_MIN):
+    if compact is not None and n - pos < COMPACT_MIN:
+        compact = None
+    if _PYPY and compact is None and type(body) is memoryview:
         # (PyPy's struct and slices are slower on a memoryview than on bytes: a small frame is copied)
         body = bytes(body)
-    elif compact is not None and n - pos >= COMPACT_MIN:
-        # (PyPy: the entries moved together in place, no string a message)
-        runs = []
-        total = 0
-        try:
-            for _ in range(count):
-                pubId, size = unpack(body, pos)
-                if size & 0x80000000:
-                    return None
-                end = pos + 12 + size
-                if end > n:
-                    raise FrameError("short publish")
-                out.append(pubId)
-                runs.append(pos + 8)
-                runs.append(end)
-                total += size + 4
-                pos = end
-        except struct.error:
-            raise FrameError("short publish") from None
-        if pos != n:
-            raise FrameError("trailing bytes in publish")
-        data, crc = compact(body, runs, total)
-        return out, data, crc
-    parts = []
+    out = []
+    runs = []
+    total = 0
+    unpack = _QI.unpack_from
     try:
         for _ in range(count):
             pubId, size = unpack(body, pos)
@@ -761,13 +741,19 @@ def publishBatch(body, pos, count, version, compact=None):
             if end > n:
                 raise FrameError("short publish")
             out.append(pubId)
-            parts.append(body[pos + 8:end])
+            runs.append(pos + 8)
+            runs.append(end)
+            total += size + 4
             pos = end
     except struct.error:
         raise FrameError("short publish") from None
     if pos != n:
         raise FrameError("trailing bytes in publish")
-    return out, b"".join(parts), None
+    if compact is not None:
+        # (PyPy: the entries moved together in place, no string a message)
+        data, crc = compact(body, runs, total)
+        return out, data, crc
+    return out, b"".join([body[runs[i]:runs[i + 1]] for i in range(0, len(runs), 2)]), None
 
 
 class SubBatch:

@@ -11,18 +11,15 @@ import struct
 import zlib
 
 from twisted.internet import main
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from otter_tx.broker.broker import Broker
 from otter_tx.door import stream as door
-from otter_tx.door.streambackend import BrokerStreams
 from otter_tx.resources.sockets import readInto
 from otter_tx.store import rawio
 from otter_tx.stream import chunk, wire
 from otter_tx.test.unit.test_stream_direct import drain, socketTransport
-from otter_tx.test.unit.test_stream_door import Client
+from otter_tx.test.unit.test_stream_door import Client, OnBrokerStreams
 
 
 def _frames(sizes):
@@ -304,15 +301,8 @@ class CompactTests(SynchronousTestCase):
         self.assertRaises(wire.FrameError, wire.publishBatch, body[:-1], pos, count, version, self.compact)
 
 
-class DoorReadsIntoItsBufferTests(SynchronousTestCase):
+class DoorReadsIntoItsBufferTests(OnBrokerStreams, SynchronousTestCase):
     """The door on a real socket reads publish frames into its buffer; the broker's stream gets them whole."""
-
-    def setUp(self):
-        self.clock = Clock()
-        self.broker = Broker(self.clock, memoryHighWatermark=None)
-        self.backend = BrokerStreams(self.broker, self.clock)
-        self.factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0)
-        self.addCleanup(self.broker.streams.close)
 
     def _publishOverSocket(self):
         c = Client(self.factory, self.clock)
