@@ -305,6 +305,13 @@ class Tracking:
     kept in memory and, with a ``directory``, written to one small JSON file
     per stream a moment after they change (``delay`` seconds, float;
     RabbitMQ keeps them in the stream's own log; the core does not, yet).
+
+    A stream's ``sequences`` move as publishes are appended (the next frames
+    are de-duplicated against them at once); the file holds only the durable
+    ones (``durable``, :meth:`durableSequence`), written in the reactor turn
+    that confirms them, before the confirms reach the socket: after a crash
+    a publisher that sends its last confirmed publishes again is
+    de-duplicated, and one that sends its unconfirmed ones again is not.
     """
 
     def __init__(self, clock, directory=None, delay=0.2):
@@ -314,6 +321,8 @@ class Tracking:
         self.data = {}
         self._dirty = set()
         self._call = None
+        #: the pending write is in this turn (callLater(0)), not ``delay`` seconds away
+        self._soon = False
 
     def _path(self, vhost, name):
         import hashlib
@@ -336,17 +345,41 @@ class Tracking:
             self.data[key] = t
         return t
 
-    def changed(self, vhost, name):
+    def changed(self, vhost, name, soon=False):
+        """
+        What ``vhost``/``name`` holds changed: written ``delay`` seconds from
+        now, or with ``soon`` before this reactor turn's writes reach their
+        sockets (a ``callLater(0)``: the reactor runs it before it polls).
+        """
         if self.directory is None:
             return
         self._dirty.add((vhost, name))
-        if self._call is None:
+        if soon and not self._soon:
+            if self._call is not None and self._call.active():
+                self._call.cancel()
+            self._call = self.clock.callLater(0, self.flush)
+            self._soon = True
+        elif self._call is None:
             self._call = self.clock.callLater(self.delay, self.flush)
+
+    def durableSequence(self, vhost, name, reference, sequence):
+        """
+        The publishes of ``reference`` up to ``sequence`` (int) are durable:
+        the file takes it, written before their confirms go out.
+        """
+        t = self.get(vhost, name)
+        durable = t.setdefault("durable", {})
+        if sequence > durable.get(reference, 0):
+            durable[reference] = sequence
+        if sequence > t["sequences"].get(reference, 0):
+            t["sequences"][reference] = sequence
+        self.changed(vhost, name, soon=True)
 
     def flush(self):
         import json
         import os
         self._call = None
+        self._soon = False
         os.makedirs(self.directory, exist_ok=True)
         for vhost, name in self._dirty:
             t = self.data.get((vhost, name))
@@ -357,9 +390,12 @@ class Tracking:
                 except OSError:
                     pass
                 continue
+            # the durable sequences of the publishers seen here, the others as shipped by a leader
+            sequences = dict(t["sequences"])
+            sequences.update(t.get("durable", {}))
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
-                json.dump(dict(t, vhost=vhost, stream=name), f)
+                json.dump({"sequences": sequences, "offsets": t["offsets"], "vhost": vhost, "stream": name}, f)
             os.replace(tmp, path)
         self._dirty.clear()
 
@@ -370,6 +406,7 @@ class Tracking:
         if self._dirty:
             self.flush()
         self._call = None
+        self._soon = False
 
     def forget(self, vhost, name):
         self.data.pop((vhost, name), None)
@@ -521,10 +558,14 @@ class BrokerStreams:
     def trackingChanged(self, vhost, name, change):
         """What a stream's leader shipped of its tracking (``{"sequences": {...}, "offsets": {...}}``)."""
         t = self.tracking.get(vhost, name)
+        durable = t.get("durable", {})
         for kind in ("sequences", "offsets"):
             for ref, value in (change.get(kind) or {}).items():
                 if kind == "offsets" or value > t[kind].get(ref, 0):
                     t[kind][ref] = value
+                if kind == "sequences" and ref in durable and value > durable[ref]:
+                    # (this node led the stream before: what its new leader holds counts now)
+                    durable[ref] = value
         self.tracking.changed(vhost, name)
 
     def _shipTracking(self, log, change):
@@ -748,11 +789,11 @@ class BrokerStreams:
             data = bytes(data)
         d = log.appendEntries(data, count, crc=crc)
         if reference:
-            def durable(_):
-                t = self.tracking.get(vhost, name)
-                if last > t["sequences"].get(reference, 0):
-                    t["sequences"][reference] = last
-                self.tracking.changed(vhost, name)
+            def durable(result):
+                # (written before the confirm that follows reaches the socket: a crash after it
+                # keeps the sequence, and the publisher's resent publishes are de-duplicated)
+                self.tracking.durableSequence(vhost, name, reference, last)
+                return result
 
             d.addCallback(durable)
             # to a cluster's followers at once, with where the record ends: a follower takes the

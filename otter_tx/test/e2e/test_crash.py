@@ -44,7 +44,8 @@ class _BrokerProcess(protocol.ProcessProtocol):
         self.ended.callback(reason.value)
 
 
-def _startBroker(dataDir):
+def _startBroker(dataDir, stream="none"):
+    """``twistd -n ottermq`` on ``dataDir`` (``stream``: its ``--stream`` endpoint)."""
     proc = _BrokerProcess()
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -55,7 +56,7 @@ def _startBroker(dataDir):
         [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
          "--nodaemon", "--pidfile=", "ottermq",
          "--amqp", "tcp:0:interface=127.0.0.1", "--management", "tcp:0:interface=127.0.0.1",
-         "--prometheus", "none", "--stream", "none",
+         "--prometheus", "none", "--stream", stream,
          "--data-dir", dataDir],
         env=env,
         path=root,
