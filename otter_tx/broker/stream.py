@@ -360,6 +360,16 @@ class StreamRegistry:
             self._temp = None
 
 
+#: PyPy: most records of at least _LARGE_ENTRIES bytes (a publish frame of 100 messages of 1 KiB is
+#: 100 KiB) one commit of a stream writes (two parts each: otter_tx.store.log.segments,
+#: _Parts.pieces, joins a commit of more than 512 into one string: three publishers at full speed
+#: made a major collection a commit, 2.4 us of broker CPU a message against 1.3 with this).  None
+#: on CPython, where that join is a cheap copy and more commits cost more (1.0 against 2.2 us with
+#: three publishers): docs/performance.md
+COMMIT_LARGE_RECORDS = 240 if sys.implementation.name == "pypy" else None
+_LARGE_ENTRIES = 4096
+
+
 class StreamLog:
     """
     One stream: a :class:`~otter_tx.store.log.segments.QueueLog` whose
@@ -547,6 +557,16 @@ class StreamLog:
         if self._writing or not self._incoming or self.deleted:
             return
         incoming, self._incoming = self._incoming, []
+        cap = COMMIT_LARGE_RECORDS
+        if cap is not None and len(incoming) > cap:
+            large = 0
+            for i, (rec, _, _, count) in enumerate(incoming):
+                if count is not None and len(rec[1]) >= _LARGE_ENTRIES:
+                    large += 1
+                    if large > cap:
+                        # the rest in the next commit, as soon as this one is written
+                        incoming, self._incoming = incoming[:i], incoming[i:]
+                        break
         log = self.log
         nseg = len(log.segments)
         firstOffset = None

@@ -319,6 +319,47 @@ class BatchRecordTests(SynchronousTestCase):
         self.enq(log, 2, advance=False)
         self.batch(log, 64)
 
+    def test_manyLargeRecordsSplitIntoCommits(self):
+        """
+        More large records than a commit writes as they are (COMMIT_LARGE_RECORDS,
+        two parts each) go in two commits, none joined into one string; all
+        are read back and every append fires.
+        """
+        from otter_tx.broker import stream as streamModule
+        from otter_tx.store.log import segments
+
+        self.patch(streamModule, "COMMIT_LARGE_RECORDS", 5)
+        log = self.open(segmentBytes=64 << 20)
+        written = []
+        real = segments._pwritev
+
+        def recording(fd, parts, offset):
+            written.append(len(parts))
+            return real(fd, parts, offset)
+
+        self.patch(segments, "_pwritev", recording)
+        joined = []
+        realPieces = segments._Parts.pieces
+
+        def pieces(parts):
+            before = len(parts.parts)
+            out = realPieces(parts)
+            if len(out) < before:
+                joined.append(before)
+            return out
+
+        self.patch(segments._Parts, "pieces", pieces)
+        fired = []
+        for _ in range(12):
+            self.batch(log, 10, size=500, advance=False).addCallback(fired.append)
+        for _ in range(5):
+            self.clock.advance(0)
+        # 12 records of 5,000 bytes: three commits of 5, 5 and 2, each a header and two parts a record
+        self.assertEqual(written, [11, 11, 5])
+        self.assertEqual(joined, [])
+        self.assertEqual(fired, [i * 10 for i in range(12)])
+        self.checkReads(log, [0, 55, 119])
+
     def checkReads(self, log, starts):
         n = len(self.expected)
         for start in starts:
