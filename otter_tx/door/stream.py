@@ -25,9 +25,9 @@ from zope.interface import implementer
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.broker.stream import FileRange
 from otter_tx.door.writev import WRITEV
+from otter_tx.resources.sockets import MAX_PARTS, directSocket, readInto, sendRun
 from otter_tx.store.log.segments import crc32
 from otter_tx.store.rawio import makeCompact
-from otter_tx.resources.sockets import MAX_PARTS, directSocket, readInto, sendRun
 from otter_tx.stream import chunk as _chunk
 from otter_tx.stream import wire
 

@@ -24,6 +24,7 @@ cffi is not built in (CPython, whose ``sendmsg`` and ``os.pwritev`` do not
 copy).
 """
 
+import functools
 import os
 import sys
 
@@ -31,10 +32,13 @@ _CDEF = """
 struct iovec { void *iov_base; size_t iov_len; };
 ssize_t writev(int fd, const struct iovec *iov, int iovcnt);
 ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, long offset);
+unsigned long zng_crc32_z(unsigned long crc, const unsigned char *buf, size_t len);
 """
 
 
+@functools.lru_cache(maxsize=None)
 def _ffi():
+    """``(ffi, libc)``: one FFI for every function here (its declarations parsed once), or (None, None)."""
     try:
         import cffi
 
@@ -155,11 +159,10 @@ def makeCrc32(library):
     good (a 1 MiB bytearray's each call, in a loop here: the broker's memory
     grew by every byte published).
     """
+    ffi, lib = _ffi()
+    if ffi is None:
+        return None
     try:
-        import cffi
-
-        ffi = cffi.FFI()
-        ffi.cdef("unsigned long zng_crc32_z(unsigned long crc, const unsigned char *buf, size_t len);")
         call = ffi.dlopen(library).zng_crc32_z
     except Exception:
         return None

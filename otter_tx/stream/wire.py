@@ -327,7 +327,6 @@ class ReceiveBuffer:
             if self._small >= SHRINK_AFTER and cap > self.initial:
                 # a burst is over: back to the small buffer an idle connection keeps (the large
                 # one to the pool, for the next burst)
-                self._block.retired = True
                 self._pool.give(self._block)
                 self._block = _Block(self._allocate(self.initial), self._pool)
                 self._view = self._block.view
@@ -723,7 +722,8 @@ def publishBatch(body, pos, count, version, compact=None):
         sizes = vals[1::2]
         if sizes.count(size) == count:
             return list(vals[0::2]), b"".join(parts.unpack_from(body, pos)), None
-    if compact is not None and n - pos < COMPACT_MIN:
+    if compact is not None and (n - pos < COMPACT_MIN or type(body) is not memoryview or body.readonly):
+        # (compact moves bytes inside body: a writable view, a ReceiveBuffer's, from COMPACT_MIN bytes)
         compact = None
     if _PYPY and compact is None and type(body) is memoryview:
         # (PyPy's struct and slices are slower on a memoryview than on bytes: a small frame is copied)
