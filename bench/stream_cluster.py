@@ -68,21 +68,9 @@ def portOpen(port):
         return False
 
 
-def callBody(c, key, payload=b""):
-    """A request on ``c`` (a stream_protocol.Conn); the response's whole body."""
-    c.corr += 1
-    c.sock.sendall(wire.request(key, c.corr, payload))
-    while True:
-        frames = c.frames()
-        for i, body in enumerate(frames):
-            if struct.unpack_from(">H", body)[0] == key | wire.RESPONSE_FLAG:
-                c.pending = frames[i + 1:]
-                return body
-
-
 def metadata(c, stream):
     """(leader port, [replica ports]) of ``stream`` from the metadata command, or None."""
-    body = callBody(c, wire.METADATA, struct.pack(">I", 1) + wire.encodeString(stream))
+    body = c.callBody(wire.METADATA, struct.pack(">I", 1) + wire.encodeString(stream))
     pos = 8
     (nb,) = struct.unpack_from(">I", body, pos)
     pos += 4

@@ -17,13 +17,11 @@ medians of the other rounds, rates and microseconds of broker CPU a message.
 
 import argparse
 import os
-import socket
+import shutil
 import statistics
 import struct
 import subprocess
 import sys
-import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -48,24 +46,6 @@ def peerPid():
     if not out:
         raise SystemExit("no beam.smp: start the peer (/work/shared/tools/rabbitmq-peer.sh start)")
     return int(out[0])
-
-
-def startOtter(python, code, port):
-    data = tempfile.mkdtemp(prefix="otter-stream-cpu-")
-    log = open(os.path.join(data, "broker.log"), "w")
-    proc = subprocess.Popen([python, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
-                             "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none",
-                             "--stream", "tcp:%d:interface=127.0.0.1" % port, "--data-dir", os.path.join(data, "d")],
-                            cwd=code, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("otter_tx did not start; see %s" % log.name)
 
 
 def measure(port, pid, args):
@@ -109,12 +89,13 @@ def main():
         print("%s:" % target, flush=True)
         if target == "otter":
             port = 15600 + os.getpid() % 300
-            proc = startOtter(args.otter_python, args.otter_code, port)
+            proc, data = sp.startOtter(port, python=args.otter_python, cwd=args.otter_code)
             try:
                 results[target] = measure(port, proc.pid, args)
             finally:
                 proc.terminate()
                 proc.wait(30)
+                shutil.rmtree(data, ignore_errors=True)
         else:
             results[target] = measure(args.peer_port, peerPid(), args)
     print("\nmedians, %d B, %d publisher(s): rates a second, broker CPU a message in us (user + system)"

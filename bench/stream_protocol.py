@@ -80,6 +80,11 @@ class Conn:
                 return out
 
     def call(self, key, payload=b""):
+        """A request; its response's code."""
+        return struct.unpack_from(">H", self.callBody(key, payload), 8)[0]
+
+    def callBody(self, key, payload=b""):
+        """A request; its response's whole body (answering a server's tune meanwhile)."""
         self.corr += 1
         self.sock.sendall(wire.request(key, self.corr, payload))
         while True:
@@ -88,7 +93,7 @@ class Conn:
                 k, = struct.unpack_from(">H", body)
                 if k == key | wire.RESPONSE_FLAG:
                     self.pending = frames[i + 1:]
-                    return struct.unpack_from(">H", body, 8)[0]
+                    return body
                 if k == wire.TUNE:
                     self.sock.sendall(struct.pack(">I", len(body)) + struct.pack(">H", wire.TUNE | 0x8000)
                                       + body[2:])
@@ -260,7 +265,8 @@ reactor.run()
 """
 
 
-def startOtter(port, backend="broker", python=None):
+def startOtter(port, backend="broker", python=None, cwd=ROOT):
+    """otter_tx (``python``, from the checkout ``cwd``) with its stream port on ``port``: (process, data dir)."""
     data = tempfile.mkdtemp(prefix="otter-stream-bench-")
     log = open(os.path.join(data, "broker.log"), "w")
     python = python or sys.executable
@@ -270,7 +276,7 @@ def startOtter(port, backend="broker", python=None):
         args = [python, "-m", "twisted", "ottermq", "--amqp", "tcp:0:interface=127.0.0.1",
                 "--management", "tcp:0:interface=127.0.0.1", "--prometheus", "none",
                 "--stream", "tcp:%d:interface=127.0.0.1" % port, "--data-dir", os.path.join(data, "d")]
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
