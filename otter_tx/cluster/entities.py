@@ -5,7 +5,7 @@ a change on any node is written under ``entities/<kind>/<key>`` in the
 journal's own record format (:meth:`Journal.entityChanged
 <otter_tx.broker.durability.Journal.entityChanged>`), and every node
 applies what its watch reports.  The first node of a cluster publishes
-what it has; a node joining later takes the cluster's.
+what it has, all in one write; a node joining later takes the cluster's.
 """
 
 from urllib.parse import quote, unquote
@@ -32,11 +32,16 @@ class _Capture:
         # Entities.records: this node's own writes are what the cluster holds too (their watch
         # echoes are dropped, OrderedWrites), so a later delete from another node finds them
         self.records = records
+        #: a list while Entities.collect gathers the records instead of writing them
+        self.collected = None
 
     def putEntity(self, kind, key, value):
         k = entityKey(kind, key)
         m = self.node.metadata
         self.records[k] = value
+        if self.collected is not None:
+            self.collected.append((k, value))
+            return
         self.node.writes.write(k, lambda: m.put(k, value)).addErrback(self.onError, k)
 
     def deleteEntity(self, kind, key):
@@ -61,8 +66,23 @@ class Entities:
         if kind in KINDS:
             self.journal.entityChanged(kind, vhost, obj, deleted)
 
+    def collect(self):
+        """
+        The first node's records, every local one, as a list of ``(key,
+        value)`` for :meth:`MemoryMetadata.seed
+        <otter_tx.cluster.metadata.MemoryMetadata.seed>` (one write: a
+        node killed half-way must not leave the cluster a vhost without
+        its users).
+        """
+        self.capture.collected = out = []
+        try:
+            self.publishAll()
+        finally:
+            self.capture.collected = None
+        return out
+
     def publishAll(self):
-        """The first node: every local record goes to the cluster."""
+        """Every local record goes to the cluster (one write each)."""
         b = self.broker
         for vh in list(b.vhosts.values()):
             self.changed("vhost", vh, vh, False)

@@ -180,9 +180,16 @@ class Compare:
         self.json = {"key": encodeBytes(key), "target": target, "result": _OPS[op], field: value}
 
     @classmethod
-    def version(cls, key, op, version):
-        """Compare the key's version (int; 0 when the key does not exist)."""
-        return cls(key, "VERSION", op, "version", str(int(version)))
+    def version(cls, key, op, version, prefix=False):
+        """
+        Compare the key's version (int; 0 when the key does not exist); with
+        ``prefix``, of every key starting with ``key`` (``version(p, "=", 0,
+        prefix=True)``: no key under ``p``; etcd 3.3+).
+        """
+        c = cls(key, "VERSION", op, "version", str(int(version)))
+        if prefix:
+            c.json["range_end"] = encodeBytes(prefixRangeEnd(key))
+        return c
 
     @classmethod
     def createRevision(cls, key, op, revision):

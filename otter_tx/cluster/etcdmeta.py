@@ -12,6 +12,10 @@ from twisted.internet import defer
 
 from otter_tx.cluster.etcd import Compare, EtcdClient, LeaseKeeper, Op
 
+#: items :meth:`EtcdMetadata.seed` puts in its guarded transaction (etcd's
+#: ``--max-txn-ops`` is 128 by default)
+SEED_OPS = 120
+
 
 class EtcdMetadata:
     """
@@ -69,6 +73,26 @@ class EtcdMetadata:
             return False, json.loads(kvs[0].value) if kvs else None, revision
 
         return d.addCallback(done)
+
+    @defer.inlineCallbacks
+    def seed(self, prefix, items):
+        """
+        See :meth:`MemoryMetadata.seed
+        <otter_tx.cluster.metadata.MemoryMetadata.seed>`: one transaction
+        that compares the version of every key under ``prefix`` with 0 and
+        puts the first :data:`SEED_OPS` items; the rest are put after it.
+        """
+        items = list(items)
+        head, rest = items[:SEED_OPS], items[SEED_OPS:]
+        ok, _, revision = yield self.client.txn(
+            [Compare.version(self._k(prefix), "=", 0, prefix=True)],
+            [Op.put(self._k(k), json.dumps(v).encode()) for k, v in head], [])
+        if not ok:
+            return False, revision
+        for i in range(0, len(rest), SEED_OPS):
+            _, _, revision = yield self.client.txn(
+                [], [Op.put(self._k(k), json.dumps(v).encode()) for k, v in rest[i:i + SEED_OPS]], [])
+        return True, revision
 
     def put(self, key, value, lease=None):
         return self.client.put(self._k(key), json.dumps(value).encode(), lease)

@@ -148,6 +148,25 @@ class MemoryMetadata:
         self._put(key, value, lease)
         return True, value, self.revision
 
+    def seed(self, prefix, items):
+        """
+        Put every ``(key, value)`` of ``items`` (no lease), only if no key
+        starts with ``prefix``: a Deferred of ``(seeded bool, revision
+        int)``.  A cluster's first node publishes its definitions so: a
+        node that dies half-way leaves all of them or none (not a vhost
+        without its users), and of two first nodes at once one wins.  On
+        etcd one transaction holds the first :data:`SEED_OPS
+        <otter_tx.cluster.etcdmeta.SEED_OPS>` items.
+        """
+        def seed():
+            self._check()
+            if any(k.startswith(prefix) for k in self.data):
+                return False, self.revision
+            for key, value in items:
+                self._put(key, value, None)
+            return True, self.revision
+        return defer.maybeDeferred(seed)
+
     def put(self, key, value, lease=None):
         return defer.maybeDeferred(lambda: (self._check(), self._put(key, value, lease), self.revision)[2])
 
@@ -277,6 +296,16 @@ class OrderedWrites:
         else:
             prev.addCallback(go)
         return result
+
+    def ownWrite(self, key, revision):
+        """
+        A write to ``key`` this node made outside :meth:`write` (a seed)
+        answered at ``revision`` (int): its watch echo is dropped.
+        """
+        if revision > self._own.get(key, 0):
+            self._own[key] = revision
+        if revision > self.lastRevision:
+            self.lastRevision = revision
 
     def settled(self, key):
         """A Deferred firing (with None) once the writes to ``key`` made so far are answered."""

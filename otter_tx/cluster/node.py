@@ -136,14 +136,25 @@ class ClusterNode:
         items, revision = yield self.metadata.load("")
         self.entities = Entities(self, _logged)
         definitions = [(k, v) for k, v in items if k.startswith(ENTITIES)]
+        if not definitions:
+            # the first node: its records, all or none (a node killed half-way through one
+            # write each left a vhost without its users, and the next node adopted that)
+            records = self.entities.collect()
+            seeded, seedRevision = yield self.metadata.seed(ENTITIES, records)
+            if seeded:
+                for k, _ in records:
+                    self.writes.ownWrite(k, seedRevision)
+            else:
+                # another node was first meanwhile: take its records
+                self.entities.records.clear()
+                items, revision = yield self.metadata.load("")
+                definitions = [(k, v) for k, v in items if k.startswith(ENTITIES)]
         self.applying = True
         try:
             if definitions:
                 self.entities.adopt(definitions)
         finally:
             self.applying = False
-        if not definitions:
-            self.entities.publishAll()
         # (bindings last: the queues and exchanges they join must be mirrored first, and the
         # store lists keys in order, "bindings/" before "queues/")
         self._applyNow(sorted([("put", k, v, revision) for k, v in items if not k.startswith(ENTITIES)],

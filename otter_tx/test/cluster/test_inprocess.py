@@ -11,7 +11,7 @@ import urllib.request
 
 import pika
 import pika.exceptions
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 from twisted.internet.defer import inlineCallbacks
 
 from otter_tx.amqp.errors import AMQPError
@@ -437,6 +437,45 @@ class DefinitionsTests(ClusterCase):
 
         yield self.inThread(publish)
         self.assertEqual(home.queues["plq"].readyCount, 1)
+
+
+class FirstNodesTests(TestCase):
+    timeout = 60
+
+    @inlineCallbacks
+    def test_twoFirstNodesAtOnce(self):
+        """
+        Two nodes joining an empty cluster at once, each with its own user: one
+        node's definitions are the cluster's, whole, and the other adopts them
+        (before, each published its records one write at a time, and a node
+        killed half-way left a vhost without its users for the next to adopt).
+        """
+        meta = MemoryMetadata(reactor)
+        load = meta.load
+        # both load the empty store before either writes
+        self.patch(meta, "load", lambda *a: load(*a).addCallback(
+            lambda r: task.deferLater(reactor, 0.05, lambda: r)))
+        nodes, brokers = [], []
+        for name in ("n1", "n2"):
+            f = yield startBroker(reactor)
+            self.addCleanup(f.stop)
+            f.broker.nodeName = name
+            f.broker.addUser("only-" + name, "secret", [])
+            node = ClusterNode(f.broker, name, meta, reactor)
+            port = reactor.listenTCP(0, LinkFactory(node), interface="127.0.0.1")
+            self.addCleanup(port.stopListening)
+            self.addCleanup(node.stop)
+            nodes.append((node, port.getHost().port))
+            brokers.append(f.broker)
+        yield defer.gatherResults([n.start(p) for n, p in nodes])
+        users = [sorted(b.users) for b in brokers]
+        self.assertEqual(users[0], users[1])
+        self.assertIn(users[0], (["guest", "only-n1"], ["guest", "only-n2"]))
+        stored, _ = yield meta.load("entities/user/")
+        self.assertEqual(sorted(k.rpartition("/")[2] for k, _ in stored), users[0])
+        # a change after the start still reaches the other node
+        brokers[1].addUser("later", "secret", [])
+        yield waitOnReactor(lambda: "later" in brokers[0].users, 2)
 
 
 class ExpiryAndDeadLetterTests(ClusterCase):

@@ -106,6 +106,31 @@ class KVTests(_EtcdCase):
             self.assertEqual(loser[1][0].kvs[0].value, winners[0].encode())
             self.assertEqual((await self.client.get(k)).value, winners[0].encode())
 
+    async def test_seedAllOrNothing(self):
+        """
+        EtcdMetadata.seed puts its items only into an empty prefix (a compare of every key's
+        version over a range), more than one transaction holds (SEED_OPS), and of two seeds
+        at once one wins whole.
+        """
+        from otter_tx.cluster.etcdmeta import SEED_OPS, EtcdMetadata
+
+        metas = []
+        for _ in range(2):
+            m = EtcdMetadata(self.cluster.endpoints, reactor, prefix=self.prefix)
+            self.addCleanup(m.client.close)
+            metas.append(m)
+        n = SEED_OPS * 2 + 5
+        items = {name: [("entities/k%03d" % (i,), {"by": name}) for i in range(n)] for name in "AB"}
+        # a key beside the prefix (entities-x) does not count as under it
+        await metas[0].put("entities-x", {"beside": True})
+        results = await defer.gatherResults([m.seed("entities/", items[name]) for m, name in zip(metas, "AB")])
+        self.assertEqual(sorted(ok for ok, _ in results), [False, True])
+        winner = "AB"[[ok for ok, _ in results].index(True)]
+        loaded, revision = await metas[1].load("entities/")
+        self.assertEqual(loaded, items[winner])
+        self.assertEqual(revision, max(r for _, r in results))
+        self.assertEqual(await metas[0].seed("entities/", [("entities/late", {})]), (False, revision))
+
     async def test_leaseRevoke(self):
         """A key put with a lease disappears when the lease is revoked; a later keepAlive says TTL 0."""
         lease = await self.client.grantLease(30)

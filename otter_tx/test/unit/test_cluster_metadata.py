@@ -19,6 +19,25 @@ class MemoryMetadataTests(SynchronousTestCase):
         second = self.successResultOf(m.create("queues/%2F/q", {"node": "b"}))
         self.assertEqual((first[0], second[0], second[1]), (True, False, {"node": "a"}))
 
+    def test_seedOnlyIntoAnEmptyPrefix(self):
+        """seed puts every item when nothing is under the prefix, and none when something is."""
+        m = md.MemoryMetadata(task.Clock())
+        self.successResultOf(m.put("entities-x", {}))
+        items = [("entities/vhost/%2F", {"a": 1}), ("entities/user/guest", {"b": 2})]
+        ok, revision = self.successResultOf(m.seed("entities/", items))
+        self.assertEqual((ok, revision), (True, 3))
+        self.assertEqual(self.successResultOf(m.seed("entities/", [("entities/user/other", {})])), (False, 3))
+        self.assertEqual(self.successResultOf(m.load("entities/")), (sorted(items), 3))
+
+    def test_seedEchoDropped(self):
+        """A seeded key's watch echo is dropped (ownWrite); another node's later write to it is applied."""
+        w = md.OrderedWrites(md.MemoryMetadata(task.Clock()), [].extend)
+        w.ownWrite("entities/user/guest", 5)
+        self.assertFalse(w.accept(("put", "entities/user/guest", {}, 4)))
+        self.assertFalse(w.accept(("put", "entities/user/guest", {}, 5)))
+        self.assertTrue(w.accept(("put", "entities/user/guest", {}, 6)))
+        self.assertEqual(w.lastRevision, 5)
+
     def test_leaseExpiryDeletesItsKeys(self):
         clock = task.Clock()
         m = md.MemoryMetadata(clock)
