@@ -267,8 +267,10 @@ class MemoryStreams:
 
     def stats(self, vhost, name):
         s = self._get(vhost, name)
-        last = s.chunks[-1].first if s.chunks else 0
-        return {"first_chunk_id": s.first, "committed_chunk_id": last}
+        if not s.chunks:
+            return dict(EMPTY_STATS)
+        last = s.chunks[-1].first
+        return {"first_chunk_id": s.first, "committed_chunk_id": last, "last_chunk_id": last}
 
 
 # --- the broker's stream queues (otter_tx.broker.stream, the stream core)
@@ -297,6 +299,10 @@ def queueArguments(arguments):
         if conv is not None:
             out[conv[0]] = conv[1](value)
     return out
+
+
+#: stream_stats of a stream with no message (osiris_log_shared's initial -1s)
+EMPTY_STATS = {"first_chunk_id": -1, "committed_chunk_id": -1, "last_chunk_id": -1}
 
 
 class Tracking:
@@ -1011,9 +1017,19 @@ class BrokerStreams:
         return wire.OK
 
     def stats(self, vhost, name):
+        """
+        ``stream_stats``' figures (dict of str -> int), as osiris'
+        ``get_stats``: ``first_chunk_id``, the first offset kept;
+        ``committed_chunk_id`` and ``last_chunk_id``, the first offset of the
+        last committed chunk (one and the same here: a chunk is readable once
+        committed; osiris added ``last_chunk_id`` in 1.10); all three -1 for a
+        stream with no message (RabbitMQ's clients read -1 as "no offset").
+        """
         log = self._readLog(vhost, name)
-        return {"first_chunk_id": log.first,
-                "committed_chunk_id": log.last if log.last is not None else log.first}
+        last = log.last
+        if last is None:
+            return dict(EMPTY_STATS)
+        return {"first_chunk_id": log.first, "committed_chunk_id": last, "last_chunk_id": last}
 
 
 #: a chunk whose parts are smaller than this on average is joined into one string

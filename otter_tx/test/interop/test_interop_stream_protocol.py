@@ -612,3 +612,9 @@ class NodeStreamClientTests(StreamInteropTestCase):
         self.assertEqual(result["received"], ["m0", "m1", "m2", "m3", "m4"])
         self.assertEqual(result["offsets"], [0, 1, 2, 3, 4])
         self.assertEqual(result["storedOffset"], 3)
+        # stream_stats (3.11): -1 each for a stream with no message, as osiris' get_stats
+        self.assertEqual(result["emptyStats"], {"firstChunkId": -1, "committedChunkId": -1, "lastChunkId": -1})
+        stats = result["stats"]
+        self.assertEqual(stats["firstChunkId"], 0)
+        self.assertIn(stats["committedChunkId"], range(5))
+        self.assertEqual(stats["lastChunkId"], stats["committedChunkId"])

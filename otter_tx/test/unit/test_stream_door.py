@@ -126,6 +126,9 @@ class StreamDoorTestCase(SynchronousTestCase):
         self.assertEqual(c.handshake(**kw), wire.OK)
         return c
 
+    def settle(self):
+        self.clock.advance(0)
+
 
 class HandshakeTests(StreamDoorTestCase):
     def test_open(self):
@@ -214,6 +217,17 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertTrue(c.transport.disconnecting)
 
 
+def decodeStats(rest):
+    """A stream_stats response's map (after its code): dict of str -> int."""
+    (n,), pos, out = struct.unpack_from(">I", rest), 4, {}
+    for _ in range(n):
+        (size,) = struct.unpack_from(">H", rest, pos)
+        key = rest[pos + 2:pos + 2 + size].decode()
+        (out[key],) = struct.unpack_from(">q", rest, pos + 2 + size)
+        pos += 10 + size
+    return out
+
+
 class StreamTests(StreamDoorTestCase):
     def test_createDelete(self):
         c = self.client()
@@ -232,6 +246,26 @@ class StreamTests(StreamDoorTestCase):
         self.assertEqual(c.create("c1"), wire.OK)
         self.assertEqual(c.declarePublisher(1, "", "c1"), wire.ACCESS_REFUSED)
         self.assertEqual(c.subscribe(1, "c1"), wire.ACCESS_REFUSED)
+
+    def test_streamStats(self):
+        """
+        stream_stats as osiris' get_stats: -1 for each figure of a stream with no message
+        (RabbitMQ's clients take -1 as "no offset"), then the first offset kept and the first
+        offset of the last chunk; STREAM_DOES_NOT_EXIST for an unknown stream.
+        """
+        c = self.client()
+        c.create("st")
+        code, rest = c.call(wire.STREAM_STATS, wire.encodeString("st"))
+        self.assertEqual((code, decodeStats(rest)),
+                         (wire.OK, {"first_chunk_id": -1, "committed_chunk_id": -1, "last_chunk_id": -1}))
+        c.declarePublisher(1, "", "st")
+        for first in (1, 3):
+            c.feed(wire.publishFrame(1, [(first, b"a"), (first + 1, b"b")]))
+            self.settle()
+        code, rest = c.call(wire.STREAM_STATS, wire.encodeString("st"))
+        self.assertEqual((code, decodeStats(rest)),
+                         (wire.OK, {"first_chunk_id": 0, "committed_chunk_id": 2, "last_chunk_id": 2}))
+        self.assertEqual(c.call(wire.STREAM_STATS, wire.encodeString("none"))[0], wire.STREAM_DOES_NOT_EXIST)
 
     def test_metadata(self):
         c = self.client()
@@ -521,6 +555,8 @@ class OnBrokerStreams:
 
 
 class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
+    test_streamStats = StreamTests.test_streamStats
+
     def test_roundTrip(self):
         """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
         from otter_tx.stream import amqp10

@@ -42,7 +42,8 @@ def lastChunk(conn, stream):
         ok = readable(conn.vhost, stream) if readable is not None else backend.exists(conn.vhost, stream)
         if not ok:
             return None
-        return backend.stats(conn.vhost, stream).get("committed_chunk_id")
+        last = backend.stats(conn.vhost, stream).get("committed_chunk_id")
+        return None if last is None or last < 0 else last
     except Exception:
         return None
 

@@ -5,12 +5,14 @@
 // Creates STREAM, publishes m0..m4 with a publisher reference (de-duplication on), waits
 // for the confirms, consumes from first, stores offset 3 under a consumer name and reads it
 // back, deletes the stream, and prints one JSON line
-// {"received": [...], "offsets": [...], "storedOffset": N}; exits 1 on an error.
+// {"received": [...], "offsets": [...], "storedOffset": N, "emptyStats": {...}, "stats": {...}}
+// (stream_stats before the publishes and after them); exits 1 on an error.
 
 const { connect, Offset } = require('rabbitmq-stream-js-client');
 
 const [host, port, stream] = process.argv.slice(2);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const numbers = (stats) => Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)]));
 
 async function main() {
   const client = await connect({
@@ -19,6 +21,7 @@ async function main() {
   });
   try {
     await client.createStream({ stream, arguments: {} });
+    const emptyStats = numbers(await client.streamStatsRequest(stream));
     const publisher = await client.declarePublisher({ stream, publisherRef: 'js-pub' });
     for (let i = 0; i < 5; i++) {
       await publisher.send(Buffer.from(`m${i}`));
@@ -31,6 +34,7 @@ async function main() {
       (message) => { received.push(message.content.toString()); offsets.push(Number(message.offset)); },
     );
     for (let i = 0; i < 200 && received.length < 5; i++) await sleep(50);
+    const stats = numbers(await client.streamStatsRequest(stream));
     await consumer.storeOffset(3n);
     let storedOffset = null;
     for (let i = 0; i < 100 && storedOffset === null; i++) {
@@ -42,7 +46,7 @@ async function main() {
     }
     await client.closeConsumer(consumer.extendedId).catch(() => {});
     await client.deleteStream({ stream });
-    console.log(JSON.stringify({ received, offsets, storedOffset }));
+    console.log(JSON.stringify({ received, offsets, storedOffset, emptyStats, stats }));
   } finally {
     await client.close().catch(() => {});
   }
