@@ -24,6 +24,7 @@ from zope.interface import implementer
 
 from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
 from otter_tx.broker.stream import FileRange
+from otter_tx.door.streambackend import NO_SEQUENCE
 from otter_tx.door.writev import WRITEV
 from otter_tx.resources.sockets import MAX_PARTS, directSocket, readInto, sendRun
 from otter_tx.store.log.segments import crc32
@@ -740,7 +741,8 @@ class StreamServerProtocol(Protocol):
             for pubId, m in entries:
                 if not isinstance(m, list):
                     m = [m]
-                seq = backend.sequence(self.vhost, p.stream, p.reference) if p.reference else -1
+                seq = (backend.sequence(self.vhost, p.stream, p.reference, unknown=NO_SEQUENCE)
+                       if p.reference else NO_SEQUENCE)
                 c, d1 = backend.publish(self.vhost, p.stream, p.reference, [(pubId, m[0])])
                 if pubId > seq and len(m) > 1:
                     c2, d1 = backend.publish(self.vhost, p.stream, None, [(pubId, x) for x in m[1:]])

@@ -18,7 +18,8 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
   a Deferred firing when the written entries are durable
 - ``publish(vhost, name, reference, entries)``: the same for a list of
   ``(publishingId, bytes)``
-- ``sequence(vhost, name, reference)`` -> int (0 when none)
+- ``sequence(vhost, name, reference, unknown=0)`` -> int (``unknown`` when the
+  reference wrote nothing: 0 as query_publisher_sequence answers, or NO_SEQUENCE)
 - ``bounds(vhost, name)`` -> ``(first, next)`` offsets
 - ``chunks(vhost, name, offset, maxChunks, maxBytes=None)`` -> up to ``maxChunks``
   :class:`Chunk` from the one holding ``offset`` (committed ones only); a
@@ -154,7 +155,7 @@ class MemoryStreams:
         if s is None:
             return [], None
         if reference:
-            seq = s.sequences.get(reference, 0)
+            seq = s.sequences.get(reference, NO_SEQUENCE)
             if min(ids) <= seq:
                 # de-duplication: keep the entries above the sequence
                 keep = []
@@ -184,9 +185,9 @@ class MemoryStreams:
         for cb in list(s.listeners):
             cb()
 
-    def sequence(self, vhost, name, reference):
+    def sequence(self, vhost, name, reference, unknown=0):
         s = self._get(vhost, name)
-        return s.sequences.get(reference, 0) if s else 0
+        return s.sequences.get(reference, unknown) if s else unknown
 
     def bounds(self, vhost, name):
         s = self._get(vhost, name)
@@ -301,6 +302,11 @@ def queueArguments(arguments):
     return out
 
 
+#: the sequence of a publisher reference that wrote nothing yet, below every publishing id: its
+#: first publish is kept whatever its id (0 too), as osiris_writer's is_duplicate ({error,
+#: not_found} -> not a duplicate); query_publisher_sequence answers 0 for it, as RabbitMQ
+NO_SEQUENCE = -1
+
 #: stream_stats of a stream with no message (osiris_log_shared's initial -1s)
 EMPTY_STATS = {"first_chunk_id": -1, "committed_chunk_id": -1, "last_chunk_id": -1}
 
@@ -375,9 +381,9 @@ class Tracking:
         """
         t = self.get(vhost, name)
         durable = t.setdefault("durable", {})
-        if sequence > durable.get(reference, 0):
+        if sequence > durable.get(reference, NO_SEQUENCE):
             durable[reference] = sequence
-        if sequence > t["sequences"].get(reference, 0):
+        if sequence > t["sequences"].get(reference, NO_SEQUENCE):
             t["sequences"][reference] = sequence
         self.changed(vhost, name, soon=True)
 
@@ -567,7 +573,7 @@ class BrokerStreams:
         durable = t.get("durable", {})
         for kind in ("sequences", "offsets"):
             for ref, value in (change.get(kind) or {}).items():
-                if kind == "offsets" or value > t[kind].get(ref, 0):
+                if kind == "offsets" or value > t[kind].get(ref, NO_SEQUENCE):
                     t[kind][ref] = value
                 if kind == "sequences" and ref in durable and value > durable[ref]:
                     # (this node led the stream before: what its new leader holds counts now)
@@ -703,7 +709,7 @@ class BrokerStreams:
             _, d = self.append(vhost, name, reference, [pid for pid, _ in groups], entries, count)
         else:
             # sub-entry batches: one publishing id for several messages, kept or dropped together
-            seq = self.tracking.get(vhost, name)["sequences"].get(reference, 0)
+            seq = self.tracking.get(vhost, name)["sequences"].get(reference, NO_SEQUENCE)
             msgs = _chunk.split(entries, count)
             keep = []
             last = None
@@ -756,7 +762,7 @@ class BrokerStreams:
             return ids, None
         if reference:
             t = self.tracking.get(vhost, name)
-            seq = t["sequences"].get(reference, 0)
+            seq = t["sequences"].get(reference, NO_SEQUENCE)
             if min(ids) <= seq:
                 # de-duplication: keep the entries above the sequence
                 return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
@@ -771,7 +777,7 @@ class BrokerStreams:
         last = None
         if reference:
             t = self.tracking.get(vhost, name)
-            seq = t["sequences"].get(reference, 0)
+            seq = t["sequences"].get(reference, NO_SEQUENCE)
             keep = []
             for pid, m in entries:
                 if pid > seq:
@@ -808,11 +814,11 @@ class BrokerStreams:
             self._shipTracking(log, {"sequences": {reference: last}, "upTo": log.next})
             # the sequence moves at once for the next frames; durable() persists it
             seqs = self.tracking.get(vhost, name)["sequences"]
-            seqs[reference] = max(last, seqs.get(reference, 0))
+            seqs[reference] = max(last, seqs.get(reference, NO_SEQUENCE))
         return d
 
-    def sequence(self, vhost, name, reference):
-        return self.tracking.get(vhost, name)["sequences"].get(reference, 0)
+    def sequence(self, vhost, name, reference, unknown=0):
+        return self.tracking.get(vhost, name)["sequences"].get(reference, unknown)
 
     def bounds(self, vhost, name):
         log = self._readLog(vhost, name)

@@ -618,3 +618,27 @@ class NodeStreamClientTests(StreamInteropTestCase):
         self.assertEqual(stats["firstChunkId"], 0)
         self.assertIn(stats["committedChunkId"], range(5))
         self.assertEqual(stats["lastChunkId"], stats["committedChunkId"])
+
+
+    @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
+             "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
+    @inlineCallbacks
+    def test_nodeClientDeduplicationFromZero(self):
+        """
+        The client's publishing ids start at 0 (its own suite's de-duplication test sends 0..99
+        twice and expects 100 messages): a reference that wrote nothing keeps its first publish
+        whatever its id, as osiris_writer's is_duplicate, and the duplicates are dropped.
+        """
+        node = shutil.which("node")
+        if node is None:
+            raise SkipTest("node is not installed")
+        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "rabbitmq-stream-js-client")):
+            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % NODE_DIR)
+        name = self.name("jsdedup")
+        out, err, code = yield self.runProcess(
+            node, [os.path.join(NODE_DIR, "stream_dedup.js"), self.host, str(self.streamPort), name], path=NODE_DIR)
+        self.assertEqual(code, 0, (out, err))
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertEqual(result["received"], ["m0-0", "m1-0", "m2-0", "m3-0", "m4-0", "end"])
+        # query_publisher_sequence: 0 for a reference that wrote nothing, then the last id
+        self.assertEqual((result["before"], result["after"]), (0, 5))

@@ -318,6 +318,48 @@ class PublishTests(StreamDoorTestCase):
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("m"))
         self.assertEqual(code, wire.STREAM_DOES_NOT_EXIST)
 
+    def test_deduplicationFirstIdZero(self):
+        """
+        A reference that wrote nothing has no sequence: its first publish is kept whatever its
+        id, 0 too (osiris_writer's is_duplicate: not_found is no duplicate; rabbitmq-stream-js-client
+        publishes ids from 0), though query_publisher_sequence answers 0 for it before and after.
+        """
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "ref", "s")
+        q = wire.encodeString("ref") + wire.encodeString("s")
+        self.assertEqual(c.call(wire.QUERY_PUBLISHER_SEQUENCE, q), (wire.OK, struct.pack(">Q", 0)))
+        c.feed(wire.publishFrame(1, [(0, b"a"), (1, b"b")]))
+        c.feed(wire.publishFrame(1, [(0, b"a"), (1, b"b"), (2, b"c")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [0, 1]), (1, [0, 1, 2])])
+        self.assertEqual(self.backend.messages("/", "s"), [(0, b"a"), (1, b"b"), (2, b"c")])
+        self.assertEqual(c.call(wire.QUERY_PUBLISHER_SEQUENCE, q), (wire.OK, struct.pack(">Q", 2)))
+        # one by one, as the client's basicSend: 0 then 0 again
+        c.declarePublisher(2, "other", "s")
+        c.feed(wire.publishFrame(2, [(0, b"x")]))
+        c.feed(wire.publishFrame(2, [(0, b"x")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(2, [0]), (2, [0])])
+        self.assertEqual([m for _, m in self.backend.messages("/", "s")], [b"a", b"b", b"c", b"x"])
+        q = wire.encodeString("other") + wire.encodeString("s")
+        self.assertEqual(c.call(wire.QUERY_PUBLISHER_SEQUENCE, q), (wire.OK, struct.pack(">Q", 0)))
+
+    def test_deduplicationSubEntryIdZero(self):
+        """A sub-entry batch with publishing id 0 as a reference's first publish: all its messages kept."""
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "ref", "s")
+        inner = struct.pack(">I", 1) + b"x" + struct.pack(">I", 1) + b"y"
+        entry = (struct.pack(">Q", 0) + struct.pack(">BH", 0x80, 2)
+                 + struct.pack(">II", len(inner), len(inner)) + inner)
+        body = struct.pack(">HHBI", wire.PUBLISH, 1, 1, 1) + entry
+        c.feed(struct.pack(">I", len(body)) + body)
+        c.feed(struct.pack(">I", len(body)) + body)
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [0]), (1, [0])])
+        self.assertEqual([m for _, m in self.backend.messages("/", "s")], [b"x", b"y"])
+
     def test_resourceAlarmBlocksReading(self):
         """During a memory or disk alarm a publishing connection is not read; it is again after."""
         c = self.client()
@@ -556,6 +598,8 @@ class OnBrokerStreams:
 
 class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     test_streamStats = StreamTests.test_streamStats
+    test_deduplicationFirstIdZero = PublishTests.test_deduplicationFirstIdZero
+    test_deduplicationSubEntryIdZero = PublishTests.test_deduplicationSubEntryIdZero
 
     def test_roundTrip(self):
         """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""

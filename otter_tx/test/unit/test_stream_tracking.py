@@ -58,6 +58,14 @@ class TrackingTests(SynchronousTestCase):
         self.assertEqual(again.get("/", "s")["sequences"], {"ref": 10, "other": 7})
 
 
+    def test_durableSequenceZero(self):
+        """Publishing id 0 made durable is a sequence like any other: in the file, read back after a restart."""
+        self.tracking.durableSequence("/", "s", "ref", 0)
+        self.clock.advance(0)
+        self.assertEqual(_file(self.tracking, "/", "s")["sequences"], {"ref": 0})
+        again = Tracking(Clock(), self.dir)
+        self.assertEqual(again.get("/", "s")["sequences"], {"ref": 0})
+
 class DoorWritesSequencesBeforeConfirmingTests(SynchronousTestCase):
     """Through the door: when a publish confirm is sent, the file already holds its sequence."""
 
