@@ -231,6 +231,31 @@ class ManagementInteropTests(ManagementHTTPCase):
         self.assertEqual((code, data), (404, {"error": "Object Not Found", "reason": "Not Found"}))
 
     @inlineCallbacks
+    def test_trailingSlash(self):
+        """
+        One trailing slash names the same resource, for every method (cowboy's router):
+        rabbitmq-stream-js-client's own suite lists ``/api/stream/consumers/%2F/``.
+        """
+        q = self.name("q")
+        path = "/api/queues/%2F/" + q
+        self.cleanups.append(path)
+        code, _, _ = yield self.call("PUT", path + "/", {"durable": False})
+        self.assertEqual(code, 201)
+        code, data, _ = yield self.call("GET", path + "/")
+        self.assertEqual((code, data["name"]), (200, q))
+        code, data, _ = yield self.call("GET", "/api/queues/%2F/")
+        self.assertEqual(code, 200)
+        self.assertIn(q, [x["name"] for x in data])
+        for listing in ("/api/overview/", "/api/exchanges/", "/api/consumers/%2F/", "/api/stream/consumers/%2F/",
+                        "/api/stream/publishers/%2F/", "/api/stream/connections/%2F/"):
+            code, data, _ = yield self.call("GET", listing)
+            self.assertEqual(code, 200, listing)
+        code, _, _ = yield self.call("DELETE", path + "/")
+        self.assertEqual(code, 204)
+        code, _, _ = yield self.call("GET", path)
+        self.assertEqual(code, 404)
+
+    @inlineCallbacks
     def test_queueErrors(self):
         """Reserved names are 401 Access refused; invalid arguments 400 invalid arg; bad get encoding 400."""
         code, data, _ = yield self.call("PUT", "/api/queues/%2F/amq." + self.name("q"), {})

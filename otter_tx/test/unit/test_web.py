@@ -109,6 +109,23 @@ class RoomsTests(WebTestCase):
                 self.assertIs(roomFor(path.encode().split(b"/")[1:]), cls, rule.rule)
         self.assertGreater(len(seen), 80)
 
+    def test_trailingSlash(self):
+        """
+        One trailing slash names the same resource, for every method, as RabbitMQ's router
+        (rabbitmq-stream-js-client's suite lists /api/stream/consumers/%2F/).
+        """
+        self.assertEqual(self.put("/api/queues/%2F/q/", {"durable": True}).code, 201)
+        self.assertIn("q", self.vh.queues)
+        for path in ("/api/overview", "/api/queues", "/api/queues/%2F", "/api/exchanges/%2F/amq.direct",
+                     "/api/consumers/%2F", "/api/stream/consumers/%2F", "/api/stream/publishers/%2F",
+                     "/api/stream/connections/%2F", "/api/vhosts/%2F/connections"):
+            plain, slash = self.get(path), self.get(path + "/")
+            self.assertEqual((slash.code, slash.json()), (plain.code, plain.json()), path)
+            self.assertEqual(plain.code, 200, path)
+        self.assertEqual([q["name"] for q in self.get("/api/queues/%2F/").json()], ["q"])
+        self.assertEqual(self.delete("/api/queues/%2F/q/").code, 204)
+        self.assertNotIn("q", self.vh.queues)
+
     def test_unknownPaths(self):
         """A path no room has is 404 Object Not Found, under /api and outside it."""
         for path in ("/api/nothing", "/api/queues/%2F/q/nothing", "/api/vhosts/%2F/nothing", "/nothing"):

@@ -134,6 +134,10 @@ class _Mount(Resource):
 
     def render(self, request):
         segments = request.path.split(b"/")[1:]
+        if len(segments) > 2 and segments[0] == b"api" and segments[-1] == b"" and segments[-2] != b"":
+            # one trailing slash names the same resource (cowboy's router: GET /api/queues/%2F/,
+            # PUT /api/queues/%2F/q/; rabbitmq-stream-js-client's suite lists /api/stream/consumers/%2F/)
+            del segments[-1]
         request.postpath = segments[len(request.prepath):]
         return self._rooms[roomFor(request.postpath)].render(request)
 

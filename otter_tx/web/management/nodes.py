@@ -86,14 +86,7 @@ class NodesRoom(Room):
         """``GET /api/health/checks/local-alarms``: as ``alarms``, "...in effect on the node"."""
         return self._alarmsHealth("on the node")
 
-    @app.route("/api/healthchecks/node/", methods=["GET", "OPTIONS"])
-    @endpoint()
-    def healthcheckSlash(self, request, user):
-        """``GET /api/healthchecks/node/``: as without the slash."""
-        return self._nodeHealth()
-
     @app.route("/api/healthchecks/node/<node>", methods=["GET", "OPTIONS"])
-    @app.route("/api/healthchecks/node/<node>/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthcheckNode(self, request, user, node):
         """``GET /api/healthchecks/node/{node}``: as ``/api/healthchecks/node`` for this node, else 404."""
@@ -101,25 +94,12 @@ class NodesRoom(Room):
             raise notFound()
         return self._nodeHealth()
 
-    @app.route("/api/health/checks/alarms/", methods=["GET", "OPTIONS"])
-    @endpoint()
-    def healthAlarmsSlash(self, request, user):
-        """``GET /api/health/checks/alarms/``: as without the slash."""
-        return self._alarmsHealth("in the cluster")
-
-    @app.route("/api/health/checks/local-alarms/", methods=["GET", "OPTIONS"])
-    @endpoint()
-    def healthLocalAlarmsSlash(self, request, user):
-        """``GET /api/health/checks/local-alarms/``: as without the slash."""
-        return self._alarmsHealth("on the node")
-
     @staticmethod
     def _healthFailed(body):
         """503 with ``{"status":"failed", ...body}``."""
         return Response(503, dict({"status": "failed"}, **body))
 
     @app.route("/api/health/checks/certificate-expiration/<within>/<unit>", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/certificate-expiration/<within>/<unit>/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthCertificates(self, request, user, within, unit):
         """
@@ -155,7 +135,6 @@ class NodesRoom(Room):
         return {"status": "ok"}
 
     @app.route("/api/health/checks/port-listener/<port>", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/port-listener/<port>/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthPort(self, request, user, port):
         """
@@ -173,7 +152,6 @@ class NodesRoom(Room):
         return self._healthFailed({"reason": "No active listener", "missing": number, "ports": ports})
 
     @app.route("/api/health/checks/protocol-listener/<protocol>", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/protocol-listener/<protocol>/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthProtocol(self, request, user, protocol):
         """
@@ -191,16 +169,13 @@ class NodesRoom(Room):
         return self._healthFailed({"reason": "No active listener", "missing": name, "protocols": protocols})
 
     @app.route("/api/health/checks/virtual-hosts", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/virtual-hosts/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthVHosts(self, request, user):
         """``GET /api/health/checks/virtual-hosts``: 200 ``{"status":"ok"}`` (every vhost runs in the one process)."""
         return {"status": "ok"}
 
     @app.route("/api/health/checks/node-is-mirror-sync-critical", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/node-is-mirror-sync-critical/", methods=["GET", "OPTIONS"])
     @app.route("/api/health/checks/node-is-quorum-critical", methods=["GET", "OPTIONS"])
-    @app.route("/api/health/checks/node-is-quorum-critical/", methods=["GET", "OPTIONS"])
     @endpoint()
     def healthCritical(self, request, user):
         """
