@@ -217,6 +217,10 @@ class StreamServerProtocol(Protocol):
         self.heartbeat = wire.DEFAULT_HEARTBEAT
         self.publishers = {}
         self.publisherRefs = {}
+        #: stream name -> [listener, publishers]: one listener per stream this connection
+        #: publishes to here, so a deletion by any protocol (HTTP, AMQP 0-9-1) reaches its
+        #: publishers, as RabbitMQ's reader monitors the stream's leader
+        self._publishedStreams = {}
         self.subscriptions = {}
         self.paused = False
         self.closed = False
@@ -274,6 +278,9 @@ class StreamServerProtocol(Protocol):
         for sub in list(self.subscriptions.values()):
             self._dropSubscription(sub)
         self.subscriptions.clear()
+        for stream, (listener, _) in self._publishedStreams.items():
+            self.backend.unlisten(self.vhost, stream, listener)
+        self._publishedStreams.clear()
 
     def _handshakeTimeout(self):
         self._handshakeTimer = None
@@ -654,12 +661,30 @@ class StreamServerProtocol(Protocol):
         self.publishers[pid] = _Publisher(pid, stream, ref)
         if ref is not None:
             self.publisherRefs[(stream, ref)] = pid
+        watched = self._publishedStreams.get(stream)
+        if watched is not None:
+            watched[1] += 1
+        elif self.backend.exists(self.vhost, stream):
+            listener = lambda: self._publishedStreamChanged(stream)  # noqa: E731
+            self._publishedStreams[stream] = [listener, 1]
+            self.backend.listen(self.vhost, stream, listener)
         reply(wire.OK)
 
     def _dropPublisher(self, p):
         self.publishers.pop(p.pid, None)
         if p.reference is not None:
             self.publisherRefs.pop((p.stream, p.reference), None)
+        watched = self._publishedStreams.get(p.stream)
+        if watched is not None:
+            watched[1] -= 1
+            if watched[1] <= 0:
+                del self._publishedStreams[p.stream]
+                self.backend.unlisten(self.vhost, p.stream, watched[0])
+
+    def _publishedStreamChanged(self, stream):
+        """A stream this connection publishes to appended, or was deleted (by any protocol)."""
+        if not self.closed and not self.backend.exists(self.vhost, stream) and self._elsewhere(stream) is None:
+            self.streamGone(stream)
 
     def _deletePublisher(self, corr, version, pid):
         p = self.publishers.get(pid)

@@ -642,3 +642,28 @@ class NodeStreamClientTests(StreamInteropTestCase):
         self.assertEqual(result["received"], ["m0-0", "m1-0", "m2-0", "m3-0", "m4-0", "end"])
         # query_publisher_sequence: 0 for a reference that wrote nothing, then the last id
         self.assertEqual((result["before"], result["after"]), (0, 5))
+
+
+    @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
+             "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
+    @inlineCallbacks
+    def test_nodeClientStreamDeletedElsewhere(self):
+        """
+        A stream deleted over AMQP 0-9-1 closes the client's publisher as well as its consumer
+        (metadata_update STREAM_NOT_AVAILABLE), as RabbitMQ's reader, which monitors the stream
+        (the client's own suite deletes it over the management API).
+        """
+        node = shutil.which("node")
+        if node is None:
+            raise SkipTest("node is not installed")
+        for module in ("rabbitmq-stream-js-client", "amqplib"):
+            if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", module)):
+                raise SkipTest("%s is not installed (npm ci --prefix %s)" % (module, NODE_DIR))
+        name = self.name("jsdel")
+        self.deleteLater(name)
+        out, err, code = yield self.runProcess(
+            node, [os.path.join(NODE_DIR, "stream_deleted.js"), self.host, str(self.streamPort), name], path=NODE_DIR)
+        self.assertEqual(code, 0, (out, err))
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertEqual(result, {"publisherClosed": True, "publishers": 0, "consumers": 0, "publisherCallbacks": 1,
+                                  "consumerCallbacks": 1, "sendError": "Publisher has been closed"})

@@ -784,6 +784,37 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
                       frames)
         self.assertEqual(c.proto.subscriptions, {})
 
+    def test_amqpDeleteTellsPublishers(self):
+        """
+        A stream deleted over AMQP 0-9-1 (or HTTP) drops the stream protocol's publishers with one
+        metadata_update per connection, as RabbitMQ's reader, which monitors the stream's leader;
+        a publisher to another stream stays, and its appends do not end it.
+        """
+        c = self.client()
+        c.create("s")
+        c.create("t")
+        c.declarePublisher(1, "ref", "s")
+        c.declarePublisher(2, "", "s")
+        c.declarePublisher(3, "", "t")
+        c.feed(wire.publishFrame(1, [(1, b"a")]))
+        c.feed(wire.publishFrame(3, [(1, b"b")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1]), (3, [1])])
+        v = self.broker.vhosts["/"]
+        v.deleteQueue(v.queues["s"])
+        self.settle()
+        update = (wire.METADATA_UPDATE, 1, struct.pack(">H", wire.STREAM_NOT_AVAILABLE) + wire.encodeString("s"))
+        self.assertEqual(c.read(), [update])
+        self.assertEqual(sorted(c.proto.publishers), [3])
+        c.feed(wire.publishFrame(1, [(2, b"x")]))
+        self.assertEqual(confirms(c.read()), [("error", 1, [(2, wire.PUBLISHER_DOES_NOT_EXIST)])])
+        # the ref is free again; the last publisher of t gone, t's appends call nothing of c's
+        self.assertEqual(c.declarePublisher(4, "ref", "t"), wire.OK)
+        self.assertEqual(c.call(wire.DELETE_PUBLISHER, b"\x03")[0], wire.OK)
+        self.assertEqual(c.call(wire.DELETE_PUBLISHER, b"\x04")[0], wire.OK)
+        self.assertEqual(c.proto._publishedStreams, {})
+        self.assertEqual([cb for cb in v.queues["t"].stream._listeners if getattr(cb, "__self__", None) is None], [])
+
     def test_recreatedStream(self):
         """A stream deleted over AMQP and created again under its name is read afresh."""
         c = self.client()
