@@ -345,6 +345,17 @@ class StreamServerProtocol(Protocol):
                 self.sendCnt += 1
                 self._lastSent = self.clock.seconds()
 
+    def _writeNow(self):
+        """What this turn wrote so far goes to the socket now (straight, when it takes it)."""
+        out = self._out
+        if out and not self.closed:
+            # (emptied in place: dataReceived writes what this list holds when its frames are done)
+            parts = out[:]
+            del out[:]
+            writeDirect(self.transport, parts)
+            self.sendCnt += 1
+            self._lastSent = self.clock.seconds()
+
     def _unknownFrame(self):
         if self.state == "open":
             self.send(wire.closeRequest(self._nextCorr(), self._counted(wire.UNKNOWN_FRAME), "unknown frame"))
@@ -920,6 +931,10 @@ class StreamServerProtocol(Protocol):
             sub.group = (self.vhost, stream, sub.name)
             self.factory.groups.join(sub.group, self, sub, index)
         else:
+            # the response leaves now, in a write of its own, and the first chunk in a later one,
+            # as RabbitMQ sends them (two sends): a client that reads both at once may deliver
+            # before its subscribe call returns (rabbitmq-stream-js-client runs the handler first)
+            self._writeNow()
             self._schedulePump()
 
     def _checkAlarm(self):

@@ -667,3 +667,28 @@ class NodeStreamClientTests(StreamInteropTestCase):
         result = json.loads(out.decode().strip().splitlines()[-1])
         self.assertEqual(result, {"publisherClosed": True, "publishers": 0, "consumers": 0, "publisherCallbacks": 1,
                                   "consumerCallbacks": 1, "sendError": "Publisher has been closed"})
+
+
+    @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
+             "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
+    @inlineCallbacks
+    def test_nodeClientHandlerAfterSubscribe(self):
+        """
+        The subscribe response and the first chunk leave in two writes, as RabbitMQ's: the client
+        runs the handler of a chunk read with the response before declareConsumer returns, and its
+        own suite's handler stores an offset through the consumer it returned.
+        """
+        node = shutil.which("node")
+        if node is None:
+            raise SkipTest("node is not installed")
+        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "rabbitmq-stream-js-client")):
+            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % NODE_DIR)
+        for i in range(3):
+            name = self.name("jsfirst")
+            self.deleteLater(name)
+            out, err, code = yield self.runProcess(
+                node, [os.path.join(NODE_DIR, "stream_first_delivery.js"), self.host, str(self.streamPort), name],
+                path=NODE_DIR)
+            self.assertEqual(code, 0, (out, err))
+            result = json.loads(out.decode().strip().splitlines()[-1])
+            self.assertEqual(result, {"early": 0, "seen": 4, "stored": 1, "second": ["marker", "hello", "world"]})

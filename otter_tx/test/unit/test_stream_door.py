@@ -784,6 +784,38 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
                       frames)
         self.assertEqual(c.proto.subscriptions, {})
 
+    def test_subscribeResponseWrittenBeforeFirstChunk(self):
+        """
+        The subscribe response leaves in a write of its own, before the first chunk's (as
+        RabbitMQ's two sends): rabbitmq-stream-js-client reading both at once runs its handler
+        before its declareConsumer returns, so its own suite's handler that stores an offset
+        through the consumer it was given failed. A socket that takes everything is faked here,
+        taken only while the transport holds nothing, as directSocket's rule.
+        """
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b")]))
+        self.settle()
+        c.read()
+        sends = []
+
+        class Sock:
+            def sendmsg(self, parts):
+                sends.append(b"".join(bytes(p) for p in parts))
+                return len(sends[-1])
+
+        self.patch(door, "directSocket", lambda t: Sock() if t.value() == b"" else None)
+        c.corr += 1
+        c.feed(wire.request(wire.SUBSCRIBE, c.corr, b"\x01" + wire.encodeString("s")
+                            + wire.offsetSpec(wire.OFFSET_FIRST, None) + struct.pack(">H", 10)
+                            + wire.encodeStringMap({})))
+        self.settle()
+        self.assertEqual(c.transport.value(), b"")
+        self.assertEqual(len(sends), 2, sends)
+        self.assertEqual(sends[0], wire.response(wire.SUBSCRIBE, c.corr, wire.OK))
+        self.assertEqual(struct.unpack_from(">H", sends[1], 4)[0], wire.DELIVER)
+
     def test_amqpDeleteTellsPublishers(self):
         """
         A stream deleted over AMQP 0-9-1 (or HTTP) drops the stream protocol's publishers with one
