@@ -414,7 +414,7 @@ class SubscribeTests(StreamDoorTestCase):
         self.publish(c, "s", 5)
         specs = [((wire.OFFSET_FIRST, None), 0), ((wire.OFFSET_LAST, None), 4),
                  ((wire.OFFSET_NEXT, None), None), ((wire.OFFSET_OFFSET, 3), 3),
-                 ((wire.OFFSET_OFFSET, 99), None), ((wire.OFFSET_TIMESTAMP, 0), 4)]
+                 ((wire.OFFSET_OFFSET, 99), None), ((wire.OFFSET_TIMESTAMP, 0), 0)]
         for sid, (spec, first) in enumerate(specs):
             self.assertEqual(c.subscribe(sid, "s", spec), wire.OK)
             got = c.deliveries()
@@ -429,11 +429,18 @@ class SubscribeTests(StreamDoorTestCase):
         self.publish(c, "s", 2)
         self.clock.advance(10)
         self.publish(c, "s", 2, 2)
+        # as osiris (RabbitMQ 3.10 to 4.x): the first chunk written at or after the timestamp
         c.subscribe(1, "s", (wire.OFFSET_TIMESTAMP, 10000))
-        self.assertEqual(c.deliveries()[0][1:], (3, [b"m3"]))
-        # as RabbitMQ 3.10: the chunk holding the timestamp, the last one at or before it
+        self.assertEqual(c.deliveries()[0][1:2], (2,))
         c.subscribe(2, "s", (wire.OFFSET_TIMESTAMP, 9999))
-        self.assertEqual(c.deliveries()[0][1], 1)
+        self.assertEqual(c.deliveries()[0][1:2], (2,))
+        c.subscribe(3, "s", (wire.OFFSET_TIMESTAMP, 0))
+        self.assertEqual(c.deliveries()[0][1:2], (0,))
+        # after the last chunk: next (the client's own suite subscribes so, then publishes)
+        c.subscribe(4, "s", (wire.OFFSET_TIMESTAMP, 10001))
+        self.assertEqual([d for d in c.deliveries() if d[0] == 4], [])
+        self.publish(c, "s", 1, 4)
+        self.assertEqual([d[1:] for d in c.deliveries() if d[0] == 4], [(4, [b"m4"])])
 
     def test_live(self):
         """A subscriber at next gets what is published afterwards."""
@@ -600,6 +607,8 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     test_streamStats = StreamTests.test_streamStats
     test_deduplicationFirstIdZero = PublishTests.test_deduplicationFirstIdZero
     test_deduplicationSubEntryIdZero = PublishTests.test_deduplicationSubEntryIdZero
+    test_timestamp = SubscribeTests.test_timestamp
+    publish = SubscribeTests.publish
 
     def test_roundTrip(self):
         """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
