@@ -57,7 +57,9 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
 
     ``prometheus=True`` adds the Prometheus listener on
     ``tcp:0:interface=127.0.0.1``; its port is the fixture's ``prometheusPort``.
-    ``stream=True`` adds the stream protocol listener likewise (``streamPort``).
+    ``stream=True`` adds the stream protocol listener likewise (``streamPort``);
+    a list of endpoint strings (``ottertls:0:...``) listens there instead,
+    ``streamPort`` the first one's.
     """
     from twisted.application.internet import StreamServerEndpointService
 
@@ -69,7 +71,7 @@ def startBroker(reactor, management=False, dataDir=None, amqp=None, prometheus=F
         amqp=[a for a in amqp if isinstance(a, str)],
         management=["tcp:0:interface=127.0.0.1"] if management else [],
         prometheus=["tcp:0:interface=127.0.0.1"] if prometheus else [],
-        stream=["tcp:0:interface=127.0.0.1"] if stream else [],
+        stream=list(stream) if isinstance(stream, (list, tuple)) else ["tcp:0:interface=127.0.0.1"] if stream else [],
         reactor=reactor,
         dataDir=dataDir,
         **options

@@ -22,9 +22,10 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from otter_tx.broker.access import CONFIGURE, READ, WRITE, login, permits
+from otter_tx.broker.access import CONFIGURE, READ, WRITE, certificateLogin, login, permits
 from otter_tx.broker.stream import FileRange
 from otter_tx.door.streambackend import NO_SEQUENCE
+from otter_tx.door.tls import CertificateLogin, peerCertificate
 from otter_tx.door.writev import WRITEV
 from otter_tx.resources.sockets import MAX_PARTS, directSocket, readInto, sendRun
 from otter_tx.store.log.segments import crc32
@@ -409,27 +410,40 @@ class StreamServerProtocol(Protocol):
         self.state = "peer"
 
     def _saslHandshake(self, corr, version):
-        self.send(wire.saslHandshakeResponse(corr, ["PLAIN"]))
+        # EXTERNAL too for a TLS client whose certificate was verified, as the AMQP door
+        # (RabbitMQ's rabbitmq_auth_mechanism_ssl offers it on the stream protocol as well)
+        mechanisms = ["PLAIN"]
+        if peerCertificate(self.transport) is not None:
+            mechanisms.append("EXTERNAL")
+        self.send(wire.saslHandshakeResponse(corr, mechanisms))
         self.state = "auth"
 
     def _saslAuthenticate(self, corr, version, mechanism, data):
-        if mechanism != "PLAIN":
+        cert = peerCertificate(self.transport) if mechanism == "EXTERNAL" else None
+        if mechanism == "EXTERNAL" and cert is not None:
+            # the user named by the verified certificate (--ssl-cert-login-from); the
+            # response is not read, no password is checked
+            username = self.factory.certificateLogin.userName(cert)
+            user, refusal = certificateLogin(self.broker.users, username, self.peerHost,
+                                             self.broker.loopbackUsers)
+        elif mechanism != "PLAIN":
             self.send(wire.saslAuthenticateResponse(corr, wire.SASL_MECHANISM_NOT_SUPPORTED))
             return
-        parts = data.split(b"\x00")
-        if len(parts) != 3:
-            self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
-            self._closeSoon()
-            return
-        try:
-            username = parts[1].decode("utf-8")
-            password = parts[2].decode("utf-8")
-        except UnicodeDecodeError:
-            self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
-            self._closeSoon()
-            return
-        user, refusal = login(self.broker.users, username, password, self.peerHost,
-                              self.broker.loopbackUsers)
+        else:
+            parts = data.split(b"\x00")
+            if len(parts) != 3:
+                self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
+                self._closeSoon()
+                return
+            try:
+                username = parts[1].decode("utf-8")
+                password = parts[2].decode("utf-8")
+            except UnicodeDecodeError:
+                self.send(wire.saslAuthenticateResponse(corr, wire.SASL_ERROR))
+                self._closeSoon()
+                return
+            user, refusal = login(self.broker.users, username, password, self.peerHost,
+                                  self.broker.loopbackUsers)
         if user is None:
             if refusal == "can only connect via localhost":
                 code = wire.SASL_AUTHENTICATION_FAILURE_LOOPBACK
@@ -1182,8 +1196,10 @@ class StreamServerFactory(Factory):
 
     def __init__(self, broker, backend, clock, advertisedHost=None, advertisedPort=None,
                  frameMax=wire.DEFAULT_FRAME_MAX, heartbeat=wire.DEFAULT_HEARTBEAT,
-                 handshakeTimeout=10):
+                 handshakeTimeout=10, certificateLogin=None):
         self.broker = broker
+        #: who a SASL EXTERNAL login is (the AMQP door's --ssl-cert-login-* rule)
+        self.certificateLogin = certificateLogin if certificateLogin is not None else CertificateLogin()
         self.backend = backend
         self.clock = clock
         self.advertisedHost = advertisedHost

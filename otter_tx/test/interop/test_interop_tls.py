@@ -640,6 +640,54 @@ class OptionalClientCertificateTests(TLSTestCase):
 
 
 @inProcessOnly(IN_PROCESS_ONLY)
+class StreamExternalTests(TLSTestCase):
+    """
+    The stream protocol on ``ottertls:`` with client certificates required: SASL EXTERNAL from
+    rabbitmq-stream-js-client (its own suite logs in so), as RabbitMQ's rabbitmq_auth_mechanism_ssl.
+    """
+
+    @property
+    def brokerOptions(self):
+        return {"stream": [self.certs.otterString(caCerts=self.certs.ca)]}
+
+    def test_nodeClientExternal(self):
+        """Refused while the certificate's user ``CN=app1`` does not exist; logged in, no password, once it does."""
+        import json
+        import shutil
+
+        node = shutil.which("node")
+        nodeDir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
+        if node is None:
+            raise SkipTest("node is not installed")
+        if not os.path.isdir(os.path.join(nodeDir, "node_modules", "rabbitmq-stream-js-client")):
+            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % nodeDir)
+
+        def run(_=None):
+            args = [os.path.join(nodeDir, "stream_external.js"), "127.0.0.1", str(self.fixture.streamPort),
+                    "ext-%d" % time.time_ns()] + [os.path.abspath(p) for p in
+                                                   (self.certs.ca, self.certs.clientCert, self.certs.clientKey)]
+            return self.runProcess(node, args, path=nodeDir)
+
+        def refused(outcome):
+            # AUTHENTICATION_FAILURE (8); the client throws it from its socket handler
+            out, err, code = outcome
+            self.assertIn(b"Unable Authenticate -> 8", err, (out, err, code))
+            broker = self.fixture.broker
+            broker.addUser("CN=app1", None)
+            broker.setPermissions("CN=app1", "/")
+
+        def accepted(outcome):
+            out, err, code = outcome
+            self.assertEqual(code, 0, (out, err))
+            self.assertEqual(json.loads(out.decode().strip().splitlines()[-1]), {"created": True})
+
+        d = run()
+        d.addCallback(refused)
+        d.addCallback(run)
+        d.addCallback(accepted)
+        return d
+
+@inProcessOnly(IN_PROCESS_ONLY)
 class TLS13FloorTests(TLSTestCase):
     """
     ``CertificateOptions(raiseMinimumTo=TLSVersion.TLSv1_3)`` (embedders

@@ -158,6 +158,34 @@ class HandshakeTests(StreamDoorTestCase):
         code, _ = c.call(wire.SASL_AUTHENTICATE, wire.encodeString("AMQPLAIN") + struct.pack(">I", 0))
         self.assertEqual(code, wire.SASL_MECHANISM_NOT_SUPPORTED)
 
+    def test_external(self):
+        """
+        SASL EXTERNAL is offered to a TLS client with a verified certificate and logs in as the
+        user the certificate names (--ssl-cert-login-from), without a password, as the AMQP door
+        and RabbitMQ's rabbitmq_auth_mechanism_ssl; refused while that user does not exist.
+        """
+        def external(c):
+            c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+            code, body = c.call(wire.SASL_HANDSHAKE)
+            c.corr += 1
+            c.feed(wire.request(wire.SASL_AUTHENTICATE, c.corr, wire.encodeString("EXTERNAL") + struct.pack(">I", 0)))
+            return body, struct.unpack_from(">IH", c.read()[0][2])[1]
+
+        plain = Client(self.factory, self.clock)
+        self.assertEqual(external(plain), (struct.pack(">I", 1) + wire.encodeString("PLAIN"),
+                                           wire.SASL_MECHANISM_NOT_SUPPORTED))
+        cert = object()
+        self.patch(door, "peerCertificate", lambda transport: cert)
+        self.patch(self.factory.certificateLogin, "userName", lambda c: "O=client,CN=app1" if c is cert else None)
+        offered = struct.pack(">I", 2) + wire.encodeString("PLAIN") + wire.encodeString("EXTERNAL")
+        self.assertEqual(external(Client(self.factory, self.clock)), (offered, wire.AUTHENTICATION_FAILURE))
+        self.broker.addUser("O=client,CN=app1", None)
+        self.broker.setPermissions("O=client,CN=app1", "/")
+        c = Client(self.factory, self.clock)
+        self.assertEqual(external(c), (offered, wire.OK))
+        self.assertEqual(c.proto.state, "tuning")
+        self.assertEqual(c.proto.user.name, "O=client,CN=app1")
+
     def test_vhostAccess(self):
         """An unknown vhost, or one without permissions: VHOST_ACCESS_FAILURE."""
         c = Client(self.factory, self.clock)
