@@ -240,6 +240,48 @@ class RstreamTests(StreamInteropTestCase):
         self.assertEqual([b for _, b in got], [b"m1", b"m2", b"m3", b"m4", b"m5"])
 
     @inlineCallbacks
+    def test_deduplicationWithinFrame(self):
+        """
+        De-duplication is message by message, as osiris' writer does it: the repeats of
+        one publish frame ([1, 2, 3, 1, 2, 3]) and ids below an earlier one of the frame
+        ([5, 4, 6, 6]: 4 and the second 6) are confirmed and not stored (rstream's
+        test_publish_deduplication_async batches its sends into such frames).
+        """
+        rstream = self.rstream()
+        from rstream import schema
+        from rstream.client import Client
+
+        name = self.name("s")
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                await c.authenticate(vhost="/", username="guest", password="guest")
+                await c.create_stream(name)
+                await c.declare_publisher(name, "app", 1)
+                confirmed = []
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+                for ids in ([1, 2, 3, 1, 2, 3], [5, 4, 6, 6]):
+                    await c.publish([schema.Message(publishing_id=i, filter_value=None,
+                                                    data=amqp10.dataSection(b"m%d" % i)) for i in ids], 1)
+                await waitUntilAsync(lambda: len(confirmed) >= 10, timeout=10)
+                sequence = await c.query_publisher_sequence(name, "app")
+            finally:
+                await c.close()
+            async with self.consumer(rstream) as cons:
+                got = await collect(cons, name, rstream, 5)
+                await asyncio.sleep(0.3)
+            async with self.producer(rstream) as p:
+                await p.delete_stream(name)
+            return sorted(confirmed), sequence, got
+
+        confirmed, sequence, got = yield self.inAsyncio(run)
+        self.assertEqual(confirmed, [1, 1, 2, 2, 3, 3, 4, 5, 6, 6])
+        self.assertEqual(sequence, 6)
+        self.assertEqual([b for _, b in got], [b"m1", b"m2", b"m3", b"m5", b"m6"])
+
+    @inlineCallbacks
     def test_storeQueryOffset(self):
         """Server-side offset tracking by consumer name."""
         rstream = self.rstream()

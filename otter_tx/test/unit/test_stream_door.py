@@ -318,6 +318,24 @@ class PublishTests(StreamDoorTestCase):
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("m"))
         self.assertEqual(code, wire.STREAM_DOES_NOT_EXIST)
 
+    def test_deduplicationWithinFrame(self):
+        """
+        As RabbitMQ, message by message: a frame's own repeats and ids below an earlier
+        one of the frame are confirmed and dropped too (rstream's test_publish_deduplication_async).
+        """
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "ref", "s")
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b"), (3, b"c"), (1, b"a"), (2, b"b"), (3, b"c")]))
+        c.feed(wire.publishFrame(1, [(5, b"e"), (4, b"d"), (6, b"f"), (6, b"f")]))
+        c.feed(wire.publishFrame(1, [(7, b"g"), (8, b"h")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1, 2, 3, 1, 2, 3]), (1, [5, 4, 6, 6]), (1, [7, 8])])
+        self.assertEqual([m for _, m in self.backend.messages("/", "s")],
+                         [b"a", b"b", b"c", b"e", b"f", b"g", b"h"])
+        code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("s"))
+        self.assertEqual((code, body), (wire.OK, struct.pack(">Q", 8)))
+
     def test_resourceAlarmBlocksReading(self):
         """During a memory or disk alarm a publishing connection is not read; it is again after."""
         c = self.client()
@@ -556,6 +574,7 @@ class OnBrokerStreams:
 
 class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     test_streamStats = StreamTests.test_streamStats
+    test_deduplicationWithinFrame = PublishTests.test_deduplicationWithinFrame
 
     def test_roundTrip(self):
         """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
