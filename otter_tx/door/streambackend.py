@@ -24,8 +24,8 @@ name; messages are the AMQP 1.0 bytes stream clients publish):
   :class:`Chunk` from the one holding ``offset`` (committed ones only); a
   reader starting inside a chunk gets all of it, as from RabbitMQ
 - ``offsetAt(vhost, name, timestampMs)`` -> where a timestamp reader
-  starts: the chunk holding the timestamp, the last written at or before it
-  (the first when none), as RabbitMQ 3.10 does
+  starts: the first chunk stamped at or after the timestamp, ``next`` when
+  none is, as RabbitMQ 3.10 (osiris) does
 - ``listen(vhost, name, callback)`` / ``unlisten(...)``: ``callback()`` when
   entries were appended
 - ``storeOffset(vhost, name, reference, offset)``,
@@ -231,16 +231,14 @@ class MemoryStreams:
 
     def offsetAt(self, vhost, name, ts):
         """
-        RabbitMQ 3.10 (checked on the peer) attaches a timestamp reader at the chunk holding the
-        timestamp: the last one written at or before it (the first when none).
+        RabbitMQ 3.10 (osiris' timestamp index scan, checked on the peer) attaches a timestamp
+        reader at the first chunk stamped at or after the timestamp; at next when none is.
         """
         s = self._get(vhost, name)
-        found = s.first
         for c in s.chunks:
-            if c.timestamp > ts:
-                break
-            found = c.first
-        return found
+            if c.timestamp >= ts:
+                return c.first
+        return s.next
 
     def listen(self, vhost, name, cb):
         s = self._get(vhost, name)
@@ -847,31 +845,10 @@ class BrokerStreams:
         log = self._readLog(vhost, name)
         core = {wire.OFFSET_FIRST: "first", wire.OFFSET_LAST: "last", wire.OFFSET_NEXT: "next",
                 wire.OFFSET_OFFSET: value, wire.OFFSET_TIMESTAMP: ("timestamp", value)}.get(kind, "next")
+        # a timestamp: the first record stamped at or after it, next when none is, as RabbitMQ
+        # 3.10 (osiris) attaches at the first chunk stamped at or after it (a record's messages
+        # share its stamp, so that is where one of its chunks starts)
         off = log.startOffset(core)
-        if kind == wire.OFFSET_TIMESTAMP:
-            # RabbitMQ 3.10 (checked on the peer) attaches at the chunk holding the timestamp,
-            # the last message written at or before it (the first when none); the core's answer
-            # comes from its sparse index: walk on from there (a bounded read at subscribe time)
-            r = log.reader(off)
-            best = None
-            try:
-                for _ in range(64):
-                    batch = r.readRaw(256)
-                    if not batch:
-                        break
-                    over = False
-                    for o, n, ts, _, _ in batch:
-                        if int(ts) > value:
-                            over = True
-                            break
-                        best = o + n - 1
-                    if over:
-                        break
-            finally:
-                r.close()
-            if best is not None:
-                return best
-            return off - 1 if off > log.first else off
         return off
 
     def offsetAt(self, vhost, name, ts):
