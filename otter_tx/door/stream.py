@@ -1140,8 +1140,10 @@ class StreamServerFactory(Factory):
 
     def __init__(self, broker, backend, clock, advertisedHost=None, advertisedPort=None,
                  frameMax=wire.DEFAULT_FRAME_MAX, heartbeat=wire.DEFAULT_HEARTBEAT,
-                 handshakeTimeout=10):
+                 handshakeTimeout=10, serverProperties=None):
         self.broker = broker
+        #: the configured server properties (``--server-property``), as connection.start's
+        self.extraProperties = dict(serverProperties or {})
         self.backend = backend
         self.clock = clock
         self.advertisedHost = advertisedHost
@@ -1153,10 +1155,20 @@ class StreamServerFactory(Factory):
         self.groups = ConsumerGroups()
 
     def serverProperties(self):
+        """
+        peer_properties' answer: the string entries of connection.start's server properties, as
+        RabbitMQ 3.10 answers with rabbit_reader:server_properties' longstr ones; so a configured
+        ``--server-property`` (``product=RabbitMQ``) applies here too, as RabbitMQ's
+        ``server_properties``.
+        """
         import otter_tx
-        return {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
-                "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
-                "platform": "Python/Twisted"}
+        from otter_tx.door.protocol import COPYRIGHT, INFORMATION
+
+        props = {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
+                 "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
+                 "platform": "Python/Twisted", "copyright": COPYRIGHT, "information": INFORMATION}
+        props.update((k, v) for k, v in self.extraProperties.items() if isinstance(v, str))
+        return props
 
     def advertised(self, transport):
         host = self.advertisedHost

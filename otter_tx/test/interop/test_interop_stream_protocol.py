@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from otter_tx.stream import amqp10, chunk, wire
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, requireModule, waitUntilAsync
+from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, rabbitOnly, requireModule, waitUntilAsync
 
 EXTERNAL_STREAM_PORT = os.environ.get("OTTER_TEST_STREAM_PORT")
 NODE_DIR = os.path.join(os.path.dirname(__file__), "node")
@@ -522,6 +522,38 @@ class SuperStreamSacTests(StreamInteropTestCase):
 
 def _s(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+class ServerPropertiesTests(StreamInteropTestCase):
+    """
+    ``--server-property product=RabbitMQ`` reaches stream clients too: peer_properties answers
+    with connection.start's string properties, as RabbitMQ's ``server_properties`` apply to both
+    protocols (rstream's test_peer_properties asks for product RabbitMQ).
+    """
+
+    brokerOptions = {"stream": True, "serverProperties": {"product": "RabbitMQ", "version": "3.10.8"}}
+
+    @rabbitOnly("its server properties are set by brokerOptions in process; an external otter_tx "
+                "node has its own defaults")
+    @inlineCallbacks
+    def test_peerProperties(self):
+        """peer_properties carries the configured product and version, and RabbitMQ's other keys."""
+        self.rstream()
+        from rstream.client import Client
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                return await c.peer_properties()
+            finally:
+                await c.close()
+
+        props = yield self.inAsyncio(run)
+        self.assertEqual(props["product"], "RabbitMQ")
+        self.assertTrue(props["version"].startswith("3.10"), props)
+        self.assertLessEqual({"cluster_name", "copyright", "information", "platform", "product", "version"},
+                             set(props), props)
 
 
 class RawProtocolTests(StreamInteropTestCase):

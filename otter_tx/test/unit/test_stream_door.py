@@ -143,6 +143,27 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertEqual(c.handshake(), wire.OK)
         self.assertEqual(c.proto.state, "open")
 
+    def test_serverProperties(self):
+        """
+        peer_properties answers with connection.start's string properties, the configured ones
+        (--server-property product=RabbitMQ) too, as RabbitMQ's server_properties apply to both
+        (rstream's test_peer_properties asks for product RabbitMQ).
+        """
+        def props(factory):
+            c = Client(factory, self.clock)
+            code, body = c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+            self.assertEqual(code, wire.OK)
+            return wire._Cursor(body, 0).stringMap()
+
+        got = props(self.factory)
+        self.assertEqual(got["product"], "otter_tx")
+        self.assertEqual(sorted(got), ["cluster_name", "copyright", "information", "platform", "product",
+                                       "version"])
+        factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0,
+                                           serverProperties={"product": "RabbitMQ", "x-extra": "1"})
+        got = props(factory)
+        self.assertEqual((got["product"], got["x-extra"], got["platform"]), ("RabbitMQ", "1", "Python/Twisted"))
+
     def test_badPassword(self):
         c = Client(self.factory, self.clock)
         self.assertEqual(c.handshake(password="nope"), wire.AUTHENTICATION_FAILURE)
