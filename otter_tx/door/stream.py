@@ -1156,18 +1156,19 @@ class StreamServerFactory(Factory):
 
     def serverProperties(self):
         """
-        peer_properties' answer: the string entries of connection.start's server properties, as
-        RabbitMQ 3.10 answers with rabbit_reader:server_properties' longstr ones; so a configured
-        ``--server-property`` (``product=RabbitMQ``) applies here too, as RabbitMQ's
-        ``server_properties``.
+        peer_properties' answer, as RabbitMQ 3.10's rabbit_stream_reader makes it: the configured
+        server properties (``--server-property``, RabbitMQ's ``server_properties``) merged under
+        the built-in product, version, cluster_name, platform, copyright and information, which
+        win (``maps:merge(Config, BuiltIn)``): ``product=RabbitMQ`` renames connection.start's
+        product, not this one, on RabbitMQ too; other keys are added.
         """
         import otter_tx
         from otter_tx.door.protocol import COPYRIGHT, INFORMATION
 
-        props = {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
-                 "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
-                 "platform": "Python/Twisted", "copyright": COPYRIGHT, "information": INFORMATION}
-        props.update((k, v) for k, v in self.extraProperties.items() if isinstance(v, str))
+        props = {k: v for k, v in self.extraProperties.items() if isinstance(v, str)}
+        props.update({"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
+                      "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
+                      "platform": "Python/Twisted", "copyright": COPYRIGHT, "information": INFORMATION})
         return props
 
     def advertised(self, transport):

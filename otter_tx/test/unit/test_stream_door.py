@@ -145,9 +145,8 @@ class HandshakeTests(StreamDoorTestCase):
 
     def test_serverProperties(self):
         """
-        peer_properties answers with connection.start's string properties, the configured ones
-        (--server-property product=RabbitMQ) too, as RabbitMQ's server_properties apply to both
-        (rstream's test_peer_properties asks for product RabbitMQ).
+        peer_properties has RabbitMQ's keys (copyright and information too); configured server
+        properties are added under the built-in ones, which win, as rabbit_stream_reader merges them.
         """
         def props(factory):
             c = Client(factory, self.clock)
@@ -162,7 +161,7 @@ class HandshakeTests(StreamDoorTestCase):
         factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0,
                                            serverProperties={"product": "RabbitMQ", "x-extra": "1"})
         got = props(factory)
-        self.assertEqual((got["product"], got["x-extra"], got["platform"]), ("RabbitMQ", "1", "Python/Twisted"))
+        self.assertEqual((got["product"], got["x-extra"], got["platform"]), ("otter_tx", "1", "Python/Twisted"))
 
     def test_badPassword(self):
         c = Client(self.factory, self.clock)
