@@ -40,6 +40,12 @@ log = Logger()
 #: CPython, where taking them out with struct is as fast
 COMPACT = makeCompact(crc32) if WRITEV is not None else None
 
+#: largest frame an open connection may send.  RabbitMQ 3.10 does not hold an open connection to
+#: the tuned frame_max (checked on the peer: a 22 MB publish frame with 1 MiB tuned is taken, and
+#: rstream's Producer sends all it buffered as one frame, 1.5 MB for 100,000 small messages); this
+#: bound only keeps one frame's receive buffer finite
+OPEN_FRAME_MAX = 256 * 1024 * 1024
+
 #: most chunks, and about most messages, a turn writes before yielding to the reactor
 CHUNKS_PER_TURN = 16
 MESSAGES_PER_TURN = 4096
@@ -487,7 +493,8 @@ class StreamServerProtocol(Protocol):
         # RabbitMQ 3.10 counts a stream connection opened once it opens a vhost, and closed
         # whenever it goes (one that never opened too): rabbitmq_connections_*_total, churn
         self.broker.counters.connectionsOpened += 1
-        self.reader.frameMax = self.frameMax
+        # from now on frames above the tuned frame_max are taken, as RabbitMQ 3.10 takes them
+        self.reader.frameMax = OPEN_FRAME_MAX
         if self._handshakeTimer is not None and self._handshakeTimer.active():
             self._handshakeTimer.cancel()
         self._handshakeTimer = None
@@ -1196,10 +1203,12 @@ class StreamServerFactory(Factory):
 
     def __init__(self, broker, backend, clock, advertisedHost=None, advertisedPort=None,
                  frameMax=wire.DEFAULT_FRAME_MAX, heartbeat=wire.DEFAULT_HEARTBEAT,
-                 handshakeTimeout=10, certificateLogin=None):
+                 handshakeTimeout=10, certificateLogin=None, serverProperties=None):
         self.broker = broker
         #: who a SASL EXTERNAL login is (the AMQP door's --ssl-cert-login-* rule)
         self.certificateLogin = certificateLogin if certificateLogin is not None else CertificateLogin()
+        #: the configured server properties (``--server-property``), as connection.start's
+        self.extraProperties = dict(serverProperties or {})
         self.backend = backend
         self.clock = clock
         self.advertisedHost = advertisedHost
@@ -1211,10 +1220,21 @@ class StreamServerFactory(Factory):
         self.groups = ConsumerGroups()
 
     def serverProperties(self):
+        """
+        peer_properties' answer, as RabbitMQ 3.10's rabbit_stream_reader makes it: the configured
+        server properties (``--server-property``, RabbitMQ's ``server_properties``) merged under
+        the built-in product, version, cluster_name, platform, copyright and information, which
+        win (``maps:merge(Config, BuiltIn)``): ``product=RabbitMQ`` renames connection.start's
+        product, not this one, on RabbitMQ too; other keys are added.
+        """
         import otter_tx
-        return {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
-                "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
-                "platform": "Python/Twisted"}
+        from otter_tx.door.protocol import COPYRIGHT, INFORMATION
+
+        props = {k: v for k, v in self.extraProperties.items() if isinstance(v, str)}
+        props.update({"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
+                      "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
+                      "platform": "Python/Twisted", "copyright": COPYRIGHT, "information": INFORMATION})
+        return props
 
     def advertised(self, transport):
         host = self.advertisedHost

@@ -56,6 +56,29 @@ from otter_tx.stream import wire
 
 _log = Logger()
 
+
+def _aboveInOrder(ids, seq):
+    """
+    True when a de-duplicating publisher's publishing ``ids`` (a list) need no
+    de-duplication: each above ``seq`` and above the one before it.  RabbitMQ
+    (osiris' writer) de-duplicates message by message, so a frame's own
+    repeats ([1, 2, 3, 1, 2, 3]) and ids below an earlier one of the frame
+    ([3, 1, 2]) are dropped too: such frames take the per-message path.
+    """
+    n = len(ids)
+    if not n:
+        return True
+    first = ids[0]
+    if first <= seq:
+        return False
+    if n == 1:
+        return True
+    if ids[-1] - first == n - 1:
+        # the usual frame: consecutive ids (one C-speed comparison)
+        return ids == list(range(first, first + n))
+    return all(a < b for a, b in zip(ids, ids[1:]))
+
+
 class Chunk:
     """
     What one write appended: ``count`` messages from offset ``first``, stamped
@@ -156,8 +179,8 @@ class MemoryStreams:
             return [], None
         if reference:
             seq = s.sequences.get(reference, NO_SEQUENCE)
-            if min(ids) <= seq:
-                # de-duplication: keep the entries above the sequence
+            if not _aboveInOrder(ids, seq):
+                # de-duplication, message by message: keep each entry above the sequence so far
                 keep = []
                 for pid, m in zip(ids, _chunk.split(data, count)):
                     if pid > seq:
@@ -169,7 +192,7 @@ class MemoryStreams:
                 data = _chunk.entries(keep)
                 count = len(keep)
             else:
-                s.sequences[reference] = max(ids)
+                s.sequences[reference] = ids[-1]
         self._write(s, data, count)
         return ids, None
 
@@ -761,10 +784,10 @@ class BrokerStreams:
         if reference:
             t = self.tracking.get(vhost, name)
             seq = t["sequences"].get(reference, NO_SEQUENCE)
-            if min(ids) <= seq:
-                # de-duplication: keep the entries above the sequence
+            if not _aboveInOrder(ids, seq):
+                # de-duplication, message by message: keep each entry above the sequence so far
                 return self.publish(vhost, name, reference, list(zip(ids, _chunk.split(data, count))))
-            return ids, self._append(log, vhost, name, reference, max(ids), data, count, crc)
+            return ids, self._append(log, vhost, name, reference, ids[-1], data, count, crc)
         return ids, self._append(log, vhost, name, None, None, data, count, crc)
 
     def publish(self, vhost, name, reference, entries):

@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from otter_tx.stream import amqp10, chunk, wire
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, requireModule, waitUntilAsync
+from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, inProcessOnly, requireModule, waitUntilAsync
 
 EXTERNAL_STREAM_PORT = os.environ.get("OTTER_TEST_STREAM_PORT")
 NODE_DIR = os.path.join(os.path.dirname(__file__), "node")
@@ -210,6 +210,46 @@ class RstreamTests(StreamInteropTestCase):
         self.assertLessEqual(out["timestamp"][0], 10, out)
 
     @inlineCallbacks
+    def test_timestampBetweenBatches(self):
+        """
+        A timestamp subscription starts at the first chunk stamped at or after the time,
+        as RabbitMQ 3.10 (osiris): a time between two batches starts at the second (rstream's
+        test_offset_type_timestamp), a time after every chunk at next.
+        """
+        rstream = self.rstream()
+        name = self.name("s")
+
+        async def run():
+            out = {}
+            async with self.producer(rstream) as p:
+                await p.create_stream(name)
+                for i in range(3):
+                    await p.send_wait(name, rstream.AMQPMessage(body=b"a%d" % i))
+                await asyncio.sleep(0.3)
+                between = int(time.time() * 1000)
+                await asyncio.sleep(0.3)
+                for i in range(3):
+                    await p.send_wait(name, rstream.AMQPMessage(body=b"b%d" % i))
+                await asyncio.sleep(0.3)
+                after = int(time.time() * 1000)
+                await asyncio.sleep(0.3)
+                async with self.consumer(rstream) as c:
+                    out["between"] = await collect(c, name, rstream, 3, rstream.ConsumerOffsetSpecification(
+                        rstream.OffsetType.TIMESTAMP, between))
+                async with self.consumer(rstream) as c:
+                    waiting = await subscribed(c, name, rstream, 1, rstream.ConsumerOffsetSpecification(
+                        rstream.OffsetType.TIMESTAMP, after))
+                    await asyncio.sleep(0.3)
+                    await p.send_wait(name, rstream.AMQPMessage(body=b"late"))
+                    out["after"] = (await waiting)[0]
+                await p.delete_stream(name)
+            return out
+
+        out = yield self.inAsyncio(run)
+        self.assertEqual(out["between"][:3], [(3, b"b0"), (4, b"b1"), (5, b"b2")], out)
+        self.assertEqual(out["after"], (6, b"late"), out)
+
+    @inlineCallbacks
     def test_deduplication(self):
         """A named publisher's repeated publishing ids are confirmed but stored once."""
         rstream = self.rstream()
@@ -236,6 +276,86 @@ class RstreamTests(StreamInteropTestCase):
 
         got = yield self.inAsyncio(run)
         self.assertEqual([b for _, b in got], [b"m1", b"m2", b"m3", b"m4", b"m5"])
+
+    @inlineCallbacks
+    def test_deduplicationWithinFrame(self):
+        """
+        De-duplication is message by message, as osiris' writer does it: the repeats of
+        one publish frame ([1, 2, 3, 1, 2, 3]) and ids below an earlier one of the frame
+        ([5, 4, 6, 6]: 4 and the second 6) are confirmed and not stored (rstream's
+        test_publish_deduplication_async batches its sends into such frames).
+        """
+        rstream = self.rstream()
+        from rstream import schema
+        from rstream.client import Client
+
+        name = self.name("s")
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                await c.authenticate(vhost="/", username="guest", password="guest")
+                await c.create_stream(name)
+                await c.declare_publisher(name, "app", 1)
+                confirmed = []
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+                for ids in ([1, 2, 3, 1, 2, 3], [5, 4, 6, 6]):
+                    await c.publish([schema.Message(publishing_id=i, filter_value=None,
+                                                    data=amqp10.dataSection(b"m%d" % i)) for i in ids], 1)
+                await waitUntilAsync(lambda: len(confirmed) >= 10, timeout=10)
+                sequence = await c.query_publisher_sequence(name, "app")
+            finally:
+                await c.close()
+            async with self.consumer(rstream) as cons:
+                got = await collect(cons, name, rstream, 5)
+                await asyncio.sleep(0.3)
+            async with self.producer(rstream) as p:
+                await p.delete_stream(name)
+            return sorted(confirmed), sequence, got
+
+        confirmed, sequence, got = yield self.inAsyncio(run)
+        self.assertEqual(confirmed, [1, 1, 2, 2, 3, 3, 4, 5, 6, 6])
+        self.assertEqual(sequence, 6)
+        self.assertEqual([b for _, b in got], [b"m1", b"m2", b"m3", b"m5", b"m6"])
+
+    @inlineCallbacks
+    def test_frameAboveFrameMax(self):
+        """
+        A publish frame above the tuned frame_max (100,000 small messages, about 1.6 MB, with
+        1 MiB tuned) is taken: RabbitMQ 3.10 does not hold an open connection to frame_max, and
+        rstream's Producer (1.0) sends all it buffered as one frame (its
+        test_publishing_several_messages).
+        """
+        rstream = self.rstream()
+        from rstream import schema
+        from rstream.client import Client
+
+        name = self.name("s")
+        n = 100000
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                await c.authenticate(vhost="/", username="guest", password="guest")
+                await c.create_stream(name)
+                await c.declare_publisher(name, None, 1)
+                confirmed = []
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+                body = amqp10.dataSection(b"one")
+                await c.publish([schema.Message(publishing_id=i, filter_value=None, data=body)
+                                 for i in range(1, n + 1)], 1)
+                await waitUntilAsync(lambda: len(confirmed) >= n or not c.is_connection_alive(), timeout=30)
+            finally:
+                await c.close()
+            async with self.consumer(rstream) as cons:
+                got = await collect(cons, name, rstream, n, timeout=30)
+            async with self.producer(rstream) as p:
+                await p.delete_stream(name)
+            return len(confirmed), len(got)
+
+        self.assertEqual((yield self.inAsyncio(run)), (n, n))
 
     @inlineCallbacks
     def test_storeQueryOffset(self):
@@ -439,6 +559,44 @@ class SuperStreamSacTests(StreamInteropTestCase):
 
 def _s(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+class ServerPropertiesTests(StreamInteropTestCase):
+    """
+    peer_properties as RabbitMQ 3.10's rabbit_stream_reader answers it: product, version,
+    cluster_name, platform, copyright and information; configured server properties
+    (``--server-property``) are added under them, the built-in ones winning.
+    """
+
+    brokerOptions = {"stream": True, "serverProperties": {"product": "RabbitMQ", "x-site": "eu"}}
+
+    def peerProperties(self):
+        self.rstream()
+        from rstream.client import Client
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                return await c.peer_properties()
+            finally:
+                await c.close()
+
+        return self.inAsyncio(run)
+
+    @inlineCallbacks
+    def test_peerPropertiesKeys(self):
+        """The keys RabbitMQ 3.10 sends (copyright and information among them)."""
+        props = yield self.peerProperties()
+        self.assertLessEqual({"cluster_name", "copyright", "information", "platform", "product", "version"},
+                             set(props), props)
+
+    @inProcessOnly("the configured server properties are brokerOptions of the in-process broker")
+    @inlineCallbacks
+    def test_configuredPropertiesAdded(self):
+        """A configured key is added; the configured product does not replace the built-in one."""
+        props = yield self.peerProperties()
+        self.assertEqual((props["product"], props["x-site"]), ("otter_tx", "eu"), props)
 
 
 class RawProtocolTests(StreamInteropTestCase):

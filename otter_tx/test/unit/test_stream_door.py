@@ -143,6 +143,26 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertEqual(c.handshake(), wire.OK)
         self.assertEqual(c.proto.state, "open")
 
+    def test_serverProperties(self):
+        """
+        peer_properties has RabbitMQ's keys (copyright and information too); configured server
+        properties are added under the built-in ones, which win, as rabbit_stream_reader merges them.
+        """
+        def props(factory):
+            c = Client(factory, self.clock)
+            code, body = c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+            self.assertEqual(code, wire.OK)
+            return wire._Cursor(body, 0).stringMap()
+
+        got = props(self.factory)
+        self.assertEqual(got["product"], "otter_tx")
+        self.assertEqual(sorted(got), ["cluster_name", "copyright", "information", "platform", "product",
+                                       "version"])
+        factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0,
+                                           serverProperties={"product": "RabbitMQ", "x-extra": "1"})
+        got = props(factory)
+        self.assertEqual((got["product"], got["x-extra"], got["platform"]), ("otter_tx", "1", "Python/Twisted"))
+
     def test_badPassword(self):
         c = Client(self.factory, self.clock)
         self.assertEqual(c.handshake(password="nope"), wire.AUTHENTICATION_FAILURE)
@@ -207,9 +227,16 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertTrue(c.transport.disconnecting)
 
     def test_negotiatedFrameMax(self):
-        """After open a frame above the tuned frame_max gets close FRAME_TOO_LARGE."""
+        """
+        After open a frame above the tuned frame_max is awaited and taken, as RabbitMQ 3.10
+        does; one above OPEN_FRAME_MAX gets close FRAME_TOO_LARGE.
+        """
         c = self.client(frameMax=10000)
         c.feed(struct.pack(">I", 10001))
+        self.assertEqual(c.read(), [])
+        self.assertFalse(c.transport.disconnecting)
+        c = self.client(frameMax=10000)
+        c.feed(struct.pack(">I", door.OPEN_FRAME_MAX + 1))
         frames = c.read()
         self.assertEqual(frames[0][0], wire.CLOSE)
         self.assertEqual(struct.unpack_from(">IH", frames[0][2])[1], wire.FRAME_TOO_LARGE)
@@ -387,6 +414,45 @@ class PublishTests(StreamDoorTestCase):
         self.settle()
         self.assertEqual(confirms(c.read()), [(1, [0]), (1, [0])])
         self.assertEqual([m for _, m in self.backend.messages("/", "s")], [b"x", b"y"])
+
+    def test_deduplicationWithinFrame(self):
+        """
+        As RabbitMQ, message by message: a frame's own repeats and ids below an earlier
+        one of the frame are confirmed and dropped too (rstream's test_publish_deduplication_async).
+        """
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "ref", "s")
+        c.feed(wire.publishFrame(1, [(1, b"a"), (2, b"b"), (3, b"c"), (1, b"a"), (2, b"b"), (3, b"c")]))
+        c.feed(wire.publishFrame(1, [(5, b"e"), (4, b"d"), (6, b"f"), (6, b"f")]))
+        c.feed(wire.publishFrame(1, [(7, b"g"), (8, b"h")]))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, [1, 2, 3, 1, 2, 3]), (1, [5, 4, 6, 6]), (1, [7, 8])])
+        self.assertEqual([m for _, m in self.backend.messages("/", "s")],
+                         [b"a", b"b", b"c", b"e", b"f", b"g", b"h"])
+        code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("s"))
+        self.assertEqual((code, body), (wire.OK, struct.pack(">Q", 8)))
+
+    def test_frameAboveTunedFrameMax(self):
+        """
+        Once open, a frame above the tuned frame_max is taken, as RabbitMQ 3.10 takes it
+        (rstream's Producer sends all it buffered as one frame: test_publishing_several_messages);
+        only one above OPEN_FRAME_MAX closes the connection (FRAME_TOO_LARGE).
+        """
+        self.patch(door, "OPEN_FRAME_MAX", 300000)
+        c = self.client(frameMax=65536)
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        msgs = [(i, b"x" * 100) for i in range(1, 1001)]
+        c.feed(wire.publishFrame(1, msgs))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, list(range(1, 1001)))])
+        self.assertEqual(len(self.backend.messages("/", "s")), 1000)
+        c.feed(wire.publishFrame(1, [(i, b"x" * 100) for i in range(1001, 4001)]))
+        closes = [body for k, _, body in c.read() if k == wire.CLOSE]
+        self.assertEqual(len(closes), 1)
+        self.assertEqual(struct.unpack_from(">H", closes[0], 4)[0], wire.FRAME_TOO_LARGE)
+        self.assertTrue(c.transport.disconnecting)
 
     def test_resourceAlarmBlocksReading(self):
         """During a memory or disk alarm a publishing connection is not read; it is again after."""
@@ -635,6 +701,8 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     test_streamStats = StreamTests.test_streamStats
     test_deduplicationFirstIdZero = PublishTests.test_deduplicationFirstIdZero
     test_deduplicationSubEntryIdZero = PublishTests.test_deduplicationSubEntryIdZero
+    test_deduplicationWithinFrame = PublishTests.test_deduplicationWithinFrame
+    test_frameAboveTunedFrameMax = PublishTests.test_frameAboveTunedFrameMax
     test_timestamp = SubscribeTests.test_timestamp
     publish = SubscribeTests.publish
 
