@@ -76,7 +76,9 @@ class StreamManagementTests(StreamInteropTestCase):
             loop = asyncio.get_running_loop()
 
             def look(path, pred, seconds=20):
-                return loop.run_in_executor(None, lambda: self.poll(path, lambda b: have(b, pred), seconds))
+                """The items of ``path`` on this test's stream (other tests' may be listed too)."""
+                return loop.run_in_executor(
+                    None, lambda: have(self.poll(path, lambda b: have(b, pred), seconds), pred))
 
             async with self.producer(rstream) as p:
                 await p.create_stream(name)
