@@ -911,6 +911,9 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
                 return len(sends[-1])
 
         self.patch(door, "directSocket", lambda t: Sock() if t.value() == b"" else None)
+        # (on PyPy a chunk of views goes through libc's writev on the socket's descriptor: this
+        # fake socket has none, so sendmsg takes every write)
+        self.patch(door, "WRITEV", None)
         c.corr += 1
         c.feed(wire.request(wire.SUBSCRIBE, c.corr, b"\x01" + wire.encodeString("s")
                             + wire.offsetSpec(wire.OFFSET_FIRST, None) + struct.pack(">H", 10)
