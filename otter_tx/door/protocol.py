@@ -98,6 +98,11 @@ _CHANNEL_EVENTS = frozenset([
 WRITE_HIGH_WATER = 256 * 1024
 
 
+#: connection.start's (and the stream protocol's peer_properties') copyright and information
+COPYRIGHT = "Copyright (c) otter_tx contributors"
+INFORMATION = "Licensed under the MIT license. See https://github.com/otter-tx"
+
+
 @implementer(IPushProducer, IHalfCloseableProtocol, IClientConnection, IConnectionInfo, ISessionClient)
 class AMQPServerProtocol(Protocol):
     """
@@ -663,8 +668,8 @@ class AMQPServerProtocol(Protocol):
         props = {
             "capabilities": dict(SERVER_CAPABILITIES),
             "cluster_name": self.factory.clusterName,
-            "copyright": "Copyright (c) otter_tx contributors",
-            "information": "Licensed under the MIT license. See https://github.com/otter-tx",
+            "copyright": COPYRIGHT,
+            "information": INFORMATION,
             "platform": "Python/Twisted",
             "product": self.factory.product,
             "version": __version__,

@@ -1140,8 +1140,10 @@ class StreamServerFactory(Factory):
 
     def __init__(self, broker, backend, clock, advertisedHost=None, advertisedPort=None,
                  frameMax=wire.DEFAULT_FRAME_MAX, heartbeat=wire.DEFAULT_HEARTBEAT,
-                 handshakeTimeout=10):
+                 handshakeTimeout=10, serverProperties=None):
         self.broker = broker
+        #: the configured server properties (``--server-property``), as connection.start's
+        self.extraProperties = dict(serverProperties or {})
         self.backend = backend
         self.clock = clock
         self.advertisedHost = advertisedHost
@@ -1153,10 +1155,21 @@ class StreamServerFactory(Factory):
         self.groups = ConsumerGroups()
 
     def serverProperties(self):
+        """
+        peer_properties' answer, as RabbitMQ 3.10's rabbit_stream_reader makes it: the configured
+        server properties (``--server-property``, RabbitMQ's ``server_properties``) merged under
+        the built-in product, version, cluster_name, platform, copyright and information, which
+        win (``maps:merge(Config, BuiltIn)``): ``product=RabbitMQ`` renames connection.start's
+        product, not this one, on RabbitMQ too; other keys are added.
+        """
         import otter_tx
-        return {"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
-                "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
-                "platform": "Python/Twisted"}
+        from otter_tx.door.protocol import COPYRIGHT, INFORMATION
+
+        props = {k: v for k, v in self.extraProperties.items() if isinstance(v, str)}
+        props.update({"product": "otter_tx", "version": getattr(otter_tx, "__version__", "0"),
+                      "cluster_name": getattr(self.broker, "clusterName", "otter_tx") or "otter_tx",
+                      "platform": "Python/Twisted", "copyright": COPYRIGHT, "information": INFORMATION})
+        return props
 
     def advertised(self, transport):
         host = self.advertisedHost

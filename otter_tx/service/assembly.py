@@ -498,7 +498,8 @@ class OtterService(MultiService):
 
         tracking = os.path.join(self.dataDir, "stream-tracking") if self.dataDir is not None else None
         self.streamFactory = StreamServerFactory(self.broker, streamsBackend(self.broker, self.reactor, tracking),
-                                                 self.reactor, advertisedHost=host, advertisedPort=port)
+                                                 self.reactor, advertisedHost=host, advertisedPort=port,
+                                                 serverProperties=self.factory.serverProperties)
         TrackingService(self.streamFactory.backend).setServiceParent(self)
         for desc in endpoints:
             svc = Listener("stream", desc, self._endpoint("stream", desc), self.streamFactory)

@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from otter_tx.stream import amqp10, chunk, wire
-from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, requireModule, waitUntilAsync
+from otter_tx.test.interop.support import EXTERNAL, InteropTestCase, inProcessOnly, requireModule, waitUntilAsync
 
 EXTERNAL_STREAM_PORT = os.environ.get("OTTER_TEST_STREAM_PORT")
 NODE_DIR = os.path.join(os.path.dirname(__file__), "node")
@@ -522,6 +522,44 @@ class SuperStreamSacTests(StreamInteropTestCase):
 
 def _s(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+class ServerPropertiesTests(StreamInteropTestCase):
+    """
+    peer_properties as RabbitMQ 3.10's rabbit_stream_reader answers it: product, version,
+    cluster_name, platform, copyright and information; configured server properties
+    (``--server-property``) are added under them, the built-in ones winning.
+    """
+
+    brokerOptions = {"stream": True, "serverProperties": {"product": "RabbitMQ", "x-site": "eu"}}
+
+    def peerProperties(self):
+        self.rstream()
+        from rstream.client import Client
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                return await c.peer_properties()
+            finally:
+                await c.close()
+
+        return self.inAsyncio(run)
+
+    @inlineCallbacks
+    def test_peerPropertiesKeys(self):
+        """The keys RabbitMQ 3.10 sends (copyright and information among them)."""
+        props = yield self.peerProperties()
+        self.assertLessEqual({"cluster_name", "copyright", "information", "platform", "product", "version"},
+                             set(props), props)
+
+    @inProcessOnly("the configured server properties are brokerOptions of the in-process broker")
+    @inlineCallbacks
+    def test_configuredPropertiesAdded(self):
+        """A configured key is added; the configured product does not replace the built-in one."""
+        props = yield self.peerProperties()
+        self.assertEqual((props["product"], props["x-site"]), ("otter_tx", "eu"), props)
 
 
 class RawProtocolTests(StreamInteropTestCase):

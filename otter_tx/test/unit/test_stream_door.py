@@ -143,6 +143,26 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertEqual(c.handshake(), wire.OK)
         self.assertEqual(c.proto.state, "open")
 
+    def test_serverProperties(self):
+        """
+        peer_properties has RabbitMQ's keys (copyright and information too); configured server
+        properties are added under the built-in ones, which win, as rabbit_stream_reader merges them.
+        """
+        def props(factory):
+            c = Client(factory, self.clock)
+            code, body = c.call(wire.PEER_PROPERTIES, wire.encodeStringMap({}))
+            self.assertEqual(code, wire.OK)
+            return wire._Cursor(body, 0).stringMap()
+
+        got = props(self.factory)
+        self.assertEqual(got["product"], "otter_tx")
+        self.assertEqual(sorted(got), ["cluster_name", "copyright", "information", "platform", "product",
+                                       "version"])
+        factory = door.StreamServerFactory(self.broker, self.backend, self.clock, heartbeat=0,
+                                           serverProperties={"product": "RabbitMQ", "x-extra": "1"})
+        got = props(factory)
+        self.assertEqual((got["product"], got["x-extra"], got["platform"]), ("otter_tx", "1", "Python/Twisted"))
+
     def test_badPassword(self):
         c = Client(self.factory, self.clock)
         self.assertEqual(c.handshake(password="nope"), wire.AUTHENTICATION_FAILURE)
