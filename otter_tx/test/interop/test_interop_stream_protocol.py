@@ -321,6 +321,44 @@ class RstreamTests(StreamInteropTestCase):
         self.assertEqual([b for _, b in got], [b"m1", b"m2", b"m3", b"m5", b"m6"])
 
     @inlineCallbacks
+    def test_frameAboveFrameMax(self):
+        """
+        A publish frame above the tuned frame_max (100,000 small messages, about 1.6 MB, with
+        1 MiB tuned) is taken: RabbitMQ 3.10 does not hold an open connection to frame_max, and
+        rstream's Producer (1.0) sends all it buffered as one frame (its
+        test_publishing_several_messages).
+        """
+        rstream = self.rstream()
+        from rstream import schema
+        from rstream.client import Client
+
+        name = self.name("s")
+        n = 100000
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                await c.authenticate(vhost="/", username="guest", password="guest")
+                await c.create_stream(name)
+                await c.declare_publisher(name, None, 1)
+                confirmed = []
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+                body = amqp10.dataSection(b"one")
+                await c.publish([schema.Message(publishing_id=i, filter_value=None, data=body)
+                                 for i in range(1, n + 1)], 1)
+                await waitUntilAsync(lambda: len(confirmed) >= n or not c.is_connection_alive(), timeout=30)
+            finally:
+                await c.close()
+            async with self.consumer(rstream) as cons:
+                got = await collect(cons, name, rstream, n, timeout=30)
+            async with self.producer(rstream) as p:
+                await p.delete_stream(name)
+            return len(confirmed), len(got)
+
+        self.assertEqual((yield self.inAsyncio(run)), (n, n))
+
+    @inlineCallbacks
     def test_storeQueryOffset(self):
         """Server-side offset tracking by consumer name."""
         rstream = self.rstream()

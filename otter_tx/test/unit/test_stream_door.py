@@ -199,9 +199,16 @@ class HandshakeTests(StreamDoorTestCase):
         self.assertTrue(c.transport.disconnecting)
 
     def test_negotiatedFrameMax(self):
-        """After open a frame above the tuned frame_max gets close FRAME_TOO_LARGE."""
+        """
+        After open a frame above the tuned frame_max is awaited and taken, as RabbitMQ 3.10
+        does; one above OPEN_FRAME_MAX gets close FRAME_TOO_LARGE.
+        """
         c = self.client(frameMax=10000)
         c.feed(struct.pack(">I", 10001))
+        self.assertEqual(c.read(), [])
+        self.assertFalse(c.transport.disconnecting)
+        c = self.client(frameMax=10000)
+        c.feed(struct.pack(">I", door.OPEN_FRAME_MAX + 1))
         frames = c.read()
         self.assertEqual(frames[0][0], wire.CLOSE)
         self.assertEqual(struct.unpack_from(">IH", frames[0][2])[1], wire.FRAME_TOO_LARGE)
@@ -355,6 +362,27 @@ class PublishTests(StreamDoorTestCase):
                          [b"a", b"b", b"c", b"e", b"f", b"g", b"h"])
         code, body = c.call(wire.QUERY_PUBLISHER_SEQUENCE, wire.encodeString("ref") + wire.encodeString("s"))
         self.assertEqual((code, body), (wire.OK, struct.pack(">Q", 8)))
+
+    def test_frameAboveTunedFrameMax(self):
+        """
+        Once open, a frame above the tuned frame_max is taken, as RabbitMQ 3.10 takes it
+        (rstream's Producer sends all it buffered as one frame: test_publishing_several_messages);
+        only one above OPEN_FRAME_MAX closes the connection (FRAME_TOO_LARGE).
+        """
+        self.patch(door, "OPEN_FRAME_MAX", 300000)
+        c = self.client(frameMax=65536)
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        msgs = [(i, b"x" * 100) for i in range(1, 1001)]
+        c.feed(wire.publishFrame(1, msgs))
+        self.settle()
+        self.assertEqual(confirms(c.read()), [(1, list(range(1, 1001)))])
+        self.assertEqual(len(self.backend.messages("/", "s")), 1000)
+        c.feed(wire.publishFrame(1, [(i, b"x" * 100) for i in range(1001, 4001)]))
+        closes = [body for k, _, body in c.read() if k == wire.CLOSE]
+        self.assertEqual(len(closes), 1)
+        self.assertEqual(struct.unpack_from(">H", closes[0], 4)[0], wire.FRAME_TOO_LARGE)
+        self.assertTrue(c.transport.disconnecting)
 
     def test_resourceAlarmBlocksReading(self):
         """During a memory or disk alarm a publishing connection is not read; it is again after."""
@@ -605,6 +633,7 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
     test_deduplicationWithinFrame = PublishTests.test_deduplicationWithinFrame
     publish = SubscribeTests.publish
     test_timestamp = SubscribeTests.test_timestamp
+    test_frameAboveTunedFrameMax = PublishTests.test_frameAboveTunedFrameMax
 
     def test_roundTrip(self):
         """Published over the stream protocol, confirmed once durable, read back as RabbitMQ 3.10 gives it."""
