@@ -204,9 +204,10 @@ class RstreamTests(StreamInteropTestCase):
         self.assertEqual(out["offset"], (7, b"m7"))
         self.assertEqual(out["last"], (9, b"m9"), out)
         self.assertEqual(out["next"], (10, b"after"))
-        # the first chunk stamped at or after the time asked (osiris' search): m9, or an earlier
-        # one stamped in the same millisecond (seen: m5), or "after" when m9's millisecond was
-        # over (test_timestampBetweenChunks asks with a clear gap)
+        # the first chunk stamped at or after the time asked (osiris): stamps are whole
+        # milliseconds, so the first of the messages sent in the millisecond "before" was taken
+        # (m9, m8, ... m5 was seen on RabbitMQ 3.10), else "after";
+        # test_timestampBetweenBatches checks the rule with times far from any message
         self.assertLessEqual(out["timestamp"][0], 10, out)
 
     @inlineCallbacks
@@ -356,6 +357,47 @@ class RstreamTests(StreamInteropTestCase):
             return len(confirmed), len(got)
 
         self.assertEqual((yield self.inAsyncio(run)), (n, n))
+
+    @inlineCallbacks
+    def test_lastOfLargeFrame(self):
+        """
+        last after one publish frame of 4,999 messages starts at its last chunk, not at its
+        first message: RabbitMQ's writer cuts such a frame into several chunks (rstream's
+        test_offset_type_last).
+        """
+        rstream = self.rstream()
+        from rstream import schema
+        from rstream.client import Client
+
+        name = self.name("s")
+        n = 4999
+
+        async def run():
+            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
+            await c.start()
+            try:
+                await c.authenticate(vhost="/", username="guest", password="guest")
+                await c.create_stream(name)
+                await c.declare_publisher(name, None, 1)
+                confirmed = []
+                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+                await c.publish([schema.Message(publishing_id=i, filter_value=None,
+                                                data=amqp10.dataSection(b"%d" % i)) for i in range(1, n + 1)], 1)
+                await waitUntilAsync(lambda: len(confirmed) >= n, timeout=10)
+            finally:
+                await c.close()
+            async with self.consumer(rstream) as cons:
+                got = await collect(cons, name, rstream, 1, rstream.ConsumerOffsetSpecification(
+                    rstream.OffsetType.LAST, None))
+                await asyncio.sleep(0.5)
+            async with self.producer(rstream) as p:
+                await p.delete_stream(name)
+            return got
+
+        got = yield self.inAsyncio(run)
+        self.assertEqual(got[-1], (n - 1, b"%d" % n))
+        self.assertGreater(got[0][0], 0, got[:3])
+        self.assertLess(len(got), n)
 
     @inlineCallbacks
     def test_storeQueryOffset(self):

@@ -998,6 +998,34 @@ class BrokerStreamTests(OnBrokerStreams, StreamDoorTestCase):
         self.assertNotIn("inv-0", self.broker.vhosts["/"].queues)
 
 
+    def test_lastOfLargeFrame(self):
+        """
+        last on a stream whose last publish frame holds more messages than a chunk starts at
+        that frame's last chunk (its last chunkMessages messages), not at the frame's first
+        message (rstream's test_offset_type_last: RabbitMQ cuts such a frame into chunks).
+        """
+        c = self.client()
+        c.create("s")
+        c.declarePublisher(1, "", "s")
+        n = self.backend.chunkMessages * 2 + 10
+        c.feed(wire.publishFrame(1, [(i, b"m%d" % i) for i in range(n)]))
+        self.settle()
+        c.read()
+        c.subscribe(1, "s", (wire.OFFSET_LAST, None), credit=100)
+        self.settle()
+        got = c.deliveries()
+        self.assertEqual(got[0][1], n - self.backend.chunkMessages)
+        self.assertEqual(sum(len(m) for _, _, m in got), self.backend.chunkMessages)
+        # a small last frame: all of it, as before
+        c.feed(wire.publishFrame(1, [(n, b"a"), (n + 1, b"b")]))
+        self.settle()
+        c.read()
+        c.subscribe(2, "s", (wire.OFFSET_LAST, None))
+        self.settle()
+        self.assertEqual([(first, msgs) for sid, first, msgs in c.deliveries() if sid == 2][:1],
+                         [(n, [b"a", b"b"])])
+
+
 class StreamOptionsTests(SynchronousTestCase):
     """--stream, --stream-advertised-host/-port and their config-file keys."""
 
