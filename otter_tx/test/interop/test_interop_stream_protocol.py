@@ -114,6 +114,32 @@ async def subscribed(consumer, stream, rstream, n, spec=None, timeout=10.0, **kw
     return gathered()
 
 
+async def publishOneFrame(case, name, bodies, timeout=10.0):
+    """
+    Create stream ``name`` and publish ``bodies`` (AMQP 1.0 bytes) with ids 1.. in ONE publish
+    frame, whatever its size, through rstream's low-level client (its Producer batches):
+    the ids confirmed (list), once all are or the connection is gone.
+    """
+    from rstream import schema
+    from rstream.client import Client
+
+    c = Client(case.host, case.streamPort, frame_max=1048576, heartbeat=60)
+    await c.start()
+    try:
+        await c.authenticate(vhost="/", username="guest", password="guest")
+        await c.create_stream(name)
+        await c.declare_publisher(name, None, 1)
+        confirmed = []
+        c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
+        await c.publish([schema.Message(publishing_id=i, filter_value=None, data=b)
+                         for i, b in enumerate(bodies, 1)], 1)
+        await waitUntilAsync(lambda: len(confirmed) >= len(bodies) or not c.is_connection_alive(),
+                             timeout=timeout)
+    finally:
+        await c.close()
+    return confirmed
+
+
 async def publishSuperStream(case, rstream, name, n=30, partitions=3):
     """
     Create super stream ``name`` with ``partitions`` partitions and publish
@@ -329,27 +355,13 @@ class RstreamTests(StreamInteropTestCase):
         test_publishing_several_messages).
         """
         rstream = self.rstream()
-        from rstream import schema
-        from rstream.client import Client
 
         name = self.name("s")
         n = 100000
 
         async def run():
-            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
-            await c.start()
-            try:
-                await c.authenticate(vhost="/", username="guest", password="guest")
-                await c.create_stream(name)
-                await c.declare_publisher(name, None, 1)
-                confirmed = []
-                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
-                body = amqp10.dataSection(b"one")
-                await c.publish([schema.Message(publishing_id=i, filter_value=None, data=body)
-                                 for i in range(1, n + 1)], 1)
-                await waitUntilAsync(lambda: len(confirmed) >= n or not c.is_connection_alive(), timeout=30)
-            finally:
-                await c.close()
+            body = amqp10.dataSection(b"one")
+            confirmed = await publishOneFrame(self, name, [body] * n, timeout=30)
             async with self.consumer(rstream) as cons:
                 got = await collect(cons, name, rstream, n, timeout=30)
             async with self.producer(rstream) as p:
@@ -366,26 +378,12 @@ class RstreamTests(StreamInteropTestCase):
         test_offset_type_last).
         """
         rstream = self.rstream()
-        from rstream import schema
-        from rstream.client import Client
 
         name = self.name("s")
         n = 4999
 
         async def run():
-            c = Client(self.host, self.streamPort, frame_max=1048576, heartbeat=60)
-            await c.start()
-            try:
-                await c.authenticate(vhost="/", username="guest", password="guest")
-                await c.create_stream(name)
-                await c.declare_publisher(name, None, 1)
-                confirmed = []
-                c.add_handler(schema.PublishConfirm, lambda f: confirmed.extend(f.publishing_ids), name="confirms")
-                await c.publish([schema.Message(publishing_id=i, filter_value=None,
-                                                data=amqp10.dataSection(b"%d" % i)) for i in range(1, n + 1)], 1)
-                await waitUntilAsync(lambda: len(confirmed) >= n, timeout=10)
-            finally:
-                await c.close()
+            await publishOneFrame(self, name, [amqp10.dataSection(b"%d" % i) for i in range(1, n + 1)])
             async with self.consumer(rstream) as cons:
                 got = await collect(cons, name, rstream, 1, rstream.ConsumerOffsetSpecification(
                     rstream.OffsetType.LAST, None))
@@ -866,22 +864,27 @@ class CrossProtocolTests(StreamInteropTestCase):
 
 
 class NodeStreamClientTests(StreamInteropTestCase):
-    """rabbitmq-stream-js-client (npm) runs otter_tx/test/interop/node/stream.js."""
+    """rabbitmq-stream-js-client (npm) runs the scenarios in otter_tx/test/interop/node (stream*.js)."""
+
+    @inlineCallbacks
+    def runScenario(self, script, name, modules=("rabbitmq-stream-js-client",)):
+        """Run ``node script HOST PORT name`` (skipped without node or ``modules``): its JSON line."""
+        node = shutil.which("node")
+        if node is None:
+            raise SkipTest("node is not installed")
+        for module in modules:
+            if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", module)):
+                raise SkipTest("%s is not installed (npm ci --prefix %s)" % (module, NODE_DIR))
+        out, err, code = yield self.runProcess(
+            node, [os.path.join(NODE_DIR, script), self.host, str(self.streamPort), name], path=NODE_DIR)
+        self.assertEqual(code, 0, (out, err))
+        return json.loads(out.decode().strip().splitlines()[-1])
 
     @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
              "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
     @inlineCallbacks
     def test_nodeClient(self):
-        node = shutil.which("node")
-        if node is None:
-            raise SkipTest("node is not installed")
-        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "rabbitmq-stream-js-client")):
-            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % NODE_DIR)
-        name = self.name("js")
-        out, err, code = yield self.runProcess(
-            node, [os.path.join(NODE_DIR, "stream.js"), self.host, str(self.streamPort), name], path=NODE_DIR)
-        self.assertEqual(code, 0, (out, err))
-        result = json.loads(out.decode().strip().splitlines()[-1])
+        result = yield self.runScenario("stream.js", self.name("js"))
         self.assertEqual(result["received"], ["m0", "m1", "m2", "m3", "m4"])
         self.assertEqual(result["offsets"], [0, 1, 2, 3, 4])
         self.assertEqual(result["storedOffset"], 3)
@@ -892,7 +895,6 @@ class NodeStreamClientTests(StreamInteropTestCase):
         self.assertIn(stats["committedChunkId"], range(5))
         self.assertEqual(stats["lastChunkId"], stats["committedChunkId"])
 
-
     @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
              "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
     @inlineCallbacks
@@ -902,20 +904,10 @@ class NodeStreamClientTests(StreamInteropTestCase):
         twice and expects 100 messages): a reference that wrote nothing keeps its first publish
         whatever its id, as osiris_writer's is_duplicate, and the duplicates are dropped.
         """
-        node = shutil.which("node")
-        if node is None:
-            raise SkipTest("node is not installed")
-        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "rabbitmq-stream-js-client")):
-            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % NODE_DIR)
-        name = self.name("jsdedup")
-        out, err, code = yield self.runProcess(
-            node, [os.path.join(NODE_DIR, "stream_dedup.js"), self.host, str(self.streamPort), name], path=NODE_DIR)
-        self.assertEqual(code, 0, (out, err))
-        result = json.loads(out.decode().strip().splitlines()[-1])
+        result = yield self.runScenario("stream_dedup.js", self.name("jsdedup"))
         self.assertEqual(result["received"], ["m0-0", "m1-0", "m2-0", "m3-0", "m4-0", "end"])
         # query_publisher_sequence: 0 for a reference that wrote nothing, then the last id
         self.assertEqual((result["before"], result["after"]), (0, 5))
-
 
     @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
              "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
@@ -926,21 +918,11 @@ class NodeStreamClientTests(StreamInteropTestCase):
         (metadata_update STREAM_NOT_AVAILABLE), as RabbitMQ's reader, which monitors the stream
         (the client's own suite deletes it over the management API).
         """
-        node = shutil.which("node")
-        if node is None:
-            raise SkipTest("node is not installed")
-        for module in ("rabbitmq-stream-js-client", "amqplib"):
-            if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", module)):
-                raise SkipTest("%s is not installed (npm ci --prefix %s)" % (module, NODE_DIR))
         name = self.name("jsdel")
         self.deleteLater(name)
-        out, err, code = yield self.runProcess(
-            node, [os.path.join(NODE_DIR, "stream_deleted.js"), self.host, str(self.streamPort), name], path=NODE_DIR)
-        self.assertEqual(code, 0, (out, err))
-        result = json.loads(out.decode().strip().splitlines()[-1])
+        result = yield self.runScenario("stream_deleted.js", name, ("rabbitmq-stream-js-client", "amqplib"))
         self.assertEqual(result, {"publisherClosed": True, "publishers": 0, "consumers": 0, "publisherCallbacks": 1,
                                   "consumerCallbacks": 1, "sendError": "Publisher has been closed"})
-
 
     @only311("rabbitmq-stream-js-client (every version on npm) sends exchange_command_versions, "
              "a 3.11 command, when it connects; RabbitMQ 3.10 closes the connection")
@@ -951,17 +933,8 @@ class NodeStreamClientTests(StreamInteropTestCase):
         runs the handler of a chunk read with the response before declareConsumer returns, and its
         own suite's handler stores an offset through the consumer it returned.
         """
-        node = shutil.which("node")
-        if node is None:
-            raise SkipTest("node is not installed")
-        if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "rabbitmq-stream-js-client")):
-            raise SkipTest("rabbitmq-stream-js-client is not installed (npm ci --prefix %s)" % NODE_DIR)
         for i in range(3):
             name = self.name("jsfirst")
             self.deleteLater(name)
-            out, err, code = yield self.runProcess(
-                node, [os.path.join(NODE_DIR, "stream_first_delivery.js"), self.host, str(self.streamPort), name],
-                path=NODE_DIR)
-            self.assertEqual(code, 0, (out, err))
-            result = json.loads(out.decode().strip().splitlines()[-1])
+            result = yield self.runScenario("stream_first_delivery.js", name)
             self.assertEqual(result, {"early": 0, "seen": 4, "stored": 1, "second": ["marker", "hello", "world"]})

@@ -8,17 +8,14 @@
 // {"received": [...], "offsets": [...], "storedOffset": N, "emptyStats": {...}, "stats": {...}}
 // (stream_stats before the publishes and after them); exits 1 on an error.
 
-const { connect, Offset } = require('rabbitmq-stream-js-client');
+const { Offset } = require('rabbitmq-stream-js-client');
+const { connectGuest, run, sleep } = require('./streamcommon');
 
 const [host, port, stream] = process.argv.slice(2);
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const numbers = (stats) => Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)]));
 
 async function main() {
-  const client = await connect({
-    hostname: host, port: Number(port), username: 'guest', password: 'guest', vhost: '/',
-    addressResolver: { enabled: true, endpoint: { host, port: Number(port) } },
-  });
+  const client = await connectGuest(host, port);
   try {
     await client.createStream({ stream, arguments: {} });
     const emptyStats = numbers(await client.streamStatsRequest(stream));
@@ -52,6 +49,4 @@ async function main() {
   }
 }
 
-const timer = setTimeout(() => { console.error('timeout'); process.exit(1); }, 30000);
-main().then(() => { clearTimeout(timer); process.exit(0); })
-  .catch((e) => { console.error(e && e.stack || e); process.exit(1); });
+run(main);

@@ -10,16 +10,13 @@
 // again; a consumer reads from first up to the marker. Prints one JSON line
 // {"before": N, "after": N, "received": [...]}; exits 1 on an error.
 
-const { connect, Offset } = require('rabbitmq-stream-js-client');
+const { Offset } = require('rabbitmq-stream-js-client');
+const { connectGuest, run, sleep } = require('./streamcommon');
 
 const [host, port, stream] = process.argv.slice(2);
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function main() {
-  const client = await connect({
-    hostname: host, port: Number(port), username: 'guest', password: 'guest', vhost: '/',
-    addressResolver: { enabled: true, endpoint: { host, port: Number(port) } },
-  });
+  const client = await connectGuest(host, port);
   try {
     await client.createStream({ stream, arguments: {} });
     const publisher = await client.declarePublisher({ stream, publisherRef: 'js-dedup' });
@@ -47,6 +44,4 @@ async function main() {
   }
 }
 
-const timer = setTimeout(() => { console.error('timeout'); process.exit(1); }, 30000);
-main().then(() => { clearTimeout(timer); process.exit(0); })
-  .catch((e) => { console.error(e && e.stack || e); process.exit(1); });
+run(main);

@@ -10,6 +10,7 @@
 
 const fs = require('fs');
 const { connect } = require('rabbitmq-stream-js-client');
+const { run } = require('./streamcommon');
 
 const [host, port, stream, ca, cert, key] = process.argv.slice(2);
 
@@ -29,6 +30,4 @@ async function main() {
   }
 }
 
-const timer = setTimeout(() => { console.error('timeout'); process.exit(1); }, 30000);
-main().then(() => { clearTimeout(timer); process.exit(0); })
-  .catch((e) => { console.error(e && e.stack || e); process.exit(1); });
+run(main);
